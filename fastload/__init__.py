@@ -1,0 +1,28 @@
+"""fastload: fast data loading for PyTorch.
+
+Pack a dataset once (``fastload pack`` / ``fastload.pack``), then open it with ``fastload.open``.
+"""
+
+from __future__ import annotations
+
+from ._dataset import Dataset, open
+from ._errors import DecodeError, FastloadError, FormatError, SchemaError, SourceError, VersionError
+from ._pack import PackSummary, pack
+from ._schema import Field, Schema
+from ._version import __version__
+
+__all__ = [
+    "Dataset",
+    "DecodeError",
+    "FastloadError",
+    "Field",
+    "FormatError",
+    "PackSummary",
+    "Schema",
+    "SchemaError",
+    "SourceError",
+    "VersionError",
+    "__version__",
+    "open",
+    "pack",
+]

@@ -1,0 +1,165 @@
+"""``fastload.open``: a packed dataset (shards or LMDB) as a map-style torch Dataset."""
+
+from __future__ import annotations
+
+import os
+import weakref
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ._errors import DecodeError, FormatError, where
+from ._native import native
+from ._schema import Field, Schema
+from .formats import lmdb as lmdb_format
+from .formats._layout import IMAGE_JPEG, columns_of
+from .formats._manifest import MANIFEST_NAME, Manifest
+from .formats.shards import ShardSegment, shard_segments
+
+
+def read_manifest(path: Path) -> Manifest:
+    if (path / MANIFEST_NAME).is_file():
+        raw = (path / MANIFEST_NAME).read_bytes()
+        m = Manifest.parse(raw, f"dataset '{path}'")
+        if m.layout != "shards":
+            raise FormatError(f"dataset '{path}': manifest.json says layout {m.layout!r}, expected 'shards'")
+        return m
+    if lmdb_format.is_lmdb(path):
+        return lmdb_format.read_manifest(path)
+    if (path / "pack_state.json").exists():
+        raise FormatError(f"dataset '{path}' is an unfinished pack (no manifest yet); run the same pack command "
+                          f"again to resume it")
+    raise FormatError(f"'{path}' is not a fastload dataset: no {MANIFEST_NAME} and no LMDB {lmdb_format.DATA_FILE}")
+
+
+class Dataset(torch.utils.data.Dataset):
+    """A packed dataset. ``ds[i]`` is a tuple in field order (or a dict with ``as_dict=True``).
+
+    Field values come back as: image -> uint8 tensor (3, H, W) (a channels-last view of the decoded
+    HxWx3 pixels), int -> int, float -> float, ndarray -> tensor (a copy), bytes -> bytes, str -> str.
+    With ``decode=False`` images come back as their stored bytes (JPEG or raw) instead.
+    """
+
+    def __init__(self, path: str | os.PathLike, *, as_dict: bool = False, decode: bool = True):
+        self.path = Path(path)
+        self.manifest = read_manifest(self.path)
+        self.schema: Schema = self.manifest.schema
+        self.as_dict = as_dict
+        self.decode = decode
+        self._segments = self._make_segments()
+        self._finalizer = weakref.finalize(self, _close_segments, self._segments)
+        counts = np.array([s.count for s in self._segments], dtype=np.int64)
+        self._starts = np.concatenate([[0], np.cumsum(counts)])
+
+    def _make_segments(self) -> list:
+        if self.manifest.layout == "lmdb":
+            return [lmdb_format.LmdbSegment(self.path, self.manifest)]
+        return shard_segments(self.path, self.manifest)
+
+    # -- metadata ----------------------------------------------------------------------------
+    @property
+    def format(self) -> str:
+        return self.manifest.layout
+
+    @property
+    def classes(self) -> list[str] | None:
+        return self.manifest.metadata.get("classes")
+
+    @property
+    def metadata(self) -> dict:
+        return self.manifest.metadata
+
+    def __len__(self) -> int:
+        return self.manifest.num_samples
+
+    def __repr__(self) -> str:
+        return f"fastload.Dataset('{self.path}', {len(self)} samples, {self.format}, {self.schema})"
+
+    # -- access ------------------------------------------------------------------------------
+    def locate(self, i: int) -> tuple[Any, int]:
+        """(segment, index within it) of global sample ``i``."""
+        k = int(np.searchsorted(self._starts, i, side="right")) - 1
+        return self._segments[k].open(), i - int(self._starts[k])
+
+    def __getitem__(self, i: int) -> Any:
+        if not isinstance(i, (int, np.integer)) or isinstance(i, bool):
+            raise TypeError(f"dataset indices must be integers, got {type(i).__name__}")
+        n = len(self)
+        i = int(i)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"sample index {i} out of range for a dataset of {n} samples")
+        seg, local = self.locate(i)
+        values = [self._field_value(seg, local, i, f) for f in self.schema]
+        if self.as_dict:
+            return dict(zip(self.schema.names, values))
+        return tuple(values)
+
+    def _field_value(self, seg: Any, local: int, i: int, f: Field) -> Any:
+        shard = seg.name if isinstance(seg, ShardSegment) else None
+        try:
+            return self._decode_field(seg, local, f)
+        except (ValueError, UnicodeDecodeError) as e:
+            if isinstance(e, FormatError):
+                raise
+            raise DecodeError(f"{where(self.path, shard, i, f.name)}: {e}") from None
+
+    def _decode_field(self, seg: Any, local: int, f: Field) -> Any:
+        cols = {c.name: seg.row(f.name, c.name, local) for c in columns_of(f)}
+        if f.kind == "int":
+            return int(cols["values"])
+        if f.kind == "float":
+            return float(cols["values"])
+        if f.kind == "ndarray" and f.fixed_size:
+            return torch.from_numpy(np.array(cols["values"]))
+        blob = seg.blob(f.name, local)
+        if f.kind == "bytes":
+            return bytes(blob)
+        if f.kind == "str":
+            return str(blob, "utf-8")
+        if f.kind == "ndarray":
+            shape = tuple(int(d) for d in cols["shape"])
+            return torch.from_numpy(np.frombuffer(blob, dtype=f.dtype).reshape(shape).copy())
+        h, w, enc = (int(v) for v in cols["meta"])
+        if not self.decode:
+            return bytes(blob)
+        if enc == IMAGE_JPEG:
+            arr = native().decode_jpeg(blob)
+            if arr.shape[:2] != (h, w):
+                raise ValueError(f"JPEG is {arr.shape[1]}x{arr.shape[0]}, the shard records {w}x{h}")
+        else:
+            arr = np.frombuffer(blob, dtype=np.uint8).reshape(h, w, 3).copy()
+        return torch.from_numpy(arr).permute(2, 0, 1)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def close(self) -> None:
+        """Unmap shards / close LMDB now (they are also released when the dataset is collected)."""
+        _close_segments(self._segments)
+
+    def __getstate__(self) -> dict:
+        # Worker processes reopen their own mappings; nothing mapped travels through pickle.
+        state = self.__dict__.copy()
+        state["_segments"] = None
+        state["_finalizer"] = None
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._segments = self._make_segments()
+        self._finalizer = weakref.finalize(self, _close_segments, self._segments)
+
+
+def _close_segments(segments: list) -> None:
+    for s in segments:
+        s.close()
+
+
+def open(path: str | os.PathLike, *, as_dict: bool = False, decode: bool = True) -> Dataset:
+    """Open a packed dataset (shards directory or LMDB environment) as a map-style Dataset.
+
+    ``ds.schema`` is its schema; ``ds.classes`` the class names where the source had them.
+    """
+    return Dataset(path, as_dict=as_dict, decode=decode)

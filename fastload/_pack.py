@@ -1,0 +1,341 @@
+"""``fastload.pack``: read a source on all cores, write shards (or LMDB), crash-safe and resumable.
+
+Crash safety: shard files are written under a temporary name and renamed when complete; after each
+shard, ``pack_state.json`` records the finished shards and where to resume; the manifest is written
+last. A dataset without a manifest never opens as complete. Running the same pack again resumes after
+the last finished shard, and because shard boundaries depend only on the encoded bytes, the result is
+byte-for-byte what an uninterrupted pack writes.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+from ._version import __version__
+from ._encode import ImageOptions, encode_sample
+from ._errors import FastloadError, SourceError
+from ._schema import Field
+from .formats import lmdb as lmdb_format
+from .formats._manifest import MANIFEST_NAME, Manifest
+from .formats.shards import fsync_dir, shard_name, write_manifest, write_shard
+from .sources import Source, as_source
+
+STATE_NAME = "pack_state.json"
+DEFAULT_SHARD_SIZE = 256 << 20
+_OWN_FILES = (MANIFEST_NAME, STATE_NAME, "data.mdb", "lock.mdb")
+
+
+@dataclass
+class PackSummary:
+    dest: str
+    format: str
+    samples: int
+    skipped: list[dict]
+    bytes: int
+    shards: int
+    seconds: float
+    resumed_from: int = 0
+    image_encodings: dict = field(default_factory=dict)
+
+    @property
+    def samples_per_s(self) -> float:
+        return (self.samples - self.resumed_from) / self.seconds if self.seconds > 0 else float("inf")
+
+    def __str__(self) -> str:
+        mb = self.bytes / 1e6
+        lines = [
+            f"packed {self.samples} samples into {self.dest} ({self.format}, {self.shards} shard(s), {mb:.1f} MB) "
+            f"in {self.seconds:.2f} s: {self.samples_per_s:,.0f} samples/s, {mb / max(self.seconds, 1e-9):.1f} MB/s",
+        ]
+        if self.resumed_from:
+            lines.append(f"resumed after {self.resumed_from} samples already packed")
+        if self.skipped:
+            lines.append(f"skipped {len(self.skipped)} bad source sample(s):")
+            lines.extend(f"  {s['source']}: {s['error']}" for s in self.skipped[:20])
+            if len(self.skipped) > 20:
+                lines.append(f"  ... and {len(self.skipped) - 20} more (listed in the manifest)")
+        return "\n".join(lines)
+
+
+def parse_size(text: str | int) -> int:
+    """'256MB' -> 268435456 (binary units; K, M, G, T, with or without B)."""
+    if isinstance(text, int):
+        return text
+    s = text.strip().upper().removesuffix("B").removesuffix("I")
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}.get(s[-1:], 1)
+    num = s[:-1] if s[-1:] in "KMGT" else s
+    try:
+        value = int(float(num) * mult)
+    except ValueError:
+        raise ValueError(f"size {text!r} is not a number with an optional K/M/G/T unit, e.g. '256MB'") from None
+    if value <= 0:
+        raise ValueError(f"size {text!r} must be positive")
+    return value
+
+
+# -- worker side --------------------------------------------------------------------------------
+
+_WORKER: dict[str, Any] = {}
+
+
+def _init_worker(source: Source, opts: ImageOptions) -> None:
+    _WORKER["source"] = source
+    _WORKER["opts"] = opts
+
+
+def _encode_one(i: int) -> tuple[int, list | None, str | None]:
+    src, opts = _WORKER["source"], _WORKER["opts"]
+    try:
+        return i, encode_sample(src.schema, src.load(i), opts), None
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as e:  # any failure of user data or user code: reported with the sample's name
+        return i, None, f"{type(e).__name__}: {e}"
+
+
+def _encoded(source: Source, opts: ImageOptions, start: int, workers: int) -> Iterator[tuple[int, list | None, str | None]]:
+    indices = range(start, len(source))
+    if workers <= 1 or not source.parallel:
+        _init_worker(source, opts)
+        yield from map(_encode_one, indices)
+        return
+    methods = mp.get_all_start_methods()
+    ctx = mp.get_context("fork" if "fork" in methods else "spawn")
+    pool = ctx.Pool(workers, initializer=_init_worker, initargs=(source, opts))
+    try:
+        yield from pool.imap(_encode_one, indices, chunksize=8)
+        pool.close()
+    finally:
+        pool.terminate()
+        pool.join()
+
+
+# -- destination handling -----------------------------------------------------------------------
+
+def _own_file(name: str) -> bool:
+    return name in _OWN_FILES or (name.startswith("shard-") and (name.endswith(".fls") or name.endswith(".fls.tmp"))) \
+        or name.endswith(".tmp")
+
+
+def _prepare_dest(dest: Path, overwrite: bool, params: dict) -> dict | None:
+    """Create or clear ``dest``; return the resume state of an unfinished identical pack, if any."""
+    if not dest.exists():
+        dest.mkdir(parents=True)
+        return None
+    if not dest.is_dir():
+        raise FastloadError(f"destination {dest} exists and is not a directory")
+    names = os.listdir(dest)
+    foreign = [n for n in names if not _own_file(n)]
+    if foreign and (overwrite or names):
+        raise FastloadError(f"destination {dest} holds files fastload did not write ({', '.join(sorted(foreign)[:5])}); "
+                            f"refusing to write there — choose an empty or new directory")
+    if overwrite:
+        for n in names:
+            p = dest / n
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+        return None
+    if MANIFEST_NAME in names or _lmdb_complete(dest):
+        raise FastloadError(f"destination {dest} already holds a packed dataset; pass overwrite=True (--overwrite) "
+                            f"to replace it")
+    state = _read_state(dest, params["format"])
+    if state is None:
+        if names:
+            raise FastloadError(f"destination {dest} is not empty and holds no resumable pack; use --overwrite")
+        return None
+    if state.get("params") != params:
+        raise FastloadError(f"destination {dest} holds an unfinished pack with different parameters or source; "
+                            f"run the original command to resume it, or pass --overwrite to start over")
+    return state
+
+
+def _lmdb_complete(dest: Path) -> bool:
+    if not lmdb_format.is_lmdb(dest):
+        return False
+    try:
+        lmdb_format.read_manifest(dest)
+        return True
+    except FastloadError:
+        return False
+
+
+def _read_state(dest: Path, fmt: str) -> dict | None:
+    if fmt == "lmdb":
+        if not lmdb_format.is_lmdb(dest):
+            return None
+        w = lmdb_format.LmdbWriter(dest, None)  # type: ignore[arg-type]
+        try:
+            state = w.read_state()
+        finally:
+            w.close()
+        return state or None
+    path = dest / STATE_NAME
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except ValueError:
+        return None
+
+
+def _write_state(dest: Path, state: dict) -> None:
+    tmp = dest / (STATE_NAME + ".tmp")
+    with open(tmp, "w") as fh:
+        json.dump(state, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, dest / STATE_NAME)
+    fsync_dir(dest)
+
+
+# -- the pack -----------------------------------------------------------------------------------
+
+def pack(
+    source: Any,
+    dest: str | os.PathLike,
+    *,
+    format: str = "shards",
+    image_mode: str = "auto",
+    max_side: int | None = None,
+    quality: int = 90,
+    shard_size: int | str = DEFAULT_SHARD_SIZE,
+    workers: int | None = None,
+    overwrite: bool = False,
+    skip_bad: bool = False,
+    schema: Mapping[str, Field] | None = None,
+    root: str | os.PathLike | None = None,
+    path_column: str = "path",
+    progress: bool = False,
+) -> PackSummary:
+    """Pack ``source`` into a fastload dataset at ``dest`` and return a summary.
+
+    ``source``: an ImageFolder directory, a ``.npy``/``.npz`` file, numpy arrays (one, a tuple, or a
+    dict), a CSV/JSONL manifest (paths relative to ``root``), or a map-style torch Dataset.
+    ``schema`` overrides inferred fields by name. See ``fastload pack --help`` for the options.
+    """
+    if format not in ("shards", "lmdb"):
+        raise ValueError(f"format={format!r} should be 'shards' or 'lmdb'")
+    opts = ImageOptions(image_mode, max_side, quality)
+    shard_bytes = parse_size(shard_size)
+    workers = os.cpu_count() or 1 if workers is None else int(workers)
+    if workers < 0:
+        raise ValueError(f"workers={workers} should be >= 0")
+    src = as_source(source, schema=schema, root=root, path_column=path_column)
+    dest = Path(dest)
+    params = {"format": format, "image_mode": image_mode, "max_side": max_side, "quality": quality,
+              "shard_size": shard_bytes, "schema": src.schema.to_json(), "fingerprint": src.fingerprint(),
+              "version": __version__}
+    state = _prepare_dest(dest, overwrite, params)
+    t0 = time.perf_counter()
+    writer = _ShardSink(dest, src, params, shard_bytes, state) if format == "shards" else \
+        _LmdbSink(dest, src, params, state)
+    start = writer.next_sample
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(src), initial=start, unit="sample", desc=f"pack {dest.name}", smoothing=0.1)
+    try:
+        for i, encoded, error in _encoded(src, opts, start, workers):
+            if error is not None:
+                if not skip_bad:
+                    raise SourceError(f"{src.describe(i)}: {error} (pass skip_bad=True / --skip-bad to skip bad "
+                                      f"samples and list them in the manifest)")
+                writer.skip({"index": i, "source": src.describe(i), "error": error})
+            else:
+                writer.add(i, encoded)
+            if bar is not None:
+                bar.update(1)
+        manifest = writer.finish()
+    finally:
+        if bar is not None:
+            bar.close()
+    return PackSummary(str(dest), format, manifest.num_samples, manifest.skipped, writer.total_bytes(),
+                       len(manifest.shards) or 1, time.perf_counter() - t0, start)
+
+
+class _ShardSink:
+    def __init__(self, dest: Path, src: Source, params: dict, shard_bytes: int, state: dict | None):
+        self.dest, self.src, self.params, self.limit = dest, src, params, shard_bytes
+        self.state = state or {"params": params, "shards": [], "skipped": [], "next_sample": 0}
+        self.next_sample = self.state["next_sample"]
+        self.buffer: list[list] = []
+        self.buffered = 0
+
+    def add(self, i: int, encoded: list) -> None:
+        self.buffer.append(encoded)
+        self.buffered += sum(len(b) if b is not None else 0 for _, b in encoded) + 64
+        if self.buffered >= self.limit:
+            self._flush(i + 1)
+
+    def skip(self, record: dict) -> None:
+        self.state["skipped"].append(record)
+
+    def _flush(self, next_sample: int) -> None:
+        if self.buffer:
+            entry = write_shard(self.dest / shard_name(len(self.state["shards"])), self.src.schema, self.buffer)
+            self.state["shards"].append(entry.to_json())
+        self.buffer, self.buffered = [], 0
+        self.state["next_sample"] = next_sample
+        _write_state(self.dest, self.state)
+
+    def finish(self) -> Manifest:
+        from .formats._manifest import ShardEntry
+
+        if self.buffer:
+            self._flush(len(self.src))
+        shards = [ShardEntry(**s) for s in self.state["shards"]]
+        m = Manifest("shards", self.src.schema, sum(s.num_samples for s in shards), shards,
+                     self.params["image_mode"], self.state["skipped"], dict(self.src.metadata),
+                     created_by=f"fastload {__version__}")
+        write_manifest(self.dest, m)
+        (self.dest / STATE_NAME).unlink(missing_ok=True)
+        fsync_dir(self.dest)
+        return m
+
+    def total_bytes(self) -> int:
+        return sum(s["bytes"] for s in self.state["shards"])
+
+
+class _LmdbSink:
+    """Samples are committed a chunk at a time; skipped samples do not take an index."""
+
+    def __init__(self, dest: Path, src: Source, params: dict, state: dict | None):
+        self.src, self.params = src, params
+        self.writer = lmdb_format.LmdbWriter(dest, src.schema)
+        self.state = state or {"params": params, "skipped": [], "next_sample": 0, "chunk_digests": []}
+        self.next_sample = self.state["next_sample"]
+        self.buffer: list[list] = []
+        self.rows = self.writer.rows
+
+    def add(self, i: int, encoded: list) -> None:
+        self.buffer.append(encoded)
+        if len(self.buffer) == self.rows:
+            self._flush(i + 1)
+
+    def skip(self, record: dict) -> None:
+        self.state["skipped"].append(record)
+
+    def _flush(self, next_sample: int) -> None:
+        self.state["next_sample"] = next_sample
+        self.writer.write_chunk(self.writer.committed, self.buffer, self.state)
+        self.buffer = []
+
+    def finish(self) -> Manifest:
+        if self.buffer:
+            self._flush(len(self.src))
+        metadata = dict(self.src.metadata,
+                        lmdb={"rows_per_chunk": self.rows, "chunk_digests": self.state["chunk_digests"]})
+        m = Manifest("lmdb", self.src.schema, self.writer.committed, [], self.params["image_mode"],
+                     self.state["skipped"], metadata, created_by=f"fastload {__version__}")
+        self.writer.finish(m)
+        return m
+
+    def total_bytes(self) -> int:
+        return os.path.getsize(self.writer.path / lmdb_format.DATA_FILE)

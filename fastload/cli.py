@@ -1,0 +1,114 @@
+"""The ``fastload`` command: ``pack``, ``inspect``, ``verify``."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from ._errors import FastloadError
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="fastload")
+def main() -> None:
+    """fastload: pack datasets into shards or LMDB and load them fast in PyTorch."""
+
+
+@main.command()
+@click.argument("src", type=click.Path(exists=True, path_type=Path))
+@click.argument("dst", type=click.Path(path_type=Path))
+@click.option("--format", "fmt", type=click.Choice(["shards", "lmdb"]), default="shards", show_default=True,
+              help="Output format.")
+@click.option("--image-mode", type=click.Choice(["auto", "passthrough", "jpeg", "raw"]), default="auto",
+              show_default=True,
+              help="auto: JPEGs untouched, other images raw if small else JPEG; passthrough: JPEG bytes only; "
+                   "jpeg: re-encode all; raw: store uint8 pixels.")
+@click.option("--max-side", type=click.IntRange(min=1), default=None, help="Shrink images whose longer side exceeds N.")
+@click.option("--quality", type=click.IntRange(1, 100), default=90, show_default=True, help="JPEG quality for re-encoding.")
+@click.option("--shard-size", default="256MB", show_default=True, help="Target shard size (K/M/G units).")
+@click.option("--workers", type=click.IntRange(min=0), default=None, help="Worker processes [default: all cores].")
+@click.option("--overwrite", is_flag=True, help="Replace an existing dataset at DST.")
+@click.option("--skip-bad", is_flag=True, help="Skip unreadable source samples and list them in the manifest.")
+@click.option("--root", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
+              help="For CSV/JSONL manifests: the directory paths are relative to [default: the manifest's].")
+@click.option("--path-column", default="path", show_default=True, help="For CSV/JSONL manifests: the path column.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+def pack(src, dst, fmt, image_mode, max_side, quality, shard_size, workers, overwrite, skip_bad, root, path_column,
+         quiet) -> None:
+    """Pack SRC (an ImageFolder directory, .npy/.npz, or CSV/JSONL manifest) into a dataset at DST.
+
+    Interrupted packs resume when the same command is run again.
+    """
+    from ._pack import pack as do_pack
+
+    summary = _run(lambda: do_pack(src, dst, format=fmt, image_mode=image_mode, max_side=max_side, quality=quality,
+                                   shard_size=shard_size, workers=workers, overwrite=overwrite, skip_bad=skip_bad,
+                                   root=root, path_column=path_column, progress=not quiet))
+    click.echo(str(summary))
+
+
+@main.command()
+@click.argument("dst", type=click.Path(exists=True, path_type=Path))
+def inspect(dst) -> None:
+    """Show the schema, sample counts and sizes of the dataset at DST."""
+    from ._dataset import read_manifest
+
+    m = _run(lambda: read_manifest(dst))
+    click.echo(f"dataset   {dst}")
+    click.echo(f"format    {m.layout} (version {m.version}, {m.created_by or 'unknown writer'})")
+    click.echo(f"samples   {m.num_samples:,}")
+    if m.image_mode:
+        click.echo(f"images    {m.image_mode}")
+    click.echo("schema")
+    for f in m.schema:
+        extra = f" {f.dtype} {list(f.shape)}" if f.kind == "ndarray" else ""
+        click.echo(f"  {f.name:<16} {f.kind}{extra}")
+    if m.layout == "shards":
+        total = sum(s.bytes for s in m.shards)
+        click.echo(f"shards    {len(m.shards)}, {total / 1e6:,.1f} MB in all")
+        for s in m.shards:
+            click.echo(f"  {s.file}  {s.num_samples:>9,} samples  {s.bytes / 1e6:>10,.1f} MB  xxh3 {s.xxh3_64}")
+    else:
+        size = (dst / "data.mdb").stat().st_size
+        click.echo(f"lmdb      {size / 1e6:,.1f} MB, {m.metadata['lmdb']['rows_per_chunk']} rows per chunk")
+    classes = m.metadata.get("classes")
+    if classes:
+        shown = ", ".join(classes[:10]) + (f", ... ({len(classes)} in all)" if len(classes) > 10 else "")
+        click.echo(f"classes   {shown}")
+    if m.skipped:
+        click.echo(f"skipped   {len(m.skipped)} source sample(s) at pack time")
+
+
+@main.command()
+@click.argument("dst", type=click.Path(exists=True, path_type=Path))
+def verify(dst) -> None:
+    """Check every shard's size, checksum and structure; exit 1 naming each bad shard."""
+    from ._dataset import read_manifest
+    from .formats.lmdb import verify_lmdb
+    from .formats.shards import verify_shards
+
+    m = _run(lambda: read_manifest(dst))
+    problems = verify_shards(dst, m) if m.layout == "shards" else verify_lmdb(dst, m)
+    if problems:
+        for p in problems:
+            click.echo(f"BAD {p}", err=True)
+        click.echo(f"{dst}: {len(problems)} problem(s) found", err=True)
+        sys.exit(1)
+    n = len(m.shards) if m.layout == "shards" else "lmdb"
+    click.echo(f"{dst}: OK ({m.num_samples:,} samples, {n} shard(s) verified)" if m.layout == "shards"
+               else f"{dst}: OK ({m.num_samples:,} samples, every LMDB chunk verified)")
+
+
+def _run(fn):
+    """Run fn, turning fastload's own errors into a clean message and exit status 2."""
+    try:
+        return fn()
+    except (FastloadError, ValueError) as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""On-disk formats: ``shards.py`` (default), ``lmdb.py``; ``_layout.py`` and ``_manifest.py`` are shared."""

@@ -1,0 +1,110 @@
+"""The logical layout shared by every on-disk format.
+
+Each field is split into fixed-size *columns* (one row per sample, gathered for a whole batch with one
+numpy ``take``) and, for variable-size fields, one *blob* per sample (bytes addressed by offsets):
+
+=======================  ==========================================  =====================
+field                    columns (dtype, per-sample shape)           blob
+=======================  ==========================================  =====================
+int                      values ('<i8', ())                          -
+float                    values ('<f8', ())                          -
+ndarray, fixed shape     values (dtype, shape)                       -
+ndarray, variable shape  shape ('<i8', (ndim,))                      the array's bytes (C order)
+image                    meta ('<u4', (3,)): height, width, encoding JPEG bytes or raw HxWx3 uint8
+bytes                    -                                           the bytes
+str                      -                                           UTF-8 bytes
+=======================  ==========================================  =====================
+
+An encoded sample is a list, one entry per field in schema order, of ``(column values, blob)``:
+``column values`` is a tuple with one value per column, ``blob`` is bytes or None.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from .._schema import Field, Schema
+
+# image encodings in the "meta" column
+IMAGE_JPEG = 0
+IMAGE_RAW = 1
+IMAGE_ENCODINGS = (IMAGE_JPEG, IMAGE_RAW)
+
+FORMAT_VERSION = 1
+
+
+class Column(NamedTuple):
+    name: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+
+    @property
+    def row_bytes(self) -> int:
+        return int(self.dtype.itemsize * int(np.prod(self.shape, dtype=np.int64)))
+
+
+def columns_of(field: Field) -> tuple[Column, ...]:
+    if field.kind in ("int", "float") or (field.kind == "ndarray" and field.fixed_size):
+        return (Column("values", field.np_dtype, () if field.kind != "ndarray" else tuple(field.shape)),)
+    if field.kind == "ndarray":
+        return (Column("shape", np.dtype("<i8"), (len(field.shape),)),)
+    if field.kind == "image":
+        return (Column("meta", np.dtype("<u4"), (3,)),)
+    return ()
+
+
+def has_blob(field: Field) -> bool:
+    return not field.fixed_size
+
+
+def expected_blob_length(field: Field, columns: dict[str, np.ndarray]) -> np.ndarray | None:
+    """Per-row blob length implied by the columns (raw images, variable arrays), -1 where free.
+
+    ``columns`` maps column name to an array with one row per sample. Returns None when the field's
+    blob length is unconstrained (JPEG, bytes, str).
+    """
+    if field.kind == "image":
+        meta = columns["meta"].astype(np.int64)
+        return np.where(meta[:, 2] == IMAGE_RAW, meta[:, 0] * meta[:, 1] * 3, -1)
+    if field.kind == "ndarray" and not field.fixed_size:
+        shape = columns["shape"]
+        if shape.size and shape.min() < 0:
+            return np.full(len(shape), -2, dtype=np.int64)  # negative dims can never match
+        with np.errstate(over="ignore"):
+            n = np.prod(shape, axis=1, dtype=np.int64) if shape.shape[1] else np.ones(len(shape), np.int64)
+        return n * np.dtype(field.dtype).itemsize
+    return None
+
+
+def check_columns(field: Field, columns: dict[str, np.ndarray]) -> str | None:
+    """Validate column contents that the format itself constrains. Returns a message or None."""
+    if field.kind == "image":
+        meta = columns["meta"]
+        bad = np.nonzero(~np.isin(meta[:, 2], IMAGE_ENCODINGS))[0]
+        if bad.size:
+            return f"sample {int(bad[0])}: image encoding {int(meta[bad[0], 2])} is not 0 (jpeg) or 1 (raw)"
+    if field.kind == "ndarray" and not field.fixed_size:
+        shape = columns["shape"]
+        for j, d in enumerate(field.shape):
+            if d is not None:
+                bad = np.nonzero(shape[:, j] != d)[0]
+                if bad.size:
+                    return (f"sample {int(bad[0])}: dimension {j} is {int(shape[bad[0], j])}, "
+                            f"the schema fixes it to {d}")
+        bad = np.nonzero((shape < 0).any(axis=1))[0] if shape.size else np.array([], dtype=np.int64)
+        if bad.size:
+            return f"sample {int(bad[0])}: negative array shape {shape[bad[0]].tolist()}"
+    return None
+
+
+def section_names(schema: Schema) -> list[tuple[str, str]]:
+    """(field, part) for every section of a shard, in file order: columns, then offsets and data."""
+    out = []
+    for f in schema:
+        out.extend((f.name, c.name) for c in columns_of(f))
+        if has_blob(f):
+            out.append((f.name, "offsets"))
+            out.append((f.name, "data"))
+    return out

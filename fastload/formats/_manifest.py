@@ -1,0 +1,126 @@
+"""The manifest: the JSON document describing a packed dataset (both formats).
+
+It is plain JSON, parsed with ``json.loads`` and validated field by field: opening a dataset never
+executes anything. See docs/FORMAT.md for an example.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._errors import FormatError, SchemaError, VersionError
+from .._schema import Schema
+from ._layout import FORMAT_VERSION
+
+MAGIC = "fastload"
+MANIFEST_NAME = "manifest.json"
+MAX_MANIFEST_BYTES = 256 << 20  # refuse absurd manifests before parsing them
+SHARD_NAME = re.compile(r"^shard-\d{5,9}\.fls$")
+
+
+@dataclass
+class ShardEntry:
+    file: str
+    num_samples: int
+    bytes: int
+    xxh3_64: str
+
+    def to_json(self) -> dict:
+        return {"file": self.file, "num_samples": self.num_samples, "bytes": self.bytes, "xxh3_64": self.xxh3_64}
+
+
+@dataclass
+class Manifest:
+    layout: str  # "shards" or "lmdb"
+    schema: Schema
+    num_samples: int
+    shards: list[ShardEntry] = field(default_factory=list)
+    image_mode: str | None = None
+    skipped: list[dict] = field(default_factory=list)
+    metadata: dict = field(default_factory=dict)
+    version: int = FORMAT_VERSION
+    created_by: str = ""
+
+    def to_json(self) -> str:
+        doc = {
+            "format": MAGIC,
+            "version": self.version,
+            "layout": self.layout,
+            "created_by": self.created_by,
+            "num_samples": self.num_samples,
+            "schema": self.schema.to_json(),
+            "image_mode": self.image_mode,
+            "shards": [s.to_json() for s in self.shards],
+            "skipped": self.skipped,
+            "metadata": self.metadata,
+        }
+        return json.dumps(doc, indent=1, sort_keys=False) + "\n"
+
+    @classmethod
+    def parse(cls, raw: bytes | str, where: str) -> "Manifest":
+        """Parse and validate manifest text; ``where`` names it in errors."""
+        if len(raw) > MAX_MANIFEST_BYTES:
+            raise FormatError(f"{where}: manifest is {len(raw)} bytes, larger than the {MAX_MANIFEST_BYTES} allowed")
+        try:
+            doc = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise FormatError(f"{where}: manifest is not valid JSON ({e})") from None
+        if not isinstance(doc, dict) or doc.get("format") != MAGIC:
+            raise FormatError(f"{where}: not a fastload manifest (expected \"format\": \"{MAGIC}\")")
+        version = doc.get("version")
+        if not _is_int(version) or version < 1:
+            raise FormatError(f"{where}: bad format version {version!r}")
+        if version > FORMAT_VERSION:
+            raise VersionError(
+                f"{where}: written with format version {version}, this fastload reads up to version "
+                f"{FORMAT_VERSION}; upgrade fastload to open it"
+            )
+        layout = doc.get("layout")
+        if layout not in ("shards", "lmdb"):
+            raise FormatError(f"{where}: layout {layout!r} is not 'shards' or 'lmdb'")
+        try:
+            schema = Schema.from_json(doc.get("schema"))
+        except SchemaError as e:
+            raise FormatError(f"{where}: bad schema: {e}") from None
+        num = doc.get("num_samples")
+        if not _is_int(num) or num < 0:
+            raise FormatError(f"{where}: num_samples {num!r} is not a non-negative integer")
+        shards = []
+        raw_shards = doc.get("shards", [])
+        if not isinstance(raw_shards, list):
+            raise FormatError(f"{where}: 'shards' must be a list")
+        for k, s in enumerate(raw_shards):
+            shards.append(_parse_shard(s, f"{where}: shards[{k}]"))
+        names = [s.file for s in shards]
+        if len(set(names)) != len(names):
+            raise FormatError(f"{where}: a shard file is listed twice")
+        if layout == "shards" and sum(s.num_samples for s in shards) != num:
+            raise FormatError(
+                f"{where}: shards hold {sum(s.num_samples for s in shards)} samples, num_samples says {num}"
+            )
+        skipped = doc.get("skipped", [])
+        metadata = doc.get("metadata", {})
+        if not isinstance(skipped, list) or not isinstance(metadata, dict):
+            raise FormatError(f"{where}: 'skipped' must be a list and 'metadata' an object")
+        image_mode = doc.get("image_mode")
+        return cls(layout, schema, num, shards, image_mode, skipped, metadata, version, str(doc.get("created_by", "")))
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _parse_shard(s: Any, where: str) -> ShardEntry:
+    if not isinstance(s, dict):
+        raise FormatError(f"{where}: must be an object")
+    file, n, size, digest = s.get("file"), s.get("num_samples"), s.get("bytes"), s.get("xxh3_64")
+    if not isinstance(file, str) or not SHARD_NAME.match(file):
+        raise FormatError(f"{where}: file name {file!r} is not of the form shard-NNNNN.fls")
+    if not _is_int(n) or n < 0 or not _is_int(size) or size < 0:
+        raise FormatError(f"{where}: num_samples and bytes must be non-negative integers")
+    if not isinstance(digest, str) or not re.fullmatch(r"[0-9a-f]{16}", digest):
+        raise FormatError(f"{where}: xxh3_64 {digest!r} is not 16 hex digits")
+    return ShardEntry(file, n, size, digest)

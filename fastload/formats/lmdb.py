@@ -1,0 +1,312 @@
+"""The LMDB format: the same schema and layout inside one LMDB environment.
+
+Keys (all bytes):
+
+=============================  =================================================================
+``manifest``                   the manifest JSON (layout "lmdb"; ``lmdb.rows_per_chunk`` in it)
+``c/<field>/<column>/<chunk>`` rows ``chunk*R .. chunk*R+R-1`` of a fixed-size column (R rows per
+                               chunk, chunk as 8 decimal digits), raw little-endian values
+``s/<index>``                  sample record (index as 12 decimal digits) holding the blobs of the
+                               variable-size fields: u64 ends[k] for the k blob fields, then data
+``pack_state``                 only while a pack is unfinished: how many samples are committed
+=============================  =================================================================
+
+Readers open the environment read-only with ``lock=False`` and one long-lived read transaction with
+``buffers=True``: values are zero-copy views into LMDB's memory map, checked before use.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import xxhash
+
+from .._errors import FormatError
+from .._schema import Schema
+from ._layout import check_columns, columns_of, expected_blob_length, has_blob
+from ._manifest import Manifest
+
+MANIFEST_KEY = b"manifest"
+STATE_KEY = b"pack_state"
+DEFAULT_ROWS_PER_CHUNK = 1024
+DATA_FILE = "data.mdb"
+
+
+def _lmdb():
+    import lmdb  # a declared dependency; imported lazily to keep `import fastload` light
+
+    return lmdb
+
+
+def chunk_key(field: str, col: str, chunk: int) -> bytes:
+    return f"c/{field}/{col}/{chunk:08d}".encode()
+
+
+def sample_key(i: int) -> bytes:
+    return f"s/{i:012d}".encode()
+
+
+def is_lmdb(path: Path) -> bool:
+    return (path / DATA_FILE).is_file()
+
+
+def encode_record(schema: Schema, sample: list) -> bytes:
+    blobs = [bytes(sample[i][1]) for i, f in enumerate(schema) if has_blob(f)]
+    ends = np.cumsum([len(b) for b in blobs], dtype="<u8") if blobs else np.zeros(0, "<u8")
+    return ends.tobytes() + b"".join(blobs)
+
+
+def encode_chunk(schema: Schema, samples: Sequence[list]) -> dict[tuple[str, str], bytes]:
+    out = {}
+    for i, f in enumerate(schema):
+        for j, col in enumerate(columns_of(f)):
+            arr = np.empty((len(samples),) + col.shape, dtype=col.dtype)
+            for k, s in enumerate(samples):
+                arr[k] = s[i][0][j]
+            out[(f.name, col.name)] = arr.tobytes()
+    return out
+
+
+def chunk_digest(columns: dict[tuple[str, str], bytes], records: Sequence[bytes]) -> str:
+    """xxh3_64 over a chunk's column values (schema order) then its records, as hex."""
+    h = xxhash.xxh3_64()
+    for data in columns.values():
+        h.update(data)
+    for rec in records:
+        h.update(len(rec).to_bytes(8, "little"))
+        h.update(rec)
+    return h.hexdigest()
+
+
+class LmdbWriter:
+    """Appends samples chunk by chunk; each chunk is one transaction, so a killed pack resumes."""
+
+    def __init__(self, path: Path, schema: Schema, rows_per_chunk: int | None = None, map_size: int = 1 << 40):
+        self.path = path
+        self.schema = schema
+        self.rows = rows_per_chunk or DEFAULT_ROWS_PER_CHUNK
+        self.env = _lmdb().open(str(path), map_size=map_size, subdir=True, readonly=False,
+                                metasync=True, sync=True, max_dbs=0)
+        with self.env.begin() as txn:
+            raw = txn.get(STATE_KEY)
+        state = json.loads(raw) if raw else {"committed": 0}
+        self.committed = int(state["committed"])
+
+    def write_chunk(self, start: int, samples: Sequence[list], state: dict) -> None:
+        """Write samples ``start ..`` (start a multiple of rows_per_chunk) and the resume state."""
+        if start % self.rows:
+            raise ValueError(f"chunk start {start} is not a multiple of {self.rows}")
+        chunk = start // self.rows
+        columns = encode_chunk(self.schema, samples)
+        records = [encode_record(self.schema, s) for s in samples]
+        digests = state.setdefault("chunk_digests", [])
+        del digests[chunk:]
+        digests.append(chunk_digest(columns, records))
+        with self.env.begin(write=True) as txn:
+            for (field, col), data in columns.items():
+                txn.put(chunk_key(field, col, chunk), data)
+            for k, rec in enumerate(records):
+                txn.put(sample_key(start + k), rec)
+            txn.put(STATE_KEY, json.dumps(dict(state, committed=start + len(samples))).encode())
+        self.committed = start + len(samples)
+
+    def read_state(self) -> dict:
+        with self.env.begin() as txn:
+            raw = txn.get(STATE_KEY)
+        return json.loads(raw) if raw else {}
+
+    def finish(self, manifest: Manifest) -> None:
+        with self.env.begin(write=True) as txn:
+            txn.put(MANIFEST_KEY, manifest.to_json().encode())
+            txn.delete(STATE_KEY)
+        self.env.sync(True)
+        self.close()
+
+    def close(self) -> None:
+        self.env.close()
+
+
+class LmdbSegment:
+    """The whole LMDB environment as one segment, read zero-copy from one read transaction."""
+
+    def __init__(self, path: Path, manifest: Manifest):
+        self.path = path
+        self.name = "lmdb"
+        self.dataset = str(path)
+        self.schema = manifest.schema
+        self.count = manifest.num_samples
+        info = manifest.metadata.get("lmdb")
+        rows = info.get("rows_per_chunk") if isinstance(info, dict) else None
+        if not isinstance(rows, int) or isinstance(rows, bool) or rows <= 0:
+            raise FormatError(f"dataset '{path}': manifest metadata.lmdb.rows_per_chunk {rows!r} is not a positive int")
+        self.rows = rows
+        self.blob_fields = [f.name for f in self.schema if has_blob(f)]
+        self._env = None
+        self._txn = None
+        self._pid = None
+        self._chunks: dict[tuple[str, str, int], np.ndarray] = {}
+
+    def _fail(self, msg: str) -> FormatError:
+        return FormatError(f"dataset '{self.dataset}' (lmdb): {msg}")
+
+    def open(self) -> "LmdbSegment":
+        if self._txn is not None and self._pid == os.getpid():
+            return self
+        self._chunks = {}
+        self._env = acquire_env(self.path)
+        self._txn = self._env.begin(buffers=True)
+        self._pid = os.getpid()
+        return self
+
+    def _get(self, key: bytes) -> memoryview:
+        v = self.open()._txn.get(key)
+        if v is None:
+            raise self._fail(f"key {key.decode()} is missing")
+        return v
+
+    def _chunk(self, field: str, col: str, chunk: int) -> np.ndarray:
+        key = (field, col, chunk)
+        arr = self._chunks.get(key)
+        if arr is None:
+            c = next(c for c in columns_of(self.schema[field]) if c.name == col)
+            nrows = min(self.rows, self.count - chunk * self.rows)
+            buf = self._get(chunk_key(field, col, chunk))
+            if len(buf) != nrows * c.row_bytes:
+                raise self._fail(f"column chunk {field}/{col}/{chunk} is {len(buf)} bytes, expected "
+                                 f"{nrows} x {c.row_bytes}")
+            arr = np.frombuffer(buf, dtype=c.dtype).reshape((nrows,) + c.shape)
+            msg = check_columns(self.schema[field], {col: arr})
+            if msg:
+                raise self._fail(f"field '{field}', chunk {chunk}: {msg}")
+            self._chunks[key] = arr
+        return arr
+
+    def row(self, field: str, col: str, i: int) -> np.ndarray:
+        return self._chunk(field, col, i // self.rows)[i % self.rows]
+
+    def take(self, field: str, col: str, idx: np.ndarray) -> np.ndarray:
+        idx = np.asarray(idx, dtype=np.int64)
+        chunks = idx // self.rows
+        first = self._chunk(field, col, int(chunks[0])) if len(idx) else None
+        out = np.empty((len(idx),) + (first.shape[1:] if first is not None else ()),
+                       dtype=first.dtype if first is not None else np.uint8)
+        for c in np.unique(chunks):
+            sel = chunks == c
+            out[sel] = self._chunk(field, col, int(c))[idx[sel] % self.rows]
+        return out
+
+    def blob(self, field: str, i: int) -> memoryview:
+        rec = self._get(sample_key(i))
+        k = self.blob_fields.index(field)
+        nb = len(self.blob_fields)
+        if len(rec) < 8 * nb:
+            raise self._fail(f"sample {i}: record is {len(rec)} bytes, shorter than its {8 * nb}-byte header")
+        ends = np.frombuffer(rec, dtype="<u8", count=nb)
+        start = int(ends[k - 1]) if k else 0
+        end = int(ends[k])
+        payload = len(rec) - 8 * nb
+        if not (start <= end <= payload) or int(ends[-1]) != payload:
+            raise self._fail(f"sample {i}, field '{field}': blob range {start}..{end} does not fit the "
+                             f"{payload}-byte record")
+        f = self.schema[field]
+        cols = {c.name: self.row(field, c.name, i)[None] for c in columns_of(f)}
+        expected = expected_blob_length(f, cols)
+        if expected is not None and (expected[0] == -2 or (expected[0] >= 0 and expected[0] != end - start)):
+            raise self._fail(f"sample {i}, field '{field}': {end - start} bytes of data, the recorded shape "
+                             f"needs {int(expected[0])}")
+        return rec[8 * nb + start:8 * nb + end]
+
+    def close(self) -> None:
+        self._chunks = {}
+        if self._txn is not None and self._pid == os.getpid():
+            self._txn.abort()
+            release_env(self.path)
+        self._txn = self._env = None
+
+
+# LMDB allows one Environment per path per process: readers share it, counted.
+_ENVS: dict[str, list] = {}
+_ENVS_LOCK = threading.Lock()
+
+
+def acquire_env(path: Path):
+    key = os.path.realpath(path)
+    with _ENVS_LOCK:
+        entry = _ENVS.get(key)
+        if entry is not None and entry[0] == os.getpid():
+            entry[2] += 1
+            return entry[1]
+        try:
+            env = _lmdb().open(str(path), readonly=True, lock=False, subdir=True, readahead=False,
+                               max_readers=1024)
+        except _lmdb().Error as e:
+            raise FormatError(f"dataset '{path}': cannot open as LMDB: {e}") from None
+        _ENVS[key] = [os.getpid(), env, 1]
+        return env
+
+
+def release_env(path: Path) -> None:
+    key = os.path.realpath(path)
+    with _ENVS_LOCK:
+        entry = _ENVS.get(key)
+        if entry is None or entry[0] != os.getpid():
+            return
+        entry[2] -= 1
+        if entry[2] == 0:
+            del _ENVS[key]
+            entry[1].close()
+
+
+def read_manifest(path: Path) -> Manifest:
+    env = acquire_env(path)
+    try:
+        with env.begin() as txn:
+            raw = txn.get(MANIFEST_KEY)
+            unfinished = txn.get(STATE_KEY) is not None
+    finally:
+        release_env(path)
+    if raw is None:
+        hint = " (an unfinished pack: run the same pack command again to resume)" if unfinished else ""
+        raise FormatError(f"dataset '{path}': LMDB environment has no manifest{hint}")
+    m = Manifest.parse(raw, f"dataset '{path}'")
+    if m.layout != "lmdb":
+        raise FormatError(f"dataset '{path}': manifest layout is {m.layout!r} inside an LMDB environment")
+    return m
+
+
+def verify_lmdb(path: Path, manifest: Manifest) -> list[str]:
+    """Recompute every chunk's digest and validate every record. Returns one message per problem."""
+    seg = LmdbSegment(path, manifest)
+    digests = manifest.metadata["lmdb"].get("chunk_digests")
+    problems = []
+    n_chunks = -(-manifest.num_samples // seg.rows)
+    if not isinstance(digests, list) or len(digests) != n_chunks:
+        return [f"manifest lists {len(digests) if isinstance(digests, list) else 'no'} chunk digests, "
+                f"expected {n_chunks}"]
+    try:
+        seg.open()
+        for c in range(n_chunks):
+            lo, hi = c * seg.rows, min(manifest.num_samples, (c + 1) * seg.rows)
+            try:
+                columns = {}
+                for f in seg.schema:
+                    for col in columns_of(f):
+                        seg._chunk(f.name, col.name, c)
+                        columns[(f.name, col.name)] = bytes(seg._get(chunk_key(f.name, col.name, c)))
+                records = [bytes(seg._get(sample_key(i))) for i in range(lo, hi)]
+                for i in range(lo, hi):
+                    for name in seg.blob_fields:
+                        seg.blob(name, i)
+            except FormatError as e:
+                problems.append(f"chunk {c} (samples {lo}..{hi - 1}): {e}")
+                continue
+            if chunk_digest(columns, records) != digests[c]:
+                problems.append(f"chunk {c} (samples {lo}..{hi - 1}): checksum does not match the manifest's")
+    finally:
+        seg.close()
+    return problems

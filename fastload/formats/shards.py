@@ -1,0 +1,288 @@
+"""Packed shards: numbered binary files plus a JSON manifest (the default format).
+
+Layout of one shard file (all integers little-endian; see docs/FORMAT.md for an example)::
+
+    0   8 bytes  magic b"FLSHARD1"
+    8   u32      format version
+    12  u32      number of sections S
+    16  u64      number of samples N
+    24  40 bytes zero
+    64  S x (u64 offset, u64 length)   section table
+        sections, each starting at a multiple of 64 bytes, in ``section_names(schema)`` order
+
+Shards are memory-mapped read-only and every offset is validated when a shard is first touched, so
+reads afterwards are plain slices of verified ranges.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import xxhash
+
+from .._errors import FormatError
+from .._schema import Field, Schema
+from ._layout import FORMAT_VERSION, check_columns, columns_of, expected_blob_length, has_blob, section_names
+from ._manifest import MANIFEST_NAME, Manifest, ShardEntry
+
+SHARD_MAGIC = b"FLSHARD1"
+HEADER = struct.Struct("<8sIIQ40x")
+SECTION = struct.Struct("<QQ")
+ALIGN = 64
+
+
+def shard_name(k: int) -> str:
+    return f"shard-{k:05d}.fls"
+
+
+def _pad(n: int) -> int:
+    return (-n) % ALIGN
+
+
+# -- writing ------------------------------------------------------------------------------------
+
+def _sections(schema: Schema, samples: Sequence[list]) -> list[bytes | memoryview]:
+    n = len(samples)
+    out: list[bytes | memoryview] = []
+    for i, f in enumerate(schema):
+        for j, col in enumerate(columns_of(f)):
+            arr = np.empty((n,) + col.shape, dtype=col.dtype)
+            for k, s in enumerate(samples):
+                arr[k] = s[i][0][j]
+            out.append(memoryview(arr).cast("B"))
+        if has_blob(f):
+            blobs = [s[i][1] for s in samples]
+            offsets = np.zeros(n + 1, dtype="<u8")
+            np.cumsum([len(b) for b in blobs], out=offsets[1:])
+            out.append(memoryview(offsets).cast("B"))
+            out.append(b"".join(blobs))
+    return out
+
+
+def write_shard(path: Path, schema: Schema, samples: Sequence[list]) -> ShardEntry:
+    """Write encoded samples to ``path`` atomically (temp name, fsync, rename); return its entry."""
+    sections = _sections(schema, samples)
+    table_end = HEADER.size + SECTION.size * len(sections)
+    pos = table_end + _pad(table_end)
+    table = []
+    for s in sections:
+        table.append((pos, len(s)))
+        pos += len(s) + _pad(len(s))
+    header = HEADER.pack(SHARD_MAGIC, FORMAT_VERSION, len(sections), len(samples))
+    head = header + b"".join(SECTION.pack(o, n) for o, n in table) + bytes(_pad(table_end))
+    tmp = path.with_name(path.name + ".tmp")
+    h = xxhash.xxh3_64()
+    with open(tmp, "wb") as fh:
+        for chunk in [head] + [x for s in sections for x in (s, bytes(_pad(len(s))))]:
+            fh.write(chunk)
+            h.update(chunk)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    return ShardEntry(path.name, len(samples), pos, h.hexdigest())
+
+
+def write_manifest(root: Path, manifest: Manifest) -> None:
+    """Write the manifest last and atomically: a dataset is complete exactly when it exists."""
+    tmp = root / (MANIFEST_NAME + ".tmp")
+    with open(tmp, "w") as fh:
+        fh.write(manifest.to_json())
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, root / MANIFEST_NAME)
+    fsync_dir(root)
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def file_digest(path: Path, chunk: int = 8 << 20) -> tuple[int, str]:
+    h = xxhash.xxh3_64()
+    size = 0
+    with open(path, "rb") as fh:
+        while True:
+            b = fh.read(chunk)
+            if not b:
+                break
+            size += len(b)
+            h.update(b)
+    return size, h.hexdigest()
+
+
+# -- reading ------------------------------------------------------------------------------------
+
+class ShardSegment:
+    """One memory-mapped shard: columns as numpy views, blobs as slices of the mapping."""
+
+    def __init__(self, path: Path, entry: ShardEntry, schema: Schema, dataset: str):
+        self.path = path
+        self.name = entry.file
+        self.count = entry.num_samples
+        self.entry = entry
+        self.schema = schema
+        self.dataset = dataset
+        self._mm: mmap.mmap | None = None
+        self.columns: dict[tuple[str, str], np.ndarray] = {}
+        self.offsets: dict[str, np.ndarray] = {}
+        self.data: dict[str, memoryview] = {}
+        self.data_start: dict[str, int] = {}
+
+    def _fail(self, msg: str) -> FormatError:
+        return FormatError(f"dataset '{self.dataset}', shard '{self.name}': {msg}")
+
+    def open(self) -> "ShardSegment":
+        if self._mm is not None:
+            return self
+        try:
+            with open(self.path, "rb") as fh:
+                size = os.fstat(fh.fileno()).st_size
+                if size != self.entry.bytes:
+                    raise self._fail(f"file is {size} bytes, the manifest says {self.entry.bytes} (truncated or replaced)")
+                if size < HEADER.size:
+                    raise self._fail(f"file is {size} bytes, shorter than the {HEADER.size}-byte header")
+                mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        except FileNotFoundError:
+            raise self._fail(f"file is missing ({self.path})") from None
+        try:
+            self._validate(mm, size)
+        except Exception:
+            self.columns.clear()
+            self.offsets.clear()
+            self.data.clear()
+            raise
+        self._mm = mm
+        return self
+
+    def _validate(self, mm: mmap.mmap, size: int) -> None:
+        magic, version, nsec, n = HEADER.unpack_from(mm, 0)
+        if magic != SHARD_MAGIC:
+            raise self._fail(f"bad magic {magic!r}, expected {SHARD_MAGIC!r}")
+        if version != FORMAT_VERSION:
+            raise self._fail(f"shard format version {version}, this fastload reads version {FORMAT_VERSION}")
+        if n != self.count:
+            raise self._fail(f"header says {n} samples, the manifest says {self.count}")
+        names = section_names(self.schema)
+        if nsec != len(names):
+            raise self._fail(f"{nsec} sections, the schema needs {len(names)}")
+        table_end = HEADER.size + SECTION.size * nsec
+        if table_end > size:
+            raise self._fail("section table runs past the end of the file")
+        table = np.frombuffer(mm, dtype="<u8", count=2 * nsec, offset=HEADER.size).reshape(nsec, 2)
+        sections = {}
+        for (field, part), (off, length) in zip(names, table.tolist()):
+            if off < table_end or off % ALIGN or length > size or off > size - length:
+                raise self._fail(f"section {field}.{part} at offset {off} length {length} lies outside "
+                                 f"the {size}-byte file")
+            sections[(field, part)] = (off, length)
+        for f in self.schema:
+            self._validate_field(mm, f, sections)
+
+    def _validate_field(self, mm: mmap.mmap, f: Field, sections: dict) -> None:
+        n = self.count
+        cols = {}
+        for col in columns_of(f):
+            off, length = sections[(f.name, col.name)]
+            if length != n * col.row_bytes:
+                raise self._fail(f"field '{f.name}' column {col.name} is {length} bytes, expected "
+                                 f"{n} x {col.row_bytes}")
+            arr = np.frombuffer(mm, dtype=col.dtype, count=n * int(np.prod(col.shape, dtype=np.int64)),
+                                offset=off).reshape((n,) + col.shape)
+            cols[col.name] = arr
+            self.columns[(f.name, col.name)] = arr
+        msg = check_columns(f, cols)
+        if msg:
+            raise self._fail(f"field '{f.name}', {msg}")
+        if not has_blob(f):
+            return
+        off, length = sections[(f.name, "offsets")]
+        if length != 8 * (n + 1):
+            raise self._fail(f"field '{f.name}' offsets are {length} bytes, expected {8 * (n + 1)}")
+        offsets = np.frombuffer(mm, dtype="<u8", count=n + 1, offset=off)
+        doff, dlen = sections[(f.name, "data")]
+        if offsets[0] != 0 or offsets[-1] != dlen:
+            raise self._fail(f"field '{f.name}' offsets run from {int(offsets[0])} to {int(offsets[-1])}, "
+                             f"expected 0 to {dlen} (the data size)")
+        bad = np.nonzero(offsets[1:] < offsets[:-1])[0]
+        if bad.size:
+            raise self._fail(f"sample {int(bad[0])}, field '{f.name}': offsets decrease "
+                             f"({int(offsets[bad[0]])} then {int(offsets[bad[0] + 1])})")
+        lengths = (offsets[1:] - offsets[:-1]).astype(np.int64)
+        expected = expected_blob_length(f, cols)
+        if expected is not None:
+            bad = np.nonzero((expected >= 0) & (lengths != expected) | (expected == -2))[0]
+            if bad.size:
+                k = int(bad[0])
+                raise self._fail(f"sample {k}, field '{f.name}': {int(lengths[k])} bytes of data, the "
+                                 f"recorded shape needs {int(expected[k])}")
+        self.offsets[f.name] = offsets
+        self.data[f.name] = memoryview(mm)[doff:doff + dlen]
+        self.data_start[f.name] = doff
+
+    def row(self, field: str, col: str, i: int) -> np.ndarray:
+        return self.open().columns[(field, col)][i]
+
+    def take(self, field: str, col: str, idx: np.ndarray) -> np.ndarray:
+        return self.open().columns[(field, col)].take(idx, axis=0)
+
+    def blob(self, field: str, i: int) -> memoryview:
+        self.open()
+        offs = self.offsets[field]
+        return self.data[field][int(offs[i]):int(offs[i + 1])]
+
+    def close(self) -> None:
+        self.columns.clear()
+        self.offsets.clear()
+        for mv in self.data.values():
+            mv.release()
+        self.data.clear()
+        if self._mm is not None:
+            try:
+                self._mm.close()
+            except BufferError:
+                pass  # a caller still holds a view; the mapping goes when that view does
+            self._mm = None
+
+    @property
+    def buffer(self) -> mmap.mmap:
+        """The whole mapped file (for the native batch gather, with ``data_start`` offsets)."""
+        self.open()
+        return self._mm
+
+
+def shard_segments(root: Path, manifest: Manifest) -> list[ShardSegment]:
+    return [ShardSegment(root / e.file, e, manifest.schema, str(root)) for e in manifest.shards]
+
+
+def verify_shards(root: Path, manifest: Manifest) -> list[str]:
+    """Check every shard's size, checksum and structure. Returns one message per bad shard."""
+    problems = []
+    for e in manifest.shards:
+        path = root / e.file
+        if not path.exists():
+            problems.append(f"{e.file}: missing")
+            continue
+        size, digest = file_digest(path)
+        if size != e.bytes:
+            problems.append(f"{e.file}: {size} bytes, manifest says {e.bytes}")
+            continue
+        if digest != e.xxh3_64:
+            problems.append(f"{e.file}: checksum {digest} does not match the manifest's {e.xxh3_64}")
+            continue
+        seg = ShardSegment(path, e, manifest.schema, str(root))
+        try:
+            seg.open()
+        except FormatError as err:
+            problems.append(f"{e.file}: {err}")
+        finally:
+            seg.close()
+    return problems

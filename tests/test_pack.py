@@ -1,0 +1,309 @@
+"""fastload.pack: every source adapter, both formats, image modes, resume, skip-bad, overwrite."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import fastload
+from fastload import FastloadError, Field, FormatError, SourceError
+from fastload.formats import shards as shards_format
+
+from conftest import jpeg_bytes, make_image_folder, png_bytes
+
+FORMATS = ["shards", "lmdb"]
+
+
+def pil_rgb(data: bytes) -> np.ndarray:
+    from PIL import Image
+
+    return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+
+
+def dir_bytes(path: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(path.iterdir())}
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_image_folder_round_trip_passthrough(image_folder, tmp_path, fmt):
+    dst = tmp_path / "out"
+    summary = fastload.pack(image_folder, dst, format=fmt, image_mode="passthrough", workers=2, shard_size="8K")
+    assert summary.samples == 12 and not summary.skipped
+    ds = fastload.open(dst)
+    assert len(ds) == 12 and ds.classes == ["class_0", "class_1", "class_2"]
+    assert ds.schema.names == ("image", "label")
+    files = sorted(image_folder.rglob("*.jpg"))
+    raw = fastload.open(dst, decode=False)
+    for i, path in enumerate(files):  # torchvision order: class, then file name
+        img, label = ds[i]
+        assert label == int(path.parent.name.split("_")[1])
+        assert raw[i][0] == path.read_bytes()  # passthrough is byte for byte
+        ref = pil_rgb(path.read_bytes())
+        assert img.shape == (3,) + ref.shape[:2] and img.dtype == torch.uint8
+        assert np.abs(img.permute(1, 2, 0).numpy().astype(int) - ref).mean() < 1.0
+
+
+def test_image_modes(tmp_path):
+    jpg = jpeg_bytes(300, 200, seed=1)
+    png_small = png_bytes(32, 32, seed=2)
+    png_big = png_bytes(300, 300, seed=3)
+    root = tmp_path / "src"
+    (root / "a").mkdir(parents=True)
+    for name, data in [("0.jpg", jpg), ("1.png", png_small), ("2.png", png_big)]:
+        (root / "a" / name).write_bytes(data)
+
+    def stored(mode, **kw):
+        dst = tmp_path / f"out_{mode}_{len(kw)}"
+        fastload.pack(root, dst, image_mode=mode, workers=0, **kw)
+        ds = fastload.open(dst, decode=False)
+        seg, _ = ds.locate(0)
+        meta = seg.columns[("image", "meta")]
+        return [ds[i][0] for i in range(3)], meta.tolist(), fastload.open(dst)
+
+    blobs, meta, ds = stored("auto")
+    assert blobs[0] == jpg                                  # JPEG untouched
+    assert meta[1] == [32, 32, 1]                           # small PNG stored raw, losslessly
+    assert np.array_equal(ds[1][0].permute(1, 2, 0).numpy(), pil_rgb(png_small))
+    assert meta[2][2] == 0 and blobs[2][:2] == b"\xff\xd8"  # big PNG re-encoded as JPEG
+
+    blobs, meta, ds = stored("raw")
+    assert [m[2] for m in meta] == [1, 1, 1]
+    assert np.array_equal(ds[2][0].permute(1, 2, 0).numpy(), pil_rgb(png_big))
+
+    blobs, meta, ds = stored("jpeg", max_side=100)
+    assert [m[2] for m in meta] == [0, 0, 0]
+    assert meta[0][:2] == [100, 67] and meta[2][:2] == [100, 100]
+    assert ds[0][0].shape == (3, 100, 67)
+
+    with pytest.raises(SourceError, match=r"1\.png.*not a JPEG"):
+        fastload.pack(root, tmp_path / "pt", image_mode="passthrough", workers=0)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_arrays_npy_npz_round_trip(tmp_path, fmt):
+    x = np.random.default_rng(0).random((50, 3, 4), dtype=np.float32)
+    y = np.arange(50, dtype=np.int16)
+    for src in ({"x": x, "y": y}, (x, y)):
+        dst = tmp_path / f"d{len(list(tmp_path.iterdir()))}"
+        fastload.pack(src, dst, format=fmt, shard_size="1K")
+        ds = fastload.open(dst, as_dict=True)
+        names = list(ds[0].keys())
+        assert len(ds) == 50 and ds.schema[names[0]].shape == (3, 4)
+        for i in (0, 17, 49):
+            assert np.array_equal(ds[i][names[0]].numpy(), x[i]) and ds[i][names[1]] == int(y[i])
+    np.save(tmp_path / "a.npy", x)
+    np.savez(tmp_path / "b.npz", feats=x, labels=y)
+    fastload.pack(tmp_path / "a.npy", tmp_path / "npy", format=fmt)
+    fastload.pack(tmp_path / "b.npz", tmp_path / "npz", format=fmt)
+    assert np.array_equal(fastload.open(tmp_path / "npy")[3][0].numpy(), x[3])
+    assert fastload.open(tmp_path / "npz").schema.names == ("feats", "labels")
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("kind", ["csv", "jsonl"])
+def test_manifest_sources(tmp_path, fmt, kind):
+    root = tmp_path / "files"
+    root.mkdir()
+    rows = []
+    for i in range(6):
+        (root / f"{i}.jpg").write_bytes(jpeg_bytes(40 + i, 50, seed=i))
+        rows.append({"path": f"{i}.jpg", "label": i % 3, "weight": i / 2, "caption": f"photo {i} é"})
+    if kind == "csv":
+        text = "path,label,weight,caption\n" + "".join(
+            f"{r['path']},{r['label']},{r['weight']},{r['caption']}\n" for r in rows)
+        man = tmp_path / "m.csv"
+    else:
+        text = "".join(json.dumps(r) + "\n" for r in rows)
+        man = tmp_path / "m.jsonl"
+    man.write_text(text, encoding="utf-8")
+    fastload.pack(man, tmp_path / "out", format=fmt, root=root, workers=2)
+    ds = fastload.open(tmp_path / "out", as_dict=True)
+    assert [f.kind for f in ds.schema] == ["image", "int", "float", "str"]
+    s = ds[4]
+    assert s["image"].shape == (3, 44, 50) and s["label"] == 1 and s["weight"] == 2.0 and s["caption"] == "photo 4 é"
+
+
+class DictDataset(torch.utils.data.Dataset):
+    def __init__(self, n=20):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        from PIL import Image
+
+        rng = np.random.default_rng(i)
+        return {
+            "img": Image.fromarray(rng.integers(0, 255, (20 + i, 30, 3), dtype=np.uint8)),
+            "tokens": torch.arange(i % 5 + 1, dtype=torch.int64),
+            "emb": torch.full((4,), float(i)),
+            "score": float(i) / 3,
+            "id": i,
+            "name": f"s{i}",
+            "blob": bytes([i]) * i,
+        }
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_torch_dataset_source(tmp_path, fmt):
+    src = DictDataset()
+    fastload.pack(src, tmp_path / "out", format=fmt, workers=2, shard_size="2K")
+    ds = fastload.open(tmp_path / "out", as_dict=True)
+    assert ds.schema["tokens"].shape == (None,) and ds.schema["emb"].shape == (4,)
+    assert ds.schema["img"].kind == "image"
+    for i in (0, 7, 19):
+        s, ref = ds[i], src[i]
+        assert np.array_equal(s["img"].permute(1, 2, 0).numpy(), np.asarray(ref["img"]))  # small -> raw, lossless
+        assert torch.equal(s["tokens"], ref["tokens"]) and torch.equal(s["emb"], ref["emb"])
+        assert (s["score"], s["id"], s["name"], s["blob"]) == (ref["score"], ref["id"], ref["name"], ref["blob"])
+    tup = fastload.open(tmp_path / "out")[3]
+    assert isinstance(tup, tuple) and len(tup) == 7
+
+
+def test_schema_mismatch_names_sample(tmp_path):
+    class Shifty(torch.utils.data.Dataset):
+        def __len__(self):
+            return 20
+
+        def __getitem__(self, i):
+            return (np.zeros(3 if i < 10 else 4, dtype=np.float32), i)
+
+    with pytest.raises(SourceError, match=r"Shifty\[10\].*shape"):
+        fastload.pack(Shifty(), tmp_path / "a", workers=0)
+    fastload.pack(Shifty(), tmp_path / "b", workers=0, schema={"f0": Field.ndarray("f0", np.float32, (None,))})
+    assert fastload.open(tmp_path / "b")[15][0].shape == (4,)
+
+
+def test_bad_source_file_stops_or_is_skipped(image_folder, tmp_path):
+    bad = image_folder / "class_1" / "img_002.jpg"
+    bad.write_bytes(bad.read_bytes()[:200])  # truncated JPEG
+    (image_folder / "class_2" / "zz.png").write_bytes(b"not a png at all")
+    with pytest.raises(SourceError, match="img_002.jpg"):
+        fastload.pack(image_folder, tmp_path / "a", workers=2)
+    summary = fastload.pack(image_folder, tmp_path / "b", workers=2, skip_bad=True)
+    assert summary.samples == 11 and len(summary.skipped) == 2
+    assert "img_002.jpg" in str(summary) and "zz.png" in str(summary)
+    m = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    assert sorted(Path(s["source"]).name for s in m["skipped"]) == ["img_002.jpg", "zz.png"]
+    assert len(fastload.open(tmp_path / "b")) == 11
+
+
+def test_existing_destination_is_protected(image_folder, tmp_path):
+    dst = tmp_path / "out"
+    fastload.pack(image_folder, dst, workers=0)
+    with pytest.raises(FastloadError, match="already holds a packed dataset"):
+        fastload.pack(image_folder, dst, workers=0)
+    fastload.pack(image_folder, dst, workers=0, overwrite=True)
+    other = tmp_path / "mine"
+    other.mkdir()
+    (other / "precious.txt").write_text("keep me")
+    with pytest.raises(FastloadError, match="precious.txt"):
+        fastload.pack(image_folder, other, workers=0, overwrite=True)
+    assert (other / "precious.txt").read_text() == "keep me"
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_resume_after_crash_gives_identical_content(tmp_path, monkeypatch, fmt):
+    from fastload.formats import lmdb as lmdb_format
+
+    folder = make_image_folder(tmp_path / "src", classes=2, per_class=30)
+    kw = dict(format=fmt, workers=2, shard_size="12K", image_mode="jpeg", quality=80)
+    monkeypatch.setattr(lmdb_format, "DEFAULT_ROWS_PER_CHUNK", 8)
+    fastload.pack(folder, tmp_path / "ref", **kw)
+
+    # crash (as an exception escaping the writer) when the fourth shard / chunk is being written
+    target = (shards_format, "write_shard") if fmt == "shards" else (lmdb_format.LmdbWriter, "write_chunk")
+    real = getattr(*target)
+    calls = {"n": 0}
+
+    def crashing(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise KeyboardInterrupt("simulated kill")
+        return real(*a, **k)
+
+    if fmt == "shards":
+        monkeypatch.setattr("fastload._pack.write_shard", crashing)
+    else:
+        monkeypatch.setattr(lmdb_format.LmdbWriter, "write_chunk", crashing)
+    with pytest.raises(KeyboardInterrupt):
+        fastload.pack(folder, tmp_path / "out", **kw)
+    with pytest.raises(FormatError, match="unfinished pack"):
+        fastload.open(tmp_path / "out")
+    if fmt == "shards":
+        monkeypatch.setattr("fastload._pack.write_shard", real)
+    else:
+        monkeypatch.setattr(lmdb_format.LmdbWriter, "write_chunk", real)
+    summary = fastload.pack(folder, tmp_path / "out", **kw)
+    assert summary.resumed_from > 0
+    if fmt == "shards":
+        assert dir_bytes(tmp_path / "out") == dir_bytes(tmp_path / "ref")
+    ref, out = fastload.open(tmp_path / "ref", decode=False), fastload.open(tmp_path / "out", decode=False)
+    assert len(ref) == len(out) == 60
+    assert all(ref[i] == out[i] for i in range(60))
+
+
+def test_sigkill_during_pack_then_resume(tmp_path):
+    folder = make_image_folder(tmp_path / "src", classes=2, per_class=60)
+    args = [sys.executable, "-m", "fastload.cli", "pack", str(folder), str(tmp_path / "out"), "--shard-size", "4K",
+            "--image-mode", "jpeg", "--workers", "1", "-q"]
+    subprocess.run(args[:5] + [str(tmp_path / "ref")] + args[6:], check=True)
+    proc = subprocess.Popen(args)
+    deadline = time.time() + 60
+    while not list((tmp_path / "out").glob("shard-0000[3-9].fls")) and time.time() < deadline:
+        if proc.poll() is not None:
+            pytest.skip("pack finished before it could be killed")
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    if (tmp_path / "out" / "manifest.json").exists():
+        pytest.skip("pack finished before it could be killed")
+    with pytest.raises(FormatError):
+        fastload.open(tmp_path / "out")
+    subprocess.run(args, check=True)
+    assert dir_bytes(tmp_path / "out") == dir_bytes(tmp_path / "ref")
+
+
+def test_resume_refuses_different_parameters(image_folder, tmp_path, monkeypatch):
+    kw = dict(workers=0, shard_size="2K")
+    real = shards_format.write_shard
+    n = {"k": 0}
+
+    def crash_second(*a, **k):
+        n["k"] += 1
+        if n["k"] == 2:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr("fastload._pack.write_shard", crash_second)
+    with pytest.raises(KeyboardInterrupt):
+        fastload.pack(image_folder, tmp_path / "out", **kw)
+    monkeypatch.undo()
+    with pytest.raises(FastloadError, match="different parameters"):
+        fastload.pack(image_folder, tmp_path / "out", quality=50, **kw)
+    assert fastload.pack(image_folder, tmp_path / "out", **kw).samples == 12
+
+
+def test_empty_and_bad_sources(tmp_path):
+    with pytest.raises(SourceError, match="does not exist"):
+        fastload.pack(tmp_path / "nope", tmp_path / "o")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SourceError, match="no class subdirectories"):
+        fastload.pack(tmp_path / "empty", tmp_path / "o")
+    with pytest.raises(SourceError, match="different lengths"):
+        fastload.pack({"a": np.zeros(3), "b": np.zeros(4)}, tmp_path / "o")
+    with pytest.raises(SourceError, match="cannot pack"):
+        fastload.pack(42, tmp_path / "o")
+    with pytest.raises(ValueError, match="image_mode"):
+        fastload.pack(tmp_path / "empty", tmp_path / "o", image_mode="png")
