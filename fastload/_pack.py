@@ -48,10 +48,14 @@ class PackSummary:
     def samples_per_s(self) -> float:
         return (self.samples - self.resumed_from) / self.seconds if self.seconds > 0 else float("inf")
 
+    @property
+    def where(self) -> str:
+        return f"{self.shards} shard(s)" if self.format == "shards" else "one LMDB environment"
+
     def __str__(self) -> str:
         mb = self.bytes / 1e6
         lines = [
-            f"packed {self.samples} samples into {self.dest} ({self.format}, {self.shards} shard(s), {mb:.1f} MB) "
+            f"packed {self.samples} samples into {self.dest} ({self.where}, {mb:.1f} MB) "
             f"in {self.seconds:.2f} s: {self.samples_per_s:,.0f} samples/s, {mb / max(self.seconds, 1e-9):.1f} MB/s",
         ]
         if self.resumed_from:

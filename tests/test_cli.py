@@ -1,0 +1,86 @@
+"""The `fastload` command line: pack, inspect, verify, --help everywhere."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+import fastload
+from fastload.cli import main
+
+
+@pytest.fixture
+def runner():
+    return CliRunner()
+
+
+@pytest.mark.parametrize("cmd", [[], ["pack"], ["inspect"], ["verify"]])
+def test_help(runner, cmd):
+    res = runner.invoke(main, cmd + ["--help"])
+    assert res.exit_code == 0 and "Usage" in res.output
+
+
+@pytest.mark.parametrize("fmt", ["shards", "lmdb"])
+def test_pack_inspect_verify(runner, image_folder, tmp_path, fmt):
+    dst = tmp_path / "out"
+    res = runner.invoke(main, ["pack", str(image_folder), str(dst), "--format", fmt, "--workers", "2",
+                               "--shard-size", "4K", "-q"])
+    assert res.exit_code == 0, res.output
+    assert "packed 12 samples" in res.output and "samples/s" in res.output
+    res = runner.invoke(main, ["inspect", str(dst)])
+    assert res.exit_code == 0, res.output
+    assert "samples   12" in res.output and "image" in res.output and "class_0" in res.output
+    res = runner.invoke(main, ["verify", str(dst)])
+    assert res.exit_code == 0 and "OK" in res.output
+    # packing again without --overwrite refuses, with it succeeds
+    res = runner.invoke(main, ["pack", str(image_folder), str(dst), "--format", fmt, "-q"])
+    assert res.exit_code == 2 and "--overwrite" in res.output
+    res = runner.invoke(main, ["pack", str(image_folder), str(dst), "--format", fmt, "-q", "--overwrite"])
+    assert res.exit_code == 0
+
+
+def test_verify_names_every_bad_shard(runner, image_folder, tmp_path):
+    dst = tmp_path / "out"
+    fastload.pack(image_folder, dst, shard_size="4K", workers=0)
+    m = json.loads((dst / "manifest.json").read_text())
+    assert len(m["shards"]) >= 3
+    bad = [m["shards"][0]["file"], m["shards"][2]["file"]]
+    for name in bad:
+        data = bytearray((dst / name).read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        (dst / name).write_bytes(bytes(data))
+    res = runner.invoke(main, ["verify", str(dst)])
+    assert res.exit_code == 1
+    for name in bad:
+        assert name in res.output
+    assert m["shards"][1]["file"] not in res.output
+
+
+def test_skip_bad_and_errors(runner, image_folder, tmp_path):
+    (image_folder / "class_0" / "broken.jpg").write_bytes(b"\xff\xd8\xff garbage")
+    res = runner.invoke(main, ["pack", str(image_folder), str(tmp_path / "a"), "-q", "--workers", "0"])
+    assert res.exit_code == 2 and "broken.jpg" in res.output and "--skip-bad" in res.output
+    res = runner.invoke(main, ["pack", str(image_folder), str(tmp_path / "b"), "-q", "--skip-bad"])
+    assert res.exit_code == 0 and "skipped 1" in res.output and "broken.jpg" in res.output
+    res = runner.invoke(main, ["inspect", str(tmp_path / "nothing_here")])
+    assert res.exit_code == 2
+    (tmp_path / "empty").mkdir()
+    res = runner.invoke(main, ["inspect", str(tmp_path / "empty")])
+    assert res.exit_code == 2 and "not a fastload dataset" in res.output
+
+
+def test_manifest_csv_via_cli(runner, tmp_path):
+    from conftest import jpeg_bytes
+
+    (tmp_path / "imgs").mkdir()
+    lines = ["file,label"]
+    for i in range(4):
+        (tmp_path / "imgs" / f"{i}.jpg").write_bytes(jpeg_bytes(30, 30, seed=i))
+        lines.append(f"{i}.jpg,{i}")
+    (tmp_path / "m.csv").write_text("\n".join(lines) + "\n")
+    res = runner.invoke(main, ["pack", str(tmp_path / "m.csv"), str(tmp_path / "out"), "--root",
+                               str(tmp_path / "imgs"), "--path-column", "file", "-q"])
+    assert res.exit_code == 0, res.output
+    assert [s[1] for s in fastload.open(tmp_path / "out")] == [0, 1, 2, 3]
