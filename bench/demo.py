@@ -34,7 +34,10 @@ def main() -> None:
 
     print("== 1. photo ImageFolder from real photographs in PyPI wheels", flush=True)
     info = build_photo_folder(photos, per_class=args.per_class, seed=0)
-    print({k: v for k, v in info.items() if k != "classes"}, flush=True)
+    keep = ("count", "total_bytes", "bytes", "width", "height", "quality", "subsampling", "progressive", "grayscale")
+    for k in keep:
+        print(f"  {k:<12} {info[k]}")
+    print(f"  {'classes':<12} {len(info['sources'])}: " + ", ".join(info["sources"]), flush=True)
 
     print("\n== 2. pack", flush=True)
     fastload_cli("pack", str(photos), str(packed), "--overwrite", "--shard-size", "4MB")
