@@ -5,13 +5,16 @@ Pack a dataset once (``fastload pack`` / ``fastload.pack``), then open it with `
 
 from __future__ import annotations
 
+from . import transforms
 from ._dataset import Dataset, open
+from ._loader import DataLoader
 from ._errors import DecodeError, FastloadError, FormatError, SchemaError, SourceError, VersionError
 from ._pack import PackSummary, pack
 from ._schema import Field, Schema
 from ._version import __version__
 
 __all__ = [
+    "DataLoader",
     "Dataset",
     "DecodeError",
     "FastloadError",
@@ -25,4 +28,5 @@ __all__ = [
     "__version__",
     "open",
     "pack",
+    "transforms",
 ]

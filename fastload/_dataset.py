@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import weakref
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 import torch
@@ -42,12 +42,23 @@ class Dataset(torch.utils.data.Dataset):
     With ``decode=False`` images come back as their stored bytes (JPEG or raw) instead.
     """
 
-    def __init__(self, path: str | os.PathLike, *, as_dict: bool = False, decode: bool = True):
+    def __init__(self, path: str | os.PathLike, *, transforms: Mapping[str, Any] | None = None,
+                 as_dict: bool = False, decode: bool = True):
         self.path = Path(path)
         self.manifest = read_manifest(self.path)
         self.schema: Schema = self.manifest.schema
         self.as_dict = as_dict
         self.decode = decode
+        self.transforms = dict(transforms or {})
+        self.pipelines = {}
+        for name, spec in self.transforms.items():
+            field = self.schema[name] if name in self.schema else None
+            if field is None or field.kind != "image":
+                raise ValueError(f"transforms name field {name!r}, but only image fields take transforms; "
+                                 f"the image fields are {[f.name for f in self.schema if f.kind == 'image']}")
+            from .transforms import ImagePipeline
+
+            self.pipelines[name] = ImagePipeline(spec)
         self._segments = self._make_segments()
         self._finalizer = weakref.finalize(self, _close_segments, self._segments)
         counts = np.array([s.count for s in self._segments], dtype=np.int64)
@@ -126,12 +137,29 @@ class Dataset(torch.utils.data.Dataset):
         h, w, enc = (int(v) for v in cols["meta"])
         if not self.decode:
             return bytes(blob)
+        pipeline = self.pipelines.get(f.name)
+        if pipeline is not None:
+            return self._transformed_image(pipeline, blob, h, w, enc)
         if enc == IMAGE_JPEG:
             arr = native().decode_jpeg(blob)
             if arr.shape[:2] != (h, w):
                 raise ValueError(f"JPEG is {arr.shape[1]}x{arr.shape[0]}, the shard records {w}x{h}")
         else:
             arr = np.frombuffer(blob, dtype=np.uint8).reshape(h, w, 3).copy()
+        return torch.from_numpy(arr).permute(2, 0, 1)
+
+    def _transformed_image(self, pipeline: Any, blob: memoryview, h: int, w: int, enc: int) -> torch.Tensor:
+        # the same planning and native kernels as the loader; randomness from torch's generator,
+        # so torch.manual_seed makes ds[i] reproducible as with torchvision transforms
+        rng = np.random.default_rng(int(torch.randint(0, 2**62, ()).item()))
+        plan = pipeline.plan(np.array([h]), np.array([w]), rng)
+        crop = tuple(int(v) for v in plan.crops[0])
+        out_hw = tuple(int(v) for v in plan.out_hw[0])
+        flip = bool(plan.flips[0])
+        if enc == IMAGE_JPEG:
+            arr = native().decode_crop_resize(blob, crop, out_hw, flip)
+        else:
+            arr = native().resize_crop(np.frombuffer(blob, dtype=np.uint8).reshape(h, w, 3), crop, out_hw, flip)
         return torch.from_numpy(arr).permute(2, 0, 1)
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -157,9 +185,13 @@ def _close_segments(segments: list) -> None:
         s.close()
 
 
-def open(path: str | os.PathLike, *, as_dict: bool = False, decode: bool = True) -> Dataset:
+def open(path: str | os.PathLike, *, transforms: Mapping[str, Any] | None = None, as_dict: bool = False,
+         decode: bool = True) -> Dataset:
     """Open a packed dataset (shards directory or LMDB environment) as a map-style Dataset.
 
-    ``ds.schema`` is its schema; ``ds.classes`` the class names where the source had them.
+    ``transforms`` maps an image field to a list of ``fastload.transforms`` (e.g.
+    ``{"image": [RandomResizedCrop(224), RandomHorizontalFlip()]}``): ``ds[i]`` and
+    ``fastload.DataLoader`` then give the same kind of sample. ``ds.schema`` is the schema;
+    ``ds.classes`` the class names where the source had them.
     """
-    return Dataset(path, as_dict=as_dict, decode=decode)
+    return Dataset(path, transforms=transforms, as_dict=as_dict, decode=decode)

@@ -60,8 +60,8 @@ def test_infer_schema_override_and_errors():
 
 def test_public_api_is_deliberate():
     assert sorted(fastload.__all__) == sorted([
-        "Dataset", "DecodeError", "FastloadError", "Field", "FormatError", "PackSummary", "Schema",
-        "SchemaError", "SourceError", "VersionError", "__version__", "open", "pack",
+        "DataLoader", "Dataset", "DecodeError", "FastloadError", "Field", "FormatError", "PackSummary", "Schema",
+        "SchemaError", "SourceError", "VersionError", "__version__", "open", "pack", "transforms",
     ])
     for name in fastload.__all__:
         assert hasattr(fastload, name)

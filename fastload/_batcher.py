@@ -1,0 +1,216 @@
+"""The batcher: one native call per batch fills a preallocated slot with decoded, cropped images
+and gathered columns. No per-sample Python on the image path for packed shards.
+
+A *slot* is one batch worth of output buffers, allocated once (pinned when CUDA is available) and
+reused. Tensors handed to the caller are views of a slot; a slot is refilled only when no view of it
+is alive any more (its storages' reference counts are back to what the slot itself holds).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from ._errors import DecodeError, where
+from ._native import native
+from ._schema import Field
+from .formats._layout import IMAGE_JPEG
+from .formats.shards import ShardSegment
+
+
+class NotFastPath(Exception):
+    """The dataset/loader configuration needs the generic path; the message says why."""
+
+
+def _pin() -> bool:
+    try:
+        return torch.cuda.is_available()
+    except Exception:  # a broken CUDA install must not break CPU loading
+        return False
+
+
+def _empty(shape: tuple, dtype: torch.dtype, pin: bool) -> torch.Tensor:
+    if pin:
+        try:
+            return torch.empty(shape, dtype=dtype, pin_memory=True)
+        except RuntimeError:
+            pass  # pinning unavailable (no driver, locked-memory limit): plain memory works too
+    return torch.empty(shape, dtype=dtype)
+
+
+def _torch_dtype(np_dtype: np.dtype) -> torch.dtype:
+    return torch.from_numpy(np.empty(0, dtype=np_dtype.newbyteorder("="))).dtype
+
+
+def _refs(t: torch.Tensor) -> int:
+    return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
+
+
+class Slot:
+    """Output buffers for one batch: a tensor per fixed-size field, with numpy views to write into."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor]):
+        self.tensors = tensors
+        self.arrays = {k: t.numpy() for k, t in tensors.items()}
+        self.baseline = {k: _refs(t) for k, t in tensors.items()}
+
+    def in_use(self) -> bool:
+        """True while any tensor or array viewing this slot is alive outside it."""
+        return any(_refs(t) != self.baseline[k] for k, t in self.tensors.items())
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors.values())
+
+
+class Batcher:
+    """Fills slots for a ``fastload.Dataset``; raises NotFastPath when it cannot."""
+
+    def __init__(self, dataset: Any, batch_size: int, num_threads: int, on_error: str = "raise"):
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error={on_error!r} should be 'raise' or 'skip'")
+        self.ds = dataset
+        self.batch_size = batch_size
+        self.on_error = on_error
+        self.schema = dataset.schema
+        self.pipelines = dataset.pipelines
+        self.num_threads = num_threads
+        self._pool = None
+        self.pin = _pin()
+        self.skipped = 0
+        for f in self.schema:
+            if f.kind == "image":
+                p = self.pipelines.get(f.name)
+                if p is None or p.output_size is None:
+                    raise NotFastPath(f"image field '{f.name}' has no transform giving a fixed output size "
+                                      f"(e.g. RandomResizedCrop(224)); images of different sizes cannot be batched")
+            elif f.kind == "ndarray" and not f.fixed_size:
+                raise NotFastPath(f"ndarray field '{f.name}' has a variable shape {f.shape}")
+
+    @property
+    def pool(self):
+        if self._pool is None:
+            self._pool = native().Pool(self.num_threads)
+        return self._pool
+
+    def close(self) -> None:
+        self._pool = None
+
+    def new_slot(self) -> Slot:
+        b = self.batch_size
+        tensors = {}
+        for f in self.schema:
+            if f.kind == "image":
+                h, w = self.pipelines[f.name].output_size
+                tensors[f.name] = _empty((b, h, w, 3), torch.uint8, self.pin)
+            elif f.fixed_size:
+                tensors[f.name] = _empty((b,) + tuple(f.shape or ()), _torch_dtype(f.np_dtype), self.pin)
+        return Slot(tensors)
+
+    # -- filling ---------------------------------------------------------------------------------
+    def fill(self, slot: Slot, indices: np.ndarray, rng: np.random.Generator) -> list:
+        """Fill ``slot`` with samples ``indices``; return the Python-object fields (str/bytes) as lists."""
+        indices = np.asarray(indices, dtype=np.int64)
+        starts = self.ds._starts
+        seg_ids = np.searchsorted(starts, indices, side="right") - 1
+        local = indices - starts[seg_ids]
+        groups = [(int(s), np.nonzero(seg_ids == s)[0]) for s in np.unique(seg_ids)]
+        segs = {s: self.ds._segments[s].open() for s, _ in groups}
+        objects = {}
+        failed: dict[int, str] = {}
+        for f in self.schema:
+            if f.kind == "image":
+                for k, msg in self._fill_images(f, slot.arrays[f.name], segs, groups, local, rng):
+                    failed.setdefault(k, f"field '{f.name}': {msg}")
+            elif f.fixed_size:
+                out = slot.arrays[f.name][: len(indices)]
+                if len(groups) == 1:
+                    s, _ = groups[0]
+                    np.take(segs[s].columns[(f.name, "values")], local, axis=0, out=out)
+                else:
+                    for s, pos in groups:
+                        out[pos] = segs[s].take(f.name, "values", local[pos])
+            else:
+                objects[f.name] = self._objects(f, segs, seg_ids, local, indices, failed)
+        if failed:
+            self._handle_failures(failed, slot, objects, indices, seg_ids, len(indices))
+        return [objects.get(f.name) for f in self.schema]
+
+    def _fill_images(self, f: Field, out_all: np.ndarray, segs: dict, groups: list, local: np.ndarray,
+                     rng: np.random.Generator) -> list:
+        n = len(local)
+        meta = np.empty((n, 3), dtype=np.int64)
+        region = np.empty(n, dtype=np.int64)
+        offset = np.empty(n, dtype=np.int64)
+        length = np.empty(n, dtype=np.int64)
+        regions: list = []
+        for s, pos in groups:
+            seg = segs[s]
+            loc = local[pos]
+            meta[pos] = seg.take(f.name, "meta", loc)
+            if isinstance(seg, ShardSegment):
+                offs = seg.offsets[f.name]
+                region[pos] = len(regions)
+                regions.append(seg.buffer)
+                offset[pos] = seg.data_start[f.name] + offs[loc].astype(np.int64)
+                length[pos] = (offs[loc + 1] - offs[loc]).astype(np.int64)
+            else:  # LMDB: each sample's record is its own region
+                for p, i in zip(pos, loc):
+                    blob = seg.blob(f.name, int(i))
+                    region[p] = len(regions)
+                    regions.append(blob)
+                    offset[p] = 0
+                    length[p] = len(blob)
+        plan = self.pipelines[f.name].plan(meta[:, 0], meta[:, 1], rng)
+        return native().decode_batch(
+            self.pool, regions, region, offset, length, meta[:, 2].astype(np.uint8),
+            np.ascontiguousarray(meta[:, :2], dtype=np.int32), np.ascontiguousarray(plan.crops, dtype=np.int32),
+            np.ascontiguousarray(plan.flips, dtype=np.uint8), out_all[:n])
+
+    def _objects(self, f: Field, segs: dict, seg_ids, local, indices, failed) -> list:
+        out = []
+        for k, (s, i) in enumerate(zip(seg_ids.tolist(), local.tolist())):
+            blob = segs[s].blob(f.name, i)
+            if f.kind == "bytes":
+                out.append(bytes(blob))
+            else:
+                try:
+                    out.append(str(blob, "utf-8"))
+                except UnicodeDecodeError as e:
+                    failed.setdefault(k, f"field '{f.name}': {e}")
+                    out.append("")
+        return out
+
+    def _handle_failures(self, failed: dict, slot: Slot, objects: dict, indices, seg_ids, n: int) -> None:
+        if self.on_error == "raise" or len(failed) == n:
+            k = min(failed)
+            seg = self.ds._segments[int(seg_ids[k])]
+            shard = seg.name if isinstance(seg, ShardSegment) else None
+            more = f" ({len(failed) - 1} more in this batch)" if len(failed) > 1 else ""
+            hint = "" if self.on_error == "skip" else "; pass on_error='skip' to replace bad samples"
+            raise DecodeError(f"{where(self.ds.path, shard, int(indices[k]), None)}: {failed[k]}{more}{hint}")
+        good = [k for k in range(n) if k not in failed]
+        for j, k in enumerate(sorted(failed)):
+            src = good[j % len(good)]  # replaced by a good sample of the same batch, and counted
+            for arr in slot.arrays.values():
+                arr[k] = arr[src]
+            for lst in objects.values():
+                lst[k] = lst[src]
+        self.skipped += len(failed)
+
+    # -- output ----------------------------------------------------------------------------------
+    def collate(self, slot: Slot, n: int, objects: list) -> Any:
+        """The batch as ``default_collate`` would structure it: list for tuple samples, dict for dicts."""
+        values = []
+        for f, obj in zip(self.schema, objects):
+            if f.kind == "image":
+                values.append(slot.tensors[f.name][:n].permute(0, 3, 1, 2))  # NCHW, channels_last
+            elif f.fixed_size:
+                values.append(slot.tensors[f.name][:n])
+            else:
+                values.append(obj)
+        if self.ds.as_dict:
+            return dict(zip(self.schema.names, values))
+        return values

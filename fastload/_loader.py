@@ -1,0 +1,278 @@
+"""``fastload.DataLoader``: torch's DataLoader signature and semantics, fastload's speed.
+
+Fast path (a ``fastload.Dataset`` whose samples batch to fixed shapes): the Order picks each batch's
+indices, the Batcher fills a preallocated slot in one native call with the GIL released, and a
+producer thread keeps ``prefetch_factor`` batches ready while the training step runs. Anything else
+(any other Dataset, a custom ``collate_fn`` or ``batch_sampler``) runs on torch's own DataLoader
+machinery, unchanged.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+from ._batcher import Batcher, NotFastPath, Slot
+from ._dataset import Dataset as PackedDataset
+from ._order import Order, default_seed, dist_info
+
+_END = object()
+
+
+class DataLoader(torch.utils.data.DataLoader):
+    """A drop-in ``torch.utils.data.DataLoader``.
+
+    Extra keyword-only arguments: ``device`` (only CPU for now), ``seed`` (shuffling and augmentation;
+    drawn from torch's generator when None), ``order`` ('sequential', 'random', 'quasi'; default from
+    ``shuffle``), ``rank``/``world_size`` (default from torch.distributed), ``window`` (shards per
+    quasi-random window), ``on_error`` ('raise' or 'skip' corrupt samples).
+
+    On the fast path ``num_workers`` is the number of native decode threads (0 decodes in the calling
+    thread); batches depend only on (seed, epoch, rank, world size), never on ``num_workers``.
+    """
+
+    def __init__(self, dataset, batch_size=1, shuffle=None, sampler=None, batch_sampler=None, num_workers=0,
+                 collate_fn=None, pin_memory=False, drop_last=False, timeout=0, worker_init_fn=None,
+                 multiprocessing_context=None, generator=None, *, prefetch_factor=None, persistent_workers=False,
+                 pin_memory_device="", in_order=True, device=None, seed=None, order=None, rank=None,
+                 world_size=None, window=8, on_error="raise"):
+        super().__init__(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn, pin_memory,
+                         drop_last, timeout, worker_init_fn, multiprocessing_context, generator,
+                         prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
+                         pin_memory_device=pin_memory_device, in_order=in_order)
+        if device is not None and torch.device(device).type != "cpu":
+            raise NotImplementedError(f"device={device!r}: prefetching to an accelerator is not implemented yet; "
+                                      f"move batches with .to(device) in the loop")
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error={on_error!r} should be 'raise' or 'skip'")
+        self.seed = int(seed) if seed is not None else default_seed(generator)
+        self.on_error = on_error
+        self.fast_path_reason: str | None = None
+        self._batcher: Batcher | None = None
+        self._order: Order | None = None
+        self._user_sampler = sampler is not None
+        self._next_epoch = 0
+        self._resume_at = 0
+        self._progress = (0, 0)  # (epoch, batches done) of the latest iteration
+        self._slots: list[Slot] = []
+        self._persistent_pool = None
+        try:
+            self._batcher = self._fast_path(dataset, batch_size, batch_sampler, collate_fn)
+        except NotFastPath as e:
+            self.fast_path_reason = str(e)
+            return
+        if not self._user_sampler:
+            kind = order or ("random" if shuffle else "sequential")
+            r, w = dist_info(rank, world_size)
+            shard_sizes = [s.count for s in dataset._segments] if kind == "quasi" else None
+            self._order = Order(len(dataset), batch_size, kind=kind, seed=self.seed, rank=r, world_size=w,
+                                drop_last=drop_last, shard_sizes=shard_sizes, window=window)
+
+    def _fast_path(self, dataset, batch_size, batch_sampler, collate_fn) -> Batcher:
+        if not isinstance(dataset, PackedDataset):
+            raise NotFastPath("the dataset is not a fastload.Dataset (fastload.open)")
+        if not dataset.decode:
+            raise NotFastPath("the dataset was opened with decode=False")
+        if batch_size is None or batch_sampler is not None:
+            raise NotFastPath("batch_size=None or a custom batch_sampler")
+        if collate_fn is not None:
+            raise NotFastPath("a custom collate_fn")
+        return Batcher(dataset, batch_size, self.num_workers, self.on_error)
+
+    @property
+    def fast_path(self) -> bool:
+        return self._batcher is not None
+
+    # -- epochs and resume -------------------------------------------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        """Like ``DistributedSampler.set_epoch``: the next iteration runs this epoch's order."""
+        self._next_epoch = int(epoch)
+        self._resume_at = 0
+        if self._user_sampler and hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(epoch)
+
+    def state_dict(self) -> dict:
+        """Where the loader is: restoring it yields exactly the batches that would have come next."""
+        if self._order is None:
+            raise RuntimeError("state_dict() needs the fast path with fastload's own order (no custom sampler); "
+                               f"this loader runs torch's path: {self.fast_path_reason or 'a custom sampler'}")
+        epoch, done = self._progress
+        if done >= len(self._order):
+            epoch, done = epoch + 1, 0
+        return self._order.state_dict(done) | {"epoch": epoch}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self._order is None:
+            raise RuntimeError("load_state_dict() needs the fast path with fastload's own order")
+        self._resume_at = self._order.load_state_dict(state)
+        self._next_epoch = self._order.epoch
+        self._progress = (self._next_epoch, self._resume_at)
+
+    # -- iteration ---------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        if self._order is not None:
+            return len(self._order)
+        return super().__len__()
+
+    def __iter__(self):
+        if self._batcher is None:
+            return super().__iter__()
+        epoch, start = self._next_epoch, self._resume_at
+        self._next_epoch, self._resume_at = epoch + 1, 0
+        if self._order is not None:
+            self._order.set_epoch(epoch)
+            batches = self._order.batches(epoch, start)
+            rng_for = lambda b: self._order.batch_rng(epoch, b)  # noqa: E731
+        else:
+            batches = _sampler_batches(self.sampler, self.batch_size, self.drop_last)
+            seed = self.seed
+            rng_for = lambda b: np.random.default_rng([seed, epoch, b, 1])  # noqa: E731
+        self._progress = (epoch, start)
+        return _FastIterator(self, epoch, start, batches, rng_for)
+
+    def _free_slot(self, reserved: set) -> Slot:
+        """A slot no caller holds and no pending batch uses; the ring grows when there is none."""
+        for s in self._slots:
+            if id(s) not in reserved and not s.in_use():
+                return s
+        slot = self._batcher.new_slot()
+        self._slots.append(slot)
+        return slot
+
+    def stats(self) -> dict:
+        return {"slots": len(self._slots), "slot_bytes": sum(s.nbytes for s in self._slots),
+                "skipped": self._batcher.skipped if self._batcher else 0, "fast_path": self.fast_path,
+                "fast_path_reason": self.fast_path_reason}
+
+
+def _sampler_batches(sampler, batch_size: int, drop_last: bool) -> Iterator[np.ndarray]:
+    batch = []
+    for i in sampler:
+        batch.append(i)
+        if len(batch) == batch_size:
+            yield np.asarray(batch, dtype=np.int64)
+            batch = []
+    if batch and not drop_last:
+        yield np.asarray(batch, dtype=np.int64)
+
+
+class _Producer:
+    """State shared by the iterator and its background thread (which must not own the iterator,
+    so that dropping the iterator after ``break`` stops the thread)."""
+
+    def __init__(self, depth: int):
+        self.queue: queue.Queue = queue.Queue(maxsize=depth)
+        self.stop = threading.Event()
+        self.reserved: set[int] = set()
+        self.lock = threading.Lock()
+
+    def put(self, item) -> bool:
+        while not self.stop.is_set():
+            try:
+                self.queue.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+
+class _FastIterator:
+    def __init__(self, loader: DataLoader, epoch: int, start: int, batches: Iterator[np.ndarray], rng_for):
+        self.loader = loader
+        self.batcher = loader._batcher
+        self.epoch = epoch
+        self.done = start
+        self.batches = batches
+        self.rng_for = rng_for
+        self.timeout = loader.timeout
+        self.thread = None
+        self.producer = None
+        if loader.persistent_workers and loader._persistent_pool is not None:
+            self.batcher._pool = loader._persistent_pool
+        if loader.num_workers > 0:
+            depth = loader.prefetch_factor or 2
+            self.producer = _Producer(depth)
+            self.thread = threading.Thread(target=_produce, name="fastload-batcher", daemon=True,
+                                           args=(self.producer, loader, batches, start, rng_for))
+            self.thread.start()
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.producer is None:
+            return self._next_sync()
+        try:
+            item = self.producer.queue.get(timeout=self.timeout if self.timeout > 0 else None)
+        except queue.Empty:
+            self.close()
+            raise RuntimeError(f"DataLoader timed out after {self.timeout} seconds") from None
+        if item is _END:
+            self.close()
+            raise StopIteration
+        if isinstance(item, BaseException):
+            self.close()
+            raise item
+        slot, n, objects = item
+        out = self.batcher.collate(slot, n, objects)
+        with self.producer.lock:
+            self.producer.reserved.discard(id(slot))
+        return self._count(out)
+
+    def _next_sync(self):
+        try:
+            idx = next(self.batches)
+        except StopIteration:
+            self.close()
+            raise
+        slot = self.loader._free_slot(set())
+        objects = self.batcher.fill(slot, idx, self.rng_for(self.done))
+        return self._count(self.batcher.collate(slot, len(idx), objects))
+
+    def _count(self, out):
+        self.done += 1
+        self.loader._progress = (self.epoch, self.done)
+        return out
+
+    def close(self) -> None:
+        if self.producer is not None:
+            self.producer.stop.set()
+            if self.thread is not None and self.thread is not threading.current_thread():
+                self.thread.join()
+            self.thread = None
+        if self.loader.persistent_workers:
+            self.loader._persistent_pool = self.batcher._pool
+        else:
+            self.batcher.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+
+def _produce(p: _Producer, loader: DataLoader, batches, start: int, rng_for) -> None:
+    batcher = loader._batcher
+    b = start
+    try:
+        for idx in batches:
+            if p.stop.is_set():
+                return
+            with p.lock:
+                slot = loader._free_slot(p.reserved)
+                p.reserved.add(id(slot))
+            objects = batcher.fill(slot, idx, rng_for(b))
+            b += 1
+            if not p.put((slot, len(idx), objects)):
+                return
+        p.put(_END)
+    except BaseException as e:  # handed to the consumer, re-raised there
+        p.put(e)

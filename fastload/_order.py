@@ -1,0 +1,280 @@
+"""Order: which sample indices go into which batch, for each epoch, on each rank.
+
+An order is a pure function of (seed, epoch, rank, world size) and its configuration (dataset size,
+shard sizes, batch size, drop_last, kind): never of thread or worker counts. Resume is therefore a
+position, ``(epoch, batches_done)``, and the state is a handful of plain ints and strings.
+
+Each epoch builds one *global* index sequence, identical on every rank, then splits it like torch's
+``DistributedSampler``: without ``drop_last`` the sequence is padded by wrapping around to its start
+until its length divides by ``world_size``; with ``drop_last`` its tail is cut so that it does. Rank
+``r`` takes positions ``r, r + world, r + 2 * world, ...`` (strided, so all ranks walk through the
+epoch together) and batches them like ``BatchSampler`` (``drop_last`` drops a short last batch).
+
+Kinds of global sequence:
+
+* ``sequential`` -- ``0 .. n-1``.
+* ``random`` -- a uniform permutation of all samples, from ``default_rng`` keyed by (seed, epoch).
+* ``quasi`` -- for datasets larger than RAM. Shards (``shard_sizes``, consecutive sample counts; by
+  default blocks of ``DEFAULT_BLOCK`` samples) are put in a random order, cut into *phases* of
+  ``window`` consecutive shards of that order (the last phase may hold fewer), and the samples of each
+  phase are shuffled uniformly among themselves. Phases follow one another.
+
+Memory bound of ``quasi`` (what is touched, in bytes, is the bytes of the shards named here):
+
+* every phase reads exactly the samples of its ``<= window`` shards, and every shard belongs to one
+  phase, so between the first and the last read of a shard there are only reads of its own phase:
+  at any point of the epoch at most ``window`` shards are *open* (started and not yet finished);
+* this holds on every rank, because ranks take strided positions of the same global sequence: all
+  ranks are in the same phase (to within one batch), so ranks sharing a node also share the
+  ``window`` hot shards instead of touching ``window * world_size``;
+* a batch that straddles a phase boundary reads the tail of one phase and the head of the next, so a
+  run of batches whose positions overlap ``p`` phases touches at most ``p * window`` shards (one batch
+  touches at most ``2 * window`` when ``batch_size * world_size`` is no more than a phase's samples);
+* the one exception is wrap padding (no ``drop_last``, ``n % world_size != 0``): fewer than
+  ``world_size`` samples, at most one per rank, taken again from the start of the epoch (phase 0) at
+  the very end.
+
+A page cache that holds the ``window`` largest shards therefore reads each shard from disk once per
+epoch (plus the padding samples); ``2 * window`` also covers the boundary batch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import operator
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+KINDS = ("sequential", "random", "quasi")
+DEFAULT_BLOCK = 4096  # samples per pseudo-shard for ``quasi`` without ``shard_sizes``
+STATE_VERSION = 1
+# First word of every SeedSequence key: the shuffle and the augmentation streams never meet.
+_SHUFFLE_STREAM = 0x53485546  # "SHUF"
+_BATCH_STREAM = 0x42415443  # "BATC"
+
+
+def _as_int(name: str, value: object, minimum: int = 0) -> int:
+    if isinstance(value, bool):
+        raise ValueError(f"{name}={value!r} should be an integer >= {minimum}, not a bool")
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name}={value!r} should be an integer >= {minimum}") from None
+    if v < minimum:
+        raise ValueError(f"{name}={v} should be >= {minimum}")
+    return v
+
+
+def _key(stream: int, *parts: int) -> list[int]:
+    """A fixed-length SeedSequence key: two 32-bit words per part (no length or zero-padding aliasing)."""
+    words = [stream]
+    for p in parts:
+        words += [p & 0xFFFFFFFF, p >> 32]
+    return words
+
+
+def dist_info(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
+    """``(rank, world_size)``: the given values, else ``torch.distributed``'s when initialised, else (0, 1)."""
+    if rank is None or world_size is None:
+        import torch.distributed as dist
+
+        live = dist.is_available() and dist.is_initialized()
+        if world_size is None:
+            world_size = dist.get_world_size() if live else 1
+        if rank is None:
+            rank = dist.get_rank() if live else 0
+    world_size = _as_int("world_size", world_size, 1)
+    rank = _as_int("rank", rank, 0)
+    if rank >= world_size:
+        raise ValueError(f"{rank=} should be < {world_size=} (ranks are 0 .. world_size - 1)")
+    return rank, world_size
+
+
+def default_seed(generator=None) -> int:
+    """A non-negative 63-bit seed drawn from torch's default generator (or ``generator``), like RandomSampler."""
+    import torch
+
+    return int(torch.randint(0, 2**63 - 1, (), dtype=torch.int64, generator=generator).item())
+
+
+def _quasi_sequence(rng: np.random.Generator, sizes: np.ndarray, window: int) -> np.ndarray:
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    perm = rng.permutation(len(sizes))
+    psizes, pstarts = sizes[perm], starts[perm]
+    out_starts = np.concatenate([[0], np.cumsum(psizes)[:-1]]).astype(np.int64)
+    seq = np.repeat(pstarts - out_starts, psizes) + np.arange(int(sizes.sum()), dtype=np.int64)
+    bounds = np.concatenate([out_starts[::window], [len(seq)]])
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        rng.shuffle(seq[lo:hi])  # in place on the view: one phase shuffled among itself
+    return seq
+
+
+class Order:
+    """Which sample indices go into which batch, per epoch and rank; resumable from ``(epoch, batches_done)``.
+
+    ``set_epoch(e)`` works as in ``DistributedSampler``: the epoch is an input. ``begin_epoch()`` is for
+    the loader: it returns the epoch to iterate and advances by one when nobody set the epoch since.
+    """
+
+    def __init__(self, num_samples: int, batch_size: int, *, kind: str = "sequential", seed: int = 0,
+                 rank: int = 0, world_size: int = 1, drop_last: bool = False,
+                 shard_sizes: Sequence[int] | None = None, window: int = 8):
+        self.num_samples = _as_int("num_samples", num_samples, 0)
+        self.batch_size = _as_int("batch_size", batch_size, 1)
+        if kind not in KINDS:
+            raise ValueError(f"{kind=} should be one of {KINDS}")
+        self.kind = kind
+        self.seed = _as_int("seed", seed, 0)
+        if self.seed >= 2**64:
+            raise ValueError(f"{seed=} should be < 2**64")
+        self.rank, self.world_size = dist_info(rank, world_size)
+        if not isinstance(drop_last, (bool, np.bool_)):
+            raise ValueError(f"{drop_last=} should be a bool")
+        self.drop_last = bool(drop_last)
+        self.window = _as_int("window", window, 1)
+        if shard_sizes is None:
+            full, rest = divmod(self.num_samples, DEFAULT_BLOCK)
+            sizes = np.array([DEFAULT_BLOCK] * full + ([rest] if rest else []), dtype=np.int64)
+        else:
+            sizes = np.asarray(shard_sizes)
+            if sizes.ndim != 1 or (sizes.size and (sizes.dtype.kind not in "iu" or sizes.min() < 0)):
+                raise ValueError(f"shard_sizes should be a 1-d sequence of sample counts >= 0, got {shard_sizes!r}")
+            sizes = sizes.astype(np.int64)
+            if int(sizes.sum()) != self.num_samples:
+                raise ValueError(f"shard_sizes sum to {int(sizes.sum())} but {num_samples=}; give one count "
+                                 f"per shard, in dataset order")
+        self.shard_sizes = sizes
+        w, n = self.world_size, self.num_samples
+        # DistributedSampler's counts: drop the tail to a multiple of world, or pad up to one.
+        self._per_rank = n // w if self.drop_last else math.ceil(n / w)
+        if self.drop_last:
+            self._num_batches = self._per_rank // self.batch_size
+        else:
+            self._num_batches = math.ceil(self._per_rank / self.batch_size)
+        self._epoch = 0
+        self._fresh = True  # the current epoch has not been handed out by begin_epoch() yet
+        self._resume: tuple[int, int] | None = None  # (epoch, batch) from load_state_dict, used once
+        self._cache: tuple[int, np.ndarray] | None = None
+
+    def __repr__(self) -> str:
+        return (f"Order({self.num_samples}, batch_size={self.batch_size}, kind={self.kind!r}, seed={self.seed}, "
+                f"rank={self.rank}, world_size={self.world_size}, drop_last={self.drop_last}, window={self.window})")
+
+    # -- epochs ------------------------------------------------------------------------------
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        self._epoch = _as_int("epoch", epoch, 0)
+        self._fresh = True
+
+    def begin_epoch(self) -> int:
+        """The epoch the loader's next pass should iterate: the one set (or loaded), else the last one + 1."""
+        if not self._fresh:
+            self._epoch += 1
+        self._fresh = False
+        return self._epoch
+
+    # -- indices -----------------------------------------------------------------------------
+    def num_batches(self) -> int:
+        return self._num_batches
+
+    def __len__(self) -> int:
+        return self._num_batches
+
+    def indices(self, epoch: int | None = None) -> np.ndarray:
+        """This rank's sample indices for ``epoch`` (int64, read-only), after padding or dropping."""
+        e = self._epoch if epoch is None else _as_int("epoch", epoch, 0)
+        if self._cache is not None and self._cache[0] == e:
+            return self._cache[1]
+        n, w = self.num_samples, self.world_size
+        total = self._per_rank * w
+        if self.kind == "sequential":
+            mine = np.arange(self.rank, total, w, dtype=np.int64) % max(n, 1)
+        else:
+            rng = np.random.default_rng(_key(_SHUFFLE_STREAM, self.seed, e))
+            if self.kind == "random":
+                seq = rng.permutation(n).astype(np.int64, copy=False)
+            else:
+                seq = _quasi_sequence(rng, self.shard_sizes, self.window)
+            seq = np.resize(seq, total) if total > n else seq[:total]  # resize wraps around, like the sampler
+            mine = np.ascontiguousarray(seq[self.rank::w])
+        if self.drop_last:
+            mine = mine[: self._num_batches * self.batch_size]
+        mine.flags.writeable = False
+        self._cache = (e, mine)
+        return mine
+
+    def batches(self, epoch: int | None = None, start: int | None = None) -> Iterator[np.ndarray]:
+        """This rank's batches of ``epoch`` from batch ``start`` (read-only int64 views).
+
+        ``start=None`` means: the resume point from ``load_state_dict`` when it is for this epoch, else 0.
+        Any call uses up a pending resume point.
+        """
+        e = self._epoch if epoch is None else _as_int("epoch", epoch, 0)
+        if start is None:
+            start = self._resume[1] if self._resume is not None and self._resume[0] == e else 0
+        start = _as_int("start", start, 0)
+        if start > self._num_batches:
+            raise ValueError(f"{start=} should be <= num_batches={self._num_batches}")
+        self._resume = None
+        return self._iter(self.indices(e), start)
+
+    def _iter(self, idx: np.ndarray, start: int) -> Iterator[np.ndarray]:
+        b = self.batch_size
+        for i in range(start, self._num_batches):
+            yield idx[i * b:(i + 1) * b]
+
+    def batch_rng(self, epoch: int, batch_index: int) -> np.random.Generator:
+        """A generator for augmentation of one batch, keyed by (seed, epoch, rank, batch_index)."""
+        e = _as_int("epoch", epoch, 0)
+        i = _as_int("batch_index", batch_index, 0)
+        return np.random.default_rng(_key(_BATCH_STREAM, self.seed, e, self.rank, i))
+
+    # -- resume ------------------------------------------------------------------------------
+    def _config(self) -> dict:
+        cfg = {"kind": self.kind, "num_samples": self.num_samples, "batch_size": self.batch_size,
+               "world_size": self.world_size, "drop_last": self.drop_last}
+        if self.kind == "quasi":
+            digest = hashlib.blake2b(self.shard_sizes.astype("<i8").tobytes(), digest_size=8).hexdigest()
+            cfg.update(window=self.window, shards=f"{len(self.shard_sizes)}:{digest}")
+        return cfg
+
+    def state_dict(self, batches_done: int, epoch: int | None = None) -> dict:
+        """The position after ``batches_done`` batches of ``epoch`` (default: the current one).
+
+        Rank-free: every rank is at the same position, so any rank's state (say rank 0's) loads on all.
+        """
+        e = self._epoch if epoch is None else _as_int("epoch", epoch, 0)
+        k = _as_int("batches_done", batches_done, 0)
+        if k > self._num_batches:
+            raise ValueError(f"batches_done={k} should be <= num_batches={self._num_batches}")
+        return {"version": STATE_VERSION, "epoch": e, "batches_done": k, "seed": self.seed,
+                **self._config()}
+
+    def load_state_dict(self, state: dict) -> int:
+        """Adopt the saved seed and epoch; the next ``batches()`` of that epoch starts at the saved batch."""
+        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+            got = state.get("version") if isinstance(state, dict) else type(state).__name__
+            raise ValueError(f"not an Order state (version {got!r}, expected {STATE_VERSION}); pass the dict "
+                             f"that Order.state_dict() returned")
+        mine = self._config()
+        saved = {k: state.get(k) for k in set(mine) | ({"window", "shards"} & set(state))}
+        diff = [f"{k}={saved[k]!r} (this order: {mine.get(k)!r})" for k in sorted(saved) if saved[k] != mine.get(k)]
+        if diff:
+            raise ValueError("cannot resume from a state saved by a different order: " + ", ".join(diff)
+                             + "; build the Order with the saved settings (rank may differ)")
+        self.seed = _as_int("seed", state["seed"], 0)
+        epoch = _as_int("epoch", state["epoch"], 0)
+        k = _as_int("batches_done", state["batches_done"], 0)
+        if k > self._num_batches:
+            raise ValueError(f"batches_done={k} should be <= num_batches={self._num_batches}")
+        self._cache = None
+        self._epoch = epoch
+        # A finished epoch resumes at the next one; an unfinished one resumes inside itself.
+        self._fresh = k < self._num_batches
+        self._resume = (epoch, k) if self._fresh else None
+        return k

@@ -1,0 +1,457 @@
+"""Image transforms: declared on a dataset, planned here, executed by an engine.
+
+The four geometric transforms below follow ``torchvision.transforms`` (v1) names, defaults and
+semantics. They never touch pixels themselves: :class:`ImagePipeline` folds a whole list of them into
+one *plan* per sample — a crop box in source-pixel coordinates, an output size and a flip flag — which
+the native batcher executes as decode (DCT-scaled) → crop → antialiased bilinear resize → flip,
+writing straight into the batch buffer. :func:`apply_pil` executes the same plan with PIL (``ds[i]``,
+debugging, tests).
+
+Composition. While planning, each sample carries a *virtual image*: the source box
+``[oy, oy + h*sy) x [ox, ox + w*sx)`` resampled to ``h x w`` pixels, mirrored if ``flip``. A resize
+changes ``h, w`` and the scales ``sy, sx``; a crop (given in the virtual image's own, possibly
+mirrored, pixels) moves the origin; a flip toggles ``flip`` (two flips cancel). Pixel ``k`` of a
+resized image covers source ``[k*s, (k+1)*s)`` (PIL's and torch's half-pixel convention), so the
+mapping is exact in real numbers. Only at the end is the box rounded to whole source pixels, edge by
+edge (``top = round(oy)``, ``bottom = round(oy + h*sy)``, half to even), kept at least one pixel and
+inside the image. Each edge therefore moves by at most half a source pixel relative to torchvision's
+resize-then-crop; with no resize before a crop (e.g. ``RandomResizedCrop`` first) the box is exact.
+
+Randomness comes only from the ``rng`` passed to :meth:`ImagePipeline.plan`, drawn step by step in
+pipeline order with a fixed number of draws per sample, so a seed fixes the plan.
+
+``CenterCrop`` larger than the (virtual) image raises ``ValueError`` instead of zero-padding as
+torchvision does: put a ``Resize`` at least as large as the crop before it.
+
+On-device transforms (``Normalize``, ``ToDtype``) will live here too; they are not geometric and will
+not go through :class:`ImagePipeline`.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from typing import Any, NamedTuple, Sequence
+
+import numpy as np
+
+__all__ = [
+    "CenterCrop",
+    "Compose",
+    "ImagePipeline",
+    "Plan",
+    "RandomHorizontalFlip",
+    "RandomResizedCrop",
+    "Resize",
+    "apply_pil",
+]
+
+_SUPPORTED = "RandomResizedCrop, Resize, CenterCrop, RandomHorizontalFlip (in a list or Compose)"
+_ATTEMPTS = 10  # torchvision's RandomResizedCrop.get_params tries 10 boxes before its fallback
+
+
+def _positive_int(value: Any, what: str) -> int:
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{what} must be an int, got {value!r}") from None
+    if isinstance(value, bool) or v <= 0:
+        raise ValueError(f"{what} must be a positive int, got {value!r}")
+    return v
+
+
+def _setup_size(size: Any, what: str) -> tuple[int, int]:
+    """torchvision's ``_setup_size``: int or 1-sequence -> square (h, h); 2-sequence -> (h, w)."""
+    if isinstance(size, Sequence) and not isinstance(size, str):
+        if len(size) not in (1, 2):
+            raise ValueError(f"{what} size must be an int or (h, w), got {size!r}")
+        return (_positive_int(size[0], f"{what} size"), _positive_int(size[-1], f"{what} size"))
+    s = _positive_int(size, f"{what} size")  # a str fails here with TypeError
+    return (s, s)
+
+
+def _interpolation(interpolation: Any, antialias: Any, what: str) -> str:
+    # Accepts "bilinear" or torchvision's InterpolationMode.BILINEAR (whose .value is "bilinear").
+    mode = getattr(interpolation, "value", interpolation)
+    if mode != "bilinear":
+        raise ValueError(
+            f"{what}: interpolation={interpolation!r} is not supported; the native engine resizes "
+            "with antialiased bilinear only. Use interpolation='bilinear'."
+        )
+    if antialias is not True:
+        raise ValueError(f"{what}: antialias={antialias!r} is not supported; use antialias=True.")
+    return mode
+
+
+class Transform:
+    """Base of fastload's image transforms: a declaration, compared and described by its params."""
+
+    def describe(self) -> dict[str, Any]:
+        """The transform as a plain, JSON-friendly dict: ``{"name": ..., **params}``."""
+        return {"name": type(self).__name__, **self._params()}
+
+    def _params(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def __eq__(self, other: object) -> bool:
+        return type(self) is type(other) and self.describe() == other.describe()  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash(repr(self))
+
+    # Planning hooks: `_apply` updates the batch's virtual images; `_static_size` maps a known fixed
+    # (h, w) (or None) before the step to the one after it.
+    def _apply(self, state: _State, rng: np.random.Generator) -> None:
+        raise NotImplementedError
+
+    def _static_size(self, hw: tuple[int, int] | None) -> tuple[int, int] | None:
+        return hw
+
+
+class RandomResizedCrop(Transform):
+    """Crop a random area and aspect ratio, then resize to ``size`` (torchvision's algorithm)."""
+
+    def __init__(
+        self,
+        size: int | Sequence[int],
+        scale: tuple[float, float] = (0.08, 1.0),
+        ratio: tuple[float, float] = (3.0 / 4.0, 4.0 / 3.0),
+        interpolation: Any = "bilinear",
+        antialias: bool = True,
+    ) -> None:
+        self.size = _setup_size(size, "RandomResizedCrop")
+        self.scale = (float(scale[0]), float(scale[1]))
+        self.ratio = (float(ratio[0]), float(ratio[1]))
+        if not 0.0 <= self.scale[0] <= self.scale[1]:
+            raise ValueError(f"RandomResizedCrop: scale={scale!r} must be (min, max) with 0 <= min <= max")
+        if not 0.0 < self.ratio[0] <= self.ratio[1]:
+            raise ValueError(f"RandomResizedCrop: ratio={ratio!r} must be (min, max) with 0 < min <= max")
+        self.interpolation = _interpolation(interpolation, antialias, "RandomResizedCrop")
+        self.antialias = True
+
+    def _params(self) -> dict[str, Any]:
+        return {"size": list(self.size), "scale": list(self.scale), "ratio": list(self.ratio),
+                "interpolation": self.interpolation, "antialias": self.antialias}
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(size={self.size}, scale={tuple(round(s, 4) for s in self.scale)}, "
+                f"ratio={tuple(round(r, 4) for r in self.ratio)}, interpolation={self.interpolation}, "
+                f"antialias={self.antialias})")
+
+    def _apply(self, state: _State, rng: np.random.Generator) -> None:
+        top, left, h, w, _ = _rrc_params(state.h, state.w, self.scale, self.ratio, rng)
+        state.crop(top, left, h, w)
+        state.resize(np.full_like(h, self.size[0]), np.full_like(w, self.size[1]))
+
+    def _static_size(self, hw: tuple[int, int] | None) -> tuple[int, int] | None:
+        return self.size
+
+
+def _rrc_params(
+    height: np.ndarray, width: np.ndarray, scale: tuple[float, float], ratio: tuple[float, float],
+    rng: np.random.Generator,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """torchvision's ``RandomResizedCrop.get_params`` for a batch: (top, left, h, w, fell_back).
+
+    All 10 attempts are drawn for every sample at once (2 x (n, 10) uniforms), the first valid one per
+    row wins; rows with none take the centre-crop fallback. Then one position draw per sample.
+    """
+    n = height.shape[0]
+    area = (height * width).astype(np.float64)[:, None]
+    u_area = rng.random((n, _ATTEMPTS))
+    u_ratio = rng.random((n, _ATTEMPTS))
+    target = area * (scale[0] + (scale[1] - scale[0]) * u_area)
+    lo, hi = math.log(ratio[0]), math.log(ratio[1])
+    aspect = np.exp(lo + (hi - lo) * u_ratio)
+    ws = np.rint(np.sqrt(target * aspect)).astype(np.int64)  # rint: half to even, like round()
+    hs = np.rint(np.sqrt(target / aspect)).astype(np.int64)
+    ok = (ws > 0) & (ws <= width[:, None]) & (hs > 0) & (hs <= height[:, None])
+    found = ok.any(axis=1)
+    first = ok.argmax(axis=1)
+    rows = np.arange(n)
+    h, w = hs[rows, first], ws[rows, first]
+    # Fallback: centre crop at the nearest allowed aspect ratio (or the whole image).
+    in_ratio = width / height
+    too_tall, too_wide = in_ratio < ratio[0], in_ratio > ratio[1]
+    fb_h = np.where(too_tall, np.rint(width / ratio[0]).astype(np.int64), height)
+    fb_w = np.where(too_wide, np.rint(height * ratio[1]).astype(np.int64), width)
+    h, w = np.where(found, h, fb_h), np.where(found, w, fb_w)
+    top = rng.integers(0, height - h + 1)
+    left = rng.integers(0, width - w + 1)
+    top = np.where(found, top, (height - h) // 2)
+    left = np.where(found, left, (width - w) // 2)
+    return top, left, h, w, ~found
+
+
+def _resized_hw(
+    height: np.ndarray, width: np.ndarray, size: tuple[int, ...], max_size: int | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """torchvision's ``_compute_resized_output_size``, vectorized; returns (new_h, new_w)."""
+    if len(size) == 2:
+        return np.full_like(height, size[0]), np.full_like(width, size[1])
+    short, long = np.minimum(height, width), np.maximum(height, width)
+    new_short = np.full_like(short, size[0])
+    new_long = np.floor(size[0] * long / short).astype(np.int64)  # int(s * long / short)
+    if max_size is not None:
+        over = new_long > max_size
+        new_short = np.where(over, np.floor(max_size * new_short / new_long).astype(np.int64), new_short)
+        new_long = np.where(over, max_size, new_long)
+    portrait = width <= height
+    return np.where(portrait, new_long, new_short), np.where(portrait, new_short, new_long)
+
+
+class Resize(Transform):
+    """Resize: int ``size`` -> shorter side becomes ``size`` (longer capped by ``max_size``); (h, w) exact."""
+
+    def __init__(
+        self,
+        size: int | Sequence[int],
+        interpolation: Any = "bilinear",
+        max_size: int | None = None,
+        antialias: bool = True,
+    ) -> None:
+        if isinstance(size, Sequence) and not isinstance(size, str):
+            if len(size) not in (1, 2):
+                raise ValueError(f"Resize: size={size!r} must be an int, [int] or (h, w)")
+            self.size: int | tuple[int, ...] = tuple(_positive_int(s, "Resize size") for s in size)
+            self._size = self.size
+        else:
+            self.size = _positive_int(size, "Resize size")
+            self._size = (self.size,)
+        self.max_size = None if max_size is None else _positive_int(max_size, "Resize max_size")
+        if self.max_size is not None:
+            if len(self._size) != 1:
+                raise ValueError(f"Resize: max_size={max_size} is only allowed when size is an int "
+                                 f"(the shorter side), got size={size!r}")
+            if self.max_size <= self._size[0]:
+                raise ValueError(f"Resize: max_size={max_size} must be strictly greater than the "
+                                 f"requested shorter side size={self._size[0]}")
+        self.interpolation = _interpolation(interpolation, antialias, "Resize")
+        self.antialias = True
+
+    def _params(self) -> dict[str, Any]:
+        size = self.size if isinstance(self.size, int) else list(self.size)
+        return {"size": size, "interpolation": self.interpolation, "max_size": self.max_size,
+                "antialias": self.antialias}
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(size={self.size}, interpolation={self.interpolation}, "
+                f"max_size={self.max_size}, antialias={self.antialias})")
+
+    def _apply(self, state: _State, rng: np.random.Generator) -> None:
+        nh, nw = _resized_hw(state.h, state.w, self._size, self.max_size)
+        bad = np.flatnonzero((nh <= 0) | (nw <= 0))
+        if bad.size:
+            i = int(bad[0])
+            raise ValueError(f"{self!r} would make sample {i} of the batch {int(nh[i])}x{int(nw[i])} "
+                             f"(from {state.describe(i)}); raise max_size or drop such images")
+        state.resize(nh, nw)
+
+    def _static_size(self, hw: tuple[int, int] | None) -> tuple[int, int] | None:
+        if len(self._size) == 2:
+            return (self._size[0], self._size[1])
+        if hw is None:
+            return None
+        nh, nw = _resized_hw(np.array([hw[0]]), np.array([hw[1]]), self._size, self.max_size)
+        return (int(nh[0]), int(nw[0]))
+
+
+class CenterCrop(Transform):
+    """Crop the centre ``size`` (int or (h, w)); raises ``ValueError`` if the image is smaller."""
+
+    def __init__(self, size: int | Sequence[int]) -> None:
+        self.size = _setup_size(size, "CenterCrop")
+
+    def _params(self) -> dict[str, Any]:
+        return {"size": list(self.size)}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(size={self.size})"
+
+    def _apply(self, state: _State, rng: np.random.Generator) -> None:
+        ch, cw = self.size
+        bad = np.flatnonzero((state.h < ch) | (state.w < cw))
+        if bad.size:
+            i = int(bad[0])
+            raise ValueError(
+                f"{self!r} needs an image of at least {ch}x{cw} (h x w), but sample {i} of the batch is "
+                f"{state.describe(i)} at this step; torchvision would zero-pad, fastload does not. "
+                f"Put a Resize of at least the crop size before CenterCrop, or use RandomResizedCrop."
+            )
+        top = np.rint((state.h - ch) / 2.0).astype(np.int64)  # int(round((h - ch) / 2.0))
+        left = np.rint((state.w - cw) / 2.0).astype(np.int64)
+        state.crop(top, left, np.full_like(top, ch), np.full_like(left, cw))
+
+    def _static_size(self, hw: tuple[int, int] | None) -> tuple[int, int] | None:
+        return self.size
+
+
+class RandomHorizontalFlip(Transform):
+    """Mirror left-right with probability ``p`` (one uniform draw per sample)."""
+
+    def __init__(self, p: float = 0.5) -> None:
+        self.p = float(p)
+        if not 0.0 <= self.p <= 1.0:
+            raise ValueError(f"RandomHorizontalFlip: p={p!r} must be in [0, 1]")
+
+    def _params(self) -> dict[str, Any]:
+        return {"p": self.p}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(p={self.p})"
+
+    def _apply(self, state: _State, rng: np.random.Generator) -> None:
+        state.flip ^= rng.random(state.h.shape[0]) < self.p
+
+
+class Compose:
+    """A sequence of transforms, applied in order (as ``torchvision.transforms.Compose``)."""
+
+    def __init__(self, transforms: Sequence[Any]) -> None:
+        self.transforms = list(transforms)
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": "Compose", "transforms": [getattr(t, "describe", t.__repr__)() for t in self.transforms]}
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Compose) and self.transforms == other.transforms
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return "Compose(" + "".join(f"\n    {t}" for t in self.transforms) + "\n)"
+
+
+class Plan(NamedTuple):
+    """Per-sample instructions for an engine (see the module docstring)."""
+
+    crops: np.ndarray  # int32 (n, 4): top, left, height, width in source pixels, inside the image
+    flips: np.ndarray  # uint8 (n,): 1 = mirror left-right after resizing
+    out_hw: np.ndarray  # int32 (n, 2): output height, width
+
+
+class _State:
+    """The batch's virtual images while planning (see "Composition" in the module docstring)."""
+
+    __slots__ = ("src_h", "src_w", "h", "w", "oy", "ox", "sy", "sx", "flip")
+
+    def __init__(self, heights: np.ndarray, widths: np.ndarray) -> None:
+        self.src_h, self.src_w = heights, widths
+        self.h, self.w = heights, widths
+        self.oy = self.ox = np.zeros(heights.shape[0])
+        self.sy = self.sx = np.ones(heights.shape[0])
+        self.flip = np.zeros(heights.shape[0], dtype=bool)
+
+    def crop(self, top: np.ndarray, left: np.ndarray, h: np.ndarray, w: np.ndarray) -> None:
+        left = np.where(self.flip, self.w - left - w, left)  # the crop was chosen on the mirror
+        self.oy = self.oy + top * self.sy
+        self.ox = self.ox + left * self.sx
+        self.h, self.w = h, w
+
+    def resize(self, h: np.ndarray, w: np.ndarray) -> None:
+        self.sy = self.sy * (self.h / h)
+        self.sx = self.sx * (self.w / w)
+        self.h, self.w = h, w
+
+    def describe(self, i: int) -> str:
+        return f"{int(self.h[i])}x{int(self.w[i])} (source {int(self.src_h[i])}x{int(self.src_w[i])})"
+
+    def finish(self) -> Plan:
+        def edges(o: np.ndarray, extent: np.ndarray, limit: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            lo = np.clip(np.rint(o), 0, limit - 1).astype(np.int64)
+            hi = np.clip(np.rint(o + extent), lo + 1, limit).astype(np.int64)
+            return lo, hi - lo
+
+        top, height = edges(self.oy, self.h * self.sy, self.src_h)
+        left, width = edges(self.ox, self.w * self.sx, self.src_w)
+        return Plan(
+            crops=np.stack([top, left, height, width], axis=1).astype(np.int32),
+            flips=self.flip.astype(np.uint8),
+            out_hw=np.stack([self.h, self.w], axis=1).astype(np.int32),
+        )
+
+
+def _flatten(transforms: Any) -> list[Transform]:
+    if isinstance(transforms, ImagePipeline):
+        return list(transforms.transforms)
+    if isinstance(transforms, Compose):
+        transforms = transforms.transforms
+    if isinstance(transforms, Transform):
+        return [transforms]
+    if not isinstance(transforms, (list, tuple)):
+        raise TypeError(f"expected a list of transforms or a Compose, got {type(transforms).__name__}: "
+                        f"{transforms!r}. Supported: {_SUPPORTED}")
+    out: list[Transform] = []
+    for t in transforms:
+        if isinstance(t, (Compose, list, tuple)):
+            out.extend(_flatten(t))
+        elif isinstance(t, Transform):
+            out.append(t)
+        else:
+            name = f"{type(t).__module__}.{type(t).__qualname__}"
+            raise TypeError(f"unsupported image transform {t!r} ({name}); supported: {_SUPPORTED} "
+                            f"from fastload.transforms")
+    return out
+
+
+class ImagePipeline:
+    """A list of geometric transforms folded into one crop box, output size and flip per sample."""
+
+    def __init__(self, transforms: Any) -> None:
+        self.transforms: tuple[Transform, ...] = tuple(_flatten(transforms))
+        hw: tuple[int, int] | None = None
+        for t in self.transforms:
+            hw = t._static_size(hw)
+        self._output_size = hw
+
+    @property
+    def output_size(self) -> tuple[int, int] | None:
+        """The (H, W) every sample comes out as, or None if it depends on the source size."""
+        return self._output_size
+
+    def plan(self, heights: np.ndarray, widths: np.ndarray, rng: np.random.Generator) -> Plan:
+        """Plan a batch of images of sizes ``heights[i] x widths[i]``, drawing only from ``rng``."""
+        h, w = np.asarray(heights), np.asarray(widths)
+        if h.ndim != 1 or h.shape != w.shape:
+            raise ValueError(f"heights and widths must be 1-D of equal length, got shapes {h.shape} "
+                             f"and {w.shape}")
+        if h.size and not (np.issubdtype(h.dtype, np.integer) and np.issubdtype(w.dtype, np.integer)):
+            raise TypeError(f"heights and widths must be integer arrays, got {h.dtype} and {w.dtype}")
+        h, w = h.astype(np.int64), w.astype(np.int64)
+        if h.size and min(h.min(), w.min()) <= 0:
+            i = int(np.flatnonzero((h <= 0) | (w <= 0))[0])
+            raise ValueError(f"sample {i} of the batch has an empty image ({int(h[i])}x{int(w[i])})")
+        state = _State(h, w)
+        for t in self.transforms:
+            t._apply(state, rng)
+        return state.finish()
+
+    def describe(self) -> list[dict[str, Any]]:
+        return [t.describe() for t in self.transforms]
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ImagePipeline) and self.transforms == other.transforms
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"ImagePipeline([{', '.join(map(repr, self.transforms))}])"
+
+
+def apply_pil(pipeline: Any, image: Any, rng: np.random.Generator) -> Any:
+    """Run a pipeline (or list/Compose) on one PIL image with PIL: crop → bilinear resize → flip.
+
+    The slow reference engine: it executes exactly the plan the native engine gets.
+    """
+    try:
+        from PIL import Image
+    except ImportError:  # pragma: no cover - Pillow is a dependency
+        raise ImportError("apply_pil needs Pillow. Run `pip install pillow-simd` (or pillow)") from None
+    pipe = pipeline if isinstance(pipeline, ImagePipeline) else ImagePipeline(pipeline)
+    p = pipe.plan(np.array([image.height]), np.array([image.width]), rng)
+    top, left, h, w = (int(v) for v in p.crops[0])
+    oh, ow = (int(v) for v in p.out_hw[0])
+    out = image.crop((left, top, left + w, top + h)).resize((ow, oh), Image.Resampling.BILINEAR)
+    if p.flips[0]:
+        out = out.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    return out

@@ -1,0 +1,208 @@
+"""fastload.DataLoader: the drop-in contract, determinism, resume, slot safety, errors, shutdown."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import threading
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader as TorchLoader
+
+import fastload
+from fastload import transforms as T
+
+from conftest import make_image_folder
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory):
+    root = tmp_path_factory.mktemp("loader")
+    folder = make_image_folder(root / "src", classes=4, per_class=10)
+    fastload.pack(folder, root / "ds", workers=2, shard_size="16K")
+    return root / "ds"
+
+
+@pytest.fixture(scope="module")
+def packed_arrays(tmp_path_factory):
+    root = tmp_path_factory.mktemp("arrays")
+    rng = np.random.default_rng(0)
+    data = {"x": rng.random((103, 5), dtype=np.float32), "y": np.arange(103), "w": rng.random(103)}
+    fastload.pack(data, root / "ds", shard_size="2K")
+    return root / "ds", data
+
+
+def open_train(path, **kw):
+    return fastload.open(path, transforms={"image": [T.RandomResizedCrop(32), T.RandomHorizontalFlip()]}, **kw)
+
+
+def test_signature_matches_torch():
+    ours = inspect.signature(fastload.DataLoader.__init__).parameters
+    theirs = inspect.signature(TorchLoader.__init__).parameters
+    for name, p in theirs.items():
+        assert name in ours, name
+        assert ours[name].default == p.default and ours[name].kind == p.kind, name
+    assert list(ours)[: len(theirs)] == list(theirs)
+    extra = [n for n in ours if n not in theirs]
+    assert all(ours[n].kind == inspect.Parameter.KEYWORD_ONLY for n in extra)
+    assert {"device", "seed"} <= set(extra)
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(shuffle=True, sampler=[0, 1]),
+    dict(batch_sampler=[[0]], batch_size=2),
+    dict(num_workers=-1),
+    dict(prefetch_factor=2),
+    dict(persistent_workers=True),
+    dict(batch_sampler=[[0]], drop_last=True),
+])
+def test_same_errors_as_torch(packed_arrays, kwargs):
+    ds = fastload.open(packed_arrays[0])
+    with pytest.raises(ValueError) as theirs:
+        TorchLoader(ds, **kwargs)
+    with pytest.raises(ValueError) as ours:
+        fastload.DataLoader(ds, **kwargs)
+    assert str(ours.value) == str(theirs.value)
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("as_dict", [False, True])
+def test_same_batches_and_structure_as_torch(packed_arrays, drop_last, as_dict):
+    ds = fastload.open(packed_arrays[0], as_dict=as_dict)
+    ours = fastload.DataLoader(ds, batch_size=10, drop_last=drop_last)
+    theirs = TorchLoader(ds, batch_size=10, drop_last=drop_last)
+    assert ours.fast_path and len(ours) == len(theirs)
+    got, want = list(ours), list(theirs)
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        assert type(a) is type(b)
+        items = a.items() if as_dict else enumerate(a)
+        for k, v in items:
+            assert v.dtype == b[k].dtype and torch.equal(v, b[k])
+
+
+def test_images_channels_last_and_close_to_per_sample(packed):
+    ds = open_train(packed)
+    batch = next(iter(fastload.DataLoader(ds, batch_size=8, num_workers=2)))
+    images, labels = batch
+    assert images.shape == (8, 3, 32, 32) and images.dtype == torch.uint8
+    assert images.is_contiguous(memory_format=torch.channels_last)
+    assert labels.dtype == torch.int64 and labels.tolist() == [ds[i][1] for i in range(8)]
+    # without randomness the loader and ds[i] use the same kernels: identical pixels
+    plain = fastload.open(packed, transforms={"image": [T.Resize((24, 20))]})
+    imgs, _ = next(iter(fastload.DataLoader(plain, batch_size=5)))
+    for i in range(5):
+        assert torch.equal(imgs[i], plain[i][0])
+
+
+@pytest.mark.parametrize("order", ["sequential", "random", "quasi"])
+def test_batches_independent_of_num_workers(packed, order):
+    runs = []
+    for workers in (0, 1, 2):
+        dl = fastload.DataLoader(open_train(packed), batch_size=6, num_workers=workers, seed=7, order=order)
+        runs.append([(b[0].clone(), b[1].clone()) for b in dl])
+    for other in runs[1:]:
+        assert len(other) == len(runs[0])
+        for (a, la), (b, lb) in zip(runs[0], other):
+            assert torch.equal(a, b) and torch.equal(la, lb)
+
+
+def test_epochs_differ_and_set_epoch_repeats(packed_arrays):
+    ds = fastload.open(packed_arrays[0])
+    dl = fastload.DataLoader(ds, batch_size=103, shuffle=True, seed=1)
+    e0 = next(iter(dl))[1].clone()
+    e1 = next(iter(dl))[1].clone()
+    assert not torch.equal(e0, e1) and sorted(e0.tolist()) == list(range(103))
+    dl.set_epoch(0)
+    assert torch.equal(next(iter(dl))[1], e0)
+
+
+@pytest.mark.parametrize("workers_after", [0, 2])
+def test_resume_mid_epoch_bit_for_bit(packed, workers_after):
+    make = lambda w: fastload.DataLoader(open_train(packed), batch_size=4, shuffle=True, num_workers=w, seed=3)  # noqa
+    ref = [b[0].clone() for b in make(1)]
+    dl = make(1)
+    it = iter(dl)
+    for _ in range(4):
+        next(it)
+    state = dl.state_dict()
+    del it
+    restored = make(workers_after)
+    restored.load_state_dict(state)
+    rest = [b[0].clone() for b in restored]
+    assert len(rest) == len(ref) - 4
+    assert all(torch.equal(a, b) for a, b in zip(rest, ref[4:]))
+
+
+def test_held_batches_are_never_overwritten(packed):
+    dl = fastload.DataLoader(open_train(packed), batch_size=4, shuffle=True, num_workers=2, seed=0)
+    held = list(dl)  # the caller keeps every batch: the ring must grow, not alias
+    again = [b[0].clone() for b in fastload.DataLoader(open_train(packed), batch_size=4, shuffle=True,
+                                                        num_workers=2, seed=0)]
+    assert all(torch.equal(h[0], a) for h, a in zip(held, again))
+    assert len({h[0].data_ptr() for h in held}) == len(held)
+    # a loop that drops each batch reuses a small ring
+    dl2 = fastload.DataLoader(open_train(packed), batch_size=4, num_workers=2)
+    for _ in range(3):
+        for batch in dl2:
+            pass
+    assert dl2.stats()["slots"] <= 5
+
+
+def test_break_leaves_no_thread_and_reiterates(packed):
+    before = threading.active_count()
+    tasks_before = len(os.listdir("/proc/self/task"))
+    dl = fastload.DataLoader(open_train(packed), batch_size=4, num_workers=2)
+    for i, _ in enumerate(dl):
+        if i == 2:
+            break
+    assert sum(1 for _ in dl) == len(dl)
+    del dl, _
+    import gc
+
+    gc.collect()
+    assert threading.active_count() == before
+    assert len(os.listdir("/proc/self/task")) <= tasks_before
+
+
+def test_corrupt_jpeg_named_or_skipped(tmp_path):
+    folder = make_image_folder(tmp_path / "src", classes=2, per_class=6)
+    fastload.pack(folder, tmp_path / "ds", workers=0)
+    shard = next((tmp_path / "ds").glob("shard-*.fls"))
+    data = bytearray(shard.read_bytes())
+    ds = fastload.open(tmp_path / "ds", decode=False)
+    seg, local = ds.locate(5)
+    start = seg.data_start["image"] + int(seg.offsets["image"][local])
+    data[start + 200:start + 260] = b"\x00" * 60  # inside sample 5's entropy-coded data
+    shard.write_bytes(bytes(data))
+    dl = fastload.DataLoader(open_train(tmp_path / "ds"), batch_size=12)
+    with pytest.raises(fastload.DecodeError, match=rf"{shard.name}.*sample 5"):
+        next(iter(dl))
+    dl = fastload.DataLoader(open_train(tmp_path / "ds"), batch_size=12, on_error="skip")
+    images, labels = next(iter(dl))
+    assert images.shape[0] == 12 and dl.stats()["skipped"] == 1
+
+
+def test_generic_path_is_torch(packed):
+    plain = fastload.open(packed)  # no transforms: images differ in size, torch's path and errors
+    dl = fastload.DataLoader(plain, batch_size=1)
+    assert not dl.fast_path and "fixed output size" in dl.fast_path_reason
+    assert next(iter(dl))[0].shape[0] == 1
+    tds = torch.utils.data.TensorDataset(torch.arange(10))
+    assert [b[0].tolist() for b in fastload.DataLoader(tds, batch_size=4)] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    assert isinstance(fastload.DataLoader(tds), TorchLoader)
+
+
+def test_distributed_ranks_partition(packed_arrays):
+    path, data = packed_arrays
+    seen = []
+    counts = set()
+    for rank in range(3):
+        dl = fastload.DataLoader(fastload.open(path), batch_size=8, shuffle=True, seed=5, rank=rank, world_size=3)
+        ys = torch.cat([b[1] for b in dl]).tolist()
+        counts.add(len(dl))
+        seen.extend(ys)
+    assert len(counts) == 1
+    assert set(seen) == set(range(103)) and len(seen) == 105  # padded to a multiple of 3, like DistributedSampler
