@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import os
 import weakref
 from pathlib import Path
@@ -15,13 +16,17 @@ from ._native import native
 from ._schema import Field, Schema
 from .formats import lmdb as lmdb_format
 from .formats._layout import IMAGE_JPEG, columns_of
-from .formats._manifest import MANIFEST_NAME, Manifest
+from .formats._manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest
 from .formats.shards import ShardSegment, shard_segments
 
 
 def read_manifest(path: Path) -> Manifest:
     if (path / MANIFEST_NAME).is_file():
-        raw = (path / MANIFEST_NAME).read_bytes()
+        try:
+            with builtins.open(path / MANIFEST_NAME, "rb") as fh:
+                raw = fh.read(MAX_MANIFEST_BYTES + 1)  # Manifest.parse refuses anything longer
+        except OSError as e:
+            raise FormatError(f"dataset '{path}': cannot read {MANIFEST_NAME}: {e}") from None
         m = Manifest.parse(raw, f"dataset '{path}'")
         if m.layout != "shards":
             raise FormatError(f"dataset '{path}': manifest.json says layout {m.layout!r}, expected 'shards'")

@@ -21,6 +21,7 @@ An encoded sample is a list, one entry per field in schema order, of ``(column v
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -41,8 +42,12 @@ class Column(NamedTuple):
     shape: tuple[int, ...]
 
     @property
+    def row_items(self) -> int:
+        return math.prod(self.shape)  # exact: a crafted schema's huge dims must not wrap around
+
+    @property
     def row_bytes(self) -> int:
-        return int(self.dtype.itemsize * int(np.prod(self.shape, dtype=np.int64)))
+        return self.dtype.itemsize * self.row_items
 
 
 def columns_of(field: Field) -> tuple[Column, ...]:
@@ -67,35 +72,56 @@ def expected_blob_length(field: Field, columns: dict[str, np.ndarray]) -> np.nda
     """
     if field.kind == "image":
         meta = columns["meta"].astype(np.int64)
-        return np.where(meta[:, 2] == IMAGE_RAW, meta[:, 0] * meta[:, 1] * 3, -1)
+        # h * w * 3 < 2**66 can overflow int64: flag such rows (-2, never matches) instead of wrapping
+        return np.where(meta[:, 2] == IMAGE_RAW,
+                        _exact_or_bad(meta[:, :2], 3), -1)
     if field.kind == "ndarray" and not field.fixed_size:
         shape = columns["shape"]
         if shape.size and shape.min() < 0:
             return np.full(len(shape), -2, dtype=np.int64)  # negative dims can never match
-        with np.errstate(over="ignore"):
-            n = np.prod(shape, axis=1, dtype=np.int64) if shape.shape[1] else np.ones(len(shape), np.int64)
-        return n * np.dtype(field.dtype).itemsize
+        return _exact_or_bad(shape, np.dtype(field.dtype).itemsize)
     return None
 
 
-def check_columns(field: Field, columns: dict[str, np.ndarray]) -> str | None:
-    """Validate column contents that the format itself constrains. Returns a message or None."""
+MAX_BLOB_BYTES = 1 << 62
+
+
+def _exact_or_bad(dims: np.ndarray, itemsize: int) -> np.ndarray:
+    """Row-wise ``prod(dims) * itemsize`` as int64, -2 where it exceeds ``MAX_BLOB_BYTES``.
+
+    The int64 product of crafted dimensions can wrap around to a small number that matches the blob
+    length (e.g. (2**62, 2) float32 -> 0 bytes); a float64 product, exact enough to detect that, guards it.
+    Zero dimensions count as 1 in the guard: numpy refuses (0, 2**62) too.
+    """
+    if not dims.shape[1]:
+        return np.full(len(dims), itemsize, dtype=np.int64)
+    with np.errstate(over="ignore"):
+        n = np.prod(dims.astype(np.int64), axis=1) * itemsize
+    approx = np.prod(np.maximum(dims, 1).astype(np.float64), axis=1) * itemsize
+    return np.where(approx > MAX_BLOB_BYTES, -2, n)
+
+
+def check_columns(field: Field, columns: dict[str, np.ndarray], first: int = 0) -> str | None:
+    """Validate column contents that the format itself constrains. Returns a message or None.
+
+    Row k is named ``sample first + k`` in the message (``first``: the dataset index of row 0).
+    """
     if field.kind == "image":
         meta = columns["meta"]
         bad = np.nonzero(~np.isin(meta[:, 2], IMAGE_ENCODINGS))[0]
         if bad.size:
-            return f"sample {int(bad[0])}: image encoding {int(meta[bad[0], 2])} is not 0 (jpeg) or 1 (raw)"
+            return f"sample {first + int(bad[0])}: image encoding {int(meta[bad[0], 2])} is not 0 (jpeg) or 1 (raw)"
     if field.kind == "ndarray" and not field.fixed_size:
         shape = columns["shape"]
         for j, d in enumerate(field.shape):
             if d is not None:
                 bad = np.nonzero(shape[:, j] != d)[0]
                 if bad.size:
-                    return (f"sample {int(bad[0])}: dimension {j} is {int(shape[bad[0], j])}, "
+                    return (f"sample {first + int(bad[0])}: dimension {j} is {int(shape[bad[0], j])}, "
                             f"the schema fixes it to {d}")
         bad = np.nonzero((shape < 0).any(axis=1))[0] if shape.size else np.array([], dtype=np.int64)
         if bad.size:
-            return f"sample {int(bad[0])}: negative array shape {shape[bad[0]].tolist()}"
+            return f"sample {first + int(bad[0])}: negative array shape {shape[bad[0]].tolist()}"
     return None
 
 

@@ -7,9 +7,12 @@ executes anything. See docs/FORMAT.md for an example.
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from .._errors import FormatError, SchemaError, VersionError
 from .._schema import Schema
@@ -18,7 +21,9 @@ from ._layout import FORMAT_VERSION
 MAGIC = "fastload"
 MANIFEST_NAME = "manifest.json"
 MAX_MANIFEST_BYTES = 256 << 20  # refuse absurd manifests before parsing them
-SHARD_NAME = re.compile(r"^shard-\d{5,9}\.fls$")
+SHARD_NAME = re.compile(r"shard-[0-9]{5,9}\.fls")  # always fullmatch: no "/", "..", or trailing newline
+MAX_COUNT = (1 << 63) - 1  # sample counts and byte sizes must fit the int64 arithmetic of readers
+MAX_ROW_BYTES = 1 << 40  # a fixed-size field's per-sample bytes (numpy refuses shapes much past this)
 
 
 @dataclass
@@ -66,8 +71,8 @@ class Manifest:
             raise FormatError(f"{where}: manifest is {len(raw)} bytes, larger than the {MAX_MANIFEST_BYTES} allowed")
         try:
             doc = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as e:
-            raise FormatError(f"{where}: manifest is not valid JSON ({e})") from None
+        except (ValueError, UnicodeDecodeError, RecursionError) as e:  # RecursionError: "[[[[..." nesting
+            raise FormatError(f"{where}: manifest is not valid JSON ({type(e).__name__}: {e})") from None
         if not isinstance(doc, dict) or doc.get("format") != MAGIC:
             raise FormatError(f"{where}: not a fastload manifest (expected \"format\": \"{MAGIC}\")")
         version = doc.get("version")
@@ -85,9 +90,15 @@ class Manifest:
             schema = Schema.from_json(doc.get("schema"))
         except SchemaError as e:
             raise FormatError(f"{where}: bad schema: {e}") from None
+        for f in schema:  # exact sizes of the fixed dimensions: numpy would refuse (or wrap) larger ones
+            row = math.prod(d for d in f.shape if d is not None) * np.dtype(f.dtype).itemsize \
+                if f.kind == "ndarray" else 0
+            if row > MAX_ROW_BYTES:
+                raise FormatError(f"{where}: field '{f.name}' shape {f.shape} needs {row} bytes per sample, "
+                                  f"more than the {MAX_ROW_BYTES} allowed")
         num = doc.get("num_samples")
-        if not _is_int(num) or num < 0:
-            raise FormatError(f"{where}: num_samples {num!r} is not a non-negative integer")
+        if not _is_int(num) or not 0 <= num <= MAX_COUNT:
+            raise FormatError(f"{where}: num_samples {num!r} is not an integer in 0..{MAX_COUNT}")
         shards = []
         raw_shards = doc.get("shards", [])
         if not isinstance(raw_shards, list):
@@ -117,10 +128,10 @@ def _parse_shard(s: Any, where: str) -> ShardEntry:
     if not isinstance(s, dict):
         raise FormatError(f"{where}: must be an object")
     file, n, size, digest = s.get("file"), s.get("num_samples"), s.get("bytes"), s.get("xxh3_64")
-    if not isinstance(file, str) or not SHARD_NAME.match(file):
+    if not isinstance(file, str) or not SHARD_NAME.fullmatch(file):
         raise FormatError(f"{where}: file name {file!r} is not of the form shard-NNNNN.fls")
-    if not _is_int(n) or n < 0 or not _is_int(size) or size < 0:
-        raise FormatError(f"{where}: num_samples and bytes must be non-negative integers")
+    if not _is_int(n) or not 0 <= n <= MAX_COUNT or not _is_int(size) or not 0 <= size <= MAX_COUNT:
+        raise FormatError(f"{where}: num_samples {n!r} and bytes {size!r} must be integers in 0..{MAX_COUNT}")
     if not isinstance(digest, str) or not re.fullmatch(r"[0-9a-f]{16}", digest):
         raise FormatError(f"{where}: xxh3_64 {digest!r} is not 16 hex digits")
     return ShardEntry(file, n, size, digest)

@@ -163,10 +163,10 @@ class LmdbSegment:
         self._pid = os.getpid()
         return self
 
-    def _get(self, key: bytes) -> memoryview:
+    def _get(self, key: bytes, what: str = "") -> memoryview:
         v = self.open()._txn.get(key)
         if v is None:
-            raise self._fail(f"key {key.decode()} is missing")
+            raise self._fail(f"{what}key {key.decode()} is missing")
         return v
 
     def _chunk(self, field: str, col: str, chunk: int) -> np.ndarray:
@@ -175,14 +175,15 @@ class LmdbSegment:
         if arr is None:
             c = next(c for c in columns_of(self.schema[field]) if c.name == col)
             nrows = min(self.rows, self.count - chunk * self.rows)
-            buf = self._get(chunk_key(field, col, chunk))
+            where = f"samples {chunk * self.rows}..{chunk * self.rows + nrows - 1}, field '{field}': "
+            buf = self._get(chunk_key(field, col, chunk), where)
             if len(buf) != nrows * c.row_bytes:
-                raise self._fail(f"column chunk {field}/{col}/{chunk} is {len(buf)} bytes, expected "
+                raise self._fail(f"{where}column chunk {field}/{col}/{chunk} is {len(buf)} bytes, expected "
                                  f"{nrows} x {c.row_bytes}")
-            arr = np.frombuffer(buf, dtype=c.dtype).reshape((nrows,) + c.shape)
-            msg = check_columns(self.schema[field], {col: arr})
+            arr = np.frombuffer(buf, dtype=c.dtype, count=nrows * c.row_items).reshape((nrows,) + c.shape)
+            msg = check_columns(self.schema[field], {col: arr}, chunk * self.rows)
             if msg:
-                raise self._fail(f"field '{field}', chunk {chunk}: {msg}")
+                raise self._fail(f"field '{field}', {msg}")
             self._chunks[key] = arr
         return arr
 
@@ -201,11 +202,12 @@ class LmdbSegment:
         return out
 
     def blob(self, field: str, i: int) -> memoryview:
-        rec = self._get(sample_key(i))
+        rec = self._get(sample_key(i), f"sample {i}, field '{field}': record ")
         k = self.blob_fields.index(field)
         nb = len(self.blob_fields)
         if len(rec) < 8 * nb:
-            raise self._fail(f"sample {i}: record is {len(rec)} bytes, shorter than its {8 * nb}-byte header")
+            raise self._fail(f"sample {i}, field '{field}': record is {len(rec)} bytes, shorter than its "
+                             f"{8 * nb}-byte header")
         ends = np.frombuffer(rec, dtype="<u8", count=nb)
         start = int(ends[k - 1]) if k else 0
         end = int(ends[k])
@@ -217,8 +219,8 @@ class LmdbSegment:
         cols = {c.name: self.row(field, c.name, i)[None] for c in columns_of(f)}
         expected = expected_blob_length(f, cols)
         if expected is not None and (expected[0] == -2 or (expected[0] >= 0 and expected[0] != end - start)):
-            raise self._fail(f"sample {i}, field '{field}': {end - start} bytes of data, the recorded shape "
-                             f"needs {int(expected[0])}")
+            need = "is impossible" if expected[0] == -2 else f"needs {int(expected[0])}"
+            raise self._fail(f"sample {i}, field '{field}': {end - start} bytes of data, the recorded shape {need}")
         return rec[8 * nb + start:8 * nb + end]
 
     def close(self) -> None:
@@ -281,7 +283,10 @@ def read_manifest(path: Path) -> Manifest:
 
 def verify_lmdb(path: Path, manifest: Manifest) -> list[str]:
     """Recompute every chunk's digest and validate every record. Returns one message per problem."""
-    seg = LmdbSegment(path, manifest)
+    try:
+        seg = LmdbSegment(path, manifest)
+    except FormatError as e:  # a bad rows_per_chunk: a problem to report, not a traceback
+        return [str(e)]
     digests = manifest.metadata["lmdb"].get("chunk_digests")
     problems = []
     n_chunks = -(-manifest.num_samples // seg.rows)

@@ -6,7 +6,8 @@ Layout of one shard file (all integers little-endian; see docs/FORMAT.md for an 
     8   u32      format version
     12  u32      number of sections S
     16  u64      number of samples N
-    24  40 bytes zero
+    24  u64      shard index K (the file is shard-K.fls: a renamed or swapped shard is refused)
+    32  32 bytes zero
     64  S x (u64 offset, u64 length)   section table
         sections, each starting at a multiple of 64 bytes, in ``section_names(schema)`` order
 
@@ -16,6 +17,7 @@ reads afterwards are plain slices of verified ranges.
 
 from __future__ import annotations
 
+import itertools
 import mmap
 import os
 import struct
@@ -25,19 +27,27 @@ from typing import Sequence
 import numpy as np
 import xxhash
 
-from .._errors import FormatError
+from .._errors import FormatError, VersionError
 from .._schema import Field, Schema
 from ._layout import FORMAT_VERSION, check_columns, columns_of, expected_blob_length, has_blob, section_names
-from ._manifest import MANIFEST_NAME, Manifest, ShardEntry
+from ._manifest import MANIFEST_NAME, SHARD_NAME, Manifest, ShardEntry
 
 SHARD_MAGIC = b"FLSHARD1"
-HEADER = struct.Struct("<8sIIQ40x")
+HEADER = struct.Struct("<8sIIQQ32s")
+RESERVED = bytes(32)
 SECTION = struct.Struct("<QQ")
 ALIGN = 64
 
 
 def shard_name(k: int) -> str:
     return f"shard-{k:05d}.fls"
+
+
+def shard_index(name: str) -> int:
+    """K of ``shard-K.fls`` (the name is checked when the manifest is parsed, or here when writing)."""
+    if not SHARD_NAME.fullmatch(name):
+        raise ValueError(f"shard file name {name!r} is not of the form shard-NNNNN.fls")
+    return int(name[len("shard-"):-len(".fls")])
 
 
 def _pad(n: int) -> int:
@@ -54,7 +64,7 @@ def _sections(schema: Schema, samples: Sequence[list]) -> list[bytes | memoryvie
             arr = np.empty((n,) + col.shape, dtype=col.dtype)
             for k, s in enumerate(samples):
                 arr[k] = s[i][0][j]
-            out.append(memoryview(arr).cast("B"))
+            out.append(memoryview(arr.reshape(-1).view(np.uint8)))  # cast("B") refuses zero-size shapes
         if has_blob(f):
             blobs = [s[i][1] for s in samples]
             offsets = np.zeros(n + 1, dtype="<u8")
@@ -73,7 +83,7 @@ def write_shard(path: Path, schema: Schema, samples: Sequence[list]) -> ShardEnt
     for s in sections:
         table.append((pos, len(s)))
         pos += len(s) + _pad(len(s))
-    header = HEADER.pack(SHARD_MAGIC, FORMAT_VERSION, len(sections), len(samples))
+    header = HEADER.pack(SHARD_MAGIC, FORMAT_VERSION, len(sections), len(samples), shard_index(path.name), RESERVED)
     head = header + b"".join(SECTION.pack(o, n) for o, n in table) + bytes(_pad(table_end))
     tmp = path.with_name(path.name + ".tmp")
     h = xxhash.xxh3_64()
@@ -124,8 +134,9 @@ def file_digest(path: Path, chunk: int = 8 << 20) -> tuple[int, str]:
 class ShardSegment:
     """One memory-mapped shard: columns as numpy views, blobs as slices of the mapping."""
 
-    def __init__(self, path: Path, entry: ShardEntry, schema: Schema, dataset: str):
+    def __init__(self, path: Path, entry: ShardEntry, schema: Schema, dataset: str, start: int = 0):
         self.path = path
+        self.start = start  # dataset index of the shard's first sample, to name samples in errors
         self.name = entry.file
         self.count = entry.num_samples
         self.entry = entry
@@ -153,6 +164,8 @@ class ShardSegment:
                 mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
         except FileNotFoundError:
             raise self._fail(f"file is missing ({self.path})") from None
+        except OSError as e:  # a directory, no permission, an I/O error, an unmappable file
+            raise self._fail(f"cannot read the file ({type(e).__name__}: {e})") from None
         try:
             self._validate(mm, size)
         except Exception:
@@ -164,13 +177,20 @@ class ShardSegment:
         return self
 
     def _validate(self, mm: mmap.mmap, size: int) -> None:
-        magic, version, nsec, n = HEADER.unpack_from(mm, 0)
+        magic, version, nsec, n, index, reserved = HEADER.unpack_from(mm, 0)
         if magic != SHARD_MAGIC:
             raise self._fail(f"bad magic {magic!r}, expected {SHARD_MAGIC!r}")
+        if version > FORMAT_VERSION:
+            raise VersionError(f"dataset '{self.dataset}', shard '{self.name}': written with format version "
+                               f"{version}, this fastload reads up to version {FORMAT_VERSION}; upgrade fastload")
         if version != FORMAT_VERSION:
             raise self._fail(f"shard format version {version}, this fastload reads version {FORMAT_VERSION}")
         if n != self.count:
             raise self._fail(f"header says {n} samples, the manifest says {self.count}")
+        if index != shard_index(self.name):
+            raise self._fail(f"header says this is shard {index}, not {shard_index(self.name)} (renamed or swapped)")
+        if reserved != RESERVED:
+            raise self._fail("reserved header bytes 32..63 are not zero")
         names = section_names(self.schema)
         if nsec != len(names):
             raise self._fail(f"{nsec} sections, the schema needs {len(names)}")
@@ -179,11 +199,13 @@ class ShardSegment:
             raise self._fail("section table runs past the end of the file")
         table = np.frombuffer(mm, dtype="<u8", count=2 * nsec, offset=HEADER.size).reshape(nsec, 2)
         sections = {}
+        prev_end = table_end  # sections lie in file order after the table and never overlap
         for (field, part), (off, length) in zip(names, table.tolist()):
-            if off < table_end or off % ALIGN or length > size or off > size - length:
+            if off < prev_end or off % ALIGN or length > size or off > size - length:
                 raise self._fail(f"section {field}.{part} at offset {off} length {length} lies outside "
-                                 f"the {size}-byte file")
+                                 f"bytes {prev_end}..{size} of the file (or is not {ALIGN}-byte aligned)")
             sections[(field, part)] = (off, length)
+            prev_end = off + length
         for f in self.schema:
             self._validate_field(mm, f, sections)
 
@@ -195,11 +217,10 @@ class ShardSegment:
             if length != n * col.row_bytes:
                 raise self._fail(f"field '{f.name}' column {col.name} is {length} bytes, expected "
                                  f"{n} x {col.row_bytes}")
-            arr = np.frombuffer(mm, dtype=col.dtype, count=n * int(np.prod(col.shape, dtype=np.int64)),
-                                offset=off).reshape((n,) + col.shape)
+            arr = np.frombuffer(mm, dtype=col.dtype, count=n * col.row_items, offset=off).reshape((n,) + col.shape)
             cols[col.name] = arr
             self.columns[(f.name, col.name)] = arr
-        msg = check_columns(f, cols)
+        msg = check_columns(f, cols, self.start)
         if msg:
             raise self._fail(f"field '{f.name}', {msg}")
         if not has_blob(f):
@@ -214,7 +235,7 @@ class ShardSegment:
                              f"expected 0 to {dlen} (the data size)")
         bad = np.nonzero(offsets[1:] < offsets[:-1])[0]
         if bad.size:
-            raise self._fail(f"sample {int(bad[0])}, field '{f.name}': offsets decrease "
+            raise self._fail(f"sample {self.start + int(bad[0])}, field '{f.name}': offsets decrease "
                              f"({int(offsets[bad[0]])} then {int(offsets[bad[0] + 1])})")
         lengths = (offsets[1:] - offsets[:-1]).astype(np.int64)
         expected = expected_blob_length(f, cols)
@@ -222,8 +243,9 @@ class ShardSegment:
             bad = np.nonzero((expected >= 0) & (lengths != expected) | (expected == -2))[0]
             if bad.size:
                 k = int(bad[0])
-                raise self._fail(f"sample {k}, field '{f.name}': {int(lengths[k])} bytes of data, the "
-                                 f"recorded shape needs {int(expected[k])}")
+                need = "is impossible" if expected[k] == -2 else f"needs {int(expected[k])}"
+                raise self._fail(f"sample {self.start + k}, field '{f.name}': {int(lengths[k])} bytes of data, "
+                                 f"the recorded shape {need}")
         self.offsets[f.name] = offsets
         self.data[f.name] = memoryview(mm)[doff:doff + dlen]
         self.data_start[f.name] = doff
@@ -259,26 +281,35 @@ class ShardSegment:
         return self._mm
 
 
+def _starts(manifest: Manifest) -> list[int]:
+    return list(itertools.accumulate((e.num_samples for e in manifest.shards[:-1]), initial=0))
+
+
 def shard_segments(root: Path, manifest: Manifest) -> list[ShardSegment]:
-    return [ShardSegment(root / e.file, e, manifest.schema, str(root)) for e in manifest.shards]
+    return [ShardSegment(root / e.file, e, manifest.schema, str(root), start)
+            for e, start in zip(manifest.shards, _starts(manifest))]
 
 
 def verify_shards(root: Path, manifest: Manifest) -> list[str]:
     """Check every shard's size, checksum and structure. Returns one message per bad shard."""
     problems = []
-    for e in manifest.shards:
+    for e, start in zip(manifest.shards, _starts(manifest)):
         path = root / e.file
         if not path.exists():
             problems.append(f"{e.file}: missing")
             continue
-        size, digest = file_digest(path)
+        try:
+            size, digest = file_digest(path)
+        except OSError as err:
+            problems.append(f"{e.file}: cannot read ({type(err).__name__}: {err})")
+            continue
         if size != e.bytes:
             problems.append(f"{e.file}: {size} bytes, manifest says {e.bytes}")
             continue
         if digest != e.xxh3_64:
             problems.append(f"{e.file}: checksum {digest} does not match the manifest's {e.xxh3_64}")
             continue
-        seg = ShardSegment(path, e, manifest.schema, str(root))
+        seg = ShardSegment(path, e, manifest.schema, str(root), start)
         try:
             seg.open()
         except FormatError as err:
