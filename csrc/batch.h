@@ -1,0 +1,91 @@
+// One batch job: gather each sample's bytes from caller-owned regions, decode (JPEG) or view
+// (raw RGB), crop, resize and flip straight into the caller's NHWC uint8 output.
+//
+// Nothing here allocates per sample in steady state: each pool thread owns a Worker whose
+// decoder state and buffers live as long as the BatchEngine. A sample that fails (bad bounds,
+// corrupt data, bad crop, ...) is zero-filled and reported; it never stops the batch.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "jpeg.h"
+#include "pool.h"
+#include "resize.h"
+
+namespace fastload {
+
+enum Encoding : uint8_t { kEncodingJpeg = 0, kEncodingRawRgb = 1 };
+
+// Per-thread scratch state, reused across samples and batches. Buffers grow to the largest
+// sample seen but are freed after a sample that needed more than kKeepScratchBytes.
+constexpr size_t kKeepScratchBytes = size_t{32} << 20;
+
+struct Worker {
+  JpegDecoder jpeg;
+  ResizeScratch resize;
+};
+
+// One sample: source bytes, crop box in source pixels, output size and place.
+struct SampleJob {
+  const uint8_t* data = nullptr;
+  size_t size = 0;
+  int encoding = kEncodingJpeg;
+  int src_h = 0, src_w = 0;  // JPEG: 0, 0 means "take from the header"; else must match it
+  int top = 0, left = 0, height = 0, width = 0;
+  bool flip = false;
+  int out_h = 0, out_w = 0;
+  bool dct_scaling = true;
+  uint8_t* out = nullptr;  // out_h * out_w * 3 contiguous bytes
+};
+
+// Runs one sample. On failure returns false with a message; *out is then unspecified.
+bool process_sample(Worker* w, const SampleJob& job, std::string* err);
+
+// Largest DCT scale denominator (1, 2, 4 or 8, at most max_denom) such that the crop, scaled
+// down by it, is still at least the output size in both dimensions.
+int choose_dct_denom(int crop_h, int crop_w, int out_h, int out_w, int max_denom);
+
+struct Region {
+  const uint8_t* data;
+  int64_t size;
+};
+
+// A batch as described by the caller's arrays (all of length n; src_hw is n x 2, crop n x 4).
+struct BatchSpec {
+  const Region* regions = nullptr;
+  int64_t num_regions = 0;
+  int64_t n = 0;
+  const int64_t* region = nullptr;
+  const int64_t* offset = nullptr;
+  const int64_t* length = nullptr;
+  const uint8_t* encoding = nullptr;
+  const int32_t* src_hw = nullptr;
+  const int32_t* crop = nullptr;
+  const uint8_t* flip = nullptr;
+  uint8_t* out = nullptr;  // n x out_h x out_w x 3, contiguous
+  int out_h = 0, out_w = 0;
+  bool dct_scaling = true;
+};
+
+struct Failure {
+  int64_t index;
+  std::string message;
+};
+
+class BatchEngine {
+ public:
+  explicit BatchEngine(int num_threads);
+  int size() const { return pool_.size(); }
+  // Fills spec.out; returns the failed samples in index order.
+  std::vector<Failure> run(const BatchSpec& spec);
+
+ private:
+  ThreadPool pool_;
+  std::vector<std::unique_ptr<Worker>> workers_;
+};
+
+}  // namespace fastload

@@ -1,0 +1,106 @@
+#include "pool.h"
+
+#include <unistd.h>
+
+#include <stdexcept>
+#include <string>
+
+namespace fastload {
+
+ThreadPool::ThreadPool(int num_threads) : sh_(new Shared), owner_pid_(getpid()) {
+  if (num_threads < 0) {
+    throw std::invalid_argument("num_threads must be >= 0, got " + std::to_string(num_threads));
+  }
+  threads_.reserve(num_threads);
+  try {
+    for (int i = 0; i < num_threads; ++i) threads_.emplace_back(&ThreadPool::worker_loop, this, i);
+  } catch (...) {
+    {
+      std::lock_guard<std::mutex> lock(sh_->mu);
+      sh_->stop = true;
+    }
+    sh_->work_cv.notify_all();
+    for (auto& t : threads_) t.join();
+    throw;
+  }
+}
+
+ThreadPool::~ThreadPool() {
+  if (getpid() != owner_pid_) {  // forked child: see Shared
+    for (auto& t : threads_) t.detach();
+    sh_.release();
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(sh_->mu);
+    sh_->stop = true;
+  }
+  sh_->work_cv.notify_all();
+  for (auto& t : threads_) t.join();
+}
+
+void ThreadPool::run_inline(int64_t n, const Task& fn) {
+  for (int64_t i = 0; i < n; ++i) fn(i, 0);
+}
+
+void ThreadPool::run(int64_t n, const Task& fn) {
+  if (n <= 0) return;
+  Shared& s = *sh_;
+  if (getpid() != owner_pid_) {
+    std::lock_guard<std::mutex> fork_lock(s.fork_mu);
+    run_inline(n, fn);
+    return;
+  }
+  std::lock_guard<std::mutex> run_lock(s.run_mu);
+  if (threads_.empty()) {
+    run_inline(n, fn);
+    return;
+  }
+  std::unique_lock<std::mutex> lock(s.mu);
+  s.task = &fn;
+  s.num_tasks = n;
+  s.next.store(0, std::memory_order_relaxed);
+  s.error = nullptr;
+  s.busy = size();
+  ++s.generation;
+  s.work_cv.notify_all();
+  s.done_cv.wait(lock, [&s] { return s.busy == 0; });
+  s.task = nullptr;
+  if (s.error) {
+    std::exception_ptr e = s.error;
+    s.error = nullptr;
+    std::rethrow_exception(e);
+  }
+}
+
+void ThreadPool::worker_loop(int worker) {
+  Shared& s = *sh_;
+  uint64_t seen = 0;
+  for (;;) {
+    const Task* task;
+    int64_t n;
+    {
+      std::unique_lock<std::mutex> lock(s.mu);
+      s.work_cv.wait(lock, [&] { return s.stop || s.generation != seen; });
+      if (s.stop) return;
+      seen = s.generation;
+      task = s.task;
+      n = s.num_tasks;
+    }
+    std::exception_ptr err;
+    for (;;) {
+      const int64_t i = s.next.fetch_add(1, std::memory_order_relaxed);
+      if (i >= n) break;
+      try {
+        (*task)(i, worker);
+      } catch (...) {
+        if (!err) err = std::current_exception();
+      }
+    }
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (err && !s.error) s.error = err;
+    if (--s.busy == 0) s.done_cv.notify_one();
+  }
+}
+
+}  // namespace fastload

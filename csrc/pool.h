@@ -1,0 +1,69 @@
+// Persistent thread pool: threads are created once and reused for every batch.
+//
+// run(n, fn) calls fn(task, worker) for every task in [0, n) and returns when all are done.
+// Tasks are handed out one at a time from an atomic counter, so a slow sample does not hold up
+// the others. `worker` is in [0, max(size(), 1)) and identifies per-thread scratch state.
+// With size() == 0 everything runs in the calling thread (worker 0).
+//
+// Calls to run() are serialized: two callers sharing a pool take turns. After fork() the child
+// has no pool threads, so run() there falls back to the calling thread (and destruction there
+// leaves the parent's thread handles alone).
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace fastload {
+
+class ThreadPool {
+ public:
+  using Task = std::function<void(int64_t task, int worker)>;
+
+  explicit ThreadPool(int num_threads);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int size() const { return static_cast<int>(threads_.size()); }
+  // Number of distinct `worker` ids run() can pass: max(size(), 1).
+  int num_slots() const { return threads_.empty() ? 1 : size(); }
+
+  // Runs fn over [0, n). Rethrows the first exception a task threw (after all tasks finished).
+  void run(int64_t n, const Task& fn);
+
+ private:
+  void worker_loop(int worker);
+  void run_inline(int64_t n, const Task& fn);
+
+  // Everything the threads touch. In a forked child the threads do not exist, and destroying
+  // (or signalling) condition variables they were waiting on blocks forever, so there it is
+  // deliberately leaked.
+  struct Shared {
+    std::mutex run_mu;   // serializes run()
+    std::mutex fork_mu;  // serializes run() in a forked child (never taken in the parent)
+    std::mutex mu;
+    std::condition_variable work_cv;
+    std::condition_variable done_cv;
+    const Task* task = nullptr;
+    int64_t num_tasks = 0;
+    std::atomic<int64_t> next{0};
+    uint64_t generation = 0;
+    int busy = 0;
+    bool stop = false;
+    std::exception_ptr error;
+  };
+  std::unique_ptr<Shared> sh_;
+  std::vector<std::thread> threads_;
+  pid_t owner_pid_;
+};
+
+}  // namespace fastload

@@ -1,0 +1,330 @@
+#include "resize.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#if defined(__x86_64__) && defined(__SSE2__)
+#define FASTLOAD_X86 1
+#include <immintrin.h>
+#endif
+
+namespace fastload {
+namespace {
+
+inline double triangle(double x) {
+  x = std::fabs(x);
+  return x < 1.0 ? 1.0 - x : 0.0;
+}
+
+inline uint8_t clip8(int32_t v, int shift) {
+  v >>= shift;
+  return static_cast<uint8_t>(v < 0 ? 0 : (v > 255 ? 255 : v));
+}
+
+// ---- horizontal pass -------------------------------------------------------------------------
+
+// Output pixel xx of one row, portable version. Same integer arithmetic as the SIMD kernel.
+inline void horizontal_pixel(const uint8_t* s, const int16_t* c, int cnt, int shift,
+                             uint8_t* d) {
+  const int32_t half = 1 << (shift - 1);
+  int32_t s0 = half, s1 = half, s2 = half;
+  for (int k = 0; k < cnt; ++k) {
+    s0 += s[3 * k + 0] * c[k];
+    s1 += s[3 * k + 1] * c[k];
+    s2 += s[3 * k + 2] * c[k];
+  }
+  d[0] = clip8(s0, shift);
+  d[1] = clip8(s1, shift);
+  d[2] = clip8(s2, shift);
+}
+
+void horizontal_row_scalar(const uint8_t* row, int x0, const AxisPlan& p, bool flip,
+                           uint8_t* out) {
+  const int n = p.out;
+  for (int xx = 0; xx < n; ++xx) {
+    const uint8_t* s = row + static_cast<ptrdiff_t>(p.start[xx] - x0) * 3;
+    horizontal_pixel(s, &p.coeffs[static_cast<size_t>(xx) * p.ksize], p.count[xx], p.shift,
+                     out + static_cast<ptrdiff_t>(flip ? n - 1 - xx : xx) * 3);
+  }
+}
+
+#ifdef FASTLOAD_X86
+// Weights per output pixel and pair of taps as int16 [c0 c1 c0 c1 c0 c1 0 0], matching the
+// shuffled pixels [R0 R1 G0 G1 B0 B1 0 0] so one pmaddwd gives the three channel sums.
+void expand_xweights(const AxisPlan& p, std::vector<int16_t>* w) {
+  const int pairs = p.ksize / 2;
+  w->assign(static_cast<size_t>(p.out) * pairs * 8, 0);
+  for (int xx = 0; xx < p.out; ++xx) {
+    const int16_t* c = &p.coeffs[static_cast<size_t>(xx) * p.ksize];
+    for (int g = 0; g < pairs; ++g) {
+      int16_t* d = &(*w)[(static_cast<size_t>(xx) * pairs + g) * 8];
+      for (int ch = 0; ch < 3; ++ch) {
+        d[2 * ch] = c[2 * g];
+        d[2 * ch + 1] = c[2 * g + 1];
+      }
+    }
+  }
+}
+
+// R consecutive rows at once: per output pixel the tap offsets and weights are shared by all
+// rows, so the bookkeeping is paid once per R rows.
+template <int R>
+__attribute__((target("ssse3"))) void horizontal_rows_ssse3(const uint8_t* in,
+                                                            ptrdiff_t in_stride, int x0,
+                                                            const AxisPlan& p, const int16_t* w,
+                                                            const uint8_t* end, bool flip,
+                                                            uint8_t* out, ptrdiff_t out_stride) {
+  const int n = p.out;
+  const int shift = p.shift;
+  const int ksize = p.ksize;
+  const int32_t* start = p.start.data();
+  const int32_t* count = p.count.data();
+  const int16_t* coeffs = p.coeffs.data();
+  const __m128i half = _mm_set1_epi32(1 << (shift - 1));
+  const __m128i mask = _mm_setr_epi8(0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1);
+  const __m128i* wv = reinterpret_cast<const __m128i*>(w);
+  const uint8_t* last_row = in + (R - 1) * in_stride;
+  for (int xx = 0; xx < n; ++xx) {
+    const ptrdiff_t off = static_cast<ptrdiff_t>(start[xx] - x0) * 3;
+    const int cnt = count[xx];
+    const int pairs = (cnt + 1) / 2;
+    const ptrdiff_t pos = static_cast<ptrdiff_t>(flip ? n - 1 - xx : xx) * 3;
+    if (last_row + off + 6 * pairs + 2 > end) {  // 8-byte loads would pass the source's end
+      for (int r = 0; r < R; ++r) {
+        horizontal_pixel(in + r * in_stride + off, coeffs + static_cast<size_t>(xx) * ksize, cnt,
+                         shift, out + r * out_stride + pos);
+      }
+      continue;
+    }
+    const __m128i* c = wv + static_cast<size_t>(xx) * (ksize / 2);
+    __m128i acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = half;
+    for (int g = 0; g < pairs; ++g) {
+      const __m128i wg = _mm_loadu_si128(c + g);
+      for (int r = 0; r < R; ++r) {
+        const uint8_t* s = in + r * in_stride + off + 6 * g;
+        const __m128i px = _mm_shuffle_epi8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(s)),
+                                            mask);
+        acc[r] = _mm_add_epi32(acc[r], _mm_madd_epi16(px, wg));
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      __m128i v = _mm_srai_epi32(acc[r], shift);
+      v = _mm_packs_epi32(v, v);
+      v = _mm_packus_epi16(v, v);
+      const uint32_t bytes = static_cast<uint32_t>(_mm_cvtsi128_si32(v));
+      uint8_t* d = out + r * out_stride + pos;
+      const uint16_t rg = static_cast<uint16_t>(bytes);
+      std::memcpy(d, &rg, 2);
+      d[2] = static_cast<uint8_t>(bytes >> 16);
+    }
+  }
+}
+
+bool have_ssse3() {
+  static const bool yes = __builtin_cpu_supports("ssse3");
+  return yes;
+}
+#endif
+
+// ---- vertical pass ---------------------------------------------------------------------------
+
+// out[i] = sum_k rows[k][i] * c[k] for i in [0, n).
+void vertical_row(const uint8_t* const* rows, const int16_t* c, int cnt, int shift, int n,
+                  uint8_t* out) {
+  int i = 0;
+#ifdef FASTLOAD_X86
+  const __m128i zero = _mm_setzero_si128();
+  const __m128i half = _mm_set1_epi32(1 << (shift - 1));
+  for (; i + 16 <= n; i += 16) {
+    __m128i a0 = half, a1 = half, a2 = half, a3 = half;
+    for (int k = 0; k < cnt; k += 2) {
+      const bool pair = k + 1 < cnt;
+      const __m128i r0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[k] + i));
+      const __m128i r1 =
+          pair ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[k + 1] + i)) : zero;
+      const int32_t c1 = pair ? c[k + 1] : 0;
+      const __m128i w = _mm_set1_epi32((c1 << 16) | static_cast<uint16_t>(c[k]));
+      const __m128i lo0 = _mm_unpacklo_epi8(r0, zero), hi0 = _mm_unpackhi_epi8(r0, zero);
+      const __m128i lo1 = _mm_unpacklo_epi8(r1, zero), hi1 = _mm_unpackhi_epi8(r1, zero);
+      a0 = _mm_add_epi32(a0, _mm_madd_epi16(_mm_unpacklo_epi16(lo0, lo1), w));
+      a1 = _mm_add_epi32(a1, _mm_madd_epi16(_mm_unpackhi_epi16(lo0, lo1), w));
+      a2 = _mm_add_epi32(a2, _mm_madd_epi16(_mm_unpacklo_epi16(hi0, hi1), w));
+      a3 = _mm_add_epi32(a3, _mm_madd_epi16(_mm_unpackhi_epi16(hi0, hi1), w));
+    }
+    a0 = _mm_srai_epi32(a0, shift);
+    a1 = _mm_srai_epi32(a1, shift);
+    a2 = _mm_srai_epi32(a2, shift);
+    a3 = _mm_srai_epi32(a3, shift);
+    const __m128i v = _mm_packus_epi16(_mm_packs_epi32(a0, a1), _mm_packs_epi32(a2, a3));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), v);
+  }
+#endif
+  const int32_t half_s = 1 << (shift - 1);
+  for (; i < n; ++i) {
+    int32_t acc = half_s;
+    for (int k = 0; k < cnt; ++k) acc += rows[k][i] * c[k];
+    out[i] = clip8(acc, shift);
+  }
+}
+
+void mirror_row(uint8_t* row, int n) {
+  for (int a = 0, b = n - 1; a < b; ++a, --b) {
+    for (int c = 0; c < 3; ++c) std::swap(row[3 * a + c], row[3 * b + c]);
+  }
+}
+
+}  // namespace
+
+bool plan_axis(double in0, double in1, int lo, int hi, int out, AxisPlan* p, std::string* err) {
+  if (out <= 0 || hi <= lo || !(in1 > in0) || in0 < lo || in1 > hi) {
+    *err = "invalid resample axis: box [" + std::to_string(in0) + ", " + std::to_string(in1) +
+           ") window [" + std::to_string(lo) + ", " + std::to_string(hi) + ") out " +
+           std::to_string(out);
+    return false;
+  }
+  // Work in coordinates relative to lo so integer crops reproduce PIL's crop().resize().
+  const int in_size = hi - lo;
+  const double b0 = in0 - lo;
+  const double scale = (in1 - in0) / out;
+  const double filterscale = std::max(scale, 1.0);
+  const double support = 1.0 * filterscale;  // the triangle filter's support is 1
+  const double taps = std::ceil(support) * 2 + 2;  // PIL's ceil(support) * 2 + 1, made even
+  if (taps * out > 1e9) {
+    *err = "resample filter too large: " + std::to_string(out) + " outputs x " +
+           std::to_string(taps) + " taps";
+    return false;
+  }
+  const int ksize = static_cast<int>(taps);
+  p->out = out;
+  p->ksize = ksize;
+  p->identity = (out == in_size && in0 == lo && in1 == hi);
+  p->start.resize(out);
+  p->count.resize(out);
+  p->weights.resize(static_cast<size_t>(out) * ksize);
+  const double ss = 1.0 / filterscale;
+  int first = hi, last = lo;
+  double wmax = 0.0;
+  for (int xx = 0; xx < out; ++xx) {
+    const double center = b0 + (xx + 0.5) * scale;
+    int xmin = static_cast<int>(center - support + 0.5);
+    if (xmin < 0) xmin = 0;
+    int xmax = static_cast<int>(center + support + 0.5);
+    if (xmax > in_size) xmax = in_size;
+    int cnt = std::min(xmax - xmin, ksize - 1);
+    if (cnt < 1) {  // cannot happen for a box inside the window; keep one tap to stay defined
+      xmin = std::min(std::max(static_cast<int>(center), 0), in_size - 1);
+      cnt = 1;
+    }
+    double* w = &p->weights[static_cast<size_t>(xx) * ksize];
+    double ww = 0.0;
+    for (int k = 0; k < ksize; ++k) {
+      w[k] = k < cnt ? triangle((k + xmin - center + 0.5) * ss) : 0.0;
+      ww += w[k];
+    }
+    for (int k = 0; k < cnt; ++k) {
+      if (ww != 0.0) w[k] /= ww;
+      wmax = std::max(wmax, std::fabs(w[k]));
+    }
+    p->start[xx] = lo + xmin;
+    p->count[xx] = cnt;
+    first = std::min(first, lo + xmin);
+    last = std::max(last, lo + xmin + cnt);
+  }
+  // As many fractional bits as int16 weights allow (weights are at most 1).
+  int shift = 15;
+  while (shift > 1 && std::floor(0.5 + wmax * (1 << shift)) > 32767) --shift;
+  p->shift = shift;
+  p->coeffs.resize(p->weights.size());
+  for (size_t i = 0; i < p->weights.size(); ++i) {
+    const double w = p->weights[i] * (1 << shift);
+    p->coeffs[i] = static_cast<int16_t>(w < 0 ? -std::floor(0.5 - w) : std::floor(0.5 + w));
+  }
+  p->first = first;
+  p->last = last;
+  return true;
+}
+
+void resample(const SourceView& src, bool flip, uint8_t* out, ptrdiff_t out_stride,
+              ResizeScratch* s) {
+  const AxisPlan& px = s->x;
+  const AxisPlan& py = s->y;
+  const int W = px.out;
+  const int H = py.out;
+  const size_t row_bytes = static_cast<size_t>(W) * 3;
+
+  // Horizontal pass over the rows the vertical pass reads, unless it is a plain copy.
+  const uint8_t* rows;
+  ptrdiff_t rows_stride;
+  int rows_y0;
+  bool mirrored = false;
+  if (px.identity) {
+    rows = src.data + static_cast<ptrdiff_t>(px.first - src.x0) * 3;
+    rows_stride = src.stride;
+    rows_y0 = src.y0;
+  } else {
+    const int n_rows = py.last - py.first;
+    uint8_t* tmp = s->rows.reserve(row_bytes * n_rows);
+#ifdef FASTLOAD_X86
+    const bool simd = have_ssse3();
+    if (simd) expand_xweights(px, &s->xweights);
+#endif
+    for (int r = 0; r < n_rows;) {
+      const uint8_t* in = src.data + static_cast<ptrdiff_t>(py.first + r - src.y0) * src.stride;
+      uint8_t* o = tmp + row_bytes * r;
+#ifdef FASTLOAD_X86
+      if (simd) {
+        const ptrdiff_t ob = static_cast<ptrdiff_t>(row_bytes);
+        const int16_t* w = s->xweights.data();
+        if (r + 4 <= n_rows) {
+          horizontal_rows_ssse3<4>(in, src.stride, src.x0, px, w, src.end, flip, o, ob);
+          r += 4;
+        } else {
+          horizontal_rows_ssse3<1>(in, src.stride, src.x0, px, w, src.end, flip, o, ob);
+          r += 1;
+        }
+        continue;
+      }
+#endif
+      horizontal_row_scalar(in, src.x0, px, flip, o);
+      ++r;
+    }
+    rows = tmp;
+    rows_stride = static_cast<ptrdiff_t>(row_bytes);
+    rows_y0 = py.first;
+    mirrored = flip;
+  }
+
+  if (py.identity) {
+    for (int yy = 0; yy < H; ++yy) {
+      std::memcpy(out + yy * out_stride, rows + (py.first + yy - rows_y0) * rows_stride,
+                  row_bytes);
+    }
+  } else {
+    const uint8_t* taps[64];
+    for (int yy = 0; yy < H; ++yy) {
+      const int16_t* c = &py.coeffs[static_cast<size_t>(yy) * py.ksize];
+      const uint8_t* r0 = rows + (py.start[yy] - rows_y0) * rows_stride;
+      uint8_t* o = out + yy * out_stride;
+      // Filters longer than 64 taps (vertical downscale beyond ~32x) take the plain loop.
+      const int cnt = py.count[yy];
+      if (cnt <= 64) {
+        for (int k = 0; k < cnt; ++k) taps[k] = r0 + k * rows_stride;
+        vertical_row(taps, c, cnt, py.shift, static_cast<int>(row_bytes), o);
+        continue;
+      }
+      const int32_t half = 1 << (py.shift - 1);
+      for (size_t i = 0; i < row_bytes; ++i) {
+        int32_t acc = half;
+        for (int k = 0; k < cnt; ++k) acc += r0[k * rows_stride + i] * c[k];
+        o[i] = clip8(acc, py.shift);
+      }
+    }
+  }
+  if (flip && !mirrored) {
+    for (int yy = 0; yy < H; ++yy) mirror_row(out + yy * out_stride, W);
+  }
+}
+
+}  // namespace fastload
