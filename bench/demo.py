@@ -6,12 +6,14 @@ The photos are real photographs shipped inside PyPI wheels (see bench/photos.py)
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -64,9 +66,23 @@ def main() -> None:
     print(f"per class        min {counts.min()}, max {counts.max()}")
     print(f"image sizes      height {min(hs)}..{max(hs)}, width {min(ws)}..{max(ws)}")
     print(f"bytes identical  {same}/{len(ds)} JPEGs stored byte for byte (passthrough)")
-    print(f"decode ds[i]     {len(ds) / dt:,.0f} img/s, one thread, full-size decode (no loader yet)")
+    print(f"decode ds[i]     {len(ds) / dt:,.0f} img/s, one thread, full-size decode (ds[i] without transforms)")
     if same != len(ds):
         sys.exit("demo: packed bytes differ from the source files")
+
+    print("\n== 4. training pipeline (RandomResizedCrop 224 + flip): fastload vs torch DataLoader", flush=True)
+    from loader_bench import PIPELINE, PilFolder, run_epochs
+
+    cores = os.cpu_count() or 1
+    train = fastload.open(packed, transforms={"image": PIPELINE})
+    fl, _, _ = run_epochs(lambda: fastload.DataLoader(train, batch_size=32, shuffle=True, num_workers=cores,
+                                                      drop_last=True), 2)
+    tl, _, _ = run_epochs(lambda: torch.utils.data.DataLoader(PilFolder(photos), batch_size=32, shuffle=True,
+                                                              num_workers=cores, drop_last=True,
+                                                              persistent_workers=True), 2)
+    print(f"fastload.DataLoader(num_workers={cores})            {fl:8,.0f} img/s")
+    print(f"torch DataLoader + pillow-simd (num_workers={cores}) {tl:8,.0f} img/s")
+    print(f"speed-up {fl / tl:.2f}x (small demo set, 2 epochs; `python bench/loader_bench.py` for the full benchmark)")
 
 
 if __name__ == "__main__":
