@@ -169,6 +169,20 @@ py::array decode_jpeg(py::handle buf) {
   return out;
 }
 
+// Runs one sample job into a fresh (out_h, out_w, 3) array with the GIL released.
+py::array run_single(fastload::SampleJob& job) {
+  py::array_t<uint8_t> out({job.out_h, job.out_w, 3});
+  job.out = out.mutable_data();
+  std::string err;
+  bool ok;
+  {
+    py::gil_scoped_release nogil;
+    ok = fastload::process_sample(&local_worker(), job, &err);
+  }
+  if (!ok) throw py::value_error(err);
+  return out;
+}
+
 py::array resize_crop(py::handle src, py::handle crop, py::handle out_hw, bool flip) {
   if (!py::isinstance<py::array_t<uint8_t>>(src)) {
     throw py::type_error("src: expected a uint8 numpy array of shape (H, W, 3), got " +
@@ -187,16 +201,7 @@ py::array resize_crop(py::handle src, py::handle crop, py::handle out_hw, bool f
   job.size = static_cast<size_t>(img.size());
   job.src_h = static_cast<int>(img.shape(0));
   job.src_w = static_cast<int>(img.shape(1));
-  py::array_t<uint8_t> out({job.out_h, job.out_w, 3});
-  job.out = out.mutable_data();
-  std::string err;
-  bool ok;
-  {
-    py::gil_scoped_release nogil;
-    ok = fastload::process_sample(&local_worker(), job, &err);
-  }
-  if (!ok) throw py::value_error(err);
-  return out;
+  return run_single(job);
 }
 
 py::array decode_crop_resize(py::handle buf, py::handle crop, py::handle out_hw, bool flip,
@@ -213,16 +218,7 @@ py::array decode_crop_resize(py::handle buf, py::handle crop, py::handle out_hw,
   job.data = b.data();
   job.size = static_cast<size_t>(b.size());
   job.dct_scaling = dct_scaling;
-  py::array_t<uint8_t> out({job.out_h, job.out_w, 3});
-  job.out = out.mutable_data();
-  std::string err;
-  bool ok;
-  {
-    py::gil_scoped_release nogil;
-    ok = fastload::process_sample(&local_worker(), job, &err);
-  }
-  if (!ok) throw py::value_error(err);
-  return out;
+  return run_single(job);
 }
 
 py::list decode_batch(BatchEngine& pool, py::handle regions, py::handle region, py::handle offset,
