@@ -38,12 +38,17 @@ class ImageOptions:
     mode: str = "auto"
     max_side: int | None = None
     quality: int = 90
+    #: how stored JPEGs are validated: "decode" (a full 1/8-scale decode: catches any corrupt data)
+    #: or "header" (header plus end-of-image marker: catches truncation, ~10x cheaper)
+    check: str = "decode"
 
     def __post_init__(self) -> None:
         if self.mode not in IMAGE_MODES:
             raise ValueError(f"image_mode={self.mode!r} should be one of {', '.join(IMAGE_MODES)}")
         if self.max_side is not None and self.max_side < 1:
             raise ValueError(f"max_side={self.max_side} should be a positive number of pixels")
+        if self.check not in ("decode", "header"):
+            raise ValueError(f"check={self.check!r} should be 'decode' or 'header'")
         if not 1 <= self.quality <= 100:
             raise ValueError(f"quality={self.quality} should be between 1 and 100")
         if self.mode == "passthrough" and self.max_side is not None:
@@ -63,10 +68,14 @@ class FileImage:
         return f"FileImage({self.path!r})"
 
 
-def _check_jpeg(data: bytes) -> tuple[int, int]:
-    """Return (height, width) of a JPEG after decoding it fully at 1/8 scale (cheap), or raise."""
+def _check_jpeg(data: bytes, check: str = "decode") -> tuple[int, int]:
+    """Return (height, width) of a JPEG after validating it (see ImageOptions.check), or raise."""
     C = native()
     h, w, _ = C.jpeg_info(data)
+    if check == "header":
+        if data.rstrip(b"\x00")[-2:] != b"\xff\xd9":
+            raise ValueError("JPEG has no end-of-image marker (truncated file?)")
+        return h, w
     C.decode_crop_resize(data, (0, 0, h, w), (max(1, -(-h // 8)), max(1, -(-w // 8))), False)
     return h, w
 
@@ -108,7 +117,7 @@ def encode_image(value: Any, opts: ImageOptions) -> tuple[tuple, bytes]:
     elif isinstance(value, (bytes, bytearray, memoryview)):
         data = bytes(value)
     if data is not None and is_jpeg(data):
-        h, w = _check_jpeg(data)
+        h, w = _check_jpeg(data, opts.check)
         if opts.mode == "passthrough" or (opts.mode == "auto" and _fit((w, h), opts.max_side) is None):
             return (np.array([h, w, IMAGE_JPEG], dtype="<u4"),), data
     elif opts.mode == "passthrough":

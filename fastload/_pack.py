@@ -104,11 +104,33 @@ def _encode_one(i: int) -> tuple[int, list | None, str | None]:
         return i, None, f"{type(e).__name__}: {e}"
 
 
+def _threaded(fn, indices: range, workers: int) -> Iterator:
+    """``map(fn, indices)`` on a thread pool, in order, with a bounded number of pending results."""
+    from collections import deque
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(workers, thread_name_prefix="fastload-pack") as ex:
+        pending: deque = deque()
+        for i in indices:
+            pending.append(ex.submit(fn, i))
+            if len(pending) >= 4 * workers:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+
+
 def _encoded(source: Source, opts: ImageOptions, start: int, workers: int) -> Iterator[tuple[int, list | None, str | None]]:
     indices = range(start, len(source))
-    if workers <= 1 or not source.parallel:
+    cheap = opts.mode == "passthrough" and opts.check == "header" and source.files_only
+    if workers <= 1 or not source.parallel or cheap:  # cheap: any pool costs more than it saves
         _init_worker(source, opts)
         yield from map(_encode_one, indices)
+        return
+    if opts.mode == "passthrough" and source.files_only:
+        # Reading files and validating JPEGs in native code releases the GIL: threads scale without
+        # the pickling that worker processes pay for every sample.
+        _init_worker(source, opts)
+        yield from _threaded(_encode_one, indices, workers)
         return
     methods = mp.get_all_start_methods()
     ctx = mp.get_context("fork" if "fork" in methods else "spawn")
@@ -208,6 +230,7 @@ def pack(
     image_mode: str = "auto",
     max_side: int | None = None,
     quality: int = 90,
+    check: str = "decode",
     shard_size: int | str = DEFAULT_SHARD_SIZE,
     workers: int | None = None,
     overwrite: bool = False,
@@ -221,18 +244,19 @@ def pack(
 
     ``source``: an ImageFolder directory, a ``.npy``/``.npz`` file, numpy arrays (one, a tuple, or a
     dict), a CSV/JSONL manifest (paths relative to ``root``), or a map-style torch Dataset.
-    ``schema`` overrides inferred fields by name. See ``fastload pack --help`` for the options.
+    ``schema`` overrides inferred fields by name. ``check="header"`` validates stored JPEGs by header
+    and end marker only (faster passthrough; corrupt entropy data then surfaces at load time). See ``fastload pack --help`` for the options.
     """
     if format not in ("shards", "lmdb"):
         raise ValueError(f"format={format!r} should be 'shards' or 'lmdb'")
-    opts = ImageOptions(image_mode, max_side, quality)
+    opts = ImageOptions(image_mode, max_side, quality, check)
     shard_bytes = parse_size(shard_size)
     workers = os.cpu_count() or 1 if workers is None else int(workers)
     if workers < 0:
         raise ValueError(f"workers={workers} should be >= 0")
     src = as_source(source, schema=schema, root=root, path_column=path_column)
     dest = Path(dest)
-    params = {"format": format, "image_mode": image_mode, "max_side": max_side, "quality": quality,
+    params = {"format": format, "image_mode": image_mode, "max_side": max_side, "quality": quality, "check": check,
               "shard_size": shard_bytes, "schema": src.schema.to_json(), "fingerprint": src.fingerprint(),
               "version": __version__}
     state = _prepare_dest(dest, overwrite, params)

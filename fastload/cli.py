@@ -27,6 +27,9 @@ def main() -> None:
                    "jpeg: re-encode all; raw: store uint8 pixels.")
 @click.option("--max-side", type=click.IntRange(min=1), default=None, help="Shrink images whose longer side exceeds N.")
 @click.option("--quality", type=click.IntRange(1, 100), default=90, show_default=True, help="JPEG quality for re-encoding.")
+@click.option("--check", type=click.Choice(["decode", "header"]), default="decode", show_default=True,
+              help="How stored JPEGs are validated: a full (1/8-scale) decode, or header + end marker only "
+                   "(faster; corrupt data then shows at load time).")
 @click.option("--shard-size", default="256MB", show_default=True, help="Target shard size (K/M/G units).")
 @click.option("--workers", type=click.IntRange(min=0), default=None, help="Worker processes [default: all cores].")
 @click.option("--overwrite", is_flag=True, help="Replace an existing dataset at DST.")
@@ -35,7 +38,7 @@ def main() -> None:
               help="For CSV/JSONL manifests: the directory paths are relative to [default: the manifest's].")
 @click.option("--path-column", default="path", show_default=True, help="For CSV/JSONL manifests: the path column.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-def pack(src, dst, fmt, image_mode, max_side, quality, shard_size, workers, overwrite, skip_bad, root, path_column,
+def pack(src, dst, fmt, image_mode, max_side, quality, check, shard_size, workers, overwrite, skip_bad, root, path_column,
          quiet) -> None:
     """Pack SRC (an ImageFolder directory, .npy/.npz, or CSV/JSONL manifest) into a dataset at DST.
 
@@ -43,7 +46,7 @@ def pack(src, dst, fmt, image_mode, max_side, quality, shard_size, workers, over
     """
     from ._pack import pack as do_pack
 
-    summary = _run(lambda: do_pack(src, dst, format=fmt, image_mode=image_mode, max_side=max_side, quality=quality,
+    summary = _run(lambda: do_pack(src, dst, format=fmt, image_mode=image_mode, max_side=max_side, quality=quality, check=check,
                                    shard_size=shard_size, workers=workers, overwrite=overwrite, skip_bad=skip_bad,
                                    root=root, path_column=path_column, progress=not quiet))
     click.echo(str(summary))

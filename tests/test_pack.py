@@ -307,3 +307,12 @@ def test_empty_and_bad_sources(tmp_path):
         fastload.pack(42, tmp_path / "o")
     with pytest.raises(ValueError, match="image_mode"):
         fastload.pack(tmp_path / "empty", tmp_path / "o", image_mode="png")
+
+
+def test_header_check_catches_truncation_and_is_recorded(image_folder, tmp_path):
+    bad = image_folder / "class_0" / "img_001.jpg"
+    bad.write_bytes(bad.read_bytes()[:-50])
+    with pytest.raises(SourceError, match="end-of-image"):
+        fastload.pack(image_folder, tmp_path / "a", image_mode="passthrough", check="header", workers=0)
+    with pytest.raises(ValueError, match="check="):
+        fastload.pack(image_folder, tmp_path / "b", check="nothing")

@@ -18,6 +18,8 @@ class Source:
     metadata: dict = {}
     #: False when loading is trivial (in-memory arrays): the packer then skips worker processes.
     parallel: bool = True
+    #: True when load() only names files and plain values (no user Python code runs per sample).
+    files_only: bool = False
 
     def __len__(self) -> int:
         raise NotImplementedError

@@ -18,6 +18,8 @@ IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tif
 class ImageFolderSource(Source):
     """Class per subdirectory, sorted; files sorted within each class, found recursively."""
 
+    files_only = True
+
     def __init__(self, root: str | os.PathLike, extensions: tuple[str, ...] = IMG_EXTENSIONS):
         self.root = Path(root)
         if not self.root.is_dir():

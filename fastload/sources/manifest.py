@@ -58,6 +58,8 @@ def _parse_float(v: str) -> float | None:
 
 
 class ManifestSource(Source):
+    files_only = True
+
     def __init__(self, manifest: str | os.PathLike, root: str | os.PathLike | None = None, path_column: str = "path"):
         self.manifest = Path(manifest)
         self.root = Path(root) if root is not None else self.manifest.parent
