@@ -18,6 +18,7 @@ from ._native import native
 from ._schema import Field
 from .formats._layout import IMAGE_JPEG
 from .formats.shards import ShardSegment
+from ._sequences import scatter_rows
 
 
 class NotFastPath(Exception):
@@ -86,8 +87,9 @@ class Batcher:
                 if p is None or p.output_size is None:
                     raise NotFastPath(f"image field '{f.name}' has no transform giving a fixed output size "
                                       f"(e.g. RandomResizedCrop(224)); images of different sizes cannot be batched")
-            elif f.kind == "ndarray" and not f.fixed_size:
-                raise NotFastPath(f"ndarray field '{f.name}' has a variable shape {f.shape}")
+            elif f.kind == "ndarray" and not f.fixed_size and f.name not in dataset.sequences:
+                raise NotFastPath(f"ndarray field '{f.name}' has a variable shape {f.shape} and no Pad/Bucket "
+                                  f"transform to batch it to a fixed shape")
 
     @property
     def pool(self):
@@ -107,6 +109,11 @@ class Batcher:
                 tensors[f.name] = _empty((b, h, w, 3), torch.uint8, self.pin)
             elif f.fixed_size:
                 tensors[f.name] = _empty((b,) + tuple(f.shape or ()), _torch_dtype(f.np_dtype), self.pin)
+            elif f.name in self.ds.sequences:
+                rest = int(np.prod(f.shape[1:], dtype=np.int64))
+                size = b * self.ds.sequences[f.name].max_length * rest
+                tensors[f.name] = _empty((size,), _torch_dtype(np.dtype(f.dtype)), self.pin)
+                tensors[f.name + ":len"] = _empty((b,), torch.int64, self.pin)
         return Slot(tensors)
 
     # -- filling ---------------------------------------------------------------------------------
@@ -124,9 +131,11 @@ class Batcher:
             if f.kind == "image":
                 for k, msg in self._fill_images(f, slot.arrays[f.name], segs, groups, local, rng):
                     failed.setdefault(k, f"field '{f.name}': {msg}")
+            elif f.name in self.ds.sequences:
+                objects[f.name] = self._fill_sequences(f, slot, segs, groups, local, indices, seg_ids)
             elif f.fixed_size:
                 out = slot.arrays[f.name][: len(indices)]
-                if len(groups) == 1:
+                if len(groups) == 1 and isinstance(segs[groups[0][0]], ShardSegment):
                     s, _ = groups[0]
                     np.take(segs[s].columns[(f.name, "values")], local, axis=0, out=out)
                 else:
@@ -169,6 +178,43 @@ class Batcher:
             np.ascontiguousarray(meta[:, :2], dtype=np.int32), np.ascontiguousarray(plan.crops, dtype=np.int32),
             np.ascontiguousarray(plan.flips, dtype=np.uint8), out_all[:n])
 
+    def _fill_sequences(self, f: Field, slot: Slot, segs: dict, groups: list, local: np.ndarray,
+                        indices: np.ndarray, seg_ids: np.ndarray) -> int:
+        """Pad/bucket a variable-length field into the slot; returns the batch's padded length."""
+        seq = self.ds.sequences[f.name]
+        n = len(local)
+        lengths = np.empty(n, dtype=np.int64)
+        for s, pos in groups:
+            lengths[pos] = segs[s].take(f.name, "shape", local[pos])[:, 0]
+
+        def describe(k: int) -> str:
+            seg = self.ds._segments[int(seg_ids[k])]
+            return where(self.ds.path, seg.name if isinstance(seg, ShardSegment) else None, int(indices[k]), f.name)
+
+        try:
+            seq.check(lengths, describe)
+        except ValueError as e:
+            raise DecodeError(str(e)) from None
+        bound = int(seq.bounds(lengths).max()) if n else seq.max_length
+        cut = np.minimum(lengths, bound)
+        rest = tuple(f.shape[1:])
+        out = slot.arrays[f.name][: n * bound * int(np.prod(rest, dtype=np.int64))].reshape((n, bound) + rest)
+        out[...] = seq.value
+        row_bytes = np.dtype(f.dtype).itemsize * int(np.prod(rest, dtype=np.int64))
+        for s, pos in groups:
+            seg = segs[s]
+            if isinstance(seg, ShardSegment):
+                rows = np.frombuffer(seg.data[f.name], dtype=f.dtype).reshape((-1,) + rest) if row_bytes else None
+                starts = seg.offsets[f.name][local[pos]].astype(np.int64) // max(row_bytes, 1)
+                if rows is not None:
+                    scatter_rows(out, rows, cut[pos], starts, pos)
+            else:
+                for p, i in zip(pos.tolist(), local[pos].tolist()):
+                    arr = np.frombuffer(seg.blob(f.name, i), dtype=f.dtype).reshape((-1,) + rest)
+                    out[p, : cut[p]] = arr[: cut[p]]
+        slot.arrays[f.name + ":len"][:n] = cut
+        return bound
+
     def _objects(self, f: Field, segs: dict, seg_ids, local, indices, failed) -> list:
         out = []
         for k, (s, i) in enumerate(zip(seg_ids.tolist(), local.tolist())):
@@ -192,12 +238,21 @@ class Batcher:
             hint = "" if self.on_error == "skip" else "; pass on_error='skip' to replace bad samples"
             raise DecodeError(f"{where(self.ds.path, shard, int(indices[k]), None)}: {failed[k]}{more}{hint}")
         good = [k for k in range(n) if k not in failed]
+        views = []
+        for f in self.schema:
+            if f.name in self.ds.sequences:
+                shape = (n, objects[f.name]) + tuple(f.shape[1:])
+                views.append(slot.arrays[f.name][: int(np.prod(shape, dtype=np.int64))].reshape(shape))
+                views.append(slot.arrays[f.name + ":len"])
+            elif f.name in slot.arrays:
+                views.append(slot.arrays[f.name])
         for j, k in enumerate(sorted(failed)):
             src = good[j % len(good)]  # replaced by a good sample of the same batch, and counted
-            for arr in slot.arrays.values():
+            for arr in views:
                 arr[k] = arr[src]
             for lst in objects.values():
-                lst[k] = lst[src]
+                if isinstance(lst, list):
+                    lst[k] = lst[src]
         self.skipped += len(failed)
 
     # -- output ----------------------------------------------------------------------------------
@@ -207,6 +262,10 @@ class Batcher:
         for f, obj in zip(self.schema, objects):
             if f.kind == "image":
                 values.append(slot.tensors[f.name][:n].permute(0, 3, 1, 2))  # NCHW, channels_last
+            elif f.name in self.ds.sequences:
+                shape = (n, obj) + tuple(f.shape[1:])
+                flat = slot.tensors[f.name][: int(np.prod(shape, dtype=np.int64))]
+                values.append([flat.view(shape), slot.tensors[f.name + ":len"][:n]])
             elif f.fixed_size:
                 values.append(slot.tensors[f.name][:n])
             else:

@@ -18,6 +18,7 @@ from .formats import lmdb as lmdb_format
 from .formats._layout import IMAGE_JPEG, columns_of
 from .formats._manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest
 from .formats.shards import ShardSegment, shard_segments
+from ._sequences import Bucket, is_sequence_transform
 
 
 def read_manifest(path: Path) -> Manifest:
@@ -56,14 +57,23 @@ class Dataset(torch.utils.data.Dataset):
         self.decode = decode
         self.transforms = dict(transforms or {})
         self.pipelines = {}
+        self.sequences = {}
         for name, spec in self.transforms.items():
             field = self.schema[name] if name in self.schema else None
+            if field is not None and field.kind == "ndarray" and is_sequence_transform(spec):
+                spec.field_check(field)
+                self.sequences[name] = spec
+                continue
             if field is None or field.kind != "image":
-                raise ValueError(f"transforms name field {name!r}, but only image fields take transforms; "
-                                 f"the image fields are {[f.name for f in self.schema if f.kind == 'image']}")
+                takers = [f.name for f in self.schema if f.kind == "image" or (f.kind == "ndarray" and not f.fixed_size)]
+                raise ValueError(f"transforms name field {name!r}, but only image fields (geometric transforms) "
+                                 f"and variable-shape ndarray fields (Pad, Bucket) take transforms; "
+                                 f"those fields here: {takers}")
             from .transforms import ImagePipeline
 
             self.pipelines[name] = ImagePipeline(spec)
+        if sum(isinstance(t, Bucket) for t in self.sequences.values()) > 1:
+            raise ValueError("at most one field can be bucketed (Bucket); pad the others with Pad")
         self._segments = self._make_segments()
         self._finalizer = weakref.finalize(self, _close_segments, self._segments)
         counts = np.array([s.count for s in self._segments], dtype=np.int64)
@@ -138,7 +148,16 @@ class Dataset(torch.utils.data.Dataset):
             return str(blob, "utf-8")
         if f.kind == "ndarray":
             shape = tuple(int(d) for d in cols["shape"])
-            return torch.from_numpy(np.frombuffer(blob, dtype=f.dtype).reshape(shape).copy())
+            arr = np.frombuffer(blob, dtype=f.dtype).reshape(shape)
+            seq = self.sequences.get(f.name)
+            if seq is None:
+                return torch.from_numpy(arr.copy())
+            seq.check(np.array(shape[:1]), lambda k: "the sample")
+            bound = int(seq.bounds(np.array(shape[:1]))[0])
+            n = min(shape[0], bound)
+            out = np.full((bound,) + shape[1:], seq.value, dtype=arr.dtype)
+            out[:n] = arr[:n]
+            return torch.from_numpy(out), n
         h, w, enc = (int(v) for v in cols["meta"])
         if not self.decode:
             return bytes(blob)

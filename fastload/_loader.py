@@ -18,7 +18,8 @@ import torch
 
 from ._batcher import Batcher, NotFastPath, Slot
 from ._dataset import Dataset as PackedDataset
-from ._order import Order, default_seed, dist_info
+from ._order import BucketOrder, Order, default_seed, dist_info
+from ._sequences import Bucket
 
 _END = object()
 
@@ -69,8 +70,13 @@ class DataLoader(torch.utils.data.DataLoader):
             kind = order or ("random" if shuffle else "sequential")
             r, w = dist_info(rank, world_size)
             shard_sizes = [s.count for s in dataset._segments] if kind == "quasi" else None
-            self._order = Order(len(dataset), batch_size, kind=kind, seed=self.seed, rank=r, world_size=w,
-                                drop_last=drop_last, shard_sizes=shard_sizes, window=window)
+            common = dict(kind=kind, seed=self.seed, rank=r, world_size=w, drop_last=drop_last, window=window)
+            bucketed = [(n, t) for n, t in dataset.sequences.items() if isinstance(t, Bucket)]
+            if bucketed:
+                name, spec = bucketed[0]
+                self._order = BucketOrder(spec.bucket_ids(_first_dims(dataset, name)), batch_size, **common)
+            else:
+                self._order = Order(len(dataset), batch_size, shard_sizes=shard_sizes, **common)
 
     def _fast_path(self, dataset, batch_size, batch_sampler, collate_fn) -> Batcher:
         if not isinstance(dataset, PackedDataset):
@@ -147,6 +153,15 @@ class DataLoader(torch.utils.data.DataLoader):
         return {"slots": len(self._slots), "slot_bytes": sum(s.nbytes for s in self._slots),
                 "skipped": self._batcher.skipped if self._batcher else 0, "fast_path": self.fast_path,
                 "fast_path_reason": self.fast_path_reason}
+
+
+def _first_dims(dataset: PackedDataset, field: str) -> np.ndarray:
+    """Every sample's first dimension of a variable-shape field, from the shape columns (no blobs read)."""
+    parts = []
+    for seg in dataset._segments:
+        seg.open()
+        parts.append(seg.take(field, "shape", np.arange(seg.count))[:, 0])
+    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
 
 def _sampler_batches(sampler, batch_size: int, drop_last: bool) -> Iterator[np.ndarray]:

@@ -278,3 +278,65 @@ class Order:
         self._fresh = k < self._num_batches
         self._resume = (epoch, k) if self._fresh else None
         return k
+
+
+class BucketOrder(Order):
+    """Batches that each hold samples of one length bucket (for ``transforms.Bucket``).
+
+    Per epoch: each bucket's members are shuffled (``random``/``quasi``; kept in order for
+    ``sequential``) and cut into batches (``drop_last`` drops each bucket's short tail); the batch list
+    is shuffled, padded by wrapping (or cut with ``drop_last``) to a multiple of ``world_size``, and
+    rank ``r`` takes batches ``r, r + world, ...``. Every rank gets the same number of batches; the
+    sequence depends only on (seed, epoch, rank, world size) and the bucket of every sample.
+    """
+
+    def __init__(self, bucket_ids: np.ndarray, batch_size: int, **kw):
+        ids = np.asarray(bucket_ids)
+        if ids.ndim != 1 or (ids.size and (ids.dtype.kind not in "iu" or ids.min() < 0)):
+            raise ValueError("bucket_ids should be a 1-d array of non-negative ints, one per sample")
+        kw.pop("shard_sizes", None)
+        super().__init__(len(ids), batch_size, **kw)
+        self.bucket_ids = ids.astype(np.int64)
+        sizes = np.bincount(self.bucket_ids) if ids.size else np.zeros(0, np.int64)
+        b = self.batch_size
+        per_bucket = sizes // b if self.drop_last else -(-sizes // b)
+        total = int(per_bucket.sum())
+        w = self.world_size
+        self._num_batches = total // w if self.drop_last else -(-total // w)
+        self._total_batches = total
+
+    def _epoch_batches(self, e: int) -> list[np.ndarray]:
+        rng = np.random.default_rng(_key(_SHUFFLE_STREAM, self.seed, e))
+        b = self.batch_size
+        batches = []
+        for bucket in np.unique(self.bucket_ids):
+            members = np.flatnonzero(self.bucket_ids == bucket)
+            if self.kind != "sequential":
+                members = members[rng.permutation(len(members))]
+            stop = len(members) - len(members) % b if self.drop_last else len(members)
+            batches.extend(members[i:i + b] for i in range(0, stop, b))
+        if self.kind != "sequential":
+            batches = [batches[i] for i in rng.permutation(len(batches))]
+        need = self._num_batches * self.world_size
+        if batches and need > len(batches):
+            batches = [batches[i % len(batches)] for i in range(need)]
+        return batches[:need][self.rank::self.world_size]
+
+    def indices(self, epoch: int | None = None) -> np.ndarray:
+        e = self._epoch if epoch is None else _as_int("epoch", epoch, 0)
+        parts = self._epoch_batches(e)
+        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+    def batches(self, epoch: int | None = None, start: int | None = None) -> Iterator[np.ndarray]:
+        e = self._epoch if epoch is None else _as_int("epoch", epoch, 0)
+        if start is None:
+            start = self._resume[1] if self._resume is not None and self._resume[0] == e else 0
+        start = _as_int("start", start, 0)
+        self._resume = None
+        return iter(self._epoch_batches(e)[start:])
+
+    def _config(self) -> dict:
+        cfg = super()._config()
+        digest = hashlib.blake2b(self.bucket_ids.astype("<i8").tobytes(), digest_size=8).hexdigest()
+        cfg.update(buckets=digest)
+        return cfg

@@ -25,13 +25,32 @@ def packed(tmp_path_factory):
     return root / "ds"
 
 
-@pytest.fixture(scope="module")
-def packed_arrays(tmp_path_factory):
+@pytest.fixture(scope="module", params=["shards", "lmdb"])
+def packed_arrays(tmp_path_factory, request):
     root = tmp_path_factory.mktemp("arrays")
     rng = np.random.default_rng(0)
     data = {"x": rng.random((103, 5), dtype=np.float32), "y": np.arange(103), "w": rng.random(103)}
-    fastload.pack(data, root / "ds", shard_size="2K")
+    fastload.pack(data, root / "ds", shard_size="2K", format=request.param)
     return root / "ds", data
+
+
+@pytest.fixture(scope="module")
+def packed_lmdb_images(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lmdb_images")
+    folder = make_image_folder(root / "src", classes=2, per_class=6)
+    fastload.pack(folder, root / "shards", workers=0)
+    fastload.pack(folder, root / "lmdb", workers=0, format="lmdb")
+    return root
+
+
+def test_lmdb_and_shards_give_the_same_batches(packed_lmdb_images):
+    runs = []
+    for fmt in ("shards", "lmdb"):
+        dl = fastload.DataLoader(open_train(packed_lmdb_images / fmt), batch_size=5, shuffle=True, seed=2,
+                                 num_workers=2)
+        assert dl.fast_path
+        runs.append([(b[0].clone(), b[1].clone()) for b in dl])
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(*runs))
 
 
 def open_train(path, **kw):

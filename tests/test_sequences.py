@@ -1,0 +1,134 @@
+"""Variable-length fields: Pad and Bucket, in ds[i] and in the loader, both formats."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import fastload
+from fastload import transforms as T
+
+
+class Tokens(torch.utils.data.Dataset):
+    def __init__(self, n=200, seed=0):
+        rng = np.random.default_rng(seed)
+        self.lengths = rng.integers(1, 120, size=n)
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        L = int(self.lengths[i])
+        return {"tokens": np.arange(L, dtype=np.int32) + 1000 * i, "label": i}
+
+
+@pytest.fixture(scope="module", params=["shards", "lmdb"])
+def packed(tmp_path_factory, request):
+    root = tmp_path_factory.mktemp("seq") / "ds"
+    src = Tokens()
+    fastload.pack(src, root, format=request.param, shard_size="8K", workers=0,
+                  schema={"tokens": fastload.Field.ndarray("tokens", np.int32, (None,))})
+    return root, src
+
+
+def expected_row(src, i, L):
+    ref = np.arange(src.lengths[i], dtype=np.int32)[:L] + 1000 * i
+    row = np.full(L, -1, dtype=np.int32)
+    row[: len(ref)] = ref
+    return row, len(ref)
+
+
+def test_pad_in_ds_and_loader(packed):
+    path, src = packed
+    ds = fastload.open(path, transforms={"tokens": T.Pad(128, value=-1)}, as_dict=True)
+    padded, n = ds[5]["tokens"]
+    row, want_n = expected_row(src, 5, 128)
+    assert n == want_n and np.array_equal(padded.numpy(), row)
+    dl = fastload.DataLoader(ds, batch_size=16, shuffle=True, seed=0, num_workers=2)
+    assert dl.fast_path, dl.fast_path_reason
+    seen = 0
+    for batch in dl:
+        toks, lens = batch["tokens"]
+        assert toks.shape == (len(batch["label"]), 128) and toks.is_contiguous() and lens.dtype == torch.int64
+        for j, i in enumerate(batch["label"].tolist()):
+            row, want_n = expected_row(src, i, 128)
+            assert lens[j] == want_n and np.array_equal(toks[j].numpy(), row)
+        seen += len(batch["label"])
+    assert seen == 200
+    # the same structure as torch's default_collate over ds[i]
+    theirs = next(iter(torch.utils.data.DataLoader(ds, batch_size=4)))
+    ours = next(iter(fastload.DataLoader(ds, batch_size=4)))
+    assert type(ours["tokens"]) is type(theirs["tokens"]) is list
+    assert torch.equal(ours["tokens"][0], theirs["tokens"][0]) and torch.equal(ours["tokens"][1], theirs["tokens"][1])
+
+
+def test_pad_too_long_raises_or_truncates(packed):
+    path, src = packed
+    long_i = int(np.flatnonzero(src.lengths > 50)[0])
+    ds = fastload.open(path, transforms={"tokens": T.Pad(50)})
+    with pytest.raises(fastload.DecodeError, match=rf"sample {long_i}.*exceeds"):
+        ds[long_i]
+    with pytest.raises(fastload.DecodeError, match="exceeds"):
+        list(fastload.DataLoader(ds, batch_size=200))
+    ds = fastload.open(path, transforms={"tokens": T.Pad(50, truncate=True)})
+    (toks, lens), _ = next(iter(fastload.DataLoader(ds, batch_size=200)))
+    assert lens.max() == 50 and np.array_equal(toks[long_i].numpy(), np.arange(50, dtype=np.int32) + 1000 * long_i)
+
+
+def test_bucket_batches_have_fixed_shapes_and_cover_everything(packed):
+    path, src = packed
+    bounds = [16, 32, 64, 128]
+    ds = fastload.open(path, transforms={"tokens": T.Bucket(bounds)})
+    dl = fastload.DataLoader(ds, batch_size=8, shuffle=True, seed=3, num_workers=1)
+    labels, shapes = [], set()
+    for (toks, lens), lab in dl:
+        L = toks.shape[1]
+        assert L in bounds and toks.is_contiguous()
+        for j, i in enumerate(lab.tolist()):
+            want_bound = min(b for b in bounds if b >= src.lengths[i])
+            assert want_bound == L  # every sample of the batch belongs to this bucket
+            row, n = expected_row(src, i, L)
+            assert lens[j] == n and np.array_equal(toks[j].numpy()[:n], row[:n]) and (toks[j, n:] == 0).all()
+        labels.extend(lab.tolist())
+        shapes.add(L)
+    assert sorted(labels) == list(range(200)) and len(shapes) > 1
+    # deterministic, resumable and independent of num_workers
+    a = [b[1].clone() for b in fastload.DataLoader(ds, batch_size=8, shuffle=True, seed=3, num_workers=0)]
+    dl2 = fastload.DataLoader(ds, batch_size=8, shuffle=True, seed=3, num_workers=2)
+    it = iter(dl2)
+    for _ in range(5):
+        next(it)
+    state = dl2.state_dict()
+    del it
+    dl3 = fastload.DataLoader(ds, batch_size=8, shuffle=True, seed=99)
+    dl3.load_state_dict(state)
+    rest = [b[1].clone() for b in dl3]
+    assert all(torch.equal(x, y) for x, y in zip(rest, a[5:])) and len(rest) == len(a) - 5
+
+
+def test_bucket_distributed_equal_counts(packed):
+    path, _ = packed
+    ds = fastload.open(path, transforms={"tokens": T.Bucket([32, 64, 128])})
+    counts, seen = set(), []
+    for rank in range(3):
+        dl = fastload.DataLoader(ds, batch_size=8, shuffle=True, seed=1, rank=rank, world_size=3)
+        batches = [b[1].tolist() for b in dl]
+        counts.add(len(batches))
+        assert len(dl) == len(batches)
+        seen.extend(x for b in batches for x in b)
+    assert len(counts) == 1 and set(seen) == set(range(200))
+
+
+def test_bad_declarations(packed):
+    path, _ = packed
+    with pytest.raises(ValueError, match="increasing"):
+        T.Bucket([64, 32])
+    with pytest.raises(ValueError, match="length"):
+        T.Pad(0)
+    with pytest.raises(ValueError, match="only image fields"):
+        fastload.open(path, transforms={"label": T.Pad(4)})
+    ds = fastload.open(path)  # no Pad: variable shapes go to torch's path, which cannot stack them
+    dl = fastload.DataLoader(ds, batch_size=4)
+    assert not dl.fast_path and "Pad/Bucket" in dl.fast_path_reason
