@@ -316,3 +316,16 @@ def test_header_check_catches_truncation_and_is_recorded(image_folder, tmp_path)
         fastload.pack(image_folder, tmp_path / "a", image_mode="passthrough", check="header", workers=0)
     with pytest.raises(ValueError, match="check="):
         fastload.pack(image_folder, tmp_path / "b", check="nothing")
+
+
+def test_array_pack_is_columnar_and_checks_overrides(tmp_path):
+    x = np.arange(5000 * 6, dtype=np.uint8).reshape(5000, 6)
+    y = np.arange(5000, dtype=np.int32)
+    s = fastload.pack({"x": x, "y": y}, tmp_path / "a", shard_size="8K")
+    assert s.shards > 1
+    ds = fastload.open(tmp_path / "a")
+    assert all(np.array_equal(ds[i][0].numpy(), x[i]) and ds[i][1] == i for i in (0, 1234, 4999))
+    with pytest.raises(SourceError, match="without loss"):
+        fastload.pack({"x": x.astype(np.float64)}, tmp_path / "b", schema={"x": Field.ndarray("x", np.float32, (6,))})
+    with pytest.raises(SourceError, match="rows of shape"):
+        fastload.pack({"x": x}, tmp_path / "c", schema={"x": Field.ndarray("x", np.uint8, (3, 2))})

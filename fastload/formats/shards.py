@@ -76,14 +76,27 @@ def _sections(schema: Schema, samples: Sequence[list]) -> list[bytes | memoryvie
 
 def write_shard(path: Path, schema: Schema, samples: Sequence[list]) -> ShardEntry:
     """Write encoded samples to ``path`` atomically (temp name, fsync, rename); return its entry."""
-    sections = _sections(schema, samples)
+    return _write_sections(path, _sections(schema, samples), len(samples))
+
+
+def write_shard_columns(path: Path, schema: Schema, columns: Sequence[np.ndarray]) -> ShardEntry:
+    """Write a shard of a fixed-size-only schema straight from its columns (one array per column, in
+    ``section_names`` order, already of the column's dtype and row shape): no per-sample work."""
+    if any(has_blob(f) for f in schema):
+        raise ValueError("write_shard_columns needs a schema of fixed-size fields only")
+    n = len(columns[0]) if columns else 0
+    sections = [memoryview(np.ascontiguousarray(c).reshape(-1).view(np.uint8)) for c in columns]
+    return _write_sections(path, sections, n)
+
+
+def _write_sections(path: Path, sections: list, n: int) -> ShardEntry:
     table_end = HEADER.size + SECTION.size * len(sections)
     pos = table_end + _pad(table_end)
     table = []
     for s in sections:
         table.append((pos, len(s)))
         pos += len(s) + _pad(len(s))
-    header = HEADER.pack(SHARD_MAGIC, FORMAT_VERSION, len(sections), len(samples), shard_index(path.name), RESERVED)
+    header = HEADER.pack(SHARD_MAGIC, FORMAT_VERSION, len(sections), n, shard_index(path.name), RESERVED)
     head = header + b"".join(SECTION.pack(o, n) for o, n in table) + bytes(_pad(table_end))
     tmp = path.with_name(path.name + ".tmp")
     h = xxhash.xxh3_64()
@@ -94,7 +107,7 @@ def write_shard(path: Path, schema: Schema, samples: Sequence[list]) -> ShardEnt
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
-    return ShardEntry(path.name, len(samples), pos, h.hexdigest())
+    return ShardEntry(path.name, n, pos, h.hexdigest())
 
 
 def write_manifest(root: Path, manifest: Manifest) -> None:
