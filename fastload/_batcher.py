@@ -117,13 +117,24 @@ class Batcher:
         return Slot(tensors)
 
     # -- filling ---------------------------------------------------------------------------------
-    def fill(self, slot: Slot, indices: np.ndarray, rng: np.random.Generator) -> list:
-        """Fill ``slot`` with samples ``indices``; return the Python-object fields (str/bytes) as lists."""
+    @property
+    def needs_rng(self) -> bool:
+        return bool(self.pipelines)
+
+    def fill(self, slot: Slot, indices: np.ndarray, rng: np.random.Generator | None) -> list:
+        """Fill ``slot`` with samples ``indices``; return the Python-object fields (str/bytes) as lists.
+
+        ``rng`` plans random transforms; it may be None when ``needs_rng`` is False."""
         indices = np.asarray(indices, dtype=np.int64)
-        starts = self.ds._starts
-        seg_ids = np.searchsorted(starts, indices, side="right") - 1
-        local = indices - starts[seg_ids]
-        groups = [(int(s), np.nonzero(seg_ids == s)[0]) for s in np.unique(seg_ids)]
+        if len(self.ds._segments) == 1:  # common for small records: skip the shard lookup
+            seg_ids = np.zeros(len(indices), dtype=np.int64)
+            local = indices
+            groups = [(0, np.arange(len(indices)))]
+        else:
+            starts = self.ds._starts
+            seg_ids = np.searchsorted(starts, indices, side="right") - 1
+            local = indices - starts[seg_ids]
+            groups = [(int(s), np.nonzero(seg_ids == s)[0]) for s in np.unique(seg_ids)]
         segs = {s: self.ds._segments[s].open() for s, _ in groups}
         objects = {}
         failed: dict[int, str] = {}

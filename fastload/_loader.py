@@ -137,6 +137,8 @@ class DataLoader(torch.utils.data.DataLoader):
             batches = _sampler_batches(self.sampler, self.batch_size, self.drop_last)
             seed = self.seed
             rng_for = lambda b: np.random.default_rng([seed, epoch, b, 1])  # noqa: E731
+        if not self._batcher.needs_rng:
+            rng_for = lambda b: None  # noqa: E731  (a Generator per batch costs more than a tiny batch)
         self._progress = (epoch, start)
         return _FastIterator(self, epoch, start, batches, rng_for)
 

@@ -1,0 +1,155 @@
+"""Array benchmarks: raw uint8 images (3x224x224) and tiny records (<= 256 bytes), read from a packed
+dataset by fastload vs torch's DataLoader over the same data in memory, against the memory-gather
+ceiling (a numpy ``take`` of each batch's rows into a preallocated buffer, on all cores).
+One run, medians over repetitions; random order everywhere.
+
+    python bench/arrays_bench.py [--raw 4096] [--tiny 2000000] [--repeat 5] [--csv out.csv]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import shutil
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import fastload  # noqa: E402
+
+
+def median_rate(fn, n_samples: int, repeat: int) -> float:
+    fn()  # warm-up: page cache, buffers, threads
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return n_samples / statistics.median(times)
+
+
+def drain(loader) -> None:
+    for batch in loader:
+        del batch
+
+
+def ceiling(ds, batch: int, threads: int, seed: int = 0):
+    """numpy take of every batch's rows (random order) from the mapped columns into one buffer."""
+    seg_cols = []
+    for seg in ds._segments:
+        seg.open()
+        seg_cols.append([seg.columns[(f.name, "values")] for f in ds.schema])
+    starts = ds._starts
+    order = np.random.default_rng(seed).permutation(len(ds))
+    outs = [np.empty((batch,) + c.shape[1:], c.dtype) for c in seg_cols[0]]
+
+    def gather(idx, lo, hi):
+        sid = np.searchsorted(starts, idx, side="right") - 1
+        for s in np.unique(sid):
+            pos = np.flatnonzero(sid == s) + lo
+            loc = idx[sid == s] - starts[s]
+            for col, out in zip(seg_cols[s], outs):
+                out[pos] = col.take(loc, axis=0)  # the copy itself releases the GIL
+
+    def run():
+        for b0 in range(0, len(order) - batch + 1, batch):
+            idx = order[b0:b0 + batch]
+            cuts = np.linspace(0, batch, threads + 1).astype(int)
+            if threads == 1:
+                gather(idx, 0, batch)
+                continue
+            ths = [threading.Thread(target=gather, args=(idx[a:b], a, b)) for a, b in zip(cuts[:-1], cuts[1:])]
+            for t in ths:
+                t.start()
+            for t in ths:
+                t.join()
+
+    return run
+
+
+class BatchFetch(torch.utils.data.Dataset):
+    """DataLoader's batched alternative: __getitem__ takes a list of indices (sampler=BatchSampler)."""
+
+    def __init__(self, *tensors):
+        self.tensors = tensors
+
+    def __len__(self):
+        return len(self.tensors[0])
+
+    def __getitem__(self, idx):
+        return tuple(t[idx] for t in self.tensors)
+
+
+def case(name, arrays, packed, batch, repeat, cores, rows, tiny: bool):
+    ds = fastload.open(packed)
+    n = (len(ds) // batch) * batch
+    res = {}
+    for t in sorted({1, cores}):
+        res[f"numpy take ceiling, {t} thread(s)"] = median_rate(ceiling(ds, batch, t), n, repeat)
+    for w in sorted({0, 1, cores}):
+        dl = fastload.DataLoader(ds, batch_size=batch, shuffle=True, num_workers=w, drop_last=True, seed=0)
+        res[f"fastload, num_workers={w}"] = median_rate(lambda: drain(dl), n, repeat)
+    tensors = [torch.from_numpy(a) for a in arrays.values()]
+    tds = torch.utils.data.TensorDataset(*tensors)
+    for w in (0, cores):
+        dl = torch.utils.data.DataLoader(tds, batch_size=batch, shuffle=True, num_workers=w, drop_last=True,
+                                         persistent_workers=w > 0)
+        label = f"torch DataLoader(TensorDataset), num_workers={w}"
+        reps = repeat if not tiny or w else 1  # per-sample path on millions of rows: one timed pass
+        res[label] = median_rate(lambda: drain(dl), n, reps)
+    sampler = torch.utils.data.BatchSampler(torch.utils.data.RandomSampler(tds), batch, drop_last=True)
+    dl = torch.utils.data.DataLoader(BatchFetch(*tensors), sampler=sampler, batch_size=None)
+    res["torch DataLoader, BatchSampler fetching whole batches"] = median_rate(lambda: drain(dl), n, repeat)
+    best_fl = max(v for k, v in res.items() if k.startswith("fastload"))
+    best_ceiling = max(v for k, v in res.items() if k.startswith("numpy"))
+    print(f"\n### {name}\n\n| reader | samples/s | fastload best / this |\n|---|---:|---:|")
+    for k, v in res.items():
+        print(f"| {k} | {v:,.0f} | {best_fl / v:.2f}x |")
+        rows.append((name, k, v))
+    print(f"\nfastload best = {best_fl / best_ceiling:.0%} of the best gather ceiling")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", type=Path, default=Path("bench/data"))
+    ap.add_argument("--raw", type=int, default=4096, help="raw 3x224x224 uint8 samples")
+    ap.add_argument("--tiny", type=int, default=2_000_000, help="tiny records (48 int32 tokens + label)")
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--csv", type=Path, default=None)
+    args = ap.parse_args()
+    cores = os.cpu_count() or 1
+    rng = np.random.default_rng(0)
+    rows = []
+    print(f"{cores} cores; random order; medians of {args.repeat}")
+
+    raw = {"image": rng.integers(0, 255, (args.raw, 3, 224, 224), dtype=np.uint8),
+           "label": rng.integers(0, 1000, args.raw)}
+    tiny = {"tokens": rng.integers(0, 50000, (args.tiny, 48), dtype=np.int32),
+            "label": rng.integers(0, 2, args.tiny)}
+    for name, arrays, batch, is_tiny in (("raw uint8 3x224x224, batch 256", raw, 256, False),
+                                         ("tiny records (200 bytes), batch 4096", tiny, 4096, True)):
+        packed = args.data / ("arrays_raw" if not is_tiny else "arrays_tiny")
+        shutil.rmtree(packed, ignore_errors=True)
+        t = time.perf_counter()
+        fastload.pack(arrays, packed)
+        nbytes = sum(a.nbytes for a in arrays.values())
+        print(f"\npacked {name.split(',')[0]}: {nbytes / 1e6:,.0f} MB in {time.perf_counter() - t:.2f} s")
+        case(name, arrays, packed, batch, args.repeat, cores, rows, is_tiny)
+    if args.csv:
+        args.csv.parent.mkdir(parents=True, exist_ok=True)
+        with open(args.csv, "w", newline="") as fh:
+            w = csv.writer(fh)
+            w.writerow(["case", "reader", "samples_per_s"])
+            w.writerows(rows)
+
+
+if __name__ == "__main__":
+    main()
