@@ -225,3 +225,51 @@ def test_distributed_ranks_partition(packed_arrays):
         seen.extend(ys)
     assert len(counts) == 1
     assert set(seen) == set(range(103)) and len(seen) == 105  # padded to a multiple of 3, like DistributedSampler
+
+
+def test_exception_in_the_loop_leaves_no_thread(packed):
+    import gc
+
+    before = threading.active_count()
+    dl = fastload.DataLoader(open_train(packed), batch_size=4, num_workers=2)
+    with pytest.raises(KeyboardInterrupt):
+        for i, _ in enumerate(dl):
+            if i == 1:
+                raise KeyboardInterrupt  # what Ctrl-C raises in the training loop
+    gc.collect()
+    assert threading.active_count() == before
+    assert sum(1 for _ in dl) == len(dl)  # and the loader still works
+
+
+def test_ctrl_c_in_a_real_process_exits_promptly(packed, tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "loop.py"
+    script.write_text(f"""
+import sys, time, fastload
+from fastload import transforms as T
+ds = fastload.open({str(packed)!r}, transforms={{"image": [T.RandomResizedCrop(32)]}})
+dl = fastload.DataLoader(ds, batch_size=4, num_workers=2)
+while True:
+    for b in dl:
+        print("batch", flush=True)
+        time.sleep(0.01)
+""")
+    import os
+    from pathlib import Path
+
+    env = dict(os.environ, PYTHONPATH=str(Path(fastload.__file__).parent.parent))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+    assert proc.stdout.readline().strip() == "batch"
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    try:
+        _, err = proc.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail("the process hung after Ctrl-C")
+    assert proc.returncode != 0 and "KeyboardInterrupt" in err
