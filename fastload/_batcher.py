@@ -18,7 +18,7 @@ from ._native import native
 from ._schema import Field
 from .formats._layout import IMAGE_JPEG
 from .formats.shards import ShardSegment
-from ._sequences import scatter_rows
+from ._sequences import PackJob, PackSequences, cu_seqlens, scatter_pieces, scatter_rows
 
 
 class NotFastPath(Exception):
@@ -81,7 +81,11 @@ class Batcher:
         self._pool = None
         self.pin = _pin()
         self.skipped = 0
+        packed = [(n, t) for n, t in dataset.sequences.items() if isinstance(t, PackSequences)]
+        self.packed = packed[0] if packed else None
         for f in self.schema:
+            if self.packed is not None:
+                break  # a packed batch holds the packed field only (sample_ids find the rest)
             if f.kind == "image":
                 p = self.pipelines.get(f.name)
                 if p is None or p.output_size is None:
@@ -103,6 +107,13 @@ class Batcher:
     def new_slot(self) -> Slot:
         b = self.batch_size
         tensors = {}
+        if self.packed is not None:
+            name, spec = self.packed
+            size = b * spec.row_length
+            tensors[name] = _empty((size,), _torch_dtype(np.dtype(self.schema[name].dtype)), self.pin)
+            tensors[name + ":cu"] = _empty((size + 1,), torch.int32, self.pin)
+            tensors[name + ":ids"] = _empty((size,), torch.int64, self.pin)
+            return Slot(tensors)
         for f in self.schema:
             if f.kind == "image":
                 h, w = self.pipelines[f.name].output_size
@@ -121,10 +132,40 @@ class Batcher:
     def needs_rng(self) -> bool:
         return bool(self.pipelines)
 
+    def _fill_packed(self, slot: Slot, job: PackJob) -> list:
+        """A packed batch: pieces of samples copied into the flat token buffer, plus boundaries."""
+        name, spec = self.packed
+        f = self.schema[name]
+        flat = slot.arrays[name]
+        flat[...] = spec.value
+        starts = self.ds._starts
+        seg_ids = np.searchsorted(starts, job.samples, side="right") - 1
+        local = job.samples - starts[seg_ids]
+        for s in np.unique(seg_ids):
+            seg = self.ds._segments[int(s)].open()
+            sel = np.flatnonzero(seg_ids == s)
+            if isinstance(seg, ShardSegment):
+                rows = np.frombuffer(seg.data[name], dtype=f.dtype)
+                begin = seg.offsets[name][local[sel]].astype(np.int64) // rows.itemsize
+                scatter_pieces(flat, rows, job.lengths[sel], begin + job.starts[sel], job.dst[sel])
+            else:
+                for j in sel.tolist():
+                    rows = np.frombuffer(seg.blob(name, int(local[j])), dtype=f.dtype)
+                    a, n = int(job.starts[j]), int(job.lengths[j])
+                    flat[job.dst[j]:job.dst[j] + n] = rows[a:a + n]
+        cu = cu_seqlens(job, spec.row_length)
+        k = len(cu) - 1
+        slot.arrays[name + ":cu"][: k + 1] = cu
+        piece = np.searchsorted(job.dst, cu[:-1], side="right") - 1
+        slot.arrays[name + ":ids"][:k] = job.samples[piece]
+        return [k]
+
     def fill(self, slot: Slot, indices: np.ndarray, rng: np.random.Generator | None) -> list:
         """Fill ``slot`` with samples ``indices``; return the Python-object fields (str/bytes) as lists.
 
         ``rng`` plans random transforms; it may be None when ``needs_rng`` is False."""
+        if isinstance(indices, PackJob):
+            return self._fill_packed(slot, indices)
         indices = np.asarray(indices, dtype=np.int64)
         if len(self.ds._segments) == 1:  # common for small records: skip the shard lookup
             seg_ids = np.zeros(len(indices), dtype=np.int64)
@@ -269,6 +310,12 @@ class Batcher:
     # -- output ----------------------------------------------------------------------------------
     def collate(self, slot: Slot, n: int, objects: list) -> Any:
         """The batch as ``default_collate`` would structure it: list for tuple samples, dict for dicts."""
+        if self.packed is not None:
+            name, spec = self.packed
+            k = objects[0]
+            return {name: slot.tensors[name].view(self.batch_size, spec.row_length),
+                    "cu_seqlens": slot.tensors[name + ":cu"][: k + 1],
+                    "sample_ids": slot.tensors[name + ":ids"][:k]}
         values = []
         for f, obj in zip(self.schema, objects):
             if f.kind == "image":

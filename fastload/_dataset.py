@@ -18,7 +18,7 @@ from .formats import lmdb as lmdb_format
 from .formats._layout import IMAGE_JPEG, columns_of
 from .formats._manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest
 from .formats.shards import ShardSegment, shard_segments
-from ._sequences import Bucket, is_sequence_transform
+from ._sequences import Bucket, PackSequences, is_sequence_transform
 
 
 def read_manifest(path: Path) -> Manifest:
@@ -72,8 +72,9 @@ class Dataset(torch.utils.data.Dataset):
             from .transforms import ImagePipeline
 
             self.pipelines[name] = ImagePipeline(spec)
-        if sum(isinstance(t, Bucket) for t in self.sequences.values()) > 1:
-            raise ValueError("at most one field can be bucketed (Bucket); pad the others with Pad")
+        if sum(isinstance(t, (Bucket, PackSequences)) for t in self.sequences.values()) > 1:
+            raise ValueError("at most one field can be bucketed or packed (Bucket, PackSequences); pad the "
+                             "others with Pad")
         self._segments = self._make_segments()
         self._finalizer = weakref.finalize(self, _close_segments, self._segments)
         counts = np.array([s.count for s in self._segments], dtype=np.int64)
@@ -150,7 +151,7 @@ class Dataset(torch.utils.data.Dataset):
             shape = tuple(int(d) for d in cols["shape"])
             arr = np.frombuffer(blob, dtype=f.dtype).reshape(shape)
             seq = self.sequences.get(f.name)
-            if seq is None:
+            if seq is None or isinstance(seq, PackSequences):  # a lone sample is not packed
                 return torch.from_numpy(arr.copy())
             seq.check(np.array(shape[:1]), lambda k: "the sample")
             bound = int(seq.bounds(np.array(shape[:1]))[0])

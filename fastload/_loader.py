@@ -18,8 +18,9 @@ import torch
 
 from ._batcher import Batcher, NotFastPath, Slot
 from ._dataset import Dataset as PackedDataset
-from ._order import BucketOrder, Order, default_seed, dist_info
-from ._sequences import Bucket
+from ._order import BucketOrder, Order, PackedOrder, default_seed, dist_info
+from ._sequences import Bucket, PackSequences
+from ._workers import generic_iterator
 
 _END = object()
 
@@ -66,13 +67,21 @@ class DataLoader(torch.utils.data.DataLoader):
         except NotFastPath as e:
             self.fast_path_reason = str(e)
             return
+        if self._user_sampler and self._batcher.packed is not None:
+            self._batcher = None
+            self.fast_path_reason = "PackSequences forms its own batches; a custom sampler cannot drive it"
+            return
         if not self._user_sampler:
             kind = order or ("random" if shuffle else "sequential")
             r, w = dist_info(rank, world_size)
             shard_sizes = [s.count for s in dataset._segments] if kind == "quasi" else None
             common = dict(kind=kind, seed=self.seed, rank=r, world_size=w, drop_last=drop_last, window=window)
             bucketed = [(n, t) for n, t in dataset.sequences.items() if isinstance(t, Bucket)]
-            if bucketed:
+            packed = [(n, t) for n, t in dataset.sequences.items() if isinstance(t, PackSequences)]
+            if packed:
+                name, spec = packed[0]
+                self._order = PackedOrder(_first_dims(dataset, name), batch_size * spec.row_length, **common)
+            elif bucketed:
                 name, spec = bucketed[0]
                 self._order = BucketOrder(spec.bucket_ids(_first_dims(dataset, name)), batch_size, **common)
             else:
@@ -126,7 +135,8 @@ class DataLoader(torch.utils.data.DataLoader):
 
     def __iter__(self):
         if self._batcher is None:
-            return super().__iter__()
+            it = generic_iterator(self)  # shared-memory workers; None: torch's own iterator
+            return super().__iter__() if it is None else it
         epoch, start = self._next_epoch, self._resume_at
         self._next_epoch, self._resume_at = epoch + 1, 0
         if self._order is not None:

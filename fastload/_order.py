@@ -195,11 +195,7 @@ class Order:
         if self.kind == "sequential":
             mine = np.arange(self.rank, total, w, dtype=np.int64) % max(n, 1)
         else:
-            rng = np.random.default_rng(_key(_SHUFFLE_STREAM, self.seed, e))
-            if self.kind == "random":
-                seq = rng.permutation(n).astype(np.int64, copy=False)
-            else:
-                seq = _quasi_sequence(rng, self.shard_sizes, self.window)
+            seq = self._global_sequence(e)
             seq = np.resize(seq, total) if total > n else seq[:total]  # resize wraps around, like the sampler
             mine = np.ascontiguousarray(seq[self.rank::w])
         if self.drop_last:
@@ -207,6 +203,15 @@ class Order:
         mine.flags.writeable = False
         self._cache = (e, mine)
         return mine
+
+    def _global_sequence(self, e: int) -> np.ndarray:
+        """The epoch's sample sequence before the rank split (the same on every rank)."""
+        if self.kind == "sequential":
+            return np.arange(self.num_samples, dtype=np.int64)
+        rng = np.random.default_rng(_key(_SHUFFLE_STREAM, self.seed, e))
+        if self.kind == "random":
+            return rng.permutation(self.num_samples).astype(np.int64, copy=False)
+        return _quasi_sequence(rng, self.shard_sizes, self.window)
 
     def batches(self, epoch: int | None = None, start: int | None = None) -> Iterator[np.ndarray]:
         """This rank's batches of ``epoch`` from batch ``start`` (read-only int64 views).
@@ -232,7 +237,7 @@ class Order:
         """A generator for augmentation of one batch, keyed by (seed, epoch, rank, batch_index)."""
         e = _as_int("epoch", epoch, 0)
         i = _as_int("batch_index", batch_index, 0)
-        return np.random.default_rng(_key(_BATCH_STREAM, self.seed, e, self.rank, i))
+        return np.random.default_rng(_key(_BATCH_STREAM, self.seed, e, getattr(self, "pack_rank", self.rank), i))
 
     # -- resume ------------------------------------------------------------------------------
     def _config(self) -> dict:
@@ -339,4 +344,52 @@ class BucketOrder(Order):
         cfg = super()._config()
         digest = hashlib.blake2b(self.bucket_ids.astype("<i8").tobytes(), digest_size=8).hexdigest()
         cfg.update(buckets=digest)
+        return cfg
+
+
+class PackedOrder(Order):
+    """Batches of packed token rows (``transforms.PackSequences``).
+
+    The epoch's global sample sequence (``kind``, seed, epoch) forms one token stream, cut into
+    global batches of ``tokens_per_batch``; rank ``r`` takes global batches ``r, r + world, ...``, so
+    every rank has the same count in every epoch (the total token count never changes). Without
+    ``drop_last`` the last global batch is partial and the count is padded to a multiple of
+    ``world_size`` by wrapping around to the first batches.
+    """
+
+    def __init__(self, lengths: np.ndarray, tokens_per_batch: int, **kw):
+        from ._sequences import packed_batches
+
+        self._packed_batches = packed_batches
+        self.lengths = np.asarray(lengths, dtype=np.int64)
+        rank, world = dist_info(kw.pop("rank", None), kw.pop("world_size", None))
+        kw.pop("shard_sizes", None)
+        super().__init__(len(self.lengths), 1, rank=0, world_size=1, **kw)  # one global sample stream
+        self.pack_rank, self.pack_world = rank, world
+        self.tokens_per_batch = _as_int("tokens_per_batch", tokens_per_batch, 1)
+        total = int(self.lengths.sum())
+        g = total // self.tokens_per_batch if self.drop_last else -(-total // self.tokens_per_batch)
+        self._global = g
+        self._num_batches = g // world if self.drop_last else -(-g // world)
+
+    def indices(self, epoch: int | None = None) -> np.ndarray:
+        """The epoch's whole sample stream (ranks split its batches, not its samples)."""
+        return self._global_sequence(self._epoch if epoch is None else _as_int("epoch", epoch, 0))
+
+    def batches(self, epoch: int | None = None, start: int | None = None):
+        e = self._epoch if epoch is None else _as_int("epoch", epoch, 0)
+        if start is None:
+            start = self._resume[1] if self._resume is not None and self._resume[0] == e else 0
+        start = _as_int("start", start, 0)
+        self._resume = None
+        w, r = self.pack_world, self.pack_rank
+        ids = [(b * w + r) % max(self._global, 1) for b in range(start, self._num_batches)]
+        if self._cache is None or self._cache[0] != e:
+            self._cache = (e, self._global_sequence(e))
+        return self._packed_batches(self._cache[1], self.lengths, self.tokens_per_batch, ids)
+
+    def _config(self) -> dict:
+        cfg = super()._config()
+        digest = hashlib.blake2b(self.lengths.astype("<i8").tobytes(), digest_size=8).hexdigest()
+        cfg.update(world_size=self.pack_world, packed=f"{self.tokens_per_batch}:{digest}")
         return cfg

@@ -107,19 +107,99 @@ def is_sequence_transform(t) -> bool:
     return isinstance(t, _Sequence)
 
 
-def scatter_rows(out: np.ndarray, rows: np.ndarray, lengths: np.ndarray, starts: np.ndarray,
-                 slots: np.ndarray) -> None:
-    """Copy variable-length rows into ``out`` (n, bound, ...) without a per-sample Python loop.
-
-    Sample j's rows ``rows[starts[j] : starts[j] + lengths[j]]`` (lengths already cut to the bound)
-    go to ``out[slots[j], :lengths[j]]``. ``rows`` is the source viewed as (total_rows, ...).
-    """
+def scatter_pieces(out_flat: np.ndarray, rows: np.ndarray, lengths: np.ndarray, src: np.ndarray,
+                   dst: np.ndarray) -> None:
+    """``out_flat[dst[j] : dst[j] + lengths[j]] = rows[src[j] : src[j] + lengths[j]]`` for every j,
+    as one vectorised index (no per-piece Python). ``out_flat`` and ``rows`` are indexed by row."""
     total = int(lengths.sum())
     if total == 0:
         return
-    bound = out.shape[1]
     before = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
     pos = np.arange(total, dtype=np.int64)
-    src = np.repeat(starts.astype(np.int64) - before, lengths) + pos
-    dst = np.repeat(slots.astype(np.int64) * bound - before, lengths) + pos
-    out.reshape((out.shape[0] * bound,) + out.shape[2:])[dst] = rows[src]
+    out_flat[np.repeat(dst.astype(np.int64) - before, lengths) + pos] = \
+        rows[np.repeat(src.astype(np.int64) - before, lengths) + pos]
+
+
+def scatter_rows(out: np.ndarray, rows: np.ndarray, lengths: np.ndarray, starts: np.ndarray,
+                 slots: np.ndarray) -> None:
+    """Sample j's rows ``rows[starts[j] : starts[j] + lengths[j]]`` go to ``out[slots[j], :lengths[j]]``
+    (``out`` is (n, bound, ...); lengths already cut to the bound)."""
+    bound = out.shape[1]
+    flat = out.reshape((out.shape[0] * bound,) + out.shape[2:])
+    scatter_pieces(flat, rows, lengths, starts, slots.astype(np.int64) * bound)
+
+
+class PackSequences(_Sequence):
+    """Concatenate token sequences into ``batch_size`` rows of ``row_length`` (pretraining-style packing).
+
+    The loader then yields ``{field: (B, row_length) tensor, "cu_seqlens": int32 (K+1,),
+    "sample_ids": int64 (K,)}``: the K segments (a sample's tokens within one row; a sample that
+    crosses a row boundary becomes two segments) in row-major order, as variable-length attention
+    kernels expect, and the dataset index of each segment (to look up other fields). Samples follow
+    the loader's order; the stream of this rank is cut into batches of ``batch_size * row_length``
+    tokens, so batch ``b`` depends only on (seed, epoch, rank, world size) and resumes exactly. Every
+    rank gets the same number of batches (the smallest any rank's stream fills); without
+    ``drop_last`` the last batch is padded with ``value`` and the padding is in no segment.
+    ``ds[i]`` returns a sample's tokens unpacked.
+    """
+
+    def __init__(self, row_length: int, value: float = 0):
+        if not isinstance(row_length, int) or isinstance(row_length, bool) or row_length < 1:
+            raise ValueError(f"row_length={row_length!r} should be a positive int")
+        self.row_length = row_length
+        self._check_common(value, False)
+
+    @property
+    def max_length(self) -> int:
+        return self.row_length
+
+    def check(self, lengths, describe) -> None:  # any length packs
+        return
+
+    def field_check(self, field: Field) -> None:
+        if field.kind != "ndarray" or len(field.shape) != 1 or field.shape[0] is not None:
+            raise ValueError(f"PackSequences applies to 1-d ndarray fields of variable length (shape (None,)); "
+                             f"field '{field.name}' is {field!r}")
+
+    def __repr__(self) -> str:
+        return f"PackSequences(row_length={self.row_length}, value={self.value})"
+
+
+class PackJob:
+    """One packed batch: the pieces of samples that fill its token range, in stream order."""
+
+    __slots__ = ("samples", "starts", "lengths", "dst", "real")
+
+    def __init__(self, samples, starts, lengths, dst, real):
+        self.samples = samples    # int64 dataset index of each piece
+        self.starts = starts      # int64 first token of the piece within its sample
+        self.lengths = lengths    # int64 tokens in the piece
+        self.dst = dst            # int64 position of the piece in the flattened batch
+        self.real = real          # tokens of real data in the batch (the rest is padding)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+
+def packed_batches(stream: np.ndarray, lengths: np.ndarray, tokens_per_batch: int, batch_ids):
+    """PackJobs for the given global batch numbers of the sample stream ``stream`` (one cumsum)."""
+    lens = lengths[stream]
+    ends = np.cumsum(lens)
+    begins = ends - lens
+    total = int(ends[-1]) if len(ends) else 0
+    for b in batch_ids:
+        lo, hi = b * tokens_per_batch, (b + 1) * tokens_per_batch
+        first = int(np.searchsorted(ends, lo, side="right"))
+        last = int(np.searchsorted(begins, hi, side="left"))  # exclusive
+        sel = np.arange(first, last)
+        sel = sel[lens[sel] > 0]
+        piece_lo = np.maximum(begins[sel], lo)
+        piece_hi = np.minimum(ends[sel], hi)
+        yield PackJob(stream[sel], piece_lo - begins[sel], piece_hi - piece_lo, piece_lo - lo,
+                      int(min(hi, total) - lo))
+
+
+def cu_seqlens(job: PackJob, row_length: int) -> np.ndarray:
+    """Segment boundaries in the flattened batch: piece starts and row starts, up to the real tokens."""
+    cuts = np.concatenate([job.dst, np.arange(0, job.real, row_length), [job.real]])
+    return np.unique(cuts).astype(np.int32)

@@ -35,13 +35,14 @@ from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
-from ._sequences import Bucket, Pad  # noqa: E402  (variable-length fields, see _sequences.py)
+from ._sequences import Bucket, Pad, PackSequences  # noqa: E402  (variable-length fields, see _sequences.py)
 
 __all__ = [
     "Bucket",
     "CenterCrop",
     "Compose",
     "ImagePipeline",
+    "PackSequences",
     "Pad",
     "Plan",
     "RandomHorizontalFlip",

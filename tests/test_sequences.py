@@ -132,3 +132,61 @@ def test_bad_declarations(packed):
     ds = fastload.open(path)  # no Pad: variable shapes go to torch's path, which cannot stack them
     dl = fastload.DataLoader(ds, batch_size=4)
     assert not dl.fast_path and "Pad/Bucket" in dl.fast_path_reason
+
+
+def _segments(batch, L):
+    toks, cu, ids = batch["tokens"].reshape(-1), batch["cu_seqlens"], batch["sample_ids"]
+    return [(int(i), toks[a:b].numpy()) for i, a, b in zip(ids.tolist(), cu[:-1].tolist(), cu[1:].tolist())]
+
+
+def test_pack_sequences_rebuilds_the_stream(packed):
+    path, src = packed
+    L, B = 64, 4
+    ds = fastload.open(path, transforms={"tokens": T.PackSequences(L, value=-7)})
+    assert ds[3][0].shape == (src.lengths[3],)  # ds[i] is the sample itself
+    dl = fastload.DataLoader(ds, batch_size=B, shuffle=True, seed=4, num_workers=2)
+    assert dl.fast_path, dl.fast_path_reason
+    total = int(src.lengths.sum())
+    assert len(dl) == -(-total // (B * L))
+    pieces: dict[int, list] = {}
+    n_batches = 0
+    for batch in dl:
+        n_batches += 1
+        assert batch["tokens"].shape == (B, L) and batch["cu_seqlens"].dtype == torch.int32
+        cu = batch["cu_seqlens"].tolist()
+        assert cu[0] == 0 and all(a < b for a, b in zip(cu, cu[1:]))
+        assert all(any(a <= r * L < b for a, b in zip(cu, cu[1:])) is False or r * L in cu
+                   for r in range(B) if r * L < cu[-1])  # no segment crosses a row start
+        for i, seg in _segments(batch, L):
+            pieces.setdefault(i, []).append(seg)
+        flat = batch["tokens"].reshape(-1)
+        assert (flat[cu[-1]:] == -7).all()
+    assert n_batches == len(dl)
+    assert sorted(pieces) == list(range(200))
+    for i, parts in pieces.items():  # every sample's tokens, in order, exactly once
+        assert np.array_equal(np.concatenate(parts), np.arange(src.lengths[i], dtype=np.int32) + 1000 * i)
+
+
+def test_pack_sequences_ranks_and_resume(packed):
+    path, src = packed
+    ds = fastload.open(path, transforms={"tokens": T.PackSequences(32)})
+    counts, seen = set(), 0
+    for rank in range(3):
+        dl = fastload.DataLoader(ds, batch_size=2, shuffle=True, seed=8, rank=rank, world_size=3, drop_last=True)
+        batches = list(dl)
+        counts.add(len(batches))
+        seen += sum(int(b["cu_seqlens"][-1]) for b in batches)
+    assert len(counts) == 1
+    assert seen == (int(src.lengths.sum()) // 64) // 3 * 3 * 64  # full global batches, split evenly
+    make = lambda: fastload.DataLoader(ds, batch_size=2, shuffle=True, seed=8, num_workers=1)  # noqa: E731
+    ref = [b["tokens"].clone() for b in make()]
+    dl = make()
+    it = iter(dl)
+    for _ in range(7):
+        next(it)
+    state = dl.state_dict()
+    del it
+    again = make()
+    again.load_state_dict(state)
+    rest = [b["tokens"].clone() for b in again]
+    assert len(rest) == len(ref) - 7 and all(torch.equal(a, b) for a, b in zip(rest, ref[7:]))
