@@ -16,7 +16,10 @@ from setuptools import setup
 from setuptools.command.build_ext import build_ext
 from setuptools.errors import CompileError, ExecError, LinkError
 
-SOURCES = ["csrc/binding.cc", "csrc/batch.cc", "csrc/jpeg.cc", "csrc/pool.cc", "csrc/resize.cc"]
+SOURCES = [
+    "csrc/binding.cc", "csrc/batch.cc", "csrc/gather.cc", "csrc/jpeg.cc", "csrc/pool.cc",
+    "csrc/resize.cc",
+]
 
 INSTALL_COMPILER = (
     "Install a C++17 compiler: Debian/Ubuntu `apt-get install g++`, "

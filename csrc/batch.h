@@ -14,6 +14,7 @@
 
 #include "jpeg.h"
 #include "pool.h"
+#include "region.h"
 #include "resize.h"
 
 namespace fastload {
@@ -49,11 +50,6 @@ bool process_sample(Worker* w, const SampleJob& job, std::string* err);
 // down by it, is still at least the output size in both dimensions.
 int choose_dct_denom(int crop_h, int crop_w, int out_h, int out_w, int max_denom);
 
-struct Region {
-  const uint8_t* data;
-  int64_t size;
-};
-
 // A batch as described by the caller's arrays (all of length n; src_hw is n x 2, crop n x 4).
 struct BatchSpec {
   const Region* regions = nullptr;
@@ -80,6 +76,8 @@ class BatchEngine {
  public:
   explicit BatchEngine(int num_threads);
   int size() const { return pool_.size(); }
+  // The threads, for other batch-wide jobs (gather_rows) that need no per-worker state.
+  ThreadPool& pool() { return pool_; }
   // Fills spec.out; returns the failed samples in index order.
   std::vector<Failure> run(const BatchSpec& spec);
 

@@ -1,5 +1,5 @@
 // The only file that knows about Python: argument checking, buffer access and the GIL.
-// All real work (decode, resize, batches) runs with the GIL released.
+// All real work (decode, resize, batches, gathers) runs with the GIL released.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "batch.h"
+#include "gather.h"
 #include "jpeg.h"
 
 namespace py = pybind11;
@@ -55,6 +56,22 @@ class BufferView {
   Py_buffer view_{};
   bool held_ = false;
 };
+
+// Exports every buffer in the `regions` list; views keep them exported until destroyed.
+void region_views(py::handle regions, std::vector<BufferView>* views,
+                  std::vector<fastload::Region>* regs) {
+  if (!py::isinstance<py::sequence>(regions) || py::isinstance<py::str>(regions) ||
+      PyObject_CheckBuffer(regions.ptr())) {
+    throw py::type_error("regions: expected a list of bytes-like objects, got " +
+                         type_name(regions));
+  }
+  py::sequence seq = py::reinterpret_borrow<py::sequence>(regions);
+  views->reserve(seq.size());
+  for (size_t i = 0; i < seq.size(); ++i) {
+    views->emplace_back(seq[i], "regions[" + std::to_string(i) + "]");
+    regs->push_back({views->back().data(), views->back().size()});
+  }
+}
 
 // Converts obj to a C-contiguous int64 array (safe casts only: any integer or bool dtype) of
 // the given shape (-1 = any length, whose value is returned through *n if *n < 0).
@@ -224,19 +241,9 @@ py::array decode_crop_resize(py::handle buf, py::handle crop, py::handle out_hw,
 py::list decode_batch(BatchEngine& pool, py::handle regions, py::handle region, py::handle offset,
                       py::handle length, py::handle encoding, py::handle src_hw, py::handle crop,
                       py::handle flip, py::handle out, bool dct_scaling) {
-  if (!py::isinstance<py::sequence>(regions) || py::isinstance<py::str>(regions) ||
-      PyObject_CheckBuffer(regions.ptr())) {
-    throw py::type_error("regions: expected a list of bytes-like objects, got " +
-                         type_name(regions));
-  }
-  py::sequence seq = py::reinterpret_borrow<py::sequence>(regions);
   std::vector<BufferView> views;
   std::vector<fastload::Region> regs;
-  views.reserve(seq.size());
-  for (size_t i = 0; i < seq.size(); ++i) {
-    views.emplace_back(seq[i], "regions[" + std::to_string(i) + "]");
-    regs.push_back({views.back().data(), views.back().size()});
-  }
+  region_views(regions, &views, &regs);
 
   int64_t n = -1;
   auto region_a = int_array(region, "region", &n, 0);
@@ -290,10 +297,67 @@ py::list decode_batch(BatchEngine& pool, py::handle regions, py::handle region, 
   return result;
 }
 
+void gather_rows(BatchEngine& pool, py::handle regions, py::handle region, py::handle offset,
+                 int64_t row_bytes, py::handle out) {
+  std::vector<BufferView> views;
+  std::vector<fastload::Region> regs;
+  region_views(regions, &views, &regs);
+  int64_t n = -1;
+  auto region_a = int_array(region, "region", &n, 0);
+  auto offset_a = int_array(offset, "offset", &n, 0);
+  if (row_bytes < 0) {
+    throw py::value_error("row_bytes must be >= 0, got " + std::to_string(row_bytes));
+  }
+  if (row_bytes > 0 && n > INT64_MAX / row_bytes) {
+    throw py::value_error("n * row_bytes overflows: n=" + std::to_string(n) +
+                          ", row_bytes=" + std::to_string(row_bytes));
+  }
+  const int64_t want = n * row_bytes;
+  if (!py::isinstance<py::array>(out)) {
+    throw py::type_error("out: expected a writable C-contiguous numpy array of " +
+                         std::to_string(want) + " bytes, got " + describe_array(out) +
+                         " (for a torch tensor pass tensor.numpy())");
+  }
+  py::array out_a = py::reinterpret_borrow<py::array>(out);
+  if (out_a.dtype().attr("hasobject").cast<bool>()) {
+    throw py::type_error("out: dtype " + std::string(py::str(out_a.dtype())) +
+                         " holds Python objects; rows are raw bytes, use a numeric dtype");
+  }
+  if (out_a.nbytes() != want) {
+    throw py::value_error("out: has " + std::to_string(out_a.nbytes()) + " bytes (" +
+                          describe_array(out) + "), expected n * row_bytes = " +
+                          std::to_string(n) + " * " + std::to_string(row_bytes) + " = " +
+                          std::to_string(want));
+  }
+  if (!(out_a.flags() & py::array::c_style)) {
+    throw py::value_error("out: expected a C-contiguous array, got strides " +
+                          std::string(py::str(out_a.attr("strides"))) +
+                          "; gather into np.empty(...) and copy, or pass a contiguous view");
+  }
+  if (!out_a.writeable()) throw py::value_error("out: array is read-only");
+
+  fastload::GatherSpec spec;
+  spec.regions = regs.data();
+  spec.num_regions = static_cast<int64_t>(regs.size());
+  spec.n = n;
+  spec.region = region_a.data();
+  spec.offset = offset_a.data();
+  spec.row_bytes = row_bytes;
+  spec.out = static_cast<uint8_t*>(out_a.mutable_data());
+  std::string err;
+  bool ok;
+  {
+    py::gil_scoped_release nogil;
+    ok = fastload::gather_rows(&pool.pool(), spec, &err);
+  }
+  if (!ok) throw py::value_error("gather_rows: " + err);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
-  m.doc() = "fastload native core: JPEG decode, crop/resize/flip and batched decoding.";
+  m.doc() =
+      "fastload native core: JPEG decode, crop/resize/flip, batched decoding and row gathers.";
 
   m.def("jpeg_info", &jpeg_info, py::arg("buf"),
         "jpeg_info(buf) -> (height, width, components) from the JPEG header.\n"
@@ -325,4 +389,13 @@ PYBIND11_MODULE(_C, m) {
         "Sample k's bytes are regions[region[k]][offset[k]:offset[k]+length[k]]; encoding 0 = JPEG,\n"
         "1 = raw RGB (src_hw[k] = (H, W)); crop[k] = (top, left, height, width); the result is\n"
         "written into out[k] (out: C-contiguous uint8 (n, H, W, 3)); failed samples are zeroed.");
+
+  m.def("gather_rows", &gather_rows, py::arg("pool"), py::arg("regions"), py::arg("region"),
+        py::arg("offset"), py::arg("row_bytes"), py::arg("out"),
+        "gather_rows(pool, regions, region, offset, row_bytes, out) -> None\n"
+        "Copies regions[region[k]][offset[k]:offset[k]+row_bytes] into the k-th row_bytes of out\n"
+        "(any dtype and shape; C-contiguous, writable, n * row_bytes bytes) for k in range(n).\n"
+        "Every row is bounds-checked first: a bad one raises ValueError naming it, with out\n"
+        "untouched. Batches of 2 MiB and more are split across the pool's threads (if it has two\n"
+        "or more); smaller ones are copied in the calling thread. The GIL is released.");
 }

@@ -186,13 +186,7 @@ class Batcher:
             elif f.name in self.ds.sequences:
                 objects[f.name] = self._fill_sequences(f, slot, segs, groups, local, indices, seg_ids)
             elif f.fixed_size:
-                out = slot.arrays[f.name][: len(indices)]
-                if len(groups) == 1 and isinstance(segs[groups[0][0]], ShardSegment):
-                    s, _ = groups[0]
-                    np.take(segs[s].columns[(f.name, "values")], local, axis=0, out=out)
-                else:
-                    for s, pos in groups:
-                        out[pos] = segs[s].take(f.name, "values", local[pos])
+                self._gather_column(f, slot.arrays[f.name][: len(indices)], segs, groups, local)
             else:
                 objects[f.name] = self._objects(f, segs, seg_ids, local, indices, failed)
         if failed:
@@ -229,6 +223,21 @@ class Batcher:
             self.pool, regions, region, offset, length, meta[:, 2].astype(np.uint8),
             np.ascontiguousarray(meta[:, :2], dtype=np.int32), np.ascontiguousarray(plan.crops, dtype=np.int32),
             np.ascontiguousarray(plan.flips, dtype=np.uint8), out_all[:n])
+
+    def _gather_column(self, f: Field, out: np.ndarray, segs: dict, groups: list, local: np.ndarray) -> None:
+        """Rows of a fixed-size column: one native, bounds-checked, multi-threaded copy for shards."""
+        if all(isinstance(segs[s], ShardSegment) for s, _ in groups):
+            row_bytes = out[:1].nbytes
+            regions, region, offset = [], np.empty(len(local), np.int64), np.empty(len(local), np.int64)
+            for s, pos in groups:
+                seg = segs[s]
+                region[pos] = len(regions)
+                regions.append(seg.buffer)
+                offset[pos] = seg.column_start[(f.name, "values")] + local[pos] * row_bytes
+            native().gather_rows(self.pool, regions, region, offset, row_bytes, out)
+        else:
+            for s, pos in groups:
+                out[pos] = segs[s].take(f.name, "values", local[pos])
 
     def _fill_sequences(self, f: Field, slot: Slot, segs: dict, groups: list, local: np.ndarray,
                         indices: np.ndarray, seg_ids: np.ndarray) -> int:

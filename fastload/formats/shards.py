@@ -160,6 +160,7 @@ class ShardSegment:
         self.offsets: dict[str, np.ndarray] = {}
         self.data: dict[str, memoryview] = {}
         self.data_start: dict[str, int] = {}
+        self.column_start: dict[tuple[str, str], int] = {}  # file offset of each column section
 
     def _fail(self, msg: str) -> FormatError:
         return FormatError(f"dataset '{self.dataset}', shard '{self.name}': {msg}")
@@ -233,6 +234,7 @@ class ShardSegment:
             arr = np.frombuffer(mm, dtype=col.dtype, count=n * col.row_items, offset=off).reshape((n,) + col.shape)
             cols[col.name] = arr
             self.columns[(f.name, col.name)] = arr
+            self.column_start[(f.name, col.name)] = off
         msg = check_columns(f, cols, self.start)
         if msg:
             raise self._fail(f"field '{f.name}', {msg}")
