@@ -175,10 +175,13 @@ class Batcher:
             starts = self.ds._starts
             seg_ids = np.searchsorted(starts, indices, side="right") - 1
             local = indices - starts[seg_ids]
-            groups = [(int(s), np.nonzero(seg_ids == s)[0]) for s in np.unique(seg_ids)]
+            present = np.flatnonzero(np.bincount(seg_ids, minlength=len(self.ds._segments)))
+            groups = [(int(s), np.flatnonzero(seg_ids == s)) for s in present] if len(present) > 1 else \
+                [(int(present[0]), np.arange(len(indices)))]
         segs = {s: self.ds._segments[s].open() for s, _ in groups}
         objects = {}
         failed: dict[int, str] = {}
+        region_of = None  # position -> index into groups, built on first use
         for f in self.schema:
             if f.kind == "image":
                 for k, msg in self._fill_images(f, slot.arrays[f.name], segs, groups, local, rng):
@@ -186,7 +189,11 @@ class Batcher:
             elif f.name in self.ds.sequences:
                 objects[f.name] = self._fill_sequences(f, slot, segs, groups, local, indices, seg_ids)
             elif f.fixed_size:
-                self._gather_column(f, slot.arrays[f.name][: len(indices)], segs, groups, local)
+                if region_of is None:
+                    region_of = np.zeros(len(indices), np.int64)
+                    for k, (_, pos) in enumerate(groups[1:], 1):
+                        region_of[pos] = k
+                self._gather_column(f, slot.arrays[f.name][: len(indices)], segs, groups, region_of, local)
             else:
                 objects[f.name] = self._objects(f, segs, seg_ids, local, indices, failed)
         if failed:
@@ -224,17 +231,15 @@ class Batcher:
             np.ascontiguousarray(meta[:, :2], dtype=np.int32), np.ascontiguousarray(plan.crops, dtype=np.int32),
             np.ascontiguousarray(plan.flips, dtype=np.uint8), out_all[:n])
 
-    def _gather_column(self, f: Field, out: np.ndarray, segs: dict, groups: list, local: np.ndarray) -> None:
+    def _gather_column(self, f: Field, out: np.ndarray, segs: dict, groups: list, region_of: np.ndarray,
+                       local: np.ndarray) -> None:
         """Rows of a fixed-size column: one native, bounds-checked, multi-threaded copy for shards."""
         if all(isinstance(segs[s], ShardSegment) for s, _ in groups):
             row_bytes = out[:1].nbytes
-            regions, region, offset = [], np.empty(len(local), np.int64), np.empty(len(local), np.int64)
-            for s, pos in groups:
-                seg = segs[s]
-                region[pos] = len(regions)
-                regions.append(seg.buffer)
-                offset[pos] = seg.column_start[(f.name, "values")] + local[pos] * row_bytes
-            native().gather_rows(self.pool, regions, region, offset, row_bytes, out)
+            regions = [segs[s].buffer for s, _ in groups]
+            base = np.array([segs[s].column_start[(f.name, "values")] for s, _ in groups], dtype=np.int64)
+            offset = base[region_of] + local * row_bytes
+            native().gather_rows(self.pool, regions, region_of, offset, row_bytes, out)
         else:
             for s, pos in groups:
                 out[pos] = segs[s].take(f.name, "values", local[pos])
