@@ -1,0 +1,703 @@
+"""The generic path: worker processes collate each batch straight into shared-memory slots.
+
+Any Dataset that is not a ``fastload.Dataset`` runs here when ``num_workers > 0``. Workers run the user's
+code through torch's own fetchers (``__getitems__``, ``drop_last``, ``batch_size=None`` and the end of an
+IterableDataset behave as in torch), seeded like torch's ``_worker_loop`` (``random``, ``torch``, numpy
+via ``_generate_state``; ``base_seed`` drawn from the loader's generator after ``iter(sampler)``), with
+torch's ``WorkerInfo``. Dispatch mirrors ``_MultiProcessingDataLoaderIter``: round robin, at most
+``prefetch_factor * num_workers`` tasks out, in sampler order unless ``in_order=False``.
+
+Slots: anonymous shared memory (``os.memfd_create`` + ``mmap``: nothing in /dev/shm, and not bound by its
+size), a small ring per worker. The first batch sizes a slot (to the page); a larger batch gets a new
+slot with 25% headroom and the old one is retired. A new slot's file descriptor follows the result that
+announces it over the worker's socket (SCM_RIGHTS); both sides map it once.
+
+Protocol, one duplex pipe per worker, no threads on either side:
+  main -> worker  ``(op, arg, frees, drops)``, op TASK ``(idx, indices)`` or RESET (a persistent
+                  iterator's next epoch); ``frees`` hand slots back, ``drops`` unmap them; ``None``
+                  stops. The worker reads ahead, so a stop or reset skips the tasks still queued.
+  worker -> main  ``(RESULT, idx, slot, payload, new_slots, retired)`` [+ an fd per new slot],
+                  ``(ERROR, idx, ExceptionWrapper)``, ``(STOP, idx)`` (iterable exhausted), ``(ACK, wid)``.
+With the default collate the worker runs torch's ``collate`` with one rule replaced: tensors are
+``torch.stack``-ed with ``out=`` a view of the slot (numpy arrays become tensors first, as in torch).
+The batch is then pickled with a ``persistent_id`` that turns every plain CPU tensor into ``(offset,
+dtype, shape, stride)``: tensors already in the slot cost nothing; any other (ints and floats collated by
+torch's rules, a custom ``collate_fn``'s output) is copied in once, keeping a dense layout's strides
+(e.g. channels_last). Everything else (str, bytes, objects, tensors that require grad) is pickled as
+usual, so any picklable batch works. If the in-slot collate raises, torch's ``default_collate`` runs
+instead, so errors are torch's own.
+
+Ownership: a slot is the worker's until its result is sent, then the main process's. The main process
+rebuilds the batch as views of a per-batch ``torch.frombuffer`` over the slot (zero copy) and hands the
+slot back only once that storage's use count is back to baseline: no tensor, view or numpy array of the
+batch is alive. A worker with no free slot maps another (holding batches never blocks nor aliases; memory
+then grows like torch's per-batch shared memory); a slot coming back to a worker that already owns
+``prefetch_factor + 1`` is unmapped. Batches stay valid after the iterator, loader and workers are gone.
+
+Errors: a Dataset exception is re-raised with the worker's traceback (``ExceptionWrapper``); a dead
+worker (SIGKILL, OOM killer, segfault) is seen through its process sentinel while waiting and raised as
+a RuntimeError naming worker, pid and signal; ``timeout`` raises torch's message. ``break``, ``del``, gc,
+the end of a non-persistent epoch and Ctrl-C stop the workers (a stop message; terminate after 5 s like
+torch), join them and unmap every slot.
+
+torch's own iterator runs instead for ``num_workers == 0``, ``pin_memory=True``, DataPipes, and
+platforms without ``os.memfd_create``.
+"""
+
+from __future__ import annotations
+
+import collections
+import io
+import itertools
+import math
+import mmap
+import multiprocessing
+import os
+import pickle
+import random
+import signal
+import time
+from multiprocessing import connection, reduction
+
+import numpy as np
+import torch
+from torch._utils import ExceptionWrapper
+from torch.utils.data import _utils as _tutils
+from torch.utils.data._utils import collate as _collate
+from torch.utils.data._utils import worker as _worker
+from torch.utils.data.dataloader import _DatasetKind
+from torch.utils.data.datapipes.datapipe import IterDataPipe, MapDataPipe
+
+_TASK, _RESET, _RESULT, _ERROR, _STOP, _ACK = range(6)
+_ALIGN = 64  # byte alignment of every tensor in a slot
+_WORKER, _PENDING, _LENT = range(3)  # who owns a slot, as the main process sees it
+
+
+def fallback_reason(loader) -> str | None:
+    """Why ``loader`` runs on torch's own iterator instead of the shared-memory workers (None: it does not)."""
+    if loader.num_workers == 0:
+        return "num_workers=0 loads in the main process"
+    if not hasattr(os, "memfd_create"):
+        return "os.memfd_create is not available on this platform"
+    if loader.pin_memory:
+        return "pin_memory=True"
+    if isinstance(loader.dataset, (IterDataPipe, MapDataPipe)):
+        return "a DataPipe dataset"
+    return None
+
+
+def generic_iterator(loader):
+    """The iterator for ``loader``'s generic path, or None when torch's iterator should run instead."""
+    if fallback_reason(loader) is not None:
+        return None
+    if not loader.persistent_workers:
+        return WorkerIterator(loader)
+    it = loader._iterator  # torch keeps its persistent iterator here too
+    if isinstance(it, WorkerIterator) and not it._shutdown:
+        try:
+            it._reset(loader)
+        except BaseException:  # a half-reset iterator must not be reused
+            it._shutdown_workers()
+            raise
+    else:
+        it = loader._iterator = WorkerIterator(loader)
+    return it
+
+
+def _refs(t: torch.Tensor) -> int:
+    return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
+
+
+def _round_page(n: int) -> int:
+    return max(mmap.PAGESIZE, -(-n // mmap.PAGESIZE) * mmap.PAGESIZE)
+
+
+def _dense_strides(t: torch.Tensor) -> tuple | None:
+    """``t``'s strides if they lay it out densely in some dimension order (e.g. channels_last), else None."""
+    expect = 1
+    for stride, size in sorted((st, n) for n, st in zip(t.shape, t.stride()) if n != 1):
+        if stride != expect:
+            return None
+        expect *= size
+    return t.stride()
+
+
+# -- worker side -----------------------------------------------------------------------------------
+class _Arena:
+    """The slots one worker owns, and a bump allocator for the batch being built.
+
+    Offsets are planned past the end of the current slot when a batch does not fit; those tensors are
+    built in private memory and copied into a bigger slot by ``ship`` (only when batches grow).
+    """
+
+    def __init__(self):
+        self.slots: dict[int, tuple[int, torch.Tensor]] = {}  # sid -> (capacity, uint8 view of the mapping)
+        self.free: list[int] = []
+        self.unannounced: list[tuple[int, int, int]] = []  # (sid, capacity, fd) not yet sent to main
+        self.retired: list[int] = []
+        self.next_sid = 0
+        self.max_cap = 0
+        self.fn_map = dict(_collate.default_collate_fn_map)
+        self.fn_map[torch.Tensor] = self.collate_tensor
+        self.begin(pick=False)
+
+    def _create(self, cap: int) -> int:
+        fd = os.memfd_create("fastload-slot", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, cap)
+            mm = mmap.mmap(fd, cap)
+        except BaseException:
+            os.close(fd)
+            raise
+        sid, self.next_sid = self.next_sid, self.next_sid + 1
+        self.slots[sid] = (cap, torch.frombuffer(mm, dtype=torch.uint8))  # keeps mm alive; never close() it
+        self.unannounced.append((sid, cap, fd))
+        self.max_cap = max(self.max_cap, cap)
+        return sid
+
+    def _retire(self, sid: int) -> None:
+        del self.slots[sid]
+        for k, (s, _, fd) in enumerate(self.unannounced):
+            if s == sid:  # main never heard of it
+                os.close(fd)
+                del self.unannounced[k]
+                return
+        self.retired.append(sid)
+
+    def release(self, frees: list, drops: list) -> None:
+        self.free.extend(frees)
+        for sid in drops:
+            self.slots.pop(sid, None)
+
+    def begin(self, pick: bool = True) -> None:
+        sid = None
+        if pick and self.free:
+            sid = max(self.free, key=lambda s: self.slots[s][0])
+            self.free.remove(sid)
+        elif pick and self.max_cap:
+            sid = self._create(self.max_cap)
+        self.sid = sid
+        self.cap, self.base = self.slots[sid] if sid is not None else (0, None)
+        self.base_ptr = self.base.data_ptr() if self.base is not None else None
+        self.bump = self.fit = 0
+        self.pending: list[tuple[int, torch.Tensor]] = []
+        self.pending_at: dict[int, int] = {}
+        self.pids: dict[int, tuple] = {}
+
+    def abort(self) -> None:
+        if self.sid is not None:
+            self.free.append(self.sid)
+        self.begin(pick=False)
+
+    def alloc(self, dtype: torch.dtype, shape: tuple) -> torch.Tensor:
+        n = math.prod(shape) * dtype.itemsize
+        if n == 0:
+            return torch.empty(shape, dtype=dtype)
+        off = -(-self.bump // _ALIGN) * _ALIGN
+        self.bump = off + n
+        if self.bump <= self.cap:
+            self.fit = self.bump
+            return self.base[off:self.bump].view(dtype).view(shape)
+        t = torch.empty(shape, dtype=dtype)
+        self.pending.append((off, t))
+        self.pending_at[t.untyped_storage().data_ptr()] = off
+        return t
+
+    def collate_tensor(self, batch, *, collate_fn_map=None):
+        elem = batch[0]
+        if (type(elem) is not torch.Tensor or elem.layout != torch.strided or elem.device.type != "cpu"
+                or elem.is_nested or elem.is_quantized or elem.requires_grad):
+            return _collate.collate_tensor_fn(batch, collate_fn_map=collate_fn_map)
+        return torch.stack(batch, 0, out=self.alloc(elem.dtype, (len(batch), *elem.shape)))
+
+    def collate(self, batch):
+        """``default_collate``'s exact structure, with tensors stacked into the slot."""
+        mark = (self.bump, self.fit, len(self.pending))
+        try:
+            return _collate.collate(batch, collate_fn_map=self.fn_map)
+        except Exception:  # retry with torch's own rules: its result, or its error
+            self.bump, self.fit = mark[0], mark[1]
+            del self.pending[mark[2]:]
+            self.pending_at = {t.untyped_storage().data_ptr(): o for o, t in self.pending}
+            return _collate.default_collate(batch)
+
+    def _locate(self, t: torch.Tensor) -> int | None:
+        ptr = t.untyped_storage().data_ptr()
+        if ptr == self.base_ptr:
+            return 0
+        return self.pending_at.get(ptr)
+
+    def pid(self, t: torch.Tensor):
+        """The persistent id of a tensor placed in the slot, or None to pickle it as usual."""
+        if (t.device.type != "cpu" or t.layout != torch.strided or t.requires_grad or t.is_quantized
+                or t.is_nested):
+            return None
+        got = self.pids.get(id(t))
+        if got is not None:
+            return got
+        if t.numel() == 0:
+            pid = (-1, t.dtype, tuple(t.shape), t.stride())
+        else:
+            src, at = t, (None if t.is_conj() or t.is_neg() else self._locate(t))
+            if at is None:  # not in the slot yet: copy it in once, keeping a dense layout's strides
+                strides = _dense_strides(src)
+                if strides is None:
+                    t = self.alloc(src.dtype, tuple(src.shape))
+                else:
+                    t = self.alloc(src.dtype, (src.numel(),)).as_strided(src.shape, strides)
+                t.copy_(src)
+                at = self._locate(t)
+            pid = (at + t.storage_offset() * t.element_size(), t.dtype, tuple(t.shape), t.stride())
+            t = src
+        self.pids[id(t)] = pid
+        return pid
+
+    def ship(self, conn, idx: int, batch) -> None:
+        buf = io.BytesIO()
+        _SlotPickler(buf, self).dump(batch)
+        sid = self.sid
+        if self.bump > self.cap:  # first batch, or a larger one: move it into a bigger slot
+            cap = _round_page(self.bump if self.max_cap == 0 else max(self.bump * 5 // 4, self.max_cap))
+            new = self._create(cap)
+            dst = self.slots[new][1]
+            if self.fit:
+                dst[:self.fit].copy_(self.base[:self.fit])
+            for off, t in self.pending:
+                flat = t.reshape(-1).view(torch.uint8)
+                dst[off:off + flat.numel()].copy_(flat)
+            if sid is not None:
+                self._retire(sid)
+            sid = new
+        elif self.bump == 0 and sid is not None:
+            self.free.append(sid)
+            sid = None
+        new, self.unannounced = self.unannounced, []
+        retired, self.retired = self.retired, []
+        self.begin(pick=False)
+        try:
+            conn.send((_RESULT, idx, sid, buf.getvalue(), [(s, c) for s, c, _ in new], retired))
+            for _, _, fd in new:
+                reduction.send_handle(conn, fd, os.getppid())
+        finally:
+            for _, _, fd in new:
+                os.close(fd)
+
+
+class _SlotPickler(pickle.Pickler):
+    def __init__(self, file, arena: _Arena):
+        super().__init__(file, pickle.HIGHEST_PROTOCOL)
+        self.arena = arena
+
+    def persistent_id(self, obj):
+        return self.arena.pid(obj) if type(obj) is torch.Tensor else None
+
+
+def _send_error(conn, idx: int, wid: int) -> None:
+    err = ExceptionWrapper(where=f"in DataLoader worker process {wid}")
+    try:
+        conn.send((_ERROR, idx, err))
+    except (pickle.PicklingError, TypeError, AttributeError):  # an exception class main cannot load
+        err.exc_type = RuntimeError
+        conn.send((_ERROR, idx, err))
+
+
+def _worker_loop(conn, kind, dataset, auto_collation, collate_fn, drop_last, base_seed, init_fn, wid,
+                 num_workers, close_fds) -> None:
+    """One worker process. ``collate_fn`` None means default_collate into the slots."""
+    for fd in close_fds:  # fork: the main process's ends of the pipes, so that EOF means it is gone
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    try:
+        _tutils.signal_handling._set_worker_signal_handlers()
+        torch.set_num_threads(1)
+        seed = base_seed + wid
+        random.seed(seed)
+        torch.manual_seed(seed)
+        np.random.seed(_worker._generate_state(base_seed, wid))
+        _worker._worker_info = _worker.WorkerInfo(id=wid, num_workers=num_workers, seed=seed, dataset=dataset)
+        arena = _Arena()
+        collate = arena.collate if collate_fn is None else collate_fn
+        init_error = None
+        try:
+            if init_fn is not None:
+                init_fn(wid)
+            fetcher = _DatasetKind.create_fetcher(kind, dataset, auto_collation, collate, drop_last)
+        except Exception:
+            init_error = ExceptionWrapper(where=f"in DataLoader worker process {wid}")
+        inbox: collections.deque = collections.deque()
+        ended = False
+        parent = os.getppid()
+        while True:
+            while conn.poll(0 if inbox else _tutils.MP_STATUS_CHECK_INTERVAL):
+                inbox.append(conn.recv())
+            if not inbox:
+                if os.getppid() != parent:  # orphaned
+                    return
+                continue
+            if any(m is None for m in inbox):
+                return
+            if any(m[0] == _RESET for m in inbox):  # tasks queued before a reset are moot
+                while inbox[0][0] != _RESET:
+                    arena.release(*inbox.popleft()[2:])
+            op, arg, frees, drops = inbox.popleft()
+            arena.release(frees, drops)
+            if op == _RESET:
+                if init_error is None:
+                    fetcher = _DatasetKind.create_fetcher(kind, dataset, auto_collation, collate, drop_last)
+                ended = False
+                conn.send((_ACK, wid))
+                continue
+            idx, index = arg
+            if ended:
+                continue
+            if init_error is not None:  # worker_init_fn or the fetcher failed: every task reports it
+                conn.send((_ERROR, idx, init_error))
+                continue
+            arena.begin()
+            try:
+                arena.ship(conn, idx, fetcher.fetch(index))
+            except (BrokenPipeError, ConnectionResetError):
+                return
+            except Exception as e:
+                arena.abort()
+                if isinstance(e, StopIteration) and kind == _DatasetKind.Iterable:
+                    conn.send((_STOP, idx))
+                    ended = True
+                else:
+                    _send_error(conn, idx, wid)
+    except (KeyboardInterrupt, BrokenPipeError, ConnectionResetError, EOFError):
+        pass  # Ctrl-C or the main process went away: it reports whatever needs reporting
+
+
+# -- main side -------------------------------------------------------------------------------------
+class _Slot:
+    __slots__ = ("wid", "sid", "mm", "state")
+
+    def __init__(self, wid: int, sid: int, mm: mmap.mmap):
+        self.wid, self.sid, self.mm, self.state = wid, sid, mm, _WORKER
+
+
+class _SlotUnpickler(pickle.Unpickler):
+    def __init__(self, data: bytes, storage):
+        super().__init__(io.BytesIO(data))
+        self.storage = storage
+
+    def persistent_load(self, pid):
+        off, dtype, shape, stride = pid
+        if off < 0:
+            return torch.empty(shape, dtype=dtype)
+        return torch.empty(0, dtype=dtype).set_(self.storage, off // dtype.itemsize, shape, stride)
+
+
+def _death_message(wid: int, pid: int, code: int | None) -> str:
+    how = "closed its connection" if code is None else f"exited with code {code}"
+    if code is not None and code < 0:
+        name = signal.Signals(-code).name if -code in signal.valid_signals() else str(-code)
+        hint = {"SIGKILL": " (the out-of-memory killer sends SIGKILL: check `dmesg` and the Dataset's memory use)",
+                "SIGBUS": " (out of shared memory)"}.get(name, "")
+        how = f"was killed by signal {name}{hint}"
+    return f"DataLoader worker {wid} (pid {pid}) exited unexpectedly: it {how}"
+
+
+class WorkerIterator:
+    """Iterator over a loader's batches, produced by worker processes into shared-memory slots."""
+
+    def __init__(self, loader):
+        self._shutdown = True  # until the workers exist, for __del__
+        self._pid = os.getpid()  # a forked child that inherits this object must leave the workers alone
+        loader.check_worker_number_rationality()
+        self._dataset_kind = loader._dataset_kind
+        self._index_sampler = loader._index_sampler
+        self._num_workers = nw = loader.num_workers
+        self._prefetch_factor = loader.prefetch_factor
+        self._in_order = loader.in_order
+        self._timeout = loader.timeout
+        self._persistent = loader.persistent_workers
+        self._sampler_iter = iter(self._index_sampler)  # as torch does, before the seed is drawn
+        self._base_seed = int(torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item())
+        self._slots: dict[tuple[int, int], _Slot] = {}
+        self._owned = [0] * nw  # slots each worker owns, as far as main knows
+        self._lent: list[tuple[_Slot, torch.Tensor, int]] = []  # (slot, batch storage, baseline use count)
+        self._frees: list[list[int]] = [[] for _ in range(nw)]
+        self._drops: list[list[int]] = [[] for _ in range(nw)]
+        self._task_info: dict = {}
+        self._workers: list = []
+        self._conns: list = []
+        ctx = loader.multiprocessing_context or multiprocessing.get_context()
+        fork = ctx.get_start_method() == "fork"
+        collate_fn = None if loader.collate_fn is _collate.default_collate else loader.collate_fn
+        self._shutdown = False
+        try:
+            for wid in range(nw):
+                ours, theirs = ctx.Pipe(duplex=True)
+                close = [c.fileno() for c in self._conns] + [ours.fileno()] if fork else []
+                p = ctx.Process(target=_worker_loop, daemon=True, name=f"fastload-worker-{wid}",
+                                args=(theirs, self._dataset_kind, loader.dataset, loader._auto_collation,
+                                      collate_fn, loader.drop_last, self._base_seed, loader.worker_init_fn,
+                                      wid, nw, close))
+                self._conns.append(ours)
+                try:
+                    p.start()
+                finally:
+                    theirs.close()
+                self._workers.append(p)
+            self._reset(loader, first_iter=True)
+        except BaseException:
+            self._shutdown_workers()
+            raise
+
+    def __iter__(self):
+        return self
+
+    def __len__(self) -> int:
+        return len(self._index_sampler)
+
+    def __getstate__(self):
+        raise NotImplementedError(f"{type(self).__name__} cannot be pickled")
+
+    # -- epochs ------------------------------------------------------------------------------------
+    def _reset(self, loader, first_iter: bool = False) -> None:
+        nw = self._num_workers
+        self._sampler_iter = iter(self._index_sampler)
+        old = self._task_info
+        self._send_idx = self._rcvd_idx = 0
+        self._task_info = {}
+        self._status = [True] * nw
+        self._num_tasks = [0] * nw
+        self._cycle = itertools.cycle(range(nw))
+        if not first_iter:  # persistent workers: drop what the last epoch left in flight, like torch
+            self._scan()
+            for info in old.values():
+                if len(info) == 2:
+                    self._discard(*info)
+            for w in range(nw):
+                self._send(w, _RESET, None)
+            acks = nw
+            while acks:
+                w, msg = self._get()
+                if msg[0] == _ACK:
+                    acks -= 1
+                else:
+                    self._discard(w, msg)
+        for _ in range(self._prefetch_factor * nw):
+            self._try_put_index()
+
+    # -- batches -----------------------------------------------------------------------------------
+    def __next__(self):
+        try:
+            self._scan()
+            return self._next_data()
+        except KeyboardInterrupt:
+            self._shutdown_workers()
+            raise
+
+    def _next_data(self):
+        while True:
+            while self._rcvd_idx < self._send_idx:
+                info = self._task_info.get(self._rcvd_idx)
+                if info:
+                    if len(info) == 2 or self._status[info[0]]:
+                        break
+                    del self._task_info[self._rcvd_idx]
+                self._rcvd_idx += 1
+            else:
+                if not self._persistent:
+                    self._shutdown_workers()
+                raise StopIteration
+            if len(self._task_info[self._rcvd_idx]) == 2:
+                w, msg = self._task_info.pop(self._rcvd_idx)
+                self._rcvd_idx += 1
+                return self._process(w, msg)
+            w, msg = self._get()
+            idx = msg[1]
+            if msg[0] == _STOP:
+                self._status[w] = False
+                self._try_put_index()
+                continue
+            if idx != self._rcvd_idx:
+                if not self._in_order:
+                    del self._task_info[idx]
+                    return self._process(w, msg)
+                self._task_info[idx] += (msg,)
+            else:
+                del self._task_info[idx]
+                self._rcvd_idx += 1
+                return self._process(w, msg)
+
+    def _try_put_index(self) -> None:
+        max_tasks = self._prefetch_factor * self._num_workers
+        try:
+            index = next(self._sampler_iter)
+        except StopIteration:
+            return
+        active = [w for w in range(self._num_workers) if self._status[w]]
+        if not active:
+            return
+        for _ in range(self._num_workers):
+            w = next(self._cycle)
+            if self._status[w] and (self._in_order or self._num_tasks[w] < max_tasks // len(active)):
+                break
+        else:  # torch would lose this index here; give it to the least busy worker instead
+            w = min(active, key=lambda k: self._num_tasks[k])
+        self._send(w, _TASK, (self._send_idx, index))
+        self._task_info[self._send_idx] = (w,)
+        self._num_tasks[w] += 1
+        self._send_idx += 1
+
+    def _process(self, w: int, msg: tuple):
+        self._num_tasks[w] -= 1
+        self._try_put_index()
+        if msg[0] == _ERROR:
+            msg[2].reraise()
+        _, _, sid, payload = msg[:4]
+        if sid is None:
+            return _SlotUnpickler(payload, None).load()
+        slot = self._slots[(w, sid)]
+        view = torch.frombuffer(slot.mm, dtype=torch.uint8)  # this batch's own storage over the slot
+        baseline = _refs(view)
+        try:
+            batch = _SlotUnpickler(payload, view.untyped_storage()).load()
+        except BaseException:
+            self._give_back(slot)
+            raise
+        slot.state = _LENT
+        self._lent.append((slot, view, baseline))
+        return batch
+
+    # -- slots -------------------------------------------------------------------------------------
+    def _scan(self) -> None:
+        """Hand back the slots of batches nobody holds any more (bounded work per call)."""
+        keep, held = [], 0
+        limit = self._num_workers * (self._prefetch_factor + 2)
+        for k, (slot, view, baseline) in enumerate(self._lent):
+            if held >= limit:
+                keep.extend(self._lent[k:])
+                break
+            if _refs(view) == baseline:
+                self._give_back(slot)
+            else:
+                keep.append((slot, view, baseline))
+                held += 1
+        self._lent = keep
+
+    def _give_back(self, slot: _Slot) -> None:
+        w, key = slot.wid, (slot.wid, slot.sid)
+        if self._slots.get(key) is not slot:
+            return
+        if self._owned[w] > self._prefetch_factor:
+            del self._slots[key]
+            self._drops[w].append(slot.sid)
+        else:
+            slot.state = _WORKER
+            self._owned[w] += 1
+            self._frees[w].append(slot.sid)
+
+    def _discard(self, w: int, msg: tuple) -> None:
+        if msg[0] == _RESULT and msg[2] is not None:
+            self._give_back(self._slots[(w, msg[2])])
+
+    # -- messages ----------------------------------------------------------------------------------
+    def _send(self, w: int, op: int, arg) -> None:
+        try:
+            self._conns[w].send((op, arg, self._frees[w], self._drops[w]))
+        except OSError:
+            self._fail(w)
+        self._frees[w], self._drops[w] = [], []
+
+    def _get(self) -> tuple[int, tuple]:
+        """The next message from any worker; raises on timeout or when a worker has died."""
+        deadline = time.monotonic() + self._timeout if self._timeout > 0 else None
+        who = {c: w for w, c in enumerate(self._conns)}
+        who.update({p.sentinel: w for w, p in enumerate(self._workers)})
+        while True:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds")
+            ready = connection.wait(list(who), timeout=remaining)
+            for r in ready:
+                if isinstance(r, connection.Connection):
+                    return who[r], self._recv(who[r])
+            for r in ready:  # a sentinel, and nothing left to read from that worker
+                if not self._conns[who[r]].poll():
+                    self._fail(who[r])
+
+    def _recv(self, w: int) -> tuple:
+        conn = self._conns[w]
+        try:
+            msg = conn.recv()
+            fds = [reduction.recv_handle(conn) for _ in msg[4]] if msg[0] == _RESULT else []
+        except (EOFError, OSError):
+            self._fail(w)
+        if msg[0] == _RESULT:
+            try:
+                for (sid, cap), fd in zip(msg[4], fds):
+                    self._slots[(w, sid)] = _Slot(w, sid, mmap.mmap(fd, cap))
+                    self._owned[w] += 1
+            finally:
+                for fd in fds:
+                    os.close(fd)
+            for sid in msg[5]:
+                if self._slots.pop((w, sid), None) is not None:
+                    self._owned[w] -= 1
+            if msg[2] is not None:
+                self._slots[(w, msg[2])].state = _PENDING
+                self._owned[w] -= 1
+        return msg
+
+    def _fail(self, w: int):
+        p = self._workers[w]
+        p.join(timeout=1.0)
+        code = p.exitcode
+        self._shutdown_workers()
+        raise RuntimeError(_death_message(w, p.pid, code))
+
+    # -- shutdown ----------------------------------------------------------------------------------
+    def _shutdown_workers(self) -> None:
+        if self._shutdown or os.getpid() != self._pid:
+            return
+        self._shutdown = True
+        self._task_info, self._send_idx, self._rcvd_idx = {}, 0, 0  # a later next() ends the iteration
+        try:
+            for c in self._conns:
+                try:
+                    c.send(None)
+                except OSError:
+                    pass
+            live = {p.sentinel for p in self._workers}
+            conns = set(self._conns)
+            deadline = time.monotonic() + _tutils.MP_STATUS_CHECK_INTERVAL
+            while live and (remaining := deadline - time.monotonic()) > 0:
+                for r in connection.wait(list(live | conns), timeout=remaining):
+                    if r in live:
+                        live.discard(r)
+                        continue
+                    try:  # drain, so that a worker blocked on a large send can exit
+                        msg = r.recv()
+                        if msg[0] == _RESULT:
+                            for _ in msg[4]:
+                                os.close(reduction.recv_handle(r))
+                    except (EOFError, OSError):
+                        conns.discard(r)
+        finally:
+            for p in self._workers:
+                if p.is_alive():
+                    p.terminate()
+            for p in self._workers:
+                p.join(timeout=1.0)
+                if p.is_alive():
+                    p.kill()
+                    p.join()
+            for c in self._conns:
+                c.close()
+            self._slots.clear()  # each mapping goes with its last view; batches still held stay valid
+            self._lent.clear()
+
+    def __del__(self):
+        if _tutils is None or _tutils.python_exit_status is not False:
+            return  # interpreter exit: multiprocessing terminates daemonic workers itself
+        try:
+            self._shutdown_workers()
+        except Exception:
+            pass
