@@ -3,8 +3,9 @@
 Fast path (a ``fastload.Dataset`` whose samples batch to fixed shapes): the Order picks each batch's
 indices, the Batcher fills a preallocated slot in one native call with the GIL released, and a
 producer thread keeps ``prefetch_factor`` batches ready while the training step runs. Anything else
-(any other Dataset, a custom ``collate_fn`` or ``batch_sampler``) runs on torch's own DataLoader
-machinery, unchanged.
+(any other Dataset, a custom ``collate_fn`` or ``batch_sampler``) takes the generic path: with
+``num_workers > 0``, worker processes collate into shared-memory slots (``_workers.py``); with 0,
+torch's own single-process iterator.
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ class DataLoader(torch.utils.data.DataLoader):
                                       f"move batches with .to(device) in the loop")
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error={on_error!r} should be 'raise' or 'skip'")
-        self.seed = int(seed) if seed is not None else default_seed(generator)
+        # drawn only for the fast path: the generic path leaves torch's generators exactly as torch would
+        self.seed = int(seed) if seed is not None else None
         self.on_error = on_error
         self.fast_path_reason: str | None = None
         self._batcher: Batcher | None = None
@@ -67,6 +69,8 @@ class DataLoader(torch.utils.data.DataLoader):
         except NotFastPath as e:
             self.fast_path_reason = str(e)
             return
+        if self.seed is None:
+            self.seed = default_seed(generator)
         if self._user_sampler and self._batcher.packed is not None:
             self._batcher = None
             self.fast_path_reason = "PackSequences forms its own batches; a custom sampler cannot drive it"

@@ -479,3 +479,13 @@ def test_ctrl_c_leaves_nothing(target):
         time.sleep(0.1)
     else:
         pytest.fail("worker processes outlived the interrupted loader")
+
+
+def test_construction_does_not_consume_torch_randomness():
+    # the generic path must leave the default generator exactly where torch's loader would
+    tds = torch.utils.data.TensorDataset(torch.arange(40))
+    torch.manual_seed(0)
+    ours = [b[0].tolist() for b in fastload.DataLoader(tds, batch_size=8, shuffle=True, num_workers=2)]
+    torch.manual_seed(0)
+    theirs = [b[0].tolist() for b in torch.utils.data.DataLoader(tds, batch_size=8, shuffle=True, num_workers=2)]
+    assert ours == theirs
