@@ -1,38 +1,20 @@
-"""The generic path: worker processes collate each batch straight into shared-memory slots.
+"""The generic path's processes: the worker loop, dispatch, the main-process iterator and shutdown.
 
 Any Dataset that is not a ``fastload.Dataset`` runs here when ``num_workers > 0``. Workers run the user's
 code through torch's own fetchers (``__getitems__``, ``drop_last``, ``batch_size=None`` and the end of an
 IterableDataset behave as in torch), seeded like torch's ``_worker_loop`` (``random``, ``torch``, numpy
 via ``_generate_state``; ``base_seed`` drawn from the loader's generator after ``iter(sampler)``), with
 torch's ``WorkerInfo``. Dispatch mirrors ``_MultiProcessingDataLoaderIter``: round robin, at most
-``prefetch_factor * num_workers`` tasks out, in sampler order unless ``in_order=False``.
-
-Slots: anonymous shared memory (``os.memfd_create`` + ``mmap``: nothing in /dev/shm, and not bound by its
-size), a small ring per worker. The first batch sizes a slot (to the page); a larger batch gets a new
-slot with 25% headroom and the old one is retired. A new slot's file descriptor follows the result that
-announces it over the worker's socket (SCM_RIGHTS); both sides map it once.
+``prefetch_factor * num_workers`` tasks out, in sampler order unless ``in_order=False``. Each worker
+collates its batches straight into shared-memory slots; ``_shm`` holds the slots, how a batch is pickled
+into one and rebuilt from it, and when a slot goes back to its worker.
 
 Protocol, one duplex pipe per worker, no threads on either side:
   main -> worker  ``(op, arg, frees, drops)``, op TASK ``(idx, indices)`` or RESET (a persistent
                   iterator's next epoch); ``frees`` hand slots back, ``drops`` unmap them; ``None``
                   stops. The worker reads ahead, so a stop or reset skips the tasks still queued.
-  worker -> main  ``(RESULT, idx, slot, payload, new_slots, retired)`` [+ an fd per new slot],
+  worker -> main  ``(RESULT, idx, slot, payload, new_slots, retired)`` [+ an fd per new slot, SCM_RIGHTS],
                   ``(ERROR, idx, ExceptionWrapper)``, ``(STOP, idx)`` (iterable exhausted), ``(ACK, wid)``.
-With the default collate the worker runs torch's ``collate`` with one rule replaced: tensors are
-``torch.stack``-ed with ``out=`` a view of the slot (numpy arrays become tensors first, as in torch).
-The batch is then pickled with a ``persistent_id`` that turns every plain CPU tensor into ``(offset,
-dtype, shape, stride)``: tensors already in the slot cost nothing; any other (ints and floats collated by
-torch's rules, a custom ``collate_fn``'s output) is copied in once, keeping a dense layout's strides
-(e.g. channels_last). Everything else (str, bytes, objects, tensors that require grad) is pickled as
-usual, so any picklable batch works. If the in-slot collate raises, torch's ``default_collate`` runs
-instead, so errors are torch's own.
-
-Ownership: a slot is the worker's until its result is sent, then the main process's. The main process
-rebuilds the batch as views of a per-batch ``torch.frombuffer`` over the slot (zero copy) and hands the
-slot back only once that storage's use count is back to baseline: no tensor, view or numpy array of the
-batch is alive. A worker with no free slot maps another (holding batches never blocks nor aliases; memory
-then grows like torch's per-batch shared memory); a slot coming back to a worker that already owns
-``prefetch_factor + 1`` is unmapped. Batches stay valid after the iterator, loader and workers are gone.
 
 Errors: a Dataset exception is re-raised with the worker's traceback (``ExceptionWrapper``); a dead
 worker (SIGKILL, OOM killer, segfault) is seen through its process sentinel while waiting and raised as
@@ -47,10 +29,7 @@ platforms without ``os.memfd_create``.
 from __future__ import annotations
 
 import collections
-import io
 import itertools
-import math
-import mmap
 import multiprocessing
 import os
 import pickle
@@ -68,9 +47,9 @@ from torch.utils.data._utils import worker as _worker
 from torch.utils.data.dataloader import _DatasetKind
 from torch.utils.data.datapipes.datapipe import IterDataPipe, MapDataPipe
 
+from ._shm import LENT, PENDING, WORKER, Arena, Slot, SlotUnpickler, map_slot, use_count
+
 _TASK, _RESET, _RESULT, _ERROR, _STOP, _ACK = range(6)
-_ALIGN = 64  # byte alignment of every tensor in a slot
-_WORKER, _PENDING, _LENT = range(3)  # who owns a slot, as the main process sees it
 
 
 def fallback_reason(loader) -> str | None:
@@ -104,192 +83,17 @@ def generic_iterator(loader):
     return it
 
 
-def _refs(t: torch.Tensor) -> int:
-    return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
-
-
-def _round_page(n: int) -> int:
-    return max(mmap.PAGESIZE, -(-n // mmap.PAGESIZE) * mmap.PAGESIZE)
-
-
-def _dense_strides(t: torch.Tensor) -> tuple | None:
-    """``t``'s strides if they lay it out densely in some dimension order (e.g. channels_last), else None."""
-    expect = 1
-    for stride, size in sorted((st, n) for n, st in zip(t.shape, t.stride()) if n != 1):
-        if stride != expect:
-            return None
-        expect *= size
-    return t.stride()
-
-
 # -- worker side -----------------------------------------------------------------------------------
-class _Arena:
-    """The slots one worker owns, and a bump allocator for the batch being built.
-
-    Offsets are planned past the end of the current slot when a batch does not fit; those tensors are
-    built in private memory and copied into a bigger slot by ``ship`` (only when batches grow).
-    """
-
-    def __init__(self):
-        self.slots: dict[int, tuple[int, torch.Tensor]] = {}  # sid -> (capacity, uint8 view of the mapping)
-        self.free: list[int] = []
-        self.unannounced: list[tuple[int, int, int]] = []  # (sid, capacity, fd) not yet sent to main
-        self.retired: list[int] = []
-        self.next_sid = 0
-        self.max_cap = 0
-        self.fn_map = dict(_collate.default_collate_fn_map)
-        self.fn_map[torch.Tensor] = self.collate_tensor
-        self.begin(pick=False)
-
-    def _create(self, cap: int) -> int:
-        fd = os.memfd_create("fastload-slot", os.MFD_CLOEXEC)
-        try:
-            os.ftruncate(fd, cap)
-            mm = mmap.mmap(fd, cap)
-        except BaseException:
+def _ship(conn, idx: int, arena: Arena, batch) -> None:
+    """Send ``batch`` as a RESULT, then the fd of each slot main has not mapped yet."""
+    sid, payload, new, retired = arena.seal(batch)
+    try:
+        conn.send((_RESULT, idx, sid, payload, [(s, c) for s, c, _ in new], retired))
+        for _, _, fd in new:
+            reduction.send_handle(conn, fd, os.getppid())
+    finally:
+        for _, _, fd in new:
             os.close(fd)
-            raise
-        sid, self.next_sid = self.next_sid, self.next_sid + 1
-        self.slots[sid] = (cap, torch.frombuffer(mm, dtype=torch.uint8))  # keeps mm alive; never close() it
-        self.unannounced.append((sid, cap, fd))
-        self.max_cap = max(self.max_cap, cap)
-        return sid
-
-    def _retire(self, sid: int) -> None:
-        del self.slots[sid]
-        for k, (s, _, fd) in enumerate(self.unannounced):
-            if s == sid:  # main never heard of it
-                os.close(fd)
-                del self.unannounced[k]
-                return
-        self.retired.append(sid)
-
-    def release(self, frees: list, drops: list) -> None:
-        self.free.extend(frees)
-        for sid in drops:
-            self.slots.pop(sid, None)
-
-    def begin(self, pick: bool = True) -> None:
-        sid = None
-        if pick and self.free:
-            sid = max(self.free, key=lambda s: self.slots[s][0])
-            self.free.remove(sid)
-        elif pick and self.max_cap:
-            sid = self._create(self.max_cap)
-        self.sid = sid
-        self.cap, self.base = self.slots[sid] if sid is not None else (0, None)
-        self.base_ptr = self.base.data_ptr() if self.base is not None else None
-        self.bump = self.fit = 0
-        self.pending: list[tuple[int, torch.Tensor]] = []
-        self.pending_at: dict[int, int] = {}
-        self.pids: dict[int, tuple] = {}
-
-    def abort(self) -> None:
-        if self.sid is not None:
-            self.free.append(self.sid)
-        self.begin(pick=False)
-
-    def alloc(self, dtype: torch.dtype, shape: tuple) -> torch.Tensor:
-        n = math.prod(shape) * dtype.itemsize
-        if n == 0:
-            return torch.empty(shape, dtype=dtype)
-        off = -(-self.bump // _ALIGN) * _ALIGN
-        self.bump = off + n
-        if self.bump <= self.cap:
-            self.fit = self.bump
-            return self.base[off:self.bump].view(dtype).view(shape)
-        t = torch.empty(shape, dtype=dtype)
-        self.pending.append((off, t))
-        self.pending_at[t.untyped_storage().data_ptr()] = off
-        return t
-
-    def collate_tensor(self, batch, *, collate_fn_map=None):
-        elem = batch[0]
-        if (type(elem) is not torch.Tensor or elem.layout != torch.strided or elem.device.type != "cpu"
-                or elem.is_nested or elem.is_quantized or elem.requires_grad):
-            return _collate.collate_tensor_fn(batch, collate_fn_map=collate_fn_map)
-        return torch.stack(batch, 0, out=self.alloc(elem.dtype, (len(batch), *elem.shape)))
-
-    def collate(self, batch):
-        """``default_collate``'s exact structure, with tensors stacked into the slot."""
-        mark = (self.bump, self.fit, len(self.pending))
-        try:
-            return _collate.collate(batch, collate_fn_map=self.fn_map)
-        except Exception:  # retry with torch's own rules: its result, or its error
-            self.bump, self.fit = mark[0], mark[1]
-            del self.pending[mark[2]:]
-            self.pending_at = {t.untyped_storage().data_ptr(): o for o, t in self.pending}
-            return _collate.default_collate(batch)
-
-    def _locate(self, t: torch.Tensor) -> int | None:
-        ptr = t.untyped_storage().data_ptr()
-        if ptr == self.base_ptr:
-            return 0
-        return self.pending_at.get(ptr)
-
-    def pid(self, t: torch.Tensor):
-        """The persistent id of a tensor placed in the slot, or None to pickle it as usual."""
-        if (t.device.type != "cpu" or t.layout != torch.strided or t.requires_grad or t.is_quantized
-                or t.is_nested):
-            return None
-        got = self.pids.get(id(t))
-        if got is not None:
-            return got
-        if t.numel() == 0:
-            pid = (-1, t.dtype, tuple(t.shape), t.stride())
-        else:
-            src, at = t, (None if t.is_conj() or t.is_neg() else self._locate(t))
-            if at is None:  # not in the slot yet: copy it in once, keeping a dense layout's strides
-                strides = _dense_strides(src)
-                if strides is None:
-                    t = self.alloc(src.dtype, tuple(src.shape))
-                else:
-                    t = self.alloc(src.dtype, (src.numel(),)).as_strided(src.shape, strides)
-                t.copy_(src)
-                at = self._locate(t)
-            pid = (at + t.storage_offset() * t.element_size(), t.dtype, tuple(t.shape), t.stride())
-            t = src
-        self.pids[id(t)] = pid
-        return pid
-
-    def ship(self, conn, idx: int, batch) -> None:
-        buf = io.BytesIO()
-        _SlotPickler(buf, self).dump(batch)
-        sid = self.sid
-        if self.bump > self.cap:  # first batch, or a larger one: move it into a bigger slot
-            cap = _round_page(self.bump if self.max_cap == 0 else max(self.bump * 5 // 4, self.max_cap))
-            new = self._create(cap)
-            dst = self.slots[new][1]
-            if self.fit:
-                dst[:self.fit].copy_(self.base[:self.fit])
-            for off, t in self.pending:
-                flat = t.reshape(-1).view(torch.uint8)
-                dst[off:off + flat.numel()].copy_(flat)
-            if sid is not None:
-                self._retire(sid)
-            sid = new
-        elif self.bump == 0 and sid is not None:
-            self.free.append(sid)
-            sid = None
-        new, self.unannounced = self.unannounced, []
-        retired, self.retired = self.retired, []
-        self.begin(pick=False)
-        try:
-            conn.send((_RESULT, idx, sid, buf.getvalue(), [(s, c) for s, c, _ in new], retired))
-            for _, _, fd in new:
-                reduction.send_handle(conn, fd, os.getppid())
-        finally:
-            for _, _, fd in new:
-                os.close(fd)
-
-
-class _SlotPickler(pickle.Pickler):
-    def __init__(self, file, arena: _Arena):
-        super().__init__(file, pickle.HIGHEST_PROTOCOL)
-        self.arena = arena
-
-    def persistent_id(self, obj):
-        return self.arena.pid(obj) if type(obj) is torch.Tensor else None
 
 
 def _send_error(conn, idx: int, wid: int) -> None:
@@ -317,7 +121,7 @@ def _worker_loop(conn, kind, dataset, auto_collation, collate_fn, drop_last, bas
         torch.manual_seed(seed)
         np.random.seed(_worker._generate_state(base_seed, wid))
         _worker._worker_info = _worker.WorkerInfo(id=wid, num_workers=num_workers, seed=seed, dataset=dataset)
-        arena = _Arena()
+        arena = Arena()
         collate = arena.collate if collate_fn is None else collate_fn
         init_error = None
         try:
@@ -357,7 +161,7 @@ def _worker_loop(conn, kind, dataset, auto_collation, collate_fn, drop_last, bas
                 continue
             arena.begin()
             try:
-                arena.ship(conn, idx, fetcher.fetch(index))
+                _ship(conn, idx, arena, fetcher.fetch(index))
             except (BrokenPipeError, ConnectionResetError):
                 return
             except Exception as e:
@@ -372,25 +176,6 @@ def _worker_loop(conn, kind, dataset, auto_collation, collate_fn, drop_last, bas
 
 
 # -- main side -------------------------------------------------------------------------------------
-class _Slot:
-    __slots__ = ("wid", "sid", "mm", "state")
-
-    def __init__(self, wid: int, sid: int, mm: mmap.mmap):
-        self.wid, self.sid, self.mm, self.state = wid, sid, mm, _WORKER
-
-
-class _SlotUnpickler(pickle.Unpickler):
-    def __init__(self, data: bytes, storage):
-        super().__init__(io.BytesIO(data))
-        self.storage = storage
-
-    def persistent_load(self, pid):
-        off, dtype, shape, stride = pid
-        if off < 0:
-            return torch.empty(shape, dtype=dtype)
-        return torch.empty(0, dtype=dtype).set_(self.storage, off // dtype.itemsize, shape, stride)
-
-
 def _death_message(wid: int, pid: int, code: int | None) -> str:
     how = "closed its connection" if code is None else f"exited with code {code}"
     if code is not None and code < 0:
@@ -417,9 +202,9 @@ class WorkerIterator:
         self._persistent = loader.persistent_workers
         self._sampler_iter = iter(self._index_sampler)  # as torch does, before the seed is drawn
         self._base_seed = int(torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item())
-        self._slots: dict[tuple[int, int], _Slot] = {}
+        self._slots: dict[tuple[int, int], Slot] = {}
         self._owned = [0] * nw  # slots each worker owns, as far as main knows
-        self._lent: list[tuple[_Slot, torch.Tensor, int]] = []  # (slot, batch storage, baseline use count)
+        self._lent: list[tuple[Slot, torch.Tensor, int]] = []  # (slot, batch storage, baseline use count)
         self._frees: list[list[int]] = [[] for _ in range(nw)]
         self._drops: list[list[int]] = [[] for _ in range(nw)]
         self._task_info: dict = {}
@@ -553,16 +338,16 @@ class WorkerIterator:
             msg[2].reraise()
         _, _, sid, payload = msg[:4]
         if sid is None:
-            return _SlotUnpickler(payload, None).load()
+            return SlotUnpickler(payload, None).load()
         slot = self._slots[(w, sid)]
         view = torch.frombuffer(slot.mm, dtype=torch.uint8)  # this batch's own storage over the slot
-        baseline = _refs(view)
+        baseline = use_count(view)
         try:
-            batch = _SlotUnpickler(payload, view.untyped_storage()).load()
+            batch = SlotUnpickler(payload, view.untyped_storage()).load()
         except BaseException:
             self._give_back(slot)
             raise
-        slot.state = _LENT
+        slot.state = LENT
         self._lent.append((slot, view, baseline))
         return batch
 
@@ -575,14 +360,14 @@ class WorkerIterator:
             if held >= limit:
                 keep.extend(self._lent[k:])
                 break
-            if _refs(view) == baseline:
+            if use_count(view) == baseline:
                 self._give_back(slot)
             else:
                 keep.append((slot, view, baseline))
                 held += 1
         self._lent = keep
 
-    def _give_back(self, slot: _Slot) -> None:
+    def _give_back(self, slot: Slot) -> None:
         w, key = slot.wid, (slot.wid, slot.sid)
         if self._slots.get(key) is not slot:
             return
@@ -590,7 +375,7 @@ class WorkerIterator:
             del self._slots[key]
             self._drops[w].append(slot.sid)
         else:
-            slot.state = _WORKER
+            slot.state = WORKER
             self._owned[w] += 1
             self._frees[w].append(slot.sid)
 
@@ -633,7 +418,7 @@ class WorkerIterator:
         if msg[0] == _RESULT:
             try:
                 for (sid, cap), fd in zip(msg[4], fds):
-                    self._slots[(w, sid)] = _Slot(w, sid, mmap.mmap(fd, cap))
+                    self._slots[(w, sid)] = map_slot(w, sid, fd, cap)
                     self._owned[w] += 1
             finally:
                 for fd in fds:
@@ -642,7 +427,7 @@ class WorkerIterator:
                 if self._slots.pop((w, sid), None) is not None:
                     self._owned[w] -= 1
             if msg[2] is not None:
-                self._slots[(w, msg[2])].state = _PENDING
+                self._slots[(w, msg[2])].state = PENDING
                 self._owned[w] -= 1
         return msg
 
