@@ -81,6 +81,8 @@ class Batcher:
         self._pool = None
         self.pin = _pin()
         self.skipped = 0
+        # ToDtype/Normalize run here on the CPU; a device prefetcher turns this off and runs them on the device
+        self.apply_tensor_transforms = True
         packed = [(n, t) for n, t in dataset.sequences.items() if isinstance(t, PackSequences)]
         self.packed = packed[0] if packed else None
         for f in self.schema:
@@ -333,7 +335,10 @@ class Batcher:
         values = []
         for f, obj in zip(self.schema, objects):
             if f.kind == "image":
-                values.append(slot.tensors[f.name][:n].permute(0, 3, 1, 2))  # NCHW, channels_last
+                images = slot.tensors[f.name][:n].permute(0, 3, 1, 2)  # NCHW, channels_last
+                if self.apply_tensor_transforms and self.pipelines[f.name].tensor:
+                    images = self.pipelines[f.name].tensor.apply(images)  # CPU: a new float batch
+                values.append(images)
             elif f.name in self.ds.sequences:
                 shape = (n, obj) + tuple(f.shape[1:])
                 flat = slot.tensors[f.name][: int(np.prod(shape, dtype=np.int64))]

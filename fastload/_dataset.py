@@ -185,7 +185,10 @@ class Dataset(torch.utils.data.Dataset):
             arr = native().decode_crop_resize(blob, crop, out_hw, flip)
         else:
             arr = native().resize_crop(np.frombuffer(blob, dtype=np.uint8).reshape(h, w, 3), crop, out_hw, flip)
-        return torch.from_numpy(arr).permute(2, 0, 1)
+        image = torch.from_numpy(arr).permute(2, 0, 1)
+        if pipeline.tensor:
+            image = pipeline.tensor.apply(image[None])[0]
+        return image
 
     # -- lifecycle ---------------------------------------------------------------------------
     def close(self) -> None:

@@ -35,6 +35,7 @@ from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
+from ._tensor_transforms import Normalize, TensorPipeline, TensorTransform, ToDtype  # noqa: E402
 from ._sequences import Bucket, Pad, PackSequences  # noqa: E402  (variable-length fields, see _sequences.py)
 
 __all__ = [
@@ -42,16 +43,19 @@ __all__ = [
     "CenterCrop",
     "Compose",
     "ImagePipeline",
+    "Normalize",
     "PackSequences",
     "Pad",
     "Plan",
     "RandomHorizontalFlip",
     "RandomResizedCrop",
     "Resize",
+    "ToDtype",
     "apply_pil",
 ]
 
-_SUPPORTED = "RandomResizedCrop, Resize, CenterCrop, RandomHorizontalFlip (in a list or Compose)"
+_SUPPORTED = ("RandomResizedCrop, Resize, CenterCrop, RandomHorizontalFlip, then optionally ToDtype and "
+              "Normalize (in a list or Compose)")
 _ATTEMPTS = 10  # torchvision's RandomResizedCrop.get_params tries 10 boxes before its fallback
 
 
@@ -390,7 +394,7 @@ def _flatten(transforms: Any) -> list[Transform]:
     for t in transforms:
         if isinstance(t, (Compose, list, tuple)):
             out.extend(_flatten(t))
-        elif isinstance(t, Transform):
+        elif isinstance(t, (Transform, TensorTransform)):
             out.append(t)
         else:
             name = f"{type(t).__module__}.{type(t).__qualname__}"
@@ -400,10 +404,19 @@ def _flatten(transforms: Any) -> list[Transform]:
 
 
 class ImagePipeline:
-    """A list of geometric transforms folded into one crop box, output size and flip per sample."""
+    """A list of geometric transforms folded into one crop box, output size and flip per sample.
+
+    ``ToDtype``/``Normalize`` at the end of the list are kept apart in ``tensor`` (a
+    ``TensorPipeline``): they run on whole batches, on the batch's device."""
 
     def __init__(self, transforms: Any) -> None:
-        self.transforms: tuple[Transform, ...] = tuple(_flatten(transforms))
+        items = _flatten(transforms)
+        first_tensor = next((i for i, t in enumerate(items) if isinstance(t, TensorTransform)), len(items))
+        if any(not isinstance(t, TensorTransform) for t in items[first_tensor:]):
+            raise ValueError("ToDtype/Normalize must come after every geometric transform (they run on the "
+                             "batch once it is on its device)")
+        self.tensor = TensorPipeline(items[first_tensor:])
+        self.transforms: tuple[Transform, ...] = tuple(items[:first_tensor])
         hw: tuple[int, int] | None = None
         for t in self.transforms:
             hw = t._static_size(hw)

@@ -1,0 +1,116 @@
+"""Tensor transforms that run on the batch after it reaches its device: ``ToDtype`` and
+``Normalize`` (exported by ``fastload.transforms``, with torchvision.transforms.v2's semantics).
+
+uint8 pixels travel over PCIe; conversion and normalisation happen on the device, fused into two
+kernels writing into a preallocated buffer (a type conversion, then one multiply-add with
+per-channel constants), keeping the channels_last layout. On a CPU-only machine the same
+declarations run on the CPU, so one training script works everywhere.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+class TensorTransform:
+    """Base of the transforms that run on whole batches on their device."""
+
+
+class ToDtype(TensorTransform):
+    """Convert to ``dtype``; with ``scale=True`` uint8 0..255 becomes 0..1 (torchvision v2's rule)."""
+
+    def __init__(self, dtype: torch.dtype, scale: bool = False):
+        if dtype not in _FLOATS and dtype != torch.uint8:
+            raise ValueError(f"ToDtype(dtype={dtype}) should be a float dtype ({', '.join(map(str, _FLOATS))})")
+        self.dtype, self.scale = dtype, bool(scale)
+
+    def __repr__(self) -> str:
+        return f"ToDtype(dtype={self.dtype}, scale={self.scale})"
+
+
+class Normalize(TensorTransform):
+    """``(x - mean) / std`` per channel, on a float batch (put a float ``ToDtype`` before it)."""
+
+    def __init__(self, mean: Sequence[float], std: Sequence[float]):
+        self.mean, self.std = [float(m) for m in mean], [float(s) for s in std]
+        if len(self.mean) != len(self.std) or not self.mean:
+            raise ValueError(f"Normalize: mean {self.mean} and std {self.std} need one value per channel")
+        if any(s == 0 for s in self.std):
+            raise ValueError(f"Normalize: std {self.std} has a zero")
+
+    def __repr__(self) -> str:
+        return f"Normalize(mean={self.mean}, std={self.std})"
+
+
+class TensorPipeline:
+    """ToDtype/Normalize folded into ``out = convert(x) * a + b`` with per-channel ``a``, ``b``."""
+
+    def __init__(self, transforms: Sequence[TensorTransform]):
+        self.transforms = tuple(transforms)
+        self.dtype = torch.uint8
+        scale = 1.0
+        mean: list[float] | None = None
+        std: list[float] | None = None
+        for t in self.transforms:
+            if isinstance(t, ToDtype):
+                if mean is not None:
+                    raise ValueError("ToDtype after Normalize is not supported: convert first, then normalize")
+                self.dtype = t.dtype
+                if t.scale and t.dtype in _FLOATS:
+                    scale = 1.0 / 255.0
+            elif isinstance(t, Normalize):
+                if self.dtype not in _FLOATS:
+                    raise ValueError("Normalize needs a float batch: put ToDtype(torch.float32 / float16 / "
+                                     "bfloat16, scale=True) before it (uint8 crosses PCIe, floats are made on "
+                                     "the device)")
+                if mean is not None:
+                    raise ValueError("only one Normalize per pipeline")
+                mean, std = t.mean, t.std
+            else:
+                raise TypeError(f"{t!r} is not a tensor transform (ToDtype, Normalize)")
+        self._scale, self._mean, self._std = scale, mean, std
+        self._consts: dict[Any, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.transforms)
+
+    def _constants(self, channels: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
+        if self._mean is None and self._scale == 1.0:
+            return None
+        key = (channels, device)
+        if key not in self._consts:
+            mean = self._mean or [0.0] * channels
+            std = self._std or [1.0] * channels
+            if len(mean) != channels:
+                raise ValueError(f"Normalize has {len(mean)} channels, the batch has {channels}")
+            a = torch.tensor([self._scale / s for s in std], dtype=torch.float32).view(1, channels, 1, 1)
+            b = torch.tensor([-m / s for m, s in zip(mean, std)], dtype=torch.float32).view(1, channels, 1, 1)
+            # built on the CPU, copied once (from pinned memory where it exists: no host sync in the loop)
+            self._consts[key] = (a.to(device=device, dtype=self.dtype), b.to(device=device, dtype=self.dtype))
+        return self._consts[key]
+
+    def output_like(self, x: torch.Tensor) -> torch.Tensor:
+        """A buffer for the result of ``apply(x)``: x's shape and layout, the output dtype."""
+        fmt = torch.channels_last if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last) \
+            else torch.contiguous_format
+        return torch.empty(x.shape, dtype=self.dtype, device=x.device, memory_format=fmt)
+
+    def apply(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Run the pipeline on an NCHW batch ``x``, into ``out`` when given."""
+        if not self.transforms:
+            return x
+        if out is None:
+            out = self.output_like(x)
+        out.copy_(x)  # the dtype conversion, layout kept
+        consts = self._constants(x.shape[1], x.device)
+        if consts is not None:
+            a, b = consts
+            torch.addcmul(b, out, a, out=out)  # one fused multiply-add per element
+        return out
+
+    def __repr__(self) -> str:
+        return f"TensorPipeline({list(self.transforms)})"

@@ -1,0 +1,56 @@
+"""ToDtype / Normalize: torchvision v2 semantics, fused, layout kept; on the CPU without a GPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import fastload
+from fastload import transforms as T
+
+from conftest import make_image_folder
+
+MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+
+
+def reference(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    y = x.to(torch.float64) / 255.0
+    m = torch.tensor(MEAN, dtype=torch.float64).view(1, 3, 1, 1)
+    s = torch.tensor(STD, dtype=torch.float64).view(1, 3, 1, 1)
+    return ((y - m) / s).to(dtype)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float16, 2e-2), (torch.bfloat16, 6e-2)])
+def test_fused_matches_reference(dtype, tol):
+    x = torch.randint(0, 256, (4, 16, 16, 3), dtype=torch.uint8).permute(0, 3, 1, 2)
+    pipe = T.ImagePipeline([T.ToDtype(dtype, scale=True), T.Normalize(MEAN, STD)]).tensor
+    y = pipe.apply(x)
+    assert y.dtype == dtype and y.is_contiguous(memory_format=torch.channels_last)
+    assert (y.double() - reference(x, dtype).double()).abs().max() <= tol
+
+
+def test_to_dtype_alone_and_declaration_errors():
+    x = torch.randint(0, 256, (2, 3, 4, 4), dtype=torch.uint8)
+    assert torch.equal(T.ImagePipeline([T.ToDtype(torch.float32)]).tensor.apply(x), x.float())
+    with pytest.raises(ValueError, match="float batch"):
+        T.ImagePipeline([T.Normalize(MEAN, STD)])
+    with pytest.raises(ValueError, match="after every geometric"):
+        T.ImagePipeline([T.ToDtype(torch.float32), T.RandomResizedCrop(8)])
+    with pytest.raises(ValueError, match="zero"):
+        T.Normalize([0.5], [0.0])
+
+
+def test_loader_and_ds_apply_them_on_cpu(tmp_path):
+    make_image_folder(tmp_path / "src", classes=2, per_class=4)
+    fastload.pack(tmp_path / "src", tmp_path / "ds", workers=0)
+    geo = [T.Resize((24, 20))]
+    tail = [T.ToDtype(torch.float32, scale=True), T.Normalize(MEAN, STD)]
+    plain = fastload.open(tmp_path / "ds", transforms={"image": geo})
+    normed = fastload.open(tmp_path / "ds", transforms={"image": geo + tail})
+    (u8, _), (f32, labels) = next(iter(fastload.DataLoader(plain, batch_size=8))), \
+        next(iter(fastload.DataLoader(normed, batch_size=8, num_workers=2)))
+    assert f32.dtype == torch.float32 and f32.shape == (8, 3, 24, 20)
+    assert f32.is_contiguous(memory_format=torch.channels_last)
+    assert (f32 - reference(u8, torch.float32)).abs().max() < 1e-5
+    assert (normed[3][0] - reference(plain[3][0][None], torch.float32)[0]).abs().max() < 1e-5
