@@ -8,6 +8,7 @@ from __future__ import annotations
 from . import transforms
 from ._dataset import Dataset, open
 from ._loader import DataLoader
+from ._prefetch import to_device
 from ._errors import DecodeError, FastloadError, FormatError, SchemaError, SourceError, VersionError
 from ._pack import PackSummary, pack
 from ._schema import Field, Schema
@@ -28,5 +29,6 @@ __all__ = [
     "__version__",
     "open",
     "pack",
+    "to_device",
     "transforms",
 ]

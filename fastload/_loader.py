@@ -19,6 +19,7 @@ import torch
 
 from ._batcher import Batcher, NotFastPath, Slot
 from ._dataset import Dataset as PackedDataset
+from ._prefetch import DevicePrefetcher
 from ._order import BucketOrder, Order, PackedOrder, default_seed, dist_info
 from ._sequences import Bucket, PackSequences
 from ._workers import generic_iterator
@@ -29,7 +30,8 @@ _END = object()
 class DataLoader(torch.utils.data.DataLoader):
     """A drop-in ``torch.utils.data.DataLoader``.
 
-    Extra keyword-only arguments: ``device`` (only CPU for now), ``seed`` (shuffling and augmentation;
+    Extra keyword-only arguments: ``device`` ('cuda': batches arrive on the GPU, copied on a side stream
+    and handed over by events, with ToDtype/Normalize run there), ``seed`` (shuffling and augmentation;
     drawn from torch's generator when None), ``order`` ('sequential', 'random', 'quasi'; default from
     ``shuffle``), ``rank``/``world_size`` (default from torch.distributed), ``window`` (shards per
     quasi-random window), ``on_error`` ('raise' or 'skip' corrupt samples).
@@ -47,9 +49,12 @@ class DataLoader(torch.utils.data.DataLoader):
                          drop_last, timeout, worker_init_fn, multiprocessing_context, generator,
                          prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
                          pin_memory_device=pin_memory_device, in_order=in_order)
-        if device is not None and torch.device(device).type != "cpu":
-            raise NotImplementedError(f"device={device!r}: prefetching to an accelerator is not implemented yet; "
-                                      f"move batches with .to(device) in the loop")
+        self.device = torch.device(device) if device is not None else None
+        if self.device is not None and self.device.type not in ("cpu", "cuda"):
+            raise ValueError(f"device={device!r}: fastload prefetches to 'cuda' devices (or keeps batches on 'cpu')")
+        if self.device is not None and self.device.type == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError(f"device={device!r} but CUDA is not available (torch.cuda.is_available() is False); "
+                               f"use device=None to keep batches on the CPU")
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error={on_error!r} should be 'raise' or 'skip'")
         # drawn only for the fast path: the generic path leaves torch's generators exactly as torch would
@@ -137,10 +142,14 @@ class DataLoader(torch.utils.data.DataLoader):
             return len(self._order)
         return super().__len__()
 
+    def _on_device(self) -> bool:
+        return self.device is not None and self.device.type == "cuda"
+
     def __iter__(self):
         if self._batcher is None:
             it = generic_iterator(self)  # shared-memory workers; None: torch's own iterator
-            return super().__iter__() if it is None else it
+            it = super().__iter__() if it is None else it
+            return DevicePrefetcher(it, self.device, self.prefetch_factor or 2) if self._on_device() else it
         epoch, start = self._next_epoch, self._resume_at
         self._next_epoch, self._resume_at = epoch + 1, 0
         if self._order is not None:
@@ -154,7 +163,22 @@ class DataLoader(torch.utils.data.DataLoader):
         if not self._batcher.needs_rng:
             rng_for = lambda b: None  # noqa: E731  (a Generator per batch costs more than a tiny batch)
         self._progress = (epoch, start)
-        return _FastIterator(self, epoch, start, batches, rng_for)
+        it = _FastIterator(self, epoch, start, batches, rng_for)
+        if not self._on_device():
+            self._batcher.apply_tensor_transforms = True
+            return it
+        # on the device: the host iterator runs ahead, so progress counts batches handed to the caller
+        self._batcher.apply_tensor_transforms = False
+        it.report_progress = False
+        done = [start]
+
+        def handed() -> None:
+            done[0] += 1
+            self._progress = (epoch, done[0])
+
+        keys = {(f.name if self.dataset.as_dict else i): self.dataset.pipelines[f.name].tensor
+                for i, f in enumerate(self.dataset.schema) if f.name in self.dataset.pipelines}
+        return DevicePrefetcher(it, self.device, self.prefetch_factor or 2, keys, on_yield=handed)
 
     def _free_slot(self, reserved: set) -> Slot:
         """A slot no caller holds and no pending batch uses; the ring grows when there is none."""
@@ -220,6 +244,7 @@ class _FastIterator:
         self.batches = batches
         self.rng_for = rng_for
         self.timeout = loader.timeout
+        self.report_progress = True
         self.thread = None
         self.producer = None
         if loader.persistent_workers and loader._persistent_pool is not None:
@@ -266,7 +291,8 @@ class _FastIterator:
 
     def _count(self, out):
         self.done += 1
-        self.loader._progress = (self.epoch, self.done)
+        if self.report_progress:
+            self.loader._progress = (self.epoch, self.done)
         return out
 
     def close(self) -> None:
