@@ -54,7 +54,7 @@ class Slot:
 
     def __init__(self, tensors: dict[str, torch.Tensor]):
         self.tensors = tensors
-        self.arrays = {k: t.numpy() for k, t in tensors.items()}
+        self.arrays = {k: t.numpy() for k, t in tensors.items() if t.device.type == "cpu"}
         self.baseline = {k: _refs(t) for k, t in tensors.items()}
 
     def in_use(self) -> bool:
@@ -69,9 +69,16 @@ class Slot:
 class Batcher:
     """Fills slots for a ``fastload.Dataset``; raises NotFastPath when it cannot."""
 
-    def __init__(self, dataset: Any, batch_size: int, num_threads: int, on_error: str = "raise"):
+    def __init__(self, dataset: Any, batch_size: int, num_threads: int, on_error: str = "raise",
+                 decoder: str = "native", device: torch.device | None = None):
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error={on_error!r} should be 'raise' or 'skip'")
+        if decoder not in ("native", "dali"):
+            raise ValueError(f"decoder={decoder!r} should be 'native' or 'dali'")
+        self.decoder = decoder
+        # DALI on a GPU decodes straight into device buffers; its CPU-only mode into the host slot
+        self.image_device = device if decoder == "dali" and device is not None and device.type == "cuda" else None
+        self._dali: dict[str, Any] = {}
         self.ds = dataset
         self.batch_size = batch_size
         self.on_error = on_error
@@ -105,6 +112,9 @@ class Batcher:
 
     def close(self) -> None:
         self._pool = None
+        for dec in self._dali.values():
+            dec.close()
+        self._dali = {}
 
     def new_slot(self) -> Slot:
         b = self.batch_size
@@ -119,7 +129,10 @@ class Batcher:
         for f in self.schema:
             if f.kind == "image":
                 h, w = self.pipelines[f.name].output_size
-                tensors[f.name] = _empty((b, h, w, 3), torch.uint8, self.pin)
+                if self.image_device is not None:
+                    tensors[f.name] = torch.empty((b, h, w, 3), dtype=torch.uint8, device=self.image_device)
+                else:
+                    tensors[f.name] = _empty((b, h, w, 3), torch.uint8, self.pin)
             elif f.fixed_size:
                 tensors[f.name] = _empty((b,) + tuple(f.shape or ()), _torch_dtype(f.np_dtype), self.pin)
             elif f.name in self.ds.sequences:
@@ -186,7 +199,9 @@ class Batcher:
         region_of = None  # position -> index into groups, built on first use
         for f in self.schema:
             if f.kind == "image":
-                for k, msg in self._fill_images(f, slot.arrays[f.name], segs, groups, local, rng):
+                fill = self._fill_images if self.decoder == "native" else self._fill_images_dali
+                out = slot.arrays[f.name] if f.name in slot.arrays else slot.tensors[f.name]
+                for k, msg in fill(f, out, segs, groups, local, rng):
                     failed.setdefault(k, f"field '{f.name}': {msg}")
             elif f.name in self.ds.sequences:
                 objects[f.name] = self._fill_sequences(f, slot, segs, groups, local, indices, seg_ids)
@@ -282,6 +297,32 @@ class Batcher:
                     out[p, : cut[p]] = arr[: cut[p]]
         slot.arrays[f.name + ":len"][:n] = cut
         return bound
+
+    def _fill_images_dali(self, f: Field, out_all, segs: dict, groups: list, local: np.ndarray,
+                          rng: np.random.Generator) -> list:
+        """The same plan executed by NVIDIA DALI (``decoder='dali'``); JPEG samples only."""
+        n = len(local)
+        meta = np.empty((n, 3), dtype=np.int64)
+        blobs: list = [None] * n
+        for s, pos in groups:
+            seg = segs[s]
+            meta[pos] = seg.take(f.name, "meta", local[pos])
+            for p, i in zip(pos.tolist(), local[pos].tolist()):
+                blobs[p] = seg.blob(f.name, i)
+        plan = self.pipelines[f.name].plan(meta[:, 0], meta[:, 1], rng)
+        dec = self._dali.get(f.name)
+        if dec is None:
+            from .decoders.dali import DaliDecoder
+
+            dev = self.image_device
+            dec = DaliDecoder(self.batch_size, self.pipelines[f.name].output_size,
+                              device_id=None if dev is None else (dev.index or 0),
+                              num_threads=max(1, self.num_threads), seed=0)
+            self._dali[f.name] = dec
+        raw = [k for k in range(n) if meta[k, 2] != IMAGE_JPEG]
+        failures = dec.decode(blobs, plan.crops, plan.flips, out_all[:n])
+        return sorted(failures + [(k, "a raw (not JPEG) image: DALI decodes JPEG only; use decoder='native'")
+                                  for k in raw if k not in {j for j, _ in failures}])
 
     def _objects(self, f: Field, segs: dict, seg_ids, local, indices, failed) -> list:
         out = []

@@ -34,7 +34,8 @@ class DataLoader(torch.utils.data.DataLoader):
     and handed over by events, with ToDtype/Normalize run there), ``seed`` (shuffling and augmentation;
     drawn from torch's generator when None), ``order`` ('sequential', 'random', 'quasi'; default from
     ``shuffle``), ``rank``/``world_size`` (default from torch.distributed), ``window`` (shards per
-    quasi-random window), ``on_error`` ('raise' or 'skip' corrupt samples).
+    quasi-random window), ``on_error`` ('raise' or 'skip' corrupt samples), ``decoder``
+    ('native', or 'dali': NVIDIA DALI executes the same plans, on the GPU with ``device='cuda'``).
 
     On the fast path ``num_workers`` is the number of native decode threads (0 decodes in the calling
     thread); batches depend only on (seed, epoch, rank, world size), never on ``num_workers``.
@@ -44,7 +45,7 @@ class DataLoader(torch.utils.data.DataLoader):
                  collate_fn=None, pin_memory=False, drop_last=False, timeout=0, worker_init_fn=None,
                  multiprocessing_context=None, generator=None, *, prefetch_factor=None, persistent_workers=False,
                  pin_memory_device="", in_order=True, device=None, seed=None, order=None, rank=None,
-                 world_size=None, window=8, on_error="raise"):
+                 world_size=None, window=8, on_error="raise", decoder="native"):
         super().__init__(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn, pin_memory,
                          drop_last, timeout, worker_init_fn, multiprocessing_context, generator,
                          prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
@@ -69,10 +70,14 @@ class DataLoader(torch.utils.data.DataLoader):
         self._progress = (0, 0)  # (epoch, batches done) of the latest iteration
         self._slots: list[Slot] = []
         self._persistent_pool = None
+        self.decoder = decoder
         try:
             self._batcher = self._fast_path(dataset, batch_size, batch_sampler, collate_fn)
         except NotFastPath as e:
             self.fast_path_reason = str(e)
+            if decoder != "native":
+                raise ValueError(f"decoder={decoder!r} needs fastload's fast path, which this loader cannot take: "
+                                 f"{e}") from None
             return
         if self.seed is None:
             self.seed = default_seed(generator)
@@ -105,7 +110,7 @@ class DataLoader(torch.utils.data.DataLoader):
             raise NotFastPath("batch_size=None or a custom batch_sampler")
         if collate_fn is not None:
             raise NotFastPath("a custom collate_fn")
-        return Batcher(dataset, batch_size, self.num_workers, self.on_error)
+        return Batcher(dataset, batch_size, self.num_workers, self.on_error, self.decoder, self.device)
 
     @property
     def fast_path(self) -> bool:

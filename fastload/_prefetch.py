@@ -189,7 +189,9 @@ class DevicePrefetcher:
         plans = []
         # allocate first, on the consumer's stream: blocks the caller frees are reused in its order
         for i, leaf in enumerate(leaves):
-            if not isinstance(leaf, torch.Tensor) or (leaf.is_cuda and leaf.device == self.device):
+            # tensors already on the device are copied too (device to device, cheap): the caller then
+            # never holds the producer's buffer, which may be rewritten once this copy has finished
+            if not isinstance(leaf, torch.Tensor):
                 plans.append(None)
                 continue
             cl = _channels_last(leaf)
