@@ -10,8 +10,10 @@ torch's own single-process iterator.
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
+import time
 from typing import Any, Iterator
 
 import numpy as np
@@ -20,6 +22,7 @@ import torch
 from ._batcher import Batcher, NotFastPath, Slot
 from ._dataset import Dataset as PackedDataset
 from ._prefetch import DevicePrefetcher
+from ._stats import LoaderStats
 from ._order import BucketOrder, Order, PackedOrder, default_seed, dist_info
 from ._sequences import Bucket, PackSequences
 from ._workers import generic_iterator
@@ -38,7 +41,8 @@ class DataLoader(torch.utils.data.DataLoader):
     ('native', or 'dali': NVIDIA DALI executes the same plans, on the GPU with ``device='cuda'``).
 
     On the fast path ``num_workers`` is the number of native decode threads (0 decodes in the calling
-    thread); batches depend only on (seed, epoch, rank, world size), never on ``num_workers``.
+    thread; ``"auto"`` measures the best count once per dataset and machine, see ``_autotune.py``);
+    batches depend only on (seed, epoch, rank, world size), never on ``num_workers``.
     """
 
     def __init__(self, dataset, batch_size=1, shuffle=None, sampler=None, batch_sampler=None, num_workers=0,
@@ -46,6 +50,9 @@ class DataLoader(torch.utils.data.DataLoader):
                  multiprocessing_context=None, generator=None, *, prefetch_factor=None, persistent_workers=False,
                  pin_memory_device="", in_order=True, device=None, seed=None, order=None, rank=None,
                  world_size=None, window=8, on_error="raise", decoder="native"):
+        auto = isinstance(num_workers, str) and num_workers == "auto"
+        if auto:
+            num_workers = os.cpu_count() or 1  # replaced by the measured choice on the fast path
         super().__init__(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn, pin_memory,
                          drop_last, timeout, worker_init_fn, multiprocessing_context, generator,
                          prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
@@ -69,6 +76,7 @@ class DataLoader(torch.utils.data.DataLoader):
         self._resume_at = 0
         self._progress = (0, 0)  # (epoch, batches done) of the latest iteration
         self._slots: list[Slot] = []
+        self._stats = LoaderStats()
         self._persistent_pool = None
         self.decoder = decoder
         try:
@@ -100,6 +108,11 @@ class DataLoader(torch.utils.data.DataLoader):
                 self._order = BucketOrder(spec.bucket_ids(_first_dims(dataset, name)), batch_size, **common)
             else:
                 self._order = Order(len(dataset), batch_size, shard_sizes=shard_sizes, **common)
+        if auto and self._order is not None:
+            from ._autotune import autotune
+
+            self.num_workers = autotune(self._batcher, self._order, dataset, batch_size)
+            self._batcher.num_threads = self.num_workers
 
     def _fast_path(self, dataset, batch_size, batch_sampler, collate_fn) -> Batcher:
         if not isinstance(dataset, PackedDataset):
@@ -195,9 +208,16 @@ class DataLoader(torch.utils.data.DataLoader):
         return slot
 
     def stats(self) -> dict:
-        return {"slots": len(self._slots), "slot_bytes": sum(s.nbytes for s in self._slots),
-                "skipped": self._batcher.skipped if self._batcher else 0, "fast_path": self.fast_path,
-                "fast_path_reason": self.fast_path_reason}
+        """Counters since the loader was made: batches, time the loop waited for data, time filling
+        batches, queue depth, slots in the ring, skipped samples (see ``stats_summary()``)."""
+        return self._stats.as_dict() | {
+            "slots": len(self._slots), "slot_bytes": sum(s.nbytes for s in self._slots),
+            "skipped": self._batcher.skipped if self._batcher else 0, "fast_path": self.fast_path,
+            "fast_path_reason": self.fast_path_reason, "num_workers": self.num_workers}
+
+    def stats_summary(self) -> str:
+        """One line: throughput, the share of time the loop waited for data, whether it is input-bound."""
+        return self._stats.summary()
 
 
 def _first_dims(dataset: PackedDataset, field: str) -> np.ndarray:
@@ -249,6 +269,7 @@ class _FastIterator:
         self.batches = batches
         self.rng_for = rng_for
         self.timeout = loader.timeout
+        self.stats = loader._stats
         self.report_progress = True
         self.thread = None
         self.producer = None
@@ -265,8 +286,9 @@ class _FastIterator:
         return self
 
     def __next__(self):
+        started = self.stats.begin_next()
         if self.producer is None:
-            return self._next_sync()
+            return self._next_sync(started)
         try:
             item = self.producer.queue.get(timeout=self.timeout if self.timeout > 0 else None)
         except queue.Empty:
@@ -282,17 +304,22 @@ class _FastIterator:
         out = self.batcher.collate(slot, n, objects)
         with self.producer.lock:
             self.producer.reserved.discard(id(slot))
+        self.stats.end_next(started, n, self.producer.queue.qsize())
         return self._count(out)
 
-    def _next_sync(self):
+    def _next_sync(self, started: float):
         try:
             idx = next(self.batches)
         except StopIteration:
             self.close()
             raise
         slot = self.loader._free_slot(set())
+        t = time.perf_counter()
         objects = self.batcher.fill(slot, idx, self.rng_for(self.done))
-        return self._count(self.batcher.collate(slot, len(idx), objects))
+        self.stats.add_fill(time.perf_counter() - t)
+        out = self.batcher.collate(slot, len(idx), objects)
+        self.stats.end_next(started, len(idx))
+        return self._count(out)
 
     def _count(self, out):
         self.done += 1
@@ -301,6 +328,7 @@ class _FastIterator:
         return out
 
     def close(self) -> None:
+        self.stats.end_epoch()
         if self.producer is not None:
             self.producer.stop.set()
             if self.thread is not None and self.thread is not threading.current_thread():
@@ -331,7 +359,9 @@ def _produce(p: _Producer, loader: DataLoader, batches, start: int, rng_for) -> 
             with p.lock:
                 slot = loader._free_slot(p.reserved)
                 p.reserved.add(id(slot))
+            t = time.perf_counter()
             objects = batcher.fill(slot, idx, rng_for(b))
+            loader._stats.add_fill(time.perf_counter() - t)
             b += 1
             if not p.put((slot, len(idx), objects)):
                 return

@@ -1,0 +1,78 @@
+"""Stall metrics: cheap counters that tell whether training waits for data.
+
+Two ``perf_counter`` reads per batch on the consumer side and one per batch in the producer; nothing
+else. ``loader.stats()`` returns them; ``summary()`` says in one line whether the loop is input-bound.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+
+class LoaderStats:
+    """Counters for one loader, accumulated over its iterations (``reset()`` clears them)."""
+
+    INPUT_BOUND = 0.10  # waiting more than this share of the loop's time means the GPU/CPU step starves
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.reset()
+
+    def reset(self) -> None:
+        self.batches = 0
+        self.samples = 0
+        self.wait_s = 0.0      # consumer blocked in __next__ waiting for a batch
+        self.step_s = 0.0      # consumer time between batches (the training step)
+        self.fill_s = 0.0      # producer time filling batches (gather + decode + transform)
+        self.queue_depth = 0   # sum of ready batches seen at each __next__ (mean = / batches)
+        self.skipped = 0
+        self._last = None
+
+    # consumer side
+    def begin_next(self) -> float:
+        now = time.perf_counter()
+        if self._last is not None:
+            self.step_s += now - self._last
+        return now
+
+    def end_next(self, started: float, samples: int, ready: int = 0) -> None:
+        now = time.perf_counter()
+        self.wait_s += now - started
+        self.batches += 1
+        self.samples += samples
+        self.queue_depth += ready
+        self._last = now
+
+    def end_epoch(self) -> None:
+        self._last = None  # time between epochs is not a training step
+
+    # producer side
+    def add_fill(self, seconds: float) -> None:
+        with self._lock:
+            self.fill_s += seconds
+
+    def as_dict(self) -> dict:
+        loop = self.wait_s + self.step_s
+        return {
+            "batches": self.batches,
+            "samples": self.samples,
+            "wait_s": self.wait_s,
+            "step_s": self.step_s,
+            "fill_s": self.fill_s,
+            "wait_fraction": self.wait_s / loop if loop > 0 else 0.0,
+            "mean_queue_depth": self.queue_depth / self.batches if self.batches else 0.0,
+            "samples_per_s": self.samples / loop if loop > 0 else 0.0,
+            "fill_ms_per_batch": 1e3 * self.fill_s / self.batches if self.batches else 0.0,
+        }
+
+    def summary(self) -> str:
+        d = self.as_dict()
+        if not d["batches"]:
+            return "fastload: no batches yet"
+        head = (f"fastload: {d['batches']} batches, {d['samples_per_s']:,.0f} samples/s; the loop waited "
+                f"{d['wait_s']:.2f} s of {d['wait_s'] + d['step_s']:.2f} s ({d['wait_fraction']:.0%})")
+        if d["wait_fraction"] > self.INPUT_BOUND:
+            return (head + ": INPUT-BOUND — the step starves for data (more num_workers, a lighter transform, "
+                           "or 'fastload bench' to find the bottleneck)")
+        return head + ": not input-bound"
