@@ -13,7 +13,7 @@ from ._errors import FastloadError
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="fastload")
 def main() -> None:
-    """fastload: pack datasets into shards or LMDB and load them fast in PyTorch."""
+    """fastload: pack datasets into shards or LMDB, check them, and measure loading speed."""
 
 
 @main.command()
@@ -104,11 +104,31 @@ def verify(dst) -> None:
                else f"{dst}: OK ({m.num_samples:,} samples, every LMDB chunk verified)")
 
 
+@main.command()
+@click.argument("dst", type=click.Path(exists=True, path_type=Path))
+@click.option("--batch-size", type=click.IntRange(min=1), default=64, show_default=True)
+@click.option("--transforms", "preset", type=click.Choice(["train", "val", "none"]), default="train",
+              show_default=True, help="train: RandomResizedCrop+flip; val: Resize+CenterCrop; none: no image transforms.")
+@click.option("--size", type=click.IntRange(min=1), default=224, show_default=True, help="Output image side.")
+@click.option("--max-workers", type=click.IntRange(min=0), default=None, help="Largest thread count tried [default: cores].")
+@click.option("--seconds", type=float, default=1.0, show_default=True, help="Measuring time per thread count.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None, help="Write a PNG (needs matplotlib).")
+def bench(dst, batch_size, preset, size, max_workers, seconds, plot_path) -> None:
+    """Measure the dataset at DST: samples/s per thread count, the best num_workers, where time goes."""
+    from ._benchcmd import plot, report, run
+
+    result = _run(lambda: run(dst, batch_size, preset, size, max_workers, seconds))
+    click.echo(report(result))
+    if plot_path:
+        _run(lambda: plot(result, plot_path))
+        click.echo(f"plot written to {plot_path}")
+
+
 def _run(fn):
     """Run fn, turning fastload's own errors into a clean message and exit status 2."""
     try:
         return fn()
-    except (FastloadError, ValueError) as e:
+    except (FastloadError, ValueError, ImportError) as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(2)
 

@@ -1,0 +1,129 @@
+"""``fastload bench DST``: measure the user's own packed dataset.
+
+Throughput of the fast path per native thread count (and the best ``num_workers``), the time per
+sample spent reading bytes, decoding (full size) and in the whole per-sample pipeline as the loader
+runs it (DCT-scaled decode + crop + resize + flip), and the host-to-device copy where CUDA exists.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+PRESETS = ("train", "val", "none")
+
+
+def preset_transforms(name: str, schema, size: int) -> dict:
+    from . import transforms as T
+
+    if name not in PRESETS:
+        raise ValueError(f"transforms preset {name!r} should be one of {', '.join(PRESETS)}")
+    if name == "none":
+        return {}
+    chain = [T.RandomResizedCrop(size), T.RandomHorizontalFlip()] if name == "train" else \
+        [T.Resize(int(round(size * 256 / 224))), T.CenterCrop(size)]
+    return {f.name: chain for f in schema if f.kind == "image"}
+
+
+def run(path: Any, batch_size: int = 64, preset: str = "train", size: int = 224, max_workers: int | None = None,
+        seconds: float = 1.0) -> dict:
+    from ._autotune import choose, measure
+    from ._batcher import Batcher, NotFastPath
+    from ._dataset import Dataset, read_manifest
+    from ._native import native
+    from ._order import Order
+
+    schema = read_manifest(Path(path)).schema
+    ds = Dataset(path, transforms=preset_transforms(preset, schema, size))
+    try:
+        batcher = Batcher(ds, batch_size, 0)
+    except NotFastPath as e:
+        raise ValueError(f"this dataset cannot take the fast path with --transforms {preset}: {e}") from None
+    order = Order(len(ds), batch_size, kind="random", seed=0)
+    top = max_workers if max_workers is not None else (os.cpu_count() or 1)
+    threads = list(range(0, top + 1))
+    rates = measure(batcher, order, threads, seconds * len(threads))
+    result: dict[str, Any] = {"dataset": str(path), "samples": len(ds), "batch_size": batch_size,
+                              "preset": preset, "rates": rates, "best": choose(rates)}
+    images = [f for f in ds.schema if f.kind == "image"]
+    if images:
+        f = images[0]
+        idx = next(iter(order.batches(0, 0)))
+        blobs = []
+        t = time.perf_counter()
+        for i in idx.tolist():
+            seg, local = ds.locate(i)
+            blobs.append(bytes(seg.blob(f.name, local)))
+        read = (time.perf_counter() - t) / len(idx)
+        C = native()
+        t = time.perf_counter()
+        for b in blobs:
+            try:
+                C.decode_jpeg(b)
+            except ValueError:
+                pass  # raw images or corrupt data: counted in the time anyway
+        decode = (time.perf_counter() - t) / len(idx)
+        slot = batcher.new_slot()
+        batcher._pool = C.Pool(0)
+        t = time.perf_counter()
+        batcher.fill(slot, idx, order.batch_rng(0, 0))
+        pipeline = (time.perf_counter() - t) / len(idx)
+        result["split_ms"] = {"read bytes": 1e3 * read, "decode, full size": 1e3 * decode,
+                              "pipeline as run (decode at scale + crop + resize + flip)": 1e3 * pipeline}
+        if torch.cuda.is_available():
+            host = slot.tensors[f.name]
+            dev = torch.empty(host.shape, dtype=host.dtype, device="cuda")
+            dev.copy_(host, non_blocking=True)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(10):
+                dev.copy_(host, non_blocking=True)
+            end.record()
+            end.synchronize()
+            secs = start.elapsed_time(end) / 1e3 / 10
+            result["h2d_ms_per_batch"] = 1e3 * secs
+            result["h2d_gb_s"] = host.numel() / secs / 1e9
+    batcher.close()
+    ds.close()
+    return result
+
+
+def report(r: dict) -> str:
+    lines = [f"dataset   {r['dataset']} ({r['samples']:,} samples), batch {r['batch_size']}, "
+             f"transforms preset '{r['preset']}'", "", "threads  samples/s  vs 1 thread"]
+    base = r["rates"].get(1) or max(r["rates"].values())
+    for t, v in sorted(r["rates"].items()):
+        lines.append(f"{t:>7}  {v:>9,.0f}  {v / base:>10.2f}x" + ("   <- best num_workers" if t == r["best"] else ""))
+    if "split_ms" in r:
+        lines += ["", "per sample, one thread (ms)"]
+        lines += [f"  {k:<58} {v:7.3f}" for k, v in r["split_ms"].items()]
+    if "h2d_ms_per_batch" in r:
+        lines += ["", f"copy to GPU: {r['h2d_ms_per_batch']:.3f} ms per batch ({r['h2d_gb_s']:.1f} GB/s, pinned)"]
+    else:
+        lines += ["", "copy to GPU: no CUDA device here"]
+    return "\n".join(lines)
+
+
+def plot(r: dict, path: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ImportError("--plot needs matplotlib: pip install matplotlib") from None
+    ts = sorted(r["rates"])
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    ax.plot(ts, [r["rates"][t] for t in ts], marker="o")
+    ax.set_xlabel("native threads (num_workers)")
+    ax.set_ylabel("samples/s")
+    ax.set_title(f"fastload bench: {os.path.basename(str(r['dataset']))}")
+    ax.set_xticks(ts)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
