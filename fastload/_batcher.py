@@ -73,11 +73,14 @@ class Batcher:
                  decoder: str = "native", device: torch.device | None = None):
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error={on_error!r} should be 'raise' or 'skip'")
-        if decoder not in ("native", "dali"):
-            raise ValueError(f"decoder={decoder!r} should be 'native' or 'dali'")
+        if decoder not in ("native", "dali", "nvjpeg"):
+            raise ValueError(f"decoder={decoder!r} should be 'native', 'dali' or 'nvjpeg'")
         self.decoder = decoder
-        # DALI on a GPU decodes straight into device buffers; its CPU-only mode into the host slot
-        self.image_device = device if decoder == "dali" and device is not None and device.type == "cuda" else None
+        # GPU decoders write straight into device buffers; DALI's CPU-only mode into the host slot
+        on_gpu = device is not None and device.type == "cuda"
+        self.image_device = device if decoder != "native" and on_gpu else None
+        if decoder == "nvjpeg" and not on_gpu:
+            raise ValueError("decoder='nvjpeg' decodes on the GPU: pass device='cuda' (or use decoder='native')")
         self._dali: dict[str, Any] = {}
         self.ds = dataset
         self.batch_size = batch_size
@@ -300,7 +303,7 @@ class Batcher:
 
     def _fill_images_dali(self, f: Field, out_all, segs: dict, groups: list, local: np.ndarray,
                           rng: np.random.Generator) -> list:
-        """The same plan executed by NVIDIA DALI (``decoder='dali'``); JPEG samples only."""
+        """The same plan executed by a GPU decoder (``decoder='dali'`` or ``'nvjpeg'``); JPEG samples only."""
         n = len(local)
         meta = np.empty((n, 3), dtype=np.int64)
         blobs: list = [None] * n
@@ -312,16 +315,21 @@ class Batcher:
         plan = self.pipelines[f.name].plan(meta[:, 0], meta[:, 1], rng)
         dec = self._dali.get(f.name)
         if dec is None:
-            from .decoders.dali import DaliDecoder
-
             dev = self.image_device
-            dec = DaliDecoder(self.batch_size, self.pipelines[f.name].output_size,
-                              device_id=None if dev is None else (dev.index or 0),
-                              num_threads=max(1, self.num_threads), seed=0)
+            if self.decoder == "nvjpeg":
+                from .decoders.nvjpeg import NvjpegDecoder
+
+                dec = NvjpegDecoder(self.batch_size, self.pipelines[f.name].output_size, device=dev)
+            else:
+                from .decoders.dali import DaliDecoder
+
+                dec = DaliDecoder(self.batch_size, self.pipelines[f.name].output_size,
+                                  device_id=None if dev is None else (dev.index or 0),
+                                  num_threads=max(1, self.num_threads), seed=0)
             self._dali[f.name] = dec
         raw = [k for k in range(n) if meta[k, 2] != IMAGE_JPEG]
         failures = dec.decode(blobs, plan.crops, plan.flips, out_all[:n])
-        return sorted(failures + [(k, "a raw (not JPEG) image: DALI decodes JPEG only; use decoder='native'")
+        return sorted(failures + [(k, f"a raw (not JPEG) image: decoder={self.decoder!r} decodes JPEG only; use decoder='native'")
                                   for k in raw if k not in {j for j, _ in failures}])
 
     def _objects(self, f: Field, segs: dict, seg_ids, local, indices, failed) -> list:

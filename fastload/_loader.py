@@ -38,7 +38,8 @@ class DataLoader(torch.utils.data.DataLoader):
     drawn from torch's generator when None), ``order`` ('sequential', 'random', 'quasi'; default from
     ``shuffle``), ``rank``/``world_size`` (default from torch.distributed), ``window`` (shards per
     quasi-random window), ``on_error`` ('raise' or 'skip' corrupt samples), ``decoder``
-    ('native', or 'dali': NVIDIA DALI executes the same plans, on the GPU with ``device='cuda'``).
+    ('native'; 'dali': NVIDIA DALI executes the same plans, on the GPU with ``device='cuda'``, else in
+    its CPU-only mode; 'nvjpeg': torchvision's GPU decoder, needs ``device='cuda'``).
 
     On the fast path ``num_workers`` is the number of native decode threads (0 decodes in the calling
     thread; ``"auto"`` measures the best count once per dataset and machine, see ``_autotune.py``);

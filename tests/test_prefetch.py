@@ -66,3 +66,13 @@ def test_loader_device_argument_without_cuda(tmp_path):
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError, match="CUDA is not available"):
             fastload.DataLoader(ds, batch_size=2, device="cuda")
+
+
+def test_gpu_decoders_say_what_they_need(tmp_path):
+    make_image_folder(tmp_path / "src", classes=1, per_class=2)
+    fastload.pack(tmp_path / "src", tmp_path / "ds", workers=0)
+    ds = fastload.open(tmp_path / "ds", transforms={"image": [T.Resize((8, 8))]})
+    with pytest.raises(ValueError, match="device='cuda'"):
+        fastload.DataLoader(ds, batch_size=2, decoder="nvjpeg")
+    with pytest.raises(ValueError, match="should be 'native', 'dali' or 'nvjpeg'"):
+        fastload.DataLoader(ds, batch_size=2, decoder="opencv")

@@ -1,0 +1,37 @@
+"""decoder='nvjpeg' (torchvision on the GPU): same shapes/dtypes as the native path, pixels close.
+Skipped without CUDA and torchvision."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import fastload
+from fastload import transforms as T
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from conftest import make_image_folder  # noqa: E402
+
+try:
+    import torchvision  # noqa: F401
+
+    HAVE_TV = True
+except ImportError:
+    HAVE_TV = False
+
+pytestmark = [pytest.mark.cuda,
+              pytest.mark.skipif(not (torch.cuda.is_available() and HAVE_TV), reason="needs CUDA and torchvision")]
+
+
+def test_nvjpeg_matches_native(tmp_path):
+    make_image_folder(tmp_path / "src", classes=2, per_class=8)
+    fastload.pack(tmp_path / "src", tmp_path / "ds", workers=0)
+    ds = fastload.open(tmp_path / "ds", transforms={"image": [T.RandomResizedCrop(48), T.RandomHorizontalFlip()]})
+    native = [x.clone() for x, _ in fastload.DataLoader(ds, batch_size=4, seed=5)]
+    gpu = [x.cpu() for x, _ in fastload.DataLoader(ds, batch_size=4, seed=5, decoder="nvjpeg", device="cuda")]
+    for a, b in zip(native, gpu):
+        assert a.shape == b.shape and a.dtype == b.dtype
+        assert (a.float() - b.float()).abs().mean() < 4.0
