@@ -81,7 +81,7 @@ class Batcher:
         self.image_device = device if decoder != "native" and on_gpu else None
         if decoder == "nvjpeg" and not on_gpu:
             raise ValueError("decoder='nvjpeg' decodes on the GPU: pass device='cuda' (or use decoder='native')")
-        self._dali: dict[str, Any] = {}
+        self._gpu_decoders: dict[str, Any] = {}
         self.ds = dataset
         self.batch_size = batch_size
         self.on_error = on_error
@@ -115,9 +115,9 @@ class Batcher:
 
     def close(self) -> None:
         self._pool = None
-        for dec in self._dali.values():
+        for dec in self._gpu_decoders.values():
             dec.close()
-        self._dali = {}
+        self._gpu_decoders = {}
 
     def new_slot(self) -> Slot:
         b = self.batch_size
@@ -313,7 +313,7 @@ class Batcher:
             for p, i in zip(pos.tolist(), local[pos].tolist()):
                 blobs[p] = seg.blob(f.name, i)
         plan = self.pipelines[f.name].plan(meta[:, 0], meta[:, 1], rng)
-        dec = self._dali.get(f.name)
+        dec = self._gpu_decoders.get(f.name)
         if dec is None:
             dev = self.image_device
             if self.decoder == "nvjpeg":
@@ -326,7 +326,7 @@ class Batcher:
                 dec = DaliDecoder(self.batch_size, self.pipelines[f.name].output_size,
                                   device_id=None if dev is None else (dev.index or 0),
                                   num_threads=max(1, self.num_threads), seed=0)
-            self._dali[f.name] = dec
+            self._gpu_decoders[f.name] = dec
         raw = [k for k in range(n) if meta[k, 2] != IMAGE_JPEG]
         failures = dec.decode(blobs, plan.crops, plan.flips, out_all[:n])
         return sorted(failures + [(k, f"a raw (not JPEG) image: decoder={self.decoder!r} decodes JPEG only; use decoder='native'")
