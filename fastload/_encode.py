@@ -139,6 +139,8 @@ def encode_image(value: Any, opts: ImageOptions) -> tuple[tuple, bytes]:
     if new is not None:
         img = img.resize(new, Image.BICUBIC, reducing_gap=3.0)
     w, h = img.size
+    if not w or not h:
+        raise SchemaError(f"image is empty (height {h}, width {w})")
     was_jpeg = data is not None and is_jpeg(data)
     raw = opts.mode == "raw" or (opts.mode == "auto" and not was_jpeg and w * h <= SMALL_IMAGE_PIXELS)
     if raw:

@@ -9,11 +9,15 @@ byte-for-byte what an uninterrupted pack writes.
 
 from __future__ import annotations
 
+import errno
 import json
 import multiprocessing as mp
 import os
 import shutil
+import signal
 import time
+from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping
@@ -96,6 +100,12 @@ def _init_worker(source: Source, opts: ImageOptions) -> None:
     _WORKER["opts"] = opts
 
 
+def _init_process_worker(source: Source, opts: ImageOptions) -> None:
+    # Ctrl-C is the main process's to handle: it stops the pack and ends the workers
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _init_worker(source, opts)
+
+
 def _encode_one(i: int) -> tuple[int, list | None, str | None]:
     src, opts = _WORKER["source"], _WORKER["opts"]
     try:
@@ -106,9 +116,12 @@ def _encode_one(i: int) -> tuple[int, list | None, str | None]:
         return i, None, f"{type(e).__name__}: {e}"
 
 
+def _encode_range(lo: int, hi: int) -> list[tuple[int, list | None, str | None]]:
+    return [_encode_one(i) for i in range(lo, hi)]
+
+
 def _threaded(fn, indices: range, workers: int) -> Iterator:
     """``map(fn, indices)`` on a thread pool, in order, with a bounded number of pending results."""
-    from collections import deque
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(workers, thread_name_prefix="fastload-pack") as ex:
@@ -134,15 +147,53 @@ def _encoded(source: Source, opts: ImageOptions, start: int, workers: int) -> It
         _init_worker(source, opts)
         yield from _threaded(_encode_one, indices, workers)
         return
+    yield from _in_processes(source, opts, indices, workers)
+
+
+def _in_processes(source: Source, opts: ImageOptions, indices: range, workers: int, chunk: int = 8) -> Iterator:
+    """Encode on worker processes, in order, a bounded number of chunks in flight. A worker that dies
+    (killed from outside, the OOM killer, a crash in user code) raises instead of hanging the pack."""
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
     methods = mp.get_all_start_methods()
     ctx = mp.get_context("fork" if "fork" in methods else "spawn")
-    pool = ctx.Pool(workers, initializer=_init_worker, initargs=(source, opts))
+    ex = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_process_worker, initargs=(source, opts))
+    procs: dict = {}  # pid -> Process, to name a dead worker
+    pending: deque = deque()
+    ok = broken = False
     try:
-        yield from pool.imap(_encode_one, indices, chunksize=8)
-        pool.close()
+        for lo in range(indices.start, indices.stop, chunk):
+            pending.append(ex.submit(_encode_range, lo, min(lo + chunk, indices.stop)))
+            procs.update(getattr(ex, "_processes", None) or {})
+            if len(pending) >= 4 * workers:
+                yield from pending.popleft().result()
+        while pending:
+            yield from pending.popleft().result()
+        ok = True
+    except BrokenProcessPool:
+        broken = True
     finally:
-        pool.terminate()
-        pool.join()
+        for f in pending:
+            f.cancel()
+        if not ok:  # stop at once: a worker may be stuck in user code
+            for proc in list(procs.values()):
+                if proc.is_alive():
+                    proc.terminate()
+        ex.shutdown(wait=True, cancel_futures=True)  # every worker joined: their exit codes are known
+    if broken:
+        raise FastloadError(f"a pack worker process died unexpectedly ({_deaths(procs)}); the shards finished "
+                            f"so far are kept: run the same pack again to resume")
+
+
+def _deaths(procs: dict) -> str:
+    dead = []
+    for pid, proc in procs.items():
+        code = proc.exitcode
+        if code is not None and code != -signal.SIGTERM:  # SIGTERM: ended by the pool after the death
+            how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+            dead.append(f"pid {pid}, {how}")
+    return "; ".join(dead) or "killed or crashed"
 
 
 # -- destination handling -----------------------------------------------------------------------
@@ -169,18 +220,42 @@ def _prepare_dest(dest: Path, overwrite: bool, params: dict) -> dict | None:
             p = dest / n
             shutil.rmtree(p) if p.is_dir() else p.unlink()
         return None
+    if MANIFEST_NAME in names and STATE_NAME in names and params["format"] == "shards":
+        state = _read_state(dest, "shards")
+        if state is not None and state.get("params") == params:
+            # killed after the manifest was written, before its resume state was removed: finish that
+            (dest / STATE_NAME).unlink()
+            fsync_dir(dest)
+            return {"complete": True}
     if MANIFEST_NAME in names or _lmdb_complete(dest):
         raise FastloadError(f"destination {dest} already holds a packed dataset; pass overwrite=True (--overwrite) "
                             f"to replace it")
     state = _read_state(dest, params["format"])
     if state is None:
-        if names:
+        if names and not _nothing_committed(dest, names):
             raise FastloadError(f"destination {dest} is not empty and holds no resumable pack; use --overwrite")
+        for n in names:  # scratch of a pack killed before it committed anything
+            (dest / n).unlink()
         return None
     if state.get("params") != params:
         raise FastloadError(f"destination {dest} holds an unfinished pack with different parameters or source; "
                             f"run the original command to resume it, or pass --overwrite to start over")
     return state
+
+
+def _nothing_committed(dest: Path, names: list[str]) -> bool:
+    """True when ``names`` are only what a pack killed before its first commit leaves: temporary files
+    (never complete by construction) and an LMDB environment holding no entry."""
+    rest = [n for n in names if not n.endswith(".tmp")]
+    if not rest:
+        return True
+    if set(rest) <= {"data.mdb", "lock.mdb"} and "data.mdb" in rest:
+        w = lmdb_format.LmdbWriter(dest, None)  # type: ignore[arg-type]
+        try:
+            return w.env.stat()["entries"] == 0
+        finally:
+            w.close()
+    return False
 
 
 def _lmdb_complete(dest: Path) -> bool:
@@ -261,40 +336,74 @@ def pack(
     params = {"format": format, "image_mode": image_mode, "max_side": max_side, "quality": quality, "check": check,
               "shard_size": shard_bytes, "schema": src.schema.to_json(), "fingerprint": src.fingerprint(),
               "version": __version__}
-    state = _prepare_dest(dest, overwrite, params)
     t0 = time.perf_counter()
-    if isinstance(src, ArraySource) and format == "shards" and all(f.fixed_size for f in src.schema):
-        writer = _ArraySink(dest, src, params, shard_bytes, state)
-        start = writer.next_sample
-        writer.run(progress)
-        manifest = writer.finish()
-        return PackSummary(str(dest), format, manifest.num_samples, [], writer.total_bytes(),
-                           len(manifest.shards), time.perf_counter() - t0, start)
-    writer = _ShardSink(dest, src, params, shard_bytes, state) if format == "shards" else \
-        _LmdbSink(dest, src, params, state)
+    with _writing(dest):
+        state = _prepare_dest(dest, overwrite, params)
+        if state is not None and state.get("complete"):
+            from ._dataset import read_manifest
+
+            m = read_manifest(dest)
+            return PackSummary(str(dest), format, m.num_samples, m.skipped, sum(s.bytes for s in m.shards),
+                               len(m.shards), time.perf_counter() - t0, m.num_samples)
+        if isinstance(src, ArraySource) and format == "shards" and all(f.fixed_size for f in src.schema):
+            writer = _ArraySink(dest, src, params, shard_bytes, state)
+            start = writer.next_sample
+            writer.run(progress)
+            manifest = writer.finish()
+            return PackSummary(str(dest), format, manifest.num_samples, [], writer.total_bytes(),
+                               len(manifest.shards), time.perf_counter() - t0, start)
+        writer = _ShardSink(dest, src, params, shard_bytes, state) if format == "shards" else \
+            _LmdbSink(dest, src, params, state)
     start = writer.next_sample
     bar = None
     if progress:
         from tqdm import tqdm
 
         bar = tqdm(total=len(src), initial=start, unit="sample", desc=f"pack {dest.name}", smoothing=0.1)
+    samples = _encoded(src, opts, start, workers)
     try:
-        for i, encoded, error in _encoded(src, opts, start, workers):
-            if error is not None:
-                if not skip_bad:
-                    raise SourceError(f"{src.describe(i)}: {error} (pass skip_bad=True / --skip-bad to skip bad "
-                                      f"samples and list them in the manifest)")
-                writer.skip({"index": i, "source": src.describe(i), "error": error})
-            else:
-                writer.add(i, encoded)
-            if bar is not None:
-                bar.update(1)
-        manifest = writer.finish()
+        with _writing(dest):
+            for i, encoded, error in samples:
+                if error is not None:
+                    if not skip_bad:
+                        raise SourceError(f"{src.describe(i)}: {error} (pass skip_bad=True / --skip-bad to skip "
+                                          f"bad samples and list them in the manifest)")
+                    writer.skip({"index": i, "source": src.describe(i), "error": error})
+                else:
+                    writer.add(i, encoded)
+                if bar is not None:
+                    bar.update(1)
+            manifest = writer.finish()
     finally:
+        samples.close()  # ends worker processes now, not when a traceback holding this frame is dropped
+        writer.close()
         if bar is not None:
             bar.close()
     return PackSummary(str(dest), format, manifest.num_samples, manifest.skipped, writer.total_bytes(),
                        len(manifest.shards) or 1, time.perf_counter() - t0, start)
+
+
+@contextmanager
+def _writing(dest: Path) -> Iterator[None]:
+    """Turns a failed write (a full disk, a file size limit, an I/O error) into one clear error.
+    Everything committed so far stays resumable: nothing is marked complete before the manifest."""
+    try:
+        yield
+    except FastloadError:
+        raise
+    except Exception as e:
+        if isinstance(e, OSError):
+            what = f"{e.strerror or e}" + (f" ({e.filename})" if e.filename else "")
+            full = e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+        elif lmdb_format.is_lmdb_error(e):
+            what, full = str(e), False
+        else:
+            raise
+        hint = "the disk is full or a file size limit was reached" if full else \
+            "is the disk full, read-only or failing?"
+        raise FastloadError(f"cannot write the dataset at {dest}: {what} ({hint}). Nothing incomplete is marked "
+                            f"as finished: free some space and run the same pack again to resume where it "
+                            f"stopped") from e
 
 
 class _ShardSink:
@@ -304,6 +413,11 @@ class _ShardSink:
         self.next_sample = self.state["next_sample"]
         self.buffer: list[list] = []
         self.buffered = 0
+        if state is None:  # from now on the destination is a resumable pack, whenever it is killed
+            _write_state(dest, self.state)
+
+    def close(self) -> None:
+        pass
 
     def add(self, i: int, encoded: list) -> None:
         self.buffer.append(encoded)
@@ -409,6 +523,9 @@ class _LmdbSink:
                      self.state["skipped"], metadata, created_by=f"fastload {__version__}")
         self.writer.finish(m)
         return m
+
+    def close(self) -> None:
+        self.writer.close()
 
     def total_bytes(self) -> int:
         return os.path.getsize(self.writer.path / lmdb_format.DATA_FILE)

@@ -34,6 +34,8 @@ IMAGE_RAW = 1
 IMAGE_ENCODINGS = (IMAGE_JPEG, IMAGE_RAW)
 
 FORMAT_VERSION = 1
+MAX_JPEG_SIDE = 65535  # the JPEG format's own limit
+MAX_RAW_SIDE = (1 << 31) - 1
 
 
 class Column(NamedTuple):
@@ -111,6 +113,14 @@ def check_columns(field: Field, columns: dict[str, np.ndarray], first: int = 0) 
         bad = np.nonzero(~np.isin(meta[:, 2], IMAGE_ENCODINGS))[0]
         if bad.size:
             return f"sample {first + int(bad[0])}: image encoding {int(meta[bad[0], 2])} is not 0 (jpeg) or 1 (raw)"
+        # no image is empty; a JPEG side fits 16 bits; the native core indexes pixels with int32
+        limit = np.where(meta[:, 2] == IMAGE_JPEG, MAX_JPEG_SIDE, MAX_RAW_SIDE)
+        bad = np.nonzero((meta[:, :2] == 0).any(axis=1) | (meta[:, :2] > limit[:, None]).any(axis=1))[0]
+        if bad.size:
+            h, w, enc = (int(v) for v in meta[bad[0]])
+            kind = "JPEG" if enc == IMAGE_JPEG else "raw"
+            return (f"sample {first + int(bad[0])}: {kind} image size {h}x{w} is impossible (each side must be "
+                    f"1..{MAX_JPEG_SIDE if enc == IMAGE_JPEG else MAX_RAW_SIDE})")
     if field.kind == "ndarray" and not field.fixed_size:
         shape = columns["shape"]
         for j, d in enumerate(field.shape):
@@ -123,6 +133,15 @@ def check_columns(field: Field, columns: dict[str, np.ndarray], first: int = 0) 
         if bad.size:
             return f"sample {first + int(bad[0])}: negative array shape {shape[bad[0]].tolist()}"
     return None
+
+
+def min_bytes(schema: Schema, n: int) -> int:
+    """Bytes that ``n`` samples of ``schema`` need at the least in any container: their fixed-size columns
+    and blob offsets, and never less than a byte a sample, so that a sample count (and what is sized from it:
+    orders, index arrays) is bounded by the bytes on disk. Exact integers: nothing wraps around."""
+    row = sum(c.row_bytes for f in schema for c in columns_of(f))
+    blobs = sum(1 for f in schema if has_blob(f))
+    return n * max(row + 8 * blobs, 1) + (8 * blobs if n else 0)
 
 
 def section_names(schema: Schema) -> list[tuple[str, str]]:

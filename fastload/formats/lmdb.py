@@ -28,7 +28,7 @@ import xxhash
 
 from .._errors import FormatError
 from .._schema import Schema
-from ._layout import check_columns, columns_of, expected_blob_length, has_blob
+from ._layout import check_columns, columns_of, expected_blob_length, has_blob, min_bytes
 from ._manifest import Manifest
 
 MANIFEST_KEY = b"manifest"
@@ -41,6 +41,14 @@ def _lmdb():
     import lmdb  # a declared dependency; imported lazily to keep `import fastload` light
 
     return lmdb
+
+
+def is_lmdb_error(e: BaseException) -> bool:
+    """True for py-lmdb's errors (without importing lmdb when nothing used it)."""
+    import sys
+
+    mod = sys.modules.get("lmdb")
+    return mod is not None and isinstance(e, mod.Error)
 
 
 def chunk_key(field: str, col: str, chunk: int) -> bytes:
@@ -159,12 +167,21 @@ class LmdbSegment:
             return self
         self._chunks = {}
         self._env = acquire_env(self.path)
-        self._txn = self._env.begin(buffers=True)
+        try:
+            self._txn = self._env.begin(buffers=True)
+        except _lmdb().Error as e:
+            release_env(self.path)
+            self._env = None
+            raise self._fail(f"cannot start a read transaction: {e}") from None
         self._pid = os.getpid()
         return self
 
     def _get(self, key: bytes, what: str = "") -> memoryview:
-        v = self.open()._txn.get(key)
+        try:
+            v = self.open()._txn.get(key)
+        except _lmdb().Error as e:  # a damaged B-tree page (MDB_CORRUPTED, MDB_PAGE_NOTFOUND, ...)
+            self._restart_txn()
+            raise self._fail(f"{what}reading key {key.decode()} failed: {e}") from None
         if v is None:
             raise self._fail(f"{what}key {key.decode()} is missing")
         return v
@@ -186,6 +203,15 @@ class LmdbSegment:
                 raise self._fail(f"field '{field}', {msg}")
             self._chunks[key] = arr
         return arr
+
+    def _restart_txn(self) -> None:
+        """A failed transaction refuses every later read: begin a fresh one on the same environment,
+        which stays mapped, so views handed out before stay valid."""
+        try:
+            self._txn.abort()
+            self._txn = self._env.begin(buffers=True)
+        except _lmdb().Error:
+            pass  # later reads fail again, each with its own FormatError
 
     def row(self, field: str, col: str, i: int) -> np.ndarray:
         return self._chunk(field, col, i // self.rows)[i % self.rows]
@@ -248,8 +274,26 @@ def acquire_env(path: Path):
                                max_readers=1024)
         except _lmdb().Error as e:
             raise FormatError(f"dataset '{path}': cannot open as LMDB: {e}") from None
+        try:
+            _check_not_truncated(path, env)
+        except BaseException:
+            env.close()
+            raise
         _ENVS[key] = [os.getpid(), env, 1]
         return env
+
+
+def _check_not_truncated(path: Path, env) -> None:
+    """Refuse a data.mdb shorter than its last committed page: LMDB maps the file and would touch
+    pages past its end (SIGBUS) rather than report a truncated copy."""
+    try:
+        need = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+        size = os.path.getsize(path / DATA_FILE)
+    except (_lmdb().Error, OSError) as e:
+        raise FormatError(f"dataset '{path}': cannot read the LMDB environment: {e}") from None
+    if size < need:
+        raise FormatError(f"dataset '{path}': {DATA_FILE} is {size} bytes, but its last committed page ends "
+                          f"at byte {need}: the file is truncated (an incomplete copy?)")
 
 
 def release_env(path: Path) -> None:
@@ -270,6 +314,8 @@ def read_manifest(path: Path) -> Manifest:
         with env.begin() as txn:
             raw = txn.get(MANIFEST_KEY)
             unfinished = txn.get(STATE_KEY) is not None
+    except _lmdb().Error as e:
+        raise FormatError(f"dataset '{path}': cannot read the manifest from LMDB: {e}") from None
     finally:
         release_env(path)
     if raw is None:
@@ -278,6 +324,11 @@ def read_manifest(path: Path) -> Manifest:
     m = Manifest.parse(raw, f"dataset '{path}'")
     if m.layout != "lmdb":
         raise FormatError(f"dataset '{path}': manifest layout is {m.layout!r} inside an LMDB environment")
+    size = os.path.getsize(path / DATA_FILE)
+    need = min_bytes(m.schema, m.num_samples)
+    if need > size:
+        raise FormatError(f"dataset '{path}': the manifest claims {m.num_samples} samples, whose columns alone "
+                          f"need {need} bytes, but {DATA_FILE} is {size} bytes")
     return m
 
 

@@ -29,7 +29,8 @@ import xxhash
 
 from .._errors import FormatError, VersionError
 from .._schema import Field, Schema
-from ._layout import FORMAT_VERSION, check_columns, columns_of, expected_blob_length, has_blob, section_names
+from ._layout import (FORMAT_VERSION, check_columns, columns_of, expected_blob_length, has_blob, min_bytes,
+                      section_names)
 from ._manifest import MANIFEST_NAME, SHARD_NAME, Manifest, ShardEntry
 
 SHARD_MAGIC = b"FLSHARD1"
@@ -100,12 +101,16 @@ def _write_sections(path: Path, sections: list, n: int) -> ShardEntry:
     head = header + b"".join(SECTION.pack(o, n) for o, n in table) + bytes(_pad(table_end))
     tmp = path.with_name(path.name + ".tmp")
     h = xxhash.xxh3_64()
-    with open(tmp, "wb") as fh:
-        for chunk in [head] + [x for s in sections for x in (s, bytes(_pad(len(s))))]:
-            fh.write(chunk)
-            h.update(chunk)
-        fh.flush()
-        os.fsync(fh.fileno())
+    try:
+        with open(tmp, "wb") as fh:
+            for chunk in [head] + [x for s in sections for x in (s, bytes(_pad(len(s))))]:
+                fh.write(chunk)
+                h.update(chunk)
+            fh.flush()
+            os.fsync(fh.fileno())
+    except OSError as e:  # a full disk: leave no partial file behind (a killed pack's is overwritten on resume)
+        tmp.unlink(missing_ok=True)
+        raise OSError(e.errno, e.strerror, str(tmp)) from e
     os.replace(tmp, path)
     return ShardEntry(path.name, n, pos, h.hexdigest())
 
@@ -113,10 +118,14 @@ def _write_sections(path: Path, sections: list, n: int) -> ShardEntry:
 def write_manifest(root: Path, manifest: Manifest) -> None:
     """Write the manifest last and atomically: a dataset is complete exactly when it exists."""
     tmp = root / (MANIFEST_NAME + ".tmp")
-    with open(tmp, "w") as fh:
-        fh.write(manifest.to_json())
-        fh.flush()
-        os.fsync(fh.fileno())
+    try:
+        with open(tmp, "w") as fh:
+            fh.write(manifest.to_json())
+            fh.flush()
+            os.fsync(fh.fileno())
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise OSError(e.errno, e.strerror, str(tmp)) from e
     os.replace(tmp, root / MANIFEST_NAME)
     fsync_dir(root)
 
@@ -301,6 +310,11 @@ def _starts(manifest: Manifest) -> list[int]:
 
 
 def shard_segments(root: Path, manifest: Manifest) -> list[ShardSegment]:
+    for e in manifest.shards:  # before anything is sized from the schema: a shard holds its samples' columns
+        need = HEADER.size + min_bytes(manifest.schema, e.num_samples)
+        if e.num_samples and need > e.bytes:
+            raise FormatError(f"dataset '{root}', shard '{e.file}': the manifest says {e.num_samples} samples, "
+                              f"whose columns alone need {need} bytes, and {e.bytes} bytes for the shard")
     return [ShardSegment(root / e.file, e, manifest.schema, str(root), start)
             for e, start in zip(manifest.shards, _starts(manifest))]
 
