@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.fastload-installed
 
-.PHONY: install demo test clean
+.PHONY: install demo test sanitize fuzz soak bench clean
 
 install: $(STAMP)
 
@@ -26,6 +26,23 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
+
+# The whole test suite against the native core built with ASan + UBSan (see scripts/sanitize.sh).
+sanitize: $(STAMP)
+	PYTHON=$(BIN)/python scripts/sanitize.sh
+
+# 1,000,000 fuzz inputs over every target (tests/fuzz/run.py; a short run is part of `make test`).
+fuzz: $(STAMP)
+	$(BIN)/python tests/fuzz/run.py --target each
+
+# 50 epochs on every loader path; fails if RSS, descriptors, threads or /dev/shm drift after epoch 1.
+soak: $(STAMP)
+	$(BIN)/python bench/soak.py --epochs 50
+
+# Every benchmark against the peers, each peer in its own virtualenv (bench/.venvs), results in bench/results.
+bench: $(STAMP)
+	PYTHON=$(BIN)/python bench/setup_peers.sh
+	$(BIN)/python bench/suite.py
 
 clean:
 	rm -rf build *.egg-info fastload/_C*.so demo_out
