@@ -22,6 +22,7 @@ MAGIC = "fastload"
 MANIFEST_NAME = "manifest.json"
 MAX_MANIFEST_BYTES = 256 << 20  # refuse absurd manifests before parsing them
 SHARD_NAME = re.compile(r"shard-[0-9]{5,9}\.fls")  # always fullmatch: no "/", "..", or trailing newline
+DTYPE = re.compile(r"[<>|=]?(b1|[iuf][1248])")  # what Field.to_json writes ('<f4', '|u1', '|b1'); fullmatch
 MAX_COUNT = (1 << 63) - 1  # sample counts and byte sizes must fit the int64 arithmetic of readers
 MAX_ROW_BYTES = 1 << 40  # a fixed-size field's per-sample bytes (numpy refuses shapes much past this)
 
@@ -86,9 +87,17 @@ class Manifest:
         layout = doc.get("layout")
         if layout not in ("shards", "lmdb"):
             raise FormatError(f"{where}: layout {layout!r} is not 'shards' or 'lmdb'")
+        raw_schema = doc.get("schema")
+        for k, f in enumerate(raw_schema if isinstance(raw_schema, list) else []):
+            # numpy parses dtype strings with a grammar of its own (ast.literal_eval included): it only
+            # ever sees the few strings a writer produces
+            dtype = f.get("dtype") if isinstance(f, dict) else None
+            if dtype is not None and not (isinstance(dtype, str) and DTYPE.fullmatch(dtype)):
+                raise FormatError(f"{where}: bad schema: field {k} has dtype {dtype!r}, expected one of "
+                                  f"b1 i1 i2 i4 i8 u1 u2 u4 u8 f2 f4 f8 with an optional byte order, e.g. '<f4'")
         try:
-            schema = Schema.from_json(doc.get("schema"))
-        except SchemaError as e:
+            schema = Schema.from_json(raw_schema)
+        except (SchemaError, ValueError, TypeError, OverflowError) as e:
             raise FormatError(f"{where}: bad schema: {e}") from None
         for f in schema:  # exact sizes of the fixed dimensions: numpy would refuse (or wrap) larger ones
             row = math.prod(d for d in f.shape if d is not None) * np.dtype(f.dtype).itemsize \

@@ -118,3 +118,13 @@ def test_sample_count_is_bounded_by_the_bytes_on_disk(images):
     env.close()
     with pytest.raises(FormatError, match=r"claims 1099511627776 samples.*data.mdb is \d+ bytes"):
         fastload.open(lm)
+
+
+@pytest.mark.parametrize("dtype", [",f8", "<,f4", "(2,)f4", "f4,f4", "O", "U8", "V4", 4, ["f4"], {"names": []}])
+def test_manifest_dtype_is_a_format_error(images, dtype):
+    # was: numpy's dtype parser raising SyntaxError (it runs ast.literal_eval on '(2,)f4'-like strings)
+    doc = json.loads((images / "shards" / "manifest.json").read_text())
+    doc["schema"].append({"name": "x", "kind": "ndarray", "dtype": dtype, "shape": [1]})
+    (images / "shards" / "manifest.json").write_text(json.dumps(doc))
+    with pytest.raises(FormatError, match="bad schema"):
+        fastload.open(images / "shards")
