@@ -277,6 +277,10 @@ def source_bytes(sources: dict, dataset: str) -> tuple[int, int]:
 
 # --------------------------------------------------------------------------------------- running
 
+def add_note(res: dict, note: str) -> None:
+    res["note"] = "; ".join(x for x in (res.get("note"), note) if x)
+
+
 class Runner:
     def __init__(self, args, sources: dict, available: dict):
         self.args, self.sources, self.available = args, sources, available
@@ -305,11 +309,12 @@ class Runner:
             again = self._run_once(spec, timeout)
             if again.get("status") == "ok" and again.get("background_cores", 0.0) <= first:
                 res = again
-                res["note"] = f"re-run: the first run was disturbed by {first:.2f} cores of other load"
+                add_note(res, f"re-run: the first run was disturbed by {first:.2f} cores of other load")
             elif again.get("status") == "ok":
-                res["note"] = f"ran twice, both disturbed by others ({first:.2f}, {again['background_cores']:.2f} cores): the less disturbed run"
+                add_note(res, f"ran twice, both disturbed by others ({first:.2f}, {again['background_cores']:.2f} "
+                              f"cores): the less disturbed run")
         elif res.get("status") == "ok" and first > self.args.disturbed:
-            res["note"] = f"disturbed by {first:.2f} cores of other load (re-run budget spent)"
+            add_note(res, f"disturbed by {first:.2f} cores of other load (re-run budget spent)")
         self.last_background = res.get("background_cores", 0.0)
         return res
 

@@ -6,8 +6,9 @@ Pack (``optimize(fn, inputs=range(N), num_workers=2)``; every item a dict):
   raw   {"data": uint8 (3, 224, 224), "label": int};   tiny: {"data": int32 (48,), "label": int}
   varlen {"data": int32 (L,), "label": int}            (read with a padding collate_fn)
 Config: {"num_workers": W} or, for pack, {"dataset": ...}. Array cases only (no image pipeline here).
-raw reads with ``batch_decode=0``: LitData 0.2.76's default ("auto") deserializes a window of about 100
-neighbouring items per shuffled 150 KB item and reads ~200 items/s here (per item: ~13,000/s).
+Reads with ``batch_decode=0`` (per-item decoding) for raw and whenever num_workers > 0: LitData 0.2.76's
+default ("auto") deserializes a window of about 100 neighbouring items per shuffled item, which reads ~200
+items/s on raw (per item: ~13,000/s) and ~6,000/s on tiny with 2 workers (per item: ~50,000/s).
 """
 
 from __future__ import annotations
@@ -56,10 +57,11 @@ def run(spec: dict) -> dict:
             return pad([(it["data"], it["label"]) for it in items])
 
     def make():
-        # raw (150 KB items): batch_decode=0. The default ("auto") deserializes a window of ~100 neighbours
-        # (one copy each) per shuffled item and reads ~200 items/s here; per-item decoding reads ~13,000/s.
-        # tiny and varlen keep the default, which is faster for them.
-        extra = {"batch_decode": 0} if case == "raw" else {}
+        # batch_decode=0 (per item) where LitData 0.2.76's default ("auto") is pathological here: raw (150 KB
+        # items; "auto" deserializes a window of ~100 neighbours per shuffled item: ~200 items/s vs ~13,000/s)
+        # and any num_workers > 0 (tiny, 2 workers: ~6,000/s vs ~50,000/s). Otherwise the default, faster there.
+        per_item = case == "raw" or w > 0
+        extra = {"batch_decode": 0} if per_item else {}
         ds = StreamingDataset(os.path.abspath(spec["data"]["packed"]), shuffle=True, drop_last=True,
                               seed=int(spec.get("seed", 0)), **extra)
         kw = {"collate_fn": collate} if collate else {}
@@ -72,8 +74,11 @@ def run(spec: dict) -> dict:
 
     out = measure_loader(make, lambda loader, e: loader, count, spec)
     out["versions"] = versions("litdata", "torch", "numpy")
-    out["pipeline"] = "StreamingDataset(shuffle=True" + (", batch_decode=0" if case == "raw" else "") + \
+    per_item = case == "raw" or w > 0
+    out["pipeline"] = "StreamingDataset(shuffle=True" + (", batch_decode=0" if per_item else "") + \
         ") + StreamingDataLoader"
+    if per_item:
+        out["note"] = "batch_decode=0: LitData's default decode windows are 10-60x slower here"
     return out
 
 
