@@ -35,6 +35,7 @@ import os
 import pickle
 import random
 import signal
+import threading
 import time
 from multiprocessing import connection, reduction
 
@@ -113,6 +114,9 @@ def _worker_loop(conn, kind, dataset, auto_collation, collate_fn, drop_last, bas
             os.close(fd)
         except OSError:
             pass
+    held = getattr(signal.getsignal(signal.SIGINT), "__self__", None)
+    if isinstance(held, _HoldCtrlC) and held.previous is not None:  # forked while main held Ctrl-C back
+        signal.signal(signal.SIGINT, held.previous)
     try:
         _tutils.signal_handling._set_worker_signal_handlers()
         torch.set_num_threads(1)
@@ -186,11 +190,43 @@ def _death_message(wid: int, pid: int, code: int | None) -> str:
     return f"DataLoader worker {wid} (pid {pid}) exited unexpectedly: it {how}"
 
 
+class _HoldCtrlC:
+    """Holds Ctrl-C back for a few lines and delivers it after them, through the handler that was there.
+
+    Around a worker's start: an interrupt between the fork and ``_workers.append`` would lose the child
+    (no one left to reap it). Python runs signal handlers in the main thread only, and only callable
+    handlers can be deferred; elsewhere this does nothing."""
+
+    def __init__(self):
+        self.previous = None
+        self.caught = None
+
+    def __enter__(self):
+        current = signal.getsignal(signal.SIGINT)
+        if threading.current_thread() is threading.main_thread() and callable(current):
+            self.previous = current
+            signal.signal(signal.SIGINT, self._hold)
+        return self
+
+    def _hold(self, signum, frame) -> None:
+        self.caught = (signum, frame)
+
+    def __exit__(self, *exc) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+            if self.caught is not None:
+                self.previous(*self.caught)
+
+
 class WorkerIterator:
     """Iterator over a loader's batches, produced by worker processes into shared-memory slots."""
 
     def __init__(self, loader):
         self._shutdown = True  # until the workers exist, for __del__
+        self._workers: list = []
+        self._conns: list = []
+        self._slots: dict[tuple[int, int], Slot] = {}
+        self._lent: list[tuple[Slot, torch.Tensor, int]] = []  # (slot, batch storage, baseline use count)
         self._pid = os.getpid()  # a forked child that inherits this object must leave the workers alone
         loader.check_worker_number_rationality()
         self._dataset_kind = loader._dataset_kind
@@ -202,14 +238,10 @@ class WorkerIterator:
         self._persistent = loader.persistent_workers
         self._sampler_iter = iter(self._index_sampler)  # as torch does, before the seed is drawn
         self._base_seed = int(torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item())
-        self._slots: dict[tuple[int, int], Slot] = {}
         self._owned = [0] * nw  # slots each worker owns, as far as main knows
-        self._lent: list[tuple[Slot, torch.Tensor, int]] = []  # (slot, batch storage, baseline use count)
         self._frees: list[list[int]] = [[] for _ in range(nw)]
         self._drops: list[list[int]] = [[] for _ in range(nw)]
         self._task_info: dict = {}
-        self._workers: list = []
-        self._conns: list = []
         ctx = loader.multiprocessing_context or multiprocessing.get_context()
         fork = ctx.get_start_method() == "fork"
         collate_fn = None if loader.collate_fn is _collate.default_collate else loader.collate_fn
@@ -223,11 +255,12 @@ class WorkerIterator:
                                       collate_fn, loader.drop_last, self._base_seed, loader.worker_init_fn,
                                       wid, nw, close))
                 self._conns.append(ours)
-                try:
-                    p.start()
-                finally:
-                    theirs.close()
-                self._workers.append(p)
+                with _HoldCtrlC():  # a started worker is always in _workers, where shutdown finds it
+                    try:
+                        p.start()
+                    finally:
+                        theirs.close()
+                    self._workers.append(p)
             self._reset(loader, first_iter=True)
         except BaseException:
             self._shutdown_workers()
@@ -440,44 +473,55 @@ class WorkerIterator:
 
     # -- shutdown ----------------------------------------------------------------------------------
     def _shutdown_workers(self) -> None:
-        if self._shutdown or os.getpid() != self._pid:
+        """Stop, reap and unmap. Safe to call again: a Ctrl-C inside it leaves the rest for the next call
+        (``__del__`` makes one), since each worker and pipe leaves its list only once it is dealt with."""
+        if os.getpid() != self._pid:
             return
+        polite = not self._shutdown
         self._shutdown = True
         self._task_info, self._send_idx, self._rcvd_idx = {}, 0, 0  # a later next() ends the iteration
         try:
-            for c in self._conns:
-                try:
-                    c.send(None)
-                except OSError:
-                    pass
-            live = {p.sentinel for p in self._workers}
-            conns = set(self._conns)
-            deadline = time.monotonic() + _tutils.MP_STATUS_CHECK_INTERVAL
-            while live and (remaining := deadline - time.monotonic()) > 0:
-                for r in connection.wait(list(live | conns), timeout=remaining):
-                    if r in live:
-                        live.discard(r)
-                        continue
-                    try:  # drain, so that a worker blocked on a large send can exit
-                        msg = r.recv()
-                        if msg[0] == _RESULT:
-                            for _ in msg[4]:
-                                os.close(reduction.recv_handle(r))
-                    except (EOFError, OSError):
-                        conns.discard(r)
+            if polite:
+                self._ask_workers_to_stop()
         finally:
             for p in self._workers:
                 if p.is_alive():
                     p.terminate()
-            for p in self._workers:
+            while self._workers:
+                p = self._workers[0]
                 p.join(timeout=1.0)
                 if p.is_alive():
                     p.kill()
                     p.join()
-            for c in self._conns:
-                c.close()
+                self._workers.pop(0)
+            while self._conns:
+                self._conns.pop().close()
             self._slots.clear()  # each mapping goes with its last view; batches still held stay valid
             self._lent.clear()
+
+    def _ask_workers_to_stop(self) -> None:
+        """Send each worker the stop message and wait up to MP_STATUS_CHECK_INTERVAL for it to exit,
+        draining its pipe meanwhile; what is still alive then is terminated by the caller."""
+        for c in self._conns:
+            try:
+                c.send(None)
+            except OSError:
+                pass
+        live = {p.sentinel for p in self._workers}
+        conns = set(self._conns)
+        deadline = time.monotonic() + _tutils.MP_STATUS_CHECK_INTERVAL
+        while live and (remaining := deadline - time.monotonic()) > 0:
+            for r in connection.wait(list(live | conns), timeout=remaining):
+                if r in live:
+                    live.discard(r)
+                    continue
+                try:  # drain, so that a worker blocked on a large send can exit
+                    msg = r.recv()
+                    if msg[0] == _RESULT:
+                        for _ in msg[4]:
+                            os.close(reduction.recv_handle(r))
+                except (EOFError, OSError):
+                    conns.discard(r)
 
     def __del__(self):
         if _tutils is None or _tutils.python_exit_status is not False:

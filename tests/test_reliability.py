@@ -674,13 +674,8 @@ def _run_until_interrupted(loader, delay: float) -> None:
 
 HOWS = ["break", "exception", "del", "ctrl-c", "epoch-end"]
 
-# A Ctrl-C that lands while the generic path starts or joins its worker processes leaves a zombie and its
-# pipes behind (fastload/_workers.py; the two strict xfail tests below pin the two windows down). Ctrl-C at
-# random moments hits one of them about once in twenty interrupts.
-GENERIC_CTRL_C = pytest.mark.xfail(reason="_workers.py: Ctrl-C inside worker start or join (see "
-                                          "test_ctrl_c_while_*)", strict=False)
-SHUTDOWN_CASES = [pytest.param(p, h, marks=GENERIC_CTRL_C) if (p, h) == ("generic", "ctrl-c") else (p, h)
-                  for p in PATHS for h in HOWS]
+# Ctrl-C while the generic path starts or joins its workers: test_ctrl_c_while_* pin those two windows down.
+SHUTDOWN_CASES = [(p, h) for p in PATHS for h in HOWS]
 
 
 # a SIGINT may land in a fork hook or a __del__, where Python swallows it: the Interrupter sends another
@@ -724,7 +719,7 @@ def test_shutdown_leaves_nothing(image_datasets, path, how):
 
 
 @CTRL_C_NOISE
-@pytest.mark.parametrize("path", ["fast-shards", "fast-lmdb", pytest.param("generic", marks=GENERIC_CTRL_C)])
+@pytest.mark.parametrize("path", ["fast-shards", "fast-lmdb", "generic"])
 def test_ctrl_c_at_random_moments(image_datasets, path):
     """Ten SIGINTs at seeded random moments of a loop over epochs."""
     root = image_datasets
@@ -751,8 +746,6 @@ class Stuck(torch.utils.data.Dataset):
         return torch.zeros(4)
 
 
-@pytest.mark.xfail(reason="_workers.py: _shutdown_workers marks itself done first, so a KeyboardInterrupt "
-                          "inside its joins leaves the remaining workers unjoined", strict=True)
 def test_ctrl_c_while_workers_are_joined(image_datasets, monkeypatch):
     from fastload import _workers
 
@@ -773,8 +766,6 @@ def test_ctrl_c_while_workers_are_joined(image_datasets, monkeypatch):
     assert not left_behind(before, image_datasets, timeout=0.5)
 
 
-@pytest.mark.xfail(reason="_workers.py: a KeyboardInterrupt inside p.start() loses the forked worker "
-                          "(it is appended to _workers only after start returns)", strict=True)
 def test_ctrl_c_while_workers_start(image_datasets, monkeypatch):
     from multiprocessing import popen_fork
 
@@ -782,10 +773,10 @@ def test_ctrl_c_while_workers_start(image_datasets, monkeypatch):
     loader = make_loader("generic", image_datasets)
     real_launch = popen_fork.Popen._launch
 
-    def launch(self, process_obj):  # Ctrl-C right after the second worker was forked
+    def launch(self, process_obj):  # Ctrl-C right after the second worker was forked, before start returns
         real_launch(self, process_obj)
         if process_obj.name.endswith("-1"):
-            raise KeyboardInterrupt
+            os.kill(os.getpid(), signal.SIGINT)
 
     monkeypatch.setattr(popen_fork.Popen, "_launch", launch)
     with pytest.raises(KeyboardInterrupt):
