@@ -205,13 +205,13 @@ def survey_lmdb_file(runs: int, seed: int) -> dict:
         (work / "data.mdb").write_bytes(data)
         pid = os.fork()
         if pid == 0:
-            code = 0
+            code = 3
             try:
-                targets.exercise(work)
+                code = 0 if targets.exercise(work) == "ok" else 4  # 4: refused with FastloadError
             except FastloadError:
                 code = 4
             except BaseException:
-                code = 3
+                pass
             os._exit(code)
         code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
         counts["inputs"] += 1
