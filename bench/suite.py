@@ -101,6 +101,7 @@ def loader_jobs(case: str, quick: bool) -> list[tuple[str, dict]]:
     if case == "photos":
         return [fl("fast", 0), fl("fast", 1), fl("fast", 2), fl("generic", 2),
                 *[("torch-simd", {"num_workers": w}) for w in (0, 2, 4)],
+                ("torch-simd", {"num_workers": 2, "files": True}),
                 ("torch-simd", {"num_workers": 2, "pin_memory": True}),
                 *[("torch-pillow", {"num_workers": w}) for w in (0, 2, 4)],
                 ("dali", {"num_threads": 1}), ("dali", {"num_threads": 2}),
@@ -142,6 +143,9 @@ def pack_jobs(quick: bool) -> list[tuple[str, dict]]:
 def config_text(peer: str, cfg: dict) -> str:
     parts = []
     for k, v in cfg.items():
+        if k == "files":
+            parts.append("the generic row's Dataset (no torchvision)")
+            continue
         if k in ("dataset",):
             continue
         if k == "path":

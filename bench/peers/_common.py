@@ -357,12 +357,12 @@ def import_torchvision():
         return None
 
 
-def pil_train_transform(size: int = 224):
+def pil_train_transform(size: int = 224, use_torchvision: bool = True):
     """The torch user's JPEG training transform on PIL images, returning a uint8 (3, H, W) tensor:
     torchvision's ``Compose([RandomResizedCrop(size), RandomHorizontalFlip(), PILToTensor()])`` when
-    torchvision imports, else the same algorithm written out (crop, BILINEAR resize, flip).
-    Returns (transform, description)."""
-    tv = import_torchvision()
+    torchvision imports (and ``use_torchvision``), else the same algorithm written out (crop, BILINEAR
+    resize, flip). Returns (transform, description)."""
+    tv = import_torchvision() if use_torchvision else None
     if tv is not None:
         from torchvision import transforms as TV
 
@@ -381,7 +381,7 @@ def pil_train_transform(size: int = 224):
             img = img.transpose(Image.FLIP_LEFT_RIGHT)
         return torch.from_numpy(np.asarray(img, dtype=np.uint8).copy()).permute(2, 0, 1)
 
-    return transform, "torchvision's RandomResizedCrop algorithm (torchvision unavailable)"
+    return transform, "torchvision's RandomResizedCrop algorithm written out with PIL"
 
 
 def pad_collate(max_len: int):

@@ -1,6 +1,6 @@
-"""Map-style torch Datasets over the generated array sources, as a torch user writes them: memory-mapped
+"""Map-style torch Datasets as a torch user writes them: image files opened with PIL, and memory-mapped
 ``.npy`` files (the page cache is shared with the worker processes), one sample per ``__getitem__``.
-The torch peers and fastload's generic path use the same classes."""
+The torch peers and fastload's generic path use the same classes, so their rows differ only by loader."""
 
 from __future__ import annotations
 
@@ -8,6 +8,26 @@ import numpy as np
 import torch
 
 from ._common import load_arrays
+
+
+class ImageFiles(torch.utils.data.Dataset):
+    """ImageFolder without torchvision: files by class directory, PIL open + convert('RGB') + ``transform``."""
+
+    def __init__(self, root, transform):
+        from ._common import image_files
+
+        self.paths, self.labels, _ = image_files(root)
+        self.transform = transform
+
+    def __len__(self):
+        return len(self.paths)
+
+    def __getitem__(self, i):
+        from PIL import Image
+
+        with open(self.paths[i], "rb") as fh:
+            img = Image.open(fh).convert("RGB")
+        return self.transform(img), self.labels[i]
 
 
 class ArrayRows(torch.utils.data.Dataset):

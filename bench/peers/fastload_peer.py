@@ -4,8 +4,9 @@ Configs:
   photos / overlap  {"path": "fast", "num_workers": W}   fastload.open(..., transforms=[RandomResizedCrop(224),
                                                           RandomHorizontalFlip()]) + fastload.DataLoader (W native
                                                           decode threads; 0 decodes in the calling thread)
-                    {"path": "generic", "num_workers": W} bench/loader_bench.py's PilFolder (files + pillow-simd)
-                                                          through fastload.DataLoader's shared-memory workers
+                    {"path": "generic", "num_workers": W} the torch peer's Dataset and transform (peers._torchdata.
+                                                          ImageFiles + pil_train_transform, pillow-simd) through
+                                                          fastload.DataLoader's shared-memory workers
   raw / tiny        {"path": "fast" | "generic", "num_workers": W}   packed arrays | peers._torchdata.ArrayRows
   varlen            {"path": "fast", ...} T.Pad(512) | {"path": "generic", ...} VarTokens + pad collate_fn
   pack              {"dataset": "photos", "mode": "passthrough" | "header" | "jpeg"} or {"dataset": "raw" | ...}
@@ -14,11 +15,11 @@ Configs:
 from __future__ import annotations
 
 import os
-import sys
+
 
 from ._common import load_arrays, measure_loader, measure_pack, versions
 
-_BENCH = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 MAX_LEN = 512
 
 
@@ -49,12 +50,11 @@ def _loader(spec: dict):
         if fast:
             ds = fastload.open(data["packed"], transforms={"image": _photo_pipeline()})
             return fastload.DataLoader(ds, seed=seed, **common)
-        sys.path.insert(0, _BENCH)
-        from loader_bench import PilFolder  # bench/loader_bench.py: what a torch user writes, pillow-simd
+        from ._common import pil_train_transform
+        from ._torchdata import ImageFiles  # the torch peer's Dataset: rows differ only by loader
 
-        from pathlib import Path
-
-        return fastload.DataLoader(PilFolder(Path(data["photos"])), persistent_workers=w > 0, **common)
+        transform, _ = pil_train_transform(224, use_torchvision=False)
+        return fastload.DataLoader(ImageFiles(data["photos"], transform), persistent_workers=w > 0, **common)
     from ._torchdata import ArrayRows, VarTokens
     from ._common import pad_collate
 
@@ -83,8 +83,9 @@ def run(spec: dict) -> dict:
     import fastload  # noqa: F401  (imports are not part of the time to first batch, for any peer)
 
     if spec["case"] in ("photos", "overlap") and spec["config"]["path"] != "fast":
-        sys.path.insert(0, _BENCH)
-        import loader_bench  # noqa: F401
+        from ._common import pil_train_transform
+
+        pil_train_transform(224, use_torchvision=False)
     made = {}
 
     def make():

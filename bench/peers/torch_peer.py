@@ -5,6 +5,8 @@ Configs (``num_workers`` swept by the suite; ``persistent_workers=num_workers > 
   photos / overlap  {"num_workers": W, "pin_memory": bool}   torchvision ``ImageFolder`` + ``Compose([
                     RandomResizedCrop(224), RandomHorizontalFlip(), PILToTensor()])``, default collate
                     (uint8 NCHW). pin_memory only acts with an accelerator: without one torch warns and skips it.
+                    {"num_workers": W, "files": True}         the Dataset fastload's generic row runs (peers.
+                    _torchdata.ImageFiles + the transform written out with PIL), for a same-Dataset comparison
   raw / tiny        {"num_workers": W, "fetch": "sample"}   a Dataset over memory-mapped .npy files
                     {"num_workers": W, "fetch": "batch"}    the same, fetching whole batches (BatchSampler)
   varlen            {"num_workers": W}                      VarTokens + a collate_fn padding to 512
@@ -27,28 +29,6 @@ def check() -> dict:
             "torchvision": tv.__version__ if tv else "unavailable"}
 
 
-class _Folder:
-    """ImageFolder without torchvision (only when it cannot be imported): PIL open + convert('RGB')."""
-
-    def __init__(self, root, transform):
-        import torch  # noqa: F401
-
-        from ._common import image_files
-
-        self.paths, self.labels, _ = image_files(root)
-        self.transform = transform
-
-    def __len__(self):
-        return len(self.paths)
-
-    def __getitem__(self, i):
-        from PIL import Image
-
-        with open(self.paths[i], "rb") as fh:
-            img = Image.open(fh).convert("RGB")
-        return self.transform(img), self.labels[i]
-
-
 def run(spec: dict) -> dict:
     import torch
 
@@ -61,8 +41,9 @@ def run(spec: dict) -> dict:
         warnings.filterwarnings("ignore", message=".*pin_memory.*")
 
     if case in ("photos", "overlap"):  # imports are not part of the time to first batch
-        transform, how = pil_train_transform(224)
-        tv = import_torchvision()
+        files = bool(cfg.get("files", False))
+        transform, how = pil_train_transform(224, use_torchvision=not files)
+        tv = None if files else import_torchvision()
 
     def make():
         common = dict(batch_size=bs, shuffle=True, num_workers=w, drop_last=True, pin_memory=pin,
@@ -72,7 +53,9 @@ def run(spec: dict) -> dict:
             if tv is not None:
                 ds = tv.datasets.ImageFolder(data["photos"], transform=transform)
             else:
-                ds = _Folder(data["photos"], transform)
+                from ._torchdata import ImageFiles
+
+                ds = ImageFiles(data["photos"], transform)
             return torch.utils.data.DataLoader(ds, **common)
         from ._torchdata import ArrayBatches, ArrayRows, VarTokens, batch_fetch_loader
 
