@@ -2,12 +2,16 @@
 plain map-style Datasets, at equal num_workers and batch size. One run, medians over repetitions.
 
     python bench/generic_bench.py [--repeat 5] [--batch-size 64] [--workers 1 2] [--csv out.csv]
+    python bench/generic_bench.py --cases photos --photos bench/data/photos_200 --workers 2
 
 Cases (samples cost almost no CPU to make, so the transport from workers to the main process dominates):
   small  (3, 32, 32) float32 + int label   (12 KiB per sample)
   large  (3, 224, 224) uint8 + int label   (147 KiB per sample)
   large-f32 (3, 224, 224) float32 + int    (588 KiB per sample)
   tiny   (48,) int32 + int label               (200 bytes per sample: per-sample Python dominates)
+  photos (with --photos DIR) a JPEG ImageFolder through the suite's Dataset (bench/peers/_torchdata.py
+         ImageFiles: PIL decode, RandomResizedCrop 224 + flip written out with PIL): the Dataset's CPU work
+         dominates, so the question is only whether the loader costs the workers anything
 Each sample is a fresh copy of a pooled tensor, as a decode or transform would produce. Every epoch
 is timed from ``iter()`` to the last batch with persistent workers (so worker start-up is left out),
 after one warm-up epoch; the consumer touches one value per batch. Both loaders stay alive and their
@@ -25,7 +29,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH.parent))
 
 import fastload  # noqa: E402
 
@@ -53,7 +58,7 @@ class PoolDataset(torch.utils.data.Dataset):
 def epoch_seconds(loader) -> float:
     t0 = time.perf_counter()
     for x, y in loader:
-        x.view(-1)[0].item()  # touch the batch
+        x[(0,) * x.dim()].item()  # touch the batch
     return time.perf_counter() - t0
 
 
@@ -76,14 +81,25 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
-    ap.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    ap.add_argument("--cases", nargs="+", default=list(CASES), choices=[*CASES, "photos"])
+    ap.add_argument("--photos", type=Path, help="a JPEG ImageFolder for the photos case")
     ap.add_argument("--csv", type=Path)
     args = ap.parse_args()
     rows = []
     print(f"{'case':<10} {'workers':>7} {'torch samples/s':>16} {'fastload samples/s':>19} {'ratio':>7}")
+    if "photos" in args.cases and args.photos is None:
+        ap.error("the photos case needs --photos DIR (e.g. bench/data/photos_200, made by bench/photos.py)")
     for case in args.cases:
-        shape, dtype, n = CASES[case]
-        ds = PoolDataset(shape, dtype, n)
+        if case == "photos":
+            sys.path.insert(0, str(BENCH))
+            from peers._common import pil_train_transform
+            from peers._torchdata import ImageFiles
+
+            ds = ImageFiles(str(args.photos), pil_train_transform(224, use_torchvision=False)[0])
+            shape, dtype = (3, 224, 224), torch.uint8
+        else:
+            shape, dtype, n = CASES[case]
+            ds = PoolDataset(shape, dtype, n)
         for w in args.workers:
             t, f = measure(ds, w, args.batch_size, args.repeat)
             rows.append({"case": case, "shape": "x".join(map(str, shape)), "dtype": str(dtype).split(".")[-1],

@@ -594,7 +594,7 @@ def write_case(case: str, rows: list[dict], out_dir: Path, m: dict, context: dic
         else:
             md += ["", "fastload best / this: fastload's fastest configuration's samples/s over this row's "
                        "(> 1: fastload is faster). CPU includes worker processes; RSS sums the process tree "
-                       "(PSS counts shared pages once)."]
+                       "(PSS, sampled every 2 s, counts shared pages once)."]
         md += [f"- {n}" for n in notes]
     text = "\n".join(md) + "\n"
     (out_dir / f"suite_{case}.md").write_text(text)

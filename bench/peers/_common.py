@@ -77,41 +77,64 @@ def tree_cpu(root: int | None = None) -> float:
     return total / _TICK
 
 
-def _memory(pids: Iterable[int]) -> tuple[int, int]:
-    """(summed RSS, summed PSS) in bytes over ``pids``."""
-    rss = pss = 0
+def _rss(pids: Iterable[int]) -> int:
+    """Summed RSS in bytes over ``pids``, from ``/proc/PID/statm``: the kernel's counters, O(1) per process."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/statm", "rb") as fh:
+                total += int(fh.read().split()[1]) * _PAGE
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
+
+
+def _pss(pids: Iterable[int]) -> int:
+    """Summed PSS in bytes over ``pids``. ``smaps_rollup`` walks every page table of the process (20-30 ms
+    for a loader with a few GB mapped, holding its mmap lock), so it is read rarely."""
+    total = 0
     for pid in pids:
         try:
             with open(f"/proc/{pid}/smaps_rollup", "rb") as fh:
                 for line in fh:
-                    if line.startswith(b"Rss:"):
-                        rss += int(line.split()[1]) * 1024
-                    elif line.startswith(b"Pss:"):
-                        pss += int(line.split()[1]) * 1024
+                    if line.startswith(b"Pss:"):
+                        total += int(line.split()[1]) * 1024
                         break
         except (OSError, ValueError, IndexError):
             continue
-    return rss, pss
+    return total
 
 
 class PeakMemory:
-    """Samples the process tree's summed RSS and PSS every ``interval`` seconds in a daemon thread."""
+    """Samples the process tree's summed RSS every ``interval`` seconds in a daemon thread, and its summed
+    PSS every ``pss_interval`` seconds and at the end (PSS costs the measured processes time: see ``_pss``).
+    Sampling a 3-process tree this way costs well under 1% of a core."""
 
-    def __init__(self, interval: float = 0.05):
-        self.interval = interval
+    def __init__(self, interval: float = 0.05, pss_interval: float = 2.0):
+        self.interval, self.pss_interval = interval, pss_interval
         self.peak_rss = self.peak_pss = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="peak-memory", daemon=True)
 
     def _loop(self) -> None:
+        last_pss = last_tree = time.monotonic()
+        pids = tree_pids()
         while True:
-            self.sample()
+            now = time.monotonic()
+            if now - last_tree >= 0.5:  # listing /proc costs ~1-2 ms: the tree is re-read twice a second
+                pids, last_tree = tree_pids(), now
+            pss = now - last_pss >= self.pss_interval
+            self.sample(pids, pss=pss)
+            if pss:
+                last_pss = now
             if self._stop.wait(self.interval):
                 return
 
-    def sample(self) -> None:
-        rss, pss = _memory(tree_pids())
-        self.peak_rss, self.peak_pss = max(self.peak_rss, rss), max(self.peak_pss, pss)
+    def sample(self, pids: list[int] | None = None, pss: bool = True) -> None:
+        pids = tree_pids() if pids is None else pids
+        self.peak_rss = max(self.peak_rss, _rss(pids))
+        if pss:
+            self.peak_pss = max(self.peak_pss, _pss(pids))
 
     def __enter__(self) -> "PeakMemory":
         self._thread.start()
