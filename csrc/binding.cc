@@ -297,6 +297,26 @@ py::list decode_batch(BatchEngine& pool, py::handle regions, py::handle region, 
   return result;
 }
 
+// The output of a raw-byte copy: a writable C-contiguous numpy array of a numeric dtype.
+py::array byte_out(py::handle out, const std::string& want) {
+  if (!py::isinstance<py::array>(out)) {
+    throw py::type_error("out: expected a writable C-contiguous numpy array of " + want +
+                         ", got " + describe_array(out) + " (for a torch tensor pass tensor.numpy())");
+  }
+  py::array out_a = py::reinterpret_borrow<py::array>(out);
+  if (out_a.dtype().attr("hasobject").cast<bool>()) {
+    throw py::type_error("out: dtype " + std::string(py::str(out_a.dtype())) +
+                         " holds Python objects; rows are raw bytes, use a numeric dtype");
+  }
+  if (!(out_a.flags() & py::array::c_style)) {
+    throw py::value_error("out: expected a C-contiguous array, got strides " +
+                          std::string(py::str(out_a.attr("strides"))) +
+                          "; gather into np.empty(...) and copy, or pass a contiguous view");
+  }
+  if (!out_a.writeable()) throw py::value_error("out: array is read-only");
+  return out_a;
+}
+
 void gather_rows(BatchEngine& pool, py::handle regions, py::handle region, py::handle offset,
                  int64_t row_bytes, py::handle out) {
   std::vector<BufferView> views;
@@ -313,28 +333,13 @@ void gather_rows(BatchEngine& pool, py::handle regions, py::handle region, py::h
                           ", row_bytes=" + std::to_string(row_bytes));
   }
   const int64_t want = n * row_bytes;
-  if (!py::isinstance<py::array>(out)) {
-    throw py::type_error("out: expected a writable C-contiguous numpy array of " +
-                         std::to_string(want) + " bytes, got " + describe_array(out) +
-                         " (for a torch tensor pass tensor.numpy())");
-  }
-  py::array out_a = py::reinterpret_borrow<py::array>(out);
-  if (out_a.dtype().attr("hasobject").cast<bool>()) {
-    throw py::type_error("out: dtype " + std::string(py::str(out_a.dtype())) +
-                         " holds Python objects; rows are raw bytes, use a numeric dtype");
-  }
+  py::array out_a = byte_out(out, std::to_string(want) + " bytes");
   if (out_a.nbytes() != want) {
     throw py::value_error("out: has " + std::to_string(out_a.nbytes()) + " bytes (" +
                           describe_array(out) + "), expected n * row_bytes = " +
                           std::to_string(n) + " * " + std::to_string(row_bytes) + " = " +
                           std::to_string(want));
   }
-  if (!(out_a.flags() & py::array::c_style)) {
-    throw py::value_error("out: expected a C-contiguous array, got strides " +
-                          std::string(py::str(out_a.attr("strides"))) +
-                          "; gather into np.empty(...) and copy, or pass a contiguous view");
-  }
-  if (!out_a.writeable()) throw py::value_error("out: array is read-only");
 
   fastload::GatherSpec spec;
   spec.regions = regs.data();
@@ -351,6 +356,36 @@ void gather_rows(BatchEngine& pool, py::handle regions, py::handle region, py::h
     ok = fastload::gather_rows(&pool.pool(), spec, &err);
   }
   if (!ok) throw py::value_error("gather_rows: " + err);
+}
+
+void gather_pieces(BatchEngine& pool, py::handle regions, py::handle region, py::handle offset,
+                   py::handle length, py::handle dst, py::handle out) {
+  std::vector<BufferView> views;
+  std::vector<fastload::Region> regs;
+  region_views(regions, &views, &regs);
+  int64_t n = -1;
+  auto region_a = int_array(region, "region", &n, 0);
+  auto offset_a = int_array(offset, "offset", &n, 0);
+  auto length_a = int_array(length, "length", &n, 0);
+  auto dst_a = int_array(dst, "dst", &n, 0);
+  py::array out_a = byte_out(out, "any size");
+  fastload::PieceSpec spec;
+  spec.regions = regs.data();
+  spec.num_regions = static_cast<int64_t>(regs.size());
+  spec.n = n;
+  spec.region = region_a.data();
+  spec.offset = offset_a.data();
+  spec.length = length_a.data();
+  spec.dst = dst_a.data();
+  spec.out = static_cast<uint8_t*>(out_a.mutable_data());
+  spec.out_bytes = out_a.nbytes();
+  std::string err;
+  bool ok;
+  {
+    py::gil_scoped_release nogil;
+    ok = fastload::gather_pieces(&pool.pool(), spec, &err);
+  }
+  if (!ok) throw py::value_error("gather_pieces: " + err);
 }
 
 }  // namespace
@@ -389,6 +424,15 @@ PYBIND11_MODULE(_C, m) {
         "Sample k's bytes are regions[region[k]][offset[k]:offset[k]+length[k]]; encoding 0 = JPEG,\n"
         "1 = raw RGB (src_hw[k] = (H, W)); crop[k] = (top, left, height, width); the result is\n"
         "written into out[k] (out: C-contiguous uint8 (n, H, W, 3)); failed samples are zeroed.");
+
+  m.def("gather_pieces", &gather_pieces, py::arg("pool"), py::arg("regions"), py::arg("region"),
+        py::arg("offset"), py::arg("length"), py::arg("dst"), py::arg("out"),
+        "gather_pieces(pool, regions, region, offset, length, dst, out) -> None\n"
+        "Copies regions[region[k]][offset[k]:offset[k]+length[k]] to the bytes of out starting at\n"
+        "dst[k] (out: any numeric dtype and shape, C-contiguous, writable) for k in range(n): the\n"
+        "variable-length rows of a padded or packed batch. Every piece is bounds-checked first: a\n"
+        "bad one raises ValueError naming it, with out untouched. 2 MiB and more are split across\n"
+        "the pool's threads; the GIL is released.");
 
   m.def("gather_rows", &gather_rows, py::arg("pool"), py::arg("regions"), py::arg("region"),
         py::arg("offset"), py::arg("row_bytes"), py::arg("out"),

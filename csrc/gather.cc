@@ -176,4 +176,80 @@ bool gather_rows(ThreadPool* pool, const GatherSpec& g, std::string* err) {
   return true;
 }
 
+namespace {
+
+struct Piece {
+  const uint8_t* src;
+  uint8_t* dst;
+  int64_t len;
+};
+
+std::string piece_error(const PieceSpec& g, int64_t k, int64_t r, int64_t off, int64_t len,
+                        int64_t d) {
+  const std::string piece = "piece " + str(k) + ": ";
+  if (r < 0 || r >= g.num_regions) {
+    return piece + "region[" + str(k) + "]=" + str(r) + " is out of range [0, " +
+           str(g.num_regions) + ") (the number of regions)";
+  }
+  if (len < 0) return piece + "length[" + str(k) + "]=" + str(len) + " is negative";
+  if (off < 0) return piece + "offset[" + str(k) + "]=" + str(off) + " is negative";
+  const int64_t size = g.regions[r].size;
+  if (len > size || off > size - len) {
+    return piece + "offset[" + str(k) + "]=" + str(off) + " + length[" + str(k) + "]=" + str(len) +
+           " is past the end of regions[" + str(r) + "] (" + str(size) + " bytes)";
+  }
+  return piece + "dst[" + str(k) + "]=" + str(d) + " + length[" + str(k) + "]=" + str(len) +
+         " is outside out (" + str(g.out_bytes) + " bytes)";
+}
+
+}  // namespace
+
+bool gather_pieces(ThreadPool* pool, const PieceSpec& g, std::string* err) {
+  const int64_t n = g.n;
+  static thread_local GrowBuffer<Piece> scratch;
+  Piece* pieces = scratch.reserve(static_cast<size_t>(n));
+  int64_t total = 0;
+  for (int64_t k = 0; k < n; ++k) {
+    const int64_t r = g.region[k], off = g.offset[k], len = g.length[k], d = g.dst[k];
+    const bool ok = static_cast<uint64_t>(r) < static_cast<uint64_t>(g.num_regions) && len >= 0 &&
+                    off >= 0 && len <= g.regions[r].size && off <= g.regions[r].size - len &&
+                    d >= 0 && len <= g.out_bytes && d <= g.out_bytes - len;
+    if (!ok) {
+      *err = piece_error(g, k, r, off, len, d);
+      return false;
+    }
+    pieces[k] = {g.regions[r].data + off, g.out + d, len};
+    total += len;
+  }
+  for (int64_t r = 0; r < g.num_regions; ++r) {
+    if (overlaps(g.out, g.out_bytes, g.regions[r].data, g.regions[r].size)) {
+      *err = "out overlaps regions[" + str(r) + "]; gather into a separate buffer";
+      return false;
+    }
+  }
+  const int threads = pool->size();
+  if (threads <= 1 || total < kGatherInlineBytes) {
+    for (int64_t k = 0; k < n; ++k) std::memcpy(pieces[k].dst, pieces[k].src, pieces[k].len);
+  } else {
+    // Consecutive pieces per thread, about total / threads bytes each.
+    static thread_local GrowBuffer<int64_t> cuts_buf;
+    int64_t* cuts = cuts_buf.reserve(static_cast<size_t>(threads) + 1);
+    cuts[0] = 0;
+    int64_t k = 0, acc = 0;
+    for (int t = 1; t < threads; ++t) {
+      const int64_t target = total / threads * t;
+      while (k < n && acc < target) acc += pieces[k++].len;
+      cuts[t] = k;
+    }
+    cuts[threads] = n;
+    pool->run(threads, [&](int64_t t, int) {
+      for (int64_t j = cuts[t]; j < cuts[t + 1]; ++j) {
+        std::memcpy(pieces[j].dst, pieces[j].src, pieces[j].len);
+      }
+    });
+  }
+  scratch.shrink_to(size_t{8} << 20);
+  return true;
+}
+
 }  // namespace fastload

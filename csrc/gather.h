@@ -38,4 +38,25 @@ struct GatherSpec {
 // and leaves g.out untouched. region and offset are read once each, before any copying.
 bool gather_rows(ThreadPool* pool, const GatherSpec& g, std::string* err);
 
+// Pieces of any length (variable-length token rows, padded or packed): piece k is the length[k]
+// bytes at regions[region[k]] + offset[k], copied to out + dst[k]. The padding around them is
+// the caller's (it fills out first).
+struct PieceSpec {
+  const Region* regions = nullptr;
+  int64_t num_regions = 0;
+  int64_t n = 0;
+  const int64_t* region = nullptr;  // n region indices
+  const int64_t* offset = nullptr;  // n byte offsets into those regions
+  const int64_t* length = nullptr;  // n byte counts
+  const int64_t* dst = nullptr;     // n byte offsets into out
+  uint8_t* out = nullptr;
+  int64_t out_bytes = 0;
+};
+
+// Copies every piece and returns true. If a piece lies outside its region or outside out, or out
+// overlaps a region, returns false with a message naming the first offending piece, and leaves
+// out untouched. Pieces may overlap each other in out (the later one wins only within a thread:
+// callers give disjoint pieces). The spec's arrays are read once each, before any copying.
+bool gather_pieces(ThreadPool* pool, const PieceSpec& g, std::string* err);
+
 }  // namespace fastload

@@ -18,7 +18,7 @@ from ._native import native
 from ._schema import Field
 from .formats._layout import IMAGE_JPEG
 from .formats.shards import ShardSegment
-from ._sequences import PackJob, PackSequences, cu_seqlens, scatter_pieces, scatter_rows
+from ._sequences import PackJob, PackSequences, cu_seqlens
 
 
 class NotFastPath(Exception):
@@ -159,18 +159,9 @@ class Batcher:
         starts = self.ds._starts
         seg_ids = np.searchsorted(starts, job.samples, side="right") - 1
         local = job.samples - starts[seg_ids]
-        for s in np.unique(seg_ids):
-            seg = self.ds._segments[int(s)].open()
-            sel = np.flatnonzero(seg_ids == s)
-            if isinstance(seg, ShardSegment):
-                rows = np.frombuffer(seg.data[name], dtype=f.dtype)
-                begin = seg.offsets[name][local[sel]].astype(np.int64) // rows.itemsize
-                scatter_pieces(flat, rows, job.lengths[sel], begin + job.starts[sel], job.dst[sel])
-            else:
-                for j in sel.tolist():
-                    rows = np.frombuffer(seg.blob(name, int(local[j])), dtype=f.dtype)
-                    a, n = int(job.starts[j]), int(job.lengths[j])
-                    flat[job.dst[j]:job.dst[j] + n] = rows[a:a + n]
+        item = flat.itemsize
+        self._gather_pieces(f, flat, seg_ids, local, job.samples, job.starts * item, job.lengths * item,
+                            job.dst * item)
         cu = cu_seqlens(job, spec.row_length)
         k = len(cu) - 1
         slot.arrays[name + ":cu"][: k + 1] = cu
@@ -287,19 +278,39 @@ class Batcher:
         out = slot.arrays[f.name][: n * bound * int(np.prod(rest, dtype=np.int64))].reshape((n, bound) + rest)
         out[...] = seq.value
         row_bytes = np.dtype(f.dtype).itemsize * int(np.prod(rest, dtype=np.int64))
-        for s, pos in groups:
-            seg = segs[s]
-            if isinstance(seg, ShardSegment):
-                rows = np.frombuffer(seg.data[f.name], dtype=f.dtype).reshape((-1,) + rest) if row_bytes else None
-                starts = seg.offsets[f.name][local[pos]].astype(np.int64) // max(row_bytes, 1)
-                if rows is not None:
-                    scatter_rows(out, rows, cut[pos], starts, pos)
-            else:
-                for p, i in zip(pos.tolist(), local[pos].tolist()):
-                    arr = np.frombuffer(seg.blob(f.name, i), dtype=f.dtype).reshape((-1,) + rest)
-                    out[p, : cut[p]] = arr[: cut[p]]
+        self._gather_pieces(f, out, seg_ids, local, indices, np.zeros(n, np.int64), cut * row_bytes,
+                            np.arange(n, dtype=np.int64) * (bound * row_bytes))
         slot.arrays[f.name + ":len"][:n] = cut
         return bound
+
+    def _gather_pieces(self, f: Field, out: np.ndarray, seg_ids: np.ndarray, local: np.ndarray,
+                       indices: np.ndarray, skip: np.ndarray, nbytes: np.ndarray, dst: np.ndarray) -> None:
+        """One native copy of variable-length pieces: piece j is ``nbytes[j]`` bytes of sample
+        ``local[j]`` of segment ``seg_ids[j]``'s field ``f``, from byte ``skip[j]`` of its value, to
+        byte ``dst[j]`` of ``out`` (padding is the caller's). Shard values are byte ranges of the
+        mapped file (offsets checked at open); an LMDB value is its own region, checked here."""
+        n = len(local)
+        region = np.empty(n, dtype=np.int64)
+        offset = np.empty(n, dtype=np.int64)
+        regions: list = []
+        for s in np.unique(seg_ids).tolist():
+            seg = self.ds._segments[s].open()
+            pos = np.flatnonzero(seg_ids == s)
+            if isinstance(seg, ShardSegment):
+                region[pos] = len(regions)
+                regions.append(seg.buffer)
+                offset[pos] = seg.data_start[f.name] + seg.offsets[f.name][local[pos]].astype(np.int64) + skip[pos]
+                continue
+            for p in pos.tolist():
+                blob = seg.blob(f.name, int(local[p]))
+                if int(skip[p]) + int(nbytes[p]) > len(blob):
+                    raise DecodeError(f"{where(self.ds.path, None, int(indices[p]), f.name)}: the value is "
+                                      f"{len(blob)} bytes, its recorded length needs {int(skip[p] + nbytes[p])}")
+                region[p] = len(regions)
+                regions.append(blob)
+                offset[p] = int(skip[p])
+        native().gather_pieces(self.pool, regions, region, offset, nbytes.astype(np.int64, copy=False),
+                               dst.astype(np.int64, copy=False), out)
 
     def _fill_images_dali(self, f: Field, out_all, segs: dict, groups: list, local: np.ndarray,
                           rng: np.random.Generator) -> list:

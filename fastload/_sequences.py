@@ -107,28 +107,6 @@ def is_sequence_transform(t) -> bool:
     return isinstance(t, _Sequence)
 
 
-def scatter_pieces(out_flat: np.ndarray, rows: np.ndarray, lengths: np.ndarray, src: np.ndarray,
-                   dst: np.ndarray) -> None:
-    """``out_flat[dst[j] : dst[j] + lengths[j]] = rows[src[j] : src[j] + lengths[j]]`` for every j,
-    as one vectorised index (no per-piece Python). ``out_flat`` and ``rows`` are indexed by row."""
-    total = int(lengths.sum())
-    if total == 0:
-        return
-    before = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
-    pos = np.arange(total, dtype=np.int64)
-    out_flat[np.repeat(dst.astype(np.int64) - before, lengths) + pos] = \
-        rows[np.repeat(src.astype(np.int64) - before, lengths) + pos]
-
-
-def scatter_rows(out: np.ndarray, rows: np.ndarray, lengths: np.ndarray, starts: np.ndarray,
-                 slots: np.ndarray) -> None:
-    """Sample j's rows ``rows[starts[j] : starts[j] + lengths[j]]`` go to ``out[slots[j], :lengths[j]]``
-    (``out`` is (n, bound, ...); lengths already cut to the bound)."""
-    bound = out.shape[1]
-    flat = out.reshape((out.shape[0] * bound,) + out.shape[2:])
-    scatter_pieces(flat, rows, lengths, starts, slots.astype(np.int64) * bound)
-
-
 class PackSequences(_Sequence):
     """Concatenate token sequences into ``batch_size`` rows of ``row_length`` (pretraining-style packing).
 
