@@ -31,9 +31,9 @@ test: $(STAMP)
 sanitize: $(STAMP)
 	PYTHON=$(BIN)/python scripts/sanitize.sh
 
-# 1,000,000 fuzz inputs over every target (tests/fuzz/run.py; a short run is part of `make test`).
+# 1,000,000 fuzz inputs over every target, one job per core (tests/fuzz/run.py; a short run is part of `make test`).
 fuzz: $(STAMP)
-	$(BIN)/python tests/fuzz/run.py --target each
+	$(BIN)/python tests/fuzz/run.py --target each --jobs $$(nproc)
 
 # 50 epochs on every loader path; fails if RSS, descriptors, threads or /dev/shm drift after epoch 1.
 soak: $(STAMP)
