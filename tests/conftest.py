@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import io
+import signal
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+# A shell without job control starts background commands (`make test &`) with SIGINT ignored, and Python
+# then keeps it ignored. The Ctrl-C tests need the usual KeyboardInterrupt, here and in the processes
+# they start (an ignored signal stays ignored across exec; a handled one does not).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def jpeg_bytes(h: int, w: int, seed: int = 0, quality: int = 90, mode: str = "RGB") -> bytes:
