@@ -238,6 +238,18 @@ py::array decode_crop_resize(py::handle buf, py::handle crop, py::handle out_hw,
   return run_single(job);
 }
 
+// The fields every batch spec shares: item k reads region[k] of regs, from byte offset[k].
+template <typename Spec>
+void set_sources(Spec* spec, const std::vector<fastload::Region>& regs, int64_t n,
+                 const py::array_t<int64_t, py::array::c_style>& region,
+                 const py::array_t<int64_t, py::array::c_style>& offset) {
+  spec->regions = regs.data();
+  spec->num_regions = static_cast<int64_t>(regs.size());
+  spec->n = n;
+  spec->region = region.data();
+  spec->offset = offset.data();
+}
+
 py::list decode_batch(BatchEngine& pool, py::handle regions, py::handle region, py::handle offset,
                       py::handle length, py::handle encoding, py::handle src_hw, py::handle crop,
                       py::handle flip, py::handle out, bool dct_scaling) {
@@ -272,11 +284,7 @@ py::list decode_batch(BatchEngine& pool, py::handle regions, py::handle region, 
   if (!out_a.writeable()) throw py::value_error("out: array is read-only");
 
   fastload::BatchSpec spec;
-  spec.regions = regs.data();
-  spec.num_regions = static_cast<int64_t>(regs.size());
-  spec.n = n;
-  spec.region = region_a.data();
-  spec.offset = offset_a.data();
+  set_sources(&spec, regs, n, region_a, offset_a);
   spec.length = length_a.data();
   spec.encoding = encoding_v.data();
   spec.src_hw = src_hw_v.data();
@@ -342,11 +350,7 @@ void gather_rows(BatchEngine& pool, py::handle regions, py::handle region, py::h
   }
 
   fastload::GatherSpec spec;
-  spec.regions = regs.data();
-  spec.num_regions = static_cast<int64_t>(regs.size());
-  spec.n = n;
-  spec.region = region_a.data();
-  spec.offset = offset_a.data();
+  set_sources(&spec, regs, n, region_a, offset_a);
   spec.row_bytes = row_bytes;
   spec.out = static_cast<uint8_t*>(out_a.mutable_data());
   std::string err;
@@ -370,11 +374,7 @@ void gather_pieces(BatchEngine& pool, py::handle regions, py::handle region, py:
   auto dst_a = int_array(dst, "dst", &n, 0);
   py::array out_a = byte_out(out, "any size");
   fastload::PieceSpec spec;
-  spec.regions = regs.data();
-  spec.num_regions = static_cast<int64_t>(regs.size());
-  spec.n = n;
-  spec.region = region_a.data();
-  spec.offset = offset_a.data();
+  set_sources(&spec, regs, n, region_a, offset_a);
   spec.length = length_a.data();
   spec.dst = dst_a.data();
   spec.out = static_cast<uint8_t*>(out_a.mutable_data());
