@@ -442,11 +442,19 @@ class WorkerIterator:
                     self._fail(who[r])
 
     def _recv(self, w: int) -> tuple:
+        with _HoldCtrlC():  # the message is ready (waited for); an interrupt inside would leak its fds
+            return self._recv_ready(w)
+
+    def _recv_ready(self, w: int) -> tuple:
         conn = self._conns[w]
+        fds: list[int] = []
         try:
             msg = conn.recv()
-            fds = [reduction.recv_handle(conn) for _ in msg[4]] if msg[0] == _RESULT else []
+            for _ in msg[4] if msg[0] == _RESULT else ():
+                fds.append(reduction.recv_handle(conn))
         except (EOFError, OSError):
+            for fd in fds:
+                os.close(fd)
             self._fail(w)
         if msg[0] == _RESULT:
             try:
@@ -527,6 +535,7 @@ class WorkerIterator:
         if _tutils is None or _tutils.python_exit_status is not False:
             return  # interpreter exit: multiprocessing terminates daemonic workers itself
         try:
-            self._shutdown_workers()
+            with _HoldCtrlC():  # Python swallows an exception raised in __del__: never let one cut this short
+                self._shutdown_workers()
         except Exception:
             pass
