@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import json
 import multiprocessing as mp
+import mmap
 import os
 import shutil
 import signal
@@ -249,6 +250,8 @@ def _nothing_committed(dest: Path, names: list[str]) -> bool:
     rest = [n for n in names if not n.endswith(".tmp")]
     if not rest:
         return True
+    if set(rest) <= {"data.mdb", "lock.mdb"} and _lmdb_half_created(dest):
+        return True
     if set(rest) <= {"data.mdb", "lock.mdb"} and "data.mdb" in rest:
         w = lmdb_format.LmdbWriter(dest, None)  # type: ignore[arg-type]
         try:
@@ -259,7 +262,7 @@ def _nothing_committed(dest: Path, names: list[str]) -> bool:
 
 
 def _lmdb_complete(dest: Path) -> bool:
-    if not lmdb_format.is_lmdb(dest):
+    if not lmdb_format.is_lmdb(dest) or _lmdb_half_created(dest):
         return False
     try:
         lmdb_format.read_manifest(dest)
@@ -268,9 +271,16 @@ def _lmdb_complete(dest: Path) -> bool:
         return False
 
 
+def _lmdb_half_created(dest: Path) -> bool:
+    """A pack killed while LMDB created its environment: lock.mdb alone, or a data.mdb shorter than the
+    two meta pages LMDB writes first. No transaction was ever committed there."""
+    data = dest / "data.mdb"
+    return not data.exists() or data.stat().st_size < 2 * mmap.PAGESIZE
+
+
 def _read_state(dest: Path, fmt: str) -> dict | None:
     if fmt == "lmdb":
-        if not lmdb_format.is_lmdb(dest):
+        if not lmdb_format.is_lmdb(dest) or _lmdb_half_created(dest):
             return None
         w = lmdb_format.LmdbWriter(dest, None)  # type: ignore[arg-type]
         try:

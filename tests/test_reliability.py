@@ -395,6 +395,20 @@ def test_killed_at_random_moments_then_resumed(tmp_path, small_chunks, fmt):
     verify_ok(dest)
 
 
+@pytest.mark.parametrize("leftover", [{"lock.mdb": 8192}, {"lock.mdb": 8192, "data.mdb": 0},
+                                      {"lock.mdb": 8192, "data.mdb": 4096}], ids=["lock", "empty", "one-page"])
+def test_lmdb_killed_while_creating_its_environment_starts_over(references, tmp_path, small_chunks, leftover):
+    """Killed inside LMDB's environment creation (found by the random-moment kills under load): the files
+    hold no transaction, so the same command starts over instead of refusing the destination."""
+    dest = tmp_path / "out"
+    dest.mkdir()
+    for name, size in leftover.items():
+        (dest / name).write_bytes(bytes(size))
+    fastload.pack(_source("samples"), dest, **_pack_kwargs("samples", "lmdb"))
+    assert content(dest, "lmdb") == content(references["samples", "lmdb"], "lmdb")
+    verify_ok(dest)
+
+
 # -- a full disk ----------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("fmt, where", [("shards", "first shard"), ("shards", "largest shard"),
