@@ -159,8 +159,10 @@ class Batcher:
         starts = self.ds._starts
         seg_ids = np.searchsorted(starts, job.samples, side="right") - 1
         local = job.samples - starts[seg_ids]
+        groups = [(int(g), np.flatnonzero(seg_ids == g)) for g in np.unique(seg_ids)]
+        segs = {g: self.ds._segments[g].open() for g, _ in groups}
         item = flat.itemsize
-        self._gather_pieces(f, flat, seg_ids, local, job.samples, job.starts * item, job.lengths * item,
+        self._gather_pieces(f, flat, segs, groups, local, job.samples, job.starts * item, job.lengths * item,
                             job.dst * item)
         cu = cu_seqlens(job, spec.row_length)
         k = len(cu) - 1
@@ -215,27 +217,9 @@ class Batcher:
                      rng: np.random.Generator) -> list:
         n = len(local)
         meta = np.empty((n, 3), dtype=np.int64)
-        region = np.empty(n, dtype=np.int64)
-        offset = np.empty(n, dtype=np.int64)
-        length = np.empty(n, dtype=np.int64)
-        regions: list = []
         for s, pos in groups:
-            seg = segs[s]
-            loc = local[pos]
-            meta[pos] = seg.take(f.name, "meta", loc)
-            if isinstance(seg, ShardSegment):
-                offs = seg.offsets[f.name]
-                region[pos] = len(regions)
-                regions.append(seg.buffer)
-                offset[pos] = seg.data_start[f.name] + offs[loc].astype(np.int64)
-                length[pos] = (offs[loc + 1] - offs[loc]).astype(np.int64)
-            else:  # LMDB: each sample's record is its own region
-                for p, i in zip(pos, loc):
-                    blob = seg.blob(f.name, int(i))
-                    region[p] = len(regions)
-                    regions.append(blob)
-                    offset[p] = 0
-                    length[p] = len(blob)
+            meta[pos] = segs[s].take(f.name, "meta", local[pos])
+        regions, region, offset, length = _blob_sources(f, segs, groups, local)
         plan = self.pipelines[f.name].plan(meta[:, 0], meta[:, 1], rng)
         return native().decode_batch(
             self.pool, regions, region, offset, length, meta[:, 2].astype(np.uint8),
@@ -278,38 +262,24 @@ class Batcher:
         out = slot.arrays[f.name][: n * bound * int(np.prod(rest, dtype=np.int64))].reshape((n, bound) + rest)
         out[...] = seq.value
         row_bytes = np.dtype(f.dtype).itemsize * int(np.prod(rest, dtype=np.int64))
-        self._gather_pieces(f, out, seg_ids, local, indices, np.zeros(n, np.int64), cut * row_bytes,
+        self._gather_pieces(f, out, segs, groups, local, indices, np.zeros(n, np.int64), cut * row_bytes,
                             np.arange(n, dtype=np.int64) * (bound * row_bytes))
         slot.arrays[f.name + ":len"][:n] = cut
         return bound
 
-    def _gather_pieces(self, f: Field, out: np.ndarray, seg_ids: np.ndarray, local: np.ndarray,
+    def _gather_pieces(self, f: Field, out: np.ndarray, segs: dict, groups: list, local: np.ndarray,
                        indices: np.ndarray, skip: np.ndarray, nbytes: np.ndarray, dst: np.ndarray) -> None:
-        """One native copy of variable-length pieces: piece j is ``nbytes[j]`` bytes of sample
-        ``local[j]`` of segment ``seg_ids[j]``'s field ``f``, from byte ``skip[j]`` of its value, to
-        byte ``dst[j]`` of ``out`` (padding is the caller's). Shard values are byte ranges of the
-        mapped file (offsets checked at open); an LMDB value is its own region, checked here."""
-        n = len(local)
-        region = np.empty(n, dtype=np.int64)
-        offset = np.empty(n, dtype=np.int64)
-        regions: list = []
-        for s in np.unique(seg_ids).tolist():
-            seg = self.ds._segments[s].open()
-            pos = np.flatnonzero(seg_ids == s)
-            if isinstance(seg, ShardSegment):
-                region[pos] = len(regions)
-                regions.append(seg.buffer)
-                offset[pos] = seg.data_start[f.name] + seg.offsets[f.name][local[pos]].astype(np.int64) + skip[pos]
-                continue
-            for p in pos.tolist():
-                blob = seg.blob(f.name, int(local[p]))
-                if int(skip[p]) + int(nbytes[p]) > len(blob):
-                    raise DecodeError(f"{where(self.ds.path, None, int(indices[p]), f.name)}: the value is "
-                                      f"{len(blob)} bytes, its recorded length needs {int(skip[p] + nbytes[p])}")
-                region[p] = len(regions)
-                regions.append(blob)
-                offset[p] = int(skip[p])
-        native().gather_pieces(self.pool, regions, region, offset, nbytes.astype(np.int64, copy=False),
+        """One native copy of variable-length pieces: piece j is ``nbytes[j]`` bytes of sample ``local[j]``'s
+        value of field ``f``, from byte ``skip[j]`` of that value, to byte ``dst[j]`` of ``out`` (padding
+        is the caller's). A piece past the end of its value (an LMDB record shorter than its recorded
+        length; shard offsets are checked at open) is refused naming the sample."""
+        regions, region, offset, length = _blob_sources(f, segs, groups, local)
+        short = np.flatnonzero(skip + nbytes > length)
+        if short.size:
+            p = int(short[0])
+            raise DecodeError(f"{where(self.ds.path, None, int(indices[p]), f.name)}: the value is "
+                              f"{int(length[p])} bytes, its recorded length needs {int(skip[p] + nbytes[p])}")
+        native().gather_pieces(self.pool, regions, region, offset + skip, nbytes.astype(np.int64, copy=False),
                                dst.astype(np.int64, copy=False), out)
 
     def _fill_images_dali(self, f: Field, out_all, segs: dict, groups: list, local: np.ndarray,
@@ -410,3 +380,30 @@ class Batcher:
         if self.ds.as_dict:
             return dict(zip(self.schema.names, values))
         return values
+
+
+def _blob_sources(f: Field, segs: dict, groups: list, local: np.ndarray) -> tuple[list, np.ndarray, np.ndarray,
+                                                                                 np.ndarray]:
+    """Where each sample's value of blob field ``f`` lies, for the native calls: ``(regions, region,
+    offset, length)``. A shard's values are byte ranges of its mapped file; an LMDB value is its own region."""
+    n = len(local)
+    region = np.empty(n, dtype=np.int64)
+    offset = np.empty(n, dtype=np.int64)
+    length = np.empty(n, dtype=np.int64)
+    regions: list = []
+    for s, pos in groups:
+        seg, loc = segs[s], local[pos]
+        if isinstance(seg, ShardSegment):
+            offs = seg.offsets[f.name]
+            region[pos] = len(regions)
+            regions.append(seg.buffer)
+            offset[pos] = seg.data_start[f.name] + offs[loc].astype(np.int64)
+            length[pos] = (offs[loc + 1] - offs[loc]).astype(np.int64)
+        else:
+            for p, i in zip(pos.tolist(), loc.tolist()):
+                blob = seg.blob(f.name, int(i))
+                region[p] = len(regions)
+                regions.append(blob)
+                offset[p] = 0
+                length[p] = len(blob)
+    return regions, region, offset, length
