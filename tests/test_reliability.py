@@ -21,7 +21,6 @@ import shutil
 import signal
 import threading
 import time
-import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +37,7 @@ from fastload.formats import lmdb as lmdb_format
 from fastload.formats import shards as shards_format
 
 from conftest import make_image_folder
+from forking import in_child
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -104,33 +104,26 @@ def canon(sample: tuple) -> tuple:
                  for v in sample)
 
 
-def in_child(fn, *, kill_after: float | None = None) -> int:
-    """Run ``fn()`` in a forked child; return its wait status as an exit code (-9: SIGKILL).
-    ``kill_after``: the parent SIGKILLs it after that many seconds if it is still running."""
-    pid = os.fork()
-    if pid == 0:  # the child never returns into pytest
-        code = 0
-        try:
-            fn()
-        except BaseException:
-            traceback.print_exc()
-            code = 3
-        finally:
-            os._exit(code)
-    if kill_after is not None:
-        time.sleep(kill_after)
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status)
-
-
 # -- kill points ----------------------------------------------------------------------------------------
 
 def _die() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+class FileProxy:
+    """A file object whose ``write`` a test replaces; everything else goes to the real file."""
+
+    def __init__(self, fh):
+        self.fh = fh
+
+    def __getattr__(self, name):
+        return getattr(self.fh, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return self.fh.__exit__(*exc)
 
 
 class KillAt:
@@ -165,9 +158,10 @@ class KillAt:
             if what:
                 hooks.hit(f"{what}.renamed")
 
-        class Writer:
+        class Writer(FileProxy):
             def __init__(self, fh, what):
-                self.fh, self.what = fh, what
+                super().__init__(fh)
+                self.what = what
 
             def write(self, data):
                 if self.what == "manifest":  # half the text reaches the disk, then the kill
@@ -180,15 +174,6 @@ class KillAt:
                 self.fh.flush()
                 hooks.hit("shard.partial")
                 return n
-
-            def __getattr__(self, name):
-                return getattr(self.fh, name)
-
-            def __enter__(self):
-                return self
-
-            def __exit__(self, *exc):
-                return self.fh.__exit__(*exc)
 
         def open_(path, mode="r", *a, **k):
             fh = real_open(path, mode, *a, **k)
@@ -458,24 +443,12 @@ def test_disk_full_midway(references, tmp_path, monkeypatch, where):
     budget = {"left": sum(shards[:2]) + 100 if where == "third shard" else sum(shards) + 100}
     real_open = open
 
-    class Full:
-        def __init__(self, fh):
-            self.fh = fh
-
+    class Full(FileProxy):
         def write(self, data):
             budget["left"] -= len(data)
             if budget["left"] < 0:
                 raise OSError(28, "No space left on device")
             return self.fh.write(data)
-
-        def __getattr__(self, name):
-            return getattr(self.fh, name)
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return self.fh.__exit__(*exc)
 
     monkeypatch.setattr(shards_format, "open", lambda p, m="r", *a, **k: Full(real_open(p, m, *a, **k)),
                         raising=False)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import struct
-import traceback
 
 import numpy as np
 import pytest
@@ -15,21 +14,7 @@ import fastload
 from fastload import FormatError, SourceError
 from fastload import transforms as T
 from fastload.formats import lmdb as lmdb_format
-
-
-def in_child(fn) -> int:
-    """Exit code of ``fn()`` run in a forked child (negative: killed by that signal; 3: it raised)."""
-    pid = os.fork()
-    if pid == 0:
-        code = 0
-        try:
-            fn()
-        except BaseException:
-            traceback.print_exc()
-            code = 3
-        finally:
-            os._exit(code)
-    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+from forking import in_child
 
 
 @pytest.fixture
