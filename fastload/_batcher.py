@@ -1,9 +1,9 @@
 """The batcher: one native call per batch fills a preallocated slot with decoded, cropped images
 and gathered columns. No per-sample Python on the image path for packed shards.
 
-A *slot* is one batch worth of output buffers, allocated once (pinned when CUDA is available) and
-reused. Tensors handed to the caller are views of a slot; a slot is refilled only when no view of it
-is alive any more (its storages' reference counts are back to what the slot itself holds).
+A *slot* (``_ring.Slot``) is one batch worth of output buffers, allocated once (pinned when CUDA is
+usable) and reused by the loader's ``SlotRing``. Tensors handed to the caller are views of a slot; a
+slot is refilled only when no view of it is alive any more (the ring's protocol, ``_ring.py``).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import torch
 
 from ._errors import DecodeError, where
 from ._native import native
+from ._ring import Slot, host_empty, pinned_memory_usable
 from ._schema import Field
 from .formats._layout import IMAGE_JPEG
 from .formats.shards import ShardSegment
@@ -25,45 +26,8 @@ class NotFastPath(Exception):
     """The dataset/loader configuration needs the generic path; the message says why."""
 
 
-def _pin() -> bool:
-    try:
-        return torch.cuda.is_available()
-    except Exception:  # a broken CUDA install must not break CPU loading
-        return False
-
-
-def _empty(shape: tuple, dtype: torch.dtype, pin: bool) -> torch.Tensor:
-    if pin:
-        try:
-            return torch.empty(shape, dtype=dtype, pin_memory=True)
-        except RuntimeError:
-            pass  # pinning unavailable (no driver, locked-memory limit): plain memory works too
-    return torch.empty(shape, dtype=dtype)
-
-
 def _torch_dtype(np_dtype: np.dtype) -> torch.dtype:
     return torch.from_numpy(np.empty(0, dtype=np_dtype.newbyteorder("="))).dtype
-
-
-def _refs(t: torch.Tensor) -> int:
-    return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
-
-
-class Slot:
-    """Output buffers for one batch: a tensor per fixed-size field, with numpy views to write into."""
-
-    def __init__(self, tensors: dict[str, torch.Tensor]):
-        self.tensors = tensors
-        self.arrays = {k: t.numpy() for k, t in tensors.items() if t.device.type == "cpu"}
-        self.baseline = {k: _refs(t) for k, t in tensors.items()}
-
-    def in_use(self) -> bool:
-        """True while any tensor or array viewing this slot is alive outside it."""
-        return any(_refs(t) != self.baseline[k] for k, t in self.tensors.items())
-
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.tensors.values())
 
 
 class Batcher:
@@ -89,7 +53,6 @@ class Batcher:
         self.pipelines = dataset.pipelines
         self.num_threads = num_threads
         self._pool = None
-        self.pin = _pin()
         self.skipped = 0
         # ToDtype/Normalize run here on the CPU; a device prefetcher turns this off and runs them on the device
         self.apply_tensor_transforms = True
@@ -122,12 +85,13 @@ class Batcher:
     def new_slot(self) -> Slot:
         b = self.batch_size
         tensors = {}
+        pin = pinned_memory_usable()  # asked per slot: a forked child must not pin (_ring.py, rule 6)
         if self.packed is not None:
             name, spec = self.packed
             size = b * spec.row_length
-            tensors[name] = _empty((size,), _torch_dtype(np.dtype(self.schema[name].dtype)), self.pin)
-            tensors[name + ":cu"] = _empty((size + 1,), torch.int32, self.pin)
-            tensors[name + ":ids"] = _empty((size,), torch.int64, self.pin)
+            tensors[name] = host_empty((size,), _torch_dtype(np.dtype(self.schema[name].dtype)), pin)
+            tensors[name + ":cu"] = host_empty((size + 1,), torch.int32, pin)
+            tensors[name + ":ids"] = host_empty((size,), torch.int64, pin)
             return Slot(tensors)
         for f in self.schema:
             if f.kind == "image":
@@ -135,14 +99,14 @@ class Batcher:
                 if self.image_device is not None:
                     tensors[f.name] = torch.empty((b, h, w, 3), dtype=torch.uint8, device=self.image_device)
                 else:
-                    tensors[f.name] = _empty((b, h, w, 3), torch.uint8, self.pin)
+                    tensors[f.name] = host_empty((b, h, w, 3), torch.uint8, pin)
             elif f.fixed_size:
-                tensors[f.name] = _empty((b,) + tuple(f.shape or ()), _torch_dtype(f.np_dtype), self.pin)
+                tensors[f.name] = host_empty((b,) + tuple(f.shape or ()), _torch_dtype(f.np_dtype), pin)
             elif f.name in self.ds.sequences:
                 rest = int(np.prod(f.shape[1:], dtype=np.int64))
                 size = b * self.ds.sequences[f.name].max_length * rest
-                tensors[f.name] = _empty((size,), _torch_dtype(np.dtype(f.dtype)), self.pin)
-                tensors[f.name + ":len"] = _empty((b,), torch.int64, self.pin)
+                tensors[f.name] = host_empty((size,), _torch_dtype(np.dtype(f.dtype)), pin)
+                tensors[f.name + ":len"] = host_empty((b,), torch.int64, pin)
         return Slot(tensors)
 
     # -- filling ---------------------------------------------------------------------------------

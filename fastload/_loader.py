@@ -19,9 +19,10 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from ._batcher import Batcher, NotFastPath, Slot
+from ._batcher import Batcher, NotFastPath
 from ._dataset import Dataset as PackedDataset
-from ._prefetch import DevicePrefetcher
+from ._prefetch import DevicePrefetcher, DeviceRing
+from ._ring import Slot, SlotRing
 from ._stats import LoaderStats
 from ._order import BucketOrder, Order, PackedOrder, default_seed, dist_info
 from ._sequences import Bucket, PackSequences
@@ -76,7 +77,8 @@ class DataLoader(torch.utils.data.DataLoader):
         self._next_epoch = 0
         self._resume_at = 0
         self._progress = (0, 0)  # (epoch, batches done) of the latest iteration
-        self._slots: list[Slot] = []
+        self._ring: SlotRing | None = None  # host slots of the fast path, made on first use
+        self._device_ring: DeviceRing | None = None  # device slots, kept across epochs
         self._stats = LoaderStats()
         self._persistent_pool = None
         self.decoder = decoder
@@ -168,7 +170,9 @@ class DataLoader(torch.utils.data.DataLoader):
         if self._batcher is None:
             it = generic_iterator(self)  # shared-memory workers; None: torch's own iterator
             it = super().__iter__() if it is None else it
-            return DevicePrefetcher(it, self.device, self.prefetch_factor or 2) if self._on_device() else it
+            if not self._on_device():
+                return it
+            return DevicePrefetcher(it, depth=self.prefetch_factor or 2, ring=self._device_slots())
         epoch, start = self._next_epoch, self._resume_at
         self._next_epoch, self._resume_at = epoch + 1, 0
         if self._order is not None:
@@ -197,22 +201,25 @@ class DataLoader(torch.utils.data.DataLoader):
 
         keys = {(f.name if self.dataset.as_dict else i): self.dataset.pipelines[f.name].tensor
                 for i, f in enumerate(self.dataset.schema) if f.name in self.dataset.pipelines}
-        return DevicePrefetcher(it, self.device, self.prefetch_factor or 2, keys, on_yield=handed)
+        return DevicePrefetcher(it, depth=self.prefetch_factor or 2, transforms=keys, on_yield=handed,
+                                ring=self._device_slots())
+
+    def _device_slots(self) -> DeviceRing:
+        if self._device_ring is None:
+            self._device_ring = DeviceRing(self.device)
+        return self._device_ring
 
     def _free_slot(self, reserved: set) -> Slot:
         """A slot no caller holds and no pending batch uses; the ring grows when there is none."""
-        for s in self._slots:
-            if id(s) not in reserved and not s.in_use():
-                return s
-        slot = self._batcher.new_slot()
-        self._slots.append(slot)
-        return slot
+        if self._ring is None:
+            self._ring = SlotRing(self._batcher.new_slot)
+        return self._ring.acquire(reserved)
 
     def stats(self) -> dict:
         """Counters since the loader was made: batches, time the loop waited for data, time filling
         batches, queue depth, slots in the ring, skipped samples (see ``stats_summary()``)."""
         return self._stats.as_dict() | {
-            "slots": len(self._slots), "slot_bytes": sum(s.nbytes for s in self._slots),
+            "slots": len(self._ring or ()), "slot_bytes": self._ring.nbytes if self._ring else 0,
             "skipped": self._batcher.skipped if self._batcher else 0, "fast_path": self.fast_path,
             "fast_path_reason": self.fast_path_reason, "num_workers": self.num_workers}
 

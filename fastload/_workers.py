@@ -48,7 +48,8 @@ from torch.utils.data._utils import worker as _worker
 from torch.utils.data.dataloader import _DatasetKind
 from torch.utils.data.datapipes.datapipe import IterDataPipe, MapDataPipe
 
-from ._shm import LENT, PENDING, WORKER, Arena, Slot, SlotUnpickler, map_slot, use_count
+from ._ring import Slot
+from ._shm import LENT, PENDING, WORKER, Arena, MappedSlot, SlotUnpickler, map_slot
 
 _TASK, _RESET, _RESULT, _ERROR, _STOP, _ACK = range(6)
 
@@ -225,8 +226,8 @@ class WorkerIterator:
         self._shutdown = True  # until the workers exist, for __del__
         self._workers: list = []
         self._conns: list = []
-        self._slots: dict[tuple[int, int], Slot] = {}
-        self._lent: list[tuple[Slot, torch.Tensor, int]] = []  # (slot, batch storage, baseline use count)
+        self._slots: dict[tuple[int, int], MappedSlot] = {}
+        self._lent: list[tuple[MappedSlot, Slot]] = []  # (slot, the lease over this batch's storage)
         self._pid = os.getpid()  # a forked child that inherits this object must leave the workers alone
         loader.check_worker_number_rationality()
         self._dataset_kind = loader._dataset_kind
@@ -374,14 +375,15 @@ class WorkerIterator:
             return SlotUnpickler(payload, None).load()
         slot = self._slots[(w, sid)]
         view = torch.frombuffer(slot.mm, dtype=torch.uint8)  # this batch's own storage over the slot
-        baseline = use_count(view)
+        lease = Slot({"batch": view})
         try:
             batch = SlotUnpickler(payload, view.untyped_storage()).load()
         except BaseException:
             self._give_back(slot)
             raise
         slot.state = LENT
-        self._lent.append((slot, view, baseline))
+        self._lent.append((slot, lease))
+        del view
         return batch
 
     # -- slots -------------------------------------------------------------------------------------
@@ -389,18 +391,18 @@ class WorkerIterator:
         """Hand back the slots of batches nobody holds any more (bounded work per call)."""
         keep, held = [], 0
         limit = self._num_workers * (self._prefetch_factor + 2)
-        for k, (slot, view, baseline) in enumerate(self._lent):
+        for k, (slot, lease) in enumerate(self._lent):
             if held >= limit:
                 keep.extend(self._lent[k:])
                 break
-            if use_count(view) == baseline:
+            if not lease.held():
                 self._give_back(slot)
             else:
-                keep.append((slot, view, baseline))
+                keep.append((slot, lease))
                 held += 1
         self._lent = keep
 
-    def _give_back(self, slot: Slot) -> None:
+    def _give_back(self, slot: MappedSlot) -> None:
         w, key = slot.wid, (slot.wid, slot.sid)
         if self._slots.get(key) is not slot:
             return

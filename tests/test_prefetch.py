@@ -31,7 +31,7 @@ def test_held_batches_are_never_overwritten_and_dropped_ones_are_reused():
     pf = fastload.to_device(batches(50), "cpu", depth=2)
     for b in pf:
         del b
-    assert len(pf._slots) <= 4  # a loop that drops each batch cycles through a small ring
+    assert len(pf.ring) <= 4  # a loop that drops each batch cycles through a small ring
 
 
 def test_transforms_run_on_the_named_entry_only():
