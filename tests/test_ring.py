@@ -9,9 +9,13 @@ simulator fails: the other tests would fail the same way if the bug came back.
 from __future__ import annotations
 
 import gc
+import mmap
+import multiprocessing
+import os
 
-import torch
+import numpy as np
 import pytest
+import torch
 
 import fastload
 from fastload import _prefetch, _ring
@@ -19,6 +23,7 @@ from fastload import transforms as T
 from fastload._prefetch import DevicePrefetcher, DeviceRing
 from sim_streams import Race, SimGpu
 from conftest import make_image_folder
+from forking import in_child
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 
@@ -211,3 +216,94 @@ def test_to_device_over_a_torch_loader_runs_each_epoch(sim_cuda):
         seen = lagging_loop(sim_cuda, d)
         assert sorted(torch.cat([s[0] for s in seen]).view(-1).tolist()) == list(range(64))
     assert not sim_cuda.races
+
+
+# -- fork after pinning ---------------------------------------------------------------------------------
+class SharedPinnedPool:
+    """Pinned memory as the CUDA driver maps it: one region shared with every child forked afterwards, and
+    an allocator whose state the children inherit (so they are handed the same pages)."""
+
+    def __init__(self, nbytes: int = 32 << 20):
+        self.mm = mmap.mmap(-1, nbytes, flags=mmap.MAP_SHARED)
+        self.top = 0
+
+    @staticmethod
+    def available() -> bool:
+        return True
+
+    @staticmethod
+    def parent_initialised() -> bool:
+        return False  # leave the detection to fastload's own record of who pinned
+
+    def empty(self, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+        n = int(np.prod(shape, dtype=np.int64)) * torch.empty((), dtype=dtype).element_size()
+        off, self.top = self.top, self.top + -(-n // 64) * 64
+        return torch.frombuffer(self.mm, dtype=torch.uint8, count=n, offset=off).view(dtype).view(shape)
+
+
+@pytest.fixture
+def shared_pinning(monkeypatch):
+    monkeypatch.setattr(_ring, "PINNED", SharedPinnedPool())
+    monkeypatch.setattr(_ring, "_pinned_by", None)
+    monkeypatch.setattr(_ring, "_warned", set())
+
+
+def _epoch(path, seed: int) -> list:
+    ds = fastload.open(path, transforms={"image": [T.RandomResizedCrop(16), T.RandomHorizontalFlip()]})
+    return [(x.clone(), y.clone()) for x, y in fastload.DataLoader(ds, batch_size=4, shuffle=True, seed=seed,
+                                                                   num_workers=2)]
+
+
+def test_children_forked_after_pinning_do_not_share_slots(shared_pinning, photos):
+    """Two children forked after the parent pinned: one holds a batch while the other runs a whole
+    epoch. With pinned slots from the shared pool the second child would overwrite the first's batch."""
+    _epoch(photos, 0)  # the parent pins (and so would have initialised CUDA)
+    assert _ring._pinned_by == os.getpid()
+    ctx = multiprocessing.get_context("fork")
+    holding, finished = ctx.Event(), ctx.Event()
+    results = ctx.Queue()
+
+    def holder():
+        import warnings
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            ds = fastload.open(photos, transforms={"image": [T.RandomResizedCrop(16)]})
+            it = iter(fastload.DataLoader(ds, batch_size=4, shuffle=True, seed=1, num_workers=0))
+            x, _ = next(it)
+            before = x.clone()
+            holding.set()
+            finished.wait(60)
+            results.put(("holder", torch.equal(x, before), [str(w.message) for w in caught]))
+
+    def writer():
+        holding.wait(60)
+        _epoch(photos, 2)
+        finished.set()
+        results.put(("writer", True, []))
+
+    procs = [ctx.Process(target=holder), ctx.Process(target=writer)]
+    for p in procs:
+        p.start()
+    got = {name: (ok, warned) for name, ok, warned in (results.get(timeout=60) for _ in procs)}
+    for p in procs:
+        p.join(30)
+        assert p.exitcode == 0
+    assert got["holder"][0], "a child's batch was overwritten by its sibling: slots were shared after fork"
+    assert any("forked after its parent" in w for w in got["holder"][1])
+
+
+def test_a_loader_used_in_a_forked_child_leaves_the_parents_slots_alone(shared_pinning, photos):
+    ds = fastload.open(photos, transforms={"image": [T.RandomResizedCrop(16)]})
+    loader = fastload.DataLoader(ds, batch_size=4, shuffle=True, seed=5)
+    x, y = next(iter(loader))
+    first = x.clone()
+    del x, y  # the slot is free: a child that reused it would write into the parent's (shared) pages
+    slot = loader._ring.slots[0]
+
+    def child():
+        for _ in loader:  # another epoch: another order, written into this process's own slots
+            pass
+
+    assert in_child(child) == 0
+    assert torch.equal(slot.tensors["image"][:4].permute(0, 3, 1, 2), first)
