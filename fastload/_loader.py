@@ -40,7 +40,9 @@ class DataLoader(torch.utils.data.DataLoader):
     ``shuffle``), ``rank``/``world_size`` (default from torch.distributed), ``window`` (shards per
     quasi-random window), ``on_error`` ('raise' or 'skip' corrupt samples), ``decoder``
     ('native'; 'dali': NVIDIA DALI executes the same plans, on the GPU with ``device='cuda'``, else in
-    its CPU-only mode; 'nvjpeg': torchvision's GPU decoder, needs ``device='cuda'``).
+    its CPU-only mode; 'nvjpeg': torchvision's GPU decoder, needs ``device='cuda'``; 'auto': with
+    ``device='cuda'`` and DALI or torchvision installed, CPU threads and the GPU decoder share each batch
+    in the ratio of their measured rates, else 'native'; see ``_images.py``).
 
     On the fast path ``num_workers`` is the number of native decode threads (0 decodes in the calling
     thread; ``"auto"`` measures the best count once per dataset and machine, see ``_autotune.py``);
@@ -86,7 +88,7 @@ class DataLoader(torch.utils.data.DataLoader):
             self._batcher = self._fast_path(dataset, batch_size, batch_sampler, collate_fn)
         except NotFastPath as e:
             self.fast_path_reason = str(e)
-            if decoder != "native":
+            if decoder not in ("native", "auto"):
                 raise ValueError(f"decoder={decoder!r} needs fastload's fast path, which this loader cannot take: "
                                  f"{e}") from None
             return
