@@ -21,7 +21,7 @@ import torch
 
 from ._batcher import Batcher, NotFastPath
 from ._dataset import Dataset as PackedDataset
-from ._prefetch import DevicePrefetcher, DeviceRing
+from ._prefetch import DevicePrefetcher, DeviceRing, check_device
 from ._ring import Slot, SlotRing
 from ._stats import LoaderStats
 from ._order import BucketOrder, Order, PackedOrder, default_seed, dist_info
@@ -61,12 +61,7 @@ class DataLoader(torch.utils.data.DataLoader):
                          drop_last, timeout, worker_init_fn, multiprocessing_context, generator,
                          prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
                          pin_memory_device=pin_memory_device, in_order=in_order)
-        self.device = torch.device(device) if device is not None else None
-        if self.device is not None and self.device.type not in ("cpu", "cuda"):
-            raise ValueError(f"device={device!r}: fastload prefetches to 'cuda' devices (or keeps batches on 'cpu')")
-        if self.device is not None and self.device.type == "cuda" and not torch.cuda.is_available():
-            raise RuntimeError(f"device={device!r} but CUDA is not available (torch.cuda.is_available() is False); "
-                               f"use device=None to keep batches on the CPU")
+        self.device = check_device(device) if device is not None else None  # 'cuda' becomes 'cuda:<current>'
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error={on_error!r} should be 'raise' or 'skip'")
         # drawn only for the fast path: the generic path leaves torch's generators exactly as torch would

@@ -1,6 +1,6 @@
 """decoder='auto' with a GPU: CPU threads and the GPU decoder share each batch (fastload/decoders/hybrid.py).
 
-Without a GPU the GPU half is the nvjpeg decoder with PIL standing in for nvJPEG (tests/test_nvjpeg.py),
+Without a GPU the GPU half is the nvjpeg decoder with PIL standing in for nvJPEG (tests/test_nvjpeg_cpu.py),
 writing into CPU "device" rows: the split, the concurrency, the rate tracking and the assembly of one
 batch from two decoders are the same code that runs on a GPU."""
 
@@ -19,7 +19,7 @@ from fastload.decoders.hybrid import HybridSplit
 from fastload.decoders.nvjpeg import NvjpegDecoder
 from conftest import make_image_folder
 from test_dali import mad
-from test_nvjpeg import pil_decode
+from test_nvjpeg_cpu import pil_decode
 
 
 @pytest.fixture(scope="module")

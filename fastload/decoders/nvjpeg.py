@@ -15,7 +15,7 @@ one image at a time to find the bad ones (only for batches that hold one), repor
 ``(k, message)`` and zeroes it, as the native ``decode_batch`` does. A crop outside its image fails its
 sample only.
 
-Agreement, on the CPU with PIL decoding standing in for nvJPEG (tests/test_nvjpeg.py, 5 plan seeds over
+Agreement, on the CPU with PIL decoding standing in for nvJPEG (tests/test_nvjpeg_cpu.py, 5 plan seeds over
 test_dali.py's samples), mean absolute difference per sample: <= 0.21 gray levels against the native
 decoder without DCT scaling (tolerance 1.0), <= 3.02 against the Batcher's DCT-scaled native decode
 (tests/cuda uses 4.0, the DALI decoder's bound). On a GPU nvJPEG's IDCT may add its own small error.
