@@ -10,10 +10,12 @@ torch's own single-process iterator.
 
 from __future__ import annotations
 
+import collections
 import os
 import queue
 import threading
 import time
+import warnings
 from typing import Any, Iterator
 
 import numpy as np
@@ -29,6 +31,15 @@ from ._sequences import Bucket, PackSequences
 from ._workers import generic_iterator
 
 _END = object()
+
+# Below this many seconds of filling per batch, the calling thread fills each batch itself: handing a
+# batch over from a producer thread (queue, wake-up, GIL hand-over) then costs as much as the work, and
+# the caller's step is delayed by at most this much. Above it, a producer thread overlaps filling with
+# the caller's step. Decided on the median of the latest fills (kept across epochs), once there are
+# FILL_SAMPLES of them: the first batch (shards opened, pages faulted in) or a hiccup of a busy machine
+# does not decide alone.
+INLINE_BELOW = 1e-3
+FILL_SAMPLES = 3
 
 
 class DataLoader(torch.utils.data.DataLoader):
@@ -78,6 +89,8 @@ class DataLoader(torch.utils.data.DataLoader):
         self._device_ring: DeviceRing | None = None  # device slots, kept across epochs
         self._stats = LoaderStats()
         self._persistent_pool = None
+        self._fills: collections.deque = collections.deque(maxlen=8)  # latest fill times, seconds
+        self._fill_cost: float | None = None  # their median (see INLINE_BELOW)
         self.decoder = decoder
         try:
             self._batcher = self._fast_path(dataset, batch_size, batch_sampler, collate_fn)
@@ -86,12 +99,14 @@ class DataLoader(torch.utils.data.DataLoader):
             if decoder not in ("native", "auto"):
                 raise ValueError(f"decoder={decoder!r} needs fastload's fast path, which this loader cannot take: "
                                  f"{e}") from None
+            self.check_worker_number_rationality()
             return
         if self.seed is None:
             self.seed = default_seed(generator)
         if self._user_sampler and self._batcher.packed is not None:
             self._batcher = None
             self.fast_path_reason = "PackSequences forms its own batches; a custom sampler cannot drive it"
+            self.check_worker_number_rationality()
             return
         if not self._user_sampler:
             kind = order or ("random" if shuffle else "sequential")
@@ -113,6 +128,24 @@ class DataLoader(torch.utils.data.DataLoader):
 
             self.num_workers = autotune(self._batcher, self._order, dataset, batch_size)
             self._batcher.num_threads = self.num_workers
+        elif self.num_workers > 0:
+            self.check_worker_number_rationality()
+
+    def check_worker_number_rationality(self) -> None:
+        """torch's advice fits worker processes; on the fast path ``num_workers`` counts native threads."""
+        if "_batcher" not in self.__dict__:
+            return  # called by torch's __init__: fastload checks once it knows which path it takes
+        if self._batcher is None:
+            return super().check_worker_number_rationality()
+        try:
+            cpus = len(os.sched_getaffinity(0))
+        except AttributeError:
+            cpus = os.cpu_count() or 1
+        if self.num_workers > cpus:
+            warnings.warn(f"fastload: num_workers={self.num_workers} asks for {self.num_workers} native decode "
+                          f"threads (threads in this process, not worker processes) but this process may use "
+                          f"{cpus} CPUs; threads beyond that only add switching. num_workers='auto' measures "
+                          f"the best count for this dataset and machine.", UserWarning, stacklevel=3)
 
     def _fast_path(self, dataset, batch_size, batch_sampler, collate_fn) -> Batcher:
         if not isinstance(dataset, PackedDataset):
@@ -124,6 +157,12 @@ class DataLoader(torch.utils.data.DataLoader):
         if collate_fn is not None:
             raise NotFastPath("a custom collate_fn")
         return Batcher(dataset, batch_size, self.num_workers, self.on_error, self.decoder, self.device)
+
+    def _note_fill(self, seconds: float) -> None:
+        """Track the cost of filling one batch, which decides inline vs producer-thread filling."""
+        self._fills.append(seconds)
+        if len(self._fills) >= FILL_SAMPLES:
+            self._fill_cost = float(np.median(self._fills))
 
     @property
     def fast_path(self) -> bool:
@@ -280,12 +319,17 @@ class _FastIterator:
         self.producer = None
         if loader.persistent_workers and loader._persistent_pool is not None:
             self.batcher._pool = loader._persistent_pool
-        if loader.num_workers > 0:
-            depth = loader.prefetch_factor or 2
-            self.producer = _Producer(depth)
-            self.thread = threading.Thread(target=_produce, name="fastload-batcher", daemon=True,
-                                           args=(self.producer, loader, batches, start, rng_for))
-            self.thread.start()
+        cost = loader._fill_cost
+        if loader.num_workers > 0 and cost is not None and cost >= INLINE_BELOW:
+            self._start_producer()  # known to be expensive: overlap from the first batch
+
+    def _start_producer(self) -> None:
+        """Fill the remaining batches in a background thread (the batch sequence and RNGs are unchanged)."""
+        loader = self.loader
+        self.producer = _Producer(loader.prefetch_factor or 2)
+        self.thread = threading.Thread(target=_produce, name="fastload-batcher", daemon=True,
+                                       args=(self.producer, loader, self.batches, self.done, self.rng_for))
+        self.thread.start()
 
     def __iter__(self):
         return self
@@ -321,10 +365,16 @@ class _FastIterator:
         slot = self.loader._free_slot(set())
         t = time.perf_counter()
         objects = self.batcher.fill(slot, idx, self.rng_for(self.done))
-        self.stats.add_fill(time.perf_counter() - t)
+        cost = time.perf_counter() - t
+        self.stats.add_fill(cost)
+        self.loader._note_fill(cost)
         out = self.batcher.collate(slot, len(idx), objects)
         self.stats.end_next(started, len(idx))
-        return self._count(out)
+        out = self._count(out)
+        cost = self.loader._fill_cost
+        if self.loader.num_workers > 0 and cost is not None and cost >= INLINE_BELOW:
+            self._start_producer()  # batches got expensive: overlap them with the caller's work from now on
+        return out
 
     def _count(self, out):
         self.done += 1
@@ -366,7 +416,9 @@ def _produce(p: _Producer, loader: DataLoader, batches, start: int, rng_for) -> 
                 p.reserved.add(id(slot))
             t = time.perf_counter()
             objects = batcher.fill(slot, idx, rng_for(b))
-            loader._stats.add_fill(time.perf_counter() - t)
+            cost = time.perf_counter() - t
+            loader._stats.add_fill(cost)
+            loader._note_fill(cost)
             b += 1
             if not p.put((slot, len(idx), objects)):
                 return
