@@ -17,17 +17,14 @@ from fastload import transforms as T
 from fastload._images import ImageDecoding
 from fastload.decoders.hybrid import HybridSplit
 from fastload.decoders.nvjpeg import NvjpegDecoder
-from conftest import make_image_folder
+from conftest import packed_image_folder
 from test_dali import mad
 from test_nvjpeg_cpu import pil_decode
 
 
 @pytest.fixture(scope="module")
 def photos(tmp_path_factory):
-    root = tmp_path_factory.mktemp("hybrid")
-    make_image_folder(root / "src", classes=3, per_class=16)
-    fastload.pack(root / "src", root / "ds", workers=0)
-    return root / "ds"
+    return packed_image_folder(tmp_path_factory.mktemp("hybrid"), classes=3, per_class=16)
 
 
 def hybrid_loader(ds, **kw):

@@ -22,7 +22,7 @@ from fastload import _prefetch, _ring
 from fastload import transforms as T
 from fastload._prefetch import DevicePrefetcher, DeviceRing
 from sim_streams import Race, SimGpu
-from conftest import make_image_folder
+from conftest import packed_image_folder
 from forking import in_child
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
@@ -147,10 +147,7 @@ def sim_cuda(monkeypatch):
 
 @pytest.fixture(scope="module")
 def photos(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ring")
-    make_image_folder(root / "src", classes=3, per_class=12)
-    fastload.pack(root / "src", root / "ds", workers=0)
-    return root / "ds"
+    return packed_image_folder(tmp_path_factory.mktemp("ring"), classes=3, per_class=12)
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])

@@ -7,27 +7,16 @@ Run on a GPU machine with ``python -m pytest tests/cuda -q``.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 import fastload
 from fastload import transforms as T
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from conftest import make_image_folder  # noqa: E402
+from gpu_common import NEEDS_CUDA_AND_TORCHVISION
+from conftest import packed_image_folder  # noqa: E402 (gpu_common puts tests/ on sys.path)
 
-try:
-    import torchvision
-
-    HAVE_TV = True
-except ImportError:
-    HAVE_TV = False
-
-pytestmark = [pytest.mark.cuda,
-              pytest.mark.skipif(not (torch.cuda.is_available() and HAVE_TV), reason="needs CUDA and torchvision")]
+pytestmark = NEEDS_CUDA_AND_TORCHVISION
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 CLASSES = 8
@@ -36,14 +25,13 @@ EPOCHS = 3
 
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory):
-    root = tmp_path_factory.mktemp("stress")
-    make_image_folder(root / "src", classes=CLASSES, per_class=40)
-    fastload.pack(root / "src", root / "ds", workers=4)
-    return root / "ds"
+    return packed_image_folder(tmp_path_factory.mktemp("stress"), classes=CLASSES, per_class=40, workers=4)
 
 
 @pytest.fixture(scope="module")
 def model():
+    import torchvision
+
     m = torchvision.models.resnet18(num_classes=CLASSES).cuda().to(memory_format=torch.channels_last)
     return m, torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
 
