@@ -9,7 +9,8 @@ from . import transforms
 from ._dataset import Dataset, open
 from ._loader import DataLoader
 from ._prefetch import to_device
-from ._errors import DecodeError, FastloadError, FormatError, SchemaError, SourceError, VersionError
+from ._errors import (DecodeError, FastloadError, FastPathWarning, FormatError, SchemaError, SourceError,
+                      VersionError)
 from ._pack import PackSummary, pack
 from ._schema import Field, Schema
 from ._version import __version__
@@ -18,6 +19,7 @@ __all__ = [
     "DataLoader",
     "Dataset",
     "DecodeError",
+    "FastPathWarning",
     "FastloadError",
     "Field",
     "FormatError",
