@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from . import transforms
 from ._dataset import Dataset, open
+from ._doctor import doctor
 from ._loader import DataLoader
 from ._prefetch import to_device
 from ._errors import (DecodeError, FastloadError, FastPathWarning, FormatError, SchemaError, SourceError,
@@ -29,6 +30,7 @@ __all__ = [
     "SourceError",
     "VersionError",
     "__version__",
+    "doctor",
     "open",
     "pack",
     "to_device",
