@@ -17,8 +17,9 @@ What that means for determinism and resume:
   ``RandomSampler`` the state of the generator it drew the epoch from. ``load_state_dict()`` replays
   the epoch's order and skips the batches already done, so the batches that follow are exactly those
   an uninterrupted run would have had. That holds for ``DistributedSampler``, ``RandomSampler`` and
-  ``SequentialSampler`` (alone or in torch's ``BatchSampler``); any other sampler still drives the
-  fast path, and resumes exactly at an epoch boundary, but a mid-epoch state for it is refused on load.
+  ``SequentialSampler`` (alone or in torch's ``BatchSampler``). Any other sampler still drives the
+  fast path and its state saves; loading it at an epoch boundary starts the next epoch (the sampler
+  draws it as it would), but a mid-epoch state for it is refused on load: its next batches are unknown.
 """
 
 from __future__ import annotations
