@@ -27,7 +27,7 @@ from ._dropin import (check_batch_sampler, check_collate, check_memory_format, c
 from ._prefetch import DevicePrefetcher
 from ._stats import LoaderStats
 from ._order import BucketOrder, Order, PackedOrder, default_seed, dist_info
-from ._sampling import SamplerOrder, slot_batch_size
+from ._sampling import Counted, IndexReplay, SamplerOrder, generic_state, load_generic_state, slot_batch_size
 from ._sequences import Bucket, PackSequences
 from ._workers import generic_iterator
 
@@ -90,6 +90,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         self._next_epoch = 0
         self._resume_at = 0
         self._progress = (0, 0)  # (epoch, batches done) of the latest iteration
+        self._generic_pending = None  # generic path: (batches to skip, generator state) after load_state_dict
+        self._generic_rng = None  # generic path: the generator state the current epoch's RandomSampler drew from
         self._slots: list[Slot] = []
         self._stats = LoaderStats()
         self._persistent_pool = None
@@ -167,12 +169,11 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     def state_dict(self) -> dict:
         """Where the loader is: restoring it yields exactly the batches that would have come next.
 
-        With a sampler driving the fast path the state is a position in the sampler's order (see
-        ``_sampling.py``); Lightning and ``accelerator.register_for_checkpointing`` call this."""
-        if self._order is None and self._sampled is None:
-            raise RuntimeError(f"state_dict() needs fastload's fast path; this loader runs the generic path "
-                               f"({self.fast_path_reason}), which keeps no resumable position")
+        With a sampler driving the order (and on the generic path) the state is a position in the
+        sampler's order (see ``_sampling.py``); Lightning and accelerate's ``save_state`` call this."""
         epoch, done = self._progress
+        if self._batcher is None:
+            return generic_state(self._torch_index_sampler(), self._num_samples(), epoch, done, self._generic_rng)
         if done >= len(self):
             epoch, done = epoch + 1, 0
         if self._sampled is not None:
@@ -180,10 +181,10 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         return self._order.state_dict(done) | {"epoch": epoch}
 
     def load_state_dict(self, state: dict) -> None:
-        if self._order is None and self._sampled is None:
-            raise RuntimeError(f"load_state_dict() needs fastload's fast path; this loader runs the generic path "
-                               f"({self.fast_path_reason})")
-        if self._sampled is not None:
+        if self._batcher is None:
+            self._next_epoch, self._resume_at, self._generic_pending = load_generic_state(
+                self._torch_index_sampler(), self._num_samples(), state)
+        elif self._sampled is not None:
             self._next_epoch, self._resume_at = self._sampled.load_state_dict(state)
             self.seed = self._sampled.seed
         else:
@@ -193,6 +194,22 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             self._resume_at = self._order.load_state_dict(state)
             self._next_epoch = self._order.epoch
         self._progress = (self._next_epoch, self._resume_at)
+
+    def _torch_index_sampler(self):
+        return torch.utils.data.DataLoader._index_sampler.fget(self)
+
+    @property
+    def _index_sampler(self):
+        """What torch's iterator and the generic path's workers draw indices from: on the generic path the
+        sampler, replayed from the next batch once after ``load_state_dict`` (``IndexReplay``)."""
+        base = self._torch_index_sampler()
+        return base if self._batcher is not None else IndexReplay(self, base)
+
+    def _num_samples(self) -> int | None:
+        try:
+            return len(self.dataset)
+        except TypeError:
+            return None
 
     # -- pickling: no threads, pools, slots or open handles travel; all are re-created lazily -------
     def __getstate__(self) -> dict:
@@ -221,9 +238,13 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
 
     def __iter__(self):
         if self._batcher is None:
+            epoch, start = self._next_epoch, self._resume_at
+            self._next_epoch, self._resume_at = epoch + 1, 0
             it = generic_iterator(self)  # shared-memory workers; None: torch's own iterator
             it = super().__iter__() if it is None else it
-            return DevicePrefetcher(it, self.device, self.prefetch_factor or 2) if self._on_device() else it
+            if self._on_device():
+                it = DevicePrefetcher(it, self.device, self.prefetch_factor or 2)
+            return Counted(it, self, epoch, start)  # counts what the loop receives
         warn_pin_memory(self.pin_memory)
         check_worker_init_fn(self.worker_init_fn)  # Lightning sets it after construction
         epoch, start = self._next_epoch, self._resume_at

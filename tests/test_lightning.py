@@ -49,8 +49,18 @@ class Record(L.Callback):
         (self.out / f"rank{{trainer.global_rank}}.json").write_text(json.dumps(self.rows))
 
 
+class PlainImages(torch.utils.data.Dataset):  # not a fastload.Dataset: the generic path
+    def __len__(self):
+        return {n}
+
+    def __getitem__(self, i):
+        g = torch.Generator().manual_seed(i)
+        return torch.randint(0, 256, (3, 16, 16), dtype=torch.uint8, generator=g), i % 4, i
+
+
 def main():
-    strategy, out, resume, direct = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "direct"
+    strategy, out, resume, mode = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+    direct = mode == "direct"
     args = ex.parse_args([{data!r}, "--devices", "2", "--strategy", strategy, "--epochs", "{epochs}",
                           "--batch-size", "{batch}", "--image-size", "16", "--root", out])
     L.seed_everything(3, workers=True)  # also makes Lightning set its seeding worker_init_fn
@@ -60,7 +70,11 @@ def main():
     data = ex.PackedImages(args.data, 16, args.batch_size, num_workers=1, seed=5)
     model = ex.SmallCNN(4)
     resume = None if resume == "-" else resume
-    if direct:  # built in this process and pickled to the spawned ranks
+    if mode == "generic":
+        import fastload
+        loader = fastload.DataLoader(PlainImages(), batch_size={batch}, shuffle=True, num_workers=1)
+        trainer.fit(model, train_dataloaders=loader, ckpt_path=resume)
+    elif direct:  # built in this process and pickled to the spawned ranks
         trainer.fit(model, train_dataloaders=data.train_dataloader(), ckpt_path=resume)
     else:
         trainer.fit(model, datamodule=data, ckpt_path=resume)
@@ -90,24 +104,24 @@ def packed(tmp_path_factory) -> Path:
     return root / "ds"
 
 
-def run(tmp_path: Path, packed: Path, strategy: str, name: str, resume: str = "-", direct: bool = False) -> dict:
+def run(tmp_path: Path, packed: Path, strategy: str, name: str, resume: str = "-", mode: str = "hook") -> dict:
     script = tmp_path / "run.py"
-    script.write_text(textwrap.dedent(RUN.format(data=str(packed), epochs=EPOCHS, batch=BATCH, step=CKPT_STEP)))
+    script.write_text(textwrap.dedent(RUN.format(data=str(packed), epochs=EPOCHS, batch=BATCH, step=CKPT_STEP, n=N)))
     out = tmp_path / name
     out.mkdir()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "examples")]), MASTER_ADDR="127.0.0.1",
                OMP_NUM_THREADS="1")
     env.pop("LOCAL_RANK", None)
-    proc = subprocess.run([sys.executable, str(script), strategy, str(out), resume, "direct" if direct else "hook"],
+    proc = subprocess.run([sys.executable, str(script), strategy, str(out), resume, mode],
                           capture_output=True, text=True, timeout=280, env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     assert "FastPathWarning" not in proc.stderr, proc.stderr[-3000:]
     return {r: json.loads((out / f"rank{r}.json").read_text()) for r in range(2)}
 
 
-def check_training_run(ranks: dict) -> None:
+def check_training_run(ranks: dict, fast: bool = True) -> None:
     for rows in ranks.values():
-        assert all(r["fast_path"] for r in rows), rows[0]["reason"]
+        assert all(r["fast_path"] == fast for r in rows), rows[0]["reason"]
         assert {r["sampler"] for r in rows} == {"DistributedSampler"}  # Lightning's, driving the fast path
         assert len(rows) == EPOCHS * N // 2 // BATCH
     for epoch in range(EPOCHS):
@@ -135,10 +149,22 @@ def test_ddp_fast_path_ranks_epochs_and_mid_epoch_resume(tmp_path, packed):
 
 def test_ddp_spawn_pickles_the_loader_to_each_rank_and_resumes(tmp_path, packed):
     # the loader is built in this process and passed to fit(): ddp_spawn pickles it to the two ranks
-    first = run(tmp_path, packed, "ddp_spawn", "first", direct=True)
+    first = run(tmp_path, packed, "ddp_spawn", "first", mode="direct")
     check_training_run(first)
     ckpt = tmp_path / "first" / "ckpt" / f"epoch=1-step={CKPT_STEP}.ckpt"
-    resumed = run(tmp_path, packed, "ddp_spawn", "resumed", resume=str(ckpt), direct=True)
+    resumed = run(tmp_path, packed, "ddp_spawn", "resumed", resume=str(ckpt), mode="direct")
+    done = CKPT_STEP - N // 2 // BATCH
+    for rank in range(2):
+        want = [r for r in first[rank] if r["epoch"] == 1][done:]
+        assert [(r["ids"], r["pixels"]) for r in resumed[rank]] == [(r["ids"], r["pixels"]) for r in want]
+
+
+def test_generic_path_loader_checkpoints_and_resumes_mid_epoch(tmp_path, packed):
+    # a plain torch Dataset through fastload.DataLoader: Lightning saves its state_dict in each checkpoint
+    first = run(tmp_path, packed, "ddp", "first", mode="generic")
+    check_training_run(first, fast=False)
+    ckpt = tmp_path / "first" / "ckpt" / f"epoch=1-step={CKPT_STEP}.ckpt"
+    resumed = run(tmp_path, packed, "ddp", "resumed", resume=str(ckpt), mode="generic")
     done = CKPT_STEP - N // 2 // BATCH
     for rank in range(2):
         want = [r for r in first[rank] if r["epoch"] == 1][done:]

@@ -181,3 +181,74 @@ def test_bad_indices_and_oversized_batches_are_refused(arrays):
 
     with pytest.raises(ValueError, match="batch of 5 indices, but its batch_size is 4"):
         list(fastload.DataLoader(ds, batch_sampler=Greedy(SequentialSampler(ds), 4, False)))
+
+
+# -- the generic path resumes the same way --------------------------------------------------------------
+class Plain(torch.utils.data.Dataset):
+    def __len__(self):
+        return 29
+
+    def __getitem__(self, i):
+        return torch.full((2,), float(i)), i
+
+
+class Stream(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        return iter(range(10))
+
+
+@pytest.mark.parametrize("make", [
+    lambda ds: dict(shuffle=True),  # torch's RandomSampler over torch's default generator
+    lambda ds: dict(shuffle=True, generator=torch.Generator().manual_seed(6)),
+    lambda ds: dict(sampler=DistributedSampler(ds, num_replicas=2, rank=1, seed=2)),
+    lambda ds: dict(shuffle=False),
+], ids=["random_global", "random_generator", "distributed", "sequential"])
+@pytest.mark.parametrize("workers, persistent", [(0, False), (2, False), (2, True)])
+def test_generic_path_resumes_mid_epoch_in_the_samplers_order(make, workers, persistent):
+    def loader():
+        ds = Plain()
+        return fastload.DataLoader(ds, batch_size=3, num_workers=workers, persistent_workers=persistent, **make(ds))
+
+    torch.manual_seed(0)
+    ref_loader = loader()
+    list(ref_loader)
+    if isinstance(ref_loader.sampler, DistributedSampler):
+        ref_loader.sampler.set_epoch(1)
+    ref = [b[1].tolist() for b in ref_loader]
+    torch.manual_seed(0)
+    dl = loader()
+    assert not dl.fast_path
+    list(dl)
+    if isinstance(dl.sampler, DistributedSampler):
+        dl.sampler.set_epoch(1)
+    it = iter(dl)
+    got = [next(it)[1].tolist() for _ in range(4)]
+    state = dl.state_dict()
+    after_checkpoint = torch.get_rng_state()
+    del it
+    assert state["driver"] == "generic" and (state["epoch"], state["batches_done"]) == (1, 4)
+
+    torch.manual_seed(99)
+    restored = loader()
+    torch.set_rng_state(after_checkpoint)
+    restored.load_state_dict(state)
+    rest = [b[1].tolist() for b in restored]
+    assert got + rest == ref
+    assert restored.state_dict()["epoch"] == 2 and restored.state_dict()["batches_done"] == 0
+    assert [b[1].tolist() for b in restored]  # and the epoch after goes on normally
+
+
+def test_generic_path_iterable_dataset_resumes_only_at_epoch_ends():
+    dl = fastload.DataLoader(Stream(), batch_size=4)
+    it = iter(dl)
+    next(it)
+    state = dl.state_dict()
+    assert state["batches_done"] == 1 and state["replayable"] is False
+    with pytest.raises(ValueError, match="cannot resume mid-epoch.*_InfiniteConstantSampler"):
+        fastload.DataLoader(Stream(), batch_size=4).load_state_dict(state)
+    list(it)
+    end = dl.state_dict()
+    assert (end["epoch"], end["batches_done"]) == (1, 0)
+    again = fastload.DataLoader(Stream(), batch_size=4)
+    again.load_state_dict(end)
+    assert len(list(again)) == 3
