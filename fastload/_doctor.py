@@ -52,7 +52,8 @@ class Finding:
     fix: str
 
     def __str__(self) -> str:
-        return f"[{self.code}] {self.title}\n    measured: {self.measured}\n    where:    {self.where}\n    fix:      {self.fix}"
+        return (f"[{self.code}] {self.title}\n    measured: {self.measured}\n    where:    {self.where}\n"
+                f"    fix:      {self.fix}")
 
 
 @dataclass
@@ -306,7 +307,8 @@ def _report(s: _Session, measure_workers: bool, budget_s: float) -> Report:
     for loader, where in s.loaders.values():
         if isinstance(loader, FastLoader) and not loader.fast_path and isinstance(loader.dataset, PackedDataset):
             r.findings.append(Finding(
-                "fast-path", "a fastload.Dataset runs on the generic path", f"fast_path=False: {loader.fast_path_reason}",
+                "fast-path", "a fastload.Dataset runs on the generic path",
+                f"fast_path=False: {loader.fast_path_reason}",
                 f"the loader iterated at {where}", "remove what the reason names (see fastload.FastPathWarning)"))
         if measure_workers and isinstance(loader, FastLoader) and loader.fast_path and loader._order is not None:
             f = _workers_finding(loader, where, budget_s, r)

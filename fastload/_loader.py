@@ -15,7 +15,7 @@ import os
 import queue
 import threading
 import time
-from typing import Any, Iterator, TypeVar
+from typing import Iterator, TypeVar
 
 import numpy as np
 import torch

@@ -47,8 +47,8 @@ def prepare(accelerator: Any, *args: Any, device_placement: list[bool] | None = 
             if why is None:
                 _prepare_loader(accelerator, obj, place)
             else:
-                warnings.warn(f"fastload.accelerate.prepare: this loader is left to accelerator.prepare, which rebuilds "
-                              f"it without fastload's fast path: {why}", FastPathWarning, stacklevel=2)
+                warnings.warn(f"fastload.accelerate.prepare: this loader is left to accelerator.prepare, which "
+                              f"rebuilds it without fastload's fast path: {why}", FastPathWarning, stacklevel=2)
         out.append(obj)
     return accelerator.prepare(*out, device_placement=device_placement)
 

@@ -74,8 +74,8 @@ def launch(tmp_path: Path, packed: Path, name: str, *extra: str) -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "examples")]), OMP_NUM_THREADS="1",
                ACCELERATE_USE_CPU="true", HF_HOME=str(tmp_path / "hf"))  # HF_HOME: no config of the machine's user
     accelerate = shutil.which("accelerate", path=str(Path(sys.executable).parent)) or "accelerate"
-    cmd = [accelerate, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
-           "--dynamo_backend", "no", "--main_process_port", "0", str(script), str(out), str(packed),
+    cmd = [accelerate, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+           "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "0", str(script), str(out), str(packed),
            "--batch-size", str(BATCH), "--image-size", "16", "--epochs", "2", "--seed", "4", *extra]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=280, env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]

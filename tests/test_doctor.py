@@ -197,7 +197,7 @@ def test_the_command_runs_a_script_and_names_its_line(arrays, tmp_path):
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=100, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert "fastload doctor: 8 steps measured" in out.stdout
-    assert f"[zero-grad]" in out.stdout and f"{script}:10" in out.stdout
+    assert "[zero-grad]" in out.stdout and f"{script}:10" in out.stdout
     assert "[input-bound]" not in out.stdout
 
 

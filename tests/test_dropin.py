@@ -86,7 +86,8 @@ def same(a, b) -> bool:
     return len(a) == len(b) and all(torch.equal(x[0], y[0]) and torch.equal(x[1], y[1]) for x, y in zip(a, b))
 
 
-@pytest.mark.parametrize("copier", [lambda dl: pickle.loads(pickle.dumps(dl)), copy.deepcopy], ids=["pickle", "deepcopy"])
+@pytest.mark.parametrize("copier", [lambda dl: pickle.loads(pickle.dumps(dl)), copy.deepcopy],
+                         ids=["pickle", "deepcopy"])
 @pytest.mark.parametrize("persistent", [False, True])
 def test_fast_path_pickles_and_copies_after_use(images, copier, persistent):
     dl = fastload.DataLoader(train(images), batch_size=4, shuffle=True, num_workers=2, seed=5,
@@ -101,7 +102,8 @@ def test_fast_path_pickles_and_copies_after_use(images, copier, persistent):
     assert same(batches(dl), first)
 
 
-@pytest.mark.parametrize("copier", [lambda dl: pickle.loads(pickle.dumps(dl)), copy.deepcopy], ids=["pickle", "deepcopy"])
+@pytest.mark.parametrize("copier", [lambda dl: pickle.loads(pickle.dumps(dl)), copy.deepcopy],
+                         ids=["pickle", "deepcopy"])
 def test_generic_path_pickles_and_copies_with_live_persistent_workers(copier):
     ds = TensorDataset(torch.arange(20))
     dl = fastload.DataLoader(ds, batch_size=6, num_workers=2, persistent_workers=True)
@@ -145,7 +147,7 @@ def _init(worker_id):
 
 
 def test_worker_init_fn_on_the_fast_path_is_refused_with_the_fix(images):
-    with pytest.raises(ValueError, match="worker_init_fn=_init cannot run on fastload's fast path.*Drop worker_init_fn"):
+    with pytest.raises(ValueError, match="worker_init_fn=_init cannot run on fastload's fast path.*Drop worker_init"):
         fastload.DataLoader(train(images), batch_size=4, worker_init_fn=_init)
     dl = fastload.DataLoader(train(images), batch_size=4)
     dl.worker_init_fn = _init  # set after construction, as frameworks do
