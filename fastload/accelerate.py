@@ -19,7 +19,9 @@ mid-epoch ``load_state`` resumes at the next batch). Everything else goes to ``a
 Not covered (these fall back to ``accelerator.prepare`` with a ``FastPathWarning``): ``split_batches``
 and ``dispatch_batches``, and a loader whose own sampler is not already distributed. Because the loader is
 not accelerate's ``DataLoaderShard``, ``accelerator.gather_for_metrics`` does not know about the wrap-around
-padding of the last batch (count samples yourself, or use ``drop_last=True`` for evaluation).
+padding of the last batch (count samples yourself, or use ``drop_last=True`` for evaluation), and
+``accelerator.accumulate`` does not see the end of an epoch (make the batches per epoch a multiple of the
+accumulation steps, or step the optimizer yourself after the loop).
 """
 
 from __future__ import annotations
