@@ -68,6 +68,13 @@ def warn_refused(reason: str, stacklevel: int = 3) -> None:
                   FastPathWarning, stacklevel=stacklevel)
 
 
+def warn_accelerate_rebuild() -> None:
+    warnings.warn("accelerator.prepare() rebuilds this fastload.DataLoader into accelerate's DataLoaderShard: no fast "
+                  "path (per-sample decoding in Python) and an order that no longer follows seed=. Call "
+                  "fastload.accelerate.prepare(accelerator, ...) with the same arguments instead",
+                  FastPathWarning, stacklevel=4)
+
+
 def accelerator_available() -> bool:
     acc = getattr(torch, "accelerator", None)
     if acc is not None:

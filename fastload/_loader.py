@@ -23,7 +23,7 @@ import torch
 from ._batcher import Batcher, NotFastPath, Slot
 from ._dataset import Dataset as PackedDataset
 from ._dropin import (check_batch_sampler, check_collate, check_memory_format, check_worker_init_fn,
-                      contiguous_images, warn_pin_memory, warn_refused)
+                      contiguous_images, warn_accelerate_rebuild, warn_pin_memory, warn_refused)
 from ._prefetch import DevicePrefetcher
 from ._stats import LoaderStats
 from ._order import BucketOrder, Order, PackedOrder, default_seed, dist_info
@@ -210,6 +210,22 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             return len(self.dataset)
         except TypeError:
             return None
+
+    # -- accelerate ------------------------------------------------------------------------------
+    @property
+    def _is_accelerate_prepared(self) -> bool:
+        """accelerate's mark of a prepared loader. ``Accelerator.prepare`` reads it before rebuilding a loader
+        into its own DataLoaderShard, which loses the fast path: that rebuild is said, not silent
+        (``fastload.accelerate.prepare`` sets the mark, and the loader is then kept as it is)."""
+        ready = self.__dict__.get("_accelerate_ready", False)
+        if not ready and self._batcher is not None and not self.__dict__.get("_accelerate_warned"):
+            self.__dict__["_accelerate_warned"] = True  # once per loader
+            warn_accelerate_rebuild()
+        return ready
+
+    @_is_accelerate_prepared.setter
+    def _is_accelerate_prepared(self, value: bool) -> None:
+        self.__dict__["_accelerate_ready"] = bool(value)
 
     # -- pickling: no threads, pools, slots or open handles travel; all are re-created lazily -------
     def __getstate__(self) -> dict:

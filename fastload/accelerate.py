@@ -2,7 +2,8 @@
 
 ``Accelerator.prepare(loader)`` rebuilds any ``torch.utils.data.DataLoader`` subclass into accelerate's
 own ``DataLoaderShard`` over torch's samplers: the native batcher, fastload's order and its ``seed`` are
-gone, and accelerate has no hook that lets a loader shard itself. ``fastload.accelerate.prepare`` is the
+gone (the loader says so with a ``FastPathWarning`` when accelerate reads its ``_is_accelerate_prepared``
+mark), and accelerate has no hook that lets a loader shard itself. ``fastload.accelerate.prepare`` is the
 drop-in for that one call::
 
     from fastload.accelerate import prepare
@@ -43,12 +44,13 @@ def prepare(accelerator: Any, *args: Any, device_placement: list[bool] | None = 
                          f"per object, as accelerator.prepare expects")
     out = []
     for k, obj in enumerate(args):
-        if isinstance(obj, DataLoader) and not getattr(obj, "_is_accelerate_prepared", False):
+        if isinstance(obj, DataLoader) and not obj.__dict__.get("_accelerate_ready", False):
             place = True if device_placement is None else device_placement[k]
             why = _why_not(accelerator, obj)
             if why is None:
                 _prepare_loader(accelerator, obj, place)
             else:
+                obj.__dict__["_accelerate_warned"] = True  # this warning says it; the rebuild need not again
                 warnings.warn(f"fastload.accelerate.prepare: this loader is left to accelerator.prepare, which "
                               f"rebuilds it without fastload's fast path: {why}", FastPathWarning, stacklevel=2)
         out.append(obj)

@@ -143,8 +143,31 @@ def test_prepare_leaves_what_it_cannot_keep_to_accelerate_with_a_warning(packed)
     dl = fastload.DataLoader(ds, batch_size=4)
     with pytest.warns(fastload.FastPathWarning, match="split_batches=True"):
         prepare(acc, dl)
-    assert not getattr(dl, "_is_accelerate_prepared", False) and acc.prepared == (dl,)
+    assert not dl.__dict__.get("_accelerate_ready") and acc.prepared == (dl,)
     with warnings.catch_warnings():
         warnings.simplefilter("error", fastload.FastPathWarning)
         model = torch.nn.Linear(2, 2)
         assert prepare(FakeAccelerator(), model, dl) == (model, dl)  # models pass straight through
+
+
+def test_plain_accelerator_prepare_says_it_drops_the_fast_path(packed):
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    from fastload.accelerate import prepare
+
+    ds = fastload.open(packed, transforms={"image": [fastload.transforms.Resize((8, 8))]})
+    try:
+        accelerator = Accelerator(cpu=True)
+        with pytest.warns(fastload.FastPathWarning, match="use|instead") as record:
+            rebuilt = accelerator.prepare(fastload.DataLoader(ds, batch_size=4, seed=1))
+        assert type(rebuilt).__name__ == "DataLoaderShard"  # accelerate's own, without the fast path
+        assert "fastload.accelerate.prepare(accelerator, ...)" in str(record[0].message)
+        kept = fastload.DataLoader(ds, batch_size=4, seed=1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", fastload.FastPathWarning)
+            assert prepare(accelerator, kept) is kept and kept.fast_path
+            assert accelerator.prepare(kept) is kept  # prepared once: accelerate keeps it as it is
+        assert kept in accelerator._dataloaders  # registered: save_state/load_state carry its position
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
