@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from . import transforms
 from ._dataset import Dataset, open
+from ._doctor import doctor
 from ._loader import DataLoader
 from ._prefetch import to_device
-from ._errors import DecodeError, FastloadError, FormatError, SchemaError, SourceError, VersionError
+from ._errors import (DecodeError, FastloadError, FastPathWarning, FormatError, SchemaError, SourceError,
+                      VersionError)
 from ._pack import PackSummary, pack
 from ._schema import Field, Schema
 from ._version import __version__
@@ -18,6 +20,7 @@ __all__ = [
     "DataLoader",
     "Dataset",
     "DecodeError",
+    "FastPathWarning",
     "FastloadError",
     "Field",
     "FormatError",
@@ -27,6 +30,7 @@ __all__ = [
     "SourceError",
     "VersionError",
     "__version__",
+    "doctor",
     "open",
     "pack",
     "to_device",
