@@ -11,11 +11,7 @@ fastload.Dataset refused the fast path says so once (``FastPathWarning``, ``_dro
 
 from __future__ import annotations
 
-import collections
 import os
-import queue
-import threading
-import time
 import warnings
 from typing import Any, Iterator, TypeVar
 
@@ -24,6 +20,7 @@ import torch
 
 from ._batcher import Batcher, NotFastPath
 from ._dataset import Dataset as PackedDataset
+from ._fastiter import FastIterator, FillPolicy
 from ._dropin import (check_batch_sampler, check_collate, check_memory_format, check_worker_init_fn,
                       contiguous_images, warn_accelerate_rebuild, warn_pin_memory, warn_refused)
 from ._prefetch import DevicePrefetcher, DeviceRing, check_device
@@ -34,17 +31,8 @@ from ._sampling import Counted, IndexReplay, SamplerOrder, generic_state, load_g
 from ._sequences import Bucket, PackSequences
 from ._workers import generic_iterator
 
-_END = object()
 T_co = TypeVar("T_co", covariant=True)
 
-# Below this many seconds of filling per batch, the calling thread fills each batch itself: handing a
-# batch over from a producer thread (queue, wake-up, GIL hand-over) then costs as much as the work, and
-# the caller's step is delayed by at most this much. Above it, a producer thread overlaps filling with
-# the caller's step. Decided on the median of the latest fills (kept across epochs), once there are
-# FILL_SAMPLES of them: the first batch (shards opened, pages faulted in) or a hiccup of a busy machine
-# does not decide alone.
-INLINE_BELOW = 1e-3
-FILL_SAMPLES = 3
 
 
 class DataLoader(torch.utils.data.DataLoader[T_co]):
@@ -105,8 +93,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         self._device_ring: DeviceRing | None = None  # device slots, kept across epochs
         self._stats = LoaderStats()
         self._persistent_pool = None
-        self._fills: collections.deque = collections.deque(maxlen=8)  # latest fill times, seconds
-        self._fill_cost: float | None = None  # their median (see INLINE_BELOW)
+        self._fill_policy = FillPolicy()  # inline or producer-thread filling, from measured costs
         self.decoder = decoder
         try:
             self._slot_batch = self._fast_path(dataset, batch_size, batch_sampler, collate_fn)
@@ -184,12 +171,6 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
 
     def _new_batcher(self) -> Batcher:
         return Batcher(self.dataset, self._slot_batch, self.num_workers, self.on_error, self.decoder, self.device)
-
-    def _note_fill(self, seconds: float) -> None:
-        """Track the cost of filling one batch, which decides inline vs producer-thread filling."""
-        self._fills.append(seconds)
-        if len(self._fills) >= FILL_SAMPLES:
-            self._fill_cost = float(np.median(self._fills))
 
     @property
     def fast_path(self) -> bool:
@@ -313,7 +294,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         if not self._batcher.needs_rng:
             rng_for = lambda b: None  # noqa: E731  (a Generator per batch costs more than a tiny batch)
         self._progress = (epoch, start)
-        it = _FastIterator(self, epoch, start, batches, rng_for)
+        it = FastIterator(self, epoch, start, batches, rng_for)
         if not self._on_device():
             self._batcher.apply_tensor_transforms = True
             return it
@@ -362,151 +343,3 @@ def _first_dims(dataset: PackedDataset, field: str) -> np.ndarray:
         seg.open()
         parts.append(seg.take(field, "shape", np.arange(seg.count))[:, 0])
     return np.concatenate(parts) if parts else np.zeros(0, np.int64)
-
-
-class _Producer:
-    """State shared by the iterator and its background thread (which must not own the iterator,
-    so that dropping the iterator after ``break`` stops the thread)."""
-
-    def __init__(self, depth: int):
-        self.queue: queue.Queue = queue.Queue(maxsize=depth)
-        self.stop = threading.Event()
-        self.reserved: set[int] = set()
-        self.lock = threading.Lock()
-
-    def put(self, item) -> bool:
-        while not self.stop.is_set():
-            try:
-                self.queue.put(item, timeout=0.05)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-
-class _FastIterator:
-    def __init__(self, loader: DataLoader, epoch: int, start: int, batches: Iterator[np.ndarray], rng_for):
-        self.loader = loader
-        self.batcher = loader._batcher
-        self.epoch = epoch
-        self.done = start
-        self.batches = batches
-        self.rng_for = rng_for
-        self.timeout = loader.timeout
-        self.stats = loader._stats
-        self.report_progress = True
-        ds = loader.dataset
-        self.image_keys = [] if loader.memory_format == torch.channels_last else \
-            [(f.name if ds.as_dict else i) for i, f in enumerate(ds.schema) if f.kind == "image"]
-        self.thread = None
-        self.producer = None
-        if loader.persistent_workers and loader._persistent_pool is not None:
-            self.batcher._pool = loader._persistent_pool
-        cost = loader._fill_cost
-        if loader.num_workers > 0 and cost is not None and cost >= INLINE_BELOW:
-            self._start_producer()  # known to be expensive: overlap from the first batch
-
-    def _start_producer(self) -> None:
-        """Fill the remaining batches in a background thread (the batch sequence and RNGs are unchanged)."""
-        loader = self.loader
-        self.producer = _Producer(loader.prefetch_factor or 2)
-        self.thread = threading.Thread(target=_produce, name="fastload-batcher", daemon=True,
-                                       args=(self.producer, loader, self.batches, self.done, self.rng_for))
-        self.thread.start()
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        started = self.stats.begin_next()
-        if self.producer is None:
-            return self._next_sync(started)
-        try:
-            item = self.producer.queue.get(timeout=self.timeout if self.timeout > 0 else None)
-        except queue.Empty:
-            self.close()
-            raise RuntimeError(f"DataLoader timed out after {self.timeout} seconds") from None
-        if item is _END:
-            self.close()
-            raise StopIteration
-        if isinstance(item, BaseException):
-            self.close()
-            raise item
-        slot, n, objects = item
-        out = self.batcher.collate(slot, n, objects)
-        with self.producer.lock:
-            self.producer.reserved.discard(id(slot))
-        self.stats.end_next(started, n, self.producer.queue.qsize())
-        return self._count(out)
-
-    def _next_sync(self, started: float):
-        try:
-            idx = next(self.batches)
-        except StopIteration:
-            self.close()
-            raise
-        slot = self.loader._free_slot(set())
-        t = time.perf_counter()
-        objects = self.batcher.fill(slot, idx, self.rng_for(self.done))
-        cost = time.perf_counter() - t
-        self.stats.add_fill(cost)
-        self.loader._note_fill(cost)
-        out = self.batcher.collate(slot, len(idx), objects)
-        self.stats.end_next(started, len(idx))
-        out = self._count(out)
-        cost = self.loader._fill_cost
-        if self.loader.num_workers > 0 and cost is not None and cost >= INLINE_BELOW:
-            self._start_producer()  # batches got expensive: overlap them with the caller's work from now on
-        return out
-
-    def _count(self, out):
-        if self.image_keys and self.batcher.packed is None:
-            out = contiguous_images(out, self.image_keys)
-        self.done += 1
-        if self.report_progress:
-            self.loader._progress = (self.epoch, self.done)
-        return out
-
-    def close(self) -> None:
-        self.stats.end_epoch()
-        if self.producer is not None:
-            self.producer.stop.set()
-            if self.thread is not None and self.thread is not threading.current_thread():
-                self.thread.join()
-            self.thread = None
-        if self.loader.persistent_workers:
-            self.loader._persistent_pool = self.batcher._pool
-        else:
-            self.batcher.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
-
-    def __len__(self) -> int:
-        return len(self.loader)
-
-
-def _produce(p: _Producer, loader: DataLoader, batches, start: int, rng_for) -> None:
-    batcher = loader._batcher
-    b = start
-    try:
-        for idx in batches:
-            if p.stop.is_set():
-                return
-            with p.lock:
-                slot = loader._free_slot(p.reserved)
-                p.reserved.add(id(slot))
-            t = time.perf_counter()
-            objects = batcher.fill(slot, idx, rng_for(b))
-            cost = time.perf_counter() - t
-            loader._stats.add_fill(cost)
-            loader._note_fill(cost)
-            b += 1
-            if not p.put((slot, len(idx), objects)):
-                return
-        p.put(_END)
-    except BaseException as e:  # handed to the consumer, re-raised there
-        p.put(e)

@@ -1,17 +1,19 @@
-"""Inline vs producer-thread filling on the fast path (fastload/_loader.py, INLINE_BELOW): cheap batches are
-filled by the calling thread whatever num_workers says, expensive ones by a producer thread, and the
-switch (also mid-epoch) changes neither the batches nor resume."""
+"""Inline vs producer-thread filling on the fast path (fastload/_fastiter.py): cheap batches that the caller
+waits on are filled by the calling thread whatever num_workers says, expensive ones (or ones the caller's
+own work can hide) by a producer thread, and the switch (also mid-epoch) changes neither the batches nor
+resume."""
 
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
 import torch
 
 import fastload
-from fastload import _loader
+from fastload import _fastiter
 from fastload import transforms as T
 from conftest import jpeg_bytes
 
@@ -30,69 +32,101 @@ def producers() -> int:
 
 
 @pytest.fixture
-def starts(monkeypatch):
-    """The batch index at which each iterator started its producer thread."""
+def switches(monkeypatch):
+    """(event, batch index) for every producer start and every hand-back to the calling thread."""
     seen = []
-    real = _loader._FastIterator._start_producer
+    start, back = _fastiter.FastIterator._start_producer, _fastiter.FastIterator._take_back
 
-    def spy(self):
-        seen.append(self.done)
-        return real(self)
+    def spy_start(self):
+        seen.append(("start", self.done))
+        return start(self)
 
-    monkeypatch.setattr(_loader._FastIterator, "_start_producer", spy)
+    def spy_back(self):
+        seen.append(("back", self.done))
+        return back(self)
+
+    monkeypatch.setattr(_fastiter.FastIterator, "_start_producer", spy_start)
+    monkeypatch.setattr(_fastiter.FastIterator, "_take_back", spy_back)
     return seen
 
 
-def epoch(loader):
+def epoch(loader, step: float = 0.0):
     seen = []
     for batch in loader:
-        seen.append([t.clone() for t in batch])
-        seen[-1].append(producers())
+        seen.append(batch)  # kept, not copied: a drain loop does (almost) nothing per batch
+        if step:
+            time.sleep(step)  # the caller's own work per batch
     return seen
 
 
 def same(a, b):
-    return len(a) == len(b) and all(torch.equal(x, y) for p, q in zip(a, b) for x, y in zip(p[:2], q[:2]))
+    return len(a) == len(b) and all(torch.equal(x, y) for p, q in zip(a, b) for x, y in zip(p, q))
 
 
 @pytest.mark.parametrize("num_workers", [2, 8])
-def test_cheap_batches_are_filled_inline_whatever_num_workers_says(records, num_workers):
+def test_cheap_batches_in_a_drain_loop_end_up_filled_inline(records, num_workers, switches):
     ref = epoch(fastload.DataLoader(records, batch_size=64, shuffle=True, seed=3))
     dl = fastload.DataLoader(records, batch_size=64, shuffle=True, seed=3, num_workers=num_workers)
-    got = epoch(dl)
-    assert same(ref, got)
-    assert all(b[-1] == 0 for b in got)  # no producer thread: the hand-off would cost more than the work
-    assert dl._fill_cost < _loader.INLINE_BELOW
+    assert same(ref, epoch(dl))
+    assert switches[0] == ("start", 0) and switches[1][0] == "back"  # overlap first, then measured: inline
+    assert dl._fill_policy.fill_cost < _fastiter.INLINE_BELOW
+    del switches[:]
+    epoch(dl)
+    assert switches == []  # the next epoch knows: no producer thread at all
 
 
-def test_expensive_batches_get_a_producer_thread_once_measured(records, monkeypatch, starts):
-    monkeypatch.setattr(_loader, "INLINE_BELOW", 0.0)  # every batch counts as expensive
-    ref = epoch(fastload.DataLoader(records, batch_size=64, shuffle=True, seed=3))
+def test_a_caller_with_work_of_its_own_keeps_the_producer(records, switches):
     dl = fastload.DataLoader(records, batch_size=64, shuffle=True, seed=3, num_workers=2)
-    got = epoch(dl)
-    assert same(ref, got)
-    assert starts == [_loader.FILL_SAMPLES]  # the first batches were filled inline, and measured
-    again = epoch(dl)
-    assert starts == [_loader.FILL_SAMPLES, 0]  # the next epoch knows the cost: a producer from its first batch
+    ref = epoch(fastload.DataLoader(records, batch_size=64, shuffle=True, seed=3))
+    assert same(ref, epoch(dl, step=0.003))  # a 3 ms step hides every fill
+    assert switches == [("start", 0)]
 
 
-def test_the_switch_mid_epoch_keeps_resume_exact(records, monkeypatch, starts):
+def test_expensive_batches_keep_the_producer(records, monkeypatch, switches):
+    monkeypatch.setattr(_fastiter, "INLINE_BELOW", 0.0)  # every batch counts as expensive
+    dl = fastload.DataLoader(records, batch_size=64, shuffle=True, seed=3, num_workers=2)
+    epoch(dl)
+    epoch(dl)
+    assert switches == [("start", 0), ("start", 0)]
+
+
+def test_switches_mid_epoch_keep_batches_and_resume_exact(records, monkeypatch, switches):
+    mode = {"threaded": False}  # the policy's verdict, scripted so that the switches happen where we say
+    monkeypatch.setattr(_fastiter.FillPolicy, "threaded", lambda self, now: mode["threaded"])
     dl = fastload.DataLoader(records, batch_size=64, shuffle=True, seed=5, num_workers=2)
+    ref = epoch(fastload.DataLoader(records, batch_size=64, shuffle=True, seed=5))
     it = iter(dl)
-    for _ in range(4):
-        next(it)  # inline so far
-    monkeypatch.setattr(_loader, "INLINE_BELOW", 0.0)  # from here on batches are "expensive"
-    next(it)
-    assert starts == [5]
+    got = [[t.clone() for t in next(it)] for _ in range(3)]  # inline
+    mode["threaded"] = True
+    got += [[t.clone() for t in next(it)] for _ in range(6)]  # a producer from batch 3 on
+    mode["threaded"] = False
+    got += [[t.clone() for t in next(it)] for _ in range(6)]  # handed back after the queued ones
     state = dl.state_dict()
     rest = [[t.clone() for t in b] for b in it]
-    assert producers() == 0  # the producer ended with its epoch
-    ref = fastload.DataLoader(records, batch_size=64, shuffle=True, seed=5)
-    ref.load_state_dict(state)
-    assert same([list(b) for b in ref], rest)
+    assert [k for k, _ in switches] == ["start", "back"] and switches[0][1] == 4, switches  # after batch 3
+    assert 9 < switches[1][1] <= 15
+    assert producers() == 0
+    assert same(ref, got + rest)
+    resumed = fastload.DataLoader(records, batch_size=64, shuffle=True, seed=5)
+    resumed.load_state_dict(state)
+    assert same(epoch(resumed), rest)
 
 
-def test_images_take_the_producer_thread(tmp_path, starts):
+def test_policy_decisions():
+    p = _fastiter.FillPolicy()
+    assert p.threaded(True) and not p.threaded(False)  # unknown: keep the mode
+    p.fills.extend([2e-4] * 3)
+    p.steps.extend([1e-5] * 3)
+    assert not p.threaded(True) and not p.threaded(False)  # cheap, caller waits: inline
+    p.steps.extend([5e-3] * 8)
+    assert p.threaded(False) and p.threaded(True)  # the caller works: overlap
+    p.steps.extend([1.5e-4] * 8)  # between half the fill and the fill: stay where we are
+    assert p.threaded(True) and not p.threaded(False)
+    p.fills.extend([2e-3] * 8)
+    assert p.threaded(False)  # expensive: always a producer
+
+
+def test_images_keep_the_producer_thread(tmp_path, switches):
     for c in range(2):  # photo-sized pictures: decoding 16 of them costs several ms
         d = tmp_path / "src" / f"class_{c}"
         d.mkdir(parents=True)
@@ -101,14 +135,11 @@ def test_images_take_the_producer_thread(tmp_path, starts):
     fastload.pack(tmp_path / "src", tmp_path / "ds", workers=0)
     ds = fastload.open(tmp_path / "ds", transforms={"image": [T.RandomResizedCrop(224)]})
     dl = fastload.DataLoader(ds, batch_size=16, num_workers=2)
-    for _ in dl:
-        pass
-    if dl._fill_cost >= _loader.INLINE_BELOW:  # 16 decodes cost more than 1 ms on any machine we run on
-        for _ in dl:
-            pass
-        assert starts == [_loader.FILL_SAMPLES, 0]
-    else:
-        pytest.fail(f"16 photo decodes took {dl._fill_cost * 1e3:.3f} ms per batch: INLINE_BELOW is too high")
+    epoch(dl)
+    epoch(dl)
+    cost = dl._fill_policy.fill_cost
+    assert cost >= _fastiter.INLINE_BELOW, f"16 photo decodes took {cost * 1e3:.3f} ms: INLINE_BELOW is too high"
+    assert switches == [("start", 0), ("start", 0)]
 
 
 def test_fast_path_worker_advice_speaks_of_threads(records):
