@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 #if defined(__x86_64__) && defined(__SSE2__)
 #define FASTLOAD_X86 1
@@ -122,19 +124,139 @@ __attribute__((target("ssse3"))) void horizontal_rows_ssse3(const uint8_t* in,
   }
 }
 
-bool have_ssse3() {
-  static const bool yes = __builtin_cpu_supports("ssse3");
-  return yes;
+// The same kernel on 256-bit registers: two pairs of taps (one per 128-bit lane) per multiply-add,
+// the weights of consecutive pairs being consecutive in expand_xweights' layout. Integer arithmetic
+// identical to the SSSE3 kernel (sums of the same int16 x int16 products), so the bytes are too.
+template <int R>
+__attribute__((target("avx2"))) void horizontal_rows_avx2(const uint8_t* in, ptrdiff_t in_stride,
+                                                          int x0, const AxisPlan& p,
+                                                          const int16_t* w, const uint8_t* end,
+                                                          bool flip, uint8_t* out,
+                                                          ptrdiff_t out_stride) {
+  const int n = p.out;
+  const int shift = p.shift;
+  const int ksize = p.ksize;
+  const int32_t* start = p.start.data();
+  const int32_t* count = p.count.data();
+  const int16_t* coeffs = p.coeffs.data();
+  const __m128i half = _mm_set1_epi32(1 << (shift - 1));
+  const __m128i mask = _mm_setr_epi8(0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1);
+  const __m256i mask2 = _mm256_broadcastsi128_si256(mask);
+  const __m128i* wv = reinterpret_cast<const __m128i*>(w);
+  const uint8_t* last_row = in + (R - 1) * in_stride;
+  for (int xx = 0; xx < n; ++xx) {
+    const ptrdiff_t off = static_cast<ptrdiff_t>(start[xx] - x0) * 3;
+    const int cnt = count[xx];
+    const int pairs = (cnt + 1) / 2;
+    const ptrdiff_t pos = static_cast<ptrdiff_t>(flip ? n - 1 - xx : xx) * 3;
+    if (last_row + off + 6 * pairs + 2 > end) {  // 8-byte loads would pass the source's end
+      for (int r = 0; r < R; ++r) {
+        horizontal_pixel(in + r * in_stride + off, coeffs + static_cast<size_t>(xx) * ksize, cnt,
+                         shift, out + r * out_stride + pos);
+      }
+      continue;
+    }
+    const __m128i* c = wv + static_cast<size_t>(xx) * (ksize / 2);
+    __m256i acc2[R];
+    __m128i acc[R];
+    for (int r = 0; r < R; ++r) {
+      acc2[r] = _mm256_setzero_si256();
+      acc[r] = half;
+    }
+    int g = 0;
+    for (; g + 2 <= pairs; g += 2) {
+      const __m256i wg = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + g));
+      for (int r = 0; r < R; ++r) {
+        const uint8_t* s = in + r * in_stride + off + 6 * g;
+        const __m128i lo = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(s));
+        const __m128i hi = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(s + 6));
+        const __m256i px = _mm256_shuffle_epi8(_mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1), mask2);
+        acc2[r] = _mm256_add_epi32(acc2[r], _mm256_madd_epi16(px, wg));
+      }
+    }
+    if (g < pairs) {  // an odd number of pairs: the last one on 128 bits
+      const __m128i wg = _mm_loadu_si128(c + g);
+      for (int r = 0; r < R; ++r) {
+        const uint8_t* s = in + r * in_stride + off + 6 * g;
+        const __m128i px = _mm_shuffle_epi8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(s)), mask);
+        acc[r] = _mm_add_epi32(acc[r], _mm_madd_epi16(px, wg));
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      __m128i v = _mm_add_epi32(acc[r], _mm_add_epi32(_mm256_castsi256_si128(acc2[r]),
+                                                      _mm256_extracti128_si256(acc2[r], 1)));
+      v = _mm_srai_epi32(v, shift);
+      v = _mm_packs_epi32(v, v);
+      v = _mm_packus_epi16(v, v);
+      const uint32_t bytes = static_cast<uint32_t>(_mm_cvtsi128_si32(v));
+      uint8_t* d = out + r * out_stride + pos;
+      const uint16_t rg = static_cast<uint16_t>(bytes);
+      std::memcpy(d, &rg, 2);
+      d[2] = static_cast<uint8_t>(bytes >> 16);
+    }
+  }
+}
+
+// Which horizontal kernel runs: the widest the CPU has, unless FASTLOAD_SIMD names a narrower one
+// ("ssse3" or "scalar"; tests compare the kernels' bytes this way).
+enum class Simd { kScalar, kSsse3, kAvx2 };
+
+Simd simd_level() {
+  static const Simd level = [] {
+    const char* env = std::getenv("FASTLOAD_SIMD");
+    const std::string want = env ? env : "";
+    if (want == "scalar") return Simd::kScalar;
+    if (want != "ssse3" && __builtin_cpu_supports("avx2")) return Simd::kAvx2;
+    return __builtin_cpu_supports("ssse3") ? Simd::kSsse3 : Simd::kScalar;
+  }();
+  return level;
 }
 #endif
 
 // ---- vertical pass ---------------------------------------------------------------------------
 
 // out[i] = sum_k rows[k][i] * c[k] for i in [0, n).
+#ifdef FASTLOAD_X86
+// The SSE2 loop below on 256-bit registers, 32 bytes at a time; returns how many bytes it wrote. The
+// unpacks and packs work per 128-bit lane, so the lanes come back in order, and the arithmetic is
+// the SSE2 loop's, so are the bytes.
+__attribute__((target("avx2"))) int vertical_avx2(const uint8_t* const* rows, const int16_t* c, int cnt,
+                                                  int shift, int n, uint8_t* out) {
+  const __m256i zero = _mm256_setzero_si256();
+  const __m256i half = _mm256_set1_epi32(1 << (shift - 1));
+  int i = 0;
+  for (; i + 32 <= n; i += 32) {
+    __m256i a0 = half, a1 = half, a2 = half, a3 = half;
+    for (int k = 0; k < cnt; k += 2) {
+      const bool pair = k + 1 < cnt;
+      const __m256i r0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[k] + i));
+      const __m256i r1 =
+          pair ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[k + 1] + i)) : zero;
+      const int32_t c1 = pair ? c[k + 1] : 0;
+      const __m256i w = _mm256_set1_epi32((c1 << 16) | static_cast<uint16_t>(c[k]));
+      const __m256i lo0 = _mm256_unpacklo_epi8(r0, zero), hi0 = _mm256_unpackhi_epi8(r0, zero);
+      const __m256i lo1 = _mm256_unpacklo_epi8(r1, zero), hi1 = _mm256_unpackhi_epi8(r1, zero);
+      a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(_mm256_unpacklo_epi16(lo0, lo1), w));
+      a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(_mm256_unpackhi_epi16(lo0, lo1), w));
+      a2 = _mm256_add_epi32(a2, _mm256_madd_epi16(_mm256_unpacklo_epi16(hi0, hi1), w));
+      a3 = _mm256_add_epi32(a3, _mm256_madd_epi16(_mm256_unpackhi_epi16(hi0, hi1), w));
+    }
+    a0 = _mm256_srai_epi32(a0, shift);
+    a1 = _mm256_srai_epi32(a1, shift);
+    a2 = _mm256_srai_epi32(a2, shift);
+    a3 = _mm256_srai_epi32(a3, shift);
+    const __m256i v = _mm256_packus_epi16(_mm256_packs_epi32(a0, a1), _mm256_packs_epi32(a2, a3));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), v);
+  }
+  return i;
+}
+#endif
+
 void vertical_row(const uint8_t* const* rows, const int16_t* c, int cnt, int shift, int n,
-                  uint8_t* out) {
+                  uint8_t* out, bool avx2) {
   int i = 0;
 #ifdef FASTLOAD_X86
+  if (avx2) i = vertical_avx2(rows, c, cnt, shift, n, out);
   const __m128i zero = _mm_setzero_si128();
   const __m128i half = _mm_set1_epi32(1 << (shift - 1));
   for (; i + 16 <= n; i += 16) {
@@ -267,7 +389,8 @@ void resample(const SourceView& src, bool flip, uint8_t* out, ptrdiff_t out_stri
     const int n_rows = py.last - py.first;
     uint8_t* tmp = s->rows.reserve(row_bytes * n_rows);
 #ifdef FASTLOAD_X86
-    const bool simd = have_ssse3();
+    const Simd level = simd_level();
+    const bool simd = level != Simd::kScalar;
     if (simd) expand_xweights(px, &s->xweights);
 #endif
     for (int r = 0; r < n_rows;) {
@@ -277,13 +400,19 @@ void resample(const SourceView& src, bool flip, uint8_t* out, ptrdiff_t out_stri
       if (simd) {
         const ptrdiff_t ob = static_cast<ptrdiff_t>(row_bytes);
         const int16_t* w = s->xweights.data();
-        if (r + 4 <= n_rows) {
+        const bool four = r + 4 <= n_rows;
+        if (level == Simd::kAvx2) {
+          if (four) {
+            horizontal_rows_avx2<4>(in, src.stride, src.x0, px, w, src.end, flip, o, ob);
+          } else {
+            horizontal_rows_avx2<1>(in, src.stride, src.x0, px, w, src.end, flip, o, ob);
+          }
+        } else if (four) {
           horizontal_rows_ssse3<4>(in, src.stride, src.x0, px, w, src.end, flip, o, ob);
-          r += 4;
         } else {
           horizontal_rows_ssse3<1>(in, src.stride, src.x0, px, w, src.end, flip, o, ob);
-          r += 1;
         }
+        r += four ? 4 : 1;
         continue;
       }
 #endif
@@ -296,6 +425,11 @@ void resample(const SourceView& src, bool flip, uint8_t* out, ptrdiff_t out_stri
     mirrored = flip;
   }
 
+#ifdef FASTLOAD_X86
+  const bool avx2 = simd_level() == Simd::kAvx2;
+#else
+  const bool avx2 = false;
+#endif
   if (py.identity) {
     for (int yy = 0; yy < H; ++yy) {
       std::memcpy(out + yy * out_stride, rows + (py.first + yy - rows_y0) * rows_stride,
@@ -311,7 +445,7 @@ void resample(const SourceView& src, bool flip, uint8_t* out, ptrdiff_t out_stri
       const int cnt = py.count[yy];
       if (cnt <= 64) {
         for (int k = 0; k < cnt; ++k) taps[k] = r0 + k * rows_stride;
-        vertical_row(taps, c, cnt, py.shift, static_cast<int>(row_bytes), o);
+        vertical_row(taps, c, cnt, py.shift, static_cast<int>(row_bytes), o, avx2);
         continue;
       }
       const int32_t half = 1 << (py.shift - 1);
