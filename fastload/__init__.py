@@ -9,7 +9,7 @@ from . import transforms
 from ._dataset import Dataset, open
 from ._loader import DataLoader
 from ._prefetch import to_device
-from ._errors import DecodeError, FastloadError, FormatError, SchemaError, SourceError, VersionError
+from ._errors import DecodeError, FastloadError, FormatError, RemoteError, SchemaError, SourceError, VersionError
 from ._pack import PackSummary, pack
 from ._schema import Field, Schema
 from ._version import __version__
@@ -22,6 +22,7 @@ __all__ = [
     "Field",
     "FormatError",
     "PackSummary",
+    "RemoteError",
     "Schema",
     "SchemaError",
     "SourceError",

@@ -181,6 +181,7 @@ class DataLoader(torch.utils.data.DataLoader):
             rng_for = lambda b: np.random.default_rng([seed, epoch, b, 1])  # noqa: E731
         if not self._batcher.needs_rng:
             rng_for = lambda b: None  # noqa: E731  (a Generator per batch costs more than a tiny batch)
+        batches = self.dataset._reading(batches)  # a remote dataset downloads the coming batches' shards ahead
         self._progress = (epoch, start)
         it = _FastIterator(self, epoch, start, batches, rng_for)
         if not self._on_device():
@@ -214,7 +215,8 @@ class DataLoader(torch.utils.data.DataLoader):
         return self._stats.as_dict() | {
             "slots": len(self._slots), "slot_bytes": sum(s.nbytes for s in self._slots),
             "skipped": self._batcher.skipped if self._batcher else 0, "fast_path": self.fast_path,
-            "fast_path_reason": self.fast_path_reason, "num_workers": self.num_workers}
+            "fast_path_reason": self.fast_path_reason, "num_workers": self.num_workers,
+            "remote": getattr(self.dataset, "remote_stats", lambda: None)()}
 
     def stats_summary(self) -> str:
         """One line: throughput, the share of time the loop waited for data, whether it is input-bound."""
