@@ -11,6 +11,7 @@ from ._loader import DataLoader
 from ._prefetch import to_device
 from ._errors import DecodeError, FastloadError, FormatError, RemoteError, SchemaError, SourceError, VersionError
 from ._pack import PackSummary, pack
+from ._parts import merge
 from ._schema import Field, Schema
 from ._version import __version__
 
@@ -28,6 +29,7 @@ __all__ = [
     "SourceError",
     "VersionError",
     "__version__",
+    "merge",
     "open",
     "pack",
     "to_device",

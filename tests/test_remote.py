@@ -239,9 +239,10 @@ def test_dropped_connections_are_retried_and_counted(moto, bucket, packed, tmp_p
     assert proxy.cut_done >= 1
     assert same(got, batches(fastload.open(packed, transforms=TF), batch_size=5, shuffle=True, seed=9))
     stats = loader.stats()["remote"]
-    # each cut fails one request; the HTTP client may itself re-send one on a fresh connection, so at least one
-    # of them reaches fastload's retry loop, which must count it
-    assert stats["retries"] >= 1 and stats["downloads"] == shard_count(packed)
+    # a cut shows either as an error (retried) or as a short body the checksum refuses (downloaded again);
+    # the HTTP client may itself re-send a request on a fresh connection: at least one must be counted
+    assert stats["retries"] + stats["corrupt_downloads"] >= 1
+    assert stats["downloads"] - stats["corrupt_downloads"] == shard_count(packed)
 
 
 def test_a_corrupt_object_is_downloaded_twice_then_raises_naming_the_url(moto, packed, tmp_path):
