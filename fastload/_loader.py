@@ -14,6 +14,7 @@ import os
 import queue
 import threading
 import time
+import warnings
 from typing import Any, Iterator
 
 import numpy as np
@@ -39,7 +40,9 @@ class DataLoader(torch.utils.data.DataLoader):
     ``shuffle``), ``rank``/``world_size`` (default from torch.distributed), ``window`` (shards per
     quasi-random window), ``on_error`` ('raise' or 'skip' corrupt samples), ``decoder``
     ('native'; 'dali': NVIDIA DALI executes the same plans, on the GPU with ``device='cuda'``, else in
-    its CPU-only mode; 'nvjpeg': torchvision's GPU decoder, needs ``device='cuda'``).
+    its CPU-only mode; 'nvjpeg': torchvision's GPU decoder, needs ``device='cuda'``), ``split`` ('samples':
+    ranks take strided samples like DistributedSampler; 'shards': each rank reads only its own shards;
+    default 'shards' for a remote dataset with world_size > 1, see ``_order.py``).
 
     On the fast path ``num_workers`` is the number of native decode threads (0 decodes in the calling
     thread; ``"auto"`` measures the best count once per dataset and machine, see ``_autotune.py``);
@@ -50,7 +53,7 @@ class DataLoader(torch.utils.data.DataLoader):
                  collate_fn=None, pin_memory=False, drop_last=False, timeout=0, worker_init_fn=None,
                  multiprocessing_context=None, generator=None, *, prefetch_factor=None, persistent_workers=False,
                  pin_memory_device="", in_order=True, device=None, seed=None, order=None, rank=None,
-                 world_size=None, window=8, on_error="raise", decoder="native"):
+                 world_size=None, window=8, on_error="raise", decoder="native", split=None):
         auto = isinstance(num_workers, str) and num_workers == "auto"
         if auto:
             num_workers = os.cpu_count() or 1  # replaced by the measured choice on the fast path
@@ -97,10 +100,17 @@ class DataLoader(torch.utils.data.DataLoader):
         if not self._user_sampler:
             kind = order or ("random" if shuffle else "sequential")
             r, w = dist_info(rank, world_size)
-            shard_sizes = [s.count for s in dataset._segments] if kind == "quasi" else None
+            explicit = split is not None
+            if split is None:
+                split = "shards" if getattr(dataset, "remote", False) and w > 1 else "samples"
+            shard_sizes = [s.count for s in dataset._segments] if kind == "quasi" or split == "shards" else None
             common = dict(kind=kind, seed=self.seed, rank=r, world_size=w, drop_last=drop_last, window=window)
             bucketed = [(n, t) for n, t in dataset.sequences.items() if isinstance(t, Bucket)]
             packed = [(n, t) for n, t in dataset.sequences.items() if isinstance(t, PackSequences)]
+            if (packed or bucketed) and split == "shards":
+                if explicit:
+                    raise ValueError("split='shards' needs plain batches: Bucket and PackSequences form their own")
+                split = _strided("Bucket and PackSequences form their own batches")
             if packed:
                 name, spec = packed[0]
                 self._order = PackedOrder(_first_dims(dataset, name), batch_size * spec.row_length, **common)
@@ -108,7 +118,13 @@ class DataLoader(torch.utils.data.DataLoader):
                 name, spec = bucketed[0]
                 self._order = BucketOrder(spec.bucket_ids(_first_dims(dataset, name)), batch_size, **common)
             else:
-                self._order = Order(len(dataset), batch_size, shard_sizes=shard_sizes, **common)
+                try:
+                    self._order = Order(len(dataset), batch_size, shard_sizes=shard_sizes, split=split, **common)
+                except ValueError as e:
+                    if explicit or split != "shards":
+                        raise
+                    self._order = Order(len(dataset), batch_size, shard_sizes=shard_sizes,
+                                        split=_strided(str(e)), **common)
         if auto and self._order is not None:
             from ._autotune import autotune
 
@@ -221,6 +237,13 @@ class DataLoader(torch.utils.data.DataLoader):
     def stats_summary(self) -> str:
         """One line: throughput, the share of time the loop waited for data, whether it is input-bound."""
         return self._stats.summary()
+
+
+def _strided(why: str) -> str:
+    warnings.warn(f"fastload: a remote dataset with world_size > 1 reads whole shards per rank by default "
+                  f"(split='shards'), which cannot apply here ({why}): every rank reads every shard it needs "
+                  f"(split='samples')", RuntimeWarning, stacklevel=4)
+    return "samples"
 
 
 def _first_dims(dataset: PackedDataset, field: str) -> np.ndarray:

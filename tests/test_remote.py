@@ -326,3 +326,31 @@ def test_worker_processes_read_through_the_cache(moto, bucket, packed, tmp_path)
     got = [x for b in loader for x in b]
     assert got == [fastload.open(packed)[i][1] for i in range(len(ds))]
     assert len(cached_files(tmp_path / "c", ".fls")) == shard_count(packed)
+
+
+def test_each_rank_downloads_only_its_own_shards(moto, bucket, packed, tmp_path):
+    n_shards = shard_count(packed)
+    seen, downloads = [], []
+    for rank in range(2):
+        remote = fastload.open(bucket, cache_dir=tmp_path / f"node{rank}", storage_options=moto.options(),
+                               transforms=TF)
+        loader = fastload.DataLoader(remote, batch_size=4, order="quasi", window=1, seed=3, rank=rank, world_size=2,
+                                     num_workers=1)
+        assert loader._order.split == "shards"  # the default for a remote dataset on several ranks
+        got = [[t.clone() for t in b] for b in loader]
+        local = fastload.DataLoader(fastload.open(packed, transforms=TF), batch_size=4, order="quasi", window=1,
+                                    seed=3, rank=rank, world_size=2, split="shards")
+        assert same(got, [[t.clone() for t in b] for b in local])
+        downloads.append(loader.stats()["remote"]["downloads"])
+        seen.append(set(loader._order.indices(0).tolist()))
+    assert sum(downloads) == n_shards and all(0 < d < n_shards for d in downloads)
+    assert seen[0] | seen[1] == set(range(len(fastload.open(packed))))
+
+
+def test_more_ranks_than_shards_warns_and_splits_by_samples(moto, bucket, packed, tmp_path):
+    remote = fastload.open(bucket, cache_dir=tmp_path / "c", storage_options=moto.options(), transforms=TF)
+    with pytest.warns(RuntimeWarning, match="cannot apply here.*at least one per rank"):
+        loader = fastload.DataLoader(remote, batch_size=4, rank=0, world_size=shard_count(packed) + 1)
+    assert loader._order.split == "samples"
+    with pytest.raises(ValueError, match="at least one per rank"):
+        fastload.DataLoader(remote, batch_size=4, rank=0, world_size=shard_count(packed) + 1, split="shards")
