@@ -61,9 +61,9 @@ def url_to_fs(url: str, storage_options: dict | None) -> tuple[Any, str]:
         # one retry layer, fastload's: it backs off and counts every retry in loader.stats()
         opts["config_kwargs"] = {"retries": {"total_max_attempts": 1}}
     try:
-        fs, path = fsspec.core.url_to_fs(url, skip_instance_cache=True, **opts)
+        fs, path = fsspec.core.url_to_fs(url, **opts)
         if one_layer:
-            fs.retries = 1  # s3fs's own loop around each call (our instance: skip_instance_cache)
+            fs.retries = 1  # s3fs's own loop around each call (an instance of our options: fsspec caches by them)
         return fs, path
     except ImportError as e:
         raise ImportError(f"{url}: {e} (fastload reads object storage through fsspec's backends)") from None
@@ -158,9 +158,8 @@ class Remote:
         where = f"{self.url}/{MANIFEST_NAME}"
         path = f"{self.root}/{MANIFEST_NAME}"
 
-        def read() -> bytes:
-            with self.fs.open(path, "rb") as fh:
-                return fh.read(MAX_MANIFEST_BYTES + 1)
+        def read() -> bytes:  # one ranged GET (Manifest.parse refuses anything longer than the limit)
+            return self.fs.cat_file(path, start=0, end=MAX_MANIFEST_BYTES + 1)
 
         try:
             raw = retrying(read, self.stats, self.retries)
