@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from . import transforms
 from ._dataset import Dataset, open
+from ._doctor import doctor
 from ._loader import DataLoader
 from ._prefetch import to_device
-from ._errors import DecodeError, FastloadError, FormatError, RemoteError, SchemaError, SourceError, VersionError
+from ._errors import (DecodeError, FastloadError, FastPathWarning, FormatError, RemoteError, SchemaError,
+                      SourceError, VersionError)
 from ._pack import PackSummary, pack
 from ._parts import merge
 from ._schema import Field, Schema
@@ -19,6 +21,7 @@ __all__ = [
     "DataLoader",
     "Dataset",
     "DecodeError",
+    "FastPathWarning",
     "FastloadError",
     "Field",
     "FormatError",
@@ -29,6 +32,7 @@ __all__ = [
     "SourceError",
     "VersionError",
     "__version__",
+    "doctor",
     "merge",
     "open",
     "pack",

@@ -1,9 +1,9 @@
 """The batcher: one native call per batch fills a preallocated slot with decoded, cropped images
 and gathered columns. No per-sample Python on the image path for packed shards.
 
-A *slot* is one batch worth of output buffers, allocated once (pinned when CUDA is available) and
-reused. Tensors handed to the caller are views of a slot; a slot is refilled only when no view of it
-is alive any more (its storages' reference counts are back to what the slot itself holds).
+A *slot* (``_ring.Slot``) is one batch worth of output buffers, allocated once (pinned when CUDA is
+usable) and reused by the loader's ``SlotRing``. Tensors handed to the caller are views of a slot; a
+slot is refilled only when no view of it is alive any more (the ring's protocol, ``_ring.py``).
 """
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ import numpy as np
 import torch
 
 from ._errors import DecodeError, where
+from ._images import ImageDecoding
 from ._native import native
+from ._ring import Slot, host_empty, pinned_memory_usable
 from ._schema import Field
-from .formats._layout import IMAGE_JPEG
 from .formats.shards import ShardSegment
 from ._sequences import PackJob, PackSequences, cu_seqlens
 
@@ -25,45 +26,8 @@ class NotFastPath(Exception):
     """The dataset/loader configuration needs the generic path; the message says why."""
 
 
-def _pin() -> bool:
-    try:
-        return torch.cuda.is_available()
-    except Exception:  # a broken CUDA install must not break CPU loading
-        return False
-
-
-def _empty(shape: tuple, dtype: torch.dtype, pin: bool) -> torch.Tensor:
-    if pin:
-        try:
-            return torch.empty(shape, dtype=dtype, pin_memory=True)
-        except RuntimeError:
-            pass  # pinning unavailable (no driver, locked-memory limit): plain memory works too
-    return torch.empty(shape, dtype=dtype)
-
-
 def _torch_dtype(np_dtype: np.dtype) -> torch.dtype:
     return torch.from_numpy(np.empty(0, dtype=np_dtype.newbyteorder("="))).dtype
-
-
-def _refs(t: torch.Tensor) -> int:
-    return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
-
-
-class Slot:
-    """Output buffers for one batch: a tensor per fixed-size field, with numpy views to write into."""
-
-    def __init__(self, tensors: dict[str, torch.Tensor]):
-        self.tensors = tensors
-        self.arrays = {k: t.numpy() for k, t in tensors.items() if t.device.type == "cpu"}
-        self.baseline = {k: _refs(t) for k, t in tensors.items()}
-
-    def in_use(self) -> bool:
-        """True while any tensor or array viewing this slot is alive outside it."""
-        return any(_refs(t) != self.baseline[k] for k, t in self.tensors.items())
-
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.tensors.values())
 
 
 class Batcher:
@@ -73,15 +37,8 @@ class Batcher:
                  decoder: str = "native", device: torch.device | None = None):
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error={on_error!r} should be 'raise' or 'skip'")
-        if decoder not in ("native", "dali", "nvjpeg"):
-            raise ValueError(f"decoder={decoder!r} should be 'native', 'dali' or 'nvjpeg'")
+        self.images = ImageDecoding(decoder, device, batch_size, num_threads)
         self.decoder = decoder
-        # GPU decoders write straight into device buffers; DALI's CPU-only mode into the host slot
-        on_gpu = device is not None and device.type == "cuda"
-        self.image_device = device if decoder != "native" and on_gpu else None
-        if decoder == "nvjpeg" and not on_gpu:
-            raise ValueError("decoder='nvjpeg' decodes on the GPU: pass device='cuda' (or use decoder='native')")
-        self._gpu_decoders: dict[str, Any] = {}
         self.ds = dataset
         self.batch_size = batch_size
         self.on_error = on_error
@@ -89,7 +46,6 @@ class Batcher:
         self.pipelines = dataset.pipelines
         self.num_threads = num_threads
         self._pool = None
-        self.pin = _pin()
         self.skipped = 0
         # ToDtype/Normalize run here on the CPU; a device prefetcher turns this off and runs them on the device
         self.apply_tensor_transforms = True
@@ -115,34 +71,30 @@ class Batcher:
 
     def close(self) -> None:
         self._pool = None
-        for dec in self._gpu_decoders.values():
-            dec.close()
-        self._gpu_decoders = {}
+        self.images.close()
 
     def new_slot(self) -> Slot:
         b = self.batch_size
         tensors = {}
+        pin = pinned_memory_usable()  # asked per slot: a forked child must not pin (_ring.py, rule 6)
         if self.packed is not None:
             name, spec = self.packed
             size = b * spec.row_length
-            tensors[name] = _empty((size,), _torch_dtype(np.dtype(self.schema[name].dtype)), self.pin)
-            tensors[name + ":cu"] = _empty((size + 1,), torch.int32, self.pin)
-            tensors[name + ":ids"] = _empty((size,), torch.int64, self.pin)
+            tensors[name] = host_empty((size,), _torch_dtype(np.dtype(self.schema[name].dtype)), pin)
+            tensors[name + ":cu"] = host_empty((size + 1,), torch.int32, pin)
+            tensors[name + ":ids"] = host_empty((size,), torch.int64, pin)
             return Slot(tensors)
         for f in self.schema:
             if f.kind == "image":
                 h, w = self.pipelines[f.name].output_size
-                if self.image_device is not None:
-                    tensors[f.name] = torch.empty((b, h, w, 3), dtype=torch.uint8, device=self.image_device)
-                else:
-                    tensors[f.name] = _empty((b, h, w, 3), torch.uint8, self.pin)
+                tensors.update(self.images.buffers(f.name, (b, h, w, 3), lambda shape, dt: host_empty(shape, dt, pin)))
             elif f.fixed_size:
-                tensors[f.name] = _empty((b,) + tuple(f.shape or ()), _torch_dtype(f.np_dtype), self.pin)
+                tensors[f.name] = host_empty((b,) + tuple(f.shape or ()), _torch_dtype(f.np_dtype), pin)
             elif f.name in self.ds.sequences:
                 rest = int(np.prod(f.shape[1:], dtype=np.int64))
                 size = b * self.ds.sequences[f.name].max_length * rest
-                tensors[f.name] = _empty((size,), _torch_dtype(np.dtype(f.dtype)), self.pin)
-                tensors[f.name + ":len"] = _empty((b,), torch.int64, self.pin)
+                tensors[f.name] = host_empty((size,), _torch_dtype(np.dtype(f.dtype)), pin)
+                tensors[f.name + ":len"] = host_empty((b,), torch.int64, pin)
         return Slot(tensors)
 
     # -- filling ---------------------------------------------------------------------------------
@@ -195,9 +147,9 @@ class Batcher:
         region_of = None  # position -> index into groups, built on first use
         for f in self.schema:
             if f.kind == "image":
-                fill = self._fill_images if self.decoder == "native" else self._fill_images_dali
-                out = slot.arrays[f.name] if f.name in slot.arrays else slot.tensors[f.name]
-                for k, msg in fill(f, out, segs, groups, local, rng):
+                sources = _blob_sources(f, segs, groups, local)
+                for k, msg in self.images.fill(self.pool, self.pipelines[f.name], f, slot, segs, groups, local,
+                                               sources, rng):
                     failed.setdefault(k, f"field '{f.name}': {msg}")
             elif f.name in self.ds.sequences:
                 objects[f.name] = self._fill_sequences(f, slot, segs, groups, local, indices, seg_ids)
@@ -212,19 +164,6 @@ class Batcher:
         if failed:
             self._handle_failures(failed, slot, objects, indices, seg_ids, len(indices))
         return [objects.get(f.name) for f in self.schema]
-
-    def _fill_images(self, f: Field, out_all: np.ndarray, segs: dict, groups: list, local: np.ndarray,
-                     rng: np.random.Generator) -> list:
-        n = len(local)
-        meta = np.empty((n, 3), dtype=np.int64)
-        for s, pos in groups:
-            meta[pos] = segs[s].take(f.name, "meta", local[pos])
-        regions, region, offset, length = _blob_sources(f, segs, groups, local)
-        plan = self.pipelines[f.name].plan(meta[:, 0], meta[:, 1], rng)
-        return native().decode_batch(
-            self.pool, regions, region, offset, length, meta[:, 2].astype(np.uint8),
-            np.ascontiguousarray(meta[:, :2], dtype=np.int32), np.ascontiguousarray(plan.crops, dtype=np.int32),
-            np.ascontiguousarray(plan.flips, dtype=np.uint8), out_all[:n])
 
     def _gather_column(self, f: Field, out: np.ndarray, segs: dict, groups: list, region_of: np.ndarray,
                        local: np.ndarray) -> None:
@@ -282,37 +221,6 @@ class Batcher:
         native().gather_pieces(self.pool, regions, region, offset + skip, nbytes.astype(np.int64, copy=False),
                                dst.astype(np.int64, copy=False), out)
 
-    def _fill_images_dali(self, f: Field, out_all, segs: dict, groups: list, local: np.ndarray,
-                          rng: np.random.Generator) -> list:
-        """The same plan executed by a GPU decoder (``decoder='dali'`` or ``'nvjpeg'``); JPEG samples only."""
-        n = len(local)
-        meta = np.empty((n, 3), dtype=np.int64)
-        blobs: list = [None] * n
-        for s, pos in groups:
-            seg = segs[s]
-            meta[pos] = seg.take(f.name, "meta", local[pos])
-            for p, i in zip(pos.tolist(), local[pos].tolist()):
-                blobs[p] = seg.blob(f.name, i)
-        plan = self.pipelines[f.name].plan(meta[:, 0], meta[:, 1], rng)
-        dec = self._gpu_decoders.get(f.name)
-        if dec is None:
-            dev = self.image_device
-            if self.decoder == "nvjpeg":
-                from .decoders.nvjpeg import NvjpegDecoder
-
-                dec = NvjpegDecoder(self.batch_size, self.pipelines[f.name].output_size, device=dev)
-            else:
-                from .decoders.dali import DaliDecoder
-
-                dec = DaliDecoder(self.batch_size, self.pipelines[f.name].output_size,
-                                  device_id=None if dev is None else (dev.index or 0),
-                                  num_threads=max(1, self.num_threads), seed=0)
-            self._gpu_decoders[f.name] = dec
-        raw = [k for k in range(n) if meta[k, 2] != IMAGE_JPEG]
-        failures = dec.decode(blobs, plan.crops, plan.flips, out_all[:n])
-        return sorted(failures + [(k, f"a raw (not JPEG) image: decoder={self.decoder!r} decodes JPEG only; use decoder='native'")
-                                  for k in raw if k not in {j for j, _ in failures}])
-
     def _objects(self, f: Field, segs: dict, seg_ids, local, indices, failed) -> list:
         out = []
         for k, (s, i) in enumerate(zip(seg_ids.tolist(), local.tolist())):
@@ -336,7 +244,8 @@ class Batcher:
             hint = "" if self.on_error == "skip" else "; pass on_error='skip' to replace bad samples"
             raise DecodeError(f"{where(self.ds.path, shard, int(indices[k]), None)}: {failed[k]}{more}{hint}")
         good = [k for k in range(n) if k not in failed]
-        views = []
+        views: list = [slot.tensors[f.name] for f in self.schema  # device rows (GPU decoders): torch indexing
+                       if f.name in slot.tensors and f.name not in slot.arrays and f.name not in self.ds.sequences]
         for f in self.schema:
             if f.name in self.ds.sequences:
                 shape = (n, objects[f.name]) + tuple(f.shape[1:])

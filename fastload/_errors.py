@@ -53,3 +53,9 @@ def where(
     if field is not None:
         parts.append(f"field '{field}'")
     return ", ".join(parts)
+
+
+class FastPathWarning(UserWarning):
+    """A fastload.Dataset that could take the fast path was refused it; the message says why and how to fix it.
+
+    Given once per loader. Silence with ``warnings.filterwarnings("ignore", category=fastload.FastPathWarning)``."""

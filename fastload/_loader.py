@@ -1,37 +1,41 @@
 """``fastload.DataLoader``: torch's DataLoader signature and semantics, fastload's speed.
 
 Fast path (a ``fastload.Dataset`` whose samples batch to fixed shapes): the Order picks each batch's
-indices, the Batcher fills a preallocated slot in one native call with the GIL released, and a
-producer thread keeps ``prefetch_factor`` batches ready while the training step runs. Anything else
-(any other Dataset, a custom ``collate_fn`` or ``batch_sampler``) takes the generic path: with
-``num_workers > 0``, worker processes collate into shared-memory slots (``_workers.py``); with 0,
-torch's own single-process iterator.
+indices (or the user's sampler does, ``_sampling.py``), the Batcher fills a preallocated slot in one
+native call with the GIL released, and a producer thread keeps ``prefetch_factor`` batches ready while
+the training step runs. Anything else (any other Dataset, a custom ``collate_fn``, a batch sampler that
+is not a torch ``BatchSampler``) takes the generic path: with ``num_workers > 0``, worker processes
+collate into shared-memory slots (``_workers.py``); with 0, torch's own single-process iterator. A
+fastload.Dataset refused the fast path says so once (``FastPathWarning``, ``_dropin.py``).
 """
 
 from __future__ import annotations
 
 import os
-import queue
-import threading
-import time
 import warnings
-from typing import Any, Iterator
+from typing import Any, Iterator, TypeVar
 
 import numpy as np
 import torch
 
-from ._batcher import Batcher, NotFastPath, Slot
+from ._batcher import Batcher, NotFastPath
 from ._dataset import Dataset as PackedDataset
-from ._prefetch import DevicePrefetcher
+from ._fastiter import FastIterator, FillPolicy
+from ._dropin import (check_batch_sampler, check_collate, check_memory_format, check_worker_init_fn,
+                      contiguous_images, warn_accelerate_rebuild, warn_pin_memory, warn_refused)
+from ._prefetch import DevicePrefetcher, DeviceRing, check_device
+from ._ring import Slot, SlotRing
 from ._stats import LoaderStats
 from ._order import BucketOrder, Order, PackedOrder, default_seed, dist_info
+from ._sampling import Counted, IndexReplay, SamplerOrder, generic_state, load_generic_state, slot_batch_size
 from ._sequences import Bucket, PackSequences
 from ._workers import generic_iterator
 
-_END = object()
+T_co = TypeVar("T_co", covariant=True)
 
 
-class DataLoader(torch.utils.data.DataLoader):
+
+class DataLoader(torch.utils.data.DataLoader[T_co]):
     """A drop-in ``torch.utils.data.DataLoader``.
 
     Extra keyword-only arguments: ``device`` ('cuda': batches arrive on the GPU, copied on a side stream
@@ -40,9 +44,18 @@ class DataLoader(torch.utils.data.DataLoader):
     ``shuffle``), ``rank``/``world_size`` (default from torch.distributed), ``window`` (shards per
     quasi-random window), ``on_error`` ('raise' or 'skip' corrupt samples), ``decoder``
     ('native'; 'dali': NVIDIA DALI executes the same plans, on the GPU with ``device='cuda'``, else in
-    its CPU-only mode; 'nvjpeg': torchvision's GPU decoder, needs ``device='cuda'``), ``split`` ('samples':
-    ranks take strided samples like DistributedSampler; 'shards': each rank reads only its own shards;
-    default 'shards' for a remote dataset with world_size > 1, see ``_order.py``).
+    its CPU-only mode; 'nvjpeg': torchvision's GPU decoder, needs ``device='cuda'``; 'auto': with
+    ``device='cuda'`` and DALI or torchvision installed, CPU threads and the GPU decoder share each batch
+    in the ratio of their measured rates, else 'native'; see ``_images.py``), ``memory_format``
+    (image batches: ``torch.channels_last``, the default, is the decoder's layout at no cost;
+    ``torch.contiguous_format`` copies each batch to torch's default layout, where ``.view(B, -1)`` works),
+    ``split`` ('samples': ranks take strided samples like DistributedSampler; 'shards': each rank reads
+    only its own shards; default 'shards' for a remote dataset with world_size > 1, see ``_order.py``).
+
+    A ``sampler`` (``DistributedSampler``, ``RandomSampler``, ...) or a torch ``BatchSampler`` keeps the fast
+    path: the sampler owns the order (``_sampling.py`` says what that means for determinism and resume).
+    ``collate_fn=default_collate`` is torch's default, not a custom collate. ``worker_init_fn`` is refused on
+    the fast path (there are no worker processes; Lightning's seeding function is accepted and not needed).
 
     On the fast path ``num_workers`` is the number of native decode threads (0 decodes in the calling
     thread; ``"auto"`` measures the best count once per dataset and machine, see ``_autotune.py``);
@@ -53,7 +66,8 @@ class DataLoader(torch.utils.data.DataLoader):
                  collate_fn=None, pin_memory=False, drop_last=False, timeout=0, worker_init_fn=None,
                  multiprocessing_context=None, generator=None, *, prefetch_factor=None, persistent_workers=False,
                  pin_memory_device="", in_order=True, device=None, seed=None, order=None, rank=None,
-                 world_size=None, window=8, on_error="raise", decoder="native", split=None):
+                 world_size=None, window=8, on_error="raise", decoder="native", memory_format=torch.channels_last,
+                 split=None):
         auto = isinstance(num_workers, str) and num_workers == "auto"
         if auto:
             num_workers = os.cpu_count() or 1  # replaced by the measured choice on the fast path
@@ -61,43 +75,52 @@ class DataLoader(torch.utils.data.DataLoader):
                          drop_last, timeout, worker_init_fn, multiprocessing_context, generator,
                          prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
                          pin_memory_device=pin_memory_device, in_order=in_order)
-        self.device = torch.device(device) if device is not None else None
-        if self.device is not None and self.device.type not in ("cpu", "cuda"):
-            raise ValueError(f"device={device!r}: fastload prefetches to 'cuda' devices (or keeps batches on 'cpu')")
-        if self.device is not None and self.device.type == "cuda" and not torch.cuda.is_available():
-            raise RuntimeError(f"device={device!r} but CUDA is not available (torch.cuda.is_available() is False); "
-                               f"use device=None to keep batches on the CPU")
+        self.device = check_device(device) if device is not None else None  # 'cuda' becomes 'cuda:<current>'
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error={on_error!r} should be 'raise' or 'skip'")
         # drawn only for the fast path: the generic path leaves torch's generators exactly as torch would
         self.seed = int(seed) if seed is not None else None
         self.on_error = on_error
+        self.memory_format = check_memory_format(memory_format)
         self.fast_path_reason: str | None = None
         self._batcher: Batcher | None = None
         self._order: Order | None = None
-        self._user_sampler = sampler is not None
+        self._sampled: SamplerOrder | None = None
+        self._user_sampler = sampler is not None or batch_sampler is not None
         self._next_epoch = 0
         self._resume_at = 0
         self._progress = (0, 0)  # (epoch, batches done) of the latest iteration
-        self._slots: list[Slot] = []
+        self._generic_pending = None  # generic path: (batches to skip, generator state) after load_state_dict
+        self._generic_rng = None  # generic path: the generator state the current epoch's RandomSampler drew from
+        self._ring: SlotRing | None = None  # host slots of the fast path, made on first use
+        self._device_ring: DeviceRing | None = None  # device slots, kept across epochs
         self._stats = LoaderStats()
         self._persistent_pool = None
+        self._fill_policy = FillPolicy()  # inline or producer-thread filling, from measured costs
         self.decoder = decoder
         try:
-            self._batcher = self._fast_path(dataset, batch_size, batch_sampler, collate_fn)
+            self._slot_batch = self._fast_path(dataset, batch_size, batch_sampler, collate_fn)
+            self._batcher = self._new_batcher()
+            if self._user_sampler and self._batcher.packed is not None:
+                self._batcher = None
+                raise NotFastPath("PackSequences forms its own batches; a sampler or batch_sampler cannot drive it")
         except NotFastPath as e:
             self.fast_path_reason = str(e)
-            if decoder != "native":
+            if decoder not in ("native", "auto"):
                 raise ValueError(f"decoder={decoder!r} needs fastload's fast path, which this loader cannot take: "
                                  f"{e}") from None
+            if isinstance(dataset, PackedDataset) and dataset.decode:
+                warn_refused(str(e))
+            self.check_worker_number_rationality()
             return
+        check_worker_init_fn(worker_init_fn)
         if self.seed is None:
             self.seed = default_seed(generator)
-        if self._user_sampler and self._batcher.packed is not None:
-            self._batcher = None
-            self.fast_path_reason = "PackSequences forms its own batches; a custom sampler cannot drive it"
-            return
-        if not self._user_sampler:
+        if self._user_sampler:
+            r = getattr(self.batch_sampler.sampler, "rank", None) if hasattr(self.batch_sampler, "sampler") else None
+            r = r if isinstance(r, int) else dist_info(rank, world_size)[0]
+            self._sampled = SamplerOrder(self.batch_sampler, self._slot_batch, len(dataset), self.seed, r)
+        else:
             kind = order or ("random" if shuffle else "sequential")
             r, w = dist_info(rank, world_size)
             explicit = split is not None
@@ -130,17 +153,40 @@ class DataLoader(torch.utils.data.DataLoader):
 
             self.num_workers = autotune(self._batcher, self._order, dataset, batch_size)
             self._batcher.num_threads = self.num_workers
+        elif self.num_workers > 0:
+            self.check_worker_number_rationality()
 
-    def _fast_path(self, dataset, batch_size, batch_sampler, collate_fn) -> Batcher:
+    def check_worker_number_rationality(self) -> None:
+        """torch's advice fits worker processes; on the fast path ``num_workers`` counts native threads."""
+        if "_batcher" not in self.__dict__:
+            return  # called by torch's __init__: fastload checks once it knows which path it takes
+        if self._batcher is None:
+            return super().check_worker_number_rationality()
+        try:
+            cpus = len(os.sched_getaffinity(0))
+        except AttributeError:
+            cpus = os.cpu_count() or 1
+        if self.num_workers > cpus:
+            warnings.warn(f"fastload: num_workers={self.num_workers} asks for {self.num_workers} native decode "
+                          f"threads (threads in this process, not worker processes) but this process may use "
+                          f"{cpus} CPUs; threads beyond that only add switching. num_workers='auto' measures "
+                          f"the best count for this dataset and machine.", UserWarning, stacklevel=3)
+
+    def _fast_path(self, dataset, batch_size, batch_sampler, collate_fn) -> int:
+        """The number of samples a slot holds; raises NotFastPath with the reason when there is no fast path."""
         if not isinstance(dataset, PackedDataset):
             raise NotFastPath("the dataset is not a fastload.Dataset (fastload.open)")
         if not dataset.decode:
             raise NotFastPath("the dataset was opened with decode=False")
-        if batch_size is None or batch_sampler is not None:
-            raise NotFastPath("batch_size=None or a custom batch_sampler")
-        if collate_fn is not None:
-            raise NotFastPath("a custom collate_fn")
-        return Batcher(dataset, batch_size, self.num_workers, self.on_error, self.decoder, self.device)
+        check_collate(collate_fn)
+        check_batch_sampler(batch_sampler)
+        size = slot_batch_size(batch_size if batch_sampler is None else None, batch_sampler)
+        if size is None:
+            raise NotFastPath("batch_size=None (no automatic batching) gives samples one by one")
+        return size
+
+    def _new_batcher(self) -> Batcher:
+        return Batcher(self.dataset, self._slot_batch, self.num_workers, self.on_error, self.decoder, self.device)
 
     @property
     def fast_path(self) -> bool:
@@ -155,21 +201,82 @@ class DataLoader(torch.utils.data.DataLoader):
             self.sampler.set_epoch(epoch)
 
     def state_dict(self) -> dict:
-        """Where the loader is: restoring it yields exactly the batches that would have come next."""
-        if self._order is None:
-            raise RuntimeError("state_dict() needs the fast path with fastload's own order (no custom sampler); "
-                               f"this loader runs torch's path: {self.fast_path_reason or 'a custom sampler'}")
+        """Where the loader is: restoring it yields exactly the batches that would have come next.
+
+        With a sampler driving the order (and on the generic path) the state is a position in the
+        sampler's order (see ``_sampling.py``); Lightning and accelerate's ``save_state`` call this."""
         epoch, done = self._progress
-        if done >= len(self._order):
+        if self._batcher is None:
+            return generic_state(self._torch_index_sampler(), self._num_samples(), epoch, done, self._generic_rng)
+        if done >= len(self):
             epoch, done = epoch + 1, 0
+        if self._sampled is not None:
+            return self._sampled.state_dict(epoch, done)
         return self._order.state_dict(done) | {"epoch": epoch}
 
     def load_state_dict(self, state: dict) -> None:
-        if self._order is None:
-            raise RuntimeError("load_state_dict() needs the fast path with fastload's own order")
-        self._resume_at = self._order.load_state_dict(state)
-        self._next_epoch = self._order.epoch
+        if self._batcher is None:
+            self._next_epoch, self._resume_at, self._generic_pending = load_generic_state(
+                self._torch_index_sampler(), self._num_samples(), state)
+        elif self._sampled is not None:
+            self._next_epoch, self._resume_at = self._sampled.load_state_dict(state)
+            self.seed = self._sampled.seed
+        else:
+            if isinstance(state, dict) and state.get("driver") == "sampler":
+                raise ValueError("this state was saved by a loader whose sampler drove the order; this loader uses "
+                                 "fastload's own order (no sampler=): build it with the same kind of sampler")
+            self._resume_at = self._order.load_state_dict(state)
+            self._next_epoch = self._order.epoch
         self._progress = (self._next_epoch, self._resume_at)
+
+    def _torch_index_sampler(self):
+        return torch.utils.data.DataLoader._index_sampler.fget(self)
+
+    @property
+    def _index_sampler(self):
+        """What torch's iterator and the generic path's workers draw indices from: on the generic path the
+        sampler, replayed from the next batch once after ``load_state_dict`` (``IndexReplay``)."""
+        base = self._torch_index_sampler()
+        return base if self._batcher is not None else IndexReplay(self, base)
+
+    def _num_samples(self) -> int | None:
+        try:
+            return len(self.dataset)
+        except TypeError:
+            return None
+
+    # -- accelerate ------------------------------------------------------------------------------
+    @property
+    def _is_accelerate_prepared(self) -> bool:
+        """accelerate's mark of a prepared loader. ``Accelerator.prepare`` reads it before rebuilding a loader
+        into its own DataLoaderShard, which loses the fast path: that rebuild is said, not silent
+        (``fastload.accelerate.prepare`` sets the mark, and the loader is then kept as it is)."""
+        ready = self.__dict__.get("_accelerate_ready", False)
+        if not ready and self._batcher is not None and not self.__dict__.get("_accelerate_warned"):
+            self.__dict__["_accelerate_warned"] = True  # once per loader
+            warn_accelerate_rebuild()
+        return ready
+
+    @_is_accelerate_prepared.setter
+    def _is_accelerate_prepared(self, value: bool) -> None:
+        self.__dict__["_accelerate_ready"] = bool(value)
+
+    # -- pickling: no threads, pools, slots or open handles travel; all are re-created lazily -------
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_fast"] = self._batcher is not None
+        state["_batcher"] = None  # holds a native thread pool (and GPU decoders)
+        state["_ring"] = None  # host slots (pinned memory is this process's)
+        state["_device_ring"] = None  # device slots and a CUDA stream
+        state["_persistent_pool"] = None
+        state["_iterator"] = None  # a persistent iterator's worker processes stay with this process
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        fast = state.pop("_fast", False)
+        self.__dict__.update(state)
+        if fast:
+            self._batcher = self._new_batcher()
 
     # -- iteration ---------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -182,24 +289,29 @@ class DataLoader(torch.utils.data.DataLoader):
 
     def __iter__(self):
         if self._batcher is None:
+            epoch, start = self._next_epoch, self._resume_at
+            self._next_epoch, self._resume_at = epoch + 1, 0
             it = generic_iterator(self)  # shared-memory workers; None: torch's own iterator
             it = super().__iter__() if it is None else it
-            return DevicePrefetcher(it, self.device, self.prefetch_factor or 2) if self._on_device() else it
+            if self._on_device():
+                it = DevicePrefetcher(it, depth=self.prefetch_factor or 2, ring=self._device_slots())
+            return Counted(it, self, epoch, start)  # counts what the loop receives
+        warn_pin_memory(self.pin_memory)
+        check_worker_init_fn(self.worker_init_fn)  # Lightning sets it after construction
         epoch, start = self._next_epoch, self._resume_at
-        self._next_epoch, self._resume_at = epoch + 1, 0
         if self._order is not None:
             self._order.set_epoch(epoch)
             batches = self._order.batches(epoch, start)
             rng_for = lambda b: self._order.batch_rng(epoch, b)  # noqa: E731
         else:
-            batches = _sampler_batches(self.sampler, self.batch_size, self.drop_last)
-            seed = self.seed
-            rng_for = lambda b: np.random.default_rng([seed, epoch, b, 1])  # noqa: E731
+            batches = iter(self._sampled.epoch_batches()[start:])  # drawn here, in the caller's thread
+            rng_for = lambda b: self._sampled.batch_rng(epoch, b)  # noqa: E731
+        self._next_epoch, self._resume_at = epoch + 1, 0
         if not self._batcher.needs_rng:
             rng_for = lambda b: None  # noqa: E731  (a Generator per batch costs more than a tiny batch)
         batches = self.dataset._reading(batches)  # a remote dataset downloads the coming batches' shards ahead
         self._progress = (epoch, start)
-        it = _FastIterator(self, epoch, start, batches, rng_for)
+        it = FastIterator(self, epoch, start, batches, rng_for)
         if not self._on_device():
             self._batcher.apply_tensor_transforms = True
             return it
@@ -214,22 +326,25 @@ class DataLoader(torch.utils.data.DataLoader):
 
         keys = {(f.name if self.dataset.as_dict else i): self.dataset.pipelines[f.name].tensor
                 for i, f in enumerate(self.dataset.schema) if f.name in self.dataset.pipelines}
-        return DevicePrefetcher(it, self.device, self.prefetch_factor or 2, keys, on_yield=handed)
+        return DevicePrefetcher(it, depth=self.prefetch_factor or 2, transforms=keys, on_yield=handed,
+                                ring=self._device_slots())
+
+    def _device_slots(self) -> DeviceRing:
+        if self._device_ring is None:
+            self._device_ring = DeviceRing(self.device)
+        return self._device_ring
 
     def _free_slot(self, reserved: set) -> Slot:
         """A slot no caller holds and no pending batch uses; the ring grows when there is none."""
-        for s in self._slots:
-            if id(s) not in reserved and not s.in_use():
-                return s
-        slot = self._batcher.new_slot()
-        self._slots.append(slot)
-        return slot
+        if self._ring is None:
+            self._ring = SlotRing(self._batcher.new_slot)
+        return self._ring.acquire(reserved)
 
     def stats(self) -> dict:
         """Counters since the loader was made: batches, time the loop waited for data, time filling
         batches, queue depth, slots in the ring, skipped samples (see ``stats_summary()``)."""
         return self._stats.as_dict() | {
-            "slots": len(self._slots), "slot_bytes": sum(s.nbytes for s in self._slots),
+            "slots": len(self._ring or ()), "slot_bytes": self._ring.nbytes if self._ring else 0,
             "skipped": self._batcher.skipped if self._batcher else 0, "fast_path": self.fast_path,
             "fast_path_reason": self.fast_path_reason, "num_workers": self.num_workers,
             "remote": getattr(self.dataset, "remote_stats", lambda: None)()}
@@ -253,144 +368,3 @@ def _first_dims(dataset: PackedDataset, field: str) -> np.ndarray:
         seg.open()
         parts.append(seg.take(field, "shape", np.arange(seg.count))[:, 0])
     return np.concatenate(parts) if parts else np.zeros(0, np.int64)
-
-
-def _sampler_batches(sampler, batch_size: int, drop_last: bool) -> Iterator[np.ndarray]:
-    batch = []
-    for i in sampler:
-        batch.append(i)
-        if len(batch) == batch_size:
-            yield np.asarray(batch, dtype=np.int64)
-            batch = []
-    if batch and not drop_last:
-        yield np.asarray(batch, dtype=np.int64)
-
-
-class _Producer:
-    """State shared by the iterator and its background thread (which must not own the iterator,
-    so that dropping the iterator after ``break`` stops the thread)."""
-
-    def __init__(self, depth: int):
-        self.queue: queue.Queue = queue.Queue(maxsize=depth)
-        self.stop = threading.Event()
-        self.reserved: set[int] = set()
-        self.lock = threading.Lock()
-
-    def put(self, item) -> bool:
-        while not self.stop.is_set():
-            try:
-                self.queue.put(item, timeout=0.05)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-
-class _FastIterator:
-    def __init__(self, loader: DataLoader, epoch: int, start: int, batches: Iterator[np.ndarray], rng_for):
-        self.loader = loader
-        self.batcher = loader._batcher
-        self.epoch = epoch
-        self.done = start
-        self.batches = batches
-        self.rng_for = rng_for
-        self.timeout = loader.timeout
-        self.stats = loader._stats
-        self.report_progress = True
-        self.thread = None
-        self.producer = None
-        if loader.persistent_workers and loader._persistent_pool is not None:
-            self.batcher._pool = loader._persistent_pool
-        if loader.num_workers > 0:
-            depth = loader.prefetch_factor or 2
-            self.producer = _Producer(depth)
-            self.thread = threading.Thread(target=_produce, name="fastload-batcher", daemon=True,
-                                           args=(self.producer, loader, batches, start, rng_for))
-            self.thread.start()
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        started = self.stats.begin_next()
-        if self.producer is None:
-            return self._next_sync(started)
-        try:
-            item = self.producer.queue.get(timeout=self.timeout if self.timeout > 0 else None)
-        except queue.Empty:
-            self.close()
-            raise RuntimeError(f"DataLoader timed out after {self.timeout} seconds") from None
-        if item is _END:
-            self.close()
-            raise StopIteration
-        if isinstance(item, BaseException):
-            self.close()
-            raise item
-        slot, n, objects = item
-        out = self.batcher.collate(slot, n, objects)
-        with self.producer.lock:
-            self.producer.reserved.discard(id(slot))
-        self.stats.end_next(started, n, self.producer.queue.qsize())
-        return self._count(out)
-
-    def _next_sync(self, started: float):
-        try:
-            idx = next(self.batches)
-        except StopIteration:
-            self.close()
-            raise
-        slot = self.loader._free_slot(set())
-        t = time.perf_counter()
-        objects = self.batcher.fill(slot, idx, self.rng_for(self.done))
-        self.stats.add_fill(time.perf_counter() - t)
-        out = self.batcher.collate(slot, len(idx), objects)
-        self.stats.end_next(started, len(idx))
-        return self._count(out)
-
-    def _count(self, out):
-        self.done += 1
-        if self.report_progress:
-            self.loader._progress = (self.epoch, self.done)
-        return out
-
-    def close(self) -> None:
-        self.stats.end_epoch()
-        if self.producer is not None:
-            self.producer.stop.set()
-            if self.thread is not None and self.thread is not threading.current_thread():
-                self.thread.join()
-            self.thread = None
-        if self.loader.persistent_workers:
-            self.loader._persistent_pool = self.batcher._pool
-        else:
-            self.batcher.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
-
-    def __len__(self) -> int:
-        return len(self.loader)
-
-
-def _produce(p: _Producer, loader: DataLoader, batches, start: int, rng_for) -> None:
-    batcher = loader._batcher
-    b = start
-    try:
-        for idx in batches:
-            if p.stop.is_set():
-                return
-            with p.lock:
-                slot = loader._free_slot(p.reserved)
-                p.reserved.add(id(slot))
-            t = time.perf_counter()
-            objects = batcher.fill(slot, idx, rng_for(b))
-            loader._stats.add_fill(time.perf_counter() - t)
-            b += 1
-            if not p.put((slot, len(idx), objects)):
-                return
-        p.put(_END)
-    except BaseException as e:  # handed to the consumer, re-raised there
-        p.put(e)

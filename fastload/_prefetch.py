@@ -1,21 +1,19 @@
 """Prefetch to the device: batches copied on a side stream, handed over by events, never a host sync.
 
 ``DevicePrefetcher`` wraps any iterator of batches (tensors in lists, tuples, dicts...). For each batch
-it (1) waits on the side stream for the device slot's release event, (2) copies every CPU tensor into
-the slot's device buffers with ``non_blocking=True`` (pinned host memory makes that a true async DMA),
-(3) runs ``ToDtype``/``Normalize`` there, and (4) records a copy event. When the batch is handed out,
-the consumer's current stream waits on that event (``Stream.wait_event``): the host never blocks.
+it takes a device slot from a ``DeviceRing`` (``_ring.py``: allocated once, reused across epochs), and
+follows the ring's protocol: the side stream waits on an event recorded on the consumer stream after
+the slot was acquired (so after its buffers' allocation and after the caller's last use of it), copies
+every CPU tensor in with ``non_blocking=True`` (pinned host memory makes that a true async DMA), runs
+``ToDtype``/``Normalize`` there, and records a copy event. When the batch is handed out the consumer's
+current stream waits on that event (``Stream.wait_event``): the host never blocks. The host batch stays
+referenced until the copy event has completed, so a pinned host slot is never refilled under its DMA.
 
-Device memory is a ring of slots allocated once on the consumer's stream (so the caching allocator
-never hands a block that a side-stream copy still writes to another tensor). A slot is rewritten only
-after the caller has dropped every view of it (storage use counts) *and* an event recorded on the
-consumer stream at that moment has completed on the side stream, so kernels still queued on the
-consumer stream finish reading it first. A host batch is kept referenced until its copy event has
-completed, so a pinned host slot is never refilled while its DMA is in flight. If the caller holds
-every slot, the ring grows instead of aliasing.
+``to_device(iterable)`` wraps any re-iterable (a torch DataLoader, a list of batches) so that every
+``for`` is a new pass over it, like a DataLoader.
 
-The same class runs with a null backend on ``device="cpu"``, which is how the ring logic is tested on
-machines without a GPU (tests/cuda/ holds the CUDA tests).
+With ``device='cpu'`` the same code runs on ``HostStreams`` (no streams, everything at once); tests run
+it on a simulated GPU whose queued work runs late (tests/sim_streams.py); tests/cuda/ on a real one.
 """
 
 from __future__ import annotations
@@ -26,96 +24,40 @@ from typing import Any, Iterable, Iterator, Mapping
 import torch
 from torch.utils._pytree import tree_flatten_with_path, tree_unflatten
 
+from ._ring import Slot, SlotRing, streams_for
 from ._tensor_transforms import TensorPipeline
 
 
-def _refs(t: torch.Tensor) -> int:
-    return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
+def check_device(device: Any) -> torch.device:
+    """``device`` as a torch.device with an index for CUDA; a clear error for anything else."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError(f"device={device!r} but CUDA is not available (torch.cuda.is_available() is "
+                               f"False); use device=None to keep batches on the CPU")
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+    elif dev.type != "cpu":
+        raise ValueError(f"device={device!r}: fastload prefetches to 'cuda' devices (or 'cpu')")
+    return dev
 
 
-class _CudaBackend:
-    def __init__(self, device: torch.device):
-        self.device = device
-        self.side = torch.cuda.Stream(device=device)
+class DeviceRing(SlotRing):
+    """Device slots and the streams that fill them; one per loader, kept across epochs."""
 
-    def consumer(self):
-        return torch.cuda.current_stream(self.device)
+    def __init__(self, device: Any, streams=None):
+        super().__init__(Slot)
+        self.device = check_device(device)
+        self.streams = streams if streams is not None else streams_for(self.device)
 
-    def side_context(self):
-        return torch.cuda.stream(self.side)
+    def reclaim(self) -> None:
+        """Let go of host batches whose copies have completed (their pinned slots may be refilled)."""
+        for slot in self.slots:
+            if slot.host is not None and self.streams.done(slot.copy_event):
+                slot.host = None
 
-    def record_on(self, stream) -> torch.cuda.Event:
-        ev = torch.cuda.Event()
-        ev.record(stream)
-        return ev
-
-    def side_waits(self, ev) -> None:
-        if ev is not None:
-            self.side.wait_event(ev)
-
-    def consumer_waits(self, ev) -> None:
-        self.consumer().wait_event(ev)
-
-    @staticmethod
-    def done(ev) -> bool:
-        return ev is None or ev.query()
-
-
-class _HostBackend:
-    """device='cpu': no streams; every event is complete."""
-
-    def __init__(self, device: torch.device):
-        self.device = device
-        self.side = None
-
-    def consumer(self):
-        return None
-
-    def side_context(self):
-        return _Null()
-
-    def record_on(self, stream):
-        return None
-
-    def side_waits(self, ev) -> None:
-        pass
-
-    def consumer_waits(self, ev) -> None:
-        pass
-
-    @staticmethod
-    def done(ev) -> bool:
-        return True
-
-
-class _Null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
-class _DeviceSlot:
-    def __init__(self):
-        self.buffers: dict[Any, torch.Tensor] = {}
-        self.baseline: dict[Any, int] = {}
-        self.release_event = None
-        self.copy_event = None
-        self.host = None  # the host batch, kept alive until copy_event completes
-        self.handed = False
-
-    def buffer(self, key, shape, dtype, device, channels_last: bool) -> torch.Tensor:
-        buf = self.buffers.get(key)
-        if buf is None or buf.shape != shape or buf.dtype != dtype:
-            fmt = torch.channels_last if channels_last else torch.contiguous_format
-            buf = torch.empty(shape, dtype=dtype, device=device, memory_format=fmt)
-            self.buffers[key] = buf
-            self.baseline[key] = _refs(buf)
-        return buf
-
-    def in_use(self) -> bool:
-        return any(_refs(b) != self.baseline[k] for k, b in self.buffers.items())
+    def ready(self, slot: Slot) -> bool:
+        return slot.host is None
 
 
 def _channels_last(t: torch.Tensor) -> bool:
@@ -127,31 +69,23 @@ class DevicePrefetcher:
 
     ``transforms`` maps a top-level key of the batch (an index of a list/tuple batch, or a dict key)
     to the ``TensorPipeline`` (ToDtype/Normalize) to run on that tensor on the device. ``depth`` is
-    how many batches are copied ahead. ``on_yield`` is called once per batch handed out.
+    how many batches are copied ahead. ``on_yield`` is called once per batch handed out. ``ring`` is
+    the device ring to fill (a new one when None).
     """
 
-    def __init__(self, source: Iterable, device: Any, depth: int = 2,
-                 transforms: Mapping[Any, TensorPipeline] | None = None, on_yield=None):
-        self.device = torch.device(device)
-        if self.device.type == "cuda":
-            if not torch.cuda.is_available():
-                raise RuntimeError(f"device={device!r} but CUDA is not available (torch.cuda.is_available() is "
-                                   f"False); use device=None to keep batches on the CPU")
-            if self.device.index is None:
-                self.device = torch.device("cuda", torch.cuda.current_device())
-            self.backend = _CudaBackend(self.device)
-        elif self.device.type == "cpu":
-            self.backend = _HostBackend(self.device)
-        else:
-            raise ValueError(f"device={device!r}: fastload prefetches to 'cuda' devices (or 'cpu')")
+    def __init__(self, source: Iterable, device: Any = None, depth: int = 2,
+                 transforms: Mapping[Any, TensorPipeline] | None = None, on_yield=None,
+                 ring: DeviceRing | None = None):
         if not isinstance(depth, int) or depth < 1:
             raise ValueError(f"depth={depth!r} should be an int >= 1")
+        self.ring = ring if ring is not None else DeviceRing(device)
+        self.device = self.ring.device
+        self.streams = self.ring.streams
         self.source = source
         self._src: Iterator = iter(source)
         self.depth = depth
         self.transforms = {k: p for k, p in (transforms or {}).items() if p}
         self.on_yield = on_yield
-        self._slots: list[_DeviceSlot] = []
         self._inflight: collections.deque = collections.deque()
         self._exhausted = False
 
@@ -161,33 +95,21 @@ class DevicePrefetcher:
     def __len__(self) -> int:
         return len(self.source)
 
-    # -- slots -------------------------------------------------------------------------------
-    def _reclaim(self) -> None:
-        consumer = self.backend.consumer()
-        for slot in self._slots:
-            if slot.host is not None and self.backend.done(slot.copy_event):
-                slot.host = None  # the DMA finished: the host batch (a pinned slot) may be refilled
-            if slot.handed and not slot.in_use():
-                # kernels already queued on the consumer stream may still read it: fence them
-                slot.release_event = self.backend.record_on(consumer)
-                slot.handed = False
+    # -- copying -----------------------------------------------------------------------------------
+    def _buffer(self, slot: Slot, key, shape, dtype, channels_last: bool) -> torch.Tensor:
+        buf = slot.tensors.get(key)
+        if buf is None or buf.shape != shape or buf.dtype != dtype or _channels_last(buf) != channels_last:
+            buf = slot.put(key, self.streams.empty(tuple(shape), dtype, channels_last))  # on the consumer stream
+            self.streams.record_stream(buf, self.streams.side)  # rule 4: freed only after the side stream's use
+        return buf
 
-    def _free_slot(self) -> _DeviceSlot:
-        busy = {id(s) for s, _ in self._inflight}
-        for slot in self._slots:
-            if not slot.handed and id(slot) not in busy and slot.host is None and not slot.in_use():
-                return slot
-        slot = _DeviceSlot()
-        self._slots.append(slot)
-        return slot
-
-    # -- copying -----------------------------------------------------------------------------
-    def _enqueue(self, host: Any) -> tuple[_DeviceSlot, Any]:
+    def _enqueue(self, host: Any) -> tuple[Slot, Any]:
+        s = self.streams
         with_paths, spec = tree_flatten_with_path(host)
         leaves = [leaf for _, leaf in with_paths]
-        slot = self._free_slot()
+        slot = self.ring.acquire(ready=self.ring.ready)
         plans = []
-        # allocate first, on the consumer's stream: blocks the caller frees are reused in its order
+        # allocate first, on the consumer's stream (rule 3a: the fence below is recorded after this)
         for i, leaf in enumerate(leaves):
             # tensors already on the device are copied too (device to device, cheap): the caller then
             # never holds the producer's buffer, which may be rewritten once this copy has finished
@@ -195,23 +117,26 @@ class DevicePrefetcher:
                 plans.append(None)
                 continue
             cl = _channels_last(leaf)
-            staging = slot.buffer((i, "in"), leaf.shape, leaf.dtype, self.device, cl)
+            staging = self._buffer(slot, (i, "in"), leaf.shape, leaf.dtype, cl)
             pipe = self._pipeline_for(with_paths[i][0])
-            out = slot.buffer((i, "out"), leaf.shape, pipe.dtype, self.device, cl) if pipe is not None else None
+            out = self._buffer(slot, (i, "out"), leaf.shape, pipe.dtype, cl) if pipe is not None else None
             plans.append((staging, pipe, out))
-        with self.backend.side_context():
-            self.backend.side_waits(slot.release_event)
+        fence = s.record(s.consumer())  # after the allocations and after the caller's last use (rule 3)
+        with s.side_context():
+            s.wait(s.side, fence)
             result = []
             for leaf, plan in zip(leaves, plans):
                 if plan is None:
                     result.append(leaf)
                     continue
                 staging, pipe, out = plan
-                staging.copy_(leaf, non_blocking=True)
-                done = pipe.apply(staging, out=out) if pipe is not None else staging
-                result.append(done.detach())  # a new view: the slot's use count now sees the caller's hold
-            slot.copy_event = self.backend.record_on(self.backend.side)
-        slot.host = host
+                s.copy(staging, leaf)
+                if pipe is not None:
+                    s.launch(lambda p=pipe, x=staging, o=out: p.apply(x, out=o), reads=(staging,), writes=(out,))
+                    staging = out
+                result.append(staging.detach())  # a new view: the slot's use count now sees the caller's hold
+            slot.copy_event = s.record(s.side)
+        slot.host = host  # referenced until the copy event has completed (rule 2)
         return slot, tree_unflatten(result, spec)
 
     def _pipeline_for(self, path: tuple) -> TensorPipeline | None:
@@ -226,7 +151,7 @@ class DevicePrefetcher:
         return self.transforms.get(key)
 
     def __next__(self):
-        self._reclaim()
+        self.ring.reclaim()
         while len(self._inflight) < self.depth and not self._exhausted:
             try:
                 host = next(self._src)
@@ -237,8 +162,7 @@ class DevicePrefetcher:
         if not self._inflight:
             raise StopIteration
         slot, out = self._inflight.popleft()
-        self.backend.consumer_waits(slot.copy_event)
-        slot.handed = True
+        self.streams.wait(self.streams.consumer(), slot.copy_event)  # rule 5
         if self.on_yield is not None:
             self.on_yield()
         return out
@@ -250,15 +174,42 @@ class DevicePrefetcher:
         self._inflight.clear()
 
 
+class DeviceLoader:
+    """What ``to_device`` returns: each ``iter()`` is a new pass over the source, prefetched to the device."""
+
+    def __init__(self, source: Iterable, device: Any, depth: int, transforms: Mapping[Any, TensorPipeline]):
+        if not isinstance(depth, int) or depth < 1:
+            raise ValueError(f"depth={depth!r} should be an int >= 1")
+        self.source = source
+        self.ring = DeviceRing(device)
+        self.device = self.ring.device
+        self.depth = depth
+        self.transforms = transforms
+        self._passes = 0
+
+    def __iter__(self) -> DevicePrefetcher:
+        it = iter(self.source)
+        if it is self.source and self._passes:
+            raise TypeError(f"to_device() was given a one-shot iterator ({type(self.source).__name__}) that an "
+                            f"earlier pass has consumed; pass a re-iterable source (a DataLoader, a list of "
+                            f"batches) to iterate more than once")
+        self._passes += 1
+        return DevicePrefetcher(it, depth=self.depth, transforms=self.transforms, ring=self.ring)
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+
 def to_device(iterable: Iterable, device: Any = "cuda", *, depth: int = 2,
-              transforms: Mapping[Any, Any] | None = None) -> DevicePrefetcher:
+              transforms: Mapping[Any, Any] | None = None) -> DeviceLoader:
     """Prefetch batches of any iterable (e.g. a ``torch.utils.data.DataLoader``) to ``device``.
 
     Copies run on a side CUDA stream with ``non_blocking=True`` into device buffers allocated once;
-    the consumer stream waits on an event, never the host. Use ``pin_memory=True`` on a torch loader
-    so the copies are truly asynchronous. ``transforms`` maps a batch key (list index or dict key) to a
-    list of ``ToDtype``/``Normalize`` to run on the device, e.g. ``{0: [ToDtype(torch.float16,
+    the consumer stream waits on an event, never the host. Every ``for`` over the result is a new pass
+    over ``iterable`` (a one-shot iterator can be passed once). Use ``pin_memory=True`` on a torch
+    loader so the copies are truly asynchronous. ``transforms`` maps a batch key (list index or dict
+    key) to a list of ``ToDtype``/``Normalize`` to run on the device, e.g. ``{0: [ToDtype(torch.float16,
     scale=True), Normalize(mean, std)]}``.
     """
     pipes = {k: v if isinstance(v, TensorPipeline) else TensorPipeline(list(v)) for k, v in (transforms or {}).items()}
-    return DevicePrefetcher(iterable, device, depth, pipes)
+    return DeviceLoader(iterable, device, depth, pipes)

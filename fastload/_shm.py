@@ -14,10 +14,10 @@ layout's strides (e.g. channels_last). Everything else (str, bytes, objects, ten
 pickled as usual, so any picklable batch works. If the in-slot collate raises, torch's ``default_collate``
 runs instead, so errors are torch's own.
 
-Main side (``Slot``, ``map_slot``, ``SlotUnpickler``, ``use_count``). Ownership: a slot is the worker's
+Main side (``MappedSlot``, ``map_slot``, ``SlotUnpickler``; leases are ``_ring.Slot``). Ownership: a slot is the worker's
 until its result is sent, then the main process's. The main process rebuilds the batch as views of a
 per-batch ``torch.frombuffer`` over the slot (zero copy) and hands the slot back only once that storage's
-use count is back to baseline: no tensor, view or numpy array of the batch is alive. A worker with no free
+use count is back to baseline (the slot ring's rule 1): no tensor, view or numpy array of the batch is alive. A worker with no free
 slot maps another (holding batches never blocks nor aliases; memory then grows like torch's per-batch
 shared memory); a slot coming back to a worker that already owns ``prefetch_factor + 1`` is unmapped. A
 mapping goes with its last view, so batches stay valid after the iterator, loader and workers are gone.
@@ -34,13 +34,10 @@ import pickle
 import torch
 from torch.utils.data._utils import collate as _collate
 
+from ._ring import use_count  # noqa: F401  (re-exported for the tests)
+
 ALIGN = 64  # byte alignment of every tensor in a slot
 WORKER, PENDING, LENT = range(3)  # who owns a slot, as the main process sees it
-
-
-def use_count(t: torch.Tensor) -> int:
-    """How many references ``t``'s storage has (tensors, views, numpy arrays over it)."""
-    return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
 
 
 def _round_page(n: int) -> int:
@@ -227,7 +224,7 @@ class _SlotPickler(pickle.Pickler):
 
 
 # -- main side -------------------------------------------------------------------------------------
-class Slot:
+class MappedSlot:
     """A worker's slot as the main process maps it; ``state`` says who owns it (WORKER, PENDING, LENT)."""
 
     __slots__ = ("wid", "sid", "mm", "state")
@@ -236,9 +233,9 @@ class Slot:
         self.wid, self.sid, self.mm, self.state = wid, sid, mm, WORKER
 
 
-def map_slot(wid: int, sid: int, fd: int, cap: int) -> Slot:
+def map_slot(wid: int, sid: int, fd: int, cap: int) -> MappedSlot:
     """Map the slot a worker announced with ``fd`` (the caller closes ``fd``; the mapping outlives it)."""
-    return Slot(wid, sid, mmap.mmap(fd, cap))
+    return MappedSlot(wid, sid, mmap.mmap(fd, cap))
 
 
 class SlotUnpickler(pickle.Unpickler):

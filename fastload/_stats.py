@@ -19,6 +19,15 @@ class LoaderStats:
         self._lock = threading.Lock()
         self.reset()
 
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        del state["_lock"]  # a lock does not pickle; the copy gets its own
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
     def reset(self) -> None:
         self.batches = 0
         self.samples = 0

@@ -18,7 +18,10 @@ Protocol, one duplex pipe per worker, no threads on either side:
 
 Errors: a Dataset exception is re-raised with the worker's traceback (``ExceptionWrapper``); a dead
 worker (SIGKILL, OOM killer, segfault) is seen through its process sentinel while waiting and raised as
-a RuntimeError naming worker, pid and signal; ``timeout`` raises torch's message. ``break``, ``del``, gc,
+a RuntimeError in torch's words (``DataLoader worker (pid N) is killed by signal: Killed.``, which tools
+match on), then fastload's detail; running out of file descriptors raises torch's "Too many open files"
+advice; ``timeout`` raises torch's message; an IterableDataset yielding more than ``len(loader)`` warns
+as torch does. ``break``, ``del``, gc,
 the end of a non-persistent epoch and Ctrl-C stop the workers (a stop message; terminate after 5 s like
 torch), join them and unmap every slot.
 
@@ -29,6 +32,7 @@ platforms without ``os.memfd_create``.
 from __future__ import annotations
 
 import collections
+import errno
 import itertools
 import multiprocessing
 import os
@@ -37,6 +41,7 @@ import random
 import signal
 import threading
 import time
+import warnings
 from multiprocessing import connection, reduction
 
 import numpy as np
@@ -48,7 +53,8 @@ from torch.utils.data._utils import worker as _worker
 from torch.utils.data.dataloader import _DatasetKind
 from torch.utils.data.datapipes.datapipe import IterDataPipe, MapDataPipe
 
-from ._shm import LENT, PENDING, WORKER, Arena, Slot, SlotUnpickler, map_slot, use_count
+from ._ring import Slot
+from ._shm import LENT, PENDING, WORKER, Arena, MappedSlot, SlotUnpickler, map_slot
 
 _TASK, _RESET, _RESULT, _ERROR, _STOP, _ACK = range(6)
 
@@ -163,8 +169,8 @@ def _worker_loop(conn, kind, dataset, auto_collation, collate_fn, drop_last, bas
             if init_error is not None:  # worker_init_fn or the fetcher failed: every task reports it
                 conn.send((_ERROR, idx, init_error))
                 continue
-            arena.begin()
             try:
+                arena.begin()  # may create a slot: out of descriptors, that is this task's error, sent to main
                 _ship(conn, idx, arena, fetcher.fetch(index))
             except (BrokenPipeError, ConnectionResetError):
                 return
@@ -181,13 +187,38 @@ def _worker_loop(conn, kind, dataset, auto_collation, collate_fn, drop_last, bas
 
 # -- main side -------------------------------------------------------------------------------------
 def _death_message(wid: int, pid: int, code: int | None) -> str:
-    how = "closed its connection" if code is None else f"exited with code {code}"
-    if code is not None and code < 0:
-        name = signal.Signals(-code).name if -code in signal.valid_signals() else str(-code)
-        hint = {"SIGKILL": " (the out-of-memory killer sends SIGKILL: check `dmesg` and the Dataset's memory use)",
-                "SIGBUS": " (out of shared memory)"}.get(name, "")
-        how = f"was killed by signal {name}{hint}"
-    return f"DataLoader worker {wid} (pid {pid}) exited unexpectedly: it {how}"
+    """torch's message for a dead worker, word for word, then which worker it was and what may have done it."""
+    if code is None:
+        return f"DataLoader worker (pid(s) {pid}) exited unexpectedly (fastload worker {wid} closed its connection)"
+    if code >= 0:
+        return (f"DataLoader worker (pid {pid}) exited unexpectedly with exit code {code}. Details are lost due to "
+                f"multiprocessing. Rerunning with num_workers=0 may give better error trace. (fastload worker {wid})")
+    sig = -code
+    name = signal.Signals(sig).name if sig in signal.valid_signals() else str(sig)
+    msg = f"DataLoader worker (pid {pid}) is killed by signal: {signal.strsignal(sig) or name}. "
+    if sig == signal.SIGBUS:
+        msg += ("It is possible that dataloader's workers are out of shared memory. Please try to raise your shared "
+                "memory limit. ")
+    hint = {"SIGKILL": "; the out-of-memory killer sends SIGKILL: check `dmesg` and the Dataset's memory use"}
+    return msg + f"(fastload worker {wid}, {name}{hint.get(name, '')})"
+
+
+def fd_limit_error(detail: str = "") -> RuntimeError:
+    """torch's advice when descriptors run out, with what applies to fastload's slots (one descriptor each)."""
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    try:
+        now = len(os.listdir("/proc/self/fd"))
+    except OSError:
+        now = "?"
+    return RuntimeError(
+        "Too many open files. Communication with the workers is no longer possible. Please increase the limit using "
+        f"`ulimit -n` in the shell (this process has {now} descriptors open, soft limit {soft}; each worker has its "
+        "own). fastload's workers "
+        "hand each shared-memory slot over as a file descriptor, so holding fewer batches at once, or a lower "
+        "num_workers or prefetch_factor, also helps; torch.multiprocessing.set_sharing_strategy('file_system') "
+        "does not change fastload's slots." + (f" {detail}" if detail else ""))
 
 
 class _HoldCtrlC:
@@ -225,11 +256,14 @@ class WorkerIterator:
         self._shutdown = True  # until the workers exist, for __del__
         self._workers: list = []
         self._conns: list = []
-        self._slots: dict[tuple[int, int], Slot] = {}
-        self._lent: list[tuple[Slot, torch.Tensor, int]] = []  # (slot, batch storage, baseline use count)
+        self._slots: dict[tuple[int, int], MappedSlot] = {}
+        self._lent: list[tuple[MappedSlot, Slot]] = []  # (slot, the lease over this batch's storage)
         self._pid = os.getpid()  # a forked child that inherits this object must leave the workers alone
         loader.check_worker_number_rationality()
         self._dataset_kind = loader._dataset_kind
+        self._dataset = loader.dataset
+        self._num_yielded = 0
+        self._IterableDataset_len_called = loader._IterableDataset_len_called
         self._index_sampler = loader._index_sampler
         self._num_workers = nw = loader.num_workers
         self._prefetch_factor = loader.prefetch_factor
@@ -279,6 +313,8 @@ class WorkerIterator:
     def _reset(self, loader, first_iter: bool = False) -> None:
         nw = self._num_workers
         self._sampler_iter = iter(self._index_sampler)
+        self._num_yielded = 0
+        self._IterableDataset_len_called = loader._IterableDataset_len_called
         old = self._task_info
         self._send_idx = self._rcvd_idx = 0
         self._task_info = {}
@@ -306,10 +342,21 @@ class WorkerIterator:
     def __next__(self):
         try:
             self._scan()
-            return self._next_data()
+            data = self._next_data()
         except KeyboardInterrupt:
             self._shutdown_workers()
             raise
+        self._num_yielded += 1
+        if (self._dataset_kind == _DatasetKind.Iterable and self._IterableDataset_len_called is not None
+                and self._num_yielded > self._IterableDataset_len_called):
+            warnings.warn(  # torch's words, which tools and tests match
+                f"Length of IterableDataset {self._dataset} was reported to be {self._IterableDataset_len_called}"
+                f"(when accessing len(dataloader)), but {self._num_yielded} samples have been fetched. "
+                "For multiprocessing data-loading, this could be caused by not properly configuring the "
+                "IterableDataset replica at each worker. Please see "
+                "https://pytorch.org/docs/stable/data.html#torch.utils.data.IterableDataset for examples.",
+                stacklevel=2)
+        return data
 
     def _next_data(self):
         while True:
@@ -368,20 +415,25 @@ class WorkerIterator:
         self._num_tasks[w] -= 1
         self._try_put_index()
         if msg[0] == _ERROR:
-            msg[2].reraise()
+            err = msg[2]
+            if issubclass(err.exc_type, OSError) and f"[Errno {errno.EMFILE}]" in err.exc_msg:
+                self._shutdown_workers()
+                raise fd_limit_error(f"The worker's error: {err.exc_msg.strip()}")
+            err.reraise()
         _, _, sid, payload = msg[:4]
         if sid is None:
             return SlotUnpickler(payload, None).load()
         slot = self._slots[(w, sid)]
         view = torch.frombuffer(slot.mm, dtype=torch.uint8)  # this batch's own storage over the slot
-        baseline = use_count(view)
+        lease = Slot({"batch": view})
         try:
             batch = SlotUnpickler(payload, view.untyped_storage()).load()
         except BaseException:
             self._give_back(slot)
             raise
         slot.state = LENT
-        self._lent.append((slot, view, baseline))
+        self._lent.append((slot, lease))
+        del view
         return batch
 
     # -- slots -------------------------------------------------------------------------------------
@@ -389,18 +441,18 @@ class WorkerIterator:
         """Hand back the slots of batches nobody holds any more (bounded work per call)."""
         keep, held = [], 0
         limit = self._num_workers * (self._prefetch_factor + 2)
-        for k, (slot, view, baseline) in enumerate(self._lent):
+        for k, (slot, lease) in enumerate(self._lent):
             if held >= limit:
                 keep.extend(self._lent[k:])
                 break
-            if use_count(view) == baseline:
+            if not lease.held():
                 self._give_back(slot)
             else:
-                keep.append((slot, view, baseline))
+                keep.append((slot, lease))
                 held += 1
         self._lent = keep
 
-    def _give_back(self, slot: Slot) -> None:
+    def _give_back(self, slot: MappedSlot) -> None:
         w, key = slot.wid, (slot.wid, slot.sid)
         if self._slots.get(key) is not slot:
             return
@@ -452,9 +504,16 @@ class WorkerIterator:
             msg = conn.recv()
             for _ in msg[4] if msg[0] == _RESULT else ():
                 fds.append(reduction.recv_handle(conn))
-        except (EOFError, OSError):
+        except (EOFError, OSError, RuntimeError) as e:
             for fd in fds:
                 os.close(fd)
+            # a descriptor the kernel could not pass (this process or the worker at its limit) arrives as
+            # "received 0 items of ancdata" (see torch's NOTE [ DataLoader on Linux and open files limit ])
+            if "ancdata" in str(e) or getattr(e, "errno", None) == errno.EMFILE:
+                self._shutdown_workers()
+                raise fd_limit_error() from None
+            if isinstance(e, RuntimeError):
+                raise
             self._fail(w)
         if msg[0] == _RESULT:
             try:
@@ -528,7 +587,7 @@ class WorkerIterator:
                     if msg[0] == _RESULT:
                         for _ in msg[4]:
                             os.close(reduction.recv_handle(r))
-                except (EOFError, OSError):
+                except (EOFError, OSError, RuntimeError):  # RuntimeError: an fd the kernel could not pass
                     conns.discard(r)
 
     def __del__(self):

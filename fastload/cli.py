@@ -1,4 +1,4 @@
-"""The ``fastload`` command: ``pack``, ``inspect``, ``verify``."""
+"""The ``fastload`` command: ``pack``, ``inspect``, ``verify``, ``bench``, ``doctor``."""
 
 from __future__ import annotations
 
@@ -167,3 +167,21 @@ def _run(fn):
 
 if __name__ == "__main__":
     main()
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--steps", type=click.IntRange(min=2), default=30, show_default=True,
+              help="Batches to run before stopping the script (the first is start-up and not counted).")
+@click.option("--no-measure-workers", is_flag=True, help="Skip timing fastload loaders at each num_workers.")
+@click.argument("script", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+def doctor(steps, no_measure_workers, script, script_args) -> None:
+    """Run SCRIPT (with its arguments) for a few batches and report what slows its training loop.
+
+    Every DataLoader the script iterates is timed; the report gives the measured numbers, the line or
+    setting, and the fix for each finding. GPU checks run only where CUDA is available.
+    """
+    from ._doctor import run_script
+
+    report = run_script(str(script), list(script_args), steps, measure_workers=not no_measure_workers)
+    click.echo(str(report))

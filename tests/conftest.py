@@ -50,6 +50,15 @@ def make_image_folder(root: Path, classes: int = 3, per_class: int = 4, seed: in
     return root
 
 
+def packed_image_folder(root: Path, classes: int = 3, per_class: int = 4, workers: int = 0) -> Path:
+    """``make_image_folder`` packed with ``fastload.pack``: the path of the packed dataset."""
+    import fastload
+
+    make_image_folder(root / "src", classes=classes, per_class=per_class)
+    fastload.pack(root / "src", root / "ds", workers=workers)
+    return root / "ds"
+
+
 @pytest.fixture
 def image_folder(tmp_path: Path) -> Path:
     return make_image_folder(tmp_path / "folder")

@@ -77,8 +77,9 @@ def upload(fs, local: Path, url_path: str) -> None:
 
 
 class FaultProxy:
-    """A TCP proxy to ``port``: ``cut(n, after)`` closes the next n connections once they have carried
-    ``after`` bytes from the server (a connection dropped mid-response); ``slow(delay)`` sleeps
+    """A TCP proxy to ``port``: ``cut(n, after)`` closes the next n connections that carry a response
+    once ``after`` bytes of its body went through (a connection dropped mid-body: before the headers,
+    the HTTP client may quietly send the request again on a new connection); ``slow(delay)`` sleeps
     ``delay`` s per 16 KiB sent to the client."""
 
     def __init__(self, port: int):
@@ -122,8 +123,9 @@ class FaultProxy:
             threading.Thread(target=self._pump, args=(server, client, True), daemon=True).start()
 
     def _pump(self, src: socket.socket, dst: socket.socket, downstream: bool) -> None:
-        sent = 0
         armed = False
+        seen = b""  # what went through since arming, up to the end of the first headers
+        body = -1  # body bytes sent since the headers ended (-1: headers not complete yet)
         try:
             while True:
                 data = src.recv(16384)
@@ -135,14 +137,23 @@ class FaultProxy:
                             if self.cuts > 0:
                                 self.cuts -= 1
                                 armed = True
-                    if armed and sent + len(data) > self.cut_after:
-                        with self.lock:
-                            self.cut_done += 1
-                        break
+                    if armed:
+                        if body < 0:
+                            seen += data
+                            end = seen.find(b"\r\n\r\n")
+                            if end >= 0:
+                                body = len(seen) - end - 4
+                        else:
+                            body += len(data)
+                        if body > self.cut_after:
+                            with self.lock:
+                                self.cut_done += 1
+                            # send the headers and part of the body, then drop the connection
+                            dst.sendall(data[: max(0, len(data) - (body - self.cut_after))])
+                            break
                     if self.delay:
                         time.sleep(self.delay)
                 dst.sendall(data)
-                sent += len(data)
         except OSError:
             pass
         finally:

@@ -31,7 +31,7 @@ def test_held_batches_are_never_overwritten_and_dropped_ones_are_reused():
     pf = fastload.to_device(batches(50), "cpu", depth=2)
     for b in pf:
         del b
-    assert len(pf._slots) <= 4  # a loop that drops each batch cycles through a small ring
+    assert len(pf.ring) <= 4  # a loop that drops each batch cycles through a small ring
 
 
 def test_transforms_run_on_the_named_entry_only():
@@ -74,5 +74,5 @@ def test_gpu_decoders_say_what_they_need(tmp_path):
     ds = fastload.open(tmp_path / "ds", transforms={"image": [T.Resize((8, 8))]})
     with pytest.raises(ValueError, match="device='cuda'"):
         fastload.DataLoader(ds, batch_size=2, decoder="nvjpeg")
-    with pytest.raises(ValueError, match="should be 'native', 'dali' or 'nvjpeg'"):
+    with pytest.raises(ValueError, match="should be one of 'native', 'dali', 'nvjpeg', 'auto'"):
         fastload.DataLoader(ds, batch_size=2, decoder="opencv")

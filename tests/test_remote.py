@@ -321,7 +321,8 @@ def labels_only(samples):
 def test_worker_processes_read_through_the_cache(moto, bucket, packed, tmp_path):
     # the generic path: forked workers must not use the parent's fsspec filesystem (not fork-safe)
     ds = fastload.open(bucket, cache_dir=tmp_path / "c", storage_options=moto.options())
-    loader = fastload.DataLoader(ds, batch_size=6, num_workers=2, collate_fn=labels_only)
+    with pytest.warns(fastload.FastPathWarning, match="custom collate_fn"):
+        loader = fastload.DataLoader(ds, batch_size=6, num_workers=2, collate_fn=labels_only)
     assert not loader.fast_path
     got = [x for b in loader for x in b]
     assert got == [fastload.open(packed)[i][1] for i in range(len(ds))]

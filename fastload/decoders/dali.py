@@ -148,10 +148,12 @@ class DaliDecoder:
         decode_kw = {"device": "mixed", "jpeg_fancy_upsampling": True} if mixed else {"device": "cpu"}
         out_h, out_w = self.out_hw
 
-        # Synchronous (not pipelined, not async): inputs are consumed and outputs ready when run()
-        # returns, so decode() is a plain function call from the Batcher's producer thread.
+        # DALI's default (dynamic) executor, one batch in flight (prefetch_queue_depth=1, so run() takes the
+        # inputs): on the GPU run() returns outputs bound to our stream ("asynchronous outputs", which the
+        # legacy synchronous executor refuses: the H100 run failed every batch with exec_async=False), and
+        # decode() synchronises that stream before returning, so it is a plain call from the producer thread.
         @self._pipeline_def(batch_size=self.batch_size, num_threads=self.num_threads, device_id=self.device_id,
-                            seed=self.seed, exec_async=False, exec_pipelined=False, prefetch_queue_depth=1)
+                            seed=self.seed, exec_dynamic=True, prefetch_queue_depth=1)
         def graph():
             data = fn.external_source(name="data", dtype=types.UINT8, ndim=1, no_copy=False)
             anchor = fn.external_source(name="anchor", dtype=types.INT32, ndim=1)  # top, left
@@ -188,6 +190,10 @@ class DaliDecoder:
         sample_bytes = self.out_hw[0] * self.out_hw[1] * 3
         base = out.data_ptr()
         stream = None if self._stream is None else ctypes.c_void_p(self._stream.cuda_stream)
+        if self._stream is not None:
+            # ``out`` was allocated on the caller's stream, whose queued kernels may still use that memory
+            # (the slot ring's rule 3, fastload/_ring.py): write only after them
+            self._stream.wait_stream(torch.cuda.current_stream(out.device))
 
         def copy(src: Any, ptr: int) -> None:
             if stream is None:

@@ -15,7 +15,7 @@ import fastload
 from fastload import transforms as T
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from conftest import make_image_folder  # noqa: E402
+from conftest import packed_image_folder  # noqa: E402
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -25,10 +25,7 @@ GEO = [T.RandomResizedCrop(32), T.RandomHorizontalFlip()]
 
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory):
-    root = tmp_path_factory.mktemp("cuda")
-    make_image_folder(root / "src", classes=4, per_class=16)
-    fastload.pack(root / "src", root / "ds", workers=2)
-    return root / "ds"
+    return packed_image_folder(tmp_path_factory.mktemp("cuda"), classes=4, per_class=16, workers=2)
 
 
 def test_device_batches_equal_cpu_batches(packed):

@@ -3,27 +3,16 @@ Skipped without CUDA and torchvision."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 import fastload
 from fastload import transforms as T
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from conftest import make_image_folder  # noqa: E402
+from gpu_common import NEEDS_CUDA_AND_TORCHVISION
+from conftest import make_image_folder  # noqa: E402 (gpu_common puts tests/ on sys.path)
 
-try:
-    import torchvision  # noqa: F401
-
-    HAVE_TV = True
-except ImportError:
-    HAVE_TV = False
-
-pytestmark = [pytest.mark.cuda,
-              pytest.mark.skipif(not (torch.cuda.is_available() and HAVE_TV), reason="needs CUDA and torchvision")]
+pytestmark = NEEDS_CUDA_AND_TORCHVISION
 
 
 def test_nvjpeg_matches_native(tmp_path):

@@ -1,0 +1,107 @@
+"""fastload at the settings users copy from tuning guides, against the reference of the same run.
+
+  tiny   int32[64] + int64 label, 1M rows, batch 1024, shuffle: fastload at num_workers 0, 2 and 8 vs the
+         numpy gather ceiling (np.take of each batch's rows into a warm buffer, 1 thread)
+  raw    uint8 3x224x224, 2,000 rows, batch 64, shuffle, num_workers=2 vs the gather ceiling (np.take into
+         a warm buffer, 1 and 2 threads; the best counts)
+
+Every configuration runs once per round, rounds alternate (so drift on a shared machine hits every row
+alike), and each row is the median over rounds; ratios are within the run.
+
+    python bench/settings_bench.py [--rounds 5] [--out bench/results/settings_cpu2.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import fastload  # noqa: E402
+from arrays_bench import ceiling  # noqa: E402
+
+
+def build(path: Path, arrays: dict) -> fastload.Dataset:
+    if not (path / "manifest.json").exists():
+        fastload.pack(arrays, path, overwrite=True)
+    return fastload.open(path)
+
+
+def drain(loader) -> None:
+    for batch in loader:
+        del batch
+
+
+def rounds(configs: dict, n: int, count: int) -> dict[str, float]:
+    for fn in configs.values():
+        fn()  # warm-up: page cache, slots, threads
+    times: dict[str, list[float]] = {k: [] for k in configs}
+    for _ in range(count):
+        for name, fn in configs.items():
+            t = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t)
+    return {k: n / statistics.median(v) for k, v in times.items()}
+
+
+def tiny(data: Path, count: int) -> list[str]:
+    rng = np.random.default_rng(0)
+    rows = 1_000_000
+    ds = build(data / "settings_tiny", {"tokens": rng.integers(0, 50000, (rows, 64), dtype=np.int32),
+                                        "label": rng.integers(0, 1000, rows).astype(np.int64)})
+    n = (len(ds) // 1024) * 1024
+    configs = {"numpy gather ceiling, 1 thread": ceiling(ds, 1024, 1)}
+    for w in (0, 2, 8):
+        dl = fastload.DataLoader(ds, batch_size=1024, shuffle=True, num_workers=w, drop_last=True, seed=0)
+        configs[f"fastload, num_workers={w}"] = lambda dl=dl: drain(dl)
+    rates = rounds(configs, n, count)
+    ref = rates["numpy gather ceiling, 1 thread"]
+    lines = ["## Tiny records: int32[64] + int64 label, 1M rows, batch 1024, shuffle", "",
+             "| reader | M samples/s | vs ceiling |", "|---|---:|---:|"]
+    lines += [f"| {k} | {v / 1e6:.2f} | {v / ref:.2f} |" for k, v in rates.items()]
+    return lines + [""]
+
+
+def raw(data: Path, count: int) -> list[str]:
+    rng = np.random.default_rng(0)
+    ds = build(data / "settings_raw", {"image": rng.integers(0, 255, (2000, 3, 224, 224), dtype=np.uint8),
+                                       "label": rng.integers(0, 1000, 2000)})
+    n = (len(ds) // 64) * 64
+    dl = fastload.DataLoader(ds, batch_size=64, shuffle=True, num_workers=2, drop_last=True, seed=0)
+    configs = {"numpy gather ceiling, 1 thread": ceiling(ds, 64, 1),
+               "numpy gather ceiling, 2 threads": ceiling(ds, 64, 2),
+               "fastload, num_workers=2": lambda: drain(dl)}
+    rates = rounds(configs, n, count)
+    ref = max(rates["numpy gather ceiling, 1 thread"], rates["numpy gather ceiling, 2 threads"])
+    lines = ["## Raw uint8 3x224x224, 2,000 rows, batch 64, shuffle", "",
+             "| reader | samples/s | vs best ceiling |", "|---|---:|---:|"]
+    lines += [f"| {k} | {v:,.0f} | {v / ref:.0%} |" for k, v in rates.items()]
+    return lines + [""]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", type=Path, default=Path("bench/data"))
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--cases", nargs="+", default=["tiny", "raw"], choices=["tiny", "raw"])
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    cmd = "python bench/settings_bench.py " + " ".join(sys.argv[1:])
+    lines = [f"# fastload at users' settings ({os.cpu_count()} CPUs), {time.strftime('%Y-%m-%d')}", "",
+             f"`{cmd.strip()}`: medians of {args.rounds} alternating rounds; ratios within this run.", ""]
+    for case in args.cases:
+        lines += {"tiny": tiny, "raw": raw}[case](args.data, args.rounds)
+        print("\n".join(lines), flush=True)
+    if args.out:
+        args.out.write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,270 @@
+"""The slot ring: batch buffers allocated once and reused, and the one protocol for who may touch them when.
+
+Every buffer fastload hands out lives in a *slot*: the fast path's host slots (``Batcher.new_slot``,
+pinned where CUDA is usable), the generic path's shared-memory slots (``_workers``, leased per batch)
+and the prefetcher's device slots (``_prefetch``). A ``SlotRing`` owns the slots of one producer and
+grows instead of aliasing when every slot is busy.
+
+The protocol (docs/ARCHITECTURE.md, "Stream ordering", says it with pictures):
+
+1. **Held.** A slot is refilled only when no tensor or array viewing it is alive outside the ring: its
+   buffers' storage use counts are back to the baseline taken when the slot was made (``Slot.held``).
+   This covers the caller's batches and anything the pipeline still keeps, e.g. the prefetcher keeps
+   a host batch referenced until the copy that reads it has completed, so a pinned host slot is never
+   refilled under an in-flight DMA (rule 2 is rule 1 plus a reference).
+2. **Host slot, read by a stream.** Whoever hands a host slot to a stream keeps it referenced until an
+   event recorded after that stream's last use has completed, checked with a query, never a host wait.
+3. **Device slot, written by the side stream.** Device buffers are allocated on the consumer's stream
+   (the training loop's). Before the side stream writes a slot it waits on an event recorded on the
+   consumer stream *after* the slot was acquired, which is after (a) every buffer's allocation: the
+   caching allocator may hand the consumer stream a block that kernels still queued there use (memory
+   Python freed, whose kernels have not run yet), and (b) the consumer's last use of the slot's previous
+   batch (the caller dropped every view before the slot could be acquired). One event per batch.
+4. **Freeing.** A device buffer is marked as used by the side stream when it is allocated
+   (``record_stream``), so the caching allocator reuses its memory only once the side stream's work on
+   it has completed, whenever the ring (or the caller's last view) lets it go.
+5. **Hand-over.** The consumer stream waits on the side stream's copy event before the batch is handed
+   out; the host never blocks.
+6. **Fork.** Pinned memory does not survive ``fork``: the CUDA driver maps it shared, so every child
+   forked after the parent pinned (or initialised CUDA) would write the same physical pages. A ring
+   belongs to the process that made it (a child starts with an empty one), and a child forked after
+   CUDA was initialised or memory was pinned never pins (``pinned_memory_usable``), with a warning.
+
+Streams are reached through a small backend (``HostStreams`` for ``device='cpu'``, ``CudaStreams``) so
+that tests/ can run the same code against a simulated GPU whose queued work runs late and whose checker
+fails on any unordered pair of accesses to one buffer (tests/sim_streams.py).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Any, Callable, Iterable
+
+import torch
+
+
+def use_count(t: torch.Tensor) -> int:
+    """How many references ``t``'s storage has (tensors, views, numpy arrays over it)."""
+    return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
+
+
+class Slot:
+    """Named buffers for one batch, with the use counts they have while nobody else views them.
+
+    ``arrays`` holds numpy views of the CPU buffers (what the native calls write into). ``copy_event``
+    and ``host`` are the device slot's: the event after the side stream's last work on the slot, and
+    the host batch that work reads, kept referenced until the event has completed (rules 2 and 4)."""
+
+    def __init__(self, tensors: dict[Any, torch.Tensor] | None = None):
+        self.tensors: dict[Any, torch.Tensor] = {}
+        self.arrays: dict[Any, Any] = {}
+        self.baseline: dict[Any, int] = {}
+        self.copy_event = None
+        self.host = None
+        for key, t in (tensors or {}).items():
+            self.put(key, t)
+
+    def put(self, key, t: torch.Tensor) -> torch.Tensor:
+        self.tensors[key] = t
+        if t.device.type == "cpu":
+            self.arrays[key] = t.numpy()
+        else:
+            self.arrays.pop(key, None)
+        self.baseline[key] = use_count(t)
+        return t
+
+    def held(self) -> bool:
+        """True while any tensor or array viewing this slot is alive outside it."""
+        return any(use_count(t) != self.baseline[k] for k, t in self.tensors.items())
+
+    in_use = held  # the name the batcher and its tests used
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors.values())
+
+
+class SlotRing:
+    """The slots of one producer: ``acquire`` returns one nobody holds (or a new one from ``make``).
+
+    ``skip`` names slots (by ``id``) that are reserved although not held yet (filled, queued, not yet
+    handed out). A ring made in another process (before a ``fork``) starts empty here (rule 6)."""
+
+    def __init__(self, make: Callable[[], Slot]):
+        self.make = make
+        self.slots: list[Slot] = []
+        self.pid = os.getpid()
+
+    def acquire(self, skip: Iterable[int] = (), ready: Callable[[Slot], bool] | None = None) -> Slot:
+        if self.pid != os.getpid():
+            self.slots, self.pid = [], os.getpid()  # the parent's memory may be shared with it: never reuse
+        for slot in self.slots:
+            if id(slot) not in skip and not slot.held() and (ready is None or ready(slot)):
+                return slot
+        slot = self.make()
+        self.slots.append(slot)
+        return slot
+
+    def __len__(self) -> int:
+        return len(self.slots)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.nbytes for s in self.slots)
+
+    def clear(self) -> None:
+        self.slots = []
+
+
+# -- pinned host memory, and fork -------------------------------------------------------------------
+class _TorchPinned:
+    """Page-locked host memory from torch's caching host allocator."""
+
+    @staticmethod
+    def available() -> bool:
+        try:
+            return torch.cuda.is_available()
+        except Exception:  # a broken CUDA install must not break CPU loading
+            return False
+
+    @staticmethod
+    def empty(shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+        return torch.empty(shape, dtype=dtype, pin_memory=True)
+
+    @staticmethod
+    def parent_initialised() -> bool:
+        """True in a child forked after its parent initialised CUDA."""
+        bad = getattr(torch.cuda, "_is_in_bad_fork", None)
+        return bool(bad()) if bad is not None else False
+
+
+PINNED = _TorchPinned()  # replaced in tests by a pool that behaves like the driver's across fork
+_pinned_by: int | None = None  # pid of the process that pinned memory; inherited by forked children
+_warned: set[str] = set()
+
+
+def warn_once(key: str, message: str, category=RuntimeWarning) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, category, stacklevel=3)
+
+
+def pinned_memory_usable() -> bool:
+    """Whether host slots should be pinned here: CUDA usable and this process not a child forked after
+    its parent initialised CUDA or pinned memory (warns once when that is why not)."""
+    if not PINNED.available():
+        return False
+    forked = _pinned_by is not None and _pinned_by != os.getpid()
+    if forked or PINNED.parent_initialised():
+        warn_once("fork", f"fastload: process {os.getpid()} was forked after its parent initialised CUDA (or "
+                          f"pinned memory); pinned memory is shared with the parent after fork, so this process "
+                          f"uses unpinned batch slots (host-to-device copies are not asynchronous here). Use "
+                          f"the 'spawn' or 'forkserver' start method to keep pinned slots.")
+        return False
+    return True
+
+
+def host_empty(shape: tuple, dtype: torch.dtype, pin: bool) -> torch.Tensor:
+    """A host buffer, page-locked when ``pin`` (and possible: a locked-memory limit falls back, warning once)."""
+    global _pinned_by
+    if pin:
+        try:
+            t = PINNED.empty(shape, dtype)
+            _pinned_by = os.getpid()
+            return t
+        except RuntimeError as e:
+            warn_once("pin", f"fastload: could not pin a {tuple(shape)} {dtype} batch slot ({e}); using "
+                             f"unpinned memory, so host-to-device copies are not asynchronous")
+    return torch.empty(shape, dtype=dtype)
+
+
+# -- streams ----------------------------------------------------------------------------------------
+class HostStreams:
+    """``device='cpu'``: no streams; work runs at once and every event is complete."""
+
+    side = None
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def consumer(self):
+        return None
+
+    def side_context(self):
+        return _Null()
+
+    def empty(self, shape: tuple, dtype: torch.dtype, channels_last: bool) -> torch.Tensor:
+        fmt = torch.channels_last if channels_last else torch.contiguous_format
+        return torch.empty(shape, dtype=dtype, memory_format=fmt)
+
+    def record_stream(self, t: torch.Tensor, stream) -> None:
+        pass
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        dst.copy_(src)
+
+    def launch(self, fn: Callable[[], Any], reads: tuple = (), writes: tuple = ()) -> Any:
+        return fn()
+
+    def record(self, stream):
+        return None
+
+    def wait(self, stream, event) -> None:
+        pass
+
+    @staticmethod
+    def done(event) -> bool:
+        return True
+
+
+class CudaStreams:
+    """One side stream per prefetcher; the consumer is whatever stream is current when a batch is asked for."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.side = torch.cuda.Stream(device=device)
+
+    def consumer(self):
+        return torch.cuda.current_stream(self.device)
+
+    def side_context(self):
+        return torch.cuda.stream(self.side)
+
+    def empty(self, shape: tuple, dtype: torch.dtype, channels_last: bool) -> torch.Tensor:
+        fmt = torch.channels_last if channels_last else torch.contiguous_format
+        return torch.empty(shape, dtype=dtype, device=self.device, memory_format=fmt)  # on the current stream
+
+    def record_stream(self, t: torch.Tensor, stream) -> None:
+        t.record_stream(stream)
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        dst.copy_(src, non_blocking=True)
+
+    def launch(self, fn: Callable[[], Any], reads: tuple = (), writes: tuple = ()) -> Any:
+        return fn()  # torch queues the kernels on the current stream
+
+    def record(self, stream) -> torch.cuda.Event:
+        ev = torch.cuda.Event()
+        ev.record(stream)
+        return ev
+
+    def wait(self, stream, event) -> None:
+        if event is not None:
+            stream.wait_event(event)
+
+    @staticmethod
+    def done(event) -> bool:
+        return event is None or event.query()
+
+
+def streams_for(device: torch.device):
+    return CudaStreams(device) if device.type == "cuda" else HostStreams(device)
+
+
+class _Null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False

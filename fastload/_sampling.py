@@ -1,0 +1,300 @@
+"""The fast path driven by a user's sampler: the sampler owns the order, fastload fills the batches.
+
+Frameworks re-create the loader with a sampler of their own (Lightning injects a ``DistributedSampler``,
+users pass ``RandomSampler(generator=g)``); the batches then come from ``loader.batch_sampler`` (torch's
+``BatchSampler`` over the sampler, or the user's ``BatchSampler``), drawn in the calling thread when
+the iteration starts, exactly as torch's iterator would draw them, and filled by the native batcher.
+
+What that means for determinism and resume:
+
+* the *order* is the sampler's: ``DistributedSampler`` is a pure function of its (seed, epoch, rank,
+  num_replicas) -- call ``set_epoch`` (Lightning does) or every epoch repeats; ``RandomSampler``
+  draws from its ``generator`` (or from torch's global generator when it has none) as in torch;
+  ``SequentialSampler`` is ``0 .. n-1``. fastload's ``seed`` does not change it.
+* the *augmentation* (random crops and flips) is fastload's: keyed by (seed, epoch, rank, batch), where
+  epoch is the loader's (one per ``iter``, or ``set_epoch``) and rank the sampler's.
+* ``state_dict()`` is a position: (epoch, batches done), the sampler's settings, and for
+  ``RandomSampler`` the state of the generator it drew the epoch from. ``load_state_dict()`` replays
+  the epoch's order and skips the batches already done, so the batches that follow are exactly those
+  an uninterrupted run would have had. That holds for ``DistributedSampler``, ``RandomSampler`` and
+  ``SequentialSampler`` (alone or in torch's ``BatchSampler``). Any other sampler still drives the
+  fast path and its state saves; loading it at an epoch boundary starts the next epoch (the sampler
+  draws it as it would), but a mid-epoch state for it is refused on load: its next batches are unknown.
+
+The generic path (any other Dataset) resumes the same way (``IndexReplay``): the loader hands torch's
+iterator, or its worker processes, the sampler's epoch replayed from the next batch. Only the order is
+replayed there: randomness your Dataset draws in ``__getitem__`` (per-worker seeds) is not.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import BatchSampler, DistributedSampler, RandomSampler, SequentialSampler
+
+from ._order import _BATCH_STREAM, _key
+
+STATE_VERSION = 1
+REPLAYABLE = (SequentialSampler, RandomSampler, DistributedSampler)
+
+
+def slot_batch_size(loader_batch_size: int | None, batch_sampler: Any) -> int | None:
+    """How many samples a slot must hold: the loader's batch size, or a torch BatchSampler's. None when
+    neither is known (a batch sampler of any other kind: batches of any length)."""
+    if loader_batch_size is not None:
+        return loader_batch_size
+    if isinstance(batch_sampler, BatchSampler) and isinstance(batch_sampler.batch_size, int):
+        return batch_sampler.batch_size
+    return None
+
+
+def _replayable(batch_sampler: Any) -> bool:
+    return type(batch_sampler) is BatchSampler and type(batch_sampler.sampler) in REPLAYABLE
+
+
+def _root(index_sampler: Any) -> Any:
+    """The sampler under a torch BatchSampler (or the index sampler itself)."""
+    return index_sampler.sampler if isinstance(index_sampler, BatchSampler) else index_sampler
+
+
+def _rng_state(sampler: Any) -> torch.Tensor:
+    gen = getattr(sampler, "generator", None)
+    return (torch.get_rng_state() if gen is None else gen.get_state()).clone()
+
+
+def _replay(sampler: Any, saved: torch.Tensor, draw):
+    """``draw()`` with ``sampler``'s generator (torch's default one when it has none) at ``saved``; torch's
+    default generator is put back afterwards, where the caller's checkpoint left it."""
+    gen = getattr(sampler, "generator", None)
+    if gen is not None:
+        gen.set_state(saved)
+        return draw()
+    now = torch.get_rng_state()
+    torch.set_rng_state(saved)
+    try:
+        return draw()
+    finally:
+        torch.set_rng_state(now)
+
+
+def _sampler_config(index_sampler: Any, num_samples: int | None) -> dict:
+    s = _root(index_sampler)
+    cfg: dict = {"sampler": type(s).__name__, "batch_sampler": type(index_sampler).__name__,
+                 "num_samples": num_samples, "batch_size": getattr(index_sampler, "batch_size", None),
+                 "drop_last": bool(getattr(index_sampler, "drop_last", False))}
+    try:
+        cfg["num_batches"] = len(index_sampler)
+    except TypeError:  # an IterableDataset's sampler has no length
+        cfg["num_batches"] = None
+    if isinstance(s, DistributedSampler):
+        cfg.update(num_replicas=s.num_replicas, shuffle=bool(s.shuffle), sampler_seed=int(s.seed),
+                   sampler_drop_last=bool(s.drop_last))
+    return cfg
+
+
+def _check_state(state: Any, driver: str, mine: dict, done_ok: bool, position: str) -> tuple[int, int]:
+    if not isinstance(state, dict) or state.get("driver") != driver or state.get("version") != STATE_VERSION:
+        what = state.get("driver", "fastload's own order") if isinstance(state, dict) else type(state).__name__
+        raise ValueError(f"not a state of this kind of fastload.DataLoader (got driver {what!r}, expected "
+                         f"{driver!r}); load the dict that state_dict() returned on a loader built the same way")
+    diff = [f"{k}={state.get(k)!r} (this loader: {v!r})" for k, v in mine.items() if state.get(k) != v]
+    if diff:
+        raise ValueError("cannot resume from a state saved with a different sampler or batching: " + ", ".join(diff)
+                         + "; build the loader and its sampler with the saved settings (rank may differ)")
+    epoch, done = int(state["epoch"]), int(state["batches_done"])
+    if done and not done_ok:
+        raise ValueError(f"cannot resume mid-epoch (batch {done} of {mine['num_batches']}): {position} cannot be "
+                         f"replayed, so the batches after the checkpoint are unknown; resume from an end-of-epoch "
+                         f"checkpoint, or use DistributedSampler, RandomSampler or SequentialSampler (alone or in "
+                         f"torch's BatchSampler), or no sampler")
+    return epoch, done
+
+
+class SamplerOrder:
+    """The epochs of a loader whose sampler drives the fast path; resumable as a position."""
+
+    def __init__(self, batch_sampler: BatchSampler, batch_size: int, num_samples: int, seed: int, rank: int):
+        self.batch_sampler = batch_sampler
+        self.batch_size = batch_size
+        self.num_samples = num_samples
+        self.seed = seed
+        self.rank = rank
+        self.replayable = _replayable(batch_sampler)
+        self._rng_state: torch.Tensor | None = None  # the generator the current epoch was drawn from
+        self._replay: torch.Tensor | None = None  # set by load_state_dict for a mid-epoch RandomSampler resume
+
+    @property
+    def sampler(self) -> Any:
+        return getattr(self.batch_sampler, "sampler", None)
+
+    def __len__(self) -> int:
+        return len(self.batch_sampler)
+
+    # -- one epoch ---------------------------------------------------------------------------------
+    def epoch_batches(self) -> list[np.ndarray]:
+        """This epoch's index batches, drawn now (in the calling thread, like torch's iterator)."""
+        s = self.sampler
+        if type(s) is RandomSampler:
+            if self._replay is not None:  # a resumed epoch: draw it again from the saved generator state
+                self._rng_state, self._replay = self._replay, None
+                return _replay(s, self._rng_state, self._draw)
+            self._rng_state = _rng_state(s)
+        return self._draw()
+
+    def _draw(self) -> list[np.ndarray]:
+        bs = self.batch_sampler
+        if type(bs) is BatchSampler:
+            idx = np.fromiter((operator.index(i) for i in bs.sampler), dtype=np.int64)
+            b = bs.batch_size
+            stop = len(idx) - len(idx) % b if bs.drop_last else len(idx)
+            batches = [idx[i:i + b] for i in range(0, stop, b)]
+        else:
+            batches = [np.fromiter((operator.index(i) for i in batch), dtype=np.int64) for batch in bs]
+            if batches:
+                idx = np.concatenate(batches)
+            else:
+                idx = np.zeros(0, np.int64)
+        if idx.size and (idx.min() < 0 or idx.max() >= self.num_samples):
+            bad = int(idx[(idx < 0) | (idx >= self.num_samples)][0])
+            raise IndexError(f"the sampler gave index {bad}, out of range for a dataset of {self.num_samples} "
+                             f"samples; a sampler must yield indices 0 .. {self.num_samples - 1}")
+        for batch in batches:
+            if len(batch) > self.batch_size:
+                raise ValueError(f"the batch_sampler gave a batch of {len(batch)} indices, but its batch_size is "
+                                 f"{self.batch_size}: fastload's slots hold batch_size samples; give batches of at "
+                                 f"most batch_size indices")
+        return batches
+
+    def batch_rng(self, epoch: int, batch_index: int) -> np.random.Generator:
+        """Augmentation randomness of one batch, keyed by (seed, epoch, rank, batch) like ``Order.batch_rng``."""
+        return np.random.default_rng(_key(_BATCH_STREAM, self.seed, epoch, self.rank, batch_index))
+
+    # -- resume ------------------------------------------------------------------------------------
+    def _config(self) -> dict:
+        return _sampler_config(self.batch_sampler, self.num_samples) | {"batch_size": self.batch_size}
+
+    def state_dict(self, epoch: int, batches_done: int) -> dict:
+        """The position after ``batches_done`` batches of ``epoch`` (rank-free: load it on every rank)."""
+        state = {"version": STATE_VERSION, "driver": "sampler", "epoch": epoch, "batches_done": batches_done,
+                 "seed": self.seed, "replayable": self.replayable, **self._config()}
+        s = self.sampler
+        if isinstance(s, DistributedSampler):
+            state["sampler_epoch"] = int(s.epoch)
+        if type(s) is RandomSampler and batches_done and self._rng_state is not None:
+            state["rng_state"] = self._rng_state
+        return state
+
+    def load_state_dict(self, state: dict) -> tuple[int, int]:
+        """Check ``state`` against this sampler; returns (epoch, batches to skip) of the next iteration."""
+        mine = self._config()
+        epoch, done = _check_state(state, "sampler", mine, self.replayable,
+                                   f"the loader's sampler {mine['sampler']} in {mine['batch_sampler']}")
+        self.seed = int(state["seed"])
+        s = self.sampler
+        if isinstance(s, DistributedSampler):
+            s.set_epoch(int(state["sampler_epoch"]))
+        self._replay = None
+        if type(s) is RandomSampler and done:
+            rng = state.get("rng_state")
+            if not isinstance(rng, torch.Tensor):
+                raise ValueError("the state has no 'rng_state' for its RandomSampler; pass the dict state_dict() "
+                                 "returned, unchanged")
+            self._replay = rng
+        return epoch, done
+
+
+class IndexReplay:
+    """The generic path's index sampler as the loader hands it to torch's iterator or to the workers.
+
+    Iterated normally it is the sampler itself, noting (for ``RandomSampler``) the generator's state at
+    its first draw, which is when torch's sampler draws. Once after ``load_state_dict`` it is the saved
+    epoch drawn again from that state, from the batch after the checkpoint."""
+
+    def __init__(self, loader: Any, base: Any):
+        self.loader, self.base = loader, base
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __iter__(self):
+        # A generator: nothing happens until the first index is drawn. torch's iterators (and the workers')
+        # call iter() once more than they use, before and after drawing their base seed, as torch does.
+        pending, self.loader._generic_pending = self.loader._generic_pending, None
+        if pending is not None:
+            yield from self._replayed(*pending)
+            return
+        s = _root(self.base)
+        self.loader._generic_rng = _rng_state(s) if type(s) is RandomSampler else None
+        yield from self.base
+
+    def _replayed(self, done: int, rng: torch.Tensor | None):
+        s = _root(self.base)
+        draw = lambda: list(self.base)  # noqa: E731
+        if type(s) is RandomSampler:
+            self.loader._generic_rng = rng
+            items = _replay(s, rng, draw)
+        else:
+            items = draw()
+        yield from items[done:]
+
+
+def generic_state(index_sampler: Any, num_samples: int | None, epoch: int, done: int,
+                  rng: torch.Tensor | None) -> dict:
+    """The generic path's position (``state_dict``): rank-free, like the fast path's."""
+    s = _root(index_sampler)
+    replayable = (index_sampler is s or type(index_sampler) is BatchSampler) and type(s) in REPLAYABLE
+    state = {"version": STATE_VERSION, "driver": "generic", "epoch": epoch, "batches_done": done,
+             "replayable": replayable, **_sampler_config(index_sampler, num_samples)}
+    if isinstance(s, DistributedSampler):
+        state["sampler_epoch"] = int(s.epoch)
+    if type(s) is RandomSampler and done and rng is not None:
+        state["rng_state"] = rng
+    return state
+
+
+def load_generic_state(index_sampler: Any, num_samples: int | None, state: dict) -> tuple[int, int, Any]:
+    """Check ``state``; returns (epoch, batches to skip, pending replay for ``IndexReplay`` or None)."""
+    mine = _sampler_config(index_sampler, num_samples)
+    s = _root(index_sampler)
+    replayable = (index_sampler is s or type(index_sampler) is BatchSampler) and type(s) in REPLAYABLE
+    epoch, done = _check_state(state, "generic", mine, replayable, f"the loader's sampler {mine['sampler']}")
+    if isinstance(s, DistributedSampler):
+        s.set_epoch(int(state["sampler_epoch"]))
+    if not done:
+        return epoch, 0, None
+    rng = state.get("rng_state")
+    if type(s) is RandomSampler and not isinstance(rng, torch.Tensor):
+        raise ValueError("the state has no 'rng_state' for its RandomSampler; pass the dict state_dict() returned, "
+                         "unchanged")
+    return epoch, done, (done, rng)
+
+
+class Counted:
+    """The generic path's iterator, counting the batches handed to the loop into ``loader._progress`` (the
+    position ``state_dict`` saves); everything else is the wrapped iterator's (``inner``)."""
+
+    def __init__(self, inner: Any, loader: Any, epoch: int, start: int):
+        self.inner, self._loader, self._epoch, self._done = inner, loader, epoch, start
+        loader._progress = (epoch, start)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        try:
+            batch = next(self.inner)
+        except StopIteration:
+            self._loader._progress = (self._epoch + 1, 0)  # the epoch is over: the next one starts afresh
+            raise
+        self._done += 1
+        self._loader._progress = (self._epoch, self._done)
+        return batch
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)

@@ -1,0 +1,79 @@
+"""``decoder="auto"`` with a GPU: CPU threads and a GPU decoder share every batch.
+
+A GPU machine has both a hardware/GPU JPEG decoder and many CPU cores; a loader that uses only one of
+them leaves the other idle. :class:`HybridSplit` cuts each batch in two: the first ``k`` samples go to
+the native decoder (libjpeg-turbo threads, GIL released) in a helper thread, the other ``n - k`` to the
+GPU decoder in the calling thread, at the same time. Both halves are timed while they run side by side,
+and ``k`` follows the ratio of the measured rates (smoothed), so both finish together: the batch takes
+about ``n / (cpu_rate + gpu_rate)``. Each side keeps at least one sample so its rate stays measured.
+
+Pixels: the CPU and GPU decoders agree within the tolerances stated in ``dali.py``/``nvjpeg.py``, but
+which samples each one decodes depends on timing, so with ``decoder="auto"`` batches are not bit-for-bit
+reproducible (labels, order and crops are). Use ``decoder="native"`` where bit-exact batches matter.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
+
+
+class HybridSplit:
+    """Where to cut the next batch, from the rates measured so far; runs the two halves concurrently."""
+
+    def __init__(self, smoothing: float = 0.3, cpu_share: float = 0.5):
+        if not 0.0 < smoothing <= 1.0:
+            raise ValueError(f"smoothing={smoothing!r} should be in (0, 1]")
+        self.smoothing = smoothing
+        self.cpu_share = float(cpu_share)
+        self.cpu_rate: float | None = None  # samples/s while both run
+        self.gpu_rate: float | None = None
+        self._pool: ThreadPoolExecutor | None = None
+
+    def split(self, n: int) -> int:
+        """How many of ``n`` samples the CPU decodes (the first ones)."""
+        if n < 2:
+            return n
+        return min(n - 1, max(1, round(n * self.cpu_share)))
+
+    def _update(self, k: int, t_cpu: float, m: int, t_gpu: float) -> None:
+        a = self.smoothing
+        if k and t_cpu > 0:
+            r = k / t_cpu
+            self.cpu_rate = r if self.cpu_rate is None else (1 - a) * self.cpu_rate + a * r
+        if m and t_gpu > 0:
+            r = m / t_gpu
+            self.gpu_rate = r if self.gpu_rate is None else (1 - a) * self.gpu_rate + a * r
+        if self.cpu_rate and self.gpu_rate:
+            self.cpu_share = self.cpu_rate / (self.cpu_rate + self.gpu_rate)
+
+    def run(self, n: int, cpu: Callable[[int], list], gpu: Callable[[int], list]) -> list[tuple[int, str]]:
+        """``cpu(k)`` decodes samples ``[0, k)``, ``gpu(k)`` samples ``[k, n)`` (positions relative to ``k``
+        in its failures); both return ``[(position, message)]``. Returns the batch's failures."""
+        k = self.split(n)
+
+        def timed_cpu():
+            t = time.perf_counter()
+            fails = cpu(k)
+            return fails, time.perf_counter() - t
+
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="fastload-hybrid-cpu")
+        future = self._pool.submit(timed_cpu) if k > 0 else None
+        t = time.perf_counter()
+        try:
+            gpu_fails = gpu(k) if k < n else []
+        finally:
+            t_gpu = time.perf_counter() - t
+            cpu_fails, t_cpu = future.result() if future is not None else ([], 0.0)
+        self._update(k, t_cpu, n - k, t_gpu)
+        return sorted(list(cpu_fails) + [(k + j, msg) for j, msg in gpu_fails])
+
+    def stats(self) -> dict:
+        return {"cpu_share": self.cpu_share, "cpu_rate": self.cpu_rate, "gpu_rate": self.gpu_rate}
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None

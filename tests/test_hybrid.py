@@ -1,0 +1,104 @@
+"""decoder='auto' with a GPU: CPU threads and the GPU decoder share each batch (fastload/decoders/hybrid.py).
+
+Without a GPU the GPU half is the nvjpeg decoder with PIL standing in for nvJPEG (tests/test_nvjpeg_cpu.py),
+writing into CPU "device" rows: the split, the concurrency, the rate tracking and the assembly of one
+batch from two decoders are the same code that runs on a GPU."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import fastload
+from fastload import transforms as T
+from fastload._images import ImageDecoding
+from fastload.decoders.hybrid import HybridSplit
+from fastload.decoders.nvjpeg import NvjpegDecoder
+from conftest import packed_image_folder
+from test_dali import mad
+from test_nvjpeg_cpu import pil_decode
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory):
+    return packed_image_folder(tmp_path_factory.mktemp("hybrid"), classes=3, per_class=16)
+
+
+def hybrid_loader(ds, **kw):
+    loader = fastload.DataLoader(ds, **kw)
+    images = ImageDecoding("native", None, kw["batch_size"], kw.get("num_workers", 0))
+    images.gpu, images.hybrid, images.device = "nvjpeg", HybridSplit(), torch.device("cpu")
+    out_hw = ds.pipelines["image"].output_size
+    images._gpu_decoders["image"] = NvjpegDecoder(kw["batch_size"], out_hw, device="cpu", decode_fn=pil_decode)
+    loader._batcher.images = images
+    return loader, images.hybrid
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_hybrid_batches_match_the_native_decoders(photos, num_workers):
+    ds = fastload.open(photos, transforms={"image": [T.RandomResizedCrop(32), T.RandomHorizontalFlip()]})
+    kw = dict(batch_size=8, shuffle=True, seed=4, num_workers=num_workers)
+    ref = [(x.clone(), y.clone()) for x, y in fastload.DataLoader(ds, **kw)]
+    loader, split = hybrid_loader(ds, **kw)
+    got = [(x.clone(), y.clone()) for x, y in loader]
+    assert len(got) == len(ref) == 6
+    for (rx, ry), (gx, gy) in zip(ref, got):
+        assert torch.equal(ry, gy)
+        a, b = rx.permute(0, 2, 3, 1).numpy(), gx.permute(0, 2, 3, 1).numpy()
+        assert mad(a, b).max() < 4.0  # the nvjpeg decoder's bound vs the DCT-scaled native path
+    assert 0.0 < split.cpu_share < 1.0 and split.cpu_rate and split.gpu_rate
+
+
+def test_split_follows_the_measured_rates():
+    split = HybridSplit(smoothing=0.5)
+    per_cpu, per_gpu = 0.002, 0.0005  # seconds per sample: the GPU side is 4x faster
+
+    def cpu(k):
+        time.sleep(k * per_cpu)
+        return []
+
+    def gpu(k):
+        time.sleep((64 - k) * per_gpu)
+        return []
+
+    shares = []
+    for _ in range(8):
+        split.run(64, cpu, gpu)
+        shares.append(split.cpu_share)
+    assert 0.1 < shares[-1] < 0.32, shares  # 1/(1+4) = 0.2 balances the two halves
+    k = split.split(64)
+    assert abs(k * per_cpu - (64 - k) * per_gpu) < 0.03  # both halves now take about as long
+
+
+def test_failures_of_both_halves_keep_their_batch_positions():
+    split = HybridSplit(cpu_share=0.25)
+    fails = split.run(8, lambda k: [(1, "cpu bad")], lambda k: [(0, "gpu bad"), (3, "gpu bad too")])
+    assert fails == [(1, "cpu bad"), (2, "gpu bad"), (5, "gpu bad too")]
+
+
+def test_a_gpu_half_that_raises_still_joins_the_cpu_half():
+    split = HybridSplit()
+    done = []
+
+    def cpu(k):
+        time.sleep(0.05)
+        done.append(k)
+        return []
+
+    def gpu(k):
+        raise RuntimeError("device lost")
+
+    with pytest.raises(RuntimeError, match="device lost"):
+        split.run(8, cpu, gpu)
+    assert done == [4]  # the CPU half finished before run() raised: no thread writes into a reused slot
+
+
+def test_auto_without_a_gpu_is_the_native_decoder(photos):
+    ds = fastload.open(photos, transforms={"image": [T.RandomResizedCrop(32)]})
+    a = [x.clone() for x, _ in fastload.DataLoader(ds, batch_size=8, seed=1, decoder="auto")]
+    b = [x.clone() for x, _ in fastload.DataLoader(ds, batch_size=8, seed=1)]
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    np.testing.assert_equal(len(a), len(b))

@@ -1,0 +1,171 @@
+"""Real Lightning runs (CPU, devices=2, gloo on localhost) with examples/lightning_train.py: the fast path on
+every rank, disjoint and complete ranks, a new order each epoch, a mid-epoch checkpoint resumed exactly."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import fastload
+
+from conftest import jpeg_bytes
+
+pytest.importorskip("lightning")
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+ROOT = Path(__file__).resolve().parent.parent
+N, BATCH, EPOCHS, CKPT_STEP = 48, 4, 2, 9  # 6 batches per rank and epoch; the checkpoint is epoch 1, batch 3
+
+RUN = """
+import json, sys
+from pathlib import Path
+import torch
+import lightning as L
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+import lightning_train as ex  # examples/ is on PYTHONPATH: spawned ranks import it by name
+
+
+class Record(L.Callback):
+    def __init__(self, out):
+        self.out, self.rows = Path(out), []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        images, ids = batch[0], batch[2]
+        dl = trainer.train_dataloader
+        self.rows.append(dict(epoch=trainer.current_epoch, batch=batch_idx, ids=ids.tolist(),
+                              pixels=int(images.to(torch.int64).sum()), fast_path=dl.fast_path,
+                              reason=dl.fast_path_reason, sampler=type(dl.sampler).__name__))
+
+    def on_train_end(self, trainer, pl_module):
+        (self.out / f"rank{{trainer.global_rank}}.json").write_text(json.dumps(self.rows))
+
+
+class PlainImages(torch.utils.data.Dataset):  # not a fastload.Dataset: the generic path
+    def __len__(self):
+        return {n}
+
+    def __getitem__(self, i):
+        g = torch.Generator().manual_seed(i)
+        return torch.randint(0, 256, (3, 16, 16), dtype=torch.uint8, generator=g), i % 4, i
+
+
+def main():
+    strategy, out, resume, mode = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+    direct = mode == "direct"
+    args = ex.parse_args([{data!r}, "--devices", "2", "--strategy", strategy, "--epochs", "{epochs}",
+                          "--batch-size", "{batch}", "--image-size", "16", "--root", out])
+    L.seed_everything(3, workers=True)  # also makes Lightning set its seeding worker_init_fn
+    ckpt = ModelCheckpoint(dirpath=out + "/ckpt", every_n_train_steps={step}, save_top_k=-1,
+                           filename="{{epoch}}-{{step}}")
+    trainer = ex.make_trainer(args, callbacks=[Record(out), ckpt])
+    data = ex.PackedImages(args.data, 16, args.batch_size, num_workers=1, seed=5)
+    model = ex.SmallCNN(4)
+    resume = None if resume == "-" else resume
+    if mode == "generic":
+        import fastload
+        loader = fastload.DataLoader(PlainImages(), batch_size={batch}, shuffle=True, num_workers=1)
+        trainer.fit(model, train_dataloaders=loader, ckpt_path=resume)
+    elif direct:  # built in this process and pickled to the spawned ranks
+        trainer.fit(model, train_dataloaders=data.train_dataloader(), ckpt_path=resume)
+    else:
+        trainer.fit(model, datamodule=data, ckpt_path=resume)
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+class Numbered(torch.utils.data.Dataset):
+    """(picture, class, sample id): the id tells which sample each rank saw."""
+
+    def __len__(self):
+        return N
+
+    def __getitem__(self, i):
+        from PIL import Image
+
+        return {"image": Image.open(io.BytesIO(jpeg_bytes(24 + i % 7, 30 + i % 5, seed=i))), "label": i % 4, "id": i}
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("lightning")
+    fastload.pack(Numbered(), root / "ds", workers=0)
+    return root / "ds"
+
+
+def run(tmp_path: Path, packed: Path, strategy: str, name: str, resume: str = "-", mode: str = "hook") -> dict:
+    script = tmp_path / "run.py"
+    script.write_text(textwrap.dedent(RUN.format(data=str(packed), epochs=EPOCHS, batch=BATCH, step=CKPT_STEP, n=N)))
+    out = tmp_path / name
+    out.mkdir()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "examples")]), MASTER_ADDR="127.0.0.1",
+               OMP_NUM_THREADS="1")
+    env.pop("LOCAL_RANK", None)
+    proc = subprocess.run([sys.executable, str(script), strategy, str(out), resume, mode],
+                          capture_output=True, text=True, timeout=280, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    assert "FastPathWarning" not in proc.stderr, proc.stderr[-3000:]
+    return {r: json.loads((out / f"rank{r}.json").read_text()) for r in range(2)}
+
+
+def check_training_run(ranks: dict, fast: bool = True) -> None:
+    for rows in ranks.values():
+        assert all(r["fast_path"] == fast for r in rows), rows[0]["reason"]
+        assert {r["sampler"] for r in rows} == {"DistributedSampler"}  # Lightning's, driving the fast path
+        assert len(rows) == EPOCHS * N // 2 // BATCH
+    for epoch in range(EPOCHS):
+        seen = [[i for r in ranks[k] if r["epoch"] == epoch for i in r["ids"]] for k in range(2)]
+        assert len(seen[0]) == len(seen[1]) == N // 2
+        assert not set(seen[0]) & set(seen[1]) and set(seen[0]) | set(seen[1]) == set(range(N))
+    order = [[r["ids"] for r in ranks[0] if r["epoch"] == e] for e in range(EPOCHS)]
+    assert order[0] != order[1]  # reshuffled each epoch
+
+
+def test_ddp_fast_path_ranks_epochs_and_mid_epoch_resume(tmp_path, packed):
+    first = run(tmp_path, packed, "ddp", "first")
+    check_training_run(first)
+    ckpt = tmp_path / "first" / "ckpt" / f"epoch=1-step={CKPT_STEP}.ckpt"
+    assert ckpt.exists(), sorted(p.name for p in (tmp_path / "first" / "ckpt").iterdir())
+    resumed = run(tmp_path, packed, "ddp", "resumed", resume=str(ckpt))
+    done = CKPT_STEP - N // 2 // BATCH  # batches of epoch 1 before the checkpoint
+    for rank in range(2):
+        want = [r for r in first[rank] if r["epoch"] == 1][done:]
+        got = resumed[rank]
+        assert [(r["epoch"], r["batch"]) for r in got] == [(1, b) for b in range(done, N // 2 // BATCH)]
+        assert [(r["ids"], r["pixels"]) for r in got] == [(r["ids"], r["pixels"]) for r in want]
+        assert all(r["fast_path"] for r in got)
+
+
+def test_ddp_spawn_pickles_the_loader_to_each_rank_and_resumes(tmp_path, packed):
+    # the loader is built in this process and passed to fit(): ddp_spawn pickles it to the two ranks
+    first = run(tmp_path, packed, "ddp_spawn", "first", mode="direct")
+    check_training_run(first)
+    ckpt = tmp_path / "first" / "ckpt" / f"epoch=1-step={CKPT_STEP}.ckpt"
+    resumed = run(tmp_path, packed, "ddp_spawn", "resumed", resume=str(ckpt), mode="direct")
+    done = CKPT_STEP - N // 2 // BATCH
+    for rank in range(2):
+        want = [r for r in first[rank] if r["epoch"] == 1][done:]
+        assert [(r["ids"], r["pixels"]) for r in resumed[rank]] == [(r["ids"], r["pixels"]) for r in want]
+
+
+def test_generic_path_loader_checkpoints_and_resumes_mid_epoch(tmp_path, packed):
+    # a plain torch Dataset through fastload.DataLoader: Lightning saves its state_dict in each checkpoint
+    first = run(tmp_path, packed, "ddp", "first", mode="generic")
+    check_training_run(first, fast=False)
+    ckpt = tmp_path / "first" / "ckpt" / f"epoch=1-step={CKPT_STEP}.ckpt"
+    resumed = run(tmp_path, packed, "ddp", "resumed", resume=str(ckpt), mode="generic")
+    done = CKPT_STEP - N // 2 // BATCH
+    for rank in range(2):
+        want = [r for r in first[rank] if r["epoch"] == 1][done:]
+        assert [(r["ids"], r["pixels"]) for r in resumed[rank]] == [(r["ids"], r["pixels"]) for r in want]

@@ -1,0 +1,93 @@
+"""decoder='nvjpeg' without a GPU: its batched crop/resize/flip and its failure handling, run on the CPU
+with PIL standing in for nvJPEG's decode (same libjpeg-turbo pixels), against PIL and the native decoder.
+tests/cuda/test_nvjpeg.py runs the real thing on a GPU."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from fastload.decoders._resample import crop_resize_flip
+from fastload.decoders.nvjpeg import NvjpegDecoder
+from test_dali import OUT_HW, SAMPLES, mad, native, plan
+
+TOLERANCE = 1.0  # mean absolute difference per sample vs native with dct_scaling=False (float vs int16 weights)
+
+
+def pil_decode(datas: list) -> list:
+    """nvJPEG's contract: a list of (3, H, W) uint8 tensors, RuntimeError for a corrupt image."""
+    out = []
+    for d in datas:
+        try:
+            img = Image.open(io.BytesIO(d.numpy().tobytes()))
+            img.load()
+        except Exception as e:  # noqa: BLE001  (what torchvision raises for a bad image)
+            raise RuntimeError(f"decode failed: {e}") from None
+        out.append(torch.from_numpy(np.array(img.convert("RGB"))).permute(2, 0, 1).contiguous())
+    return out
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_batched_resample_matches_pil_crop_resize(seed):
+    rng = np.random.default_rng(seed)
+    n = 6
+    imgs = [rng.integers(0, 256, (int(rng.integers(8, 90)), int(rng.integers(8, 90)), 3), dtype=np.uint8)
+            for _ in range(n)]
+    crops, flips, ref = [], [], []
+    for im in imgs:
+        h, w = im.shape[:2]
+        ch, cw = int(rng.integers(1, h + 1)), int(rng.integers(1, w + 1))
+        top, left = int(rng.integers(0, h - ch + 1)), int(rng.integers(0, w - cw + 1))
+        flip = bool(rng.integers(0, 2))
+        pil = Image.fromarray(im).crop((left, top, left + cw, top + ch)).resize((24, 20), Image.BILINEAR)
+        ref.append(np.asarray(pil.transpose(Image.FLIP_LEFT_RIGHT) if flip else pil))
+        crops.append([top, left, ch, cw])
+        flips.append(flip)
+    hmax, wmax = max(i.shape[0] for i in imgs), max(i.shape[1] for i in imgs)
+    padded = torch.zeros((n, 3, hmax, wmax), dtype=torch.uint8)
+    for k, i in enumerate(imgs):
+        padded[k, :, :i.shape[0], :i.shape[1]] = torch.from_numpy(i).permute(2, 0, 1)
+    out = torch.empty((n, 20, 24, 3), dtype=torch.uint8)
+    crop_resize_flip(padded, torch.tensor(crops), torch.tensor(flips), (20, 24), out, chunk=4)
+    diff = mad(out.numpy(), np.stack(ref))
+    assert diff.max() < 0.6, diff  # PIL rounds between its two passes; this rounds once
+    assert np.abs(out.numpy().astype(int) - np.stack(ref)).max() <= 2
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_decoder_matches_native_on_the_same_plans(seed):
+    p = plan(SAMPLES, seed)
+    exact = native(SAMPLES, p, False)
+    dec = NvjpegDecoder(len(SAMPLES), OUT_HW, device="cpu", decode_fn=pil_decode)
+    out = torch.full((len(SAMPLES), *OUT_HW, 3), 77, dtype=torch.uint8)
+    assert dec.decode(SAMPLES, p.crops, p.flips, out) == []
+    rgb = [k for k, b in enumerate(SAMPLES) if Image.open(io.BytesIO(b)).mode != "CMYK"]  # PIL inverts Adobe CMYK
+    assert mad(out.numpy()[rgb], exact[rgb]).max() < TOLERANCE
+
+
+def test_corrupt_and_outside_samples_fail_alone():
+    p = plan(SAMPLES[:4], 0)
+    blobs = list(SAMPLES[:4])
+    blobs[1] = blobs[1][:40]  # truncated: the batch decode raises, the rest must still come out
+    crops = p.crops.copy()
+    crops[3] = [0, 0, 10_000, 5]  # taller than the image
+    dec = NvjpegDecoder(4, OUT_HW, device="cpu", decode_fn=pil_decode)
+    out = torch.full((4, *OUT_HW, 3), 77, dtype=torch.uint8)
+    failures = dict(dec.decode(blobs, crops, p.flips, out))
+    assert sorted(failures) == [1, 3]
+    assert "could not decode" in failures[1] and "lies outside" in failures[3]
+    assert (out[[1, 3]] == 0).all()
+    good = NvjpegDecoder(4, OUT_HW, device="cpu", decode_fn=pil_decode)
+    ref = torch.empty((2, *OUT_HW, 3), dtype=torch.uint8)
+    good.decode([SAMPLES[0], SAMPLES[2]], p.crops[[0, 2]], p.flips[[0, 2]], ref)
+    assert torch.equal(out[[0, 2]], ref)
+
+
+def test_out_buffer_is_checked():
+    dec = NvjpegDecoder(2, OUT_HW, device="cpu", decode_fn=pil_decode)
+    with pytest.raises(ValueError, match="uint8 cpu tensor of shape"):
+        dec.decode(SAMPLES[:2], plan(SAMPLES[:2]).crops, np.zeros(2, np.uint8), torch.empty((2, 3, 3, 3)))

@@ -1,0 +1,306 @@
+"""The slot ring's protocol (fastload/_ring.py) on a simulated GPU whose queued work runs late.
+
+tests/sim_streams.py runs copies and kernels only when a test advances a stream, hands the consumer
+stream memory that its queued kernels still use (as the CUDA caching allocator does), and fails on any
+unordered pair of accesses. The tests named ``..._catches_...`` put a protocol bug back and show the
+simulator fails: the other tests would fail the same way if the bug came back.
+"""
+
+from __future__ import annotations
+
+import gc
+import mmap
+import multiprocessing
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import fastload
+from fastload import _prefetch, _ring
+from fastload import transforms as T
+from fastload._prefetch import DevicePrefetcher, DeviceRing
+from sim_streams import Race, SimGpu
+from conftest import packed_image_folder
+from forking import in_child
+
+MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+
+
+def host_batches(n: int, size: int = 8):
+    g = torch.Generator().manual_seed(0)
+    return [[torch.randint(0, 256, (size, 3, 6, 6), dtype=torch.uint8, generator=g), torch.arange(size) + 100 * k]
+            for k in range(n)]
+
+
+def lagging_loop(sim: SimGpu, batches, lag_every: int = 3):
+    """A training loop whose GPU lags: each step's kernels are queued, the copy engine runs ahead, the
+    consumer stream catches up only every ``lag_every`` steps. Returns what each step's kernel saw."""
+    seen: list = []
+    for k, batch in enumerate(batches):
+        sim.model_step(list(batch), seen)
+        sim.run(sim.side)
+        if k % lag_every == lag_every - 1:
+            sim.run(sim.default)
+    sim.run_all()
+    return [[t for t in s] for s in seen]
+
+
+def test_lagging_gpu_sees_every_batch_intact():
+    src = host_batches(12)
+    sim = SimGpu()
+    seen = lagging_loop(sim, DevicePrefetcher(src, depth=2, ring=DeviceRing("cpu", streams=sim)))
+    assert len(seen) == 12 and not sim.races
+    for (x, y), (sx, sy) in zip(src, seen):
+        assert torch.equal(x, sx) and torch.equal(y, sy)
+    assert sim.syncs == 0  # the protocol never waits on the host
+
+
+def test_simulator_catches_a_side_stream_write_without_the_allocation_fence(monkeypatch):
+    """The H100 bug: buffers allocated on the consumer stream, written on the side stream with no fence.
+    Drop the side stream's waits on consumer events (the fence) and the checker must fail."""
+    sim = SimGpu()
+    real_wait = sim.wait
+    monkeypatch.setattr(sim, "wait", lambda stream, ev: None if stream is sim.side else real_wait(stream, ev))
+    with pytest.raises(Race, match="model step"):
+        lagging_loop(sim, DevicePrefetcher(host_batches(12), depth=2, ring=DeviceRing("cpu", streams=sim)))
+
+
+def test_simulator_catches_a_fence_recorded_before_the_allocation(monkeypatch):
+    """A fence that only covers the previous batch (the old code's ``release_event``, None for a new
+    slot) is not enough: the allocation itself needs one."""
+    sim = SimGpu()
+    pf = DevicePrefetcher(host_batches(12), depth=2, ring=DeviceRing("cpu", streams=sim))
+    fresh = []
+    real_empty = sim.empty
+
+    def empty(*a, **k):
+        fresh.append(True)
+        return real_empty(*a, **k)
+
+    real_record = sim.record
+
+    def record(stream):  # no fence for a slot whose buffers were just allocated
+        if fresh and stream is sim.default:
+            fresh.clear()
+            return None
+        return real_record(stream)
+
+    monkeypatch.setattr(sim, "empty", empty)
+    monkeypatch.setattr(sim, "record", record)
+    with pytest.raises(Race):
+        lagging_loop(sim, pf)
+
+
+@pytest.mark.parametrize("record_stream", [True, False])
+def test_freed_ring_memory_waits_for_the_side_stream(monkeypatch, record_stream):
+    """Dropping the loader with copies still queued must not let the consumer reuse their memory early;
+    without ``record_stream`` on the ring's buffers (the bug put back) the checker fails."""
+    sim = SimGpu(raise_on_race=False)
+    if not record_stream:
+        monkeypatch.setattr(sim, "record_stream", lambda t, stream: None)
+    pf = DevicePrefetcher(host_batches(4), depth=3, ring=DeviceRing("cpu", streams=sim))
+    out = next(pf)  # three batches queued on the side stream, none run
+    shapes = [tuple(t.shape) for t in out]
+    del out, pf
+    gc.collect()
+    seen: list = []
+    for _ in range(4):
+        sim.model_step([sim.alloc(s, torch.uint8 if len(s) == 4 else torch.int64) for s in shapes], seen)
+    sim.run(sim.default)
+    sim.run_all()
+    assert bool(sim.races) != record_stream, sim.races
+
+
+def test_held_batches_survive_a_lagging_gpu():
+    """Batches kept by the caller are never rewritten, even when the GPU runs far behind."""
+    src = host_batches(10)
+    sim = SimGpu()
+    pf = DevicePrefetcher(src, depth=2, ring=DeviceRing("cpu", streams=sim))
+    held = list(pf)
+    seen: list = []
+    for b in held:
+        sim.model_step(list(b), seen)
+    sim.run_all()
+    assert all(torch.equal(x, s[0]) for (x, _), s in zip(src, seen))
+    assert len(pf.ring) >= 10
+
+
+# -- the whole loader on the simulated GPU ----------------------------------------------------------------
+class _NoPinning:
+    @staticmethod
+    def available() -> bool:
+        return False
+
+
+@pytest.fixture
+def sim_cuda(monkeypatch):
+    """fastload.DataLoader(device='cuda') running on a SimGpu."""
+    sim = SimGpu()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(_prefetch, "streams_for", lambda device: sim)
+    monkeypatch.setattr(_ring, "PINNED", _NoPinning())
+    return sim
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory):
+    return packed_image_folder(tmp_path_factory.mktemp("ring"), classes=3, per_class=12)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("persistent", [False, True])
+@pytest.mark.parametrize("normalize", [False, True])
+def test_loader_on_a_lagging_gpu_hands_out_the_cpu_loaders_batches(sim_cuda, photos, num_workers, persistent,
+                                                                    normalize):
+    tail = [T.ToDtype(torch.float32, scale=True), T.Normalize(MEAN, STD)] if normalize else []
+    ds = fastload.open(photos, transforms={"image": [T.RandomResizedCrop(16), T.RandomHorizontalFlip()] + tail})
+    kw = dict(batch_size=4, shuffle=True, drop_last=True, seed=7, num_workers=num_workers)
+    cpu = fastload.DataLoader(ds, **kw)
+    gpu = fastload.DataLoader(ds, device="cuda", persistent_workers=persistent and num_workers > 0, **kw)
+    for epoch in range(3):
+        ref = [(x.clone(), y.clone()) for x, y in cpu]
+        seen = lagging_loop(sim_cuda, gpu)
+        assert len(seen) == len(ref) == 9
+        for (x, y), (sx, sy) in zip(ref, seen):
+            assert torch.equal(y, sy)
+            assert torch.equal(x, sx) if not normalize else torch.allclose(x, sx, atol=1e-5)
+    assert not sim_cuda.races and sim_cuda.syncs == 0
+    assert len(gpu._device_ring) <= 6  # the device ring is kept across epochs, not made again
+
+
+def test_host_slot_is_not_refilled_under_its_copy(sim_cuda, photos):
+    """The copy engine runs late (only every fifth step) while the producer thread refills host slots as
+    soon as it may: every batch must still arrive intact."""
+    ds = fastload.open(photos, transforms={"image": [T.RandomResizedCrop(16)]})
+    kw = dict(batch_size=4, shuffle=True, seed=3, num_workers=2, prefetch_factor=4)
+    ref = [(x.clone(), y.clone()) for x, y in fastload.DataLoader(ds, **kw)]
+    seen: list = []
+    loader = fastload.DataLoader(ds, device="cuda", **kw)  # alive until its copies ran (see sim_streams.py)
+    for k, (x, y) in enumerate(loader):
+        sim_cuda.model_step([x, y], seen, scratch=False)
+        if k % 5 == 4:
+            sim_cuda.run_all()
+    sim_cuda.run_all()
+    assert len(seen) == len(ref)
+    for (x, y), (sx, sy) in zip(ref, seen):
+        assert torch.equal(x, sx) and torch.equal(y, sy)
+
+
+# -- to_device ----------------------------------------------------------------------------------------
+def test_to_device_is_iterable_again_and_again():
+    batches = host_batches(5)
+    d = fastload.to_device(batches, "cpu")
+    first = [b[1].clone() for b in d]
+    second = [b[1].clone() for b in d]
+    assert len(first) == len(second) == len(d) == 5
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+
+
+def test_to_device_over_a_one_shot_iterator_says_so_on_the_second_pass():
+    d = fastload.to_device(iter(host_batches(3)), "cpu")
+    assert len(list(d)) == 3
+    with pytest.raises(TypeError, match="one-shot iterator"):
+        iter(d)
+
+
+def test_to_device_over_a_torch_loader_runs_each_epoch(sim_cuda):
+    tds = torch.utils.data.TensorDataset(torch.arange(64, dtype=torch.int64).view(16, 4))
+    d = fastload.to_device(torch.utils.data.DataLoader(tds, batch_size=4, shuffle=True), "cuda")
+    for _ in range(2):
+        seen = lagging_loop(sim_cuda, d)
+        assert sorted(torch.cat([s[0] for s in seen]).view(-1).tolist()) == list(range(64))
+    assert not sim_cuda.races
+
+
+# -- fork after pinning ---------------------------------------------------------------------------------
+class SharedPinnedPool:
+    """Pinned memory as the CUDA driver maps it: one region shared with every child forked afterwards, and
+    an allocator whose state the children inherit (so they are handed the same pages)."""
+
+    def __init__(self, nbytes: int = 32 << 20):
+        self.mm = mmap.mmap(-1, nbytes, flags=mmap.MAP_SHARED)
+        self.top = 0
+
+    @staticmethod
+    def available() -> bool:
+        return True
+
+    @staticmethod
+    def parent_initialised() -> bool:
+        return False  # leave the detection to fastload's own record of who pinned
+
+    def empty(self, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+        n = int(np.prod(shape, dtype=np.int64)) * torch.empty((), dtype=dtype).element_size()
+        off, self.top = self.top, self.top + -(-n // 64) * 64
+        return torch.frombuffer(self.mm, dtype=torch.uint8, count=n, offset=off).view(dtype).view(shape)
+
+
+@pytest.fixture
+def shared_pinning(monkeypatch):
+    monkeypatch.setattr(_ring, "PINNED", SharedPinnedPool())
+    monkeypatch.setattr(_ring, "_pinned_by", None)
+    monkeypatch.setattr(_ring, "_warned", set())
+
+
+def _epoch(path, seed: int) -> list:
+    ds = fastload.open(path, transforms={"image": [T.RandomResizedCrop(16), T.RandomHorizontalFlip()]})
+    return [(x.clone(), y.clone()) for x, y in fastload.DataLoader(ds, batch_size=4, shuffle=True, seed=seed,
+                                                                   num_workers=2)]
+
+
+def test_children_forked_after_pinning_do_not_share_slots(shared_pinning, photos):
+    """Two children forked after the parent pinned: one holds a batch while the other runs a whole
+    epoch. With pinned slots from the shared pool the second child would overwrite the first's batch."""
+    _epoch(photos, 0)  # the parent pins (and so would have initialised CUDA)
+    assert _ring._pinned_by == os.getpid()
+    ctx = multiprocessing.get_context("fork")
+    holding, finished = ctx.Event(), ctx.Event()
+    results = ctx.Queue()
+
+    def holder():
+        import warnings
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            ds = fastload.open(photos, transforms={"image": [T.RandomResizedCrop(16)]})
+            it = iter(fastload.DataLoader(ds, batch_size=4, shuffle=True, seed=1, num_workers=0))
+            x, _ = next(it)
+            before = x.clone()
+            holding.set()
+            finished.wait(60)
+            results.put(("holder", torch.equal(x, before), [str(w.message) for w in caught]))
+
+    def writer():
+        holding.wait(60)
+        _epoch(photos, 2)
+        finished.set()
+        results.put(("writer", True, []))
+
+    procs = [ctx.Process(target=holder), ctx.Process(target=writer)]
+    for p in procs:
+        p.start()
+    got = {name: (ok, warned) for name, ok, warned in (results.get(timeout=60) for _ in procs)}
+    for p in procs:
+        p.join(30)
+        assert p.exitcode == 0
+    assert got["holder"][0], "a child's batch was overwritten by its sibling: slots were shared after fork"
+    assert any("forked after its parent" in w for w in got["holder"][1])
+
+
+def test_a_loader_used_in_a_forked_child_leaves_the_parents_slots_alone(shared_pinning, photos):
+    ds = fastload.open(photos, transforms={"image": [T.RandomResizedCrop(16)]})
+    loader = fastload.DataLoader(ds, batch_size=4, shuffle=True, seed=5)
+    x, y = next(iter(loader))
+    first = x.clone()
+    del x, y  # the slot is free: a child that reused it would write into the parent's (shared) pages
+    slot = loader._ring.slots[0]
+
+    def child():
+        for _ in loader:  # another epoch: another order, written into this process's own slots
+            pass
+
+    assert in_child(child) == 0
+    assert torch.equal(slot.tensors["image"][:4].permute(0, 3, 1, 2), first)
