@@ -120,6 +120,13 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             r = getattr(self.batch_sampler.sampler, "rank", None) if hasattr(self.batch_sampler, "sampler") else None
             r = r if isinstance(r, int) else dist_info(rank, world_size)[0]
             self._sampled = SamplerOrder(self.batch_sampler, self._slot_batch, len(dataset), self.seed, r)
+            replicas = getattr(getattr(self.batch_sampler, "sampler", None), "num_replicas", 1)
+            if getattr(dataset, "remote", False) and isinstance(replicas, int) and replicas > 1:
+                warnings.warn("fastload: a remote dataset driven by a distributed sampler: the sampler owns the "
+                              "order, so each rank downloads every shard its samples lie in (nearly all of them "
+                              "with a strided split). Without a sampler, fastload.DataLoader(rank=, world_size=) "
+                              "gives each rank whole shards of its own (split='shards', ~1/world of the data)",
+                              RuntimeWarning, stacklevel=2)
         else:
             kind = order or ("random" if shuffle else "sequential")
             r, w = dist_info(rank, world_size)

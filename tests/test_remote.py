@@ -355,3 +355,16 @@ def test_more_ranks_than_shards_warns_and_splits_by_samples(moto, bucket, packed
     assert loader._order.split == "samples"
     with pytest.raises(ValueError, match="at least one per rank"):
         fastload.DataLoader(remote, batch_size=4, rank=0, world_size=shard_count(packed) + 1, split="shards")
+
+
+def test_a_distributed_sampler_on_a_remote_dataset_warns_that_ranks_read_everything(moto, bucket, packed, tmp_path):
+    from torch.utils.data import DistributedSampler
+
+    remote = fastload.open(bucket, cache_dir=tmp_path / "c", storage_options=moto.options(), transforms=TF)
+    sampler = DistributedSampler(remote, num_replicas=2, rank=1, shuffle=True, seed=0)
+    with pytest.warns(RuntimeWarning, match="each rank downloads every shard"):
+        loader = fastload.DataLoader(remote, batch_size=4, sampler=sampler, seed=7)
+    assert loader.fast_path
+    local = fastload.DataLoader(fastload.open(packed, transforms=TF), batch_size=4, seed=7,
+                                sampler=DistributedSampler(remote, num_replicas=2, rank=1, shuffle=True, seed=0))
+    assert same([[t.clone() for t in b] for b in loader], [[t.clone() for t in b] for b in local])
