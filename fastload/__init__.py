@@ -10,9 +10,10 @@ from ._dataset import Dataset, open
 from ._doctor import doctor
 from ._loader import DataLoader
 from ._prefetch import to_device
-from ._errors import (DecodeError, FastloadError, FastPathWarning, FormatError, SchemaError, SourceError,
-                      VersionError)
+from ._errors import (DecodeError, FastloadError, FastPathWarning, FormatError, RemoteError, SchemaError,
+                      SourceError, VersionError)
 from ._pack import PackSummary, pack
+from ._parts import merge
 from ._schema import Field, Schema
 from ._version import __version__
 
@@ -25,12 +26,14 @@ __all__ = [
     "Field",
     "FormatError",
     "PackSummary",
+    "RemoteError",
     "Schema",
     "SchemaError",
     "SourceError",
     "VersionError",
     "__version__",
     "doctor",
+    "merge",
     "open",
     "pack",
     "to_device",

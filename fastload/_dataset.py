@@ -18,6 +18,7 @@ from .formats import lmdb as lmdb_format
 from .formats._layout import IMAGE_JPEG, columns_of
 from .formats._manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest
 from .formats.shards import ShardSegment, shard_segments
+from .formats.remote import Remote, is_url, warn_local_options
 from ._sequences import Bucket, PackSequences, is_sequence_transform
 
 
@@ -49,9 +50,21 @@ class Dataset(torch.utils.data.Dataset):
     """
 
     def __init__(self, path: str | os.PathLike, *, transforms: Mapping[str, Any] | None = None,
-                 as_dict: bool = False, decode: bool = True):
-        self.path = Path(path)
-        self.manifest = read_manifest(self.path)
+                 as_dict: bool = False, decode: bool = True, cache_dir: str | os.PathLike | None = None,
+                 cache_limit: int | str | None = None, storage_options: Mapping[str, Any] | None = None):
+        self._remote: Remote | None = None
+        if is_url(path):
+            from ._pack import parse_size
+
+            limit = None if cache_limit is None else parse_size(cache_limit)
+            self._remote = Remote(str(path), cache_dir=cache_dir, cache_limit=limit,
+                                  storage_options=dict(storage_options or {}))
+            self.path: Path | str = self._remote.url
+            self.manifest = self._remote.manifest
+        else:
+            warn_local_options(path, cache_dir=cache_dir, cache_limit=cache_limit, storage_options=storage_options)
+            self.path = Path(path)
+            self.manifest = read_manifest(self.path)
         self.schema: Schema = self.manifest.schema
         self.as_dict = as_dict
         self.decode = decode
@@ -81,6 +94,8 @@ class Dataset(torch.utils.data.Dataset):
         self._starts = np.concatenate([[0], np.cumsum(counts)])
 
     def _make_segments(self) -> list:
+        if self._remote is not None:
+            return self._remote.segments()
         if self.manifest.layout == "lmdb":
             return [lmdb_format.LmdbSegment(self.path, self.manifest)]
         return shard_segments(self.path, self.manifest)
@@ -103,6 +118,21 @@ class Dataset(torch.utils.data.Dataset):
 
     def __repr__(self) -> str:
         return f"fastload.Dataset('{self.path}', {len(self)} samples, {self.format}, {self.schema})"
+
+    @property
+    def remote(self) -> bool:
+        """True for a dataset read from a URL through the local shard cache."""
+        return self._remote is not None
+
+    def remote_stats(self) -> dict | None:
+        """Downloads, cache hits, bytes, retries, corrupt downloads, evictions, time waited for shards
+        (a remote dataset; None for a local one)."""
+        return None if self._remote is None else self._remote.stats.as_dict()
+
+    def _reading(self, batches: Any) -> Any:
+        """The loader's batch iterator; for a remote dataset, wrapped in a read plan that downloads the
+        coming batches' shards ahead and releases the ones no longer needed."""
+        return batches if self._remote is None else self._remote.plan(batches)
 
     # -- access ------------------------------------------------------------------------------
     def locate(self, i: int) -> tuple[Any, int]:
@@ -214,12 +244,22 @@ def _close_segments(segments: list) -> None:
 
 
 def open(path: str | os.PathLike, *, transforms: Mapping[str, Any] | None = None, as_dict: bool = False,
-         decode: bool = True) -> Dataset:
+         decode: bool = True, cache_dir: str | os.PathLike | None = None, cache_limit: int | str | None = None,
+         storage_options: Mapping[str, Any] | None = None) -> Dataset:
     """Open a packed dataset (shards directory or LMDB environment) as a map-style Dataset.
+
+    ``path`` may be a URL that fsspec reads (``s3://bucket/ds``, ``gs://``, ``az://``, ``https://``,
+    ``file://``; ``pip install 'fastload[remote]'``): the manifest is read now (a missing bucket or
+    missing credentials raise ``RemoteError`` here), and shards are downloaded whole into ``cache_dir``
+    (default ``$FASTLOAD_CACHE_DIR`` or ``~/.cache/fastload/shards``) as batches need them, verified
+    against the manifest, and evicted least-recently-used beyond ``cache_limit`` (bytes or e.g.
+    ``"50GB"``; default: no limit). ``storage_options`` go to the fsspec backend (e.g.
+    ``{"endpoint_url": ...}`` for s3fs).
 
     ``transforms`` maps an image field to a list of ``fastload.transforms`` (e.g.
     ``{"image": [RandomResizedCrop(224), RandomHorizontalFlip()]}``): ``ds[i]`` and
     ``fastload.DataLoader`` then give the same kind of sample. ``ds.schema`` is the schema;
     ``ds.classes`` the class names where the source had them.
     """
-    return Dataset(path, transforms=transforms, as_dict=as_dict, decode=decode)
+    return Dataset(path, transforms=transforms, as_dict=as_dict, decode=decode, cache_dir=cache_dir,
+                   cache_limit=cache_limit, storage_options=storage_options)

@@ -19,6 +19,11 @@ class VersionError(FormatError):
     """A dataset was written by a newer format version than this fastload can read."""
 
 
+class RemoteError(FastloadError, OSError):
+    """Object storage could not be read: missing bucket or object, no credentials, refused access, or a
+    network failure that outlasted the retries. The message names the URL and gives the backend's error."""
+
+
 class SchemaError(FastloadError, ValueError):
     """A sample does not fit the dataset's schema, or the schema itself is invalid."""
 

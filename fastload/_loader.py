@@ -48,7 +48,9 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     ``device='cuda'`` and DALI or torchvision installed, CPU threads and the GPU decoder share each batch
     in the ratio of their measured rates, else 'native'; see ``_images.py``), ``memory_format``
     (image batches: ``torch.channels_last``, the default, is the decoder's layout at no cost;
-    ``torch.contiguous_format`` copies each batch to torch's default layout, where ``.view(B, -1)`` works).
+    ``torch.contiguous_format`` copies each batch to torch's default layout, where ``.view(B, -1)`` works),
+    ``split`` ('samples': ranks take strided samples like DistributedSampler; 'shards': each rank reads
+    only its own shards; default 'shards' for a remote dataset with world_size > 1, see ``_order.py``).
 
     A ``sampler`` (``DistributedSampler``, ``RandomSampler``, ...) or a torch ``BatchSampler`` keeps the fast
     path: the sampler owns the order (``_sampling.py`` says what that means for determinism and resume).
@@ -64,7 +66,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
                  collate_fn=None, pin_memory=False, drop_last=False, timeout=0, worker_init_fn=None,
                  multiprocessing_context=None, generator=None, *, prefetch_factor=None, persistent_workers=False,
                  pin_memory_device="", in_order=True, device=None, seed=None, order=None, rank=None,
-                 world_size=None, window=8, on_error="raise", decoder="native", memory_format=torch.channels_last):
+                 world_size=None, window=8, on_error="raise", decoder="native", memory_format=torch.channels_last,
+                 split=None):
         auto = isinstance(num_workers, str) and num_workers == "auto"
         if auto:
             num_workers = os.cpu_count() or 1  # replaced by the measured choice on the fast path
@@ -117,13 +120,27 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             r = getattr(self.batch_sampler.sampler, "rank", None) if hasattr(self.batch_sampler, "sampler") else None
             r = r if isinstance(r, int) else dist_info(rank, world_size)[0]
             self._sampled = SamplerOrder(self.batch_sampler, self._slot_batch, len(dataset), self.seed, r)
+            replicas = getattr(getattr(self.batch_sampler, "sampler", None), "num_replicas", 1)
+            if getattr(dataset, "remote", False) and isinstance(replicas, int) and replicas > 1:
+                warnings.warn("fastload: a remote dataset driven by a distributed sampler: the sampler owns the "
+                              "order, so each rank downloads every shard its samples lie in (nearly all of them "
+                              "with a strided split). Without a sampler, fastload.DataLoader(rank=, world_size=) "
+                              "gives each rank whole shards of its own (split='shards', ~1/world of the data)",
+                              RuntimeWarning, stacklevel=2)
         else:
             kind = order or ("random" if shuffle else "sequential")
             r, w = dist_info(rank, world_size)
-            shard_sizes = [s.count for s in dataset._segments] if kind == "quasi" else None
+            explicit = split is not None
+            if split is None:
+                split = "shards" if getattr(dataset, "remote", False) and w > 1 else "samples"
+            shard_sizes = [s.count for s in dataset._segments] if kind == "quasi" or split == "shards" else None
             common = dict(kind=kind, seed=self.seed, rank=r, world_size=w, drop_last=drop_last, window=window)
             bucketed = [(n, t) for n, t in dataset.sequences.items() if isinstance(t, Bucket)]
             packed = [(n, t) for n, t in dataset.sequences.items() if isinstance(t, PackSequences)]
+            if (packed or bucketed) and split == "shards":
+                if explicit:
+                    raise ValueError("split='shards' needs plain batches: Bucket and PackSequences form their own")
+                split = _strided("Bucket and PackSequences form their own batches")
             if packed:
                 name, spec = packed[0]
                 self._order = PackedOrder(_first_dims(dataset, name), batch_size * spec.row_length, **common)
@@ -131,7 +148,13 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
                 name, spec = bucketed[0]
                 self._order = BucketOrder(spec.bucket_ids(_first_dims(dataset, name)), batch_size, **common)
             else:
-                self._order = Order(len(dataset), batch_size, shard_sizes=shard_sizes, **common)
+                try:
+                    self._order = Order(len(dataset), batch_size, shard_sizes=shard_sizes, split=split, **common)
+                except ValueError as e:
+                    if explicit or split != "shards":
+                        raise
+                    self._order = Order(len(dataset), batch_size, shard_sizes=shard_sizes,
+                                        split=_strided(str(e)), **common)
         if auto and self._order is not None:
             from ._autotune import autotune
 
@@ -293,6 +316,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         self._next_epoch, self._resume_at = epoch + 1, 0
         if not self._batcher.needs_rng:
             rng_for = lambda b: None  # noqa: E731  (a Generator per batch costs more than a tiny batch)
+        batches = self.dataset._reading(batches)  # a remote dataset downloads the coming batches' shards ahead
         self._progress = (epoch, start)
         it = FastIterator(self, epoch, start, batches, rng_for)
         if not self._on_device():
@@ -329,11 +353,19 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         return self._stats.as_dict() | {
             "slots": len(self._ring or ()), "slot_bytes": self._ring.nbytes if self._ring else 0,
             "skipped": self._batcher.skipped if self._batcher else 0, "fast_path": self.fast_path,
-            "fast_path_reason": self.fast_path_reason, "num_workers": self.num_workers}
+            "fast_path_reason": self.fast_path_reason, "num_workers": self.num_workers,
+            "remote": getattr(self.dataset, "remote_stats", lambda: None)()}
 
     def stats_summary(self) -> str:
         """One line: throughput, the share of time the loop waited for data, whether it is input-bound."""
         return self._stats.summary()
+
+
+def _strided(why: str) -> str:
+    warnings.warn(f"fastload: a remote dataset with world_size > 1 reads whole shards per rank by default "
+                  f"(split='shards'), which cannot apply here ({why}): every rank reads every shard it needs "
+                  f"(split='samples')", RuntimeWarning, stacklevel=4)
+    return "samples"
 
 
 def _first_dims(dataset: PackedDataset, field: str) -> np.ndarray:

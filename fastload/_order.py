@@ -36,6 +36,15 @@ Memory bound of ``quasi`` (what is touched, in bytes, is the bytes of the shards
 
 A page cache that holds the ``window`` largest shards therefore reads each shard from disk once per
 epoch (plus the padding samples); ``2 * window`` also covers the boundary batch.
+
+``split="shards"`` (the default for remote datasets with ``world_size > 1``) splits by whole shards
+instead, so that each rank reads (downloads) only its own ~1/world of the data: shards go to ranks once
+and for all (largest first, each to the rank holding the fewest samples so far; the same on every
+rank and in every epoch), and each rank orders its own samples by ``kind`` (``quasi``: phases of
+``window`` of its shards), with a stream keyed by (seed, epoch, rank). Every rank gets the same
+number of batches: ranks holding fewer samples than the largest share wrap around their own sequence
+(with ``drop_last``, every rank is cut to the smallest share). A rank's samples stay its own across
+epochs; the global batch still mixes all ranks' every step.
 """
 
 from __future__ import annotations
@@ -120,7 +129,7 @@ class Order:
 
     def __init__(self, num_samples: int, batch_size: int, *, kind: str = "sequential", seed: int = 0,
                  rank: int = 0, world_size: int = 1, drop_last: bool = False,
-                 shard_sizes: Sequence[int] | None = None, window: int = 8):
+                 shard_sizes: Sequence[int] | None = None, window: int = 8, split: str = "samples"):
         self.num_samples = _as_int("num_samples", num_samples, 0)
         self.batch_size = _as_int("batch_size", batch_size, 1)
         if kind not in KINDS:
@@ -147,8 +156,19 @@ class Order:
                                  f"per shard, in dataset order")
         self.shard_sizes = sizes
         w, n = self.world_size, self.num_samples
+        if split not in ("samples", "shards"):
+            raise ValueError(f"{split=} should be 'samples' (strided, like DistributedSampler) or 'shards'")
+        self.split = split
         # DistributedSampler's counts: drop the tail to a multiple of world, or pad up to one.
         self._per_rank = n // w if self.drop_last else math.ceil(n / w)
+        if split == "shards":
+            self._owned = _assign_shards(sizes, w)
+            if shard_sizes is None or any(len(k) == 0 for k in self._owned):
+                raise ValueError(f"split='shards' needs the dataset's shards and at least one per rank: "
+                                 f"{len(sizes)} shard(s) for world_size={w}; pack with a smaller shard_size, or "
+                                 f"use split='samples'")
+            shares = [int(sizes[k].sum()) for k in self._owned]
+            self._per_rank = min(shares) if self.drop_last else max(shares)
         if self.drop_last:
             self._num_batches = self._per_rank // self.batch_size
         else:
@@ -192,7 +212,10 @@ class Order:
             return self._cache[1]
         n, w = self.num_samples, self.world_size
         total = self._per_rank * w
-        if self.kind == "sequential":
+        if self.split == "shards":
+            mine = self._own_sequence(e)
+            mine = np.resize(mine, self._per_rank) if len(mine) < self._per_rank else mine[: self._per_rank]
+        elif self.kind == "sequential":
             mine = np.arange(self.rank, total, w, dtype=np.int64) % max(n, 1)
         else:
             seq = self._global_sequence(e)
@@ -203,6 +226,21 @@ class Order:
         mine.flags.writeable = False
         self._cache = (e, mine)
         return mine
+
+    def _own_sequence(self, e: int) -> np.ndarray:
+        """``split='shards'``: this rank's samples (its own shards) ordered by ``kind`` for epoch ``e``."""
+        owned = self._owned[self.rank]
+        starts = np.concatenate([[0], np.cumsum(self.shard_sizes)[:-1]]).astype(np.int64)
+        sizes = self.shard_sizes[owned]
+        base = np.repeat(starts[owned], sizes)
+        local = np.arange(int(sizes.sum()), dtype=np.int64) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+        samples = base + local  # this rank's samples, shard by shard
+        if self.kind == "sequential":
+            return samples
+        rng = np.random.default_rng(_key(_SHUFFLE_STREAM, self.seed, e, self.rank + 1))
+        if self.kind == "random":
+            return samples[rng.permutation(len(samples))]
+        return samples[_quasi_sequence(rng, sizes, self.window)]
 
     def _global_sequence(self, e: int) -> np.ndarray:
         """The epoch's sample sequence before the rank split (the same on every rank)."""
@@ -243,6 +281,8 @@ class Order:
     def _config(self) -> dict:
         cfg = {"kind": self.kind, "num_samples": self.num_samples, "batch_size": self.batch_size,
                "world_size": self.world_size, "drop_last": self.drop_last}
+        if self.split != "samples":
+            cfg["split"] = self.split
         if self.kind == "quasi":
             digest = hashlib.blake2b(self.shard_sizes.astype("<i8").tobytes(), digest_size=8).hexdigest()
             cfg.update(window=self.window, shards=f"{len(self.shard_sizes)}:{digest}")
@@ -267,7 +307,7 @@ class Order:
             raise ValueError(f"not an Order state (version {got!r}, expected {STATE_VERSION}); pass the dict "
                              f"that Order.state_dict() returned")
         mine = self._config()
-        saved = {k: state.get(k) for k in set(mine) | ({"window", "shards"} & set(state))}
+        saved = {k: state.get(k) for k in set(mine) | ({"window", "shards", "split"} & set(state))}
         diff = [f"{k}={saved[k]!r} (this order: {mine.get(k)!r})" for k in sorted(saved) if saved[k] != mine.get(k)]
         if diff:
             raise ValueError("cannot resume from a state saved by a different order: " + ", ".join(diff)
@@ -283,6 +323,17 @@ class Order:
         self._fresh = k < self._num_batches
         self._resume = (epoch, k) if self._fresh else None
         return k
+
+
+def _assign_shards(sizes: np.ndarray, world: int) -> list[np.ndarray]:
+    """Shards per rank, balanced by samples: largest first, each to the rank with the fewest so far."""
+    owned: list[list[int]] = [[] for _ in range(world)]
+    load = np.zeros(world, dtype=np.int64)
+    for k in sorted(range(len(sizes)), key=lambda k: (-int(sizes[k]), k)):
+        r = int(np.argmin(load))
+        owned[r].append(k)
+        load[r] += int(sizes[k])
+    return [np.array(sorted(o), dtype=np.int64) for o in owned]
 
 
 class BucketOrder(Order):

@@ -11,31 +11,34 @@ from __future__ import annotations
 
 import errno
 import json
-import multiprocessing as mp
 import mmap
 import os
 import shutil
-import signal
 import time
-from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
 from ._version import __version__
-from ._encode import ImageOptions, encode_sample
+from ._encode import ImageOptions
 from ._errors import FastloadError, SourceError
 from ._schema import Field
 from .formats import lmdb as lmdb_format
 from .formats._manifest import MANIFEST_NAME, Manifest
-from .formats.shards import fsync_dir, shard_name, write_manifest, write_shard, write_shard_columns
+from .formats._layout import columns_of
+from .formats.shards import fsync_dir, shard_index, shard_name, write_manifest, write_shard, write_shard_columns
+from ._encode_pool import _encoded
 from .sources import ArraySource, Source, as_source
 
 STATE_NAME = "pack_state.json"
 DEFAULT_SHARD_SIZE = 256 << 20
+# Shards never straddle a multiple of BLOCK source samples, and the shards of block b are numbered
+# b * BLOCK + 0, 1, ...: where a shard starts and what it is called depend on its own block only, so a
+# pack split into parts (whole blocks each, ``_parts.py``) merges into exactly the files one machine writes.
+DEFAULT_BLOCK = 65536
 _OWN_FILES = (MANIFEST_NAME, STATE_NAME, "data.mdb", "lock.mdb")
 
 
@@ -89,112 +92,6 @@ def parse_size(text: str | int) -> int:
     if value <= 0:
         raise ValueError(f"size {text!r} must be positive")
     return value
-
-
-# -- worker side --------------------------------------------------------------------------------
-
-_WORKER: dict[str, Any] = {}
-
-
-def _init_worker(source: Source, opts: ImageOptions) -> None:
-    _WORKER["source"] = source
-    _WORKER["opts"] = opts
-
-
-def _init_process_worker(source: Source, opts: ImageOptions) -> None:
-    # Ctrl-C is the main process's to handle: it stops the pack and ends the workers
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _init_worker(source, opts)
-
-
-def _encode_one(i: int) -> tuple[int, list | None, str | None]:
-    src, opts = _WORKER["source"], _WORKER["opts"]
-    try:
-        return i, encode_sample(src.schema, src.load(i), opts), None
-    except (KeyboardInterrupt, SystemExit):
-        raise
-    except Exception as e:  # any failure of user data or user code: reported with the sample's name
-        return i, None, f"{type(e).__name__}: {e}"
-
-
-def _encode_range(lo: int, hi: int) -> list[tuple[int, list | None, str | None]]:
-    return [_encode_one(i) for i in range(lo, hi)]
-
-
-def _threaded(fn, indices: range, workers: int) -> Iterator:
-    """``map(fn, indices)`` on a thread pool, in order, with a bounded number of pending results."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(workers, thread_name_prefix="fastload-pack") as ex:
-        pending: deque = deque()
-        for i in indices:
-            pending.append(ex.submit(fn, i))
-            if len(pending) >= 4 * workers:
-                yield pending.popleft().result()
-        while pending:
-            yield pending.popleft().result()
-
-
-def _encoded(source: Source, opts: ImageOptions, start: int, workers: int) -> Iterator[tuple[int, list | None, str | None]]:
-    indices = range(start, len(source))
-    cheap = opts.mode == "passthrough" and opts.check == "header" and source.files_only
-    if workers <= 1 or not source.parallel or cheap:  # cheap: any pool costs more than it saves
-        _init_worker(source, opts)
-        yield from map(_encode_one, indices)
-        return
-    if opts.mode == "passthrough" and source.files_only:
-        # Reading files and validating JPEGs in native code releases the GIL: threads scale without
-        # the pickling that worker processes pay for every sample.
-        _init_worker(source, opts)
-        yield from _threaded(_encode_one, indices, workers)
-        return
-    yield from _in_processes(source, opts, indices, workers)
-
-
-def _in_processes(source: Source, opts: ImageOptions, indices: range, workers: int, chunk: int = 8) -> Iterator:
-    """Encode on worker processes, in order, a bounded number of chunks in flight. A worker that dies
-    (killed from outside, the OOM killer, a crash in user code) raises instead of hanging the pack."""
-    from concurrent.futures import ProcessPoolExecutor
-    from concurrent.futures.process import BrokenProcessPool
-
-    methods = mp.get_all_start_methods()
-    ctx = mp.get_context("fork" if "fork" in methods else "spawn")
-    ex = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_process_worker, initargs=(source, opts))
-    procs: dict = {}  # pid -> Process, to name a dead worker
-    pending: deque = deque()
-    ok = broken = False
-    try:
-        for lo in range(indices.start, indices.stop, chunk):
-            pending.append(ex.submit(_encode_range, lo, min(lo + chunk, indices.stop)))
-            procs.update(getattr(ex, "_processes", None) or {})
-            if len(pending) >= 4 * workers:
-                yield from pending.popleft().result()
-        while pending:
-            yield from pending.popleft().result()
-        ok = True
-    except BrokenProcessPool:
-        broken = True
-    finally:
-        for f in pending:
-            f.cancel()
-        if not ok:  # stop at once: a worker may be stuck in user code
-            for proc in list(procs.values()):
-                if proc.is_alive():
-                    proc.terminate()
-        ex.shutdown(wait=True, cancel_futures=True)  # every worker joined: their exit codes are known
-    if broken:
-        raise FastloadError(f"a pack worker process died unexpectedly ({_deaths(procs)}); the shards finished "
-                            f"so far are kept: run the same pack again to resume")
-
-
-def _deaths(procs: dict) -> str:
-    dead = []
-    for pid, proc in procs.items():
-        code = proc.exitcode
-        if code is not None and code != -signal.SIGTERM:  # SIGTERM: ended by the pool after the death
-            how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
-            dead.append(f"pid {pid}, {how}")
-    return "; ".join(dead) or "killed or crashed"
 
 
 # -- destination handling -----------------------------------------------------------------------
@@ -326,6 +223,14 @@ def pack(
     root: str | os.PathLike | None = None,
     path_column: str = "path",
     progress: bool = False,
+    block: int = DEFAULT_BLOCK,
+    part: tuple[int, int] | str | None = None,
+    engine: str = "local",
+    parts: int | None = None,
+    ray_address: str | None = None,
+    on_shard: Callable[[Path], None] | None = None,
+    staging: str | os.PathLike | None = None,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> PackSummary:
     """Pack ``source`` into a fastload dataset at ``dest`` and return a summary.
 
@@ -333,9 +238,44 @@ def pack(
     dict), a CSV/JSONL manifest (paths relative to ``root``), or a map-style torch Dataset.
     ``schema`` overrides inferred fields by name. ``check="header"`` validates stored JPEGs by header
     and end marker only (faster passthrough; corrupt entropy data then surfaces at load time). See ``fastload pack --help`` for the options.
+
+    Packing in parts (``_parts.py``): ``part=(i, n)`` (or ``"i/n"``) packs a deterministic i-th of n
+    slices of the source (whole blocks of ``block`` samples) into ``dest/parts/i``, and
+    ``fastload.merge(dest)`` joins the parts into the dataset one machine would have written, byte for
+    byte. ``engine="ray"`` runs ``parts`` parts (default: the cluster's CPUs) as Ray tasks on the cluster
+    at ``ray_address`` (default: a running one, else a local one) and merges them.
+
+    ``dest`` may be a URL (``s3://bucket/ds``, any fsspec URL; ``storage_options`` go to its backend):
+    the pack runs into ``staging`` (default: under ``~/.cache/fastload/staging``), each shard is
+    uploaded when complete and the manifest last (``formats/upload.py``); re-running resumes.
+    ``on_shard`` is called with the path of each shard file once it is complete.
     """
+    from .formats.remote import is_url
+
+    if is_url(str(dest)) and engine == "local":
+        from .formats.upload import pack_to_url
+
+        return pack_to_url(pack, source, str(dest), staging=staging, storage_options=dict(storage_options or {}),
+                           overwrite=overwrite, part=part, format=format, image_mode=image_mode,
+                           max_side=max_side, quality=quality, check=check, shard_size=shard_size, workers=workers,
+                           skip_bad=skip_bad, schema=schema, root=root, path_column=path_column, progress=progress,
+                           block=block)
+    if engine not in ("local", "ray"):
+        raise ValueError(f"engine={engine!r} should be 'local' or 'ray'")
+    if engine == "ray":
+        if part is not None:
+            raise ValueError("engine='ray' packs every part itself: leave part=None")
+        from ._parts import pack_on_ray
+
+        return pack_on_ray(source, dest, parts=parts, address=ray_address, progress=progress, format=format,
+                           image_mode=image_mode, max_side=max_side, quality=quality, check=check,
+                           shard_size=shard_size, workers=workers, overwrite=overwrite, skip_bad=skip_bad,
+                           schema=schema, root=root, path_column=path_column, block=block,
+                           **({"storage_options": dict(storage_options)} if storage_options else {}))
     if format not in ("shards", "lmdb"):
         raise ValueError(f"format={format!r} should be 'shards' or 'lmdb'")
+    if isinstance(block, bool) or not isinstance(block, int) or block < 1:
+        raise ValueError(f"block={block!r} should be a positive number of samples")
     opts = ImageOptions(image_mode, max_side, quality, check)
     shard_bytes = parse_size(shard_size)
     workers = os.cpu_count() or 1 if workers is None else int(workers)
@@ -345,7 +285,18 @@ def pack(
     dest = Path(dest)
     params = {"format": format, "image_mode": image_mode, "max_side": max_side, "quality": quality, "check": check,
               "shard_size": shard_bytes, "schema": src.schema.to_json(), "fingerprint": src.fingerprint(),
-              "version": __version__}
+              "version": __version__, "block": block}
+    arrays = isinstance(src, ArraySource) and format == "shards" and all(f.fixed_size for f in src.schema)
+    span = (0, len(src))
+    if part is not None:
+        from ._parts import part_span, parse_part
+
+        i, n = parse_part(part)
+        if format != "shards":
+            raise ValueError("packing in parts needs format='shards' (an LMDB environment is one file)")
+        span = part_span(len(src), _array_rows(src, shard_bytes) if arrays else block, i, n)
+        params["part"] = {"index": i, "parts": n, "samples": list(span)}
+        dest = dest / "parts" / str(i)
     t0 = time.perf_counter()
     with _writing(dest):
         state = _prepare_dest(dest, overwrite, params)
@@ -355,22 +306,25 @@ def pack(
             m = read_manifest(dest)
             return PackSummary(str(dest), format, m.num_samples, m.skipped, sum(s.bytes for s in m.shards),
                                len(m.shards), time.perf_counter() - t0, m.num_samples)
-        if isinstance(src, ArraySource) and format == "shards" and all(f.fixed_size for f in src.schema):
-            writer = _ArraySink(dest, src, params, shard_bytes, state)
+        if format != "shards" and on_shard is not None:
+            raise ValueError("on_shard (and packing to a URL) needs format='shards'")
+        if arrays:
+            writer = _ArraySink(dest, src, params, shard_bytes, state, span, on_shard)
             start = writer.next_sample
             writer.run(progress)
             manifest = writer.finish()
             return PackSummary(str(dest), format, manifest.num_samples, [], writer.total_bytes(),
-                               len(manifest.shards), time.perf_counter() - t0, start)
-        writer = _ShardSink(dest, src, params, shard_bytes, state) if format == "shards" else \
+                               len(manifest.shards), time.perf_counter() - t0, start - span[0])
+        writer = _ShardSink(dest, src, params, shard_bytes, state, span, on_shard) if format == "shards" else \
             _LmdbSink(dest, src, params, state)
     start = writer.next_sample
     bar = None
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=len(src), initial=start, unit="sample", desc=f"pack {dest.name}", smoothing=0.1)
-    samples = _encoded(src, opts, start, workers)
+        bar = tqdm(total=span[1] - span[0], initial=start - span[0], unit="sample", desc=f"pack {dest.name}",
+                   smoothing=0.1)
+    samples = _encoded(src, opts, start, workers, span[1])
     try:
         with _writing(dest):
             for i, encoded, error in samples:
@@ -390,7 +344,7 @@ def pack(
         if bar is not None:
             bar.close()
     return PackSummary(str(dest), format, manifest.num_samples, manifest.skipped, writer.total_bytes(),
-                       len(manifest.shards) or 1, time.perf_counter() - t0, start)
+                       len(manifest.shards) or 1, time.perf_counter() - t0, start - span[0])
 
 
 @contextmanager
@@ -417,9 +371,13 @@ def _writing(dest: Path) -> Iterator[None]:
 
 
 class _ShardSink:
-    def __init__(self, dest: Path, src: Source, params: dict, shard_bytes: int, state: dict | None):
+    def __init__(self, dest: Path, src: Source, params: dict, shard_bytes: int, state: dict | None,
+                 span: tuple[int, int], on_shard: Callable[[Path], None] | None = None):
         self.dest, self.src, self.params, self.limit = dest, src, params, shard_bytes
-        self.state = state or {"params": params, "shards": [], "skipped": [], "next_sample": 0}
+        self.on_shard = on_shard
+        self.span = span  # the source samples [lo, hi) this pack writes (all of them, or one part's)
+        self.block = params["block"]
+        self.state = state or {"params": params, "shards": [], "skipped": [], "next_sample": span[0]}
         self.next_sample = self.state["next_sample"]
         self.buffer: list[list] = []
         self.buffered = 0
@@ -432,28 +390,39 @@ class _ShardSink:
     def add(self, i: int, encoded: list) -> None:
         self.buffer.append(encoded)
         self.buffered += sum(len(b) if b is not None else 0 for _, b in encoded) + 64
-        if self.buffered >= self.limit:
+        if self.buffered >= self.limit or (i + 1) % self.block == 0:
             self._flush(i + 1)
 
     def skip(self, record: dict) -> None:
         self.state["skipped"].append(record)
+        if (record["index"] + 1) % self.block == 0:
+            self._flush(record["index"] + 1)
 
     def _flush(self, next_sample: int) -> None:
+        entry = None
         if self.buffer:
-            entry = write_shard(self.dest / shard_name(len(self.state["shards"])), self.src.schema, self.buffer)
+            b = (next_sample - 1) // self.block  # the block of the buffered samples
+            done = sum(1 for s in self.state["shards"] if shard_index(s["file"]) // self.block == b)
+            name = shard_name(b * self.block + done)
+            entry = write_shard(self.dest / name, self.src.schema, self.buffer)
             self.state["shards"].append(entry.to_json())
         self.buffer, self.buffered = [], 0
         self.state["next_sample"] = next_sample
         _write_state(self.dest, self.state)
+        if entry is not None and self.on_shard is not None:
+            self.on_shard(self.dest / entry.file)
 
     def finish(self) -> Manifest:
         from .formats._manifest import ShardEntry
 
         if self.buffer:
-            self._flush(len(self.src))
+            self._flush(self.span[1])
         shards = [ShardEntry(**s) for s in self.state["shards"]]
+        metadata = dict(self.src.metadata)
+        if "part" in self.params:
+            metadata["part"] = self.params["part"]  # merge removes it
         m = Manifest("shards", self.src.schema, sum(s.num_samples for s in shards), shards,
-                     self.params["image_mode"], self.state["skipped"], dict(self.src.metadata),
+                     self.params["image_mode"], self.state["skipped"], metadata,
                      created_by=f"fastload {__version__}")
         write_manifest(self.dest, m)
         (self.dest / STATE_NAME).unlink(missing_ok=True)
@@ -462,6 +431,12 @@ class _ShardSink:
 
     def total_bytes(self) -> int:
         return sum(s["bytes"] for s in self.state["shards"])
+
+
+def _array_rows(src: Source, shard_bytes: int) -> int:
+    """Rows per shard of a fixed-size array source: shard k holds rows [k * rows, (k + 1) * rows)."""
+    row_bytes = sum(c.row_bytes for f in src.schema for c in columns_of(f))
+    return max(1, shard_bytes // max(row_bytes, 1))
 
 
 class _ArraySink(_ShardSink):
@@ -479,21 +454,23 @@ class _ArraySink(_ShardSink):
             if tuple(arr.shape[1:]) != want:
                 raise SourceError(f"array '{f.name}' has rows of shape {arr.shape[1:]}, the schema says {want}")
             columns.append((arr, dt))
-        row_bytes = sum(dt.itemsize * int(np.prod(a.shape[1:], dtype=np.int64)) for a, dt in columns)
-        rows = max(1, self.limit // max(row_bytes, 1))
-        n = len(src)
+        rows = _array_rows(src, self.limit)
+        first, n = self.span
         bar = None
         if progress:
             from tqdm import tqdm
 
-            bar = tqdm(total=n, initial=self.next_sample, unit="sample", desc=f"pack {self.dest.name}")
+            bar = tqdm(total=n - first, initial=self.next_sample - first, unit="sample",
+                       desc=f"pack {self.dest.name}")
         for lo in range(self.next_sample, n, rows):
             hi = min(n, lo + rows)
             cols = [np.asarray(a[lo:hi]).astype(dt, copy=False) for a, dt in columns]
-            entry = write_shard_columns(self.dest / shard_name(len(self.state["shards"])), src.schema, cols)
+            entry = write_shard_columns(self.dest / shard_name(lo // rows), src.schema, cols)
             self.state["shards"].append(entry.to_json())
             self.state["next_sample"] = hi
             _write_state(self.dest, self.state)
+            if self.on_shard is not None:
+                self.on_shard(self.dest / entry.file)
             if bar is not None:
                 bar.update(hi - lo)
         if bar is not None:

@@ -18,7 +18,7 @@ def main() -> None:
 
 @main.command()
 @click.argument("src", type=click.Path(exists=True, path_type=Path))
-@click.argument("dst", type=click.Path(path_type=Path))
+@click.argument("dst")
 @click.option("--format", "fmt", type=click.Choice(["shards", "lmdb"]), default="shards", show_default=True,
               help="Output format.")
 @click.option("--image-mode", type=click.Choice(["auto", "passthrough", "jpeg", "raw"]), default="auto",
@@ -38,18 +38,50 @@ def main() -> None:
               help="For CSV/JSONL manifests: the directory paths are relative to [default: the manifest's].")
 @click.option("--path-column", default="path", show_default=True, help="For CSV/JSONL manifests: the path column.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@click.option("--block", type=click.IntRange(min=1), default=65536, show_default=True,
+              help="Shards never straddle a multiple of this many samples; a part is whole blocks.")
+@click.option("--part", default=None, metavar="I/N",
+              help="Pack only part I of N (from 0) into DST/parts/I; then `fastload merge DST`.")
+@click.option("--ray", "ray_address", default=None, is_flag=False, flag_value="auto", metavar="[ADDRESS]",
+              help="Pack the parts as Ray tasks on the cluster at ADDRESS (default: a running one, else local), "
+                   "then merge. Needs `pip install fastload[ray]`.")
+@click.option("--parts", type=click.IntRange(min=1), default=None,
+              help="With --ray: the number of parts [default: the cluster's CPUs].")
+@click.option("--staging", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="For a URL DST: the local folder the pack is staged in [default: ~/.cache/fastload/staging].")
 def pack(src, dst, fmt, image_mode, max_side, quality, check, shard_size, workers, overwrite, skip_bad, root, path_column,
-         quiet) -> None:
+         quiet, block, part, ray_address, parts, staging) -> None:
     """Pack SRC (an ImageFolder directory, .npy/.npz, or CSV/JSONL manifest) into a dataset at DST.
 
-    Interrupted packs resume when the same command is run again.
+    DST may be a URL (s3://bucket/ds, any fsspec URL): shards are uploaded as they are finished, the
+    manifest last. Interrupted packs resume when the same command is run again.
     """
     from ._pack import pack as do_pack
 
+    if parts is not None and ray_address is None:
+        raise click.UsageError("--parts goes with --ray (for one part at a time, use --part I/N)")
+    engine = "ray" if ray_address is not None else "local"
+    address = None if ray_address in (None, "auto") else ray_address
     summary = _run(lambda: do_pack(src, dst, format=fmt, image_mode=image_mode, max_side=max_side, quality=quality, check=check,
                                    shard_size=shard_size, workers=workers, overwrite=overwrite, skip_bad=skip_bad,
-                                   root=root, path_column=path_column, progress=not quiet))
+                                   root=root, path_column=path_column, progress=not quiet, block=block, part=part,
+                                   engine=engine, parts=parts, ray_address=address, staging=staging))
     click.echo(str(summary))
+    if part is not None:
+        click.echo(f"part {part} done: when every part is, run `fastload merge {dst}`")
+
+
+@main.command()
+@click.argument("dst")
+def merge(dst) -> None:
+    """Join the parts in DST/parts/ (from `fastload pack --part I/N`) into one dataset at DST.
+
+    Shard files are moved, not copied; the result is what one `fastload pack` would have written.
+    """
+    from ._parts import merge as do_merge
+
+    m = _run(lambda: do_merge(dst if "://" in dst else Path(dst)))
+    click.echo(f"merged {dst}: {m.num_samples:,} samples in {len(m.shards)} shard(s)")
 
 
 @main.command()

@@ -313,3 +313,44 @@ def test_state_dict_of_an_explicit_epoch():
     b = Order(50, 4, kind="random", seed=0)
     b.load_state_dict(a.state_dict(3, epoch=6))
     assert b.epoch == 6 and [x.tolist() for x in b.batches()] == [x.tolist() for x in rest]
+
+
+@pytest.mark.parametrize("kind", ["sequential", "random", "quasi"])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_shard_split_gives_each_rank_its_own_shards(kind, drop_last):
+    sizes = [7, 7, 7, 7, 7, 3, 9, 1]
+    n = sum(sizes)
+    shard_of = np.repeat(np.arange(len(sizes)), sizes)
+    for world in range(1, 6):
+        orders = [Order(n, 4, kind=kind, seed=5, rank=r, world_size=world, drop_last=drop_last, shard_sizes=sizes,
+                        window=2, split="shards") for r in range(world)]
+        assert len({len(o) for o in orders}) == 1  # the same number of batches on every rank
+        for epoch in range(2):
+            mine = [o.indices(epoch) for o in orders]
+            owners = [set(shard_of[m].tolist()) for m in mine]
+            assert all(not (a & b) for i, a in enumerate(owners) for b in owners[i + 1:])  # disjoint shards
+            union = np.concatenate(mine)
+            if not drop_last:
+                assert set(union.tolist()) == set(range(n))  # nothing dropped; only wrap padding repeats
+            assert all(len(b) == 4 for o in orders for b in o.batches(epoch)) if drop_last else True
+            for o, m in zip(orders, mine):  # within a rank each own sample appears, then wrap padding
+                own = np.flatnonzero(np.isin(shard_of, sorted(set(shard_of[m].tolist()))))
+                assert set(m.tolist()) <= set(own.tolist())
+                if not drop_last:
+                    assert len(set(m.tolist())) == len(own)
+        if kind != "sequential" and world > 1:
+            assert not np.array_equal(orders[0].indices(0), orders[0].indices(1))  # reshuffled each epoch
+
+
+def test_shard_split_needs_a_shard_per_rank_and_resumes_only_as_itself():
+    with pytest.raises(ValueError, match="at least one per rank"):
+        Order(10, 2, world_size=4, rank=0, shard_sizes=[5, 5], split="shards")
+    with pytest.raises(ValueError, match="split="):
+        Order(10, 2, split="rows")
+    a = Order(20, 2, kind="random", seed=1, world_size=2, rank=1, shard_sizes=[5, 5, 5, 5], split="shards")
+    b = Order(20, 2, kind="random", seed=1, world_size=2, rank=1, shard_sizes=[5, 5, 5, 5])
+    state = a.state_dict(3)
+    with pytest.raises(ValueError, match="split"):
+        b.load_state_dict(state)
+    c = Order(20, 2, kind="random", seed=9, world_size=2, rank=0, shard_sizes=[5, 5, 5, 5], split="shards")
+    assert c.load_state_dict(state) == 3

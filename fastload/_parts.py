@@ -1,0 +1,236 @@
+"""Packing on many machines: a pack split into parts, the merge, and the parts as Ray tasks.
+
+``pack(..., part=(i, n))`` packs a deterministic slice of the source into ``DST/parts/i``: whole
+*blocks* of ``block`` source samples (for fixed-size numpy sources, whole shards of rows). The packer
+never lets a shard straddle a block, and numbers the shards of block b from ``b * block`` (see
+``_pack.DEFAULT_BLOCK``), so every shard a part writes is the very file, name and bytes, that a pack on
+one machine with the same settings writes. ``merge(DST)`` then only moves the shard files up (a rename,
+no bytes copied) and writes one manifest listing the parts' shards in source order: the result is the
+single-machine dataset byte for byte.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from ._errors import FastloadError
+from .formats._manifest import MANIFEST_NAME, Manifest
+from .formats.shards import fsync_dir, write_manifest
+
+PARTS_DIR = "parts"
+
+
+def parse_part(part: tuple[int, int] | str) -> tuple[int, int]:
+    """``"2/8"`` or ``(2, 8)`` -> (2, 8), checked: 0 <= i < n."""
+    try:
+        i, n = (int(x) for x in part.split("/")) if isinstance(part, str) else (int(part[0]), int(part[1]))
+    except (ValueError, TypeError, IndexError):
+        raise ValueError(f"part={part!r} should be 'I/N' (or (I, N)): part I of N, counted from 0") from None
+    if not (n >= 1 and 0 <= i < n):
+        raise ValueError(f"part={part!r}: I must be in 0..N-1 (part I of N, counted from 0)")
+    return i, n
+
+
+def part_span(num_samples: int, unit: int, i: int, n: int) -> tuple[int, int]:
+    """Source samples [lo, hi) of part i of n: units (blocks) [U*i//n, U*(i+1)//n) of the U in all."""
+    units = -(-num_samples // unit)
+    lo, hi = units * i // n, units * (i + 1) // n
+    return min(num_samples, lo * unit), min(num_samples, hi * unit)
+
+
+def _part_manifests(dest: Path) -> list[tuple[str, Manifest]]:
+    root = dest / PARTS_DIR
+    if not root.is_dir():
+        raise FastloadError(f"{dest} has no {PARTS_DIR}/ folder: pack the parts first (fastload pack SRC {dest} "
+                            f"--part I/N for each I)")
+    found = []
+    for name in _sorted_parts(os.listdir(root), root):
+        path = root / name
+        if not (path / MANIFEST_NAME).is_file():
+            raise FastloadError(f"part {path} is unfinished (no {MANIFEST_NAME}): run its pack command again "
+                                f"(fastload pack SRC {dest} --part {name}/N) to finish it, then merge")
+        found.append((str(path), Manifest.parse((path / MANIFEST_NAME).read_bytes(), f"part '{path}'")))
+    return found
+
+
+def _sorted_parts(names: list[str], root: Any) -> list[str]:
+    bad = [n for n in names if not n.isdigit()]
+    if bad:
+        raise FastloadError(f"{root}/{bad[0]}: not a part (parts are {PARTS_DIR}/0, {PARTS_DIR}/1, ...)")
+    if not names:
+        raise FastloadError(f"{root} holds no parts")
+    return sorted(names, key=int)
+
+
+def _joined(dest: Any, parts: list[tuple[str, Manifest]]) -> Manifest:
+    """The merged manifest, after checking that the parts are all of one pack, in order."""
+    infos = [m.metadata.get("part") for _, m in parts]
+    for (path, _), p in zip(parts, infos):
+        if not isinstance(p, dict):
+            raise FastloadError(f"{path}: its manifest has no part information (metadata.part): not written by "
+                                f"fastload pack --part")
+    n = infos[0]["parts"]
+    have = [p["index"] for p in infos]
+    if have != list(range(n)) or any(p["parts"] != n for p in infos):
+        missing = sorted(set(range(n)) - set(have))
+        raise FastloadError(f"{dest}/{PARTS_DIR}: the pack was split into {n} parts; found {have}"
+                            + (f", missing {missing}" if missing else "") + ": pack the missing parts first")
+    first = parts[0][1]
+
+    def rest(m: Manifest) -> dict:
+        return {k: v for k, v in m.metadata.items() if k != "part"}
+
+    for path, m in parts:
+        if m.schema != first.schema or m.image_mode != first.image_mode or rest(m) != rest(first):
+            raise FastloadError(f"part {path} comes from a different source or settings than part 0")
+    spans = [p["samples"] for p in infos]
+    if any(a[1] != b[0] for a, b in zip(spans, spans[1:])) or spans[0][0] != 0:
+        raise FastloadError(f"{dest}/{PARTS_DIR}: the parts' sample ranges {spans} do not follow one another")
+    shards = [e for _, m in parts for e in m.shards]
+    skipped = [s for _, m in parts for s in m.skipped]
+    return Manifest("shards", first.schema, sum(e.num_samples for e in shards), shards, first.image_mode,
+                    skipped, rest(first), created_by=first.created_by)
+
+
+def merge(dest: str | os.PathLike, *, storage_options: dict | None = None) -> Manifest:
+    """Join the parts in ``dest/parts/`` into one dataset at ``dest``; returns its manifest.
+
+    Every part must be finished and from the same pack (same N, schema, settings). Shard files are
+    moved, not copied (in object storage: server-side); the manifest is written last. Re-running after
+    an interruption finishes the job. ``dest`` may be a URL (``storage_options`` for its backend).
+    """
+    from .formats.remote import is_url
+
+    if is_url(str(dest)):
+        return _merge_url(str(dest).rstrip("/"), storage_options)
+    dest = Path(dest)
+    if (dest / MANIFEST_NAME).is_file() and not (dest / PARTS_DIR).exists():
+        raise FastloadError(f"{dest} already holds a merged dataset")
+    parts = _part_manifests(dest)
+    merged = _joined(dest, parts)
+    for path, m in parts:
+        for e in m.shards:
+            src, dst = Path(path) / e.file, dest / e.file
+            if src.exists():
+                os.replace(src, dst)  # same filesystem: a rename, no bytes copied
+            elif not dst.is_file():
+                raise FastloadError(f"part {path}: shard {e.file} is missing")
+            if dst.stat().st_size != e.bytes:
+                raise FastloadError(f"{dst}: {dst.stat().st_size} bytes, part {path} says {e.bytes}")
+    fsync_dir(dest)
+    write_manifest(dest, merged)
+    shutil.rmtree(dest / PARTS_DIR)
+    fsync_dir(dest)
+    return merged
+
+
+def _merge_url(url: str, storage_options: dict | None) -> Manifest:
+    from .formats.remote import url_to_fs
+
+    fs, root = url_to_fs(url, storage_options)
+    proot = f"{root}/{PARTS_DIR}"
+    try:
+        names = [n.rstrip("/").rsplit("/", 1)[-1] for n in fs.ls(proot, detail=False)]
+    except FileNotFoundError:
+        if fs.exists(f"{root}/{MANIFEST_NAME}"):
+            raise FastloadError(f"{url} already holds a merged dataset") from None
+        raise FastloadError(f"{url} has no {PARTS_DIR}/: pack the parts first (fastload pack SRC {url} "
+                            f"--part I/N for each I)") from None
+    parts = []
+    for name in _sorted_parts(names, f"{url}/{PARTS_DIR}"):
+        where = f"{url}/{PARTS_DIR}/{name}"
+        try:
+            raw = fs.cat_file(f"{proot}/{name}/{MANIFEST_NAME}")
+        except FileNotFoundError:
+            raise FastloadError(f"part {where} is unfinished (no {MANIFEST_NAME}): run its pack command again "
+                                f"to finish it, then merge") from None
+        parts.append((where, Manifest.parse(raw, f"part '{where}'")))
+    merged = _joined(url, parts)
+    for (where, m), name in zip(parts, _sorted_parts(names, url)):
+        for e in m.shards:
+            src, dst = f"{proot}/{name}/{e.file}", f"{root}/{e.file}"
+            if fs.exists(src):
+                fs.mv(src, dst)  # object stores copy server-side: no bytes through this machine
+            elif not fs.exists(dst):
+                raise FastloadError(f"part {where}: shard {e.file} is missing")
+            if fs.size(dst) != e.bytes:
+                raise FastloadError(f"{url}/{e.file}: {fs.size(dst)} bytes, part {where} says {e.bytes}")
+    fs.pipe_file(f"{root}/{MANIFEST_NAME}", merged.to_json().encode())  # last: now it is a dataset
+    fs.rm(proot, recursive=True)
+    return merged
+
+
+# -- Ray ------------------------------------------------------------------------------------------
+
+def _ray():
+    try:
+        import ray
+    except ImportError:
+        raise ImportError("engine='ray' (fastload pack --ray) needs Ray: pip install 'fastload[ray]'") from None
+    return ray
+
+
+def _pack_part(source: Any, dest: str, i: int, n: int, kwargs: dict) -> dict:
+    from ._pack import pack
+
+    s = pack(source, dest, part=(i, n), **kwargs)
+    return {"part": i, "samples": s.samples, "seconds": s.seconds, "skipped": len(s.skipped), "bytes": s.bytes}
+
+
+def pack_on_ray(source: Any, dest: str | os.PathLike, *, parts: int | None, address: str | None, progress: bool,
+                **kwargs: Any):
+    """Pack ``source`` as ``parts`` Ray tasks (one CPU each; ``workers`` processes inside each, default 1),
+    then merge. ``source`` and ``dest`` must be paths every Ray node sees (a shared filesystem)."""
+    from ._pack import PackSummary
+
+    from .formats.remote import is_url
+
+    ray = _ray()
+    remote = is_url(str(dest))
+    dest = str(dest).rstrip("/") if remote else Path(dest).absolute()
+    if isinstance(source, (str, os.PathLike)):
+        source = str(Path(source).absolute())
+    started_here = False
+    if not ray.is_initialized():
+        ray.init(address=address, log_to_driver=False, include_dashboard=False)
+        started_here = True
+    t0 = time.perf_counter()
+    try:
+        if parts is None:
+            parts = max(1, int(ray.cluster_resources().get("CPU", 1)))
+        if parts < 1:
+            raise ValueError(f"parts={parts} should be >= 1")
+        kwargs = dict(kwargs)
+        if kwargs.get("workers") is None:
+            kwargs["workers"] = 1  # a task per CPU already
+        if not remote and kwargs.pop("overwrite", False) and dest.exists():
+            shutil.rmtree(dest)  # (a URL: each part replaces its own folder)
+        task = ray.remote(num_cpus=1)(_pack_part)
+        pending = [task.remote(source, str(dest), i, parts, kwargs) for i in range(parts)]
+        bar = None
+        if progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=parts, unit="part", desc=f"pack {dest} on ray")
+        results = []
+        try:
+            while pending:
+                done, pending = ray.wait(pending, num_returns=1)
+                results.extend(ray.get(done))
+                if bar is not None:
+                    r = results[-1]
+                    bar.set_postfix_str(f"part {r['part']}: {r['samples']} samples in {r['seconds']:.1f} s")
+                    bar.update(1)
+        finally:
+            if bar is not None:
+                bar.close()
+    finally:
+        if started_here:
+            ray.shutdown()
+    m = merge(dest, storage_options=kwargs.get("storage_options"))
+    return PackSummary(str(dest), "shards", m.num_samples, m.skipped, sum(e.bytes for e in m.shards), len(m.shards),
+                       time.perf_counter() - t0, 0)

@@ -1,0 +1,150 @@
+"""Packing in parts (_parts.py): `pack --part I/N` + `merge` give the single-machine pack byte for byte;
+the same parts as Ray tasks on a local Ray cluster."""
+
+from __future__ import annotations
+
+import filecmp
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import fastload
+from fastload import FastloadError
+from fastload._parts import part_span
+from fastload.cli import main
+
+from conftest import make_image_folder, png_bytes
+
+
+def photo_folder(root: Path) -> Path:
+    """JPEGs, PNGs (re-encoded by the packer) and one broken file (skipped with skip_bad)."""
+    make_image_folder(root, classes=3, per_class=9)
+    for k in range(4):
+        (root / "class_1" / f"png_{k}.png").write_bytes(png_bytes(30 + k, 40, seed=k))
+    (root / "class_2" / "broken.jpg").write_bytes(b"\xff\xd8 not a jpeg")
+    return root
+
+
+def identical(a: Path, b: Path) -> bool:
+    names = sorted(os.listdir(a))
+    return names == sorted(os.listdir(b)) and all(filecmp.cmp(a / n, b / n, shallow=False) for n in names)
+
+
+KW = dict(shard_size="12KB", block=5, skip_bad=True, workers=1)
+
+
+def test_part_spans_cover_the_source_in_whole_blocks():
+    for n, unit, parts in [(0, 4, 3), (10, 4, 3), (101, 7, 5), (5, 10, 4), (64, 8, 8)]:
+        spans = [part_span(n, unit, i, parts) for i in range(parts)]
+        assert spans[0][0] == 0 and spans[-1][1] == n
+        assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+        assert all(lo % unit == 0 for lo, hi in spans if lo < n)
+
+
+@pytest.mark.parametrize("parts", [1, 3, 4])
+def test_parts_merge_into_the_single_machine_pack(tmp_path, parts):
+    src = photo_folder(tmp_path / "photos")
+    single = fastload.pack(src, tmp_path / "single", **KW)
+    assert single.skipped and single.shards > 3  # the case is not trivial: blocks, skips, several shards
+    for i in reversed(range(parts)):  # any order
+        fastload.pack(src, tmp_path / "multi", part=(i, parts), **KW)
+    merged = fastload.merge(tmp_path / "multi")
+    assert identical(tmp_path / "single", tmp_path / "multi")
+    assert merged.num_samples == single.samples and not (tmp_path / "multi" / "parts").exists()
+
+
+def test_array_sources_split_on_shard_rows(tmp_path):
+    arrays = {"x": np.arange(3000 * 3, dtype=np.float32).reshape(3000, 3), "y": np.arange(3000)}
+    fastload.pack(arrays, tmp_path / "single", shard_size="4KB")
+    for i in range(5):
+        fastload.pack(arrays, tmp_path / "multi", shard_size="4KB", part=f"{i}/5")
+    fastload.merge(tmp_path / "multi")
+    assert identical(tmp_path / "single", tmp_path / "multi")
+    assert len(os.listdir(tmp_path / "single")) > 5
+
+
+def test_block_boundaries_are_part_of_the_single_machine_pack(tmp_path):
+    # without blocks, where a shard ends depends on every sample before it, and no part could know it
+    src = make_image_folder(tmp_path / "photos", classes=2, per_class=6)
+    fastload.pack(src, tmp_path / "ds", shard_size="1GB", block=4, workers=1)
+    ds = fastload.open(tmp_path / "ds")
+    assert [e.file for e in ds.manifest.shards] == ["shard-00000.fls", "shard-00004.fls", "shard-00008.fls"]
+    assert [e.num_samples for e in ds.manifest.shards] == [4, 4, 4]
+
+
+def test_merge_refuses_missing_unfinished_and_foreign_parts(tmp_path):
+    src = photo_folder(tmp_path / "photos")
+    fastload.pack(src, tmp_path / "m", part=(0, 3), **KW)
+    fastload.pack(src, tmp_path / "m", part=(2, 3), **KW)
+    with pytest.raises(FastloadError, match=r"split into 3 parts; found \[0, 2\], missing \[1\]"):
+        fastload.merge(tmp_path / "m")
+    (tmp_path / "m" / "parts" / "1").mkdir()
+    with pytest.raises(FastloadError, match="part .*1 is unfinished"):
+        fastload.merge(tmp_path / "m")
+    (tmp_path / "m" / "parts" / "1").rmdir()
+    fastload.pack(src, tmp_path / "m", part=(1, 3), **(KW | {"quality": 50, "image_mode": "jpeg"}))
+    with pytest.raises(FastloadError, match="different source or settings"):
+        fastload.merge(tmp_path / "m")
+    with pytest.raises(ValueError, match="I must be in 0..N-1"):
+        fastload.pack(src, tmp_path / "x", part="3/3")
+    with pytest.raises(ValueError, match="needs format='shards'"):
+        fastload.pack(src, tmp_path / "x", part="0/3", format="lmdb")
+
+
+def test_merge_finishes_after_an_interruption(tmp_path):
+    src = photo_folder(tmp_path / "photos")
+    fastload.pack(src, tmp_path / "single", **KW)
+    for i in range(2):
+        fastload.pack(src, tmp_path / "m", part=(i, 2), **KW)
+    first = next(p for p in sorted((tmp_path / "m" / "parts" / "0").iterdir()) if p.suffix == ".fls")
+    os.replace(first, tmp_path / "m" / first.name)  # a merge killed after moving one shard
+    fastload.merge(tmp_path / "m")
+    assert identical(tmp_path / "single", tmp_path / "m")
+
+
+def test_cli_part_merge_verify(tmp_path):
+    src = photo_folder(tmp_path / "photos")
+    runner = CliRunner()
+    common = ["--shard-size", "12KB", "--block", "5", "--skip-bad", "--workers", "1", "-q"]
+    for i in range(2):
+        res = runner.invoke(main, ["pack", str(src), str(tmp_path / "m"), "--part", f"{i}/2"] + common)
+        assert res.exit_code == 0, res.output
+        assert "fastload merge" in res.output
+    res = runner.invoke(main, ["merge", str(tmp_path / "m")])
+    assert res.exit_code == 0 and "merged" in res.output, res.output
+    res = runner.invoke(main, ["verify", str(tmp_path / "m")])
+    assert res.exit_code == 0 and "OK" in res.output, res.output
+    res = runner.invoke(main, ["pack", str(src), str(tmp_path / "single")] + common)
+    assert res.exit_code == 0, res.output
+    assert identical(tmp_path / "single", tmp_path / "m")
+    res = runner.invoke(main, ["pack", str(src), str(tmp_path / "z"), "--part", "2"] + common)
+    assert res.exit_code == 2 and "I/N" in res.output
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray = pytest.importorskip("ray")
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_ray_packs_parts_and_merges_byte_for_byte(tmp_path, ray_cluster):
+    src = photo_folder(tmp_path / "photos")
+    fastload.pack(src, tmp_path / "single", **KW)
+    summary = fastload.pack(src, tmp_path / "ray", engine="ray", parts=3, **KW)
+    assert identical(tmp_path / "single", tmp_path / "ray")
+    assert summary.samples == fastload.open(tmp_path / "single").manifest.num_samples
+    res = CliRunner().invoke(main, ["verify", str(tmp_path / "ray")])
+    assert res.exit_code == 0 and "OK" in res.output, res.output
+    # the command line, on the running cluster, with the cluster's CPU count as the number of parts
+    res = CliRunner().invoke(main, ["pack", str(src), str(tmp_path / "cli"), "--ray", "--shard-size", "12KB",
+                                    "--block", "5", "--skip-bad", "-q"])
+    assert res.exit_code == 0, res.output
+    assert identical(tmp_path / "single", tmp_path / "cli")
