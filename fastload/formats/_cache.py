@@ -235,10 +235,11 @@ def _try_exclusive(lock_path: str) -> int | None:
         raise
 
 
-def _evict(path: Path) -> bool:
-    fd = _try_exclusive(str(path) + _LOCK)
+def _unlink_if_free(path: Path, lock: str) -> bool:
+    """Remove ``path`` if nobody holds the lock file ``lock`` (taken exclusively while removing)."""
+    fd = _try_exclusive(lock)
     if fd is None:
-        return False  # in use (mapped, pinned or being downloaded)
+        return False
     try:
         path.unlink()
         return True
@@ -246,18 +247,14 @@ def _evict(path: Path) -> bool:
         return False
     finally:
         os.close(fd)
+
+
+def _evict(path: Path) -> bool:
+    """Remove a cached shard unless it is in use (mapped, pinned or being downloaded)."""
+    return _unlink_if_free(path, str(path) + _LOCK)
 
 
 def _stale_part(path: Path) -> bool:
     """Remove a ``.part`` whose downloader is gone (nobody holds its shard's download lock)."""
     shard = path.name.split(".fls.", 1)[0] + ".fls"
-    fd = _try_exclusive(str(path.with_name(shard)) + _DOWNLOAD)
-    if fd is None:
-        return False
-    try:
-        path.unlink()
-        return True
-    except FileNotFoundError:
-        return False
-    finally:
-        os.close(fd)
+    return _unlink_if_free(path, str(path.with_name(shard)) + _DOWNLOAD)
