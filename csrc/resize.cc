@@ -124,81 +124,10 @@ __attribute__((target("ssse3"))) void horizontal_rows_ssse3(const uint8_t* in,
   }
 }
 
-// The same kernel on 256-bit registers: two pairs of taps (one per 128-bit lane) per multiply-add,
-// the weights of consecutive pairs being consecutive in expand_xweights' layout. Integer arithmetic
-// identical to the SSSE3 kernel (sums of the same int16 x int16 products), so the bytes are too.
-template <int R>
-__attribute__((target("avx2"))) void horizontal_rows_avx2(const uint8_t* in, ptrdiff_t in_stride,
-                                                          int x0, const AxisPlan& p,
-                                                          const int16_t* w, const uint8_t* end,
-                                                          bool flip, uint8_t* out,
-                                                          ptrdiff_t out_stride) {
-  const int n = p.out;
-  const int shift = p.shift;
-  const int ksize = p.ksize;
-  const int32_t* start = p.start.data();
-  const int32_t* count = p.count.data();
-  const int16_t* coeffs = p.coeffs.data();
-  const __m128i half = _mm_set1_epi32(1 << (shift - 1));
-  const __m128i mask = _mm_setr_epi8(0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1);
-  const __m256i mask2 = _mm256_broadcastsi128_si256(mask);
-  const __m128i* wv = reinterpret_cast<const __m128i*>(w);
-  const uint8_t* last_row = in + (R - 1) * in_stride;
-  for (int xx = 0; xx < n; ++xx) {
-    const ptrdiff_t off = static_cast<ptrdiff_t>(start[xx] - x0) * 3;
-    const int cnt = count[xx];
-    const int pairs = (cnt + 1) / 2;
-    const ptrdiff_t pos = static_cast<ptrdiff_t>(flip ? n - 1 - xx : xx) * 3;
-    if (last_row + off + 6 * pairs + 2 > end) {  // 8-byte loads would pass the source's end
-      for (int r = 0; r < R; ++r) {
-        horizontal_pixel(in + r * in_stride + off, coeffs + static_cast<size_t>(xx) * ksize, cnt,
-                         shift, out + r * out_stride + pos);
-      }
-      continue;
-    }
-    const __m128i* c = wv + static_cast<size_t>(xx) * (ksize / 2);
-    __m256i acc2[R];
-    __m128i acc[R];
-    for (int r = 0; r < R; ++r) {
-      acc2[r] = _mm256_setzero_si256();
-      acc[r] = half;
-    }
-    int g = 0;
-    for (; g + 2 <= pairs; g += 2) {
-      const __m256i wg = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + g));
-      for (int r = 0; r < R; ++r) {
-        const uint8_t* s = in + r * in_stride + off + 6 * g;
-        const __m128i lo = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(s));
-        const __m128i hi = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(s + 6));
-        const __m256i px = _mm256_shuffle_epi8(_mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1), mask2);
-        acc2[r] = _mm256_add_epi32(acc2[r], _mm256_madd_epi16(px, wg));
-      }
-    }
-    if (g < pairs) {  // an odd number of pairs: the last one on 128 bits
-      const __m128i wg = _mm_loadu_si128(c + g);
-      for (int r = 0; r < R; ++r) {
-        const uint8_t* s = in + r * in_stride + off + 6 * g;
-        const __m128i px = _mm_shuffle_epi8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(s)), mask);
-        acc[r] = _mm_add_epi32(acc[r], _mm_madd_epi16(px, wg));
-      }
-    }
-    for (int r = 0; r < R; ++r) {
-      __m128i v = _mm_add_epi32(acc[r], _mm_add_epi32(_mm256_castsi256_si128(acc2[r]),
-                                                      _mm256_extracti128_si256(acc2[r], 1)));
-      v = _mm_srai_epi32(v, shift);
-      v = _mm_packs_epi32(v, v);
-      v = _mm_packus_epi16(v, v);
-      const uint32_t bytes = static_cast<uint32_t>(_mm_cvtsi128_si32(v));
-      uint8_t* d = out + r * out_stride + pos;
-      const uint16_t rg = static_cast<uint16_t>(bytes);
-      std::memcpy(d, &rg, 2);
-      d[2] = static_cast<uint8_t>(bytes >> 16);
-    }
-  }
-}
-
-// Which horizontal kernel runs: the widest the CPU has, unless FASTLOAD_SIMD names a narrower one
-// ("ssse3" or "scalar"; tests compare the kernels' bytes this way).
+// Which kernels run: the widest the CPU has, unless FASTLOAD_SIMD names a narrower set ("ssse3": SSSE3
+// horizontal and SSE2 vertical passes; "scalar": no SIMD horizontally). Tests compare the kernels' bytes
+// this way. (An AVX2 horizontal kernel over pairs of taps was tried and measured: no fewer instructions
+// than SSSE3, the per-pixel bookkeeping dominating; only the vertical pass gains from 256 bits.)
 enum class Simd { kScalar, kSsse3, kAvx2 };
 
 Simd simd_level() {
@@ -389,8 +318,7 @@ void resample(const SourceView& src, bool flip, uint8_t* out, ptrdiff_t out_stri
     const int n_rows = py.last - py.first;
     uint8_t* tmp = s->rows.reserve(row_bytes * n_rows);
 #ifdef FASTLOAD_X86
-    const Simd level = simd_level();
-    const bool simd = level != Simd::kScalar;
+    const bool simd = simd_level() != Simd::kScalar;
     if (simd) expand_xweights(px, &s->xweights);
 #endif
     for (int r = 0; r < n_rows;) {
@@ -400,19 +328,13 @@ void resample(const SourceView& src, bool flip, uint8_t* out, ptrdiff_t out_stri
       if (simd) {
         const ptrdiff_t ob = static_cast<ptrdiff_t>(row_bytes);
         const int16_t* w = s->xweights.data();
-        const bool four = r + 4 <= n_rows;
-        if (level == Simd::kAvx2) {
-          if (four) {
-            horizontal_rows_avx2<4>(in, src.stride, src.x0, px, w, src.end, flip, o, ob);
-          } else {
-            horizontal_rows_avx2<1>(in, src.stride, src.x0, px, w, src.end, flip, o, ob);
-          }
-        } else if (four) {
+        if (r + 4 <= n_rows) {
           horizontal_rows_ssse3<4>(in, src.stride, src.x0, px, w, src.end, flip, o, ob);
+          r += 4;
         } else {
           horizontal_rows_ssse3<1>(in, src.stride, src.x0, px, w, src.end, flip, o, ob);
+          r += 1;
         }
-        r += four ? 4 : 1;
         continue;
       }
 #endif

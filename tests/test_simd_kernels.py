@@ -1,4 +1,4 @@
-"""The resize kernels (csrc/resize.cc: scalar, SSSE3, AVX2) compute the same integers, so they write the
+"""The resize kernels (csrc/resize.cc: scalar or SSSE3 horizontally, SSE2 or AVX2 vertically) compute the same integers, so they write the
 same bytes. Each runs in its own process (FASTLOAD_SIMD picks a narrower kernel than the CPU has)."""
 
 from __future__ import annotations
