@@ -69,8 +69,25 @@ void expand_xweights(const AxisPlan& p, std::vector<int16_t>* w) {
   }
 }
 
+// The sums of one output pixel for R rows: (R, G, B, 0) as int32, before the shift.
+template <int R>
+__attribute__((target("ssse3"))) inline void pixel_sums(const uint8_t* in, ptrdiff_t in_stride,
+                                                        ptrdiff_t off, int pairs, const __m128i* c,
+                                                        __m128i half, __m128i mask, __m128i* acc) {
+  for (int r = 0; r < R; ++r) acc[r] = half;
+  for (int g = 0; g < pairs; ++g) {
+    const __m128i wg = _mm_loadu_si128(c + g);
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* s = in + r * in_stride + off + 6 * g;
+      const __m128i px = _mm_shuffle_epi8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(s)), mask);
+      acc[r] = _mm_add_epi32(acc[r], _mm_madd_epi16(px, wg));
+    }
+  }
+}
+
 // R consecutive rows at once: per output pixel the tap offsets and weights are shared by all
-// rows, so the bookkeeping is paid once per R rows.
+// rows, so the bookkeeping is paid once per R rows. Four output pixels are packed and stored
+// together (12 bytes in two stores) wherever their loads stay inside the source.
 template <int R>
 __attribute__((target("ssse3"))) void horizontal_rows_ssse3(const uint8_t* in,
                                                             ptrdiff_t in_stride, int x0,
@@ -85,32 +102,49 @@ __attribute__((target("ssse3"))) void horizontal_rows_ssse3(const uint8_t* in,
   const int16_t* coeffs = p.coeffs.data();
   const __m128i half = _mm_set1_epi32(1 << (shift - 1));
   const __m128i mask = _mm_setr_epi8(0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1);
+  // [R0 G0 B0 0 R1 G1 B1 0 R2 G2 B2 0 R3 G3 B3 0] -> 12 packed bytes, in order or mirrored
+  const __m128i fwd = _mm_setr_epi8(0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, -1, -1, -1, -1);
+  const __m128i rev = _mm_setr_epi8(12, 13, 14, 8, 9, 10, 4, 5, 6, 0, 1, 2, -1, -1, -1, -1);
   const __m128i* wv = reinterpret_cast<const __m128i*>(w);
   const uint8_t* last_row = in + (R - 1) * in_stride;
-  for (int xx = 0; xx < n; ++xx) {
+  const int pairs_max = ksize / 2;
+  auto inside = [&](int xx) {
+    const ptrdiff_t off = static_cast<ptrdiff_t>(start[xx] - x0) * 3;
+    return last_row + off + 6 * ((count[xx] + 1) / 2) + 2 <= end;
+  };
+  int xx = 0;
+  for (; xx + 4 <= n && inside(xx) && inside(xx + 1) && inside(xx + 2) && inside(xx + 3); xx += 4) {
+    __m128i acc[4][R];
+    for (int k = 0; k < 4; ++k) {
+      const int x = xx + k;
+      pixel_sums<R>(in, in_stride, static_cast<ptrdiff_t>(start[x] - x0) * 3, (count[x] + 1) / 2,
+                    wv + static_cast<size_t>(x) * pairs_max, half, mask, acc[k]);
+    }
+    const ptrdiff_t pos = static_cast<ptrdiff_t>(flip ? n - 4 - xx : xx) * 3;
+    for (int r = 0; r < R; ++r) {
+      const __m128i a = _mm_packs_epi32(_mm_srai_epi32(acc[0][r], shift), _mm_srai_epi32(acc[1][r], shift));
+      const __m128i b = _mm_packs_epi32(_mm_srai_epi32(acc[2][r], shift), _mm_srai_epi32(acc[3][r], shift));
+      const __m128i v = _mm_shuffle_epi8(_mm_packus_epi16(a, b), flip ? rev : fwd);
+      uint8_t* d = out + r * out_stride + pos;
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(d), v);
+      const uint32_t tail = static_cast<uint32_t>(_mm_cvtsi128_si32(_mm_srli_si128(v, 8)));
+      std::memcpy(d + 8, &tail, 4);
+    }
+  }
+  for (; xx < n; ++xx) {
     const ptrdiff_t off = static_cast<ptrdiff_t>(start[xx] - x0) * 3;
     const int cnt = count[xx];
-    const int pairs = (cnt + 1) / 2;
     const ptrdiff_t pos = static_cast<ptrdiff_t>(flip ? n - 1 - xx : xx) * 3;
-    if (last_row + off + 6 * pairs + 2 > end) {  // 8-byte loads would pass the source's end
+    if (!inside(xx)) {  // 8-byte loads would pass the source's end
       for (int r = 0; r < R; ++r) {
         horizontal_pixel(in + r * in_stride + off, coeffs + static_cast<size_t>(xx) * ksize, cnt,
                          shift, out + r * out_stride + pos);
       }
       continue;
     }
-    const __m128i* c = wv + static_cast<size_t>(xx) * (ksize / 2);
     __m128i acc[R];
-    for (int r = 0; r < R; ++r) acc[r] = half;
-    for (int g = 0; g < pairs; ++g) {
-      const __m128i wg = _mm_loadu_si128(c + g);
-      for (int r = 0; r < R; ++r) {
-        const uint8_t* s = in + r * in_stride + off + 6 * g;
-        const __m128i px = _mm_shuffle_epi8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(s)),
-                                            mask);
-        acc[r] = _mm_add_epi32(acc[r], _mm_madd_epi16(px, wg));
-      }
-    }
+    pixel_sums<R>(in, in_stride, off, (cnt + 1) / 2, wv + static_cast<size_t>(xx) * pairs_max, half, mask,
+                  acc);
     for (int r = 0; r < R; ++r) {
       __m128i v = _mm_srai_epi32(acc[r], shift);
       v = _mm_packs_epi32(v, v);
