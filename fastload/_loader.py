@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import Any, Iterator, TypeVar
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -22,7 +22,7 @@ from ._batcher import Batcher, NotFastPath
 from ._dataset import Dataset as PackedDataset
 from ._fastiter import FastIterator, FillPolicy
 from ._dropin import (check_batch_sampler, check_collate, check_memory_format, check_worker_init_fn,
-                      contiguous_images, warn_accelerate_rebuild, warn_pin_memory, warn_refused)
+                      warn_accelerate_rebuild, warn_pin_memory, warn_refused)
 from ._prefetch import DevicePrefetcher, DeviceRing, check_device
 from ._ring import Slot, SlotRing
 from ._stats import LoaderStats

@@ -3,12 +3,10 @@ same bytes. Each runs in its own process (FASTLOAD_SIMD picks a narrower kernel 
 
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 from fastload import _C

@@ -3,8 +3,6 @@ Skipped without CUDA and torchvision."""
 
 from __future__ import annotations
 
-import pytest
-import torch
 
 import fastload
 from fastload import transforms as T
