@@ -18,7 +18,6 @@ from ._images import ImageDecoding
 from ._native import native
 from ._ring import Slot, host_empty, pinned_memory_usable
 from ._schema import Field
-from .formats.shards import ShardSegment
 from ._sequences import PackJob, PackSequences, cu_seqlens
 
 
@@ -40,6 +39,7 @@ class Batcher:
         self.images = ImageDecoding(decoder, device, batch_size, num_threads)
         self.decoder = decoder
         self.ds = dataset
+        self.reader = dataset.reader
         self.batch_size = batch_size
         self.on_error = on_error
         self.schema = dataset.schema
@@ -108,14 +108,9 @@ class Batcher:
         f = self.schema[name]
         flat = slot.arrays[name]
         flat[...] = spec.value
-        starts = self.ds._starts
-        seg_ids = np.searchsorted(starts, job.samples, side="right") - 1
-        local = job.samples - starts[seg_ids]
-        groups = [(int(g), np.flatnonzero(seg_ids == g)) for g in np.unique(seg_ids)]
-        segs = {g: self.ds._segments[g].open() for g, _ in groups}
+        at = self.reader.locate(job.samples)
         item = flat.itemsize
-        self._gather_pieces(f, flat, segs, groups, local, job.samples, job.starts * item, job.lengths * item,
-                            job.dst * item)
+        self._gather_pieces(f, flat, at, job.samples, job.starts * item, job.lengths * item, job.dst * item)
         cu = cu_seqlens(job, spec.row_length)
         k = len(cu) - 1
         slot.arrays[name + ":cu"][: k + 1] = cu
@@ -130,66 +125,34 @@ class Batcher:
         if isinstance(indices, PackJob):
             return self._fill_packed(slot, indices)
         indices = np.asarray(indices, dtype=np.int64)
-        if len(self.ds._segments) == 1:  # common for small records: skip the shard lookup
-            seg_ids = np.zeros(len(indices), dtype=np.int64)
-            local = indices
-            groups = [(0, np.arange(len(indices)))]
-        else:
-            starts = self.ds._starts
-            seg_ids = np.searchsorted(starts, indices, side="right") - 1
-            local = indices - starts[seg_ids]
-            present = np.flatnonzero(np.bincount(seg_ids, minlength=len(self.ds._segments)))
-            groups = [(int(s), np.flatnonzero(seg_ids == s)) for s in present] if len(present) > 1 else \
-                [(int(present[0]), np.arange(len(indices)))]
-        segs = {s: self.ds._segments[s].open() for s, _ in groups}
+        at = self.reader.locate(indices)
         objects = {}
         failed: dict[int, str] = {}
-        region_of = None  # position -> index into groups, built on first use
         for f in self.schema:
             if f.kind == "image":
-                sources = _blob_sources(f, segs, groups, local)
-                for k, msg in self.images.fill(self.pool, self.pipelines[f.name], f, slot, segs, groups, local,
-                                               sources, rng):
+                for k, msg in self.images.fill(self.pool, self.pipelines[f.name], f, slot, self.reader, at, rng):
                     failed.setdefault(k, f"field '{f.name}': {msg}")
             elif f.name in self.ds.sequences:
-                objects[f.name] = self._fill_sequences(f, slot, segs, groups, local, indices, seg_ids)
+                objects[f.name] = self._fill_sequences(f, slot, at, indices)
             elif f.fixed_size:
-                if region_of is None:
-                    region_of = np.zeros(len(indices), np.int64)
-                    for k, (_, pos) in enumerate(groups[1:], 1):
-                        region_of[pos] = k
-                self._gather_column(f, slot.arrays[f.name][: len(indices)], segs, groups, region_of, local)
+                self.reader.gather_rows(at, f.name, slot.arrays[f.name][: len(indices)], self._gather)
             else:
-                objects[f.name] = self._objects(f, segs, seg_ids, local, indices, failed)
+                objects[f.name] = self._objects(f, at, failed)
         if failed:
-            self._handle_failures(failed, slot, objects, indices, seg_ids, len(indices))
+            self._handle_failures(failed, slot, objects, indices, at.seg_ids, len(indices))
         return [objects.get(f.name) for f in self.schema]
 
-    def _gather_column(self, f: Field, out: np.ndarray, segs: dict, groups: list, region_of: np.ndarray,
-                       local: np.ndarray) -> None:
-        """Rows of a fixed-size column: one native, bounds-checked, multi-threaded copy for shards."""
-        if all(isinstance(segs[s], ShardSegment) for s, _ in groups):
-            row_bytes = out[:1].nbytes
-            regions = [segs[s].buffer for s, _ in groups]
-            base = np.array([segs[s].column_start[(f.name, "values")] for s, _ in groups], dtype=np.int64)
-            offset = base[region_of] + local * row_bytes
-            native().gather_rows(self.pool, regions, region_of, offset, row_bytes, out)
-        else:
-            for s, pos in groups:
-                out[pos] = segs[s].take(f.name, "values", local[pos])
+    def _gather(self, regions, region, offset, row_bytes, out) -> None:
+        native().gather_rows(self.pool, regions, region, offset, row_bytes, out)
 
-    def _fill_sequences(self, f: Field, slot: Slot, segs: dict, groups: list, local: np.ndarray,
-                        indices: np.ndarray, seg_ids: np.ndarray) -> int:
+    def _fill_sequences(self, f: Field, slot: Slot, at, indices: np.ndarray) -> int:
         """Pad/bucket a variable-length field into the slot; returns the batch's padded length."""
         seq = self.ds.sequences[f.name]
-        n = len(local)
-        lengths = np.empty(n, dtype=np.int64)
-        for s, pos in groups:
-            lengths[pos] = segs[s].take(f.name, "shape", local[pos])[:, 0]
+        n = len(at)
+        lengths = self.reader.take(at, f.name, "shape")[:, 0].astype(np.int64)
 
         def describe(k: int) -> str:
-            seg = self.ds._segments[int(seg_ids[k])]
-            return where(self.ds.path, seg.name if isinstance(seg, ShardSegment) else None, int(indices[k]), f.name)
+            return where(self.ds.path, self.reader.shard(at.seg_ids[k]), int(indices[k]), f.name)
 
         try:
             seq.check(lengths, describe)
@@ -201,18 +164,18 @@ class Batcher:
         out = slot.arrays[f.name][: n * bound * int(np.prod(rest, dtype=np.int64))].reshape((n, bound) + rest)
         out[...] = seq.value
         row_bytes = np.dtype(f.dtype).itemsize * int(np.prod(rest, dtype=np.int64))
-        self._gather_pieces(f, out, segs, groups, local, indices, np.zeros(n, np.int64), cut * row_bytes,
+        self._gather_pieces(f, out, at, indices, np.zeros(n, np.int64), cut * row_bytes,
                             np.arange(n, dtype=np.int64) * (bound * row_bytes))
         slot.arrays[f.name + ":len"][:n] = cut
         return bound
 
-    def _gather_pieces(self, f: Field, out: np.ndarray, segs: dict, groups: list, local: np.ndarray,
-                       indices: np.ndarray, skip: np.ndarray, nbytes: np.ndarray, dst: np.ndarray) -> None:
-        """One native copy of variable-length pieces: piece j is ``nbytes[j]`` bytes of sample ``local[j]``'s
-        value of field ``f``, from byte ``skip[j]`` of that value, to byte ``dst[j]`` of ``out`` (padding
+    def _gather_pieces(self, f: Field, out: np.ndarray, at, indices: np.ndarray, skip: np.ndarray,
+                       nbytes: np.ndarray, dst: np.ndarray) -> None:
+        """One native copy of variable-length pieces: piece j is ``nbytes[j]`` bytes of batch position j's
+        value of field ``f`` (``at`` locates them), from byte ``skip[j]`` of that value, to byte ``dst[j]`` of ``out`` (padding
         is the caller's). A piece past the end of its value (an LMDB record shorter than its recorded
         length; shard offsets are checked at open) is refused naming the sample."""
-        regions, region, offset, length = _blob_sources(f, segs, groups, local)
+        regions, region, offset, length = self.reader.blob_sources(at, f.name)
         short = np.flatnonzero(skip + nbytes > length)
         if short.size:
             p = int(short[0])
@@ -221,10 +184,10 @@ class Batcher:
         native().gather_pieces(self.pool, regions, region, offset + skip, nbytes.astype(np.int64, copy=False),
                                dst.astype(np.int64, copy=False), out)
 
-    def _objects(self, f: Field, segs: dict, seg_ids, local, indices, failed) -> list:
+    def _objects(self, f: Field, at, failed) -> list:
         out = []
-        for k, (s, i) in enumerate(zip(seg_ids.tolist(), local.tolist())):
-            blob = segs[s].blob(f.name, i)
+        for k in range(len(at)):
+            blob = self.reader.blob(at, f.name, k)
             if f.kind == "bytes":
                 out.append(bytes(blob))
             else:
@@ -238,8 +201,7 @@ class Batcher:
     def _handle_failures(self, failed: dict, slot: Slot, objects: dict, indices, seg_ids, n: int) -> None:
         if self.on_error == "raise" or len(failed) == n:
             k = min(failed)
-            seg = self.ds._segments[int(seg_ids[k])]
-            shard = seg.name if isinstance(seg, ShardSegment) else None
+            shard = self.reader.shard(seg_ids[k])
             more = f" ({len(failed) - 1} more in this batch)" if len(failed) > 1 else ""
             hint = "" if self.on_error == "skip" else "; pass on_error='skip' to replace bad samples"
             raise DecodeError(f"{where(self.ds.path, shard, int(indices[k]), None)}: {failed[k]}{more}{hint}")
@@ -290,29 +252,3 @@ class Batcher:
             return dict(zip(self.schema.names, values))
         return values
 
-
-def _blob_sources(f: Field, segs: dict, groups: list, local: np.ndarray) -> tuple[list, np.ndarray, np.ndarray,
-                                                                                 np.ndarray]:
-    """Where each sample's value of blob field ``f`` lies, for the native calls: ``(regions, region,
-    offset, length)``. A shard's values are byte ranges of its mapped file; an LMDB value is its own region."""
-    n = len(local)
-    region = np.empty(n, dtype=np.int64)
-    offset = np.empty(n, dtype=np.int64)
-    length = np.empty(n, dtype=np.int64)
-    regions: list = []
-    for s, pos in groups:
-        seg, loc = segs[s], local[pos]
-        if isinstance(seg, ShardSegment):
-            offs = seg.offsets[f.name]
-            region[pos] = len(regions)
-            regions.append(seg.buffer)
-            offset[pos] = seg.data_start[f.name] + offs[loc].astype(np.int64)
-            length[pos] = (offs[loc + 1] - offs[loc]).astype(np.int64)
-        else:
-            for p, i in zip(pos.tolist(), loc.tolist()):
-                blob = seg.blob(f.name, int(i))
-                region[p] = len(regions)
-                regions.append(blob)
-                offset[p] = 0
-                length[p] = len(blob)
-    return regions, region, offset, length

@@ -17,6 +17,7 @@ from ._schema import Field, Schema
 from .formats import lmdb as lmdb_format
 from .formats._layout import IMAGE_JPEG, columns_of
 from .formats._manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest
+from .formats.reader import PackedReader
 from .formats.shards import ShardSegment, shard_segments
 from .formats.remote import Remote, is_url, warn_local_options
 from ._sequences import Bucket, PackSequences, is_sequence_transform
@@ -92,6 +93,12 @@ class Dataset(torch.utils.data.Dataset):
         self._finalizer = weakref.finalize(self, _close_segments, self._segments)
         counts = np.array([s.count for s in self._segments], dtype=np.int64)
         self._starts = np.concatenate([[0], np.cumsum(counts)])
+        self._reader = PackedReader(self._segments, self._starts, self.path)
+
+    @property
+    def reader(self) -> PackedReader:
+        """What the loader reads through (formats/reader.py): locate, gather, blob sources."""
+        return self._reader
 
     def _make_segments(self) -> list:
         if self._remote is not None:
@@ -229,6 +236,7 @@ class Dataset(torch.utils.data.Dataset):
         # Worker processes reopen their own mappings; nothing mapped travels through pickle.
         state = self.__dict__.copy()
         state["_segments"] = None
+        state["_reader"] = None
         state["_finalizer"] = None
         return state
 
@@ -236,6 +244,7 @@ class Dataset(torch.utils.data.Dataset):
         self.__dict__.update(state)
         self._segments = self._make_segments()
         self._finalizer = weakref.finalize(self, _close_segments, self._segments)
+        self._reader = PackedReader(self._segments, self._starts, self.path)
 
 
 def _close_segments(segments: list) -> None:

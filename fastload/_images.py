@@ -93,29 +93,28 @@ class ImageDecoding:
             self.hybrid.close()
 
     # -- filling -------------------------------------------------------------------------------------
-    def fill(self, pool, pipeline, f: Field, slot, segs: dict, groups: list, local: np.ndarray, sources: tuple,
-             rng) -> list[tuple[int, str]]:
-        """Decode the batch's images of field ``f`` into ``slot``; ``sources`` is ``_blob_sources``'s
-        ``(regions, region, offset, length)``. Returns the failures ``[(position, message)]``."""
-        n = len(local)
-        meta = np.empty((n, 3), dtype=np.int64)
-        for s, pos in groups:
-            meta[pos] = segs[s].take(f.name, "meta", local[pos])
+    def fill(self, pool, pipeline, f: Field, slot, reader, at, rng) -> list[tuple[int, str]]:
+        """Decode the batch's images of field ``f`` (``at``: the batch located by ``reader``, a
+        ``formats.reader.PackedReader``) into ``slot``. Returns the failures ``[(position, message)]``."""
+        n = len(at)
+        meta = reader.take(at, f.name, "meta").astype(np.int64)
         plan = pipeline.plan(meta[:, 0], meta[:, 1], rng)
         out = slot.tensors[f.name][:n]
         if self.gpu is None:
-            return self._native(pool, meta, sources, plan, slot.arrays[f.name], 0, n)
+            return self._native(pool, meta, reader.blob_sources(at, f.name), plan, slot.arrays[f.name], 0, n)
         self._out_hw[f.name] = tuple(int(v) for v in pipeline.output_size)
         if self.hybrid is None:
-            return self._on_gpu(f, segs, groups, local, meta, plan, out, 0, n)
+            return self._on_gpu(f, reader, at, meta, plan, out, 0, n)
         host = slot.tensors[f.name + ":host"]
+
+        sources = reader.blob_sources(at, f.name)
 
         def cpu(k: int) -> list:
             fails = self._native(pool, meta, sources, plan, slot.arrays[f.name + ":host"], 0, k)
             self._upload(out[:k], host[:k])
             return fails
 
-        return self.hybrid.run(n, cpu, lambda k: self._on_gpu(f, segs, groups, local, meta, plan, out[k:n], k, n))
+        return self.hybrid.run(n, cpu, lambda k: self._on_gpu(f, reader, at, meta, plan, out[k:n], k, n))
 
     @staticmethod
     def _native(pool, meta, sources, plan, out: np.ndarray, lo: int, hi: int) -> list:
@@ -156,14 +155,10 @@ class ImageDecoding:
             self._gpu_decoders[f.name] = dec
         return dec
 
-    def _on_gpu(self, f: Field, segs: dict, groups: list, local: np.ndarray, meta: np.ndarray, plan, out,
-                lo: int, hi: int) -> list:
+    def _on_gpu(self, f: Field, reader, at, meta: np.ndarray, plan, out, lo: int, hi: int) -> list:
         """Samples ``[lo, hi)`` by the GPU decoder (or DALI's CPU-only mode) into ``out`` (their rows);
         failures are relative to ``lo``. JPEG only: raw images fail with a hint."""
-        seg_of = np.empty(len(local), dtype=np.int64)
-        for s, pos in groups:
-            seg_of[pos] = s
-        blobs = [segs[int(seg_of[p])].blob(f.name, int(local[p])) for p in range(lo, hi)]
+        blobs = [reader.blob(at, f.name, p) for p in range(lo, hi)]
         failures = self._decoder(f).decode(blobs, plan.crops[lo:hi], plan.flips[lo:hi], out)
         bad = {j for j, _ in failures}
         raw = [(j, f"a raw (not JPEG) image: decoder={self.decoder!r} decodes JPEG only on the GPU; use "

@@ -133,7 +133,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             explicit = split is not None
             if split is None:
                 split = "shards" if getattr(dataset, "remote", False) and w > 1 else "samples"
-            shard_sizes = [s.count for s in dataset._segments] if kind == "quasi" or split == "shards" else None
+            shard_sizes = dataset.reader.sizes if kind == "quasi" or split == "shards" else None
             common = dict(kind=kind, seed=self.seed, rank=r, world_size=w, drop_last=drop_last, window=window)
             bucketed = [(n, t) for n, t in dataset.sequences.items() if isinstance(t, Bucket)]
             packed = [(n, t) for n, t in dataset.sequences.items() if isinstance(t, PackSequences)]
@@ -143,10 +143,10 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
                 split = _strided("Bucket and PackSequences form their own batches")
             if packed:
                 name, spec = packed[0]
-                self._order = PackedOrder(_first_dims(dataset, name), batch_size * spec.row_length, **common)
+                self._order = PackedOrder(dataset.reader.first_dims(name), batch_size * spec.row_length, **common)
             elif bucketed:
                 name, spec = bucketed[0]
-                self._order = BucketOrder(spec.bucket_ids(_first_dims(dataset, name)), batch_size, **common)
+                self._order = BucketOrder(spec.bucket_ids(dataset.reader.first_dims(name)), batch_size, **common)
             else:
                 try:
                     self._order = Order(len(dataset), batch_size, shard_sizes=shard_sizes, split=split, **common)
@@ -368,10 +368,3 @@ def _strided(why: str) -> str:
     return "samples"
 
 
-def _first_dims(dataset: PackedDataset, field: str) -> np.ndarray:
-    """Every sample's first dimension of a variable-shape field, from the shape columns (no blobs read)."""
-    parts = []
-    for seg in dataset._segments:
-        seg.open()
-        parts.append(seg.take(field, "shape", np.arange(seg.count))[:, 0])
-    return np.concatenate(parts) if parts else np.zeros(0, np.int64)

@@ -1,0 +1,133 @@
+"""``PackedReader``: what the layers above the bytes on disk need from an opened dataset, whatever its format.
+
+The batcher, the image decoders and the loader ask it to locate a batch's samples, group them by segment,
+gather fixed-size columns, hand blob sources to the native calls, and read shape columns and names for
+messages. Shards (local or cached from a URL) and LMDB segments differ only here: nothing above
+``formats/`` checks a segment's class or reads its fields.
+
+A *batch view* (``Located``) is computed once per batch: ``seg_ids`` and ``local`` per position,
+``groups`` = ``[(segment index, positions)]``, and the opened segments.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from .shards import ShardSegment
+
+
+class Located:
+    """A batch's samples by segment: ``seg_ids``/``local`` per position, ``groups``, the opened ``segs``."""
+
+    __slots__ = ("seg_ids", "local", "groups", "segs", "_region_of")
+
+    def __init__(self, seg_ids: np.ndarray, local: np.ndarray, groups: list, segs: dict):
+        self.seg_ids, self.local, self.groups, self.segs = seg_ids, local, groups, segs
+        self._region_of = None
+
+    def __len__(self) -> int:
+        return len(self.local)
+
+    @property
+    def region_of(self) -> np.ndarray:
+        """Position -> index into ``groups`` (built on first use)."""
+        if self._region_of is None:
+            self._region_of = np.zeros(len(self.local), np.int64)
+            for k, (_, pos) in enumerate(self.groups[1:], 1):
+                self._region_of[pos] = k
+        return self._region_of
+
+
+class PackedReader:
+    """One per opened dataset (``Dataset.reader``); see the module docstring."""
+
+    def __init__(self, segments: list, starts: np.ndarray, path: Path | str):
+        self.segments = segments
+        self.starts = starts
+        self.path = path
+
+    @property
+    def sizes(self) -> list[int]:
+        """Samples per segment, in order."""
+        return [s.count for s in self.segments]
+
+    def locate(self, indices: np.ndarray) -> Located:
+        """Group a batch's global sample ``indices`` by segment and open those segments."""
+        if len(self.segments) == 1:  # common for small records: skip the shard lookup
+            seg_ids = np.zeros(len(indices), dtype=np.int64)
+            local = indices
+            groups = [(0, np.arange(len(indices)))]
+        else:
+            seg_ids = np.searchsorted(self.starts, indices, side="right") - 1
+            local = indices - self.starts[seg_ids]
+            present = np.flatnonzero(np.bincount(seg_ids, minlength=len(self.segments)))
+            groups = [(int(s), np.flatnonzero(seg_ids == s)) for s in present] if len(present) > 1 else \
+                [(int(present[0]), np.arange(len(indices)))]
+        return Located(seg_ids, local, groups, {s: self.segments[s].open() for s, _ in groups})
+
+    def shard(self, seg_id: int) -> str | None:
+        """The shard file a segment is, for messages (None for LMDB)."""
+        seg = self.segments[int(seg_id)]
+        return seg.name if isinstance(seg, ShardSegment) else None
+
+    def take(self, at: Located, field: str, column: str) -> np.ndarray:
+        """Rows of a small column (``meta``, ``shape``) for every position of the batch."""
+        parts = [(pos, at.segs[s].take(field, column, at.local[pos])) for s, pos in at.groups]
+        out = np.empty((len(at),) + parts[0][1].shape[1:], dtype=parts[0][1].dtype)
+        for pos, rows in parts:
+            out[pos] = rows
+        return out
+
+    def gather_rows(self, at: Located, field: str, out: np.ndarray, gather: Callable) -> None:
+        """Rows of a fixed-size column into ``out``: one native, bounds-checked, multi-threaded copy
+        (``gather(regions, region, offset, row_bytes, out)``) when every segment is a shard."""
+        groups, segs = at.groups, at.segs
+        if all(isinstance(segs[s], ShardSegment) for s, _ in groups):
+            row_bytes = out[:1].nbytes
+            regions = [segs[s].buffer for s, _ in groups]
+            base = np.array([segs[s].column_start[(field, "values")] for s, _ in groups], dtype=np.int64)
+            gather(regions, at.region_of, base[at.region_of] + at.local * row_bytes, row_bytes, out)
+        else:
+            for s, pos in groups:
+                out[pos] = segs[s].take(field, "values", at.local[pos])
+
+    def blob_sources(self, at: Located, field: str) -> tuple[list, np.ndarray, np.ndarray, np.ndarray]:
+        """Where each sample's value of blob ``field`` lies, for the native calls: ``(regions, region,
+        offset, length)``. A shard's values are byte ranges of its mapped file; an LMDB value is its own
+        region."""
+        n = len(at)
+        region = np.empty(n, dtype=np.int64)
+        offset = np.empty(n, dtype=np.int64)
+        length = np.empty(n, dtype=np.int64)
+        regions: list = []
+        for s, pos in at.groups:
+            seg, loc = at.segs[s], at.local[pos]
+            if isinstance(seg, ShardSegment):
+                offs = seg.offsets[field]
+                region[pos] = len(regions)
+                regions.append(seg.buffer)
+                offset[pos] = seg.data_start[field] + offs[loc].astype(np.int64)
+                length[pos] = (offs[loc + 1] - offs[loc]).astype(np.int64)
+            else:
+                for p, i in zip(pos.tolist(), loc.tolist()):
+                    blob = seg.blob(field, int(i))
+                    region[p] = len(regions)
+                    regions.append(blob)
+                    offset[p] = 0
+                    length[p] = len(blob)
+        return regions, region, offset, length
+
+    def blob(self, at: Located, field: str, position: int) -> Any:
+        """One sample's value of blob ``field`` (a zero-copy view)."""
+        return at.segs[int(at.seg_ids[position])].blob(field, int(at.local[position]))
+
+    def first_dims(self, field: str) -> np.ndarray:
+        """Every sample's first dimension of a variable-shape field, from the shape columns (no blobs read)."""
+        parts = []
+        for seg in self.segments:
+            seg.open()
+            parts.append(seg.take(field, "shape", np.arange(seg.count))[:, 0])
+        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
