@@ -33,7 +33,8 @@ def run(path: Any, batch_size: int = 64, preset: str = "train", size: int = 224,
         seconds: float = 1.0) -> dict:
     from ._autotune import choose, measure
     from ._batcher import Batcher, NotFastPath
-    from ._dataset import Dataset, read_manifest
+    from ._dataset import Dataset
+    from .formats.reader import read_manifest
     from ._native import native
     from ._order import Order
 

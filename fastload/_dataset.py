@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import builtins
 import os
 import weakref
 from pathlib import Path
@@ -14,32 +13,10 @@ import torch
 from ._errors import DecodeError, FormatError, where
 from ._native import native
 from ._schema import Field, Schema
-from .formats import lmdb as lmdb_format
 from .formats._layout import IMAGE_JPEG, columns_of
-from .formats._manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest
-from .formats.reader import PackedReader
-from .formats.shards import ShardSegment, shard_segments
+from .formats.reader import PackedReader, local_segments, read_manifest  # noqa: F401  (read_manifest: re-exported)
 from .formats.remote import Remote, is_url, warn_local_options
 from ._sequences import Bucket, PackSequences, is_sequence_transform
-
-
-def read_manifest(path: Path) -> Manifest:
-    if (path / MANIFEST_NAME).is_file():
-        try:
-            with builtins.open(path / MANIFEST_NAME, "rb") as fh:
-                raw = fh.read(MAX_MANIFEST_BYTES + 1)  # Manifest.parse refuses anything longer
-        except OSError as e:
-            raise FormatError(f"dataset '{path}': cannot read {MANIFEST_NAME}: {e}") from None
-        m = Manifest.parse(raw, f"dataset '{path}'")
-        if m.layout != "shards":
-            raise FormatError(f"dataset '{path}': manifest.json says layout {m.layout!r}, expected 'shards'")
-        return m
-    if lmdb_format.is_lmdb(path):
-        return lmdb_format.read_manifest(path)
-    if (path / "pack_state.json").exists():
-        raise FormatError(f"dataset '{path}' is an unfinished pack (no manifest yet); run the same pack command "
-                          f"again to resume it")
-    raise FormatError(f"'{path}' is not a fastload dataset: no {MANIFEST_NAME} and no LMDB {lmdb_format.DATA_FILE}")
 
 
 class Dataset(torch.utils.data.Dataset):
@@ -103,9 +80,7 @@ class Dataset(torch.utils.data.Dataset):
     def _make_segments(self) -> list:
         if self._remote is not None:
             return self._remote.segments()
-        if self.manifest.layout == "lmdb":
-            return [lmdb_format.LmdbSegment(self.path, self.manifest)]
-        return shard_segments(self.path, self.manifest)
+        return local_segments(self.path, self.manifest)
 
     # -- metadata ----------------------------------------------------------------------------
     @property
@@ -163,7 +138,7 @@ class Dataset(torch.utils.data.Dataset):
         return tuple(values)
 
     def _field_value(self, seg: Any, local: int, i: int, f: Field) -> Any:
-        shard = seg.name if isinstance(seg, ShardSegment) else None
+        shard = PackedReader.shard_name(seg)
         try:
             return self._decode_field(seg, local, f)
         except (ValueError, UnicodeDecodeError) as e:

@@ -15,7 +15,6 @@ import os
 import warnings
 from typing import TypeVar
 
-import numpy as np
 import torch
 
 from ._batcher import Batcher, NotFastPath

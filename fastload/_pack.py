@@ -301,7 +301,7 @@ def pack(
     with _writing(dest):
         state = _prepare_dest(dest, overwrite, params)
         if state is not None and state.get("complete"):
-            from ._dataset import read_manifest
+            from .formats.reader import read_manifest
 
             m = read_manifest(dest)
             return PackSummary(str(dest), format, m.num_samples, m.skipped, sum(s.bytes for s in m.shards),

@@ -88,7 +88,7 @@ def merge(dst) -> None:
 @click.argument("dst", type=click.Path(exists=True, path_type=Path))
 def inspect(dst) -> None:
     """Show the schema, sample counts and sizes of the dataset at DST."""
-    from ._dataset import read_manifest
+    from .formats.reader import read_manifest
 
     m = _run(lambda: read_manifest(dst))
     click.echo(f"dataset   {dst}")
@@ -120,7 +120,7 @@ def inspect(dst) -> None:
 @click.argument("dst", type=click.Path(exists=True, path_type=Path))
 def verify(dst) -> None:
     """Check every shard's size, checksum and structure; exit 1 naming each bad shard."""
-    from ._dataset import read_manifest
+    from .formats.reader import read_manifest
     from .formats.lmdb import verify_lmdb
     from .formats.shards import verify_shards
 

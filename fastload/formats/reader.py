@@ -11,12 +11,43 @@ A *batch view* (``Located``) is computed once per batch: ``seg_ids`` and ``local
 
 from __future__ import annotations
 
+import builtins
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
-from .shards import ShardSegment
+from .._errors import FormatError
+from . import lmdb as lmdb_format
+from ._manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest
+from .shards import ShardSegment, shard_segments
+
+
+def read_manifest(path: Path) -> Manifest:
+    """The manifest of a local dataset (shards' manifest.json or LMDB's), validated; FormatError otherwise."""
+    if (path / MANIFEST_NAME).is_file():
+        try:
+            with builtins.open(path / MANIFEST_NAME, "rb") as fh:
+                raw = fh.read(MAX_MANIFEST_BYTES + 1)  # Manifest.parse refuses anything longer
+        except OSError as e:
+            raise FormatError(f"dataset '{path}': cannot read {MANIFEST_NAME}: {e}") from None
+        m = Manifest.parse(raw, f"dataset '{path}'")
+        if m.layout != "shards":
+            raise FormatError(f"dataset '{path}': manifest.json says layout {m.layout!r}, expected 'shards'")
+        return m
+    if lmdb_format.is_lmdb(path):
+        return lmdb_format.read_manifest(path)
+    if (path / "pack_state.json").exists():
+        raise FormatError(f"dataset '{path}' is an unfinished pack (no manifest yet); run the same pack command "
+                          f"again to resume it")
+    raise FormatError(f"'{path}' is not a fastload dataset: no {MANIFEST_NAME} and no LMDB {lmdb_format.DATA_FILE}")
+
+
+def local_segments(path: Path, manifest: Manifest) -> list:
+    """The segments of a local dataset: one per shard file, or the LMDB environment."""
+    if manifest.layout == "lmdb":
+        return [lmdb_format.LmdbSegment(path, manifest)]
+    return shard_segments(path, manifest)
 
 
 class Located:
@@ -70,8 +101,11 @@ class PackedReader:
 
     def shard(self, seg_id: int) -> str | None:
         """The shard file a segment is, for messages (None for LMDB)."""
-        seg = self.segments[int(seg_id)]
-        return seg.name if isinstance(seg, ShardSegment) else None
+        return self.shard_name(self.segments[int(seg_id)])
+
+    @staticmethod
+    def shard_name(segment: Any) -> str | None:
+        return segment.name if isinstance(segment, ShardSegment) else None
 
     def take(self, at: Located, field: str, column: str) -> np.ndarray:
         """Rows of a small column (``meta``, ``shape``) for every position of the batch."""

@@ -111,7 +111,7 @@ def pack_to_url(pack: Callable[..., Any], source: Any, url: str, *, staging: str
                 storage_options: dict | None, overwrite: bool, part: Any = None, **kwargs: Any) -> Any:
     """``pack(source, staging, on_shard=upload)`` then the manifest: see the module docstring. A part
     (``part=(i, n)``) goes to ``URL/parts/i``, for ``fastload merge URL``."""
-    from .._dataset import read_manifest
+    from .reader import read_manifest
     from .._pack import PackSummary
 
     url = url.rstrip("/")

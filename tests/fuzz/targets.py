@@ -219,7 +219,7 @@ def shape(e: BaseException) -> str:
 
 def _verify_fails(path: Path) -> None:
     from fastload import FastloadError
-    from fastload._dataset import read_manifest
+    from fastload.formats.reader import read_manifest
     from fastload.formats.lmdb import verify_lmdb
     from fastload.formats.shards import verify_shards
 
