@@ -234,7 +234,7 @@ def test_resume_after_crash_gives_identical_content(tmp_path, monkeypatch, fmt):
         return real(*a, **k)
 
     if fmt == "shards":
-        monkeypatch.setattr("fastload._pack.write_shard", crashing)
+        monkeypatch.setattr("fastload.formats.sinks.write_shard", crashing)
     else:
         monkeypatch.setattr(lmdb_format.LmdbWriter, "write_chunk", crashing)
     with pytest.raises(KeyboardInterrupt):
@@ -242,7 +242,7 @@ def test_resume_after_crash_gives_identical_content(tmp_path, monkeypatch, fmt):
     with pytest.raises(FormatError, match="unfinished pack"):
         fastload.open(tmp_path / "out")
     if fmt == "shards":
-        monkeypatch.setattr("fastload._pack.write_shard", real)
+        monkeypatch.setattr("fastload.formats.sinks.write_shard", real)
     else:
         monkeypatch.setattr(lmdb_format.LmdbWriter, "write_chunk", real)
     summary = fastload.pack(folder, tmp_path / "out", **kw)
@@ -286,7 +286,7 @@ def test_resume_refuses_different_parameters(image_folder, tmp_path, monkeypatch
             raise KeyboardInterrupt
         return real(*a, **k)
 
-    monkeypatch.setattr("fastload._pack.write_shard", crash_second)
+    monkeypatch.setattr("fastload.formats.sinks.write_shard", crash_second)
     with pytest.raises(KeyboardInterrupt):
         fastload.pack(image_folder, tmp_path / "out", **kw)
     monkeypatch.undo()

@@ -1,0 +1,179 @@
+"""The writers a pack drives, one per on-disk form: ``ShardSink`` (samples to shard files, a block at a
+time), ``ArraySink`` (numpy arrays to shards a column slice at a time) and ``LmdbSink`` (chunks committed
+to one LMDB environment). Each keeps the pack resumable: ``pack_state.json`` (shards) or the LMDB state
+record says what is committed, and nothing is marked complete before the manifest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from .._errors import SourceError
+from .._version import __version__
+from . import lmdb as lmdb_format
+from ._layout import columns_of
+from ._manifest import Manifest, ShardEntry
+from .shards import fsync_dir, shard_index, shard_name, write_manifest, write_shard, write_shard_columns
+
+STATE_NAME = "pack_state.json"
+
+
+def write_state(dest: Path, state: dict) -> None:
+    tmp = dest / (STATE_NAME + ".tmp")
+    with open(tmp, "w") as fh:
+        json.dump(state, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, dest / STATE_NAME)
+    fsync_dir(dest)
+
+
+class ShardSink:
+    def __init__(self, dest: Path, src: Any, params: dict, shard_bytes: int, state: dict | None,
+                 span: tuple[int, int], on_shard: Callable[[Path], None] | None = None):
+        self.dest, self.src, self.params, self.limit = dest, src, params, shard_bytes
+        self.on_shard = on_shard
+        self.span = span  # the source samples [lo, hi) this pack writes (all of them, or one part's)
+        self.block = params["block"]
+        self.state = state or {"params": params, "shards": [], "skipped": [], "next_sample": span[0]}
+        self.next_sample = self.state["next_sample"]
+        self.buffer: list[list] = []
+        self.buffered = 0
+        if state is None:  # from now on the destination is a resumable pack, whenever it is killed
+            write_state(dest, self.state)
+
+    def close(self) -> None:
+        pass
+
+    def add(self, i: int, encoded: list) -> None:
+        self.buffer.append(encoded)
+        self.buffered += sum(len(b) if b is not None else 0 for _, b in encoded) + 64
+        if self.buffered >= self.limit or (i + 1) % self.block == 0:
+            self._flush(i + 1)
+
+    def skip(self, record: dict) -> None:
+        self.state["skipped"].append(record)
+        if (record["index"] + 1) % self.block == 0:
+            self._flush(record["index"] + 1)
+
+    def _flush(self, next_sample: int) -> None:
+        entry = None
+        if self.buffer:
+            b = (next_sample - 1) // self.block  # the block of the buffered samples
+            done = sum(1 for s in self.state["shards"] if shard_index(s["file"]) // self.block == b)
+            name = shard_name(b * self.block + done)
+            entry = write_shard(self.dest / name, self.src.schema, self.buffer)
+            self.state["shards"].append(entry.to_json())
+        self.buffer, self.buffered = [], 0
+        self.state["next_sample"] = next_sample
+        write_state(self.dest, self.state)
+        if entry is not None and self.on_shard is not None:
+            self.on_shard(self.dest / entry.file)
+
+    def finish(self) -> Manifest:
+        if self.buffer:
+            self._flush(self.span[1])
+        shards = [ShardEntry(**s) for s in self.state["shards"]]
+        metadata = dict(self.src.metadata)
+        if "part" in self.params:
+            metadata["part"] = self.params["part"]  # merge removes it
+        m = Manifest("shards", self.src.schema, sum(s.num_samples for s in shards), shards,
+                     self.params["image_mode"], self.state["skipped"], metadata,
+                     created_by=f"fastload {__version__}")
+        write_manifest(self.dest, m)
+        (self.dest / STATE_NAME).unlink(missing_ok=True)
+        fsync_dir(self.dest)
+        return m
+
+    def total_bytes(self) -> int:
+        return sum(s["bytes"] for s in self.state["shards"])
+
+
+def array_rows(src: Any, shard_bytes: int) -> int:
+    """Rows per shard of a fixed-size array source: shard k holds rows [k * rows, (k + 1) * rows)."""
+    row_bytes = sum(c.row_bytes for f in src.schema for c in columns_of(f))
+    return max(1, shard_bytes // max(row_bytes, 1))
+
+
+class ArraySink(ShardSink):
+    """Numpy arrays to shards a column slice at a time: no per-sample Python at all."""
+
+    def run(self, progress: bool) -> None:
+        src = self.src
+        columns = []
+        for f in src.schema:
+            arr = src.arrays[f.name]
+            dt = f.np_dtype
+            if arr.dtype != dt and not np.can_cast(arr.dtype, dt, "safe"):
+                raise SourceError(f"array '{f.name}' of dtype {arr.dtype} cannot be stored as {dt} without loss")
+            want = tuple(f.shape) if f.kind == "ndarray" else ()
+            if tuple(arr.shape[1:]) != want:
+                raise SourceError(f"array '{f.name}' has rows of shape {arr.shape[1:]}, the schema says {want}")
+            columns.append((arr, dt))
+        rows = array_rows(src, self.limit)
+        first, n = self.span
+        bar = None
+        if progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=n - first, initial=self.next_sample - first, unit="sample",
+                       desc=f"pack {self.dest.name}")
+        for lo in range(self.next_sample, n, rows):
+            hi = min(n, lo + rows)
+            cols = [np.asarray(a[lo:hi]).astype(dt, copy=False) for a, dt in columns]
+            entry = write_shard_columns(self.dest / shard_name(lo // rows), src.schema, cols)
+            self.state["shards"].append(entry.to_json())
+            self.state["next_sample"] = hi
+            write_state(self.dest, self.state)
+            if self.on_shard is not None:
+                self.on_shard(self.dest / entry.file)
+            if bar is not None:
+                bar.update(hi - lo)
+        if bar is not None:
+            bar.close()
+
+
+class LmdbSink:
+    """Samples are committed a chunk at a time; skipped samples do not take an index."""
+
+    def __init__(self, dest: Path, src: Any, params: dict, state: dict | None):
+        self.src, self.params = src, params
+        self.writer = lmdb_format.LmdbWriter(dest, src.schema)
+        self.state = state or {"params": params, "skipped": [], "next_sample": 0, "chunk_digests": []}
+        self.next_sample = self.state["next_sample"]
+        self.buffer: list[list] = []
+        self.rows = self.writer.rows
+
+    def add(self, i: int, encoded: list) -> None:
+        self.buffer.append(encoded)
+        if len(self.buffer) == self.rows:
+            self._flush(i + 1)
+
+    def skip(self, record: dict) -> None:
+        self.state["skipped"].append(record)
+
+    def _flush(self, next_sample: int) -> None:
+        self.state["next_sample"] = next_sample
+        self.writer.write_chunk(self.writer.committed, self.buffer, self.state)
+        self.buffer = []
+
+    def finish(self) -> Manifest:
+        if self.buffer:
+            self._flush(len(self.src))
+        metadata = dict(self.src.metadata,
+                        lmdb={"rows_per_chunk": self.rows, "chunk_digests": self.state["chunk_digests"]})
+        m = Manifest("lmdb", self.src.schema, self.writer.committed, [], self.params["image_mode"],
+                     self.state["skipped"], metadata, created_by=f"fastload {__version__}")
+        self.writer.finish(m)
+        return m
+
+    def close(self) -> None:
+        self.writer.close()
+
+    def total_bytes(self) -> int:
+        return os.path.getsize(self.writer.path / lmdb_format.DATA_FILE)
