@@ -25,9 +25,8 @@ from ._dropin import (check_batch_sampler, check_collate, check_memory_format, c
 from ._prefetch import DevicePrefetcher, DeviceRing, check_device
 from ._ring import Slot, SlotRing
 from ._stats import LoaderStats
-from ._order import BucketOrder, Order, PackedOrder, default_seed, dist_info
+from ._order import Order, default_seed, dist_info, order_for
 from ._sampling import Counted, IndexReplay, SamplerOrder, generic_state, load_generic_state, slot_batch_size
-from ._sequences import Bucket, PackSequences
 from ._workers import generic_iterator
 
 T_co = TypeVar("T_co", covariant=True)
@@ -127,33 +126,9 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
                               "gives each rank whole shards of its own (split='shards', ~1/world of the data)",
                               RuntimeWarning, stacklevel=2)
         else:
-            kind = order or ("random" if shuffle else "sequential")
-            r, w = dist_info(rank, world_size)
-            explicit = split is not None
-            if split is None:
-                split = "shards" if getattr(dataset, "remote", False) and w > 1 else "samples"
-            shard_sizes = dataset.reader.sizes if kind == "quasi" or split == "shards" else None
-            common = dict(kind=kind, seed=self.seed, rank=r, world_size=w, drop_last=drop_last, window=window)
-            bucketed = [(n, t) for n, t in dataset.sequences.items() if isinstance(t, Bucket)]
-            packed = [(n, t) for n, t in dataset.sequences.items() if isinstance(t, PackSequences)]
-            if (packed or bucketed) and split == "shards":
-                if explicit:
-                    raise ValueError("split='shards' needs plain batches: Bucket and PackSequences form their own")
-                split = _strided("Bucket and PackSequences form their own batches")
-            if packed:
-                name, spec = packed[0]
-                self._order = PackedOrder(dataset.reader.first_dims(name), batch_size * spec.row_length, **common)
-            elif bucketed:
-                name, spec = bucketed[0]
-                self._order = BucketOrder(spec.bucket_ids(dataset.reader.first_dims(name)), batch_size, **common)
-            else:
-                try:
-                    self._order = Order(len(dataset), batch_size, shard_sizes=shard_sizes, split=split, **common)
-                except ValueError as e:
-                    if explicit or split != "shards":
-                        raise
-                    self._order = Order(len(dataset), batch_size, shard_sizes=shard_sizes,
-                                        split=_strided(str(e)), **common)
+            self._order = order_for(dataset, batch_size, order or ("random" if shuffle else "sequential"),
+                                    self.seed, *dist_info(rank, world_size), drop_last=drop_last, window=window,
+                                    split=split)
         if auto and self._order is not None:
             from ._autotune import autotune
 
@@ -358,12 +333,3 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     def stats_summary(self) -> str:
         """One line: throughput, the share of time the loop waited for data, whether it is input-bound."""
         return self._stats.summary()
-
-
-def _strided(why: str) -> str:
-    warnings.warn(f"fastload: a remote dataset with world_size > 1 reads whole shards per rank by default "
-                  f"(split='shards'), which cannot apply here ({why}): every rank reads every shard it needs "
-                  f"(split='samples')", RuntimeWarning, stacklevel=4)
-    return "samples"
-
-

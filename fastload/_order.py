@@ -49,6 +49,8 @@ epochs; the global batch still mixes all ranks' every step.
 
 from __future__ import annotations
 
+import warnings
+
 import hashlib
 import math
 import operator
@@ -444,3 +446,41 @@ class PackedOrder(Order):
         digest = hashlib.blake2b(self.lengths.astype("<i8").tobytes(), digest_size=8).hexdigest()
         cfg.update(world_size=self.pack_world, packed=f"{self.tokens_per_batch}:{digest}")
         return cfg
+
+
+def order_for(dataset, batch_size: int, kind: str, seed: int, r: int, w: int, *, drop_last: bool, window: int,
+              split: str | None):
+    """The Order for a fastload.Dataset: ``PackedOrder`` (PackSequences), ``BucketOrder`` (Bucket) or ``Order``;
+    ``split`` None picks whole shards per rank for a remote dataset with world size > 1 (else samples)."""
+    from ._sequences import Bucket, PackSequences
+
+    explicit = split is not None
+    if split is None:
+        split = "shards" if getattr(dataset, "remote", False) and w > 1 else "samples"
+    shard_sizes = dataset.reader.sizes if kind == "quasi" or split == "shards" else None
+    common = dict(kind=kind, seed=seed, rank=r, world_size=w, drop_last=drop_last, window=window)
+    bucketed = [(n, t) for n, t in dataset.sequences.items() if isinstance(t, Bucket)]
+    packed = [(n, t) for n, t in dataset.sequences.items() if isinstance(t, PackSequences)]
+    if (packed or bucketed) and split == "shards":
+        if explicit:
+            raise ValueError("split='shards' needs plain batches: Bucket and PackSequences form their own")
+        split = _strided("Bucket and PackSequences form their own batches")
+    if packed:
+        name, spec = packed[0]
+        return PackedOrder(dataset.reader.first_dims(name), batch_size * spec.row_length, **common)
+    if bucketed:
+        name, spec = bucketed[0]
+        return BucketOrder(spec.bucket_ids(dataset.reader.first_dims(name)), batch_size, **common)
+    try:
+        return Order(len(dataset), batch_size, shard_sizes=shard_sizes, split=split, **common)
+    except ValueError as e:
+        if explicit or split != "shards":
+            raise
+        return Order(len(dataset), batch_size, shard_sizes=shard_sizes, split=_strided(str(e)), **common)
+
+
+def _strided(why: str) -> str:
+    warnings.warn(f"fastload: a remote dataset with world_size > 1 reads whole shards per rank by default "
+                  f"(split='shards'), which cannot apply here ({why}): every rank reads every shard it needs "
+                  f"(split='samples')", RuntimeWarning, stacklevel=5)  # the line that made the loader
+    return "samples"
