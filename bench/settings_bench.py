@@ -4,6 +4,9 @@
          numpy gather ceiling (np.take of each batch's rows into a warm buffer, 1 thread)
   raw    uint8 3x224x224, 2,000 rows, batch 64, shuffle, num_workers=2 vs the gather ceiling (np.take into
          a warm buffer, 1 and 2 threads; the best counts)
+  jpeg   CPU time per image of the native RandomResizedCrop 224 + flip decode (one thread, the Batcher's
+         DCT-scaled call) vs a full-size libjpeg-turbo decode of the same files, on bench/photos.py's real
+         photographs (1,800 files, long side 180-640)
 
 Every configuration runs once per round, rounds alternate (so drift on a shared machine hits every row
 alike), and each row is the median over rounds; ratios are within the run.
@@ -86,18 +89,59 @@ def raw(data: Path, count: int) -> list[str]:
     return lines + [""]
 
 
+def jpeg(data: Path, count: int) -> list[str]:
+    from fastload import _C
+    from fastload.transforms import ImagePipeline, RandomHorizontalFlip, RandomResizedCrop
+    from photos import build_photo_folder
+
+    folder = data / "photos_150"
+    build_photo_folder(folder, per_class=150, seed=0, progress=False)
+    blobs = [f.read_bytes() for f in sorted(folder.rglob("*.jpg"))]
+    n = len(blobs)
+    hw = np.array([_C.jpeg_info(b)[:2] for b in blobs], np.int64)
+    plan = ImagePipeline([RandomResizedCrop(224), RandomHorizontalFlip()]).plan(hw[:, 0], hw[:, 1],
+                                                                                np.random.default_rng(0))
+    lengths = np.array([len(b) for b in blobs], np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    region, out, pool = b"".join(blobs), np.empty((n, 224, 224, 3), np.uint8), _C.Pool(0)
+
+    def rrc():
+        _C.decode_batch(pool, [region], np.zeros(n, np.int64), offsets, lengths, np.zeros(n, np.uint8),
+                        hw.astype(np.int32), plan.crops.astype(np.int32), plan.flips.astype(np.uint8), out)
+
+    def full():
+        for b in blobs:
+            _C.decode_jpeg(b)
+
+    configs = {"RandomResizedCrop 224 + flip (decode_batch, 1 thread)": rrc, "full-size decode (decode_jpeg)": full}
+    for fn in configs.values():
+        fn()
+    cpu: dict[str, list[float]] = {k: [] for k in configs}
+    for _ in range(count):
+        for name, fn in configs.items():
+            t = time.process_time()
+            fn()
+            cpu[name].append((time.process_time() - t) / n * 1e6)
+    med = {k: statistics.median(v) for k, v in cpu.items()}
+    ref = med["full-size decode (decode_jpeg)"]
+    lines = [f"## JPEG: CPU time per image, {n} real photographs (long side 180-640)", "",
+             "| work | CPU us/image | vs full decode |", "|---|---:|---:|"]
+    lines += [f"| {k} | {v:.0f} | {v / ref:.2f} |" for k, v in med.items()]
+    return lines + [""]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, default=Path("bench/data"))
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--cases", nargs="+", default=["tiny", "raw"], choices=["tiny", "raw"])
+    ap.add_argument("--cases", nargs="+", default=["tiny", "raw", "jpeg"], choices=["tiny", "raw", "jpeg"])
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     cmd = "python bench/settings_bench.py " + " ".join(sys.argv[1:])
     lines = [f"# fastload at users' settings ({os.cpu_count()} CPUs), {time.strftime('%Y-%m-%d')}", "",
              f"`{cmd.strip()}`: medians of {args.rounds} alternating rounds; ratios within this run.", ""]
     for case in args.cases:
-        lines += {"tiny": tiny, "raw": raw}[case](args.data, args.rounds)
+        lines += {"tiny": tiny, "raw": raw, "jpeg": jpeg}[case](args.data, args.rounds)
         print("\n".join(lines), flush=True)
     if args.out:
         args.out.write_text("\n".join(lines) + "\n")
