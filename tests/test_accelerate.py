@@ -44,6 +44,8 @@ def record(accelerator, loader, epoch, step, batch):
 ex.train(ex.parse_args(sys.argv[2:]), on_batch=record)
 import torch.distributed as dist
 (out / f"rank{dist.get_rank()}.json").write_text(json.dumps(rows))
+dist.barrier()
+dist.destroy_process_group()  # gloo's threads left to process exit can abort a rank ("terminate called ...")
 """
 
 

@@ -543,6 +543,23 @@ def _children() -> frozenset:
     return frozenset(out)
 
 
+def _own_threads() -> frozenset:
+    """This process's threads that fastload could have started: Python threads and unnamed native ones
+    inherit the process name. Threads a library named itself (grpc's "event_engine", "grpc_global_tim",
+    "timer_manager" left by an earlier Ray test in the same pytest process) come and go on their own."""
+    own = os.path.basename(os.path.realpath("/proc/self/exe"))[:15]
+    out = set()
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                name = f.read().strip()
+        except OSError:
+            continue
+        if name in (own, "python", "python3", "pytest"):
+            out.add(tid)
+    return frozenset(out)
+
+
 def resources(*roots: Path) -> Resources:
     fds = set()
     for fd in os.listdir("/proc/self/fd"):
@@ -555,7 +572,7 @@ def resources(*roots: Path) -> Resources:
     with open("/proc/self/maps") as f:
         maps = frozenset(line.split()[0] + " " + line.split()[-1] for line in f
                          if "fastload-slot" in line or any(str(r) in line for r in roots))
-    return Resources(frozenset(os.listdir("/proc/self/task")), _children(), frozenset(fds), shm, maps)
+    return Resources(_own_threads(), _children(), frozenset(fds), shm, maps)
 
 
 def left_behind(before: Resources, *roots: Path, timeout: float = 2.0) -> dict:
