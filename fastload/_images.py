@@ -73,7 +73,6 @@ class ImageDecoding:
         self.batch_size = batch_size
         self.num_threads = num_threads
         self._gpu_decoders: dict[str, Any] = {}
-        self._out_hw: dict[str, tuple[int, int]] = {}
         self._copy_stream = None
 
     def buffers(self, name: str, shape: tuple, host_empty) -> dict[str, torch.Tensor]:
@@ -102,7 +101,6 @@ class ImageDecoding:
         out = slot.tensors[f.name][:n]
         if self.gpu is None:
             return self._native(pool, meta, reader.blob_sources(at, f.name), plan, slot.arrays[f.name], 0, n)
-        self._out_hw[f.name] = tuple(int(v) for v in pipeline.output_size)
         if self.hybrid is None:
             return self._on_gpu(f, reader, at, meta, plan, out, 0, n)
         host = slot.tensors[f.name + ":host"]
@@ -139,10 +137,9 @@ class ImageDecoding:
             dst.copy_(src, non_blocking=True)
         s.synchronize()  # the producer thread waits, never the training loop
 
-    def _decoder(self, f: Field):
+    def _decoder(self, f: Field, out_hw: tuple[int, int]):
         dec = self._gpu_decoders.get(f.name)
         if dec is None:
-            out_hw = self._out_hw[f.name]
             if self.gpu == "nvjpeg":
                 from .decoders.nvjpeg import NvjpegDecoder
 
@@ -159,7 +156,8 @@ class ImageDecoding:
         """Samples ``[lo, hi)`` by the GPU decoder (or DALI's CPU-only mode) into ``out`` (their rows);
         failures are relative to ``lo``. JPEG only: raw images fail with a hint."""
         blobs = [reader.blob(at, f.name, p) for p in range(lo, hi)]
-        failures = self._decoder(f).decode(blobs, plan.crops[lo:hi], plan.flips[lo:hi], out)
+        dec = self._decoder(f, (int(out.shape[1]), int(out.shape[2])))  # out: (n, H, W, 3) rows
+        failures = dec.decode(blobs, plan.crops[lo:hi], plan.flips[lo:hi], out)
         bad = {j for j, _ in failures}
         raw = [(j, f"a raw (not JPEG) image: decoder={self.decoder!r} decodes JPEG only on the GPU; use "
                    f"decoder='native'") for j in range(hi - lo) if meta[lo + j, 2] != IMAGE_JPEG and j not in bad]

@@ -60,6 +60,11 @@ class DeviceRing(SlotRing):
         return slot.host is None
 
 
+def _check_depth(depth: Any) -> None:
+    if not isinstance(depth, int) or depth < 1:
+        raise ValueError(f"depth={depth!r} should be an int >= 1")
+
+
 def _channels_last(t: torch.Tensor) -> bool:
     return t.dim() == 4 and not t.is_contiguous() and t.is_contiguous(memory_format=torch.channels_last)
 
@@ -76,8 +81,7 @@ class DevicePrefetcher:
     def __init__(self, source: Iterable, device: Any = None, depth: int = 2,
                  transforms: Mapping[Any, TensorPipeline] | None = None, on_yield=None,
                  ring: DeviceRing | None = None):
-        if not isinstance(depth, int) or depth < 1:
-            raise ValueError(f"depth={depth!r} should be an int >= 1")
+        _check_depth(depth)
         self.ring = ring if ring is not None else DeviceRing(device)
         self.device = self.ring.device
         self.streams = self.ring.streams
@@ -178,8 +182,7 @@ class DeviceLoader:
     """What ``to_device`` returns: each ``iter()`` is a new pass over the source, prefetched to the device."""
 
     def __init__(self, source: Iterable, device: Any, depth: int, transforms: Mapping[Any, TensorPipeline]):
-        if not isinstance(depth, int) or depth < 1:
-            raise ValueError(f"depth={depth!r} should be an int >= 1")
+        _check_depth(depth)
         self.source = source
         self.ring = DeviceRing(device)
         self.device = self.ring.device

@@ -78,7 +78,6 @@ class Slot:
         """True while any tensor or array viewing this slot is alive outside it."""
         return any(use_count(t) != self.baseline[k] for k, t in self.tensors.items())
 
-    in_use = held  # the name the batcher and its tests used
 
     @property
     def nbytes(self) -> int:
