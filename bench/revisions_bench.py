@@ -1,0 +1,127 @@
+"""Loader throughput of two revisions of fastload's Python code on the same native core, in one run.
+
+A restructuring must not cost throughput. This exports ``fastload/`` at each revision (``git archive``)
+into a temporary directory, gives both the native extension built in this checkout (so only the
+Python differs; it refuses revisions whose csrc/ differs from this checkout's in its binding), and runs
+each case in a fresh process per revision, alternating revisions round by round so drift on a shared
+machine hits both alike. Each row is the median over rounds of samples/s.
+
+  tiny    int32[64] + int64 label, 1M rows, batch 1024, shuffle, num_workers 0 and 2 (per-batch Python
+          dominates: the case most sensitive to code on the batch path)
+  raw     uint8 3x224x224, 2,000 rows, batch 64, shuffle, num_workers 2
+  photos  JPEG RandomResizedCrop 224 + flip, 1,800 real photographs, batch 64, num_workers 2
+
+The packed datasets are bench/settings_bench.py's (built there on first use).
+
+    python bench/revisions_bench.py [--base 2c9a045] [--head HEAD] [--rounds 5] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "bench" / "data"
+
+CASES = {  # name: (dataset dir, batch size, num_workers, image transforms)
+    "tiny, num_workers=0": ("settings_tiny", 1024, 0, False),
+    "tiny, num_workers=2": ("settings_tiny", 1024, 2, False),
+    "raw, num_workers=2": ("settings_raw", 64, 2, False),
+    "photos, num_workers=2": ("settings_photos", 64, 2, True),
+}
+
+RUN = r"""
+import json, statistics, sys, time
+import fastload
+from fastload import transforms as T
+path, bs, nw, images, seconds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1", float(sys.argv[5])
+opts = {"transforms": {"image": [T.RandomResizedCrop(224), T.RandomHorizontalFlip()]}} if images else {}
+loader = fastload.DataLoader(fastload.open(path, **opts), batch_size=bs, shuffle=True, num_workers=nw,
+                             drop_last=True, persistent_workers=nw > 0)
+def epoch():
+    n = 0
+    for batch in loader:
+        n += int(batch[-1].shape[0])
+    return n
+epoch()  # warm-up: page cache, slots, threads
+rates, t_end = [], time.perf_counter() + seconds
+while time.perf_counter() < t_end or len(rates) < 3:
+    t = time.perf_counter()
+    n = epoch()
+    rates.append(n / (time.perf_counter() - t))
+print(json.dumps({"rate": statistics.median(rates), "epochs": len(rates), "fastload": fastload.__file__}))
+"""
+
+
+def export(rev: str, into: Path) -> str:
+    """fastload/ at ``rev`` under ``into``, with this checkout's extension; returns the commit."""
+    commit = subprocess.run(["git", "rev-parse", "--short", rev], cwd=ROOT, check=True, capture_output=True,
+                            text=True).stdout.strip()
+    binding = subprocess.run(["git", "diff", "--quiet", rev, "--", "csrc/binding.cc", "setup.py"], cwd=ROOT)
+    if binding.returncode != 0:
+        sys.exit(f"{rev}: its csrc/binding.cc or setup.py differs from this checkout's, so this checkout's "
+                 f"extension may not fit its Python; compare revisions with the same binding")
+    into.mkdir(parents=True)
+    archive = subprocess.run(["git", "archive", rev, "fastload"], cwd=ROOT, check=True, capture_output=True)
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
+    for so in (ROOT / "fastload").glob("_C*.so"):
+        (into / "fastload" / so.name).write_bytes(so.read_bytes())
+    return commit
+
+
+def ensure_data() -> None:
+    missing = [d for d, *_ in CASES.values() if not (DATA / d / "manifest.json").exists()]
+    if missing:
+        sys.exit(f"missing packed datasets {sorted(set(missing))}: run `python bench/settings_bench.py` once "
+                 f"to build them")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--base", default="2c9a045", help="revision before the change (default: before issue 13)")
+    ap.add_argument("--head", default="HEAD")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--seconds", type=float, default=2.0, help="measured time per case and process")
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    ensure_data()
+    with tempfile.TemporaryDirectory() as tmp:
+        revs = {name: export(rev, Path(tmp) / name) for name, rev in (("base", args.base), ("head", args.head))}
+        rates: dict[tuple[str, str], list[float]] = {}
+        for r in range(args.rounds):
+            order = ("base", "head") if r % 2 == 0 else ("head", "base")
+            for case, (d, bs, nw, images) in CASES.items():
+                for name in order:
+                    env = dict(os.environ, PYTHONPATH=str(Path(tmp) / name), PYTHONWARNINGS="ignore")
+                    out = subprocess.run([sys.executable, "-c", RUN, str(DATA / d), str(bs), str(nw),
+                                          "1" if images else "0", str(args.seconds)],
+                                         cwd=tmp, env=env, capture_output=True, text=True, check=True)
+                    res = json.loads(out.stdout.strip().splitlines()[-1])
+                    assert res["fastload"].startswith(str(Path(tmp) / name)), res["fastload"]
+                    rates.setdefault((case, name), []).append(res["rate"])
+            print(f"round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
+    cmd = "python bench/revisions_bench.py " + " ".join(sys.argv[1:])
+    lines = [f"# Loader throughput before and after a restructuring ({os.cpu_count()} CPUs), "
+             f"{time.strftime('%Y-%m-%d')}", "",
+             f"`{cmd.strip()}`: fastload/ at base {revs['base']} and head {revs['head']}, both on this checkout's "
+             f"native extension; medians of {args.rounds} alternating rounds, samples/s.", "",
+             "| case | base | head | head / base |", "|---|---:|---:|---:|"]
+    for case in CASES:
+        b, h = statistics.median(rates[(case, "base")]), statistics.median(rates[(case, "head")])
+        lines.append(f"| {case} | {b:,.0f} | {h:,.0f} | {h / b:.3f} |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        args.out.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
