@@ -44,10 +44,10 @@ def drain(loader) -> None:
 def ceiling(ds, batch: int, threads: int, seed: int = 0):
     """numpy take of every batch's rows (random order) from the mapped columns into one buffer."""
     seg_cols = []
-    for seg in ds._segments:
+    for seg in ds.reader.segments:
         seg.open()
         seg_cols.append([seg.columns[(f.name, "values")] for f in ds.schema])
-    starts = ds._starts
+    starts = ds.reader.starts
     order = np.random.default_rng(seed).permutation(len(ds))
     outs = [np.empty((batch,) + c.shape[1:], c.dtype) for c in seg_cols[0]]
 

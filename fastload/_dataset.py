@@ -66,21 +66,17 @@ class Dataset(torch.utils.data.Dataset):
         if sum(isinstance(t, (Bucket, PackSequences)) for t in self.sequences.values()) > 1:
             raise ValueError("at most one field can be bucketed or packed (Bucket, PackSequences); pad the "
                              "others with Pad")
-        self._segments = self._make_segments()
-        self._finalizer = weakref.finalize(self, _close_segments, self._segments)
-        counts = np.array([s.count for s in self._segments], dtype=np.int64)
-        self._starts = np.concatenate([[0], np.cumsum(counts)])
-        self._reader = PackedReader(self._segments, self._starts, self.path)
+        self._open_reader()
 
     @property
     def reader(self) -> PackedReader:
         """What the loader reads through (formats/reader.py): locate, gather, blob sources."""
         return self._reader
 
-    def _make_segments(self) -> list:
-        if self._remote is not None:
-            return self._remote.segments()
-        return local_segments(self.path, self.manifest)
+    def _open_reader(self) -> None:
+        segments = self._remote.segments() if self._remote is not None else local_segments(self.path, self.manifest)
+        self._reader = PackedReader(segments, self.path)
+        self._finalizer = weakref.finalize(self, self._reader.close)
 
     # -- metadata ----------------------------------------------------------------------------
     @property
@@ -119,8 +115,7 @@ class Dataset(torch.utils.data.Dataset):
     # -- access ------------------------------------------------------------------------------
     def locate(self, i: int) -> tuple[Any, int]:
         """(segment, index within it) of global sample ``i``."""
-        k = int(np.searchsorted(self._starts, i, side="right")) - 1
-        return self._segments[k].open(), i - int(self._starts[k])
+        return self._reader.sample(i)
 
     def __getitem__(self, i: int) -> Any:
         if not isinstance(i, (int, np.integer)) or isinstance(i, bool):
@@ -205,26 +200,18 @@ class Dataset(torch.utils.data.Dataset):
     # -- lifecycle ---------------------------------------------------------------------------
     def close(self) -> None:
         """Unmap shards / close LMDB now (they are also released when the dataset is collected)."""
-        _close_segments(self._segments)
+        self._reader.close()
 
     def __getstate__(self) -> dict:
         # Worker processes reopen their own mappings; nothing mapped travels through pickle.
         state = self.__dict__.copy()
-        state["_segments"] = None
         state["_reader"] = None
         state["_finalizer"] = None
         return state
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        self._segments = self._make_segments()
-        self._finalizer = weakref.finalize(self, _close_segments, self._segments)
-        self._reader = PackedReader(self._segments, self._starts, self.path)
-
-
-def _close_segments(segments: list) -> None:
-    for s in segments:
-        s.close()
+        self._open_reader()
 
 
 def open(path: str | os.PathLike, *, transforms: Mapping[str, Any] | None = None, as_dict: bool = False,

@@ -45,6 +45,11 @@ rank and in every epoch), and each rank orders its own samples by ``kind`` (``qu
 number of batches: ranks holding fewer samples than the largest share wrap around their own sequence
 (with ``drop_last``, every rank is cut to the smallest share). A rank's samples stay its own across
 epochs; the global batch still mixes all ranks' every step.
+
+Variable-length fields plan their batches here too (``order_for`` picks the order from the dataset's
+transforms): ``BucketOrder`` (``Bucket``) shuffles within buckets and then the batches, so a batch
+holds one bucket; ``PackedOrder`` (``PackSequences``) cuts the epoch's token stream into ``PackJob``
+batches of ``batch_size * row_length`` tokens, global batch ``b`` going to rank ``b % world``.
 """
 
 from __future__ import annotations
@@ -57,6 +62,8 @@ import operator
 from collections.abc import Iterator, Sequence
 
 import numpy as np
+
+from ._sequences import Bucket, PackSequences
 
 KINDS = ("sequential", "random", "quasi")
 DEFAULT_BLOCK = 4096  # samples per pseudo-shard for ``quasi`` without ``shard_sizes``
@@ -400,6 +407,49 @@ class BucketOrder(Order):
         return cfg
 
 
+# -- variable-length batches: planned here, declared in _sequences.py (Bucket, PackSequences) ----------
+
+class PackJob:
+    """One packed batch (``PackedOrder``): the pieces of samples that fill its token range, in stream order;
+    the batcher copies the pieces (``_C.gather_pieces``) and writes ``cu_seqlens``."""
+
+    __slots__ = ("samples", "starts", "lengths", "dst", "real")
+
+    def __init__(self, samples, starts, lengths, dst, real):
+        self.samples = samples    # int64 dataset index of each piece
+        self.starts = starts      # int64 first token of the piece within its sample
+        self.lengths = lengths    # int64 tokens in the piece
+        self.dst = dst            # int64 position of the piece in the flattened batch
+        self.real = real          # tokens of real data in the batch (the rest is padding)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+
+def packed_batches(stream: np.ndarray, lengths: np.ndarray, tokens_per_batch: int, batch_ids):
+    """PackJobs for the given global batch numbers of the sample stream ``stream`` (one cumsum)."""
+    lens = lengths[stream]
+    ends = np.cumsum(lens)
+    begins = ends - lens
+    total = int(ends[-1]) if len(ends) else 0
+    for b in batch_ids:
+        lo, hi = b * tokens_per_batch, (b + 1) * tokens_per_batch
+        first = int(np.searchsorted(ends, lo, side="right"))
+        last = int(np.searchsorted(begins, hi, side="left"))  # exclusive
+        sel = np.arange(first, last)
+        sel = sel[lens[sel] > 0]
+        piece_lo = np.maximum(begins[sel], lo)
+        piece_hi = np.minimum(ends[sel], hi)
+        yield PackJob(stream[sel], piece_lo - begins[sel], piece_hi - piece_lo, piece_lo - lo,
+                      int(min(hi, total) - lo))
+
+
+def cu_seqlens(job: PackJob, row_length: int) -> np.ndarray:
+    """Segment boundaries in the flattened batch: piece starts and row starts, up to the real tokens."""
+    cuts = np.concatenate([job.dst, np.arange(0, job.real, row_length), [job.real]])
+    return np.unique(cuts).astype(np.int32)
+
+
 class PackedOrder(Order):
     """Batches of packed token rows (``transforms.PackSequences``).
 
@@ -411,9 +461,6 @@ class PackedOrder(Order):
     """
 
     def __init__(self, lengths: np.ndarray, tokens_per_batch: int, **kw):
-        from ._sequences import packed_batches
-
-        self._packed_batches = packed_batches
         self.lengths = np.asarray(lengths, dtype=np.int64)
         rank, world = dist_info(kw.pop("rank", None), kw.pop("world_size", None))
         kw.pop("shard_sizes", None)
@@ -439,7 +486,7 @@ class PackedOrder(Order):
         ids = [(b * w + r) % max(self._global, 1) for b in range(start, self._num_batches)]
         if self._cache is None or self._cache[0] != e:
             self._cache = (e, self._global_sequence(e))
-        return self._packed_batches(self._cache[1], self.lengths, self.tokens_per_batch, ids)
+        return packed_batches(self._cache[1], self.lengths, self.tokens_per_batch, ids)
 
     def _config(self) -> dict:
         cfg = super()._config()
@@ -452,8 +499,6 @@ def order_for(dataset, batch_size: int, kind: str, seed: int, r: int, w: int, *,
               split: str | None):
     """The Order for a fastload.Dataset: ``PackedOrder`` (PackSequences), ``BucketOrder`` (Bucket) or ``Order``;
     ``split`` None picks whole shards per rank for a remote dataset with world size > 1 (else samples)."""
-    from ._sequences import Bucket, PackSequences
-
     explicit = split is not None
     if split is None:
         split = "shards" if getattr(dataset, "remote", False) and w > 1 else "samples"

@@ -10,10 +10,7 @@ byte-for-byte what an uninterrupted pack writes.
 from __future__ import annotations
 
 import errno
-import json
-import mmap
 import os
-import shutil
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -25,10 +22,7 @@ from ._version import __version__
 from ._encode import ImageOptions
 from ._errors import FastloadError, SourceError
 from ._schema import Field
-from .formats import lmdb as lmdb_format
-from .formats._manifest import MANIFEST_NAME
-from .formats.shards import fsync_dir
-from .formats.sinks import STATE_NAME, ArraySink, LmdbSink, ShardSink, array_rows
+from .formats.sinks import ArraySink, array_rows, is_write_error, prepare_dest, sink_for
 from ._encode_pool import _encoded
 from .sources import ArraySource, as_source
 
@@ -37,7 +31,6 @@ DEFAULT_SHARD_SIZE = 256 << 20
 # b * BLOCK + 0, 1, ...: where a shard starts and what it is called depend on its own block only, so a
 # pack split into parts (whole blocks each, ``_parts.py``) merges into exactly the files one machine writes.
 DEFAULT_BLOCK = 65536
-_OWN_FILES = (MANIFEST_NAME, STATE_NAME, "data.mdb", "lock.mdb")
 
 
 @dataclass
@@ -90,106 +83,6 @@ def parse_size(text: str | int) -> int:
     if value <= 0:
         raise ValueError(f"size {text!r} must be positive")
     return value
-
-
-# -- destination handling -----------------------------------------------------------------------
-
-def _own_file(name: str) -> bool:
-    return name in _OWN_FILES or (name.startswith("shard-") and (name.endswith(".fls") or name.endswith(".fls.tmp"))) \
-        or name.endswith(".tmp")
-
-
-def _prepare_dest(dest: Path, overwrite: bool, params: dict) -> dict | None:
-    """Create or clear ``dest``; return the resume state of an unfinished identical pack, if any."""
-    if not dest.exists():
-        dest.mkdir(parents=True)
-        return None
-    if not dest.is_dir():
-        raise FastloadError(f"destination {dest} exists and is not a directory")
-    names = os.listdir(dest)
-    foreign = [n for n in names if not _own_file(n)]
-    if foreign and (overwrite or names):
-        raise FastloadError(f"destination {dest} holds files fastload did not write ({', '.join(sorted(foreign)[:5])}); "
-                            f"refusing to write there — choose an empty or new directory")
-    if overwrite:
-        for n in names:
-            p = dest / n
-            shutil.rmtree(p) if p.is_dir() else p.unlink()
-        return None
-    if MANIFEST_NAME in names and STATE_NAME in names and params["format"] == "shards":
-        state = _read_state(dest, "shards")
-        if state is not None and state.get("params") == params:
-            # killed after the manifest was written, before its resume state was removed: finish that
-            (dest / STATE_NAME).unlink()
-            fsync_dir(dest)
-            return {"complete": True}
-    if MANIFEST_NAME in names or _lmdb_complete(dest):
-        raise FastloadError(f"destination {dest} already holds a packed dataset; pass overwrite=True (--overwrite) "
-                            f"to replace it")
-    state = _read_state(dest, params["format"])
-    if state is None:
-        if names and not _nothing_committed(dest, names):
-            raise FastloadError(f"destination {dest} is not empty and holds no resumable pack; use --overwrite")
-        for n in names:  # scratch of a pack killed before it committed anything
-            (dest / n).unlink()
-        return None
-    if state.get("params") != params:
-        raise FastloadError(f"destination {dest} holds an unfinished pack with different parameters or source; "
-                            f"run the original command to resume it, or pass --overwrite to start over")
-    return state
-
-
-def _nothing_committed(dest: Path, names: list[str]) -> bool:
-    """True when ``names`` are only what a pack killed before its first commit leaves: temporary files
-    (never complete by construction) and an LMDB environment holding no entry."""
-    rest = [n for n in names if not n.endswith(".tmp")]
-    if not rest:
-        return True
-    if set(rest) <= {"data.mdb", "lock.mdb"} and _lmdb_half_created(dest):
-        return True
-    if set(rest) <= {"data.mdb", "lock.mdb"} and "data.mdb" in rest:
-        w = lmdb_format.LmdbWriter(dest, None)  # type: ignore[arg-type]
-        try:
-            return w.env.stat()["entries"] == 0
-        finally:
-            w.close()
-    return False
-
-
-def _lmdb_complete(dest: Path) -> bool:
-    if not lmdb_format.is_lmdb(dest) or _lmdb_half_created(dest):
-        return False
-    try:
-        lmdb_format.read_manifest(dest)
-        return True
-    except FastloadError:
-        return False
-
-
-def _lmdb_half_created(dest: Path) -> bool:
-    """A pack killed while LMDB created its environment: lock.mdb alone, or a data.mdb shorter than the
-    two meta pages LMDB writes first. No transaction was ever committed there."""
-    data = dest / "data.mdb"
-    return not data.exists() or data.stat().st_size < 2 * mmap.PAGESIZE
-
-
-def _read_state(dest: Path, fmt: str) -> dict | None:
-    if fmt == "lmdb":
-        if not lmdb_format.is_lmdb(dest) or _lmdb_half_created(dest):
-            return None
-        w = lmdb_format.LmdbWriter(dest, None)  # type: ignore[arg-type]
-        try:
-            state = w.read_state()
-        finally:
-            w.close()
-        return state or None
-    path = dest / STATE_NAME
-    if not path.exists():
-        return None
-    try:
-        return json.loads(path.read_text())
-    except ValueError:
-        return None
 
 
 # -- the pack -----------------------------------------------------------------------------------
@@ -287,7 +180,7 @@ def pack(
         dest = dest / "parts" / str(i)
     t0 = time.perf_counter()
     with _writing(dest):
-        state = _prepare_dest(dest, overwrite, params)
+        state = prepare_dest(dest, overwrite, params)
         if state is not None and state.get("complete"):
             from .formats.reader import read_manifest
 
@@ -303,8 +196,7 @@ def pack(
             manifest = writer.finish()
             return PackSummary(str(dest), format, manifest.num_samples, [], writer.total_bytes(),
                                len(manifest.shards), time.perf_counter() - t0, start - span[0])
-        writer = ShardSink(dest, src, params, shard_bytes, state, span, on_shard) if format == "shards" else \
-            LmdbSink(dest, src, params, state)
+        writer = sink_for(dest, src, params, shard_bytes, state, span, on_shard)
     start = writer.next_sample
     bar = None
     if progress:
@@ -347,7 +239,7 @@ def _writing(dest: Path) -> Iterator[None]:
         if isinstance(e, OSError):
             what = f"{e.strerror or e}" + (f" ({e.filename})" if e.filename else "")
             full = e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
-        elif lmdb_format.is_lmdb_error(e):
+        elif is_write_error(e):
             what, full = str(e), False
         else:
             raise

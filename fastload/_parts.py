@@ -18,8 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ._errors import FastloadError
-from .formats._manifest import MANIFEST_NAME, Manifest
-from .formats.shards import fsync_dir, write_manifest
+from .formats._manifest import MANIFEST_NAME, Manifest, fsync_dir, write_manifest
 
 PARTS_DIR = "parts"
 

@@ -14,6 +14,10 @@ transforms: ``fastload.open(path, transforms={"tokens": T.Pad(512)})``. The fiel
   global maximum.
 
 Output buffers are allocated once, for the largest boundary; a batch is a contiguous view of them.
+
+This module declares the transforms (and checks them against a field); which samples form a batch is
+the order's business: ``_order.BucketOrder`` keeps a batch within a bucket, ``_order.PackedOrder``
+cuts the token stream into ``_order.PackJob`` batches.
 """
 
 from __future__ import annotations
@@ -141,43 +145,3 @@ class PackSequences(_Sequence):
 
     def __repr__(self) -> str:
         return f"PackSequences(row_length={self.row_length}, value={self.value})"
-
-
-class PackJob:
-    """One packed batch: the pieces of samples that fill its token range, in stream order."""
-
-    __slots__ = ("samples", "starts", "lengths", "dst", "real")
-
-    def __init__(self, samples, starts, lengths, dst, real):
-        self.samples = samples    # int64 dataset index of each piece
-        self.starts = starts      # int64 first token of the piece within its sample
-        self.lengths = lengths    # int64 tokens in the piece
-        self.dst = dst            # int64 position of the piece in the flattened batch
-        self.real = real          # tokens of real data in the batch (the rest is padding)
-
-    def __len__(self) -> int:
-        return len(self.samples)
-
-
-def packed_batches(stream: np.ndarray, lengths: np.ndarray, tokens_per_batch: int, batch_ids):
-    """PackJobs for the given global batch numbers of the sample stream ``stream`` (one cumsum)."""
-    lens = lengths[stream]
-    ends = np.cumsum(lens)
-    begins = ends - lens
-    total = int(ends[-1]) if len(ends) else 0
-    for b in batch_ids:
-        lo, hi = b * tokens_per_batch, (b + 1) * tokens_per_batch
-        first = int(np.searchsorted(ends, lo, side="right"))
-        last = int(np.searchsorted(begins, hi, side="left"))  # exclusive
-        sel = np.arange(first, last)
-        sel = sel[lens[sel] > 0]
-        piece_lo = np.maximum(begins[sel], lo)
-        piece_hi = np.minimum(ends[sel], hi)
-        yield PackJob(stream[sel], piece_lo - begins[sel], piece_hi - piece_lo, piece_lo - lo,
-                      int(min(hi, total) - lo))
-
-
-def cu_seqlens(job: PackJob, row_length: int) -> np.ndarray:
-    """Segment boundaries in the flattened batch: piece starts and row starts, up to the real tokens."""
-    cuts = np.concatenate([job.dst, np.arange(0, job.real, row_length), [job.real]])
-    return np.unique(cuts).astype(np.int32)

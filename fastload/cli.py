@@ -120,12 +120,10 @@ def inspect(dst) -> None:
 @click.argument("dst", type=click.Path(exists=True, path_type=Path))
 def verify(dst) -> None:
     """Check every shard's size, checksum and structure; exit 1 naming each bad shard."""
-    from .formats.reader import read_manifest
-    from .formats.lmdb import verify_lmdb
-    from .formats.shards import verify_shards
+    from .formats.reader import read_manifest, verify as verify_dataset
 
     m = _run(lambda: read_manifest(dst))
-    problems = verify_shards(dst, m) if m.layout == "shards" else verify_lmdb(dst, m)
+    problems = verify_dataset(dst, m)
     if problems:
         for p in problems:
             click.echo(f"BAD {p}", err=True)

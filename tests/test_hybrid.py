@@ -15,7 +15,7 @@ import torch
 import fastload
 from fastload import transforms as T
 from fastload._images import ImageDecoding
-from fastload.decoders.hybrid import HybridSplit
+from fastload.decoders.hybrid import HybridDecoder, HybridSplit
 from fastload.decoders.nvjpeg import NvjpegDecoder
 from conftest import packed_image_folder
 from test_dali import mad
@@ -30,9 +30,10 @@ def photos(tmp_path_factory):
 def hybrid_loader(ds, **kw):
     loader = fastload.DataLoader(ds, **kw)
     images = ImageDecoding("native", None, kw["batch_size"], kw.get("num_workers", 0))
-    images.gpu, images.hybrid, images.device = "nvjpeg", HybridSplit(), torch.device("cpu")
+    images.gpu, images.hybrid, images.device = "nvjpeg", HybridSplit(), torch.device("cpu")  # rows: slot.tensors
     out_hw = ds.pipelines["image"].output_size
-    images._gpu_decoders["image"] = NvjpegDecoder(kw["batch_size"], out_hw, device="cpu", decode_fn=pil_decode)
+    gpu = NvjpegDecoder(kw["batch_size"], out_hw, device="cpu", decode_fn=pil_decode)
+    images._decoders["image"] = HybridDecoder(images.native, gpu, images.hybrid, kw["batch_size"])
     loader._batcher.images = images
     return loader, images.hybrid
 

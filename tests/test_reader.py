@@ -13,9 +13,18 @@ from fastload import Field, _C
 from corrupt_common import Samples
 
 ROOT = Path(__file__).resolve().parent.parent / "fastload"
-# The modules one batch crosses between the packed files and the caller (issue 13 extends this to every
-# module outside formats/ once the packer's writers and the manifest reader live in formats/).
+# The modules one batch crosses between the packed files and the caller: they read only through the reader.
 BATCH_PATH = ["_batcher.py", "_images.py", "_loader.py", "_fastiter.py", "_prefetch.py", "_ring.py", "_workers.py"]
+# The formats modules that code outside formats/ may import; every other one (shards, lmdb, _cache) is a
+# format's own business, reached only through these.
+BOUNDARY = {
+    "fastload.formats.reader": "reading: PackedReader, and read_manifest/local_segments/verify that dispatch by what is on disk",
+    "fastload.formats.sinks": "writing: the pack's writers, sink_for choosing the format, the destination's resume state",
+    "fastload.formats._layout": "the logical layout every format stores (columns per field kind, image encodings)",
+    "fastload.formats._manifest": "the manifest document (both formats), its atomic write, fsync_dir",
+    "fastload.formats.remote": "storage, not a format: URLs, fsspec, the cached-remote dataset and its read plan",
+    "fastload.formats.upload": "storage, not a format: a pack staged locally and uploaded to a URL",
+}
 
 
 @pytest.fixture(scope="module")
@@ -56,15 +65,51 @@ def test_the_reader_gives_the_same_rows_for_every_format(datasets, fmt):
         assert len(reader.sizes) > 1
 
 
+def _imported(path: Path, node: ast.AST) -> list[str]:
+    """The absolute module names an import statement in ``path`` (under fastload/) names."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    if not isinstance(node, ast.ImportFrom):
+        return []
+    package = ["fastload", *path.parent.relative_to(ROOT).parts]
+    base = ".".join(package[:len(package) - node.level + 1] + ([node.module] if node.module else [])) \
+        if node.level else node.module
+    return [f"{base}.{a.name}" if base == "fastload.formats" else base for a in node.names]  # `from .formats import lmdb`
+
+
+def _boundary_breaches(path: Path, allowed: set[str], text: str | None = None) -> list[str]:
+    """Imports of a formats module outside ``allowed``, reads of a segment list's private fields, and
+    names of a segment class in ``path`` (or ``text`` as if it were there), as ``file:line what``."""
+    name = path.relative_to(ROOT)
+    found = []
+    for node in ast.walk(ast.parse(path.read_text() if text is None else text)):
+        if isinstance(node, ast.Attribute) and node.attr in ("_segments", "_starts"):
+            found.append(f"{name}:{node.lineno} reads {node.attr}")
+        names = [node.id] if isinstance(node, ast.Name) else [node.attr] if isinstance(node, ast.Attribute) else \
+            [a.asname or a.name for a in node.names] if isinstance(node, (ast.Import, ast.ImportFrom)) else []
+        found += [f"{name}:{node.lineno} names {n}" for n in names if n.split(".")[-1].endswith("Segment")]
+        found += [f"{name}:{node.lineno} imports {m}" for m in _imported(path, node)
+                  if m.startswith("fastload.formats.") and m not in allowed]
+    return found
+
+
+def test_nothing_outside_formats_knows_which_format_it_has():
+    """Every module outside formats/ reaches the packed files only through the boundary modules."""
+    modules = [p for p in sorted(ROOT.rglob("*.py")) if "formats" not in p.relative_to(ROOT).parts]
+    assert len(modules) > 40 and ROOT / "cli.py" in modules and ROOT / "decoders" / "hybrid.py" in modules
+    assert [b for p in modules for b in _boundary_breaches(p, set(BOUNDARY))] == []
+
+
+@pytest.mark.parametrize("line", ["from .formats.shards import fsync_dir", "from .formats import lmdb as lmdb_format",
+                                  "from ..formats.lmdb import verify_lmdb", "import fastload.formats.shards",
+                                  "x = ds._segments", "from .formats.shards import ShardSegment"])
+def test_the_boundary_check_catches_each_breach(line):
+    probe = ROOT / "decoders" / "probe.py" if line.startswith("from ..") else ROOT / "probe.py"
+    assert _boundary_breaches(probe, set(BOUNDARY), line)
+    assert not _boundary_breaches(probe, set(BOUNDARY), "from .formats.reader import PackedReader")
+
+
 def test_the_batch_path_reads_packed_files_only_through_the_reader():
     """No module a batch crosses reads a segment's private fields or names a segment class."""
     for name in BATCH_PATH:
-        tree = ast.parse((ROOT / name).read_text())
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Attribute):
-                assert node.attr not in ("_segments", "_starts"), f"{name}:{node.lineno} reads {node.attr}"
-            if isinstance(node, ast.Name):
-                assert not node.id.endswith("Segment"), f"{name}:{node.lineno} names {node.id}"
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("formats"):
-                assert node.module in ("formats._layout", "formats.reader"), \
-                    f"{name}:{node.lineno} imports {node.module}"
+        assert _boundary_breaches(ROOT / name, {"fastload.formats._layout", "fastload.formats.reader"}) == []

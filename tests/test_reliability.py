@@ -33,6 +33,7 @@ import fastload
 from fastload import FastloadError, Field, FormatError
 from fastload import transforms as T
 from fastload.cli import main as cli
+from fastload.formats import _manifest as manifest_format
 from fastload.formats import lmdb as lmdb_format
 from fastload.formats import shards as shards_format
 
@@ -186,7 +187,8 @@ class KillAt:
                 hooks.hit("state.removed")
 
         os.replace = replace
-        shards_format.open = open_  # the shard writer's module-level name, not every open()
+        shards_format.open = open_  # the shard and manifest writers' module-level names, not every open()
+        manifest_format.open = open_
         pathlib.Path.unlink = unlink
         self._lmdb_hooks()
 
@@ -450,8 +452,9 @@ def test_disk_full_midway(references, tmp_path, monkeypatch, where):
                 raise OSError(28, "No space left on device")
             return self.fh.write(data)
 
-    monkeypatch.setattr(shards_format, "open", lambda p, m="r", *a, **k: Full(real_open(p, m, *a, **k)),
-                        raising=False)
+    for writer in (shards_format, manifest_format):  # the shard and the manifest writers
+        monkeypatch.setattr(writer, "open", lambda p, m="r", *a, **k: Full(real_open(p, m, *a, **k)),
+                            raising=False)
     with pytest.raises(FastloadError, match="No space left on device.*the disk is full"):
         fastload.pack(_source("samples"), dest, **_pack_kwargs("samples", "shards"))
     monkeypatch.undo()

@@ -61,7 +61,7 @@ from __future__ import annotations
 import ctypes
 import re
 import threading
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -228,9 +228,10 @@ class DaliDecoder:
                              f"pass a buffer on cuda:{self.device_id}")
         return t
 
-    def decode(self, blobs: list, crops: np.ndarray, flips: np.ndarray, out: Any) -> list[tuple[int, str]]:
+    def decode(self, blobs: Sequence[Any], crops: np.ndarray, flips: np.ndarray, out: Any) -> list[tuple[int, str]]:
         """Decode ``blobs[k]``, crop ``crops[k]`` (top, left, height, width in source pixels), resize to
         ``out_hw``, mirror if ``flips[k]``, into ``out[k]``; returns the failures ``[(k, message)]``.
+        ``blobs``: bytes-like objects, a list or an ``ImageSources`` (the interface of ``decoders/_base.py``).
 
         ``out`` is a contiguous uint8 ``(n, H, W, 3)`` tensor (a numpy array works in CPU-only mode) on
         this decoder's device. Failed samples are zeroed; the others are written as if none failed.

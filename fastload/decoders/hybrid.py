@@ -1,9 +1,10 @@
 """``decoder="auto"`` with a GPU: CPU threads and a GPU decoder share every batch.
 
 A GPU machine has both a hardware/GPU JPEG decoder and many CPU cores; a loader that uses only one of
-them leaves the other idle. :class:`HybridSplit` cuts each batch in two: the first ``k`` samples go to
-the native decoder (libjpeg-turbo threads, GIL released) in a helper thread, the other ``n - k`` to the
-GPU decoder in the calling thread, at the same time. Both halves are timed while they run side by side,
+them leaves the other idle. :class:`HybridDecoder` is one decoder (``decode(sources, crops, flips, out)``,
+``_base.py``) made of two: :class:`HybridSplit` cuts each batch in two, the first ``k`` samples go to
+the native decoder (libjpeg-turbo threads, GIL released) in a helper thread, into pinned host rows that
+are then copied into ``out``, the other ``n - k`` to the GPU decoder in the calling thread, at the same time. Both halves are timed while they run side by side,
 and ``k`` follows the ratio of the measured rates (smoothed), so both finish together: the batch takes
 about ``n / (cpu_rate + gpu_rate)``. Each side keeps at least one sample so its rate stays measured.
 
@@ -14,9 +15,15 @@ reproducible (labels, order and crops are). Use ``decoder="native"`` where bit-e
 
 from __future__ import annotations
 
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from .._ring import host_empty, pinned_memory_usable
 
 
 class HybridSplit:
@@ -77,3 +84,55 @@ class HybridSplit:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
+
+
+class HybridDecoder:
+    """``cpu`` (the native decoder) and ``gpu`` (a GPU decoder) decoding one batch together, cut by ``split``.
+
+    The CPU share is decoded into host rows owned here (pinned where possible, ``rows`` samples, made on
+    first use) and copied into ``out`` on a side stream that first waits on the stream ``out`` was
+    allocated on; the copy completes before ``decode`` returns, so the host rows are free for the next
+    batch and the caller reads finished rows. One batch at a time (a lock), as the GPU decoders.
+    """
+
+    def __init__(self, cpu: Any, gpu: Any, split: HybridSplit, rows: int):
+        self.cpu, self.gpu, self.split, self.rows = cpu, gpu, split, rows
+        self._host: torch.Tensor | None = None
+        self._copy_stream = None
+        self._lock = threading.Lock()
+
+    def decode(self, sources: Any, crops: np.ndarray, flips: np.ndarray, out: torch.Tensor) -> list[tuple[int, str]]:
+        n = len(sources)
+
+        def cpu(k: int) -> list:
+            host = self._staging(n, out.shape[1:])[:k]
+            fails = self.cpu.decode(sources[:k], crops[:k], flips[:k], host.numpy())
+            self._upload(out[:k], host)
+            return fails
+
+        with self._lock:
+            return self.split.run(n, cpu, lambda k: self.gpu.decode(sources[k:], crops[k:], flips[k:], out[k:]))
+
+    def _staging(self, n: int, row_shape: tuple) -> torch.Tensor:
+        if self._host is None or self._host.shape[0] < n or self._host.shape[1:] != row_shape:
+            self._host = host_empty((max(n, self.rows),) + tuple(row_shape), torch.uint8, pinned_memory_usable())
+        return self._host
+
+    def _upload(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        """The CPU rows into the device batch; complete when this returns, so the host rows may be refilled
+        by the next batch (ring rule 2) and the prefetcher reads finished rows."""
+        if dst.device.type != "cuda":
+            dst.copy_(src)
+            return
+        if self._copy_stream is None:
+            self._copy_stream = torch.cuda.Stream(device=dst.device)
+        s = self._copy_stream
+        s.wait_stream(torch.cuda.current_stream(dst.device))  # ring rule 3: after dst's allocation stream
+        with torch.cuda.stream(s):
+            dst.copy_(src, non_blocking=True)
+        s.synchronize()  # the producer thread waits, never the training loop
+
+    def close(self) -> None:
+        """Closes the GPU decoder; the CPU decoder and the split belong to the caller."""
+        self.gpu.close()
+        self._host = None

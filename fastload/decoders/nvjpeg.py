@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import threading
 import warnings
-from typing import Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -82,9 +82,10 @@ class NvjpegDecoder:
                 images.append(None)
         return images
 
-    def decode(self, blobs: list, crops: np.ndarray, flips: np.ndarray, out: torch.Tensor) -> list[tuple[int, str]]:
+    def decode(self, blobs: Sequence[Any], crops: np.ndarray, flips: np.ndarray, out: torch.Tensor) -> list[tuple[int, str]]:
         """Decode ``blobs[k]``, crop ``crops[k]`` (top, left, height, width), resize to ``out_hw``, mirror
-        where ``flips[k]``, into ``out[k]`` (uint8 NHWC on this decoder's device); returns failures."""
+        where ``flips[k]``, into ``out[k]`` (uint8 NHWC on this decoder's device); returns failures.
+        ``blobs``: bytes-like objects, a list or an ``ImageSources`` (the interface of ``decoders/_base.py``)."""
         n = len(blobs)
         self._check_out(out, n)
         if n == 0:

@@ -1,15 +1,18 @@
 """The manifest: the JSON document describing a packed dataset (both formats).
 
 It is plain JSON, parsed with ``json.loads`` and validated field by field: opening a dataset never
-executes anything. See docs/FORMAT.md for an example.
+executes anything. See docs/FORMAT.md for an example. ``write_manifest`` writes a shards dataset's
+``manifest.json`` last and atomically (the packer and ``merge``); ``fsync_dir`` makes a rename durable.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -144,3 +147,26 @@ def _parse_shard(s: Any, where: str) -> ShardEntry:
     if not isinstance(digest, str) or not re.fullmatch(r"[0-9a-f]{16}", digest):
         raise FormatError(f"{where}: xxh3_64 {digest!r} is not 16 hex digits")
     return ShardEntry(file, n, size, digest)
+
+
+def write_manifest(root: Path, manifest: Manifest) -> None:
+    """Write the manifest last and atomically: a dataset is complete exactly when it exists."""
+    tmp = root / (MANIFEST_NAME + ".tmp")
+    try:
+        with open(tmp, "w") as fh:
+            fh.write(manifest.to_json())
+            fh.flush()
+            os.fsync(fh.fileno())
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise OSError(e.errno, e.strerror, str(tmp)) from e
+    os.replace(tmp, root / MANIFEST_NAME)
+    fsync_dir(root)
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

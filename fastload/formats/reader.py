@@ -5,6 +5,9 @@ gather fixed-size columns, hand blob sources to the native calls, and read shape
 messages. Shards (local or cached from a URL) and LMDB segments differ only here: nothing above
 ``formats/`` checks a segment's class or reads its fields.
 
+``read_manifest``, ``local_segments`` and ``verify`` are the format-neutral entries for a local path:
+each looks at what is on disk (or in the manifest) and dispatches to ``shards.py`` or ``lmdb.py``.
+
 A *batch view* (``Located``) is computed once per batch: ``seg_ids`` and ``local`` per position,
 ``groups`` = ``[(segment index, positions)]``, and the opened segments.
 """
@@ -20,7 +23,7 @@ import numpy as np
 from .._errors import FormatError
 from . import lmdb as lmdb_format
 from ._manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest
-from .shards import ShardSegment, shard_segments
+from .shards import ShardSegment, shard_segments, verify_shards
 
 
 def read_manifest(path: Path) -> Manifest:
@@ -50,6 +53,14 @@ def local_segments(path: Path, manifest: Manifest) -> list:
     return shard_segments(path, manifest)
 
 
+def verify(path: Path, manifest: Manifest) -> list[str]:
+    """Check every byte of a local dataset against its manifest (shards: size, checksum, structure; LMDB:
+    every chunk's digest and record). One message per problem; empty when the dataset is sound."""
+    if manifest.layout == "lmdb":
+        return lmdb_format.verify_lmdb(path, manifest)
+    return verify_shards(path, manifest)
+
+
 class Located:
     """A batch's samples by segment: ``seg_ids``/``local`` per position, ``groups``, the opened ``segs``."""
 
@@ -75,10 +86,20 @@ class Located:
 class PackedReader:
     """One per opened dataset (``Dataset.reader``); see the module docstring."""
 
-    def __init__(self, segments: list, starts: np.ndarray, path: Path | str):
+    def __init__(self, segments: list, path: Path | str):
         self.segments = segments
-        self.starts = starts
+        self.starts = np.concatenate([[0], np.cumsum([s.count for s in segments], dtype=np.int64)])
         self.path = path
+
+    def sample(self, i: int) -> tuple[Any, int]:
+        """(opened segment, index within it) of global sample ``i`` (``ds[i]``: one sample, no batch view)."""
+        k = int(np.searchsorted(self.starts, i, side="right")) - 1
+        return self.segments[k].open(), i - int(self.starts[k])
+
+    def close(self) -> None:
+        """Unmap shards / close LMDB now; a segment reopens when next read."""
+        for s in self.segments:
+            s.close()
 
     @property
     def sizes(self) -> list[int]:

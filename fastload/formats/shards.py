@@ -115,29 +115,6 @@ def _write_sections(path: Path, sections: list, n: int) -> ShardEntry:
     return ShardEntry(path.name, n, pos, h.hexdigest())
 
 
-def write_manifest(root: Path, manifest: Manifest) -> None:
-    """Write the manifest last and atomically: a dataset is complete exactly when it exists."""
-    tmp = root / (MANIFEST_NAME + ".tmp")
-    try:
-        with open(tmp, "w") as fh:
-            fh.write(manifest.to_json())
-            fh.flush()
-            os.fsync(fh.fileno())
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise OSError(e.errno, e.strerror, str(tmp)) from e
-    os.replace(tmp, root / MANIFEST_NAME)
-    fsync_dir(root)
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def file_digest(path: Path, chunk: int = 8 << 20) -> tuple[int, str]:
     h = xxhash.xxh3_64()
     size = 0

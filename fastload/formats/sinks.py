@@ -2,25 +2,31 @@
 time), ``ArraySink`` (numpy arrays to shards a column slice at a time) and ``LmdbSink`` (chunks committed
 to one LMDB environment). Each keeps the pack resumable: ``pack_state.json`` (shards) or the LMDB state
 record says what is committed, and nothing is marked complete before the manifest.
+
+The packer (``_pack.py``) names no format module: ``prepare_dest`` reads what a destination holds (a
+finished dataset, an unfinished pack to resume, a killed pack's scratch) and ``sink_for`` picks the writer.
 """
 
 from __future__ import annotations
 
 import json
+import mmap
 import os
+import shutil
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
-from .._errors import SourceError
+from .._errors import FastloadError, SourceError
 from .._version import __version__
 from . import lmdb as lmdb_format
 from ._layout import columns_of
-from ._manifest import Manifest, ShardEntry
-from .shards import fsync_dir, shard_index, shard_name, write_manifest, write_shard, write_shard_columns
+from ._manifest import MANIFEST_NAME, Manifest, ShardEntry, fsync_dir, write_manifest
+from .shards import shard_index, shard_name, write_shard, write_shard_columns
 
 STATE_NAME = "pack_state.json"
+_OWN_FILES = (MANIFEST_NAME, STATE_NAME, lmdb_format.DATA_FILE, "lock.mdb")
 
 
 def write_state(dest: Path, state: dict) -> None:
@@ -31,6 +37,119 @@ def write_state(dest: Path, state: dict) -> None:
         os.fsync(fh.fileno())
     os.replace(tmp, dest / STATE_NAME)
     fsync_dir(dest)
+
+
+def sink_for(dest: Path, src: Any, params: dict, shard_bytes: int, state: dict | None, span: tuple[int, int],
+             on_shard: Callable[[Path], None] | None = None) -> "ShardSink | LmdbSink":
+    """The writer for ``params["format"]`` that takes samples one at a time (``add``/``skip``/``finish``)."""
+    if params["format"] == "shards":
+        return ShardSink(dest, src, params, shard_bytes, state, span, on_shard)
+    return LmdbSink(dest, src, params, state)
+
+
+def is_write_error(e: BaseException) -> bool:
+    """True for a failed write that a format's own library raised (LMDB's errors are not OSErrors)."""
+    return lmdb_format.is_lmdb_error(e)
+
+
+# -- the destination: what a pack finds there, and its resume state -----------------------------
+
+def _own_file(name: str) -> bool:
+    return name in _OWN_FILES or (name.startswith("shard-") and (name.endswith(".fls") or name.endswith(".fls.tmp"))) \
+        or name.endswith(".tmp")
+
+
+def prepare_dest(dest: Path, overwrite: bool, params: dict) -> dict | None:
+    """Create or clear ``dest``; return the resume state of an unfinished identical pack, if any."""
+    if not dest.exists():
+        dest.mkdir(parents=True)
+        return None
+    if not dest.is_dir():
+        raise FastloadError(f"destination {dest} exists and is not a directory")
+    names = os.listdir(dest)
+    foreign = [n for n in names if not _own_file(n)]
+    if foreign and (overwrite or names):
+        raise FastloadError(f"destination {dest} holds files fastload did not write ({', '.join(sorted(foreign)[:5])}); "
+                            f"refusing to write there — choose an empty or new directory")
+    if overwrite:
+        for n in names:
+            p = dest / n
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+        return None
+    if MANIFEST_NAME in names and STATE_NAME in names and params["format"] == "shards":
+        state = _read_state(dest, "shards")
+        if state is not None and state.get("params") == params:
+            # killed after the manifest was written, before its resume state was removed: finish that
+            (dest / STATE_NAME).unlink()
+            fsync_dir(dest)
+            return {"complete": True}
+    if MANIFEST_NAME in names or _lmdb_complete(dest):
+        raise FastloadError(f"destination {dest} already holds a packed dataset; pass overwrite=True (--overwrite) "
+                            f"to replace it")
+    state = _read_state(dest, params["format"])
+    if state is None:
+        if names and not _nothing_committed(dest, names):
+            raise FastloadError(f"destination {dest} is not empty and holds no resumable pack; use --overwrite")
+        for n in names:  # scratch of a pack killed before it committed anything
+            (dest / n).unlink()
+        return None
+    if state.get("params") != params:
+        raise FastloadError(f"destination {dest} holds an unfinished pack with different parameters or source; "
+                            f"run the original command to resume it, or pass --overwrite to start over")
+    return state
+
+
+def _nothing_committed(dest: Path, names: list[str]) -> bool:
+    """True when ``names`` are only what a pack killed before its first commit leaves: temporary files
+    (never complete by construction) and an LMDB environment holding no entry."""
+    rest = [n for n in names if not n.endswith(".tmp")]
+    if not rest:
+        return True
+    if set(rest) <= {"data.mdb", "lock.mdb"} and _lmdb_half_created(dest):
+        return True
+    if set(rest) <= {"data.mdb", "lock.mdb"} and "data.mdb" in rest:
+        w = lmdb_format.LmdbWriter(dest, None)  # type: ignore[arg-type]
+        try:
+            return w.env.stat()["entries"] == 0
+        finally:
+            w.close()
+    return False
+
+
+def _lmdb_complete(dest: Path) -> bool:
+    if not lmdb_format.is_lmdb(dest) or _lmdb_half_created(dest):
+        return False
+    try:
+        lmdb_format.read_manifest(dest)
+        return True
+    except FastloadError:
+        return False
+
+
+def _lmdb_half_created(dest: Path) -> bool:
+    """A pack killed while LMDB created its environment: lock.mdb alone, or a data.mdb shorter than the
+    two meta pages LMDB writes first. No transaction was ever committed there."""
+    data = dest / "data.mdb"
+    return not data.exists() or data.stat().st_size < 2 * mmap.PAGESIZE
+
+
+def _read_state(dest: Path, fmt: str) -> dict | None:
+    if fmt == "lmdb":
+        if not lmdb_format.is_lmdb(dest) or _lmdb_half_created(dest):
+            return None
+        w = lmdb_format.LmdbWriter(dest, None)  # type: ignore[arg-type]
+        try:
+            state = w.read_state()
+        finally:
+            w.close()
+        return state or None
+    path = dest / STATE_NAME
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except ValueError:
+        return None
 
 
 class ShardSink:

@@ -68,7 +68,7 @@ def test_truncated_lmdb_is_a_format_error_not_sigbus(images):
 def test_lmdb_detected_corruption_is_a_format_error(images):
     # was: lmdb.CorruptedError / lmdb.PageNotFoundError escaping from ds[i]
     ds = fastload.open(images / "lmdb")
-    seg = ds._segments[0].open()
+    seg = ds.reader.segments[0].open()
 
     class Damaged:
         def get(self, key):

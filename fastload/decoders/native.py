@@ -1,0 +1,51 @@
+"""``decoder="native"`` (the default): the native core executes fastload's plans on CPU threads.
+
+One call per batch, ``_C.decode_batch``: every sample is decoded by libjpeg-turbo (DCT-scaled to the
+smallest size that still covers the planned box at the output resolution, and cropped while decoding),
+resized (PIL's antialiased triangle filter), mirrored, and written into its row of ``out``, by the
+threads of ``pool`` with the GIL released; raw (unencoded) images are cropped and resized alike. Every
+(region, offset, length) is bounds-checked in the native code, and a sample that fails is zeroed and
+reported as ``(k, message)``. No per-sample Python: the batch's bytes are handed over as
+``ImageSources.located()``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from .._native import native
+
+
+class NativeDecoder:
+    """``decode(sources, crops, flips, out)`` (``decoders/_base.py``) by ``_C.decode_batch``.
+
+    ``pool``: the ``_C.Pool`` whose threads decode (the loader's batcher sets its own before each batch;
+    None: the calling thread). ``dct_scaling=False`` decodes every image at full size before resizing
+    (slower; the reference the GPU decoders are measured against).
+    """
+
+    def __init__(self, pool: Any = None, *, dct_scaling: bool = True):
+        self.pool = pool
+        self.dct_scaling = dct_scaling
+
+    def decode(self, sources: Any, crops: np.ndarray, flips: np.ndarray, out: Any) -> list[tuple[int, str]]:
+        """Decode ``sources`` (an ``ImageSources``) with ``crops[k]`` and ``flips[k]`` into ``out[k]``: a
+        uint8 ``(n, H, W, 3)`` numpy array or CPU tensor. Returns the failures ``[(k, message)]``."""
+        if isinstance(out, torch.Tensor):
+            out = out.numpy()
+        regions, region, offset, length = sources.located()
+        meta = sources.meta
+        if self.pool is None:
+            self.pool = native().Pool(0)
+        args = (self.pool, regions, region, offset, length, meta[:, 2].astype(np.uint8),
+                np.ascontiguousarray(meta[:, :2], dtype=np.int32), np.ascontiguousarray(crops, dtype=np.int32),
+                np.ascontiguousarray(flips, dtype=np.uint8), out)
+        if self.dct_scaling:
+            return native().decode_batch(*args)
+        return native().decode_batch(*args, dct_scaling=False)
+
+    def close(self) -> None:
+        pass
