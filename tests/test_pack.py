@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -19,7 +18,7 @@ import fastload
 from fastload import FastloadError, Field, FormatError, SourceError
 from fastload.formats import shards as shards_format
 
-from conftest import jpeg_bytes, make_image_folder, png_bytes
+from conftest import dir_bytes, jpeg_bytes, make_image_folder, png_bytes
 
 FORMATS = ["shards", "lmdb"]
 
@@ -28,10 +27,6 @@ def pil_rgb(data: bytes) -> np.ndarray:
     from PIL import Image
 
     return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
-
-
-def dir_bytes(path: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(path.iterdir())}
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
