@@ -11,9 +11,13 @@ import multiprocessing
 import os
 import random
 import signal
+import subprocess
+import sys
+import textwrap
 import threading
 import time
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -25,6 +29,7 @@ from fastload import transforms as T
 from conftest import make_image_folder
 
 pytestmark = pytest.mark.timeout(120)
+ROOT = Path(__file__).resolve().parent.parent
 
 
 # -- shutdown leaves nothing behind -----------------------------------------------------------------------
@@ -39,10 +44,13 @@ class Resources:
     fds: frozenset          # (descriptor, what it points at)
     shm: frozenset          # /dev/shm entries this process tree could have made
     maps: frozenset         # mappings of dataset files and shared-memory slots
+    shm_seen: frozenset = field(default=frozenset(), compare=False)  # every /dev/shm entry at the time
 
     def new_since(self, before: "Resources") -> dict:
-        return {name: sorted(getattr(self, name) - getattr(before, name)) for name in
-                ("threads", "children", "fds", "shm", "maps") if getattr(self, name) - getattr(before, name)}
+        new = {name: getattr(self, name) - getattr(before, name)
+               for name in ("threads", "children", "fds", "shm", "maps")}
+        new["shm"] -= before.shm_seen  # named after a worker pid, but there before (another process's)
+        return {name: sorted(v) for name, v in new.items() if v}
 
 
 def _children() -> frozenset:
@@ -82,28 +90,31 @@ def _own_threads() -> frozenset:
     return frozenset(out)
 
 
-def resources(*roots: Path) -> Resources:
+def resources(*roots: Path, pids=()) -> Resources:
+    """What this process holds now; ``pids``: worker processes whose /dev/shm entries count as ours too."""
     fds = set()
     for fd in os.listdir("/proc/self/fd"):
         try:
             fds.add((int(fd), os.readlink(f"/proc/self/fd/{fd}")))
         except OSError:
             pass
-    keys = [str(os.getpid()), "fastload"]
-    shm = frozenset(n for n in os.listdir("/dev/shm") if any(k in n for k in keys))
+    ours = re.compile("|".join([rf"(?<!\d){p}(?!\d)" for p in (os.getpid(), *pids)] + ["fastload"]))
+    seen = frozenset(os.listdir("/dev/shm"))
+    shm = frozenset(n for n in seen if ours.search(n))
     with open("/proc/self/maps") as f:
         maps = frozenset(line.split()[0] + " " + line.split()[-1] for line in f
                          if "fastload-slot" in line or any(str(r) in line for r in roots))
-    return Resources(_own_threads(), _children(), frozenset(fds), shm, maps)
+    return Resources(_own_threads(), _children(), frozenset(fds), shm, maps, seen)
 
 
-def left_behind(before: Resources, *roots: Path, timeout: float = 2.0) -> dict:
+def left_behind(before: Resources, *roots: Path, timeout: float = 2.0, pids=()) -> dict:
     """What appeared since ``before`` and is still there once threads and processes that were told to
-    stop have had ``timeout`` seconds to go. Empty when nothing was left behind."""
+    stop have had ``timeout`` seconds to go. Empty when nothing was left behind. ``pids``: worker
+    processes started since ``before`` (``started_pids``), whose /dev/shm entries count as ours."""
     deadline = time.monotonic() + timeout
     while True:
         gc.collect()
-        new = resources(*roots).new_since(before)
+        new = resources(*roots, pids=pids).new_since(before)
         if not new or time.monotonic() > deadline:
             return new
         time.sleep(0.02)
@@ -205,7 +216,7 @@ def _run_until_interrupted(loader, delay: float) -> None:
             pass
 
 
-HOWS = ["break", "exception", "del", "ctrl-c", "epoch-end"]
+HOWS = ["break", "exception", "del", "gc", "ctrl-c", "epoch-end"]
 
 # Ctrl-C while the generic path starts or joins its workers: test_ctrl_c_while_* pin those two windows down.
 SHUTDOWN_CASES = [(p, h) for p in PATHS for h in HOWS]
@@ -215,15 +226,34 @@ SHUTDOWN_CASES = [(p, h) for p in PATHS for h in HOWS]
 CTRL_C_NOISE = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
 
+@pytest.fixture
+def started_pids(monkeypatch) -> list:
+    """The pids of the processes multiprocessing starts during the test (the generic path's workers)."""
+    pids = []
+    real_start = multiprocessing.process.BaseProcess.start
+
+    def start(self):
+        try:
+            real_start(self)
+        finally:
+            if self._popen is not None:
+                pids.append(self._popen.pid)
+
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", start)
+    return pids
+
+
 @CTRL_C_NOISE
 @pytest.mark.parametrize("path, how", SHUTDOWN_CASES)
-def test_shutdown_leaves_nothing(image_datasets, path, how):
+def test_shutdown_leaves_nothing(image_datasets, started_pids, path, how):
     root = image_datasets
     gc.collect()
     before = resources(root)
     loader = make_loader(path, root)
     expected = len(loader)
     if how == "break":
+        it = iter(loader)  # an iterator made and dropped unused first
+        del it
         for k, _ in enumerate(loader):
             if k == 2:
                 break
@@ -239,16 +269,25 @@ def test_shutdown_leaves_nothing(image_datasets, path, how):
         next(it)
         next(it)
         del it
+    elif how == "gc":  # the iterator sits in a reference cycle: only the cycle collector ends it
+        it = iter(loader)
+        next(it)
+        cycle = [it]
+        cycle.append(cycle)
+        del it, cycle
+        gc.collect()
     elif how == "ctrl-c":
         for delay in (0.0, 0.05):
             _run_until_interrupted(loader, delay)
-    else:
-        assert sum(1 for _ in loader) == expected
+    else:  # every batch still held: the workers are gone all the same once the epoch ends
+        kept = list(loader)
+        assert len(kept) == expected and multiprocessing.active_children() == []
+        del kept
     gc.collect()
     # the loader still works after any of these, and a full epoch ends clean
     assert sum(1 for _ in loader) == expected
     del loader
-    assert not left_behind(before, root)
+    assert not left_behind(before, root, pids=started_pids)
 
 
 @CTRL_C_NOISE
@@ -319,20 +358,63 @@ def test_ctrl_c_while_workers_start(image_datasets, monkeypatch):
     assert not left_behind(before, image_datasets, timeout=0.5)
 
 
-def test_killed_worker_is_a_clear_error_and_leaves_nothing(image_datasets):
+@pytest.mark.parametrize("wid", [0, 1])
+def test_killed_worker_is_a_clear_error_and_leaves_nothing(image_datasets, wid):
+    """Reported with its pid and worker number, not hung on; a fresh epoch starts fresh workers."""
     before = resources(image_datasets)
     loader = make_loader("generic", image_datasets)
     it = iter(loader)
     next(it)
-    victim = it._workers[0].pid
+    victim = it._workers[wid].pid
     os.kill(victim, signal.SIGKILL)
-    with pytest.raises(RuntimeError, match=rf"^DataLoader worker \(pid {victim}\) is killed by signal: Killed\. \(fastload worker 0, SIGKILL"):
+    with pytest.raises(RuntimeError, match=rf"^DataLoader worker \(pid {victim}\) is killed by signal: Killed\. \(fastload worker {wid}, SIGKILL"):
         for _ in range(100):
             next(it)
     del it
     assert sum(1 for _ in loader) == len(loader)  # a fresh epoch starts fresh workers
     del loader
     assert not left_behind(before, image_datasets)
+
+
+CTRL_C = textwrap.dedent("""
+    import multiprocessing, sys, threading, time
+    sys.path[:0] = [{root!r}, {tests!r}]
+    import fastload
+    from workers_common import Slow
+    loader = fastload.DataLoader(Slow(0.05, n=100000), batch_size=4, num_workers=2)
+    try:
+        for b in loader:
+            print("READY", flush=True)
+    except KeyboardInterrupt:
+        print("INTERRUPTED", len(multiprocessing.active_children()), threading.active_count(), flush=True)
+""")
+
+
+@pytest.mark.timeout(40)
+@pytest.mark.parametrize("target", ["group", "main"])
+def test_ctrl_c_leaves_nothing(target):
+    script = CTRL_C.format(root=str(ROOT), tests=str(ROOT / "tests"))
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        assert proc.stdout.readline().strip() == "READY"
+        if target == "group":  # what a terminal's Ctrl-C does
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            os.kill(proc.pid, signal.SIGINT)
+        out, _ = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert "INTERRUPTED 0 1" in out and proc.returncode == 0
+    for _ in range(50):  # every process of the group is gone
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("worker processes outlived the interrupted loader")
 
 
 @pytest.mark.parametrize("fmt", ["shards", "lmdb"])

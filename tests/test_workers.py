@@ -8,11 +8,6 @@ import gc
 import multiprocessing
 import os
 import random
-import signal
-import subprocess
-import sys
-import textwrap
-import threading
 import time
 from pathlib import Path
 
@@ -25,8 +20,9 @@ from torch.utils.data import Dataset, IterableDataset, get_worker_info
 import fastload
 from fastload._workers import WorkerIterator
 
+from workers_common import Slow
+
 pytestmark = pytest.mark.timeout(60)
-ROOT = Path(__file__).resolve().parent.parent
 Point = collections.namedtuple("Point", "x y")
 
 
@@ -96,19 +92,6 @@ class Failing(Dataset):
         if i == 9:
             raise ValueError("bad sample marker-1234")
         return torch.zeros(2)
-
-
-class Slow(Dataset):
-    def __init__(self, delay: float, n: int = 64, first_only: bool = False):
-        self.delay, self.n, self.first_only = delay, n, first_only
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        if not self.first_only or i == 0:
-            time.sleep(self.delay)
-        return torch.full((8,), i), i
 
 
 class Growing(Dataset):
@@ -181,21 +164,9 @@ def both(ds, seed: int = 0, **kw) -> tuple[list, list]:
     return out[0], out[1]
 
 
-def shm_names(pids) -> set:
-    """/dev/shm entries that this process tree could have made (the machine is shared)."""
-    keys = {str(p) for p in pids} | {"fastload"}
-    return {n for n in os.listdir("/dev/shm") if any(k in n for k in keys)}
-
-
 def memfd_mappings() -> int:
     with open("/proc/self/maps") as f:
         return sum("fastload-slot" in line for line in f)
-
-
-def assert_clean(threads_before: int) -> None:
-    assert multiprocessing.active_children() == []
-    assert threading.active_count() == threads_before
-    assert shm_names([os.getpid()]) == set()
 
 
 # -- results match torch ---------------------------------------------------------------------------
@@ -364,58 +335,7 @@ def test_timeout():
     assert multiprocessing.active_children() == []
 
 
-@pytest.mark.timeout(30)
-def test_killed_worker_is_reported_not_hung():
-    before = threading.active_count()
-    loader = fastload.DataLoader(Slow(0.02, n=400), batch_size=4, num_workers=2)
-    it = iter(loader)
-    next(it)
-    victim = it._workers[1]
-    os.kill(victim.pid, signal.SIGKILL)
-    with pytest.raises(RuntimeError, match=rf"^DataLoader worker \(pid {victim.pid}\) is killed by signal: Killed\. \(fastload worker 1, SIGKILL"):
-        for _ in range(200):
-            next(it)
-    del it
-    gc.collect()
-    assert_clean(before)
-
-
 # -- shutdown --------------------------------------------------------------------------------------
-@pytest.mark.parametrize("how", ["break", "del", "gc", "epoch_end"])
-def test_shutdown_leaves_nothing(how):
-    gc.collect()
-    before_threads, before_shm, maps = threading.active_count(), set(os.listdir("/dev/shm")), memfd_mappings()
-    loader = fastload.DataLoader(Samples("dict", 64), batch_size=4, shuffle=True, num_workers=2)
-    it = iter(loader)
-    pids = [p.pid for p in it._workers]
-    if how == "break":
-        del it
-        for k, b in enumerate(loader):
-            pids += [p.pid for p in multiprocessing.active_children()]
-            if k == 2:
-                break
-        del b
-    elif how == "del":
-        next(it)
-        del it
-    elif how == "gc":  # the iterator sits in a reference cycle
-        next(it)
-        cycle = [it]
-        cycle.append(cycle)
-        del it, cycle
-        gc.collect()
-    else:
-        kept = list(it)
-        assert len(kept) == 16 and multiprocessing.active_children() == []
-        del it, kept
-    gc.collect()
-    assert multiprocessing.active_children() == []
-    assert threading.active_count() == before_threads
-    new = set(os.listdir("/dev/shm")) - before_shm
-    assert shm_names(pids + [os.getpid()]) & new == set()
-    assert memfd_mappings() == maps
-
-
 def test_iterate_again_after_break():
     for persistent in (False, True):
         loader = fastload.DataLoader(Samples("tuple", 40), batch_size=4, num_workers=2, persistent_workers=persistent)
@@ -439,47 +359,6 @@ def test_persistent_workers_keep_their_processes():
     del loader, epochs
     gc.collect()
     assert multiprocessing.active_children() == []
-
-
-CTRL_C = textwrap.dedent("""
-    import multiprocessing, sys, threading, time
-    sys.path[:0] = [{root!r}, {tests!r}]
-    import fastload
-    from test_workers import Slow
-    loader = fastload.DataLoader(Slow(0.05, n=100000), batch_size=4, num_workers=2)
-    try:
-        for b in loader:
-            print("READY", flush=True)
-    except KeyboardInterrupt:
-        print("INTERRUPTED", len(multiprocessing.active_children()), threading.active_count(), flush=True)
-""")
-
-
-@pytest.mark.timeout(40)
-@pytest.mark.parametrize("target", ["group", "main"])
-def test_ctrl_c_leaves_nothing(target):
-    script = CTRL_C.format(root=str(ROOT), tests=str(ROOT / "tests"))
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        assert proc.stdout.readline().strip() == "READY"
-        if target == "group":  # what a terminal's Ctrl-C does
-            os.killpg(proc.pid, signal.SIGINT)
-        else:
-            os.kill(proc.pid, signal.SIGINT)
-        out, _ = proc.communicate(timeout=20)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert "INTERRUPTED 0 1" in out and proc.returncode == 0
-    for _ in range(50):  # every process of the group is gone
-        try:
-            os.killpg(proc.pid, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.1)
-    else:
-        pytest.fail("worker processes outlived the interrupted loader")
 
 
 def test_construction_does_not_consume_torch_randomness():
