@@ -10,7 +10,7 @@
 # checked by tests/test_shutdown.py. Any ASan or UBSan report aborts the process and fails the run.
 #
 #   scripts/sanitize.sh                    # every test
-#   scripts/sanitize.sh tests/test_native.py -x   # arguments go to pytest
+#   scripts/sanitize.sh tests/native -x    # arguments go to pytest
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
