@@ -39,6 +39,13 @@ def png_bytes(h: int, w: int, seed: int = 0) -> bytes:
     return buf.getvalue()
 
 
+def pil_rgb(data: bytes) -> np.ndarray:
+    """What PIL decodes ``data`` to, as RGB (the reference for stored and decoded pictures)."""
+    from PIL import Image
+
+    return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+
+
 def make_image_folder(root: Path, classes: int = 3, per_class: int = 4, seed: int = 0) -> Path:
     rng = np.random.default_rng(seed)
     for c in range(classes):

@@ -1,8 +1,8 @@
-"""The generic path (fastload/_workers.py): shared-memory workers checked against torch's DataLoader."""
+"""The generic path (fastload/_workers.py): shared-memory workers checked against torch's DataLoader (its slots:
+test_shm.py; shutdown, Ctrl-C and leaks: test_shutdown.py)."""
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import gc
 import multiprocessing
@@ -20,37 +20,12 @@ from torch.utils.data import Dataset, IterableDataset, get_worker_info
 import fastload
 from fastload._workers import WorkerIterator
 
-from workers_common import Slow
+from workers_common import Samples, Slow, both, same
 
 pytestmark = pytest.mark.timeout(60)
-Point = collections.namedtuple("Point", "x y")
 
 
 # -- datasets (module level, so that spawn can pickle them) -----------------------------------------
-class Samples(Dataset):
-    def __init__(self, kind: str, n: int = 23):
-        self.kind, self.n = kind, n
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        x = torch.arange(6, dtype=torch.float32).reshape(2, 3) + i
-        if self.kind == "tuple":
-            return x, i
-        if self.kind == "dict":
-            return {"x": x, "label": i, "weight": i / 7, "name": f"n{i}", "raw": bytes([i % 256])}
-        if self.kind == "nested":
-            return {"a": (x, [i, i * 2]), "b": {"c": x.to(torch.int16), "d": Point(i, float(i))}}
-        if self.kind == "numpy":
-            return np.full((4,), i, dtype=np.int32), np.float64(i) / 3, np.bool_(i % 2)
-        if self.kind == "scalars":
-            return i, float(i), True
-        if self.kind == "bool_complex":
-            return torch.tensor([i % 2 == 0, True]), torch.tensor([complex(i, 1)], dtype=torch.complex64)
-        raise ValueError(self.kind)
-
-
 class Augmented(Dataset):
     """Random augmentations drawn in __getitem__ from every RNG a worker seeds."""
 
@@ -94,16 +69,6 @@ class Failing(Dataset):
         return torch.zeros(2)
 
 
-class Growing(Dataset):
-    """Sample i is a (i + 1, 5) float tensor: later batches need bigger slots."""
-
-    def __len__(self):
-        return 40
-
-    def __getitem__(self, i):
-        return torch.full((i + 1, 5), float(i)), torch.full((64 * (i + 1),), i, dtype=torch.uint8)
-
-
 class Pids(Dataset):
     def __len__(self):
         return 12
@@ -135,38 +100,6 @@ class InitRecorder:  # a worker_init_fn that leaves a file per call
 
 def failing_init(wid):
     raise RuntimeError(f"init failed in {wid}")
-
-
-# -- helpers ---------------------------------------------------------------------------------------
-def same(a, b) -> bool:
-    """Deep equality that also checks container and tensor types and dtypes."""
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, torch.Tensor):
-        return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
-    if dataclasses.is_dataclass(a):
-        return all(same(getattr(a, f.name), getattr(b, f.name)) for f in dataclasses.fields(a))
-    return a == b
-
-
-def both(ds, seed: int = 0, **kw) -> tuple[list, list]:
-    """One epoch of torch's DataLoader and of fastload's, each from the same generator state."""
-    out = []
-    for cls in (TorchLoader, fastload.DataLoader):
-        g = torch.Generator()
-        loader = cls(ds, generator=g, **kw)
-        g.manual_seed(seed)  # after construction: the loaders must draw identically from here on
-        out.append(list(loader))
-    return out[0], out[1]
-
-
-def memfd_mappings() -> int:
-    with open("/proc/self/maps") as f:
-        return sum("fastload-slot" in line for line in f)
 
 
 # -- results match torch ---------------------------------------------------------------------------
@@ -252,57 +185,6 @@ def test_fallbacks_to_torch():
     assert isinstance(iter(fastload.DataLoader(ds, batch_size=4, num_workers=1)).inner, WorkerIterator)
 
 
-# -- slots -----------------------------------------------------------------------------------------
-def test_held_batches_are_never_overwritten():
-    ds = Samples("dict", 120)
-    t, f = both(ds, seed=3, batch_size=4, shuffle=True, num_workers=2)  # f holds all 30 batches at once
-    assert same(t, f)
-    # hold every other batch, some only through numpy arrays or views
-    g = torch.Generator()
-    loader = fastload.DataLoader(ds, batch_size=4, shuffle=True, num_workers=2, generator=g)
-    g.manual_seed(3)
-    kept = []
-    for k, b in enumerate(loader):
-        if k % 3 == 0:
-            kept.append(b["x"].numpy())
-        elif k % 3 == 1:
-            kept.append(b["x"][1:])
-    want = [b["x"].numpy() if k % 3 == 0 else b["x"][1:] for k, b in enumerate(t) if k % 3 != 2]
-    assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(kept, want))
-
-
-def test_larger_later_batches_regrow_slots():
-    # samples of one batch share a shape; batches grow (and shrink) as the epoch goes on
-    batches = [[i] * n for i, n in enumerate([1, 2, 4, 3, 8, 2, 16, 5, 39, 1])]
-    t, f = both(Growing(), batch_sampler=batches, num_workers=2)
-    assert same(t, f)
-    loader = fastload.DataLoader(Growing(), batch_sampler=batches, num_workers=1, persistent_workers=True)
-    sizes = [b[0].numel() * 4 + b[1].numel() for b in loader]
-    caps = [s.mm.size() for s in loader._iterator._slots.values()]
-    assert max(caps) >= max(sizes) and len(caps) <= loader.prefetch_factor + 2  # regrown, old ones retired
-    del loader
-
-
-def test_ring_is_reused_and_batches_outlive_the_loader():
-    gc.collect()
-    maps = memfd_mappings()
-    loader = fastload.DataLoader(Samples("tuple", 160), batch_size=4, num_workers=2, persistent_workers=True)
-    for _ in range(2):
-        for batch in loader:
-            pass
-    del batch
-    it = loader._iterator
-    assert len(it._slots) <= 2 * (loader.prefetch_factor + 2)  # slots are recycled, not one per batch
-    x, i = next(iter(loader))
-    del loader, it
-    gc.collect()
-    assert multiprocessing.active_children() == []
-    assert torch.equal(x, torch.arange(6.0).reshape(2, 3).expand(4, 2, 3) + i.view(4, 1, 1).float())
-    del x, i
-    gc.collect()
-    assert memfd_mappings() == maps
-
-
 # -- errors ----------------------------------------------------------------------------------------
 def test_dataset_exception_carries_worker_traceback():
     loader = fastload.DataLoader(Failing(), batch_size=4, num_workers=2)
@@ -335,7 +217,7 @@ def test_timeout():
     assert multiprocessing.active_children() == []
 
 
-# -- shutdown --------------------------------------------------------------------------------------
+# -- epochs ----------------------------------------------------------------------------------------
 def test_iterate_again_after_break():
     for persistent in (False, True):
         loader = fastload.DataLoader(Samples("tuple", 40), batch_size=4, num_workers=2, persistent_workers=persistent)
