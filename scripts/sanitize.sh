@@ -7,10 +7,10 @@
 # (detect_leaks=0): at exit CPython deliberately keeps interned objects, static types and module state,
 # and the native pool deliberately leaks its state in forked children (csrc/pool.h); LeakSanitizer would
 # report all of that. Leaks that matter here (threads, processes, descriptors, mappings, /dev/shm) are
-# checked by tests/test_reliability.py. Any ASan or UBSan report aborts the process and fails the run.
+# checked by tests/test_shutdown.py. Any ASan or UBSan report aborts the process and fails the run.
 #
 #   scripts/sanitize.sh                    # every test
-#   scripts/sanitize.sh tests/test_native.py -x   # arguments go to pytest
+#   scripts/sanitize.sh tests/native -x    # arguments go to pytest
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}

@@ -39,6 +39,13 @@ def png_bytes(h: int, w: int, seed: int = 0) -> bytes:
     return buf.getvalue()
 
 
+def pil_rgb(data: bytes) -> np.ndarray:
+    """What PIL decodes ``data`` to, as RGB (the reference for stored and decoded pictures)."""
+    from PIL import Image
+
+    return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+
+
 def make_image_folder(root: Path, classes: int = 3, per_class: int = 4, seed: int = 0) -> Path:
     rng = np.random.default_rng(seed)
     for c in range(classes):
@@ -59,6 +66,34 @@ def packed_image_folder(root: Path, classes: int = 3, per_class: int = 4, worker
     return root / "ds"
 
 
+def dir_bytes(path: Path) -> dict[str, bytes]:
+    """Every file of a directory by name: two packs are equal byte for byte when these are."""
+    return {p.name: p.read_bytes() for p in sorted(path.iterdir())}
+
+
 @pytest.fixture
 def image_folder(tmp_path: Path) -> Path:
     return make_image_folder(tmp_path / "folder")
+
+
+FORMATS = ["shards", "lmdb"]
+
+
+@pytest.fixture(scope="session")
+def packed_images_by_format(tmp_path_factory) -> Path:
+    """One image folder (4 classes of 12 pictures) packed once per session in every format: ``root / "shards"``
+    (16K shards, so several) and ``root / "lmdb"``, for tests that compare the formats or read both.
+    Tests must not change these files (copy them first)."""
+    import fastload
+
+    root = tmp_path_factory.mktemp("packed_images")
+    folder = make_image_folder(root / "src", classes=4, per_class=12)
+    fastload.pack(folder, root / "shards", workers=0, shard_size="16K")
+    fastload.pack(folder, root / "lmdb", workers=0, format="lmdb")
+    return root
+
+
+@pytest.fixture(params=FORMATS)
+def packed_images(request, packed_images_by_format: Path) -> Path:
+    """The same pictures in one format: a test that takes this runs once for shards and once for LMDB."""
+    return packed_images_by_format / request.param

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import inspect
+import multiprocessing
 import os
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -34,19 +36,10 @@ def packed_arrays(tmp_path_factory, request):
     return root / "ds", data
 
 
-@pytest.fixture(scope="module")
-def packed_lmdb_images(tmp_path_factory):
-    root = tmp_path_factory.mktemp("lmdb_images")
-    folder = make_image_folder(root / "src", classes=2, per_class=6)
-    fastload.pack(folder, root / "shards", workers=0)
-    fastload.pack(folder, root / "lmdb", workers=0, format="lmdb")
-    return root
-
-
-def test_lmdb_and_shards_give_the_same_batches(packed_lmdb_images):
+def test_lmdb_and_shards_give_the_same_batches(packed_images_by_format):
     runs = []
     for fmt in ("shards", "lmdb"):
-        dl = fastload.DataLoader(open_train(packed_lmdb_images / fmt), batch_size=5, shuffle=True, seed=2,
+        dl = fastload.DataLoader(open_train(packed_images_by_format / fmt), batch_size=5, shuffle=True, seed=2,
                                  num_workers=2)
         assert dl.fast_path
         runs.append([(b[0].clone(), b[1].clone()) for b in dl])
@@ -309,3 +302,42 @@ def test_stats_say_whether_the_loop_is_input_bound(packed):
     for _ in fast:
         pass  # no step at all: the loop only waits for data
     assert "INPUT-BOUND" in fast.stats_summary()
+
+
+def _digest_rank(path: Path, rank: int, world: int) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    ds = fastload.open(path, transforms={"image": [T.RandomResizedCrop(24), T.RandomHorizontalFlip()]})
+    for images, labels in fastload.DataLoader(ds, batch_size=4, shuffle=True, seed=11, rank=rank,
+                                              world_size=world, num_workers=2):
+        h.update(images.numpy().tobytes())
+        h.update(labels.numpy().tobytes())
+    raw = fastload.open(path, decode=False)
+    whole = hashlib.sha256(b"".join(raw[i][0] + raw[i][1].to_bytes(8, "little") for i in range(len(raw))))
+    return h.hexdigest() + ":" + whole.hexdigest()
+
+
+@pytest.mark.timeout(120)
+def test_eight_concurrent_readers_get_the_bytes_of_one(packed_images):
+    """Eight processes reading one dataset at the same time, each its rank's part, get what one alone gets."""
+    path = packed_images
+    ctx = multiprocessing.get_context("fork")
+    barrier = ctx.Barrier(8)
+    queue = ctx.Queue()
+
+    def reader(rank):
+        barrier.wait(timeout=30)  # all eight read at the same time
+        queue.put((rank, _digest_rank(path, rank, 8)))
+
+    procs = [ctx.Process(target=reader, args=(r,)) for r in range(8)]
+    for p in procs:
+        p.start()
+    got = dict(queue.get(timeout=90) for _ in procs)
+    for p in procs:
+        p.join(timeout=30)
+        assert p.exitcode == 0
+    alone = {r: _digest_rank(path, r, 8) for r in range(8)}
+    assert got == alone
+    assert len({d.split(":")[0] for d in got.values()}) == 8  # each rank read its own part
+    assert len({d.split(":")[1] for d in got.values()}) == 1  # and every process saw the same dataset

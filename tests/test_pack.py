@@ -1,10 +1,9 @@
-"""fastload.pack: every source adapter, both formats, image modes, resume, skip-bad, overwrite."""
+"""fastload.pack: both formats, resume, skip-bad, overwrite (each source adapter: test_sources.py; image modes
+and value encoding: test_encode.py)."""
 
 from __future__ import annotations
 
-import io
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -19,19 +18,7 @@ import fastload
 from fastload import FastloadError, Field, FormatError, SourceError
 from fastload.formats import shards as shards_format
 
-from conftest import jpeg_bytes, make_image_folder, png_bytes
-
-FORMATS = ["shards", "lmdb"]
-
-
-def pil_rgb(data: bytes) -> np.ndarray:
-    from PIL import Image
-
-    return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
-
-
-def dir_bytes(path: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(path.iterdir())}
+from conftest import FORMATS, dir_bytes, make_image_folder, pil_rgb
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -51,124 +38,6 @@ def test_image_folder_round_trip_passthrough(image_folder, tmp_path, fmt):
         ref = pil_rgb(path.read_bytes())
         assert img.shape == (3,) + ref.shape[:2] and img.dtype == torch.uint8
         assert np.abs(img.permute(1, 2, 0).numpy().astype(int) - ref).mean() < 1.0
-
-
-def test_image_modes(tmp_path):
-    jpg = jpeg_bytes(300, 200, seed=1)
-    png_small = png_bytes(32, 32, seed=2)
-    png_big = png_bytes(300, 300, seed=3)
-    root = tmp_path / "src"
-    (root / "a").mkdir(parents=True)
-    for name, data in [("0.jpg", jpg), ("1.png", png_small), ("2.png", png_big)]:
-        (root / "a" / name).write_bytes(data)
-
-    def stored(mode, **kw):
-        dst = tmp_path / f"out_{mode}_{len(kw)}"
-        fastload.pack(root, dst, image_mode=mode, workers=0, **kw)
-        ds = fastload.open(dst, decode=False)
-        seg, _ = ds.locate(0)
-        meta = seg.columns[("image", "meta")]
-        return [ds[i][0] for i in range(3)], meta.tolist(), fastload.open(dst)
-
-    blobs, meta, ds = stored("auto")
-    assert blobs[0] == jpg                                  # JPEG untouched
-    assert meta[1] == [32, 32, 1]                           # small PNG stored raw, losslessly
-    assert np.array_equal(ds[1][0].permute(1, 2, 0).numpy(), pil_rgb(png_small))
-    assert meta[2][2] == 0 and blobs[2][:2] == b"\xff\xd8"  # big PNG re-encoded as JPEG
-
-    blobs, meta, ds = stored("raw")
-    assert [m[2] for m in meta] == [1, 1, 1]
-    assert np.array_equal(ds[2][0].permute(1, 2, 0).numpy(), pil_rgb(png_big))
-
-    blobs, meta, ds = stored("jpeg", max_side=100)
-    assert [m[2] for m in meta] == [0, 0, 0]
-    assert meta[0][:2] == [100, 67] and meta[2][:2] == [100, 100]
-    assert ds[0][0].shape == (3, 100, 67)
-
-    with pytest.raises(SourceError, match=r"1\.png.*not a JPEG"):
-        fastload.pack(root, tmp_path / "pt", image_mode="passthrough", workers=0)
-
-
-@pytest.mark.parametrize("fmt", FORMATS)
-def test_arrays_npy_npz_round_trip(tmp_path, fmt):
-    x = np.random.default_rng(0).random((50, 3, 4), dtype=np.float32)
-    y = np.arange(50, dtype=np.int16)
-    for src in ({"x": x, "y": y}, (x, y)):
-        dst = tmp_path / f"d{len(list(tmp_path.iterdir()))}"
-        fastload.pack(src, dst, format=fmt, shard_size="1K")
-        ds = fastload.open(dst, as_dict=True)
-        names = list(ds[0].keys())
-        assert len(ds) == 50 and ds.schema[names[0]].shape == (3, 4)
-        for i in (0, 17, 49):
-            assert np.array_equal(ds[i][names[0]].numpy(), x[i]) and ds[i][names[1]] == int(y[i])
-    np.save(tmp_path / "a.npy", x)
-    np.savez(tmp_path / "b.npz", feats=x, labels=y)
-    fastload.pack(tmp_path / "a.npy", tmp_path / "npy", format=fmt)
-    fastload.pack(tmp_path / "b.npz", tmp_path / "npz", format=fmt)
-    assert np.array_equal(fastload.open(tmp_path / "npy")[3][0].numpy(), x[3])
-    assert fastload.open(tmp_path / "npz").schema.names == ("feats", "labels")
-
-
-@pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("kind", ["csv", "jsonl"])
-def test_manifest_sources(tmp_path, fmt, kind):
-    root = tmp_path / "files"
-    root.mkdir()
-    rows = []
-    for i in range(6):
-        (root / f"{i}.jpg").write_bytes(jpeg_bytes(40 + i, 50, seed=i))
-        rows.append({"path": f"{i}.jpg", "label": i % 3, "weight": i / 2, "caption": f"photo {i} é"})
-    if kind == "csv":
-        text = "path,label,weight,caption\n" + "".join(
-            f"{r['path']},{r['label']},{r['weight']},{r['caption']}\n" for r in rows)
-        man = tmp_path / "m.csv"
-    else:
-        text = "".join(json.dumps(r) + "\n" for r in rows)
-        man = tmp_path / "m.jsonl"
-    man.write_text(text, encoding="utf-8")
-    fastload.pack(man, tmp_path / "out", format=fmt, root=root, workers=2)
-    ds = fastload.open(tmp_path / "out", as_dict=True)
-    assert [f.kind for f in ds.schema] == ["image", "int", "float", "str"]
-    s = ds[4]
-    assert s["image"].shape == (3, 44, 50) and s["label"] == 1 and s["weight"] == 2.0 and s["caption"] == "photo 4 é"
-
-
-class DictDataset(torch.utils.data.Dataset):
-    def __init__(self, n=20):
-        self.n = n
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        from PIL import Image
-
-        rng = np.random.default_rng(i)
-        return {
-            "img": Image.fromarray(rng.integers(0, 255, (20 + i, 30, 3), dtype=np.uint8)),
-            "tokens": torch.arange(i % 5 + 1, dtype=torch.int64),
-            "emb": torch.full((4,), float(i)),
-            "score": float(i) / 3,
-            "id": i,
-            "name": f"s{i}",
-            "blob": bytes([i]) * i,
-        }
-
-
-@pytest.mark.parametrize("fmt", FORMATS)
-def test_torch_dataset_source(tmp_path, fmt):
-    src = DictDataset()
-    fastload.pack(src, tmp_path / "out", format=fmt, workers=2, shard_size="2K")
-    ds = fastload.open(tmp_path / "out", as_dict=True)
-    assert ds.schema["tokens"].shape == (None,) and ds.schema["emb"].shape == (4,)
-    assert ds.schema["img"].kind == "image"
-    for i in (0, 7, 19):
-        s, ref = ds[i], src[i]
-        assert np.array_equal(s["img"].permute(1, 2, 0).numpy(), np.asarray(ref["img"]))  # small -> raw, lossless
-        assert torch.equal(s["tokens"], ref["tokens"]) and torch.equal(s["emb"], ref["emb"])
-        assert (s["score"], s["id"], s["name"], s["blob"]) == (ref["score"], ref["id"], ref["name"], ref["blob"])
-    tup = fastload.open(tmp_path / "out")[3]
-    assert isinstance(tup, tuple) and len(tup) == 7
 
 
 def test_schema_mismatch_names_sample(tmp_path):
@@ -293,29 +162,6 @@ def test_resume_refuses_different_parameters(image_folder, tmp_path, monkeypatch
     with pytest.raises(FastloadError, match="different parameters"):
         fastload.pack(image_folder, tmp_path / "out", quality=50, **kw)
     assert fastload.pack(image_folder, tmp_path / "out", **kw).samples == 12
-
-
-def test_empty_and_bad_sources(tmp_path):
-    with pytest.raises(SourceError, match="does not exist"):
-        fastload.pack(tmp_path / "nope", tmp_path / "o")
-    (tmp_path / "empty").mkdir()
-    with pytest.raises(SourceError, match="no class subdirectories"):
-        fastload.pack(tmp_path / "empty", tmp_path / "o")
-    with pytest.raises(SourceError, match="different lengths"):
-        fastload.pack({"a": np.zeros(3), "b": np.zeros(4)}, tmp_path / "o")
-    with pytest.raises(SourceError, match="cannot pack"):
-        fastload.pack(42, tmp_path / "o")
-    with pytest.raises(ValueError, match="image_mode"):
-        fastload.pack(tmp_path / "empty", tmp_path / "o", image_mode="png")
-
-
-def test_header_check_catches_truncation_and_is_recorded(image_folder, tmp_path):
-    bad = image_folder / "class_0" / "img_001.jpg"
-    bad.write_bytes(bad.read_bytes()[:-50])
-    with pytest.raises(SourceError, match="end-of-image"):
-        fastload.pack(image_folder, tmp_path / "a", image_mode="passthrough", check="header", workers=0)
-    with pytest.raises(ValueError, match="check="):
-        fastload.pack(image_folder, tmp_path / "b", check="nothing")
 
 
 def test_array_pack_is_columnar_and_checks_overrides(tmp_path):

@@ -1,18 +1,13 @@
-"""The generic path (fastload/_workers.py): shared-memory workers checked against torch's DataLoader."""
+"""The generic path (fastload/_workers.py): shared-memory workers checked against torch's DataLoader (its slots:
+test_shm.py; shutdown, Ctrl-C and leaks: test_shutdown.py)."""
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import gc
 import multiprocessing
 import os
 import random
-import signal
-import subprocess
-import sys
-import textwrap
-import threading
 import time
 from pathlib import Path
 
@@ -25,36 +20,12 @@ from torch.utils.data import Dataset, IterableDataset, get_worker_info
 import fastload
 from fastload._workers import WorkerIterator
 
+from workers_common import Samples, Slow, both, same
+
 pytestmark = pytest.mark.timeout(60)
-ROOT = Path(__file__).resolve().parent.parent
-Point = collections.namedtuple("Point", "x y")
 
 
 # -- datasets (module level, so that spawn can pickle them) -----------------------------------------
-class Samples(Dataset):
-    def __init__(self, kind: str, n: int = 23):
-        self.kind, self.n = kind, n
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        x = torch.arange(6, dtype=torch.float32).reshape(2, 3) + i
-        if self.kind == "tuple":
-            return x, i
-        if self.kind == "dict":
-            return {"x": x, "label": i, "weight": i / 7, "name": f"n{i}", "raw": bytes([i % 256])}
-        if self.kind == "nested":
-            return {"a": (x, [i, i * 2]), "b": {"c": x.to(torch.int16), "d": Point(i, float(i))}}
-        if self.kind == "numpy":
-            return np.full((4,), i, dtype=np.int32), np.float64(i) / 3, np.bool_(i % 2)
-        if self.kind == "scalars":
-            return i, float(i), True
-        if self.kind == "bool_complex":
-            return torch.tensor([i % 2 == 0, True]), torch.tensor([complex(i, 1)], dtype=torch.complex64)
-        raise ValueError(self.kind)
-
-
 class Augmented(Dataset):
     """Random augmentations drawn in __getitem__ from every RNG a worker seeds."""
 
@@ -98,29 +69,6 @@ class Failing(Dataset):
         return torch.zeros(2)
 
 
-class Slow(Dataset):
-    def __init__(self, delay: float, n: int = 64, first_only: bool = False):
-        self.delay, self.n, self.first_only = delay, n, first_only
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        if not self.first_only or i == 0:
-            time.sleep(self.delay)
-        return torch.full((8,), i), i
-
-
-class Growing(Dataset):
-    """Sample i is a (i + 1, 5) float tensor: later batches need bigger slots."""
-
-    def __len__(self):
-        return 40
-
-    def __getitem__(self, i):
-        return torch.full((i + 1, 5), float(i)), torch.full((64 * (i + 1),), i, dtype=torch.uint8)
-
-
 class Pids(Dataset):
     def __len__(self):
         return 12
@@ -152,50 +100,6 @@ class InitRecorder:  # a worker_init_fn that leaves a file per call
 
 def failing_init(wid):
     raise RuntimeError(f"init failed in {wid}")
-
-
-# -- helpers ---------------------------------------------------------------------------------------
-def same(a, b) -> bool:
-    """Deep equality that also checks container and tensor types and dtypes."""
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, torch.Tensor):
-        return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
-    if dataclasses.is_dataclass(a):
-        return all(same(getattr(a, f.name), getattr(b, f.name)) for f in dataclasses.fields(a))
-    return a == b
-
-
-def both(ds, seed: int = 0, **kw) -> tuple[list, list]:
-    """One epoch of torch's DataLoader and of fastload's, each from the same generator state."""
-    out = []
-    for cls in (TorchLoader, fastload.DataLoader):
-        g = torch.Generator()
-        loader = cls(ds, generator=g, **kw)
-        g.manual_seed(seed)  # after construction: the loaders must draw identically from here on
-        out.append(list(loader))
-    return out[0], out[1]
-
-
-def shm_names(pids) -> set:
-    """/dev/shm entries that this process tree could have made (the machine is shared)."""
-    keys = {str(p) for p in pids} | {"fastload"}
-    return {n for n in os.listdir("/dev/shm") if any(k in n for k in keys)}
-
-
-def memfd_mappings() -> int:
-    with open("/proc/self/maps") as f:
-        return sum("fastload-slot" in line for line in f)
-
-
-def assert_clean(threads_before: int) -> None:
-    assert multiprocessing.active_children() == []
-    assert threading.active_count() == threads_before
-    assert shm_names([os.getpid()]) == set()
 
 
 # -- results match torch ---------------------------------------------------------------------------
@@ -281,57 +185,6 @@ def test_fallbacks_to_torch():
     assert isinstance(iter(fastload.DataLoader(ds, batch_size=4, num_workers=1)).inner, WorkerIterator)
 
 
-# -- slots -----------------------------------------------------------------------------------------
-def test_held_batches_are_never_overwritten():
-    ds = Samples("dict", 120)
-    t, f = both(ds, seed=3, batch_size=4, shuffle=True, num_workers=2)  # f holds all 30 batches at once
-    assert same(t, f)
-    # hold every other batch, some only through numpy arrays or views
-    g = torch.Generator()
-    loader = fastload.DataLoader(ds, batch_size=4, shuffle=True, num_workers=2, generator=g)
-    g.manual_seed(3)
-    kept = []
-    for k, b in enumerate(loader):
-        if k % 3 == 0:
-            kept.append(b["x"].numpy())
-        elif k % 3 == 1:
-            kept.append(b["x"][1:])
-    want = [b["x"].numpy() if k % 3 == 0 else b["x"][1:] for k, b in enumerate(t) if k % 3 != 2]
-    assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(kept, want))
-
-
-def test_larger_later_batches_regrow_slots():
-    # samples of one batch share a shape; batches grow (and shrink) as the epoch goes on
-    batches = [[i] * n for i, n in enumerate([1, 2, 4, 3, 8, 2, 16, 5, 39, 1])]
-    t, f = both(Growing(), batch_sampler=batches, num_workers=2)
-    assert same(t, f)
-    loader = fastload.DataLoader(Growing(), batch_sampler=batches, num_workers=1, persistent_workers=True)
-    sizes = [b[0].numel() * 4 + b[1].numel() for b in loader]
-    caps = [s.mm.size() for s in loader._iterator._slots.values()]
-    assert max(caps) >= max(sizes) and len(caps) <= loader.prefetch_factor + 2  # regrown, old ones retired
-    del loader
-
-
-def test_ring_is_reused_and_batches_outlive_the_loader():
-    gc.collect()
-    maps = memfd_mappings()
-    loader = fastload.DataLoader(Samples("tuple", 160), batch_size=4, num_workers=2, persistent_workers=True)
-    for _ in range(2):
-        for batch in loader:
-            pass
-    del batch
-    it = loader._iterator
-    assert len(it._slots) <= 2 * (loader.prefetch_factor + 2)  # slots are recycled, not one per batch
-    x, i = next(iter(loader))
-    del loader, it
-    gc.collect()
-    assert multiprocessing.active_children() == []
-    assert torch.equal(x, torch.arange(6.0).reshape(2, 3).expand(4, 2, 3) + i.view(4, 1, 1).float())
-    del x, i
-    gc.collect()
-    assert memfd_mappings() == maps
-
-
 # -- errors ----------------------------------------------------------------------------------------
 def test_dataset_exception_carries_worker_traceback():
     loader = fastload.DataLoader(Failing(), batch_size=4, num_workers=2)
@@ -364,58 +217,7 @@ def test_timeout():
     assert multiprocessing.active_children() == []
 
 
-@pytest.mark.timeout(30)
-def test_killed_worker_is_reported_not_hung():
-    before = threading.active_count()
-    loader = fastload.DataLoader(Slow(0.02, n=400), batch_size=4, num_workers=2)
-    it = iter(loader)
-    next(it)
-    victim = it._workers[1]
-    os.kill(victim.pid, signal.SIGKILL)
-    with pytest.raises(RuntimeError, match=rf"^DataLoader worker \(pid {victim.pid}\) is killed by signal: Killed\. \(fastload worker 1, SIGKILL"):
-        for _ in range(200):
-            next(it)
-    del it
-    gc.collect()
-    assert_clean(before)
-
-
-# -- shutdown --------------------------------------------------------------------------------------
-@pytest.mark.parametrize("how", ["break", "del", "gc", "epoch_end"])
-def test_shutdown_leaves_nothing(how):
-    gc.collect()
-    before_threads, before_shm, maps = threading.active_count(), set(os.listdir("/dev/shm")), memfd_mappings()
-    loader = fastload.DataLoader(Samples("dict", 64), batch_size=4, shuffle=True, num_workers=2)
-    it = iter(loader)
-    pids = [p.pid for p in it._workers]
-    if how == "break":
-        del it
-        for k, b in enumerate(loader):
-            pids += [p.pid for p in multiprocessing.active_children()]
-            if k == 2:
-                break
-        del b
-    elif how == "del":
-        next(it)
-        del it
-    elif how == "gc":  # the iterator sits in a reference cycle
-        next(it)
-        cycle = [it]
-        cycle.append(cycle)
-        del it, cycle
-        gc.collect()
-    else:
-        kept = list(it)
-        assert len(kept) == 16 and multiprocessing.active_children() == []
-        del it, kept
-    gc.collect()
-    assert multiprocessing.active_children() == []
-    assert threading.active_count() == before_threads
-    new = set(os.listdir("/dev/shm")) - before_shm
-    assert shm_names(pids + [os.getpid()]) & new == set()
-    assert memfd_mappings() == maps
-
-
+# -- epochs ----------------------------------------------------------------------------------------
 def test_iterate_again_after_break():
     for persistent in (False, True):
         loader = fastload.DataLoader(Samples("tuple", 40), batch_size=4, num_workers=2, persistent_workers=persistent)
@@ -439,47 +241,6 @@ def test_persistent_workers_keep_their_processes():
     del loader, epochs
     gc.collect()
     assert multiprocessing.active_children() == []
-
-
-CTRL_C = textwrap.dedent("""
-    import multiprocessing, sys, threading, time
-    sys.path[:0] = [{root!r}, {tests!r}]
-    import fastload
-    from test_workers import Slow
-    loader = fastload.DataLoader(Slow(0.05, n=100000), batch_size=4, num_workers=2)
-    try:
-        for b in loader:
-            print("READY", flush=True)
-    except KeyboardInterrupt:
-        print("INTERRUPTED", len(multiprocessing.active_children()), threading.active_count(), flush=True)
-""")
-
-
-@pytest.mark.timeout(40)
-@pytest.mark.parametrize("target", ["group", "main"])
-def test_ctrl_c_leaves_nothing(target):
-    script = CTRL_C.format(root=str(ROOT), tests=str(ROOT / "tests"))
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        assert proc.stdout.readline().strip() == "READY"
-        if target == "group":  # what a terminal's Ctrl-C does
-            os.killpg(proc.pid, signal.SIGINT)
-        else:
-            os.kill(proc.pid, signal.SIGINT)
-        out, _ = proc.communicate(timeout=20)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert "INTERRUPTED 0 1" in out and proc.returncode == 0
-    for _ in range(50):  # every process of the group is gone
-        try:
-            os.killpg(proc.pid, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.1)
-    else:
-        pytest.fail("worker processes outlived the interrupted loader")
 
 
 def test_construction_does_not_consume_torch_randomness():

@@ -34,7 +34,7 @@ sample therefore costs one extra pass over its batch, nothing for the other batc
 Agreement with the native decoder (``fastload._C.decode_batch`` on the same plans), mean absolute
 difference in gray levels over all pixels of a sample, measured on 60 synthetic photos x 5 plan
 seeds x 2 output sizes (16-400 px sides; baseline 4:2:0, 4:4:4, 4:2:2, progressive, grayscale,
-CMYK; RandomResizedCrop + flip) plus tests/test_native.py's crops (whole image down to 1x1, up-
+CMYK; RandomResizedCrop + flip) plus tests/native/native_common.py CROPS (whole image down to 1x1, up-
 and downscaling):
 
   CPU-only mode vs native, ``dct_scaling=False``        measured <= 0.42 (mean 0.17)   tolerance 1.0

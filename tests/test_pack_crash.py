@@ -1,5 +1,5 @@
-"""Reliability: packs killed at chosen and at random moments, a full disk, shutdown leaving nothing behind on
-every path, eight concurrent readers, and a short soak (``make soak`` runs bench/soak.py for 50 epochs).
+"""Crash safety of the pack writers: packs killed at chosen and at random moments, a full disk, a killed
+pack worker (shutdown of loaders and leaks: test_shutdown.py).
 
 Kills run the pack in a forked child that SIGKILLs itself at a named point (hooks on os.replace, the shard
 writer's file writes, the removal of the resume state and LMDB's transactions: 26 points in all) or is
@@ -11,7 +11,6 @@ an uninterrupted pack; running the pack again resumes, and the result is byte-fo
 
 from __future__ import annotations
 
-import gc
 import json
 import multiprocessing
 import os
@@ -21,7 +20,6 @@ import shutil
 import signal
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -31,13 +29,12 @@ from click.testing import CliRunner
 
 import fastload
 from fastload import FastloadError, Field, FormatError
-from fastload import transforms as T
 from fastload.cli import main as cli
 from fastload.formats import _manifest as manifest_format
 from fastload.formats import lmdb as lmdb_format
 from fastload.formats import shards as shards_format
 
-from conftest import make_image_folder
+from conftest import dir_bytes
 from forking import in_child
 
 pytestmark = pytest.mark.timeout(120)
@@ -58,10 +55,6 @@ def make_samples(n: int, seed: int = 0) -> Samples:
         "raw": rng.bytes(int(rng.integers(1, 200))),
         "text": "ünï " * (i % 3) + str(i),
     } for i in range(n))
-
-
-def dir_bytes(path: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(path.iterdir())}
 
 
 def lmdb_items(path: Path) -> dict[bytes, bytes]:
@@ -506,388 +499,3 @@ def test_pack_worker_killed_is_an_error_not_a_hang(tmp_path):
     fastload.pack(SlowSamples(), dest, workers=2, shard_size="4K")
     fastload.pack(SlowSamples(), tmp_path / "ref", workers=2, shard_size="4K")
     assert dir_bytes(dest) == dir_bytes(tmp_path / "ref")
-
-
-# -- shutdown leaves nothing behind -----------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Resources:
-    """What this process holds. Only what appears counts as left behind: a thread or process that goes
-    away is not a leak (OpenBLAS, for one, ends its thread pool at every fork and starts it when needed)."""
-
-    threads: frozenset      # OS thread ids (native pool threads included)
-    children: frozenset     # child processes, zombies included
-    fds: frozenset          # (descriptor, what it points at)
-    shm: frozenset          # /dev/shm entries this process tree could have made
-    maps: frozenset         # mappings of dataset files and shared-memory slots
-
-    def new_since(self, before: "Resources") -> dict:
-        return {name: sorted(getattr(self, name) - getattr(before, name)) for name in
-                ("threads", "children", "fds", "shm", "maps") if getattr(self, name) - getattr(before, name)}
-
-
-def _children() -> frozenset:
-    """Child processes as 'pid command line'."""
-    kids = set()
-    for task in os.listdir("/proc/self/task"):
-        try:
-            kids.update(Path(f"/proc/self/task/{task}/children").read_text().split())
-        except OSError:
-            pass
-    out = set()
-    for pid in kids:
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            stat, cmd = "", "?"
-        name, state = stat[stat.find("(") + 1:stat.rfind(")")], stat[stat.rfind(")") + 2:][:1]
-        out.add(f"{pid} ({name}) {state} {cmd[:60]}")
-    return frozenset(out)
-
-
-def _own_threads() -> frozenset:
-    """This process's threads that fastload could have started: Python threads and unnamed native ones
-    inherit the process name. Threads a library named itself (grpc's "event_engine", "grpc_global_tim",
-    "timer_manager" left by an earlier Ray test in the same pytest process) come and go on their own."""
-    own = os.path.basename(os.path.realpath("/proc/self/exe"))[:15]
-    out = set()
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                name = f.read().strip()
-        except OSError:
-            continue
-        if name in (own, "python", "python3", "pytest"):
-            out.add(tid)
-    return frozenset(out)
-
-
-def resources(*roots: Path) -> Resources:
-    fds = set()
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            fds.add((int(fd), os.readlink(f"/proc/self/fd/{fd}")))
-        except OSError:
-            pass
-    keys = [str(os.getpid()), "fastload"]
-    shm = frozenset(n for n in os.listdir("/dev/shm") if any(k in n for k in keys))
-    with open("/proc/self/maps") as f:
-        maps = frozenset(line.split()[0] + " " + line.split()[-1] for line in f
-                         if "fastload-slot" in line or any(str(r) in line for r in roots))
-    return Resources(_own_threads(), _children(), frozenset(fds), shm, maps)
-
-
-def left_behind(before: Resources, *roots: Path, timeout: float = 2.0) -> dict:
-    """What appeared since ``before`` and is still there once threads and processes that were told to
-    stop have had ``timeout`` seconds to go. Empty when nothing was left behind."""
-    deadline = time.monotonic() + timeout
-    while True:
-        gc.collect()
-        new = resources(*roots).new_since(before)
-        if not new or time.monotonic() > deadline:
-            return new
-        time.sleep(0.02)
-
-
-@pytest.fixture(scope="module")
-def image_datasets(tmp_path_factory):
-    root = tmp_path_factory.mktemp("images")
-    folder = make_image_folder(root / "src", classes=4, per_class=12)
-    fastload.pack(folder, root / "shards", workers=0, shard_size="16K")
-    fastload.pack(folder, root / "lmdb", workers=0, format="lmdb")
-    return root
-
-
-class Tensors(torch.utils.data.Dataset):
-    """Any dataset: the generic path (shared-memory worker processes)."""
-
-    def __len__(self):
-        return 64
-
-    def __getitem__(self, i):
-        time.sleep(0.001)
-        return torch.full((3, 16, 16), i, dtype=torch.uint8), i
-
-
-PATHS = ["fast-shards", "fast-lmdb", "generic"]
-
-
-def make_loader(path: str, root: Path, **kw):
-    if path == "generic":
-        loader = fastload.DataLoader(Tensors(), batch_size=4, shuffle=True, num_workers=2, **kw)
-        assert not loader.fast_path
-        return loader
-    ds = fastload.open(root / path.split("-")[1],
-                       transforms={"image": [T.RandomResizedCrop(32), T.RandomHorizontalFlip()]})
-    loader = fastload.DataLoader(ds, batch_size=4, shuffle=True, num_workers=2, seed=0, **kw)
-    assert loader.fast_path
-    return loader
-
-
-class Interrupter:
-    """Ctrl-C at a random moment: SIGINT to this process from another thread. The handler raises once per
-    arming; the sender arms again only if the loop still makes progress (a KeyboardInterrupt raised inside
-    a ``__del__`` is swallowed by Python), so no second one can land after the loop has stopped."""
-
-    def __init__(self, delay: float):
-        self.delay = delay
-        self.armed = False
-        self.progress = 0
-        self.go = threading.Event()  # set by the loop once inside its try block
-        self.done = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def tick(self) -> None:
-        self.progress += 1
-
-    def _handler(self, signum, frame):
-        if self.armed:
-            self.armed = False
-            raise KeyboardInterrupt
-
-    def _run(self):
-        self.go.wait()
-        if self.done.wait(self.delay):
-            return
-        seen = None
-        while not self.done.is_set():
-            if not self.armed and self.progress != seen:
-                seen = self.progress
-                self.armed = True
-            if self.armed:
-                os.kill(os.getpid(), signal.SIGINT)
-            self.done.wait(0.05)
-
-    def __enter__(self):
-        self.previous = signal.signal(signal.SIGINT, self._handler)
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.done.set()
-        self.go.set()
-        self.thread.join()
-        self.armed = False
-        for _ in range(10):  # a signal still pending runs the disarmed handler
-            time.sleep(0.002)
-        signal.signal(signal.SIGINT, self.previous)
-        return False
-
-
-def _run_until_interrupted(loader, delay: float) -> None:
-    with Interrupter(delay) as ir:
-        try:
-            ir.go.set()
-            while True:
-                for _ in loader:
-                    ir.tick()
-        except KeyboardInterrupt:
-            pass
-
-
-HOWS = ["break", "exception", "del", "ctrl-c", "epoch-end"]
-
-# Ctrl-C while the generic path starts or joins its workers: test_ctrl_c_while_* pin those two windows down.
-SHUTDOWN_CASES = [(p, h) for p in PATHS for h in HOWS]
-
-
-# a SIGINT may land in a fork hook or a __del__, where Python swallows it: the Interrupter sends another
-CTRL_C_NOISE = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
-
-
-@CTRL_C_NOISE
-@pytest.mark.parametrize("path, how", SHUTDOWN_CASES)
-def test_shutdown_leaves_nothing(image_datasets, path, how):
-    root = image_datasets
-    gc.collect()
-    before = resources(root)
-    loader = make_loader(path, root)
-    expected = len(loader)
-    if how == "break":
-        for k, _ in enumerate(loader):
-            if k == 2:
-                break
-        del _
-    elif how == "exception":
-        with pytest.raises(RuntimeError, match="step failed"):
-            for k, batch in enumerate(loader):
-                if k == 1:
-                    raise RuntimeError("step failed")
-        del batch  # a batch still held keeps its slot (by design)
-    elif how == "del":
-        it = iter(loader)
-        next(it)
-        next(it)
-        del it
-    elif how == "ctrl-c":
-        for delay in (0.0, 0.05):
-            _run_until_interrupted(loader, delay)
-    else:
-        assert sum(1 for _ in loader) == expected
-    gc.collect()
-    # the loader still works after any of these, and a full epoch ends clean
-    assert sum(1 for _ in loader) == expected
-    del loader
-    assert not left_behind(before, root)
-
-
-@CTRL_C_NOISE
-@pytest.mark.parametrize("path", ["fast-shards", "fast-lmdb", "generic"])
-def test_ctrl_c_at_random_moments(image_datasets, path):
-    """Ten SIGINTs at seeded random moments of a loop over epochs."""
-    root = image_datasets
-    gc.collect()
-    before = resources(root)
-    loader = make_loader(path, root)
-    rng = random.Random(path)
-    for _ in range(10):
-        _run_until_interrupted(loader, rng.uniform(0, 0.2))
-    assert sum(1 for _ in loader) == len(loader)
-    del loader
-    assert not left_behind(before, root)
-
-
-class Stuck(torch.utils.data.Dataset):
-    """Samples after the first batch take a minute: the workers are busy when told to stop."""
-
-    def __len__(self):
-        return 64
-
-    def __getitem__(self, i):
-        if i >= 4:
-            time.sleep(60)
-        return torch.zeros(4)
-
-
-def test_ctrl_c_while_workers_are_joined(image_datasets, monkeypatch):
-    from fastload import _workers
-
-    before = resources(image_datasets)
-    monkeypatch.setattr(_workers._tutils, "MP_STATUS_CHECK_INTERVAL", 0.2)  # busy workers are terminated sooner
-    it = iter(fastload.DataLoader(Stuck(), batch_size=4, num_workers=2))
-    next(it)
-    real_join = multiprocessing.process.BaseProcess.join
-
-    def join(self, timeout=None):  # Ctrl-C while the shutdown waits for the first terminated worker
-        monkeypatch.setattr(multiprocessing.process.BaseProcess, "join", real_join)
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(multiprocessing.process.BaseProcess, "join", join)
-    with pytest.raises(KeyboardInterrupt):
-        it._shutdown_workers()
-    del it
-    assert not left_behind(before, image_datasets, timeout=0.5)
-
-
-def test_ctrl_c_while_workers_start(image_datasets, monkeypatch):
-    from multiprocessing import popen_fork
-
-    before = resources(image_datasets)
-    loader = make_loader("generic", image_datasets)
-    real_launch = popen_fork.Popen._launch
-
-    def launch(self, process_obj):  # Ctrl-C right after the second worker was forked, before start returns
-        real_launch(self, process_obj)
-        if process_obj.name.endswith("-1"):
-            os.kill(os.getpid(), signal.SIGINT)
-
-    monkeypatch.setattr(popen_fork.Popen, "_launch", launch)
-    with pytest.raises(KeyboardInterrupt):
-        iter(loader)
-    monkeypatch.undo()
-    del loader
-    assert not left_behind(before, image_datasets, timeout=0.5)
-
-
-def test_killed_worker_is_a_clear_error_and_leaves_nothing(image_datasets):
-    before = resources(image_datasets)
-    loader = make_loader("generic", image_datasets)
-    it = iter(loader)
-    next(it)
-    victim = it._workers[0].pid
-    os.kill(victim, signal.SIGKILL)
-    with pytest.raises(RuntimeError, match=rf"^DataLoader worker \(pid {victim}\) is killed by signal: Killed\. \(fastload worker 0, SIGKILL"):
-        for _ in range(100):
-            next(it)
-    del it
-    assert sum(1 for _ in loader) == len(loader)  # a fresh epoch starts fresh workers
-    del loader
-    assert not left_behind(before, image_datasets)
-
-
-@pytest.mark.parametrize("fmt", ["shards", "lmdb"])
-def test_closing_a_dataset_releases_its_files(image_datasets, fmt):
-    root = image_datasets / fmt
-    gc.collect()
-    before = resources(root)
-    ds = fastload.open(root)
-    for i in range(len(ds)):
-        ds[i]
-    assert resources(root).new_since(before)["maps"]  # the shards / the environment are mapped
-    del ds
-    assert not left_behind(before, root)
-
-
-# -- eight readers at once ------------------------------------------------------------------------------
-
-def _digest_rank(path: Path, rank: int, world: int) -> str:
-    import hashlib
-
-    h = hashlib.sha256()
-    ds = fastload.open(path, transforms={"image": [T.RandomResizedCrop(24), T.RandomHorizontalFlip()]})
-    for images, labels in fastload.DataLoader(ds, batch_size=4, shuffle=True, seed=11, rank=rank,
-                                              world_size=world, num_workers=2):
-        h.update(images.numpy().tobytes())
-        h.update(labels.numpy().tobytes())
-    raw = fastload.open(path, decode=False)
-    whole = hashlib.sha256(b"".join(raw[i][0] + raw[i][1].to_bytes(8, "little") for i in range(len(raw))))
-    return h.hexdigest() + ":" + whole.hexdigest()
-
-
-@pytest.mark.parametrize("fmt", ["shards", "lmdb"])
-def test_eight_concurrent_readers_get_the_bytes_of_one(image_datasets, fmt):
-    path = image_datasets / fmt
-    ctx = multiprocessing.get_context("fork")
-    barrier = ctx.Barrier(8)
-    queue = ctx.Queue()
-
-    def reader(rank):
-        barrier.wait(timeout=30)  # all eight read at the same time
-        queue.put((rank, _digest_rank(path, rank, 8)))
-
-    procs = [ctx.Process(target=reader, args=(r,)) for r in range(8)]
-    for p in procs:
-        p.start()
-    got = dict(queue.get(timeout=90) for _ in procs)
-    for p in procs:
-        p.join(timeout=30)
-        assert p.exitcode == 0
-    alone = {r: _digest_rank(path, r, 8) for r in range(8)}
-    assert got == alone
-    assert len({d.split(":")[0] for d in got.values()}) == 8  # each rank read its own part
-    assert len({d.split(":")[1] for d in got.values()}) == 1  # and every process saw the same dataset
-
-
-# -- a short soak ---------------------------------------------------------------------------------------
-
-def _rss() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-@pytest.mark.parametrize("path", ["fast-shards", "generic"])
-def test_short_soak_is_flat(image_datasets, path):
-    """Eight epochs: after the first, RSS stays within 5% and descriptors and threads do not move."""
-    loader = make_loader(path, image_datasets, persistent_workers=path == "generic")
-    samples = []
-    for epoch in range(8):
-        for _ in loader:
-            pass
-        gc.collect()
-        samples.append((_rss(), len(os.listdir("/proc/self/fd")), len(os.listdir("/proc/self/task"))))
-    rss = [s[0] for s in samples[1:]]
-    if not os.environ.get("FASTLOAD_SANITIZER_RUN"):  # ASan's quarantine and shadow memory move RSS
-        assert max(rss) <= 1.05 * min(rss), [r >> 20 for r in rss]
-    assert len({s[1] for s in samples[1:]}) == 1, samples
-    assert len({s[2] for s in samples[1:]}) == 1, samples

@@ -1,0 +1,81 @@
+"""csrc/pool.cc: the native thread pool starts and joins its threads, is shared safely by Python threads,
+and still works (in the calling thread) in a forked child."""
+
+import gc
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from native_common import _C, batch_args, mixed_samples, run_batch
+
+def native_thread_count():
+    return len(os.listdir("/proc/self/task"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux /proc")
+def test_pool_threads_are_joined_on_delete():
+    gc.collect()
+    before = native_thread_count()
+    pool = _C.Pool(3)
+    assert pool.size == 3 and "3" in repr(pool)
+    assert native_thread_count() == before + 3
+    args = batch_args(mixed_samples())
+    assert run_batch(pool, args) == []
+    del pool
+    gc.collect()
+    assert native_thread_count() == before
+    assert _C.Pool(0).size == 0 and native_thread_count() == before
+    with pytest.raises(ValueError):
+        _C.Pool(-1)
+
+
+def test_pool_shared_by_python_threads():
+    pool = _C.Pool(2)
+    samples = mixed_samples()
+    ref = batch_args(samples)
+    run_batch(pool, ref)
+    errors = []
+
+    def worker():
+        for _ in range(5):
+            a = batch_args(samples)
+            if run_batch(pool, a) or not np.array_equal(a["out"], ref["out"]):
+                errors.append("mismatch")
+
+    threads = [threading.Thread(target=worker) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_pool_usable_after_fork():
+    pool = _C.Pool(2)
+    args = batch_args(mixed_samples())
+    run_batch(pool, args)
+    ref = args["out"].copy()
+    pid = os.fork()
+    if pid == 0:  # child: the pool's threads are gone; work runs in the calling thread
+        code = 1
+        try:
+            args["out"][:] = 0
+            if run_batch(pool, args) == [] and np.array_equal(args["out"], ref):
+                code = 0
+            del pool
+            gc.collect()
+        finally:
+            os._exit(code)
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.waitstatus_to_exitcode(status) == 0
+            return
+        time.sleep(0.02)
+    os.kill(pid, 9)
+    pytest.fail("forked child hung using the pool")

@@ -1,0 +1,120 @@
+"""csrc/resize.cc: crop + resize + flip against PIL, argument errors, no read past the end of a raw
+sample, and every SIMD kernel (scalar, SSSE3 or AVX2 horizontally, SSE2 or AVX2 vertically) writing the same
+bytes, each in its own process (FASTLOAD_SIMD picks a narrower kernel than the CPU has)."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from native_common import CROPS, IMG, _C, batch_args, mad, maxdiff, photo, pil_crop_resize, run_batch
+
+@pytest.mark.parametrize("crop,out_hw", CROPS)
+def test_resize_crop_matches_pil(crop, out_hw):
+    got = _C.resize_crop(IMG, crop, out_hw, False)
+    ref = pil_crop_resize(IMG, crop, out_hw)
+    assert got.shape == ref.shape
+    assert mad(got, ref) <= 0.5 and maxdiff(got, ref) <= 3
+    assert np.array_equal(_C.resize_crop(IMG, crop, out_hw, True), got[:, ::-1])
+
+
+def test_resize_crop_none_and_errors():
+    assert np.array_equal(_C.resize_crop(IMG, None, (375, 500)), IMG)
+    with pytest.raises(ValueError, match="not inside"):
+        _C.resize_crop(IMG, (0, 0, 376, 10), (8, 8))
+    with pytest.raises(ValueError, match="not inside"):
+        _C.resize_crop(IMG, (-1, 0, 10, 10), (8, 8))
+    with pytest.raises(ValueError, match="out_hw"):
+        _C.resize_crop(IMG, None, (0, 8))
+    with pytest.raises(TypeError, match="uint8"):
+        _C.resize_crop(IMG.astype(np.float32), None, (8, 8))
+    with pytest.raises(ValueError, match="shape"):
+        _C.resize_crop(IMG[..., 0], None, (8, 8))
+    strided = IMG[::2, ::3]  # non-contiguous input is copied, not misread
+    assert np.array_equal(_C.resize_crop(strided, None, (10, 10)),
+                          _C.resize_crop(np.ascontiguousarray(strided), None, (10, 10)))
+
+
+def test_raw_sample_at_end_of_region():
+    # SIMD loads near the right edge must not read past the region (run under ASan to see it).
+    img = photo(9, 13, seed=5)
+    samples = [(img.tobytes(), 1, (9, 13), (t, l, 9 - t, 13 - l), f)
+               for t in (0, 4, 8) for l in (0, 5, 12) for f in (0, 1)]
+    for sample in samples:
+        args = batch_args([sample], (7, 29))
+        args["regions"] = [np.frombuffer(sample[0], np.uint8).copy()]
+        assert run_batch(_C.Pool(0), args) == []
+        ref = pil_crop_resize(img, sample[3], (7, 29))[:, ::-1 if sample[4] else 1]
+        assert maxdiff(args["out"][0], ref) <= 3
+
+
+PROBE = r"""
+import hashlib, numpy as np
+from fastload import _C
+rng = np.random.default_rng(0)
+h = hashlib.sha256()
+for k in range(60):
+    H, W = int(rng.integers(1, 300)), int(rng.integers(1, 300))
+    img = rng.integers(0, 256, (H, W, 3), dtype=np.uint8)
+    top, left = int(rng.integers(0, H)), int(rng.integers(0, W))
+    crop = (top, left, int(rng.integers(1, H - top + 1)), int(rng.integers(1, W - left + 1)))
+    out_hw = (int(rng.integers(1, 260)), int(rng.integers(1, 260)))
+    h.update(_C.resize_crop(img, crop, out_hw, bool(k % 2)).tobytes())
+print(h.hexdigest())
+"""
+
+
+def digest(level: str | None, probe: str = PROBE) -> str:
+    env = dict(os.environ)
+    env.pop("FASTLOAD_SIMD", None)
+    if level:
+        env["FASTLOAD_SIMD"] = level
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, f"FASTLOAD_SIMD={level}: exit {out.returncode}\n{out.stderr[-2000:]}"
+    return out.stdout.strip()
+
+
+@pytest.mark.skipif(not hasattr(_C, "resize_crop"), reason="no resize_crop binding")
+def test_every_kernel_writes_the_same_bytes():
+    widest = digest(None)
+    assert digest("ssse3") == widest
+    assert digest("scalar") == widest
+
+
+GUARDED = r"""
+import ctypes, hashlib, mmap, sys
+import numpy as np
+from fastload import _C
+# An image whose last byte is the last byte before a PROT_NONE page: a kernel that loads past the
+# source's end crashes here instead of reading a neighbour's bytes unnoticed.
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+page = mmap.PAGESIZE
+h = hashlib.sha256()
+rng = np.random.default_rng(1)
+for H, W in [(37, 41), (64, 85), (9, 300), (120, 7)]:
+    size = H * W * 3
+    span = (size + page - 1) // page * page
+    base = libc.mmap(None, span + page, 3, 0x22, -1, 0)  # PROT_READ|WRITE, MAP_PRIVATE|ANONYMOUS
+    assert base not in (None, ctypes.c_void_p(-1).value)
+    assert libc.mprotect(base + span, page, 0) == 0  # PROT_NONE
+    img = np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(base + span - size)).reshape(H, W, 3)
+    img[:] = rng.integers(0, 256, img.shape, dtype=np.uint8)
+    for out_w in (5, 64, 224):  # upscales and downscales: 1 to 4+ tap pairs per output pixel
+        for top, left in [(0, 0), (H // 2, W // 3), (H - 4 if H > 4 else 0, W - 3)]:
+            crop = (top, left, H - top, W - left)  # every crop reaches the image's last row and column
+            for flip in (False, True):
+                h.update(_C.resize_crop(img, crop, (16, out_w), flip).tobytes())
+print(h.hexdigest())
+"""
+
+
+@pytest.mark.skipif(not hasattr(_C, "resize_crop"), reason="no resize_crop binding")
+def test_kernels_stay_inside_an_image_that_ends_at_a_guard_page():
+    widest = digest(None, GUARDED)  # a kernel that loads past the image's end dies here (SIGSEGV)
+    assert digest("ssse3", GUARDED) == widest
+    assert digest("scalar", GUARDED) == widest

@@ -1,0 +1,117 @@
+"""fastload/_batcher.py: one native call per batch fills a slot. A filled and collated batch holds, row for
+row, what ``ds[i]`` gives; configurations the fast path cannot batch are refused with the reason; a sample
+that fails to decode is named, or with on_error='skip' replaced by a good sample of the same batch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import fastload
+from fastload import DecodeError, Field
+from fastload import transforms as T
+from fastload._batcher import Batcher, NotFastPath
+
+from conftest import jpeg_bytes
+
+N = 11
+
+
+class Samples(list):
+    """A map-style dataset of dict samples (a list already has ``__getitem__`` and ``__len__``)."""
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory) -> Path:
+    """Every field kind: JPEG images of different sizes, int, float, a fixed and a variable array, str, bytes."""
+    rng = np.random.default_rng(0)
+    samples = Samples({
+        "image": jpeg_bytes(int(rng.integers(30, 90)), int(rng.integers(30, 90)), seed=i),
+        "label": i * 7 - 20,
+        "score": i / 8,
+        "emb": rng.standard_normal(3).astype("<f4"),
+        "tokens": np.arange(i % 5, dtype=np.int32),
+        "name": f"sample {i} é",
+        "raw": bytes([i]) * (i % 4),
+    } for i in range(N))
+    schema = {"image": Field.image("image"), "tokens": Field.ndarray("tokens", "<i4", (None,))}
+    dest = tmp_path_factory.mktemp("batcher") / "ds"
+    fastload.pack(samples, dest, schema=schema, workers=0)
+    return dest
+
+
+def open_fixed(path, **kw):
+    """Deterministic transforms (no crop at random), so that a batch row and ``ds[i]`` are comparable."""
+    return fastload.open(path, transforms={"image": [T.Resize((24, 20))], "tokens": T.Pad(6, value=-1)}, **kw)
+
+
+def batch_of(batcher: Batcher, indices) -> object:
+    slot = batcher.new_slot()
+    objects = batcher.fill(slot, np.asarray(indices), np.random.default_rng(0))
+    return batcher.collate(slot, len(indices), objects)
+
+
+@pytest.mark.parametrize("threads", [0, 2])
+def test_a_batch_holds_what_the_dataset_gives_row_for_row(packed, threads):
+    ds = open_fixed(packed, as_dict=True)
+    batcher = Batcher(ds, batch_size=4, num_threads=threads)
+    indices = [9, 0, 5]  # fewer than batch_size: the batch is cut to them
+    batch = batch_of(batcher, indices)
+    assert list(batch) == ["image", "label", "score", "emb", "tokens", "name", "raw"]
+    assert batch["image"].shape == (3, 3, 24, 20) and batch["image"].dtype == torch.uint8
+    assert batch["image"].is_contiguous(memory_format=torch.channels_last)
+    tokens, lengths = batch["tokens"]
+    for k, i in enumerate(indices):
+        ref = ds[i]
+        assert torch.equal(batch["image"][k], ref["image"]), i
+        assert batch["label"][k].item() == ref["label"] and batch["score"][k].item() == ref["score"]
+        assert torch.equal(batch["emb"][k], ref["emb"])
+        assert torch.equal(tokens[k], ref["tokens"][0]) and lengths[k].item() == ref["tokens"][1] == i % 5
+        assert batch["name"][k] == ref["name"] and batch["raw"][k] == ref["raw"]
+    assert tokens.shape == (3, 6)  # Pad(6): every row padded to 6 with -1
+    batcher.close()
+
+
+def test_tuple_datasets_give_lists_in_field_order(packed):
+    batch = batch_of(Batcher(open_fixed(packed), batch_size=2, num_threads=0), [3, 4])
+    assert isinstance(batch, list) and len(batch) == 7
+    assert batch[1].tolist() == [3 * 7 - 20, 4 * 7 - 20] and batch[5] == ["sample 3 é", "sample 4 é"]
+
+
+def test_what_cannot_be_batched_is_refused_with_the_reason(packed):
+    with pytest.raises(NotFastPath, match="image field 'image' has no transform giving a fixed output size"):
+        Batcher(fastload.open(packed), batch_size=2, num_threads=0)
+    with pytest.raises(NotFastPath, match=r"ndarray field 'tokens' has a variable shape \(None,\) and no Pad/Bucket"):
+        Batcher(fastload.open(packed, transforms={"image": [T.Resize((8, 8))]}), batch_size=2, num_threads=0)
+    with pytest.raises(ValueError, match="on_error='ignore' should be 'raise' or 'skip'"):
+        Batcher(open_fixed(packed), batch_size=2, num_threads=0, on_error="ignore")
+
+
+@pytest.fixture(scope="module")
+def one_corrupt(tmp_path_factory) -> Path:
+    """Six pictures, the third with zeroed entropy-coded data: the header check at pack time lets it in."""
+    root = tmp_path_factory.mktemp("corrupt")
+    for i in range(6):
+        data = bytearray(jpeg_bytes(48, 64, seed=i))
+        if i == 2:
+            data[-150:-50] = bytes(100)  # inside the scan, the end-of-image marker kept
+        (root / "src" / "c").mkdir(parents=True, exist_ok=True)
+        (root / "src" / "c" / f"{i}.jpg").write_bytes(bytes(data))
+    fastload.pack(root / "src", root / "ds", workers=0, image_mode="passthrough", check="header")
+    return root / "ds"
+
+
+def test_a_sample_that_fails_is_named_or_replaced_by_a_good_one(one_corrupt):
+    ds = fastload.open(one_corrupt, transforms={"image": [T.Resize((16, 16))]})
+    with pytest.raises(DecodeError, match=r"shard-\d+\.fls.*sample 2.*on_error='skip'"):
+        batch_of(Batcher(ds, batch_size=4, num_threads=0), [1, 2, 3, 0])
+    skip = Batcher(ds, batch_size=4, num_threads=0, on_error="skip")
+    images, labels = batch_of(skip, [1, 2, 3, 0])
+    assert skip.skipped == 1
+    assert torch.equal(images[1], images[0])  # position 1 (sample 2) now holds the batch's first good sample
+    assert torch.equal(images[0], ds[1][0]) and torch.equal(images[2], ds[3][0])
+    with pytest.raises(DecodeError, match="sample 2"):  # nothing good in the batch to stand in
+        batch_of(skip, [2])
