@@ -91,6 +91,8 @@ def main() -> None:
     ap.add_argument("--head", default="HEAD")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--seconds", type=float, default=2.0, help="measured time per case and process")
+    ap.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES), metavar="CASE",
+                    help="some of: " + "; ".join(CASES))
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     ensure_data()
@@ -99,7 +101,8 @@ def main() -> None:
         rates: dict[tuple[str, str], list[float]] = {}
         for r in range(args.rounds):
             order = ("base", "head") if r % 2 == 0 else ("head", "base")
-            for case, (d, bs, nw, images) in CASES.items():
+            for case in args.cases:
+                d, bs, nw, images = CASES[case]
                 for name in order:
                     env = dict(os.environ, PYTHONPATH=str(Path(tmp) / name), PYTHONWARNINGS="ignore")
                     out = subprocess.run([sys.executable, "-c", RUN, str(DATA / d), str(bs), str(nw),
@@ -115,7 +118,7 @@ def main() -> None:
              (f"`{cmd.strip()}`: fastload/ at base {revs['base']} and head {revs['head']}, both on this "
               f"checkout's native extension; medians of {args.rounds} alternating rounds, samples/s."), "",
              "| case | base | head | head / base |", "|---|---:|---:|---:|"]
-    for case in CASES:
+    for case in args.cases:
         b, h = statistics.median(rates[(case, "base")]), statistics.median(rates[(case, "head")])
         lines.append(f"| {case} | {b:,.0f} | {h:,.0f} | {h / b:.3f} |")
     text = "\n".join(lines) + "\n"
