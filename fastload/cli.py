@@ -88,7 +88,7 @@ def merge(dst) -> None:
 @click.argument("dst", type=click.Path(exists=True, path_type=Path))
 def inspect(dst) -> None:
     """Show the schema, sample counts and sizes of the dataset at DST."""
-    from .formats.reader import read_manifest
+    from .formats.reader import describe_storage, read_manifest
 
     m = _run(lambda: read_manifest(dst))
     click.echo(f"dataset   {dst}")
@@ -100,14 +100,8 @@ def inspect(dst) -> None:
     for f in m.schema:
         extra = f" {f.dtype} {list(f.shape)}" if f.kind == "ndarray" else ""
         click.echo(f"  {f.name:<16} {f.kind}{extra}")
-    if m.layout == "shards":
-        total = sum(s.bytes for s in m.shards)
-        click.echo(f"shards    {len(m.shards)}, {total / 1e6:,.1f} MB in all")
-        for s in m.shards:
-            click.echo(f"  {s.file}  {s.num_samples:>9,} samples  {s.bytes / 1e6:>10,.1f} MB  xxh3 {s.xxh3_64}")
-    else:
-        size = (dst / "data.mdb").stat().st_size
-        click.echo(f"lmdb      {size / 1e6:,.1f} MB, {m.metadata['lmdb']['rows_per_chunk']} rows per chunk")
+    for line in describe_storage(dst, m):
+        click.echo(line)
     classes = m.metadata.get("classes")
     if classes:
         shown = ", ".join(classes[:10]) + (f", ... ({len(classes)} in all)" if len(classes) > 10 else "")
@@ -120,7 +114,8 @@ def inspect(dst) -> None:
 @click.argument("dst", type=click.Path(exists=True, path_type=Path))
 def verify(dst) -> None:
     """Check every shard's size, checksum and structure; exit 1 naming each bad shard."""
-    from .formats.reader import read_manifest, verify as verify_dataset
+    from .formats.reader import read_manifest, verified_what
+    from .formats.reader import verify as verify_dataset
 
     m = _run(lambda: read_manifest(dst))
     problems = verify_dataset(dst, m)
@@ -129,9 +124,7 @@ def verify(dst) -> None:
             click.echo(f"BAD {p}", err=True)
         click.echo(f"{dst}: {len(problems)} problem(s) found", err=True)
         sys.exit(1)
-    n = len(m.shards) if m.layout == "shards" else "lmdb"
-    click.echo(f"{dst}: OK ({m.num_samples:,} samples, {n} shard(s) verified)" if m.layout == "shards"
-               else f"{dst}: OK ({m.num_samples:,} samples, every LMDB chunk verified)")
+    click.echo(f"{dst}: OK ({verified_what(m)})")
 
 
 @main.command()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from click.testing import CliRunner
@@ -32,8 +33,13 @@ def test_pack_inspect_verify(runner, image_folder, tmp_path, fmt):
     res = runner.invoke(main, ["inspect", str(dst)])
     assert res.exit_code == 0, res.output
     assert "samples   12" in res.output and "image" in res.output and "class_0" in res.output
+    storage = {"shards": r"shards    \d+, [\d.]+ MB in all\n(  shard-\S+ +\d+ samples +[\d.]+ MB  xxh3 [0-9a-f]{16}\n)+",
+               "lmdb": r"lmdb      [\d.]+ MB, \d+ rows per chunk\n"}[fmt]
+    assert re.search(storage, res.output), res.output
     res = runner.invoke(main, ["verify", str(dst)])
-    assert res.exit_code == 0 and "OK" in res.output
+    shards = len(fastload.open(dst).manifest.shards) if fmt == "shards" else 0
+    checked = f"{shards} shard(s) verified" if fmt == "shards" else "every LMDB chunk verified"
+    assert res.exit_code == 0 and "OK (12 samples, " in res.output and checked in res.output, res.output
     # packing again without --overwrite refuses, with it succeeds
     res = runner.invoke(main, ["pack", str(image_folder), str(dst), "--format", fmt, "-q"])
     assert res.exit_code == 2 and "--overwrite" in res.output

@@ -65,6 +65,9 @@ def test_the_reader_gives_the_same_rows_for_every_format(datasets, fmt):
         assert len(reader.sizes) > 1
 
 
+FORMAT_FILES = ("data.mdb", "lock.mdb", ".fls")  # the files of one format: LMDB's environment, a shard
+
+
 def _imported(path: Path, node: ast.AST) -> list[str]:
     """The absolute module names an import statement in ``path`` (under fastload/) names."""
     if isinstance(node, ast.Import):
@@ -90,6 +93,9 @@ def _boundary_breaches(path: Path, allowed: set[str], text: str | None = None) -
         found += [f"{name}:{node.lineno} names {n}" for n in names if n.split(".")[-1].endswith("Segment")]
         found += [f"{name}:{node.lineno} imports {m}" for m in _imported(path, node)
                   if m.startswith("fastload.formats.") and m not in allowed]
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and any(
+                f in node.value for f in FORMAT_FILES):  # a format's file by name: `dst / "data.mdb"`
+            found.append(f"{name}:{node.lineno} names the file {node.value!r}")
     return found
 
 
@@ -102,7 +108,8 @@ def test_nothing_outside_formats_knows_which_format_it_has():
 
 @pytest.mark.parametrize("line", ["from .formats.shards import fsync_dir", "from .formats import lmdb as lmdb_format",
                                   "from ..formats.lmdb import verify_lmdb", "import fastload.formats.shards",
-                                  "x = ds._segments", "from .formats.shards import ShardSegment"])
+                                  "x = ds._segments", "from .formats.shards import ShardSegment",
+                                  "size = (dst / 'data.mdb').stat().st_size"])
 def test_the_boundary_check_catches_each_breach(line):
     probe = ROOT / "decoders" / "probe.py" if line.startswith("from ..") else ROOT / "probe.py"
     assert _boundary_breaches(probe, set(BOUNDARY), line)

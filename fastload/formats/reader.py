@@ -61,6 +61,25 @@ def verify(path: Path, manifest: Manifest) -> list[str]:
     return verify_shards(path, manifest)
 
 
+def describe_storage(path: Path, manifest: Manifest) -> list[str]:
+    """What ``fastload inspect`` prints about the files of a local dataset: the shards with their sizes and
+    checksums, or the LMDB environment's size."""
+    if manifest.layout == "lmdb":
+        size = (path / lmdb_format.DATA_FILE).stat().st_size
+        return [f"lmdb      {size / 1e6:,.1f} MB, {manifest.metadata['lmdb']['rows_per_chunk']} rows per chunk"]
+    total = sum(s.bytes for s in manifest.shards)
+    return [f"shards    {len(manifest.shards)}, {total / 1e6:,.1f} MB in all"] + [
+        f"  {s.file}  {s.num_samples:>9,} samples  {s.bytes / 1e6:>10,.1f} MB  xxh3 {s.xxh3_64}"
+        for s in manifest.shards]
+
+
+def verified_what(manifest: Manifest) -> str:
+    """What ``verify`` checked, for its OK line."""
+    if manifest.layout == "lmdb":
+        return f"{manifest.num_samples:,} samples, every LMDB chunk verified"
+    return f"{manifest.num_samples:,} samples, {len(manifest.shards)} shard(s) verified"
+
+
 class Located:
     """A batch's samples by segment: ``seg_ids``/``local`` per position, ``groups``, the opened ``segs``."""
 
