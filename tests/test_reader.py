@@ -7,10 +7,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from corrupt_common import Samples
 
 import fastload
-from fastload import Field, _C
-from corrupt_common import Samples
+from fastload import _C, Field
 
 ROOT = Path(__file__).resolve().parent.parent / "fastload"
 # The modules one batch crosses between the packed files and the caller: they read only through the reader.

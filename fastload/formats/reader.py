@@ -15,8 +15,9 @@ A *batch view* (``Located``) is computed once per batch: ``seg_ids`` and ``local
 from __future__ import annotations
 
 import builtins
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -83,7 +84,7 @@ def verified_what(manifest: Manifest) -> str:
 class Located:
     """A batch's samples by segment: ``seg_ids``/``local`` per position, ``groups``, the opened ``segs``."""
 
-    __slots__ = ("seg_ids", "local", "groups", "segs", "_region_of")
+    __slots__ = ("_region_of", "groups", "local", "seg_ids", "segs")
 
     def __init__(self, seg_ids: np.ndarray, local: np.ndarray, groups: list, segs: dict):
         self.seg_ids, self.local, self.groups, self.segs = seg_ids, local, groups, segs
