@@ -5,7 +5,6 @@ from __future__ import annotations
 import inspect
 import multiprocessing
 import os
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -163,22 +162,6 @@ def test_held_batches_are_never_overwritten(packed):
     assert dl2.stats()["slots"] <= 5
 
 
-def test_break_leaves_no_thread_and_reiterates(packed):
-    before = threading.active_count()
-    tasks_before = len(os.listdir("/proc/self/task"))
-    dl = fastload.DataLoader(open_train(packed), batch_size=4, num_workers=2)
-    for i, _ in enumerate(dl):
-        if i == 2:
-            break
-    assert sum(1 for _ in dl) == len(dl)
-    del dl, _
-    import gc
-
-    gc.collect()
-    assert threading.active_count() == before
-    assert len(os.listdir("/proc/self/task")) <= tasks_before
-
-
 def test_corrupt_jpeg_named_or_skipped(tmp_path):
     folder = make_image_folder(tmp_path / "src", classes=2, per_class=6)
     fastload.pack(folder, tmp_path / "ds", workers=0)
@@ -218,20 +201,6 @@ def test_distributed_ranks_partition(packed_arrays):
         seen.extend(ys)
     assert len(counts) == 1
     assert set(seen) == set(range(103)) and len(seen) == 105  # padded to a multiple of 3, like DistributedSampler
-
-
-def test_exception_in_the_loop_leaves_no_thread(packed):
-    import gc
-
-    before = threading.active_count()
-    dl = fastload.DataLoader(open_train(packed), batch_size=4, num_workers=2)
-    with pytest.raises(KeyboardInterrupt):
-        for i, _ in enumerate(dl):
-            if i == 1:
-                raise KeyboardInterrupt  # what Ctrl-C raises in the training loop
-    gc.collect()
-    assert threading.active_count() == before
-    assert sum(1 for _ in dl) == len(dl)  # and the loader still works
 
 
 def test_ctrl_c_in_a_real_process_exits_promptly(packed, tmp_path):
