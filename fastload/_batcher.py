@@ -48,8 +48,6 @@ class Batcher:
         self.num_threads = num_threads
         self._pool = None
         self.skipped = 0
-        # ToDtype/Normalize run here on the CPU; a device prefetcher turns this off and runs them on the device
-        self.apply_tensor_transforms = True
         packed = [(n, t) for n, t in dataset.sequences.items() if isinstance(t, PackSequences)]
         self.packed = packed[0] if packed else None
         for f in self.schema:
@@ -226,8 +224,9 @@ class Batcher:
         self.skipped += len(failed)
 
     # -- output ----------------------------------------------------------------------------------
-    def collate(self, slot: Slot, n: int, objects: list) -> Any:
-        """The batch as ``default_collate`` would structure it: list for tuple samples, dict for dicts."""
+    def collate(self, slot: Slot, n: int, objects: list, tensor_transforms: bool = True) -> Any:
+        """The batch as ``default_collate`` would structure it: list for tuple samples, dict for dicts.
+        ``tensor_transforms``: run ToDtype/Normalize here, on the CPU (a device prefetcher runs them instead)."""
         if self.packed is not None:
             name, spec = self.packed
             k = objects[0]
@@ -238,7 +237,7 @@ class Batcher:
         for f, obj in zip(self.schema, objects):
             if f.kind == "image":
                 images = slot.tensors[f.name][:n].permute(0, 3, 1, 2)  # NCHW, channels_last
-                if self.apply_tensor_transforms and self.pipelines[f.name].tensor:
+                if tensor_transforms and self.pipelines[f.name].tensor:
                     images = self.pipelines[f.name].tensor.apply(images)  # CPU: a new float batch
                 values.append(images)
             elif f.name in self.ds.sequences:

@@ -91,7 +91,8 @@ class _Producer:
 
 
 class FastIterator:
-    def __init__(self, loader: Any, epoch: int, start: int, batches: Iterator[np.ndarray], rng_for):
+    def __init__(self, loader: Any, epoch: int, start: int, batches: Iterator[np.ndarray], rng_for,
+                 progress: Any = None, tensor_transforms: bool = True):
         self.loader = loader
         self.batcher = loader._batcher
         self.policy: FillPolicy = loader._fill_policy
@@ -101,15 +102,14 @@ class FastIterator:
         self.rng_for = rng_for
         self.timeout = loader.timeout
         self.stats = loader._stats
-        self.report_progress = True
+        self.progress = progress  # an _order.Progress to advance per batch handed out, or None
+        self.tensor_transforms = tensor_transforms  # ToDtype/Normalize here (False: the device prefetcher runs them)
         ds = loader.dataset
         self.image_keys = [] if loader.memory_format == torch.channels_last else \
             [(f.name if ds.as_dict else i) for i, f in enumerate(ds.schema) if f.kind == "image"]
         self.thread = None
         self.producer = None
         self._returned_at: float | None = None
-        if loader.persistent_workers and loader._persistent_pool is not None:
-            self.batcher._pool = loader._persistent_pool
         if loader.num_workers > 0 and self.policy.threaded(True):
             self._start_producer()
 
@@ -155,7 +155,7 @@ class FastIterator:
             self.close()
             raise item
         slot, n, objects = item
-        out = self.batcher.collate(slot, n, objects)
+        out = self.batcher.collate(slot, n, objects, self.tensor_transforms)
         with p.lock:
             p.reserved.discard(id(slot))
         self.stats.end_next(started, n, p.queue.qsize())
@@ -175,7 +175,7 @@ class FastIterator:
         cost = time.perf_counter() - t
         self.stats.add_fill(cost)
         self.policy.fills.append(cost)
-        out = self.batcher.collate(slot, len(idx), objects)
+        out = self.batcher.collate(slot, len(idx), objects, self.tensor_transforms)
         self.stats.end_next(started, len(idx))
         out = self._count(out)
         if self.loader.num_workers > 0 and self.policy.threaded(False):
@@ -186,8 +186,8 @@ class FastIterator:
         if self.image_keys and self.batcher.packed is None:
             out = contiguous_images(out, self.image_keys)
         self.done += 1
-        if self.report_progress:
-            self.loader._progress = (self.epoch, self.done)
+        if self.progress is not None:
+            self.progress.advance()
         return out
 
     def close(self) -> None:
@@ -197,10 +197,8 @@ class FastIterator:
             if self.thread is not None and self.thread is not threading.current_thread():
                 self.thread.join()
             self.thread = None
-        if self.loader.persistent_workers:
-            self.loader._persistent_pool = self.batcher._pool
-        else:
-            self.batcher.close()
+        if not self.loader.persistent_workers:
+            self.batcher.close()  # its native threads (a persistent loader's batcher keeps them for the next epoch)
 
     def __del__(self):
         try:

@@ -25,7 +25,7 @@ from ._dropin import (check_batch_sampler, check_collate, check_memory_format, c
 from ._prefetch import DevicePrefetcher, DeviceRing, check_device
 from ._ring import Slot, SlotRing
 from ._stats import LoaderStats
-from ._order import Order, default_seed, dist_info, order_for
+from ._order import Order, Progress, default_seed, dist_info, order_for
 from ._sampling import Counted, IndexReplay, SamplerOrder, generic_state, load_generic_state, slot_batch_size
 from ._workers import generic_iterator
 
@@ -87,13 +87,12 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         self._user_sampler = sampler is not None or batch_sampler is not None
         self._next_epoch = 0
         self._resume_at = 0
-        self._progress = (0, 0)  # (epoch, batches done) of the latest iteration
+        self._progress = Progress()  # the latest iteration's position, advanced by what hands out its batches
         self._generic_pending = None  # generic path: (batches to skip, generator state) after load_state_dict
         self._generic_rng = None  # generic path: the generator state the current epoch's RandomSampler drew from
         self._ring: SlotRing | None = None  # host slots of the fast path, made on first use
         self._device_ring: DeviceRing | None = None  # device slots, kept across epochs
         self._stats = LoaderStats()
-        self._persistent_pool = None
         self._fill_policy = FillPolicy()  # inline or producer-thread filling, from measured costs
         self.decoder = decoder
         try:
@@ -186,7 +185,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
 
         With a sampler driving the order (and on the generic path) the state is a position in the
         sampler's order (see ``_sampling.py``); Lightning and accelerate's ``save_state`` call this."""
-        epoch, done = self._progress
+        epoch, done = self._progress.epoch, self._progress.done
         if self._batcher is None:
             return generic_state(self._torch_index_sampler(), self._num_samples(), epoch, done, self._generic_rng)
         if done >= len(self):
@@ -208,7 +207,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
                                  "fastload's own order (no sampler=): build it with the same kind of sampler")
             self._resume_at = self._order.load_state_dict(state)
             self._next_epoch = self._order.epoch
-        self._progress = (self._next_epoch, self._resume_at)
+        self._progress = Progress(self._next_epoch, self._resume_at)
 
     def _torch_index_sampler(self):
         return torch.utils.data.DataLoader._index_sampler.fget(self)
@@ -249,7 +248,6 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         state["_batcher"] = None  # holds a native thread pool (and GPU decoders)
         state["_ring"] = None  # host slots (pinned memory is this process's)
         state["_device_ring"] = None  # device slots and a CUDA stream
-        state["_persistent_pool"] = None
         state["_iterator"] = None  # a persistent iterator's worker processes stay with this process
         return state
 
@@ -276,7 +274,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             it = super().__iter__() if it is None else it
             if self._on_device():
                 it = DevicePrefetcher(it, depth=self.prefetch_factor or 2, ring=self._device_slots())
-            return Counted(it, self, epoch, start)  # counts what the loop receives
+            self._progress = Progress(epoch, start)
+            return Counted(it, self._progress)  # counts what the loop receives
         warn_pin_memory(self.pin_memory)
         check_worker_init_fn(self.worker_init_fn)  # Lightning sets it after construction
         epoch, start = self._next_epoch, self._resume_at
@@ -291,23 +290,15 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         if not self._batcher.needs_rng:
             rng_for = lambda b: None  # noqa: E731  (a Generator per batch costs more than a tiny batch)
         batches = self.dataset._reading(batches)  # a remote dataset downloads the coming batches' shards ahead
-        self._progress = (epoch, start)
-        it = FastIterator(self, epoch, start, batches, rng_for)
+        self._progress = progress = Progress(epoch, start)
         if not self._on_device():
-            self._batcher.apply_tensor_transforms = True
-            return it
-        # on the device: the host iterator runs ahead, so progress counts batches handed to the caller
-        self._batcher.apply_tensor_transforms = False
-        it.report_progress = False
-        done = [start]
-
-        def handed() -> None:
-            done[0] += 1
-            self._progress = (epoch, done[0])
-
+            return FastIterator(self, epoch, start, batches, rng_for, progress)
+        # on the device the host iterator runs ahead: progress counts the batches the prefetcher hands over,
+        # and ToDtype/Normalize run there, on the device
+        it = FastIterator(self, epoch, start, batches, rng_for, tensor_transforms=False)
         keys = {(f.name if self.dataset.as_dict else i): self.dataset.pipelines[f.name].tensor
                 for i, f in enumerate(self.dataset.schema) if f.name in self.dataset.pipelines}
-        return DevicePrefetcher(it, depth=self.prefetch_factor or 2, transforms=keys, on_yield=handed,
+        return DevicePrefetcher(it, depth=self.prefetch_factor or 2, transforms=keys, on_yield=progress.advance,
                                 ring=self._device_slots())
 
     def _device_slots(self) -> DeviceRing:

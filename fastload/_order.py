@@ -129,6 +129,24 @@ def _quasi_sequence(rng: np.random.Generator, sizes: np.ndarray, window: int) ->
     return seq
 
 
+class Progress:
+    """Where one iteration stands, the position ``state_dict`` saves: its epoch and how many of its batches
+    the loop has received. The loader makes one per iteration (or on ``load_state_dict``) and hands it to
+    the object that hands batches to the loop, which alone advances it."""
+
+    __slots__ = ("epoch", "done")
+
+    def __init__(self, epoch: int = 0, done: int = 0):
+        self.epoch, self.done = epoch, done
+
+    def advance(self) -> None:
+        self.done += 1
+
+    def end_epoch(self) -> None:
+        """The epoch ran out: the next one starts afresh."""
+        self.epoch, self.done = self.epoch + 1, 0
+
+
 class Order:
     """Which sample indices go into which batch, per epoch and rank; resumable from ``(epoch, batches_done)``.
 

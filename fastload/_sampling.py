@@ -273,12 +273,11 @@ def load_generic_state(index_sampler: Any, num_samples: int | None, state: dict)
 
 
 class Counted:
-    """The generic path's iterator, counting the batches handed to the loop into ``loader._progress`` (the
-    position ``state_dict`` saves); everything else is the wrapped iterator's (``inner``)."""
+    """The generic path's iterator, advancing ``progress`` (an ``_order.Progress``: the position
+    ``state_dict`` saves) per batch handed to the loop; everything else is the wrapped iterator's (``inner``)."""
 
-    def __init__(self, inner: Any, loader: Any, epoch: int, start: int):
-        self.inner, self._loader, self._epoch, self._done = inner, loader, epoch, start
-        loader._progress = (epoch, start)
+    def __init__(self, inner: Any, progress: Any):
+        self.inner, self.progress = inner, progress
 
     def __iter__(self):
         return self
@@ -287,10 +286,9 @@ class Counted:
         try:
             batch = next(self.inner)
         except StopIteration:
-            self._loader._progress = (self._epoch + 1, 0)  # the epoch is over: the next one starts afresh
+            self.progress.end_epoch()
             raise
-        self._done += 1
-        self._loader._progress = (self._epoch, self._done)
+        self.progress.advance()
         return batch
 
     def __len__(self) -> int:
