@@ -198,7 +198,7 @@ class FastIterator:
                 self.thread.join()
             self.thread = None
         if not self.loader.persistent_workers:
-            self.batcher.close()  # its native threads (a persistent loader's batcher keeps them for the next epoch)
+            self.batcher.end_epoch()
 
     def __del__(self):
         try:

@@ -158,3 +158,20 @@ def test_fast_path_worker_advice_speaks_of_threads(records):
         warnings.simplefilter("always")
         fastload.DataLoader(list(range(10)), batch_size=2, num_workers=cpus + 6)
     assert any("worker processes in total" in str(w.message) for w in caught)
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_the_native_threads_outlive_an_epoch_and_gpu_decoders_do_not(records, monkeypatch, persistent):
+    """Starting a pool's threads each epoch cost more than an epoch of small batches (bench/suite.py's tiny
+    records ran 8-21% slower at num_workers=2 than at 0): every loader keeps its pool across epochs, and a
+    non-persistent one still releases its GPU decoders at each epoch's end, as torch's workers would go."""
+    closed = []
+    monkeypatch.setattr(fastload._images.ImageDecoding, "close", lambda self: closed.append(1))
+    loader = fastload.DataLoader(records, batch_size=256, num_workers=2, persistent_workers=persistent)
+    pools, closes = [], []
+    for _ in range(3):
+        epoch(loader)
+        pools.append(loader._batcher._pool)
+        closes.append(len(closed))
+    assert pools[0] is not None and all(p is pools[0] for p in pools)
+    assert closes == [0, 0, 0] if persistent else 0 < closes[0] < closes[1] < closes[2]
