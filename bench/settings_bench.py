@@ -1,7 +1,8 @@
 """fastload at the settings users copy from tuning guides, against the reference of the same run.
 
   tiny   int32[64] + int64 label, 1M rows, batch 1024, shuffle: fastload at num_workers 0, 2 and 8 vs the
-         numpy gather ceiling (np.take of each batch's rows into a warm buffer, 1 thread)
+         numpy gather ceiling (np.take of each batch's rows into a warm buffer, 1 thread); and short
+         epochs (200-byte records, 16 batches of 4,096 per epoch) at num_workers 0, 2 and 8
   raw    uint8 3x224x224, 2,000 rows, batch 64, shuffle, num_workers=2 vs the gather ceiling (np.take into
          a warm buffer, 1 and 2 threads; the best counts)
   jpeg   CPU time per image of RandomResizedCrop 224 + flip: the whole fastload DataLoader (shuffled
@@ -70,6 +71,25 @@ def tiny(data: Path, count: int) -> list[str]:
     ref = rates["numpy gather ceiling, 1 thread"]
     lines = ["## Tiny records: int32[64] + int64 label, 1M rows, batch 1024, shuffle", "",
              "| reader | M samples/s | vs ceiling |", "|---|---:|---:|"]
+    lines += [f"| {k} | {v / 1e6:.2f} | {v / ref:.2f} |" for k, v in rates.items()]
+    return lines + [""] + short_epochs(data, count)
+
+
+def short_epochs(data: Path, count: int) -> list[str]:
+    """Epochs of 16 batches (65,536 rows, batch 4,096): what an epoch costs besides its batches (starting
+    threads, iterators) shows here; 20 epochs per round, non-persistent loaders as users write them."""
+    rng = np.random.default_rng(1)
+    rows, bs, epochs = 65_536, 4096, 20
+    ds = build(data / "settings_tiny_short", {"tokens": rng.integers(0, 50000, (rows, 48), dtype=np.int32),
+                                              "label": rng.integers(0, 1000, rows).astype(np.int64)})
+    configs = {}
+    for w in (0, 2, 8):
+        dl = fastload.DataLoader(ds, batch_size=bs, shuffle=True, num_workers=w, drop_last=True, seed=0)
+        configs[f"fastload, num_workers={w}"] = lambda dl=dl: [drain(dl) for _ in range(epochs)]
+    rates = rounds(configs, rows * epochs, count)
+    ref = rates["fastload, num_workers=0"]
+    lines = [f"## Short epochs: int32[48] + int64 label (200 bytes), {rows:,} rows, batch {bs:,}, shuffle, "
+             f"{epochs} epochs per round", "", "| reader | M samples/s | vs num_workers=0 |", "|---|---:|---:|"]
     lines += [f"| {k} | {v / 1e6:.2f} | {v / ref:.2f} |" for k, v in rates.items()]
     return lines + [""]
 
