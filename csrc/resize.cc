@@ -69,6 +69,26 @@ void expand_xweights(const AxisPlan& p, std::vector<int16_t>* w) {
   }
 }
 
+// Shuffle of 8 source bytes (two RGB pixels) into int16 [R0 R1 G0 G1 B0 B1 0 0], matching the weights'
+// layout above.
+inline __m128i pair_shuffle() {
+  return _mm_setr_epi8(0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1);
+}
+
+// Shuffle of four packed output pixels [R0 G0 B0 0 R1 G1 B1 0 R2 G2 B2 0 R3 G3 B3 0] into their 12
+// bytes, in order or mirrored.
+inline __m128i pack_shuffle(bool flip) {
+  return flip ? _mm_setr_epi8(12, 13, 14, 8, 9, 10, 4, 5, 6, 0, 1, 2, -1, -1, -1, -1)
+              : _mm_setr_epi8(0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, -1, -1, -1, -1);
+}
+
+// Writes the low 12 bytes of v at d.
+inline void store12(uint8_t* d, __m128i v) {
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(d), v);
+  const uint32_t tail = static_cast<uint32_t>(_mm_cvtsi128_si32(_mm_srli_si128(v, 8)));
+  std::memcpy(d + 8, &tail, 4);
+}
+
 // The sums of one output pixel for R rows: (R, G, B, 0) as int32, before the shift.
 template <int R>
 __attribute__((target("ssse3"))) inline void pixel_sums(const uint8_t* in, ptrdiff_t in_stride,
@@ -102,10 +122,8 @@ __attribute__((target("ssse3"))) void horizontal_rows_ssse3(const uint8_t* in,
   const int32_t* count = p.count.data();
   const int16_t* coeffs = p.coeffs.data();
   const __m128i half = _mm_set1_epi32(1 << (shift - 1));
-  const __m128i mask = _mm_setr_epi8(0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1);
-  // [R0 G0 B0 0 R1 G1 B1 0 R2 G2 B2 0 R3 G3 B3 0] -> 12 packed bytes, in order or mirrored
-  const __m128i fwd = _mm_setr_epi8(0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, -1, -1, -1, -1);
-  const __m128i rev = _mm_setr_epi8(12, 13, 14, 8, 9, 10, 4, 5, 6, 0, 1, 2, -1, -1, -1, -1);
+  const __m128i mask = pair_shuffle();
+  const __m128i pack = pack_shuffle(flip);
   const __m128i* wv = reinterpret_cast<const __m128i*>(w);
   const uint8_t* last_row = in + (R - 1) * in_stride;
   const int pairs_max = ksize / 2;
@@ -125,11 +143,7 @@ __attribute__((target("ssse3"))) void horizontal_rows_ssse3(const uint8_t* in,
     for (int r = 0; r < R; ++r) {
       const __m128i a = _mm_packs_epi32(_mm_srai_epi32(acc[0][r], shift), _mm_srai_epi32(acc[1][r], shift));
       const __m128i b = _mm_packs_epi32(_mm_srai_epi32(acc[2][r], shift), _mm_srai_epi32(acc[3][r], shift));
-      const __m128i v = _mm_shuffle_epi8(_mm_packus_epi16(a, b), flip ? rev : fwd);
-      uint8_t* d = out + r * out_stride + pos;
-      _mm_storel_epi64(reinterpret_cast<__m128i*>(d), v);
-      const uint32_t tail = static_cast<uint32_t>(_mm_cvtsi128_si32(_mm_srli_si128(v, 8)));
-      std::memcpy(d + 8, &tail, 4);
+      store12(out + r * out_stride + pos, _mm_shuffle_epi8(_mm_packus_epi16(a, b), pack));
     }
   }
   for (; xx < n; ++xx) {
@@ -193,12 +207,8 @@ __attribute__((target("avx2"))) int horizontal_rows4_avx2(const uint8_t* in, ptr
   int limit = n;
   while (limit > 0 && last_row + static_cast<ptrdiff_t>(start[limit - 1] - x0) * 3 + 6 * P + 2 > end) --limit;
   const __m256i half = _mm256_set1_epi32(1 << (shift - 1));
-  const __m256i mask = _mm256_setr_epi8(0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1,
-                                        0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1);
-  const __m256i pack = flip ? _mm256_setr_epi8(12, 13, 14, 8, 9, 10, 4, 5, 6, 0, 1, 2, -1, -1, -1, -1,
-                                               12, 13, 14, 8, 9, 10, 4, 5, 6, 0, 1, 2, -1, -1, -1, -1)
-                            : _mm256_setr_epi8(0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, -1, -1, -1, -1,
-                                               0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, -1, -1, -1, -1);
+  const __m256i mask = _mm256_broadcastsi128_si256(pair_shuffle());  // the SSSE3 shuffles, in both lanes
+  const __m256i pack = _mm256_broadcastsi128_si256(pack_shuffle(flip));
   int xx = 0;
   for (; xx + 4 <= limit; xx += 4) {
     __m256i a[4], b[4];  // per output pixel: rows 0 and 1, rows 2 and 3
@@ -220,13 +230,8 @@ __attribute__((target("avx2"))) int horizontal_rows4_avx2(const uint8_t* in, ptr
       const __m256i lo = _mm256_packs_epi32(_mm256_srai_epi32(acc[0], shift), _mm256_srai_epi32(acc[1], shift));
       const __m256i hi = _mm256_packs_epi32(_mm256_srai_epi32(acc[2], shift), _mm256_srai_epi32(acc[3], shift));
       const __m256i v = _mm256_shuffle_epi8(_mm256_packus_epi16(lo, hi), pack);
-      for (int lane = 0; lane < 2; ++lane) {
-        const __m128i bytes = lane ? _mm256_extracti128_si256(v, 1) : _mm256_castsi256_si128(v);
-        uint8_t* d = out + (2 * q + lane) * out_stride + pos;
-        _mm_storel_epi64(reinterpret_cast<__m128i*>(d), bytes);
-        const uint32_t tail = static_cast<uint32_t>(_mm_cvtsi128_si32(_mm_srli_si128(bytes, 8)));
-        std::memcpy(d + 8, &tail, 4);
-      }
+      store12(out + 2 * q * out_stride + pos, _mm256_castsi256_si128(v));
+      store12(out + (2 * q + 1) * out_stride + pos, _mm256_extracti128_si256(v, 1));
     }
   }
   return xx;
