@@ -533,15 +533,16 @@ class WorkerIterator:
 
     def _fail(self, w: int):
         p = self._workers[w]
-        p.join(timeout=1.0)
+        with _HoldCtrlC():  # see _shutdown_workers: an interrupt inside a join can lose the exit status
+            p.join(timeout=1.0)
         code = p.exitcode
         self._shutdown_workers()
         raise RuntimeError(_death_message(w, p.pid, code))
 
     # -- shutdown ----------------------------------------------------------------------------------
     def _shutdown_workers(self) -> None:
-        """Stop, reap and unmap. Safe to call again: a Ctrl-C inside it leaves the rest for the next call
-        (``__del__`` makes one), since each worker and pipe leaves its list only once it is dealt with."""
+        """Stop, reap and unmap. A Ctrl-C can cut short only the polite request to stop; the reaping after
+        it runs to the end and the interrupt is raised then. Safe to call again."""
         if os.getpid() != self._pid:
             return
         polite = not self._shutdown
@@ -551,20 +552,25 @@ class WorkerIterator:
             if polite:
                 self._ask_workers_to_stop()
         finally:
-            for p in self._workers:
-                if p.is_alive():
-                    p.terminate()
-            while self._workers:
-                p = self._workers[0]
-                p.join(timeout=1.0)
-                if p.is_alive():
-                    p.kill()
-                    p.join()
-                self._workers.pop(0)
-            while self._conns:
-                self._conns.pop().close()
-            self._slots.clear()  # each mapping goes with its last view; batches still held stay valid
-            self._lent.clear()
+            # Ctrl-C is held back while the workers are reaped: one landing inside multiprocessing's
+            # poll(), after waitpid() has reaped a worker and before its exit code is stored, makes that
+            # Process look alive for ever (waitpid then fails with ECHILD), so it stays in
+            # multiprocessing's children with its sentinel pipes open. Bounded: about a second a worker.
+            with _HoldCtrlC():
+                for p in self._workers:
+                    if p.is_alive():
+                        p.terminate()
+                while self._workers:
+                    p = self._workers[0]
+                    p.join(timeout=1.0)
+                    if p.is_alive():
+                        p.kill()
+                        p.join()
+                    self._workers.pop(0)
+                while self._conns:
+                    self._conns.pop().close()
+                self._slots.clear()  # each mapping goes with its last view; batches still held stay valid
+                self._lent.clear()
 
     def _ask_workers_to_stop(self) -> None:
         """Send each worker the stop message and wait up to MP_STATUS_CHECK_INTERVAL for it to exit,

@@ -327,6 +327,36 @@ def test_ctrl_c_while_workers_are_joined(packed_images_by_format, monkeypatch):
     assert not left_behind(before, packed_images_by_format, timeout=0.5)
 
 
+def test_ctrl_c_right_after_a_worker_is_reaped(packed_images_by_format, monkeypatch):
+    """A SIGINT landing inside multiprocessing's poll(), after waitpid() reaped a worker and before the exit
+    code is stored: that Process would look alive for ever (waitpid then fails with ECHILD), stay among
+    multiprocessing's children with its pipes open, and be sent SIGTERM/SIGKILL by pid later. The reap holds
+    Ctrl-C back and raises it once every worker is reaped."""
+    from fastload import _workers
+
+    before = resources(packed_images_by_format)
+    monkeypatch.setattr(_workers._tutils, "MP_STATUS_CHECK_INTERVAL", 0.2)
+    it = iter(fastload.DataLoader(Stuck(), batch_size=4, num_workers=2))
+    next(it)
+    real_waitpid = os.waitpid
+
+    def waitpid(pid, options):
+        got = real_waitpid(pid, options)
+        if got[0] == pid:  # reaped: the signal is handled before waitpid's caller runs its next line
+            monkeypatch.setattr(os, "waitpid", real_waitpid)
+            signal.raise_signal(signal.SIGINT)
+        return got
+
+    monkeypatch.setattr(os, "waitpid", waitpid)
+    with pytest.raises(KeyboardInterrupt):
+        it._shutdown_workers()
+    assert os.waitpid is real_waitpid  # the signal did land
+    del it
+    gc.collect()
+    assert multiprocessing.active_children() == []
+    assert not left_behind(before, packed_images_by_format, timeout=0.5)
+
+
 def test_ctrl_c_while_workers_start(packed_images_by_format, monkeypatch):
     from multiprocessing import popen_fork
 
