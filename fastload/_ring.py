@@ -67,7 +67,7 @@ class Slot:
 
     def put(self, key, t: torch.Tensor) -> torch.Tensor:
         self.tensors[key] = t
-        if t.device.type == "cpu":
+        if t.device.type == "cpu" and t.dtype != torch.bfloat16:  # numpy has no bfloat16
             self.arrays[key] = t.numpy()
         else:
             self.arrays.pop(key, None)

@@ -54,3 +54,29 @@ def test_loader_and_ds_apply_them_on_cpu(tmp_path):
     assert f32.is_contiguous(memory_format=torch.channels_last)
     assert (f32 - reference(u8, torch.float32)).abs().max() < 1e-5
     assert (normed[3][0] - reference(plain[3][0][None], torch.float32)[0]).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 6e-2)])
+def test_cpu_results_reuse_their_buffers_but_never_one_still_held(tmp_path, dtype, tol):
+    """On the CPU, ToDtype/Normalize write into buffers the batcher reuses (a fresh float batch per step
+    cost more in page faults than the arithmetic); a batch the caller still holds must keep its values."""
+    make_image_folder(tmp_path / "src", classes=2, per_class=8)
+    fastload.pack(tmp_path / "src", tmp_path / "ds", workers=0)
+    geo = [T.RandomResizedCrop(16), T.RandomHorizontalFlip()]
+    plain = fastload.open(tmp_path / "ds", transforms={"image": geo})
+    normed = fastload.open(tmp_path / "ds", transforms={"image": geo + [T.ToDtype(dtype, scale=True),
+                                                                         T.Normalize(MEAN, STD)]})
+    kw = dict(batch_size=4, shuffle=True, seed=7, num_workers=2)
+    for epoch in range(2):
+        u8 = [b[0].clone() for b in fastload.DataLoader(plain, **kw)]
+        held, copies, ptrs = [], [], set()
+        for k, (images, _) in enumerate(fastload.DataLoader(normed, **kw)):
+            ptrs.add(images.data_ptr())
+            if k % 2 == 0:  # every other batch stays held to the end of the epoch
+                held.append(images)
+                copies.append(images.clone())
+            assert images.dtype == dtype
+            assert (images.double() - reference(u8[k], dtype).double()).abs().max() <= tol
+            del images
+        assert all(torch.equal(h, c) for h, c in zip(held, copies))  # nothing held was overwritten
+        assert len(ptrs) < len(u8)  # the batches not held gave their buffers back
