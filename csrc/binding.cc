@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "batch.h"
+#include "convert.h"
 #include "gather.h"
 #include "jpeg.h"
 
@@ -388,6 +389,54 @@ void gather_pieces(BatchEngine& pool, py::handle regions, py::handle region, py:
   if (!ok) throw py::value_error("gather_pieces: " + err);
 }
 
+std::vector<float> floats(py::handle seq) {
+  std::vector<float> v;
+  for (py::handle x : py::reinterpret_borrow<py::sequence>(seq)) v.push_back(x.cast<float>());
+  return v;
+}
+
+void affine_u8_f32(py::handle src, py::handle out, py::handle scale_seq, py::handle shift_seq, bool avx2) {
+  if (!PySequence_Check(scale_seq.ptr()) || !PySequence_Check(shift_seq.ptr())) {
+    throw py::type_error("scale and shift: expected sequences of floats, got " + type_name(scale_seq) +
+                         " and " + type_name(shift_seq));
+  }
+  const std::vector<float> scale = floats(scale_seq), shift = floats(shift_seq);
+  const int64_t channels = static_cast<int64_t>(scale.size());
+  if (channels < 1 || channels > fastload::kAffineMaxChannels || shift.size() != scale.size()) {
+    throw py::value_error("scale and shift: expected one value per channel (1 to " +
+                          std::to_string(fastload::kAffineMaxChannels) + " channels), got " +
+                          std::to_string(scale.size()) + " and " + std::to_string(shift.size()));
+  }
+  if (!py::isinstance<py::array_t<uint8_t>>(src)) {
+    throw py::type_error("src: expected a uint8 numpy array, got " + describe_array(src));
+  }
+  auto src_a = py::reinterpret_borrow<py::array>(src);
+  if (!(src_a.flags() & py::array::c_style)) throw py::value_error("src: expected a C-contiguous array");
+  if (src_a.ndim() < 1 || src_a.shape(src_a.ndim() - 1) != channels) {
+    throw py::value_error("src: expected the last dimension to be the " + std::to_string(channels) +
+                          " channels of scale and shift, got " + describe_array(src));
+  }
+  if (!py::isinstance<py::array_t<float>>(out)) {
+    throw py::type_error("out: expected a float32 numpy array, got " + describe_array(out));
+  }
+  auto out_a = py::reinterpret_borrow<py::array>(out);
+  if (!(out_a.flags() & py::array::c_style)) throw py::value_error("out: expected a C-contiguous array");
+  if (!out_a.writeable()) throw py::value_error("out: array is read-only");
+  if (out_a.size() != src_a.size()) {
+    throw py::value_error("out: has " + std::to_string(out_a.size()) + " elements (" + describe_array(out) +
+                          "), src has " + std::to_string(src_a.size()));
+  }
+  const auto* s = static_cast<const uint8_t*>(src_a.data());
+  auto* o = static_cast<float*>(out_a.mutable_data());
+  const int64_t n = src_a.size();
+  const auto s_lo = reinterpret_cast<uintptr_t>(s), o_lo = reinterpret_cast<uintptr_t>(o);
+  if (n > 0 && s_lo < o_lo + static_cast<uintptr_t>(n) * sizeof(float) && o_lo < s_lo + static_cast<uintptr_t>(n)) {
+    throw py::value_error("out overlaps src: write into a separate buffer");
+  }
+  py::gil_scoped_release nogil;
+  fastload::affine_u8_f32(s, o, n, static_cast<int>(channels), scale.data(), shift.data(), avx2);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -424,6 +473,15 @@ PYBIND11_MODULE(_C, m) {
         "Sample k's bytes are regions[region[k]][offset[k]:offset[k]+length[k]]; encoding 0 = JPEG,\n"
         "1 = raw RGB (src_hw[k] = (H, W)); crop[k] = (top, left, height, width); the result is\n"
         "written into out[k] (out: C-contiguous uint8 (n, H, W, 3)); failed samples are zeroed.");
+
+  m.def("affine_u8_f32", &affine_u8_f32, py::arg("src"), py::arg("out"), py::arg("scale"), py::arg("shift"),
+        py::arg("avx2") = true,
+        "affine_u8_f32(src, out, scale, shift, avx2=True) -> None\n"
+        "out = float32(src) * scale[c] + shift[c] for channel c = the last dimension of src (uint8,\n"
+        "C-contiguous; out: float32, C-contiguous, writable, as many elements, not overlapping src):\n"
+        "ToDtype(float32, scale=True) + Normalize in one pass. A multiply then an add (no fused\n"
+        "multiply-add), the same bits with AVX2 (avx2=True, where the CPU has it) or without. The GIL\n"
+        "is released.");
 
   m.def("gather_pieces", &gather_pieces, py::arg("pool"), py::arg("regions"), py::arg("region"),
         py::arg("offset"), py::arg("length"), py::arg("dst"), py::arg("out"),

@@ -8,9 +8,8 @@ slot is refilled only when no view of it is alive any more (the ring's protocol,
 
 from __future__ import annotations
 
-from typing import Any
-
 import threading
+from typing import Any
 
 import numpy as np
 import torch

@@ -4,7 +4,9 @@
 uint8 pixels travel over PCIe; conversion and normalisation happen on the device, fused into two
 kernels writing into a preallocated buffer (a type conversion, then one multiply-add with
 per-channel constants), keeping the channels_last layout. On a CPU-only machine the same
-declarations run on the CPU, so one training script works everywhere.
+declarations run on the CPU, so one training script works everywhere: float32 from a channels_last
+batch in one native pass (``_C.affine_u8_f32``, a multiply then an add per element, the GIL released
+and no torch intra-op threads), other dtypes and layouts with torch's ops.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import torch
+
+from ._native import native
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -44,6 +48,15 @@ class Normalize(TensorTransform):
 
     def __repr__(self) -> str:
         return f"Normalize(mean={self.mean}, std={self.std})"
+
+
+def _one_pass_on_cpu(x: torch.Tensor, out: torch.Tensor) -> bool:
+    """Whether the native one-pass kernel can do ``out = x * a + b``: uint8 to float32 on the CPU, both
+    channels_last (NHWC in memory, as the slots and their outputs are). It also keeps torch's intra-op
+    threads, which spin after each op, off the cores the decode threads use."""
+    return (x.device.type == "cpu" and out.device.type == "cpu" and x.dtype == torch.uint8
+            and out.dtype == torch.float32 and x.dim() == 4 and x.shape == out.shape and 1 <= x.shape[1] <= 16
+            and x.permute(0, 2, 3, 1).is_contiguous() and out.permute(0, 2, 3, 1).is_contiguous())
 
 
 class TensorPipeline:
@@ -105,8 +118,13 @@ class TensorPipeline:
             return x
         if out is None:
             out = self.output_like(x)
-        out.copy_(x)  # the dtype conversion, layout kept
         consts = self._constants(x.shape[1], x.device)
+        if consts is not None and _one_pass_on_cpu(x, out):
+            a, b = consts
+            native().affine_u8_f32(x.permute(0, 2, 3, 1).numpy(), out.permute(0, 2, 3, 1).numpy(),
+                                   a.flatten().tolist(), b.flatten().tolist())
+            return out
+        out.copy_(x)  # the dtype conversion, layout kept
         if consts is not None:
             a, b = consts
             torch.addcmul(b, out, a, out=out)  # one fused multiply-add per element

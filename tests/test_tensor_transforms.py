@@ -30,6 +30,21 @@ def test_fused_matches_reference(dtype, tol):
     assert (y.double() - reference(x, dtype).double()).abs().max() <= tol
 
 
+def test_one_pass_kernel_and_torch_ops_agree_on_every_layout():
+    """float32 from channels_last uint8 on the CPU takes the native one-pass kernel; other layouts and
+    dtypes take torch's ops. Both fold to x * a + b, so they agree to a rounding step."""
+    pipe = T.ImagePipeline([T.ToDtype(torch.float32, scale=True), T.Normalize(MEAN, STD)]).tensor
+    nhwc = torch.randint(0, 256, (3, 9, 11, 3), dtype=torch.uint8)
+    fast = pipe.apply(nhwc.permute(0, 3, 1, 2))  # channels_last
+    plain = pipe.apply(nhwc.permute(0, 3, 1, 2).contiguous())  # NCHW: torch's ops
+    sliced = pipe.apply(nhwc.permute(0, 3, 1, 2)[:, :, 2:7, 1:9])  # a crop of a channels_last batch
+    assert fast.is_contiguous(memory_format=torch.channels_last) and plain.is_contiguous()
+    assert (fast - plain).abs().max() <= 1e-6 and (fast - reference(nhwc.permute(0, 3, 1, 2), torch.float32)).abs().max() < 1e-5
+    assert (sliced - fast[:, :, 2:7, 1:9]).abs().max() <= 1e-6
+    out = torch.empty(3, 3, 9, 11).to(memory_format=torch.channels_last)
+    assert pipe.apply(nhwc.permute(0, 3, 1, 2), out) is out and torch.equal(out, fast)
+
+
 def test_to_dtype_alone_and_declaration_errors():
     x = torch.randint(0, 256, (2, 3, 4, 4), dtype=torch.uint8)
     assert torch.equal(T.ImagePipeline([T.ToDtype(torch.float32)]).tensor.apply(x), x.float())
