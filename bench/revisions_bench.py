@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -118,8 +119,8 @@ def main() -> None:
                     assert res["fastload"].startswith(str(Path(tmp) / name)), res["fastload"]
                     rates.setdefault((case, name), []).append(res["rate"])
             print(f"round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
-    cmd = "python bench/revisions_bench.py " + " ".join(sys.argv[1:])
-    lines = [(f"# Loader throughput before and after a restructuring ({os.cpu_count()} CPUs), "
+    cmd = "python bench/revisions_bench.py " + shlex.join(sys.argv[1:])
+    lines = [(f"# Loader throughput of two revisions of fastload's Python ({os.cpu_count()} CPUs), "
               f"{time.strftime('%Y-%m-%d')}"), "",
              (f"`{cmd.strip()}`: fastload/ at base {revs['base']} and head {revs['head']}, both on this "
               f"checkout's native extension; medians of {args.rounds} alternating rounds, samples/s."), "",
