@@ -419,22 +419,19 @@ void affine_u8_f32(py::handle src, py::handle out, py::handle scale_seq, py::han
   if (!py::isinstance<py::array_t<float>>(out)) {
     throw py::type_error("out: expected a float32 numpy array, got " + describe_array(out));
   }
-  auto out_a = py::reinterpret_borrow<py::array>(out);
-  if (!(out_a.flags() & py::array::c_style)) throw py::value_error("out: expected a C-contiguous array");
-  if (!out_a.writeable()) throw py::value_error("out: array is read-only");
+  py::array out_a = byte_out(out, "float32");
   if (out_a.size() != src_a.size()) {
     throw py::value_error("out: has " + std::to_string(out_a.size()) + " elements (" + describe_array(out) +
                           "), src has " + std::to_string(src_a.size()));
   }
-  const auto* s = static_cast<const uint8_t*>(src_a.data());
-  auto* o = static_cast<float*>(out_a.mutable_data());
-  const int64_t n = src_a.size();
-  const auto s_lo = reinterpret_cast<uintptr_t>(s), o_lo = reinterpret_cast<uintptr_t>(o);
-  if (n > 0 && s_lo < o_lo + static_cast<uintptr_t>(n) * sizeof(float) && o_lo < s_lo + static_cast<uintptr_t>(n)) {
-    throw py::value_error("out overlaps src: write into a separate buffer");
+  std::string err;
+  bool ok;
+  {
+    py::gil_scoped_release nogil;
+    ok = fastload::affine_u8_f32(static_cast<const uint8_t*>(src_a.data()), static_cast<float*>(out_a.mutable_data()),
+                                 src_a.size(), static_cast<int>(channels), scale.data(), shift.data(), avx2, &err);
   }
-  py::gil_scoped_release nogil;
-  fastload::affine_u8_f32(s, o, n, static_cast<int>(channels), scale.data(), shift.data(), avx2);
+  if (!ok) throw py::value_error("affine_u8_f32: " + err);
 }
 
 }  // namespace
@@ -474,6 +471,7 @@ PYBIND11_MODULE(_C, m) {
         "1 = raw RGB (src_hw[k] = (H, W)); crop[k] = (top, left, height, width); the result is\n"
         "written into out[k] (out: C-contiguous uint8 (n, H, W, 3)); failed samples are zeroed.");
 
+  m.attr("AFFINE_MAX_CHANNELS") = fastload::kAffineMaxChannels;
   m.def("affine_u8_f32", &affine_u8_f32, py::arg("src"), py::arg("out"), py::arg("scale"), py::arg("shift"),
         py::arg("avx2") = true,
         "affine_u8_f32(src, out, scale, shift, avx2=True) -> None\n"

@@ -2,6 +2,8 @@
 
 #include <array>
 
+#include "region.h"
+
 namespace fastload {
 namespace {
 
@@ -37,8 +39,12 @@ void affine_portable(const uint8_t* src, float* out, int64_t n, const Constants&
 
 }  // namespace
 
-void affine_u8_f32(const uint8_t* src, float* out, int64_t n, int channels, const float* scale,
-                   const float* shift, bool allow_avx2) {
+bool affine_u8_f32(const uint8_t* src, float* out, int64_t n, int channels, const float* scale,
+                   const float* shift, bool allow_avx2, std::string* err) {
+  if (overlaps(src, n, reinterpret_cast<const uint8_t*>(out), n * static_cast<int64_t>(sizeof(float)))) {
+    *err = "out overlaps src; write into a separate buffer";
+    return false;
+  }
   Constants c;
   c.period = 8 * channels;
   for (int j = 0; j < c.period; ++j) {
@@ -51,6 +57,7 @@ void affine_u8_f32(const uint8_t* src, float* out, int64_t n, int channels, cons
   } else {
     avx2 ? affine_avx2<0>(src, out, n, c) : affine_portable<0>(src, out, n, c);
   }
+  return true;
 }
 
 }  // namespace fastload

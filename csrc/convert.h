@@ -7,14 +7,16 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace fastload {
 
 constexpr int kAffineMaxChannels = 16;
 
-// n: the number of elements (pixels * channels); channels in 1..kAffineMaxChannels. src and out must
-// not overlap. Uses AVX2 where the CPU has it and allow_avx2 is set (false: the portable loop).
-void affine_u8_f32(const uint8_t* src, float* out, int64_t n, int channels, const float* scale,
-                   const float* shift, bool allow_avx2 = true);
+// n: the number of elements (pixels * channels); channels in 1..kAffineMaxChannels. Returns true, or
+// false with a message in *err (and out untouched) when src and out overlap. Uses AVX2 where the CPU
+// has it and allow_avx2 is set (false: the portable loop).
+bool affine_u8_f32(const uint8_t* src, float* out, int64_t n, int channels, const float* scale,
+                   const float* shift, bool allow_avx2, std::string* err);
 
 }  // namespace fastload

@@ -56,12 +56,6 @@ bool resolve_rows(const GatherSpec& g, const uint8_t** src, std::string* err) {
   return true;
 }
 
-bool overlaps(const uint8_t* a, int64_t a_len, const uint8_t* b, int64_t b_len) {
-  if (a_len == 0 || b_len == 0) return false;
-  const uintptr_t a0 = reinterpret_cast<uintptr_t>(a), b0 = reinterpret_cast<uintptr_t>(b);
-  return a0 < b0 + static_cast<uintptr_t>(b_len) && b0 < a0 + static_cast<uintptr_t>(a_len);
-}
-
 // Copies with non-temporal stores: for batches larger than the cache, whose output will not be
 // read back before it is evicted, this skips reading every destination line first. glibc's
 // memcpy does the same only for single copies of several MiB, far more than one row; for 150 KB

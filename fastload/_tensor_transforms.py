@@ -55,7 +55,8 @@ def _one_pass_on_cpu(x: torch.Tensor, out: torch.Tensor) -> bool:
     channels_last (NHWC in memory, as the slots and their outputs are). It also keeps torch's intra-op
     threads, which spin after each op, off the cores the decode threads use."""
     return (x.device.type == "cpu" and out.device.type == "cpu" and x.dtype == torch.uint8
-            and out.dtype == torch.float32 and x.dim() == 4 and x.shape == out.shape and 1 <= x.shape[1] <= 16
+            and out.dtype == torch.float32 and x.dim() == 4 and x.shape == out.shape
+            and 1 <= x.shape[1] <= native().AFFINE_MAX_CHANNELS
             and x.permute(0, 2, 3, 1).is_contiguous() and out.permute(0, 2, 3, 1).is_contiguous())
 
 
