@@ -68,20 +68,23 @@ def loss_of(model, batch) -> torch.Tensor:
     return F.cross_entropy(model(batch[0]), torch.as_tensor(batch[1]).long() % CLASSES)
 
 
-def in_plain(loader, epochs: int):
-    model = Tiny()
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-
+def timed_loop(loader, model, opt, epochs: int, backward=torch.Tensor.backward):
+    """The hand-written loop: ``epochs`` epochs of forward, ``backward(loss)`` and an optimizer step."""
     def run() -> tuple[float, int, bool]:
         n, t = 0, time.perf_counter()
         for _ in range(epochs):
             for batch in loader:
                 opt.zero_grad(set_to_none=True)
-                loss_of(model, batch).backward()
+                backward(loss_of(model, batch))
                 opt.step()
                 n += batch[0].shape[0]
         return time.perf_counter() - t, n, getattr(loader, "fast_path", False)
     return run
+
+
+def in_plain(loader, epochs: int):
+    model = Tiny()
+    return timed_loop(loader, model, torch.optim.SGD(model.parameters(), lr=0.01), epochs)
 
 
 def in_lightning(loader, epochs: int):
@@ -129,17 +132,7 @@ def in_accelerate(loader, epochs: int, accelerator):
         model, opt, loader = prepare(accelerator, model, opt, loader)
     else:
         model, opt, loader = accelerator.prepare(model, opt, loader)
-
-    def run() -> tuple[float, int, bool]:
-        n, t = 0, time.perf_counter()
-        for _ in range(epochs):
-            for batch in loader:
-                opt.zero_grad(set_to_none=True)
-                accelerator.backward(loss_of(model, batch))
-                opt.step()
-                n += batch[0].shape[0]
-        return time.perf_counter() - t, n, getattr(loader, "fast_path", False)
-    return run
+    return timed_loop(loader, model, opt, epochs, accelerator.backward)
 
 
 def loaders(data: Path) -> dict:
@@ -147,16 +140,15 @@ def loaders(data: Path) -> dict:
     from peers._common import pil_train_transform
     from peers._torchdata import ImageFiles
     from photos import build_photo_folder
+    from settings_bench import build
 
     folder = data / "photos_150"
     build_photo_folder(folder, per_class=150, seed=0, progress=False)
-    packed = data / "settings_photos"  # shared with settings_bench.py: the same files, the same pack
-    if not (packed / "manifest.json").exists():
-        fastload.pack(folder, packed, overwrite=True)
     transform, _ = pil_train_transform(SIZE, use_torchvision=False)
 
-    def fast():
-        ds = fastload.open(packed, transforms={"image": [T.RandomResizedCrop(SIZE), T.RandomHorizontalFlip()]})
+    def fast():  # settings_bench.py's pack of the same files
+        ds = build(data / "settings_photos", folder,
+                   transforms={"image": [T.RandomResizedCrop(SIZE), T.RandomHorizontalFlip()]})
         return fastload.DataLoader(ds, batch_size=BATCH, shuffle=True, num_workers=WORKERS, drop_last=True)
 
     def plain_torch():
