@@ -16,7 +16,8 @@ from ._schema import Field, Schema
 from .formats._layout import IMAGE_JPEG, columns_of
 from .formats.reader import PackedReader, local_segments, read_manifest  # noqa: F401  (read_manifest: re-exported)
 from .formats.remote import Remote, is_url, warn_local_options
-from ._sequences import Bucket, PackSequences, is_sequence_transform
+from ._field_transforms import check_lengths, resolve as resolve_transforms
+from ._sequences import PackSequences
 
 
 class Dataset(torch.utils.data.Dataset):
@@ -46,27 +47,9 @@ class Dataset(torch.utils.data.Dataset):
         self.schema: Schema = self.manifest.schema
         self.as_dict = as_dict
         self.decode = decode
-        self.transforms = dict(transforms or {})
-        self.pipelines = {}
-        self.sequences = {}
-        for name, spec in self.transforms.items():
-            field = self.schema[name] if name in self.schema else None
-            if field is not None and field.kind == "ndarray" and is_sequence_transform(spec):
-                spec.field_check(field)
-                self.sequences[name] = spec
-                continue
-            if field is None or field.kind != "image":
-                takers = [f.name for f in self.schema if f.kind == "image" or (f.kind == "ndarray" and not f.fixed_size)]
-                raise ValueError(f"transforms name field {name!r}, but only image fields (geometric transforms) "
-                                 f"and variable-shape ndarray fields (Pad, Bucket) take transforms; "
-                                 f"those fields here: {takers}")
-            from .transforms import ImagePipeline
-
-            self.pipelines[name] = ImagePipeline(spec)
-        if sum(isinstance(t, (Bucket, PackSequences)) for t in self.sequences.values()) > 1:
-            raise ValueError("at most one field can be bucketed or packed (Bucket, PackSequences); pad the "
-                             "others with Pad")
+        self.transforms, self.pipelines, self.sequences = resolve_transforms(transforms, self.schema)
         self._open_reader()
+        check_lengths(self)  # Pad/Bucket against every sample, before any batch
 
     @property
     def reader(self) -> PackedReader:

@@ -533,7 +533,9 @@ def order_for(dataset, batch_size: int, kind: str, seed: int, r: int, w: int, *,
         return PackedOrder(dataset.reader.first_dims(name), batch_size * spec.row_length, **common)
     if bucketed:
         name, spec = bucketed[0]
-        return BucketOrder(spec.bucket_ids(dataset.reader.first_dims(name)), batch_size, **common)
+        lengths = dataset.reader.first_dims(name)
+        spec.check_all(lengths, name)  # a local dataset checked them at open; a remote one only has them now
+        return BucketOrder(spec.bucket_ids(lengths), batch_size, **common)
     try:
         return Order(len(dataset), batch_size, shard_sizes=shard_sizes, split=split, **common)
     except ValueError as e:

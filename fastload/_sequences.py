@@ -22,9 +22,11 @@ cuts the token stream into ``_order.PackJob`` batches.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
-from ._schema import Field
+from ._schema import Field, Schema
 
 
 class _Sequence:
@@ -53,8 +55,34 @@ class _Sequence:
         bad = np.flatnonzero(lengths > self.max_length)
         if bad.size:
             k = int(bad[0])
-            raise ValueError(f"{describe(k)}: length {int(lengths[k])} exceeds {self!r}; pass truncate=True "
-                             f"to cut longer samples")
+            raise ValueError(f"{describe(k)}: length {int(lengths[k])} exceeds {self!r}; "
+                             f"{self._way_out(int(lengths[k]))}")
+
+    def check_all(self, lengths: np.ndarray, field: str) -> None:
+        """Every sample's length (first dimension) of ``field`` at once, before any batch is read: a sample
+        longer than ``max_length`` would otherwise stop an epoch at whichever batch holds it. Raises
+        ValueError with how many are too long, the longest, an example and the way out."""
+        if self.truncate or not len(lengths):
+            return
+        bad = np.flatnonzero(lengths > self.max_length)
+        if bad.size:
+            longest = int(np.argmax(lengths))
+            examples = ", ".join(str(int(k)) for k in bad[:3])
+            raise ValueError(f"field '{field}': {bad.size} of {len(lengths)} samples are longer than {self!r} "
+                             f"allows ({self.max_length}): the longest is sample {longest}, of length "
+                             f"{int(lengths[longest])}; too long are e.g. samples {examples}. "
+                             f"P{self._way_out(int(lengths[longest]))[1:]}")
+
+    def _way_out(self, longest: int | None = None) -> str:
+        """What to do about too long samples: truncate, or make room (for ``longest`` when it is known)."""
+        room = self._make_room(longest) if longest is not None else "allow longer samples"
+        return f"pass truncate=True ({self._with_truncate()}) to cut such samples to {self.max_length}, or {room}"
+
+    def _with_truncate(self) -> str:
+        raise NotImplementedError
+
+    def _make_room(self, longest: int) -> str:
+        raise NotImplementedError
 
     def field_check(self, field: Field) -> None:
         if field.kind != "ndarray" or field.fixed_size or field.shape[0] is not None or None in field.shape[1:]:
@@ -81,12 +109,19 @@ class Pad(_Sequence):
     def __repr__(self) -> str:
         return f"Pad(length={self.length}, value={self.value}, truncate={self.truncate})"
 
+    def _with_truncate(self) -> str:
+        return f"T.Pad({self.length}, truncate=True)"
+
+    def _make_room(self, longest: int) -> str:
+        return f"pad to a length of at least {longest}"
+
 
 class Bucket(_Sequence):
     """Pad each sample to the smallest of ``boundaries`` that holds it; batches stay within a bucket."""
 
     def __init__(self, boundaries, value: float = 0, truncate: bool = False):
-        b = list(boundaries) if not isinstance(boundaries, (str, bytes)) else None
+        b = boundaries.tolist() if isinstance(boundaries, np.ndarray) else \
+            list(boundaries) if isinstance(boundaries, (list, tuple, range)) else None
         if not b or any(not isinstance(x, int) or isinstance(x, bool) or x < 1 for x in b) or b != sorted(set(b)):
             raise ValueError(f"boundaries={boundaries!r} should be increasing positive ints, e.g. [64, 128, 256]")
         self.boundaries = tuple(b)
@@ -106,6 +141,12 @@ class Bucket(_Sequence):
     def __repr__(self) -> str:
         return f"Bucket(boundaries={list(self.boundaries)}, value={self.value}, truncate={self.truncate})"
 
+    def _with_truncate(self) -> str:
+        return f"T.Bucket({list(self.boundaries)}, truncate=True)"
+
+    def _make_room(self, longest: int) -> str:
+        return f"add a boundary of at least {longest}"
+
 
 def is_sequence_transform(t) -> bool:
     return isinstance(t, _Sequence)
@@ -122,14 +163,22 @@ class PackSequences(_Sequence):
     tokens, so batch ``b`` depends only on (seed, epoch, rank, world size) and resumes exactly. Every
     rank gets the same number of batches (the smallest any rank's stream fills); without
     ``drop_last`` the last batch is padded with ``value`` and the padding is in no segment.
-    ``ds[i]`` returns a sample's tokens unpacked.
+    ``ds[i]`` returns a sample's tokens unpacked (and its other fields).
+
+    A packed batch carries no other per-sample field (a ``label``, a ``text``): name each one in
+    ``drop_fields`` to say the batches leave it out (``ds[sample_ids[k]]`` still has it). A dataset with a
+    field that is neither packed nor dropped is refused when opened, so nothing disappears unnoticed.
     """
 
-    def __init__(self, row_length: int, value: float = 0):
+    def __init__(self, row_length: int, value: float = 0, drop_fields: Sequence[str] = ()):
         if not isinstance(row_length, int) or isinstance(row_length, bool) or row_length < 1:
             raise ValueError(f"row_length={row_length!r} should be a positive int")
         self.row_length = row_length
         self._check_common(value, False)
+        if not isinstance(drop_fields, (list, tuple)) or not all(isinstance(n, str) for n in drop_fields):
+            raise TypeError(f"drop_fields={drop_fields!r} should be a list of field names, e.g. "
+                            f"drop_fields=['label']")
+        self.drop_fields = tuple(drop_fields)
 
     @property
     def max_length(self) -> int:
@@ -143,5 +192,22 @@ class PackSequences(_Sequence):
             raise ValueError(f"PackSequences applies to 1-d ndarray fields of variable length (shape (None,)); "
                              f"field '{field.name}' is {field!r}")
 
+    def schema_check(self, name: str, schema: Schema) -> None:
+        """Every field besides the packed one ``name`` must be named in ``drop_fields``, and only those."""
+        others = [f.name for f in schema if f.name != name]
+        unknown = [n for n in self.drop_fields if n not in others]
+        if unknown:
+            raise ValueError(f"{self!r} on field '{name}': drop_fields names {unknown}, which are not other fields "
+                             f"of this dataset; its other fields are {others}")
+        kept = [n for n in others if n not in self.drop_fields]
+        if kept:
+            raise ValueError(
+                f"PackSequences on field '{name}': the dataset also has the per-sample field(s) {kept}, which a "
+                f"packed batch cannot carry (it holds '{name}' rows, 'cu_seqlens' and 'sample_ids'; "
+                f"ds[sample_ids[k]] gives segment k's sample with all its fields). Pass "
+                f"T.PackSequences({self.row_length}, drop_fields={list(self.drop_fields) + kept}) to leave them "
+                f"out of the batches")
+
     def __repr__(self) -> str:
-        return f"PackSequences(row_length={self.row_length}, value={self.value})"
+        drop = f", drop_fields={list(self.drop_fields)}" if self.drop_fields else ""
+        return f"PackSequences(row_length={self.row_length}, value={self.value}{drop})"

@@ -30,6 +30,7 @@ not go through :class:`ImagePipeline`.
 from __future__ import annotations
 
 import math
+import numbers
 import operator
 from typing import Any, NamedTuple, Sequence
 
@@ -77,6 +78,16 @@ def _setup_size(size: Any, what: str) -> tuple[int, int]:
         return (_positive_int(size[0], f"{what} size"), _positive_int(size[-1], f"{what} size"))
     s = _positive_int(size, f"{what} size")  # a str fails here with TypeError
     return (s, s)
+
+
+def _min_max(value: Any, what: str) -> tuple[float, float]:
+    """A ``(min, max)`` pair of numbers, e.g. RandomResizedCrop's ``scale``; its order is checked by the caller."""
+    if isinstance(value, Sequence) and not isinstance(value, str) and len(value) == 2:
+        try:
+            return (float(value[0]), float(value[1]))
+        except (TypeError, ValueError):
+            pass
+    raise TypeError(f"{what}={value!r} should be a (min, max) pair of numbers")
 
 
 def _interpolation(interpolation: Any, antialias: Any, what: str) -> str:
@@ -129,8 +140,8 @@ class RandomResizedCrop(Transform):
         antialias: bool = True,
     ) -> None:
         self.size = _setup_size(size, "RandomResizedCrop")
-        self.scale = (float(scale[0]), float(scale[1]))
-        self.ratio = (float(ratio[0]), float(ratio[1]))
+        self.scale = _min_max(scale, "RandomResizedCrop: scale")
+        self.ratio = _min_max(ratio, "RandomResizedCrop: ratio")
         if not 0.0 <= self.scale[0] <= self.scale[1]:
             raise ValueError(f"RandomResizedCrop: scale={scale!r} must be (min, max) with 0 <= min <= max")
         if not 0.0 < self.ratio[0] <= self.ratio[1]:
@@ -299,6 +310,8 @@ class RandomHorizontalFlip(Transform):
     """Mirror left-right with probability ``p`` (one uniform draw per sample)."""
 
     def __init__(self, p: float = 0.5) -> None:
+        if isinstance(p, bool) or not isinstance(p, numbers.Real):
+            raise TypeError(f"RandomHorizontalFlip: p={p!r} should be a probability (a number in [0, 1])")
         self.p = float(p)
         if not 0.0 <= self.p <= 1.0:
             raise ValueError(f"RandomHorizontalFlip: p={p!r} must be in [0, 1]")
@@ -317,6 +330,9 @@ class Compose:
     """A sequence of transforms, applied in order (as ``torchvision.transforms.Compose``)."""
 
     def __init__(self, transforms: Sequence[Any]) -> None:
+        if not isinstance(transforms, (list, tuple)):
+            raise TypeError(f"Compose(transforms={transforms!r}) should be given a list of transforms, "
+                            f"e.g. Compose([RandomResizedCrop(224), RandomHorizontalFlip()])")
         self.transforms = list(transforms)
 
     def describe(self) -> dict[str, Any]:
@@ -385,11 +401,11 @@ def _flatten(transforms: Any) -> list[Transform]:
         return list(transforms.transforms)
     if isinstance(transforms, Compose):
         transforms = transforms.transforms
-    if isinstance(transforms, Transform):
+    if isinstance(transforms, (Transform, TensorTransform)):
         return [transforms]
     if not isinstance(transforms, (list, tuple)):
-        raise TypeError(f"expected a list of transforms or a Compose, got {type(transforms).__name__}: "
-                        f"{transforms!r}. Supported: {_SUPPORTED}")
+        raise TypeError(f"expected a list of transforms or a Compose, got {_type_name(transforms)}: "
+                        f"{transforms!r}. Supported: {_SUPPORTED} from fastload.transforms")
     out: list[Transform] = []
     for t in transforms:
         if isinstance(t, (Compose, list, tuple)):
@@ -397,10 +413,17 @@ def _flatten(transforms: Any) -> list[Transform]:
         elif isinstance(t, (Transform, TensorTransform)):
             out.append(t)
         else:
-            name = f"{type(t).__module__}.{type(t).__qualname__}"
-            raise TypeError(f"unsupported image transform {t!r} ({name}); supported: {_SUPPORTED} "
+            raise TypeError(f"unsupported image transform {t!r} ({_type_name(t)}); supported: {_SUPPORTED} "
                             f"from fastload.transforms")
     return out
+
+
+def _type_name(obj: Any) -> str:
+    """``Compose`` for fastload's own classes, ``torchvision.transforms.transforms.Compose`` for anyone else's:
+    a torchvision Compose must not read as the Compose that is supported."""
+    t = type(obj)
+    return t.__name__ if t.__module__.startswith("fastload") or t.__module__ == "builtins" else \
+        f"{t.__module__}.{t.__qualname__}"
 
 
 class ImagePipeline:

@@ -64,17 +64,42 @@ def test_pad_in_ds_and_loader(packed):
     assert torch.equal(ours["tokens"][0], theirs["tokens"][0]) and torch.equal(ours["tokens"][1], theirs["tokens"][1])
 
 
-def test_pad_too_long_raises_or_truncates(packed):
+def test_too_long_samples_are_refused_when_opened_not_mid_epoch(packed):
+    """Lengths are in the shape columns: a sample longer than Pad/Bucket allows is refused by fastload.open,
+    naming the field, how many, the longest and an example, and the way out (truncate=True), instead of a
+    DecodeError at whichever batch holds the first of them (issue 17, row 6)."""
     path, src = packed
-    long_i = int(np.flatnonzero(src.lengths > 50)[0])
-    ds = fastload.open(path, transforms={"tokens": T.Pad(50)})
-    with pytest.raises(fastload.DecodeError, match=rf"sample {long_i}.*exceeds"):
-        ds[long_i]
-    with pytest.raises(fastload.DecodeError, match="exceeds"):
-        list(fastload.DataLoader(ds, batch_size=200))
+    too_long = np.flatnonzero(src.lengths > 50)
+    longest = int(np.argmax(src.lengths))
+    for spec, room in ((T.Pad(50), "pad to a length of at least"), (T.Bucket([16, 50]), "add a boundary of at least")):
+        with pytest.raises(ValueError) as info:
+            fastload.open(path, transforms={"tokens": spec})
+        msg = str(info.value)
+        assert f"field 'tokens': {too_long.size} of 200 samples are longer" in msg, msg
+        assert f"the longest is sample {longest}, of length {src.lengths[longest]}" in msg, msg
+        assert f"e.g. samples {too_long[0]}," in msg and "truncate=True" in msg and room in msg, msg
     ds = fastload.open(path, transforms={"tokens": T.Pad(50, truncate=True)})
+    long_i = int(too_long[0])
     (toks, lens), _ = next(iter(fastload.DataLoader(ds, batch_size=200)))
     assert lens.max() == 50 and np.array_equal(toks[long_i].numpy(), np.arange(50, dtype=np.int32) + 1000 * long_i)
+    assert ds[long_i][0][1] == 50
+    fastload.open(path, transforms={"tokens": T.Pad(int(src.lengths.max()))})  # exactly the longest fits
+
+
+def test_too_long_samples_of_a_remote_dataset(packed, tmp_path):
+    """A remote dataset is not downloaded whole at open: Bucket is checked when the loader plans its buckets
+    (it reads every length then anyway), Pad in ds[i] and batch by batch, with the same way out."""
+    path, src = packed
+    if not (path / "manifest.json").exists():
+        pytest.skip("a dataset at a URL is shards")
+    url, cache = f"file://{path}", tmp_path / "cache"
+    long_i = int(np.flatnonzero(src.lengths > 50)[0])
+    ds = fastload.open(url, transforms={"tokens": T.Bucket([16, 50])}, cache_dir=cache)
+    with pytest.raises(ValueError, match=r"field 'tokens': \d+ of 200 samples are longer.*truncate=True"):
+        fastload.DataLoader(ds, batch_size=8)
+    ds = fastload.open(url, transforms={"tokens": T.Pad(50)}, cache_dir=cache)
+    with pytest.raises(fastload.DecodeError, match=rf"sample {long_i}, field 'tokens'.*exceeds.*truncate=True"):
+        ds[long_i]
 
 
 def test_bucket_batches_have_fixed_shapes_and_cover_everything(packed):
@@ -142,7 +167,7 @@ def _segments(batch, L):
 def test_pack_sequences_rebuilds_the_stream(packed):
     path, src = packed
     L, B = 64, 4
-    ds = fastload.open(path, transforms={"tokens": T.PackSequences(L, value=-7)})
+    ds = fastload.open(path, transforms={"tokens": T.PackSequences(L, value=-7, drop_fields=["label"])})
     assert ds[3][0].shape == (src.lengths[3],)  # ds[i] is the sample itself
     dl = fastload.DataLoader(ds, batch_size=B, shuffle=True, seed=4, num_workers=2)
     assert dl.fast_path, dl.fast_path_reason
@@ -169,7 +194,7 @@ def test_pack_sequences_rebuilds_the_stream(packed):
 
 def test_pack_sequences_ranks_and_resume(packed):
     path, src = packed
-    ds = fastload.open(path, transforms={"tokens": T.PackSequences(32)})
+    ds = fastload.open(path, transforms={"tokens": T.PackSequences(32, drop_fields=["label"])})
     counts, seen = set(), 0
     for rank in range(3):
         dl = fastload.DataLoader(ds, batch_size=2, shuffle=True, seed=8, rank=rank, world_size=3, drop_last=True)
@@ -190,3 +215,23 @@ def test_pack_sequences_ranks_and_resume(packed):
     again.load_state_dict(state)
     rest = [b["tokens"].clone() for b in again]
     assert len(rest) == len(ref) - 7 and all(torch.equal(a, b) for a, b in zip(rest, ref[7:]))
+
+
+def test_pack_sequences_never_drops_a_field_unasked(packed):
+    """A packed batch holds token rows, cu_seqlens and sample_ids only: a dataset with another per-sample field
+    is refused at open, naming the field and the way out, until the user drops it by name (issue 17, row 10)."""
+    path, src = packed
+    with pytest.raises(ValueError, match=r"per-sample field\(s\) \['label'\].*"
+                                         r"T\.PackSequences\(32, drop_fields=\['label'\]\)"):
+        fastload.open(path, transforms={"tokens": T.PackSequences(32)})
+    with pytest.raises(ValueError, match=r"drop_fields names \['lable'\], which are not other fields.*\['label'\]"):
+        fastload.open(path, transforms={"tokens": T.PackSequences(32, drop_fields=["lable"])})
+    with pytest.raises(ValueError, match=r"drop_fields names \['tokens'\]"):
+        fastload.open(path, transforms={"tokens": T.PackSequences(32, drop_fields=["label", "tokens"])})
+    with pytest.raises(TypeError, match=r"drop_fields='label' should be a list of field names"):
+        T.PackSequences(32, drop_fields="label")
+    ds = fastload.open(path, transforms={"tokens": T.PackSequences(32, drop_fields=["label"])}, as_dict=True)
+    batch = next(iter(fastload.DataLoader(ds, batch_size=2)))
+    assert set(batch) == {"tokens", "cu_seqlens", "sample_ids"}
+    k = int(batch["sample_ids"][0])
+    assert ds[k]["label"] == k and len(ds[k]["tokens"]) == src.lengths[k]  # the dropped field, one lookup away

@@ -1,0 +1,124 @@
+"""``fastload.open``'s ``transforms=``: checked against the dataset's schema when the dataset is opened.
+
+The argument is a dict of field name -> transforms: an image field takes a list (or ``Compose``) of
+``fastload.transforms`` image transforms, a variable-length ndarray field one of ``Pad``, ``Bucket``,
+``PackSequences``; ``None`` for a field is the same as leaving it out. torchvision's habit of one
+``Compose`` for "the image" is refused rather than guessed at: with a second image field (or a token
+field beside it) the guess would silently change meaning, and the message gives the exact dict to write.
+
+Everything a user can get wrong here is refused before the first sample is read, naming the field: an
+unknown or misspelled field, a transform for a kind of field that takes none, a sequence transform on an
+image and the reverse, a ``Normalize`` whose channel count is not the images' 3, and samples longer
+than ``Pad``/``Bucket`` allow (``check_lengths``) — which a loader would otherwise only meet at whichever
+batch holds the first of them.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from typing import Any
+
+from ._schema import Schema
+from ._sequences import Bucket, PackSequences, Pad, is_sequence_transform
+from ._tensor_transforms import Normalize
+from .transforms import _SUPPORTED, ImagePipeline, _type_name
+
+IMAGE_CHANNELS = 3  # every image field decodes to RGB (3, H, W)
+_EXAMPLE = "transforms={'image': [T.RandomResizedCrop(224), T.RandomHorizontalFlip()]}"
+_SEQUENCES = "T.Pad(length), T.Bucket(boundaries) or T.PackSequences(row_length)"
+
+
+def resolve(transforms: Any, schema: Schema) -> tuple[dict, dict[str, ImagePipeline], dict[str, Any]]:
+    """``(transforms as given, image pipelines by field, sequence transforms by field)``; raises TypeError /
+    ValueError naming the field and what it takes."""
+    if transforms is None:
+        return {}, {}, {}
+    if not isinstance(transforms, Mapping):
+        raise TypeError(_not_a_dict(transforms, schema))
+    pipelines: dict[str, ImagePipeline] = {}
+    sequences: dict[str, Any] = {}
+    for name, spec in transforms.items():
+        if not isinstance(name, str):
+            raise TypeError(f"transforms keys are field names (str), got {name!r}; image and variable-length "
+                            f"ndarray fields take transforms, {_takers(schema)}")
+        if name not in schema:
+            close = difflib.get_close_matches(name, schema.names, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise ValueError(f"transforms name field '{name}', which this dataset does not have{hint}; its fields "
+                             f"are {list(schema.names)}")
+        if spec is None:
+            continue
+        field = schema[name]
+        at = f"transforms['{name}']"
+        if field.kind == "image":
+            if is_sequence_transform(spec):
+                raise ValueError(f"{at}: {type(spec).__name__} is for variable-length ndarray fields; the image "
+                                 f"field '{name}' takes a list of image transforms ({_SUPPORTED})")
+            pipelines[name] = _image_pipeline(spec, at)
+        elif field.kind == "ndarray" and not field.fixed_size:
+            if not is_sequence_transform(spec):
+                alone = " alone, not in a list" if isinstance(spec, (list, tuple)) and len(spec) == 1 \
+                    and is_sequence_transform(spec[0]) else ""
+                raise TypeError(f"{at}: the variable-length ndarray field '{name}' takes one of {_SEQUENCES}"
+                                f"{alone}, got {spec!r}")
+            spec.field_check(field)
+            sequences[name] = spec
+        else:
+            raise ValueError(f"transforms name field '{name}', of kind {field.kind}, but only image fields (image "
+                             f"transforms) and variable-length ndarray fields (Pad, Bucket, PackSequences) take "
+                             f"transforms; {_takers(schema)}")
+    grouping = [n for n, t in sequences.items() if isinstance(t, (Bucket, PackSequences))]
+    if len(grouping) > 1:
+        raise ValueError(f"at most one field can be bucketed or packed (Bucket, PackSequences), got {grouping}; "
+                         f"pad the others with Pad")
+    for name, spec in sequences.items():
+        if isinstance(spec, PackSequences):
+            spec.schema_check(name, schema)
+    return dict(transforms), pipelines, sequences
+
+
+def check_lengths(dataset: Any) -> None:
+    """Every sample's length against its field's ``Pad``/``Bucket`` (without ``truncate``), from the shape
+    columns (no values are read). A remote dataset would have to download every shard for this: there
+    ``Bucket`` is checked when the loader plans its buckets (``_order.order_for``) and ``Pad`` batch by batch."""
+    if dataset.remote:
+        return
+    for name, spec in dataset.sequences.items():
+        if isinstance(spec, (Pad, Bucket)) and not spec.truncate:
+            spec.check_all(dataset.reader.first_dims(name), name)
+
+
+def _image_pipeline(spec: Any, at: str) -> ImagePipeline:
+    try:
+        pipe = ImagePipeline(spec)
+    except TypeError as e:
+        raise TypeError(f"{at}: {e}") from None
+    except ValueError as e:
+        raise ValueError(f"{at}: {e}") from None
+    for t in pipe.tensor.transforms:
+        if isinstance(t, Normalize) and len(t.mean) != IMAGE_CHANNELS:
+            raise ValueError(f"{at}: {t!r} has {len(t.mean)} value(s) per statistic, but images have "
+                             f"{IMAGE_CHANNELS} channels (RGB): give mean and std {IMAGE_CHANNELS} values each")
+    return pipe
+
+
+def _takers(schema: Schema) -> str:
+    takers = [f.name for f in schema if f.kind == "image" or (f.kind == "ndarray" and not f.fixed_size)]
+    return f"those fields here: {takers}"
+
+
+def _not_a_dict(value: Any, schema: Schema) -> str:
+    """torchvision passes one transform (or Compose) for the image; fastload names the field."""
+    msg = f"transforms must be a dict of field -> transforms, e.g. {_EXAMPLE}; got {_type_name(value)}. "
+    images = [f.name for f in schema if f.kind == "image"]
+    if images:
+        msg += f"This dataset's image field(s): {images}: pass transforms={{'{images[0]}': <your transforms>}}"
+    else:
+        msg += "Only image fields and variable-length ndarray fields take transforms; " + _takers(schema)
+    inner = getattr(value, "transforms", value)
+    items = list(inner) if isinstance(inner, (list, tuple)) else [value]
+    if any(not type(t).__module__.startswith("fastload") for t in items):
+        msg += (f". Only fastload.transforms run on fastload's engine (not torchvision's): {_SUPPORTED}, "
+                f"same names and arguments")
+    return msg
