@@ -132,6 +132,18 @@ class Dataset(torch.utils.data.Dataset):
             return dict(zip(self.schema.names, values))
         return tuple(values)
 
+    def __getitems__(self, indices: Any) -> list:
+        """``[self[i] for i in indices]``, decoded as one batch by the fast path's native batcher.
+
+        torch's DataLoader calls this with each batch's indices (so do accelerate, Hugging Face's Trainer and
+        anything built on torch's fetchers): a fastload dataset decodes natively under any loader. The items
+        are ds[i]'s; random transforms draw one seed per call from torch's generator (in a DataLoader worker,
+        seeded by torch from the worker's seed). ``_getitems.py`` says what that means for reproducibility,
+        threads and forked workers."""
+        from ._getitems import get_items
+
+        return get_items(self, indices)
+
     def _field_value(self, seg: Any, local: int, i: int, f: Field) -> Any:
         shard = PackedReader.shard_name(seg)
         try:
@@ -207,6 +219,7 @@ class Dataset(torch.utils.data.Dataset):
         state = self.__dict__.copy()
         state["_reader"] = None
         state["_finalizer"] = None
+        state["_items"] = None  # __getitems__'s native pool and slots are this process's
         return state
 
     def __setstate__(self, state: dict) -> None:
