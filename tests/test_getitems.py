@@ -295,8 +295,22 @@ def test_accelerate_s_rebuilt_loader_decodes_in_batches(packed_images, monkeypat
     calls = []
     real = getitems.get_items
     monkeypatch.setattr(getitems, "get_items", lambda ds, idx: calls.append(len(idx)) or real(ds, idx))
+    from accelerate.state import AcceleratorState
+
     ds = fastload.open(packed_images, transforms=DETERMINISTIC)
-    loader = accelerate.Accelerator(cpu=True).prepare(TorchLoader(ds, batch_size=8))
-    assert type(loader).__name__ == "DataLoaderShard"
-    batches = list(loader)
-    assert calls == [8] * 6 and len(batches) == 6
+    try:
+        accelerator = accelerate.Accelerator(cpu=True)
+        loader = accelerator.prepare(TorchLoader(ds, batch_size=8))
+        assert type(loader).__name__ == "DataLoaderShard"
+        batches = list(loader)
+        assert calls == [8] * 6 and len(batches) == 6
+        # a fastload.DataLoader rebuilt by plain prepare: the warning says what is lost, and decoding is not
+        with pytest.warns(fastload.FastPathWarning) as record:
+            rebuilt = accelerator.prepare(fastload.DataLoader(ds, batch_size=12, seed=1))
+        said = str(record[0].message)
+        assert "Decoding stays native" in said and all(w in said for w in ("slot ring", "device prefetch", "resume"))
+        assert "per-sample" not in said
+        calls.clear()
+        assert len(list(rebuilt)) == 4 and calls == [12] * 4
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
