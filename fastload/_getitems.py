@@ -79,7 +79,7 @@ class BatchItems:
             except NotFastPath as e:
                 self.reason = str(e)
                 warnings.warn(f"fastload.Dataset.__getitems__ decodes '{ds.path}' sample by sample (as ds[i] "
-                              f"does), not in one native batch call: {e}", FastPathWarning, stacklevel=4)
+                              f"does), not in one native batch call: {e}", FastPathWarning, stacklevel=5)
 
     def _make(self, ds: Any, size: int) -> None:
         threads = torch.get_num_threads()
@@ -107,15 +107,9 @@ def _state(ds: Any) -> BatchItems:
     return state
 
 
-def _plain_indices(ds: Any, indices: Any) -> np.ndarray | None:
-    """``indices`` as int64 in [0, len), negative ones wrapped as ds[i] does; None if any is not a plain
+def _plain_indices(ds: Any, items: list) -> np.ndarray | None:
+    """``items`` as int64 in [0, len), negative ones wrapped as ds[i] does; None if any is not a plain
     in-range integer (the caller then takes ds[i]'s path, which raises ds[i]'s own error for it)."""
-    if isinstance(indices, torch.Tensor):
-        indices = indices.tolist()
-    try:
-        items = list(indices)
-    except TypeError:
-        return None
     if not all(isinstance(i, (int, np.integer)) and not isinstance(i, (bool, np.bool_)) for i in items):
         return None
     idx = np.array(items, dtype=np.int64) if items else np.empty(0, np.int64)
@@ -128,9 +122,10 @@ def _plain_indices(ds: Any, indices: Any) -> np.ndarray | None:
 
 def get_items(ds: Any, indices: Any) -> list:
     """``[ds[i] for i in indices]``, decoded as one batch (see the module docstring)."""
-    idx = _plain_indices(ds, indices)
+    items = indices.tolist() if isinstance(indices, (torch.Tensor, np.ndarray)) else list(indices)
+    idx = _plain_indices(ds, items)
     if idx is None:
-        return [ds[i] for i in indices]
+        return [ds[i] for i in items]
     if not idx.size:
         return []
     state = _state(ds)
@@ -142,12 +137,14 @@ def get_items(ds: Any, indices: Any) -> list:
         rng = np.random.default_rng(int(torch.randint(0, 2**62, ()).item())) if batcher.needs_rng else None
         try:
             objects = batcher.fill(slot, idx, rng)
-        except FastloadError:
-            for i in idx:  # ds[i] names the bad sample (and its error has no loader-only hint)
-                ds[int(i)]
-            raise
-        batch = batcher.collate(slot, len(idx), objects)
-    return _split(ds, batch, len(idx))
+            batch = batcher.collate(slot, len(idx), objects)
+        except (FastloadError, ValueError) as e:
+            failed = e
+        else:
+            return _split(ds, batch, len(idx))
+    for i in idx:  # ds[i] names the bad sample (and its error has no loader-only hint)
+        ds[int(i)]
+    raise failed
 
 
 def _split(ds: Any, batch: Any, n: int) -> list:

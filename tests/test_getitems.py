@@ -87,8 +87,11 @@ def test_items_are_ds_i_exactly(every_kind, as_dict, tokens):
 def test_uint8_images_and_numpy_or_tensor_indices(packed_images):
     ds = fastload.open(packed_images, transforms=DETERMINISTIC)
     want = [ds[i] for i in (3, 40, 7)]
-    for idx in ([3, 40, 7], np.array([3, 40, 7]), torch.tensor([3, 40, 7]), (np.int64(3), 40, 7)):
+    for idx in ([3, 40, 7], np.array([3, 40, 7]), torch.tensor([3, 40, 7]), (np.int64(3), 40, 7),
+                (i for i in [3, 40, 7])):
         assert_same_sample(ds.__getitems__(idx), want)
+    with pytest.raises(IndexError, match="sample index 99 out of range"):  # read once, then ds[i]'s error
+        ds.__getitems__(i for i in [3, 99])
 
 
 def test_one_native_call_per_batch(packed_images, monkeypatch):
