@@ -82,10 +82,13 @@ class Batcher:
         tiny records, 16 batches an epoch, ran 8-21% slower at num_workers=2 than at 0 that way)."""
         self.images.close()
 
-    def new_slot(self) -> Slot:
+    def new_slot(self, pin: bool | None = None) -> Slot:
+        """One batch of buffers; ``pin`` None: pinned where CUDA is usable. ``Dataset.__getitems__`` passes
+        False: its batches are copied by the caller's collate, so pinning them would only cost."""
         b = self.batch_size
         tensors = {}
-        pin = pinned_memory_usable()  # asked per slot: a forked child must not pin (_ring.py, rule 6)
+        if pin is None:
+            pin = pinned_memory_usable()  # asked per slot: a forked child must not pin (_ring.py, rule 6)
         if self.packed is not None:
             name, spec = self.packed
             size = b * spec.row_length

@@ -115,6 +115,18 @@ class Dataset(torch.utils.data.Dataset):
             return dict(zip(self.schema.names, values))
         return tuple(values)
 
+    def __getitems__(self, indices: Any) -> list:
+        """``[self[i] for i in indices]``, decoded as one batch by the fast path's native batcher.
+
+        torch's DataLoader calls this with each batch's indices (so do accelerate, Hugging Face's Trainer and
+        anything built on torch's fetchers): a fastload dataset decodes natively under any loader. The items
+        are ds[i]'s; random transforms draw one seed per call from torch's generator (in a DataLoader worker,
+        seeded by torch from the worker's seed). ``_getitems.py`` says what that means for reproducibility,
+        threads and forked workers."""
+        from ._getitems import get_items
+
+        return get_items(self, indices)
+
     def _field_value(self, seg: Any, local: int, i: int, f: Field) -> Any:
         shard = PackedReader.shard_name(seg)
         try:
@@ -190,6 +202,8 @@ class Dataset(torch.utils.data.Dataset):
         state = self.__dict__.copy()
         state["_reader"] = None
         state["_finalizer"] = None
+        state["_items"] = None  # __getitems__'s native pool and slots are this process's
+        state["_lease"] = None  # an open lock file (_folder_cache.py): the process that opened the dataset holds it
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -210,10 +224,31 @@ def open(path: str | os.PathLike, *, transforms: Mapping[str, Any] | None = None
     ``"50GB"``; default: no limit). ``storage_options`` go to the fsspec backend (e.g.
     ``{"endpoint_url": ...}`` for s3fs).
 
+    A local ``path`` that is an unpacked torchvision ImageFolder tree is packed once (``fastload.pack``'s
+    defaults, with a progress bar and one log line saying where) into ``<cache>/folders/`` (``<cache>``:
+    ``cache_dir``, else ``$FASTLOAD_CACHE_DIR``, else ``~/.cache/fastload``), keyed by the folder's listing,
+    sizes and mtimes: the next open of the unchanged folder reads that pack, a changed folder is packed
+    again, an interrupted pack resumes, and processes opening it at once pack it once (``_folder_cache.py``).
+    Any other path that holds no dataset raises the ``fastload pack`` command that packs it.
+
     ``transforms`` maps an image field to a list of ``fastload.transforms`` (e.g.
     ``{"image": [RandomResizedCrop(224), RandomHorizontalFlip()]}``): ``ds[i]`` and
     ``fastload.DataLoader`` then give the same kind of sample. ``ds.schema`` is the schema;
     ``ds.classes`` the class names where the source had them.
     """
-    return Dataset(path, transforms=transforms, as_dict=as_dict, decode=decode, cache_dir=cache_dir,
-                   cache_limit=cache_limit, storage_options=storage_options)
+    lease = None
+    if not is_url(path):
+        from ._folder_cache import resolve
+
+        packed, lease = resolve(Path(path), cache_dir)
+        if lease is not None:  # cache_dir chose where the folder's pack lives: it is not a remote option here
+            path, cache_dir = packed, None
+    try:
+        ds = Dataset(path, transforms=transforms, as_dict=as_dict, decode=decode, cache_dir=cache_dir,
+                     cache_limit=cache_limit, storage_options=storage_options)
+    except BaseException:
+        if lease is not None:
+            lease.close()
+        raise
+    ds._lease = lease  # keeps the pack from being removed as stale while this dataset reads it
+    return ds

@@ -69,9 +69,13 @@ def warn_refused(reason: str, stacklevel: int = 3) -> None:
 
 
 def warn_accelerate_rebuild() -> None:
-    warnings.warn("accelerator.prepare() rebuilds this fastload.DataLoader into accelerate's DataLoaderShard: no fast "
-                  "path (per-sample decoding in Python) and an order that no longer follows seed=. Call "
-                  "fastload.accelerate.prepare(accelerator, ...) with the same arguments instead",
+    warnings.warn("accelerator.prepare() rebuilds this fastload.DataLoader into accelerate's DataLoaderShard. Decoding "
+                  "stays native (torch's fetcher calls fastload.Dataset.__getitems__: one native call per batch, in "
+                  "its worker processes), but what fastload's loader adds is lost: the reused (pinned) slot ring, "
+                  "device prefetch (device='cuda', ToDtype/Normalize on the GPU), fastload's order (seed=, order=, "
+                  "the rank split) and its exact mid-epoch resume, and Bucket/PackSequences batching; num_workers "
+                  "now counts worker processes, not decode threads. Call fastload.accelerate.prepare(accelerator, "
+                  "...) with the same arguments instead",
                   FastPathWarning, stacklevel=4)
 
 

@@ -269,6 +269,8 @@ def acquire_env(path: Path):
         if entry is not None and entry[0] == os.getpid():
             entry[2] += 1
             return entry[1]
+        if entry is not None:  # forked from the process that opened it: py-lmdb refuses a second open while
+            entry[1].close()   # its copy lives here; closing it (lock=False) only unmaps this process's copy
         try:
             env = _lmdb().open(str(path), readonly=True, lock=False, subdir=True, readahead=False,
                                max_readers=1024)

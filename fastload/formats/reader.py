@@ -44,7 +44,11 @@ def read_manifest(path: Path) -> Manifest:
     if (path / "pack_state.json").exists():
         raise FormatError(f"dataset '{path}' is an unfinished pack (no manifest yet); run the same pack command "
                           f"again to resume it")
-    raise FormatError(f"'{path}' is not a fastload dataset: no {MANIFEST_NAME} and no LMDB {lmdb_format.DATA_FILE}")
+    raise NotADataset(f"'{path}' is not a fastload dataset: no {MANIFEST_NAME} and no LMDB {lmdb_format.DATA_FILE}")
+
+
+class NotADataset(FormatError):
+    """A local path holds nothing a format recognises (``fastload.open`` then looks for a source to pack)."""
 
 
 def local_segments(path: Path, manifest: Manifest) -> list:

@@ -1,0 +1,319 @@
+"""fastload/_getitems.py: ``Dataset.__getitems__`` decodes one batch natively for torch's own DataLoader (and
+anything built on its fetchers). Items equal ``[ds[i] for i in idx]``; torch's loader at 0 and 2 workers gives
+the fast path's batches; randomness comes from torch's generators (workers, batches and epochs differ, a
+seeded run repeats); slots are never overwritten while an item is alive; forked workers make their own state;
+errors are ds[i]'s."""
+
+from __future__ import annotations
+
+import gc
+import os
+import pickle
+import threading
+import weakref
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader as TorchLoader
+
+import fastload
+from fastload import Field
+from fastload import transforms as T
+from fastload._batcher import Batcher
+
+from conftest import jpeg_bytes
+from forking import in_child
+
+DETERMINISTIC = {"image": [T.Resize((20, 30))]}
+RANDOM = {"image": [T.RandomResizedCrop(16), T.RandomHorizontalFlip()]}
+
+
+def assert_same_sample(a, b) -> None:
+    """``a`` is exactly ``b``: the same structure, types, and for tensors shape, dtype, strides and values."""
+    assert type(a) is type(b)
+    if isinstance(a, dict):
+        assert list(a) == list(b)
+        for k in a:
+            assert_same_sample(a[k], b[k])
+    elif isinstance(a, (tuple, list)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            assert_same_sample(x, y)
+    elif isinstance(a, torch.Tensor):
+        assert (a.shape, a.dtype, a.stride()) == (b.shape, b.dtype, b.stride())
+        assert torch.equal(a, b)
+    else:
+        assert a == b
+
+
+class Samples(list):
+    """A map-style dataset of dict samples."""
+
+
+@pytest.fixture(scope="module", params=["shards", "lmdb"])
+def every_kind(tmp_path_factory, request) -> Path:
+    """Every field kind: JPEGs of different sizes, int, float, a fixed and a variable array, str, bytes."""
+    rng = np.random.default_rng(0)
+    samples = Samples({
+        "image": jpeg_bytes(int(rng.integers(30, 90)), int(rng.integers(30, 90)), seed=i),
+        "label": i * 7 - 20,
+        "score": i / 8,
+        "emb": rng.standard_normal(3).astype("<f4"),
+        "tokens": np.arange(i % 5 + 1, dtype=np.int32) + i,
+        "name": f"sample {i} é",
+        "raw": bytes([i]) * (i % 4),
+    } for i in range(13))
+    schema = {"image": Field.image("image"), "tokens": Field.ndarray("tokens", "<i4", (None,))}
+    dest = tmp_path_factory.mktemp("getitems") / "ds"
+    fastload.pack(samples, dest, schema=schema, workers=0, format=request.param, shard_size="4K")
+    return dest
+
+
+@pytest.mark.parametrize("as_dict", [False, True])
+@pytest.mark.parametrize("tokens", [T.Pad(6, value=-1), T.Bucket([2, 4, 8], value=-1)])
+def test_items_are_ds_i_exactly(every_kind, as_dict, tokens):
+    ds = fastload.open(every_kind, as_dict=as_dict, transforms={
+        "image": [T.Resize((24, 20)), T.ToDtype(torch.float32, scale=True), T.Normalize([0.5] * 3, [0.2] * 3)],
+        "tokens": tokens})
+    for idx in ([0, 5, 12, 3], [7], list(range(13)), [-1, 2, -13]):
+        assert_same_sample(ds.__getitems__(idx), [ds[i] for i in idx])
+    assert ds.__getitems__([]) == []
+    assert isinstance(ds._items.batcher, Batcher)  # the batch path, not ds[i] in a loop
+
+
+def test_uint8_images_and_numpy_or_tensor_indices(packed_images):
+    ds = fastload.open(packed_images, transforms=DETERMINISTIC)
+    want = [ds[i] for i in (3, 40, 7)]
+    for idx in ([3, 40, 7], np.array([3, 40, 7]), torch.tensor([3, 40, 7]), (np.int64(3), 40, 7),
+                (i for i in [3, 40, 7])):
+        assert_same_sample(ds.__getitems__(idx), want)
+    with pytest.raises(IndexError, match="sample index 99 out of range"):  # read once, then ds[i]'s error
+        ds.__getitems__(i for i in [3, 99])
+
+
+def test_one_native_call_per_batch(packed_images, monkeypatch):
+    ds = fastload.open(packed_images, transforms=DETERMINISTIC)
+    fills = []
+    real = Batcher.fill
+    monkeypatch.setattr(Batcher, "fill", lambda self, *a: fills.append(len(a[1])) or real(self, *a))
+    monkeypatch.setattr(type(ds), "__getitem__", lambda self, i: pytest.fail("decoded sample by sample"))
+    items = ds.__getitems__(list(range(10)))
+    assert fills == [10] and len(items) == 10
+
+
+def test_a_batch_held_is_never_overwritten_and_a_dropped_one_is_reused(packed_images):
+    ds = fastload.open(packed_images, transforms=DETERMINISTIC)
+    first = ds.__getitems__([0, 1, 2, 3])
+    kept = [x[0].clone() for x in first]
+    second = ds.__getitems__([10, 11, 12, 13])  # `first` is alive: another slot
+    assert all(torch.equal(x[0], k) for x, k in zip(first, kept))
+    assert len(ds._items.ring) == 2
+    del first, second
+    for start in range(0, 40, 4):
+        torch.utils.data.default_collate(ds.__getitems__(list(range(start, start + 4))))  # what torch does
+    assert len(ds._items.ring) == 2
+    bigger = ds.__getitems__(list(range(9)))  # a bigger batch than the slots hold: new slots, right values
+    assert_same_sample(bigger, [ds[i] for i in range(9)])
+
+
+def test_bad_indices_and_samples_raise_what_ds_i_raises(packed_images, tmp_path):
+    ds = fastload.open(packed_images, transforms=DETERMINISTIC)
+    with pytest.raises(IndexError, match="sample index 48 out of range for a dataset of 48 samples"):
+        ds.__getitems__([1, 48])
+    with pytest.raises(TypeError, match="dataset indices must be integers, got str"):
+        ds.__getitems__([1, "2"])
+    with pytest.raises(TypeError, match="dataset indices must be integers, got bool"):
+        ds.__getitems__([True])
+    root = tmp_path / "src" / "c"
+    root.mkdir(parents=True)
+    for i in range(6):
+        data = bytearray(jpeg_bytes(48, 64, seed=i))
+        if i == 2:
+            data[-150:-50] = bytes(100)  # inside the scan: the header check at pack time lets it in
+        (root / f"{i}.jpg").write_bytes(bytes(data))
+    fastload.pack(tmp_path / "src", tmp_path / "ds", workers=0, image_mode="passthrough", check="header")
+    bad = fastload.open(tmp_path / "ds", transforms=DETERMINISTIC)
+    with pytest.raises(fastload.DecodeError) as one:
+        bad[2]
+    with pytest.raises(fastload.DecodeError) as batch:
+        bad.__getitems__([1, 2, 3])
+    assert str(batch.value) == str(one.value) and "sample 2" in str(one.value)
+    assert "on_error" not in str(batch.value)  # the loader's option means nothing to a dataset
+
+
+def test_no_fixed_size_falls_back_to_ds_i_with_a_warning(packed_images):
+    ds = fastload.open(packed_images)  # full-size images: no slot can hold them
+    with pytest.warns(fastload.FastPathWarning, match=r"__getitems__ decodes .* sample by sample.*fixed output size"):
+        items = ds.__getitems__([0, 1])
+    assert_same_sample(items, [ds[0], ds[1]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per dataset and process
+        ds.__getitems__([2])
+        raw = fastload.open(packed_images, decode=False)  # nothing to decode: no warning
+        assert raw.__getitems__([0, 5]) == [raw[0], raw[5]]
+
+
+def torch_batches(ds, **kw) -> list:
+    return list(TorchLoader(ds, batch_size=8, **kw))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_torch_loader_gives_the_fast_path_batches(packed_images, workers):
+    ds = fastload.open(packed_images, transforms=DETERMINISTIC)
+    fast = list(fastload.DataLoader(ds, batch_size=8))
+    theirs = torch_batches(ds, num_workers=workers)
+    assert len(theirs) == len(fast) == 6
+    for (a_img, a_lab), (b_img, b_lab) in zip(theirs, fast):
+        assert a_img.shape == b_img.shape == (8, 3, 20, 30) and a_img.dtype == torch.uint8
+        assert torch.equal(a_img, b_img) and a_lab.tolist() == b_lab.tolist()
+
+
+def test_randomness_differs_across_workers_calls_and_epochs_and_repeats_with_a_seed(packed_images):
+    ds = fastload.open(packed_images, transforms=RANDOM)
+    same = [list(range(8))] * 4  # one index batch four times: batches 0, 2 go to worker 0 and 1, 3 to worker 1
+
+    def run():
+        loader = TorchLoader(ds, batch_sampler=same, num_workers=2)
+        return [[b[0] for b in loader] for _ in range(2)]  # two epochs
+
+    torch.manual_seed(0)
+    first = run()
+    torch.manual_seed(0)
+    again = run()
+    torch.manual_seed(1)
+    other = run()
+    flat = [b for epoch in first for b in epoch]
+    assert all(not torch.equal(x, y) for i, x in enumerate(flat) for y in flat[i + 1:])
+    assert all(torch.equal(x, y) for e, f in zip(first, again) for x, y in zip(e, f))
+    assert not torch.equal(first[0][0], other[0][0])
+    main = {}
+    for seed in (0, 0, 1):  # and in the main process, from torch's global generator
+        torch.manual_seed(seed)
+        main.setdefault(seed, []).append(torch_batches(ds))
+    (a, b), (c,) = main[0], main[1]
+    assert all(torch.equal(x[0], y[0]) for x, y in zip(a, b)) and not torch.equal(a[0][0], c[0][0])
+
+
+def test_native_threads_follow_torch_s_budget(packed_images):
+    ds = fastload.open(packed_images, transforms=DETERMINISTIC)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(3)
+        ds.__getitems__([0])
+        assert ds._items.batcher.num_threads == 3
+        torch.set_num_threads(1)
+        ds2 = fastload.open(packed_images, transforms=DETERMINISTIC)
+        ds2.__getitems__([0])
+        assert ds2._items.batcher.num_threads == 0  # one thread: the caller's own, no hand-off
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_forked_workers_make_their_own_state(packed_images):
+    ds = fastload.open(packed_images, transforms=DETERMINISTIC)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        ds.__getitems__([0, 1])  # the parent's pool (2 threads), slots and lock now exist
+    finally:
+        torch.set_num_threads(before)
+    parent = ds._items
+
+    def collate(items):  # runs in the worker, on its copy of the dataset
+        return torch.utils.data.default_collate(items), ds._items.pid, ds._items.batcher.num_threads
+
+    with parent.lock:  # another thread of the parent is mid-batch when the workers fork
+        batches = list(TorchLoader(ds, batch_size=8, num_workers=2, collate_fn=collate,
+                                   multiprocessing_context="fork", timeout=20))
+    pids = {pid for _, pid, _ in batches}
+    assert len(pids) == 2 and parent.pid not in pids
+    assert {threads for _, _, threads in batches} == {0}  # torch gives each worker one thread
+    assert all(torch.equal(b[0][0], torch.stack([ds[i][0] for i in range(8 * k, 8 * k + 8)]))
+               for k, b in enumerate(batches))
+
+
+def test_a_forked_child_never_destroys_its_parent_s_pool(packed_images):
+    import fastload._getitems as getitems
+
+    ds = fastload.open(packed_images, transforms=DETERMINISTIC)
+    ds.__getitems__([0, 1])
+    parent = ds._items.batcher
+
+    def child():
+        ds.__getitems__([2, 3])  # replaces the parent's state: the parent's batcher must stay alive
+        assert ds._items.pid == os.getpid() and getitems._INHERITED == [parent]
+        del ds._items  # and a state of this process goes as usual
+        assert getitems._INHERITED == [parent]
+
+    assert in_child(child) == 0
+    assert getitems._INHERITED == []
+
+
+def test_no_cycle_keeps_a_dataset_s_slots_alive(packed_images):
+    ds = fastload.open(packed_images, transforms=DETERMINISTIC)
+    ds.__getitems__([0, 1])
+    slots = weakref.ref(ds._items.ring)
+    gc.disable()
+    try:
+        del ds
+        assert slots() is None  # freed at once, not by a garbage collection (which may run in a forked worker)
+    finally:
+        gc.enable()
+
+
+def test_pickling_leaves_the_process_state_behind(packed_images):
+    ds = fastload.open(packed_images, transforms=DETERMINISTIC)
+    ds.__getitems__([0, 1])
+    clone = pickle.loads(pickle.dumps(ds))
+    assert clone.__dict__.get("_items") is None
+    assert_same_sample(clone.__getitems__([4, 5]), ds.__getitems__([4, 5]))
+
+
+def test_threads_calling_at_once_each_get_their_own_batch(packed_images):
+    ds = fastload.open(packed_images, transforms=DETERMINISTIC)
+    want = {k: [ds[i] for i in range(k, k + 6)] for k in range(0, 40, 6)}
+    got: dict = {}
+
+    def call(k):
+        for _ in range(5):
+            got[k] = [tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in s)
+                      for s in ds.__getitems__(list(range(k, k + 6)))]
+
+    threads = [threading.Thread(target=call, args=(k,)) for k in want]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for k in want:
+        assert_same_sample(got[k], want[k])
+
+
+def test_accelerate_s_rebuilt_loader_decodes_in_batches(packed_images, monkeypatch):
+    accelerate = pytest.importorskip("accelerate")
+    import fastload._getitems as getitems
+
+    calls = []
+    real = getitems.get_items
+    monkeypatch.setattr(getitems, "get_items", lambda ds, idx: calls.append(len(idx)) or real(ds, idx))
+    from accelerate.state import AcceleratorState
+
+    ds = fastload.open(packed_images, transforms=DETERMINISTIC)
+    try:
+        accelerator = accelerate.Accelerator(cpu=True)
+        loader = accelerator.prepare(TorchLoader(ds, batch_size=8))
+        assert type(loader).__name__ == "DataLoaderShard"
+        batches = list(loader)
+        assert calls == [8] * 6 and len(batches) == 6
+        # a fastload.DataLoader rebuilt by plain prepare: the warning says what is lost, and decoding is not
+        with pytest.warns(fastload.FastPathWarning) as record:
+            rebuilt = accelerator.prepare(fastload.DataLoader(ds, batch_size=12, seed=1))
+        said = str(record[0].message)
+        assert "Decoding stays native" in said and all(w in said for w in ("slot ring", "device prefetch", "resume"))
+        assert "per-sample" not in said
+        calls.clear()
+        assert len(list(rebuilt)) == 4 and calls == [12] * 4
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
