@@ -45,8 +45,11 @@ class Dataset(torch.utils.data.Dataset):
             self.path = Path(path)
             self.manifest = read_manifest(self.path)
         self.schema: Schema = self.manifest.schema
-        self.as_dict = as_dict
-        self.decode = decode
+        for name, value in (("as_dict", as_dict), ("decode", decode)):
+            if not isinstance(value, (bool, np.bool_)):  # decode="no" is truthy: it would decode
+                raise TypeError(f"fastload.open: {name}={value!r} should be a bool (True or False)")
+        self.as_dict = bool(as_dict)
+        self.decode = bool(decode)
         self.transforms, self.pipelines, self.sequences = resolve_transforms(transforms, self.schema)
         self._open_reader()
         check_lengths(self)  # Pad/Bucket against every sample, before any batch
@@ -104,11 +107,11 @@ class Dataset(torch.utils.data.Dataset):
         if not isinstance(i, (int, np.integer)) or isinstance(i, bool):
             raise TypeError(f"dataset indices must be integers, got {type(i).__name__}")
         n = len(self)
-        i = int(i)
+        asked = i = int(i)
         if i < 0:
             i += n
         if not 0 <= i < n:
-            raise IndexError(f"sample index {i} out of range for a dataset of {n} samples")
+            raise IndexError(f"sample index {asked} out of range for a dataset of {n} samples")
         seg, local = self.locate(i)
         values = [self._field_value(seg, local, i, f) for f in self.schema]
         if self.as_dict:

@@ -36,11 +36,22 @@ class ToDtype(TensorTransform):
         return f"ToDtype(dtype={self.dtype}, scale={self.scale})"
 
 
+def _floats(name: str, values: Any) -> list[float]:
+    """Normalize's ``mean``/``std`` as floats, or an error naming the argument and what it should be."""
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        raise TypeError(f"Normalize: {name}={values!r} should be a sequence of numbers, one per channel "
+                        f"(e.g. {name}=[0.485, 0.456, 0.406])")
+    try:
+        return [float(v) for v in values]
+    except (TypeError, ValueError):
+        raise ValueError(f"Normalize: {name}={list(values)!r} should hold numbers, one per channel") from None
+
+
 class Normalize(TensorTransform):
     """``(x - mean) / std`` per channel, on a float batch (put a float ``ToDtype`` before it)."""
 
     def __init__(self, mean: Sequence[float], std: Sequence[float]):
-        self.mean, self.std = [float(m) for m in mean], [float(s) for s in std]
+        self.mean, self.std = _floats("mean", mean), _floats("std", std)
         if len(self.mean) != len(self.std) or not self.mean:
             raise ValueError(f"Normalize: mean {self.mean} and std {self.std} need one value per channel")
         if any(s == 0 for s in self.std):
