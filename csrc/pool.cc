@@ -27,7 +27,11 @@ ThreadPool::ThreadPool(int num_threads) : sh_(new Shared), owner_pid_(getpid()) 
 
 ThreadPool::~ThreadPool() {
   if (getpid() != owner_pid_) {  // forked child: see Shared
-    for (auto& t : threads_) t.detach();
+    // The threads do not exist here: detach()/join() on their stale handles is undefined (glibc may
+    // answer EINVAL, and the std::system_error from a destructor aborts the child, e.g. a torch worker
+    // that garbage-collects a pool it inherited). A joinable std::thread must not be destroyed either,
+    // so the handles are leaked with the shared state: a few bytes, once per inherited pool.
+    new std::vector<std::thread>(std::move(threads_));
     sh_.release();
     return;
   }

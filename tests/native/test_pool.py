@@ -79,3 +79,36 @@ def test_pool_usable_after_fork():
         time.sleep(0.02)
     os.kill(pid, 9)
     pytest.fail("forked child hung using the pool")
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_inherited_pool_deleted_in_a_child_that_has_its_own_pool():
+    """A torch worker inherits its parent's pool, makes its own, and garbage-collects both. The inherited
+    threads do not exist in the child, and their stacks are reused for the child's new threads: touching the
+    stale handles (detach) used to detach the *new* pool's threads, whose join then failed and aborted."""
+    pool = _C.Pool(2)
+    args = batch_args(mixed_samples())
+    run_batch(pool, args)
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            own = _C.Pool(2)
+            if run_batch(own, args) == []:
+                del pool
+                gc.collect()
+                run_batch(own, args)
+                del own
+                gc.collect()
+                code = 0
+        finally:
+            os._exit(code)
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.waitstatus_to_exitcode(status) == 0, f"the child ended with {os.waitstatus_to_exitcode(status)}"
+            return
+        time.sleep(0.02)
+    os.kill(pid, 9)
+    pytest.fail("forked child hung")
