@@ -104,6 +104,7 @@ class DevicePrefetcher:
         buf = slot.tensors.get(key)
         if buf is None or buf.shape != shape or buf.dtype != dtype or _channels_last(buf) != channels_last:
             buf = slot.put(key, self.streams.empty(tuple(shape), dtype, channels_last))  # on the consumer stream
+            slot.readers.clear()  # a new buffer: record it for the streams it is handed to from now on
             self.streams.record_stream(buf, self.streams.side)  # rule 4: freed only after the side stream's use
         return buf
 
@@ -125,9 +126,15 @@ class DevicePrefetcher:
             pipe = self._pipeline_for(with_paths[i][0])
             out = self._buffer(slot, (i, "out"), leaf.shape, pipe.dtype, cl) if pipe is not None else None
             plans.append((staging, pipe, out))
-        fence = s.record(s.consumer())  # after the allocations and after the caller's last use (rule 3)
+        # after the allocations and after the caller's last use (rule 3): the allocations were made on the
+        # current stream, the last use was on the stream the slot was handed to (a consumer may switch)
+        consumer = s.consumer()
+        fences = [s.record(consumer)]
+        if slot.receiver is not None and slot.receiver is not consumer:
+            fences.append(s.record(slot.receiver))
         with s.side_context():
-            s.wait(s.side, fence)
+            for fence in fences:
+                s.wait(s.side, fence)
             result = []
             for leaf, plan in zip(leaves, plans):
                 if plan is None:
@@ -166,7 +173,14 @@ class DevicePrefetcher:
         if not self._inflight:
             raise StopIteration
         slot, out = self._inflight.popleft()
-        self.streams.wait(self.streams.consumer(), slot.copy_event)  # rule 5
+        consumer = self.streams.consumer()
+        self.streams.wait(consumer, slot.copy_event)  # rule 5
+        if consumer not in slot.readers:
+            # read there: if that is not the allocating stream, the memory is reused only after those reads
+            for t in slot.tensors.values():
+                self.streams.record_stream(t, consumer)
+            slot.readers.add(consumer)
+        slot.receiver = consumer  # the next fence for this slot is recorded there
         if self.on_yield is not None:
             self.on_yield()
         return out

@@ -62,6 +62,8 @@ class Slot:
         self.baseline: dict[Any, int] = {}
         self.copy_event = None
         self.host = None
+        self.receiver = None  # the stream the slot's latest batch was handed to (its reads are queued there)
+        self.readers: set = set()  # streams the buffers were recorded for (record_stream)
         for key, t in (tensors or {}).items():
             self.put(key, t)
 
