@@ -107,6 +107,8 @@ class FastIterator:
         ds = loader.dataset
         self.image_keys = [] if loader.memory_format == torch.channels_last else \
             [(f.name if ds.as_dict else i) for i, f in enumerate(ds.schema) if f.kind == "image"]
+        if not tensor_transforms:  # a device prefetcher takes the batches: the NCHW transpose runs there,
+            self.contiguous_on_device, self.image_keys = self.image_keys, []  # not on the CPU of this thread
         self.thread = None
         self.producer = None
         self._returned_at: float | None = None

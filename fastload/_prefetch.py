@@ -65,6 +65,11 @@ def _check_depth(depth: Any) -> None:
         raise ValueError(f"depth={depth!r} should be an int >= 1")
 
 
+def _dense(t: torch.Tensor) -> bool:
+    """Whether ``t`` covers its memory without gaps in some order of its dimensions (a plain memcpy)."""
+    return t.is_contiguous() or t.is_contiguous(memory_format=torch.channels_last)
+
+
 def _channels_last(t: torch.Tensor) -> bool:
     return t.dim() == 4 and not t.is_contiguous() and t.is_contiguous(memory_format=torch.channels_last)
 
@@ -89,6 +94,9 @@ class DevicePrefetcher:
         self._src: Iterator = iter(source)
         self.depth = depth
         self.transforms = {k: p for k, p in (transforms or {}).items() if p}
+        # entries the source wants in torch's contiguous layout, made on the device (a fastload
+        # FastIterator leaves its channels_last images to us rather than transposing them on the CPU)
+        self.contiguous = set(getattr(self._src, "contiguous_on_device", ()))
         self.on_yield = on_yield
         self._inflight: collections.deque = collections.deque()
         self._exhausted = False
@@ -123,9 +131,22 @@ class DevicePrefetcher:
                 continue
             cl = _channels_last(leaf)
             staging = self._buffer(slot, (i, "in"), leaf.shape, leaf.dtype, cl)
-            pipe = self._pipeline_for(with_paths[i][0])
-            out = self._buffer(slot, (i, "out"), leaf.shape, pipe.dtype, cl) if pipe is not None else None
-            plans.append((staging, pipe, out))
+            key = self._key(with_paths[i][0])
+            pipe = self.transforms.get(key) if key is not None else None
+            layout = cl and key in self.contiguous  # NHWC crosses PCIe; the NCHW transpose runs on the device
+            out = None
+            if pipe is not None or layout:
+                out = self._buffer(slot, (i, "out"), leaf.shape, pipe.dtype if pipe is not None else leaf.dtype,
+                                   cl and not layout)
+            if leaf.device.type == "cpu" and not s.is_pinned(leaf):
+                # a copy from pageable memory waits for the side stream, which waits for the consumer: a
+                # host sync. A memcpy into pinned staging first (refilled only once the copy completed)
+                pinned = slot.tensors.get((i, "pin"))
+                if pinned is None or pinned.shape != leaf.shape or pinned.dtype != leaf.dtype:
+                    pinned = slot.put((i, "pin"), s.host_empty(tuple(leaf.shape), leaf.dtype))
+                leaf = pinned.as_strided(leaf.shape, leaf.stride()).copy_(leaf) if _dense(leaf) else \
+                    pinned.copy_(leaf)
+            plans.append((leaf, staging, pipe, out))
         # after the allocations and after the caller's last use (rule 3): the allocations were made on the
         # current stream, the last use was on the stream the slot was handed to (a consumer may switch)
         consumer = s.consumer()
@@ -140,26 +161,27 @@ class DevicePrefetcher:
                 if plan is None:
                     result.append(leaf)
                     continue
-                staging, pipe, out = plan
-                s.copy(staging, leaf)
+                src, staging, pipe, out = plan
+                s.copy(staging, src)
                 if pipe is not None:
                     s.launch(lambda p=pipe, x=staging, o=out: p.apply(x, out=o), reads=(staging,), writes=(out,))
+                    staging = out
+                elif out is not None:
+                    s.copy(out, staging)  # the layout change, a device kernel
                     staging = out
                 result.append(staging.detach())  # a new view: the slot's use count now sees the caller's hold
             slot.copy_event = s.record(s.side)
         slot.host = host  # referenced until the copy event has completed (rule 2)
         return slot, tree_unflatten(result, spec)
 
-    def _pipeline_for(self, path: tuple) -> TensorPipeline | None:
-        """The pipeline of the top-level entry (list index or dict key) a tensor sits in, if it is that entry."""
-        if not self.transforms:
-            return None
+    @staticmethod
+    def _key(path: tuple) -> Any:
+        """The top-level entry (list index or dict key) a tensor sits in, if it is that entry; else None."""
         if not path:  # the batch is a single tensor
-            return self.transforms.get(0)
+            return 0
         if len(path) != 1:
             return None
-        key = getattr(path[0], "idx", getattr(path[0], "key", None))
-        return self.transforms.get(key)
+        return getattr(path[0], "idx", getattr(path[0], "key", None))
 
     def __next__(self):
         self.ring.reclaim()

@@ -202,6 +202,14 @@ class HostStreams:
     def record_stream(self, t: torch.Tensor, stream) -> None:
         pass
 
+    @staticmethod
+    def is_pinned(t: torch.Tensor) -> bool:
+        return True  # no copy engine to wait for
+
+    @staticmethod
+    def host_empty(shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+        return torch.empty(shape, dtype=dtype)
+
     def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
         dst.copy_(src)
 
@@ -238,6 +246,15 @@ class CudaStreams:
 
     def record_stream(self, t: torch.Tensor, stream) -> None:
         t.record_stream(stream)
+
+    @staticmethod
+    def is_pinned(t: torch.Tensor) -> bool:
+        return t.is_pinned()
+
+    @staticmethod
+    def host_empty(shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+        """A pinned staging buffer (unpinned, with the warning, where pinning is impossible: rule 6)."""
+        return host_empty(shape, dtype, pinned_memory_usable())
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
         dst.copy_(src, non_blocking=True)

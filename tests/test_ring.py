@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import fastload
-from fastload import _prefetch, _ring
+from fastload import _fastiter, _prefetch, _ring
 from fastload import transforms as T
 from fastload._prefetch import DevicePrefetcher, DeviceRing
 from sim_streams import Race, SimGpu
@@ -134,14 +134,33 @@ class _NoPinning:
         return False
 
 
+class SimPinning:
+    """The fast path's host slots pinned by the simulated GPU (copies from them run late, as DMA)."""
+
+    def __init__(self, sim: SimGpu):
+        self.sim = sim
+
+    @staticmethod
+    def available() -> bool:
+        return True
+
+    @staticmethod
+    def parent_initialised() -> bool:
+        return False
+
+    def empty(self, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+        return self.sim.host_empty(shape, dtype)
+
+
 @pytest.fixture
 def sim_cuda(monkeypatch):
-    """fastload.DataLoader(device='cuda') running on a SimGpu."""
+    """fastload.DataLoader(device='cuda') running on a SimGpu, host slots pinned as on a GPU machine."""
     sim = SimGpu()
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(_prefetch, "streams_for", lambda device: sim)
-    monkeypatch.setattr(_ring, "PINNED", _NoPinning())
+    monkeypatch.setattr(_ring, "PINNED", SimPinning(sim))
+    monkeypatch.setattr(_ring, "_pinned_by", None)
     return sim
 
 
@@ -168,6 +187,7 @@ def test_loader_on_a_lagging_gpu_hands_out_the_cpu_loaders_batches(sim_cuda, pho
             assert torch.equal(y, sy)
             assert torch.equal(x, sx) if not normalize else torch.allclose(x, sx, atol=1e-5)
     assert not sim_cuda.races and sim_cuda.syncs == 0
+    assert not sim_cuda.waits_in()  # the training thread never waited for the GPU
     assert len(gpu._device_ring) <= 6  # the device ring is kept across epochs, not made again
 
 
@@ -187,6 +207,32 @@ def test_host_slot_is_not_refilled_under_its_copy(sim_cuda, photos):
     assert len(seen) == len(ref)
     for (x, y), (sx, sy) in zip(ref, seen):
         assert torch.equal(x, sx) and torch.equal(y, sy)
+
+
+@pytest.mark.parametrize("pinned", [True, False])
+@pytest.mark.parametrize("normalize", [False, True])
+def test_contiguous_images_and_unpinned_slots_never_make_the_loop_wait(sim_cuda, monkeypatch, photos, pinned,
+                                                                      normalize):
+    """memory_format=contiguous_format on the device, host slots pinned or not (a forked child, a locked
+    memory limit): the transpose runs on the device and pageable bytes go through pinned staging, so no
+    copy from pageable memory makes the training thread wait for the lagging GPU."""
+    if not pinned:
+        monkeypatch.setattr(_ring, "PINNED", _NoPinning())
+    tail = [T.ToDtype(torch.float32, scale=True), T.Normalize(MEAN, STD)] if normalize else []
+    ds = fastload.open(photos, transforms={"image": [T.RandomResizedCrop(16)] + tail})
+    kw = dict(batch_size=5, shuffle=True, seed=4, memory_format=torch.contiguous_format)
+    ref = [(x.clone(), y.clone()) for x, y in fastload.DataLoader(ds, **kw)]
+    gpu = fastload.DataLoader(ds, device="cuda", **kw)
+    on_cpu = []
+    monkeypatch.setattr(_fastiter, "contiguous_images", lambda batch, keys: on_cpu.append(keys) or batch)
+    seen = lagging_loop(sim_cuda, gpu)
+    assert not on_cpu  # the training thread did not transpose the batches
+    assert not sim_cuda.waits_in(), sim_cuda.waits_in()
+    assert len(seen) == len(ref) == 8  # 36 images: a partial last batch
+    for (x, y), (sx, sy) in zip(ref, seen):
+        assert x.is_contiguous() and sx.is_contiguous() and torch.equal(y, sy)
+        assert torch.equal(x, sx) if not normalize else torch.allclose(x, sx, atol=1e-5)
+    assert not sim_cuda.races
 
 
 # -- to_device ----------------------------------------------------------------------------------------
@@ -213,6 +259,19 @@ def test_to_device_over_a_torch_loader_runs_each_epoch(sim_cuda):
         seen = lagging_loop(sim_cuda, d)
         assert sorted(torch.cat([s[0] for s in seen]).view(-1).tolist()) == list(range(64))
     assert not sim_cuda.races
+    assert not sim_cuda.waits_in()  # torch's loader without pin_memory: pageable batches, staged
+
+
+def test_to_device_over_pageable_batches_of_any_layout(sim_cuda):
+    """Pageable sources in several layouts (channels_last, a transposed view, a slice) arrive intact and
+    in their layout, through pinned staging, with no wait in the training thread."""
+    base = torch.arange(4 * 3 * 5 * 6, dtype=torch.int32).view(4, 3, 5, 6)
+    batches = [[base.contiguous(memory_format=torch.channels_last) + k, base[:, :, 1:4].clone().transpose(2, 3) + k,
+                base[::2] + k] for k in range(6)]
+    seen = lagging_loop(sim_cuda, fastload.to_device(batches, "cuda"))
+    assert not sim_cuda.waits_in() and not sim_cuda.races
+    for b, s in zip(batches, seen):
+        assert all(torch.equal(x, y) for x, y in zip(b, s))
 
 
 # -- fork after pinning ---------------------------------------------------------------------------------
