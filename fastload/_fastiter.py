@@ -112,6 +112,7 @@ class FastIterator:
         self.thread = None
         self.producer = None
         self._returned_at: float | None = None
+        self.batcher.images.bind_device()
         if loader.num_workers > 0 and self.policy.threaded(True):
             self._start_producer()
 

@@ -33,20 +33,33 @@ from .formats._layout import IMAGE_JPEG
 DECODERS = ("native", "dali", "nvjpeg", "auto")
 
 
-def _installed_gpu_decoder() -> str | None:
-    """'dali' or 'nvjpeg' when its package imports (DALI first: it uses the GPU's hardware JPEG decoder)."""
-    try:
-        import nvidia.dali  # noqa: F401
+def _installed_gpu_decoder() -> tuple[str | None, list[str]]:
+    """'dali' or 'nvjpeg' when its package imports and is usable (DALI first: it uses the GPU's hardware
+    JPEG decoder). Any failure counts, not only ImportError: a torchvision built for another torch raises
+    RuntimeError at import, a DALI below the floor is refused; each one that is installed but unusable is
+    named in a warning, so decoder='auto' never silently loses a decoder the user installed."""
+    broken = []
+    for name, probe in (("dali", _probe_dali), ("nvjpeg", _probe_nvjpeg)):
+        try:
+            probe()
+            return name, broken
+        except ModuleNotFoundError:
+            continue
+        except Exception as e:  # noqa: BLE001  (whatever a broken install raises; named in the warning)
+            broken.append(f"{name}: {type(e).__name__}: {e}")
+    return None, broken
 
-        return "dali"
-    except ImportError:
-        pass
-    try:
-        import torchvision.io  # noqa: F401
 
-        return "nvjpeg"
-    except ImportError:
-        return None
+def _probe_dali() -> None:
+    from .decoders.dali import _import_dali
+
+    _import_dali(strict=True)
+
+
+def _probe_nvjpeg() -> None:
+    from .decoders.nvjpeg import _import_torchvision
+
+    _import_torchvision()
 
 
 class ImageDecoding:
@@ -62,8 +75,11 @@ class ImageDecoding:
         self.gpu = decoder if decoder in ("dali", "nvjpeg") else None
         self.hybrid = None
         if decoder == "auto" and on_gpu:
-            self.gpu = _installed_gpu_decoder()
-            if self.gpu is None:
+            self.gpu, broken = _installed_gpu_decoder()
+            if broken:
+                warn_once("auto-broken", "fastload: decoder='auto' could not use an installed GPU decoder ("
+                                         + "; ".join(broken) + "); images are decoded by CPU threads only")
+            elif self.gpu is None:
                 warn_once("auto-decoder", "fastload: decoder='auto' found no GPU JPEG decoder (pip install "
                                           "nvidia-dali-cuda130, or a CUDA torchvision for nvJPEG); images are "
                                           "decoded by CPU threads only")
@@ -77,6 +93,13 @@ class ImageDecoding:
         self.num_threads = num_threads
         self.native = NativeDecoder()
         self._decoders: dict[str, Any] = {}  # per image field, made on its first batch (GPU ones need its size)
+
+    def bind_device(self) -> None:
+        """Called at each iteration's start in the training thread: ``'cuda'`` becomes the device current
+        there (a loader built before ``torch.cuda.set_device(local_rank)`` decodes on the rank's GPU; the
+        producer thread's current device is not the training thread's)."""
+        if self.device is not None and self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
 
     def buffers(self, name: str, shape: tuple, host_empty) -> dict[str, torch.Tensor]:
         """The slot buffers an image field needs: host rows, or device rows for the GPU decoders."""

@@ -24,21 +24,29 @@ from typing import Any, Iterable, Iterator, Mapping
 import torch
 from torch.utils._pytree import tree_flatten_with_path, tree_unflatten
 
-from ._ring import Slot, SlotRing, streams_for
+from ._ring import Slot, SlotRing, cuda_available, streams_for
 from ._tensor_transforms import TensorPipeline
 
 
 def check_device(device: Any) -> torch.device:
-    """``device`` as a torch.device with an index for CUDA; a clear error for anything else."""
+    """``device`` as a torch.device; a clear error for anything else. ``'cuda'`` stays without an index
+    here: a loader is often built before ``torch.cuda.set_device(local_rank)``, so the index is taken at
+    the first iteration (``resolve_device``), not at construction."""
     dev = torch.device(device)
     if dev.type == "cuda":
-        if not torch.cuda.is_available():
+        if not cuda_available():
             raise RuntimeError(f"device={device!r} but CUDA is not available (torch.cuda.is_available() is "
                                f"False); use device=None to keep batches on the CPU")
-        if dev.index is None:
-            dev = torch.device("cuda", torch.cuda.current_device())
     elif dev.type != "cpu":
         raise ValueError(f"device={device!r}: fastload prefetches to 'cuda' devices (or 'cpu')")
+    return dev
+
+
+def resolve_device(device: Any) -> torch.device:
+    """``check_device``, with ``'cuda'`` made ``'cuda:<current device of this thread>'``."""
+    dev = check_device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
     return dev
 
 
@@ -47,8 +55,9 @@ class DeviceRing(SlotRing):
 
     def __init__(self, device: Any, streams=None):
         super().__init__(Slot)
-        self.device = check_device(device)
+        self.device = resolve_device(device)  # made at the first iteration: after set_device(local_rank)
         self.streams = streams if streams is not None else streams_for(self.device)
+        self.used: set[int] = set()  # slots acquired since the latest pass began
 
     def reclaim(self) -> None:
         """Let go of host batches whose copies have completed (their pinned slots may be refilled)."""
@@ -58,6 +67,19 @@ class DeviceRing(SlotRing):
 
     def ready(self, slot: Slot) -> bool:
         return slot.host is None
+
+    def acquire(self, skip=(), ready=None) -> Slot:
+        slot = super().acquire(skip, ready)
+        self.used.add(id(slot))
+        return slot
+
+    def begin_pass(self) -> None:
+        """A new pass over the source: let go of the slots the previous pass never needed (an epoch that
+        held many batches grew the ring; at batch 256 float32 a slot is ~190 MB of device memory). Their
+        memory returns to the allocator once the side stream's work on it completed (rule 4)."""
+        if self.used:
+            self.slots = [s for s in self.slots if id(s) in self.used or s.held()]
+        self.used = set()
 
 
 def _check_depth(depth: Any) -> None:
@@ -88,6 +110,7 @@ class DevicePrefetcher:
                  ring: DeviceRing | None = None):
         _check_depth(depth)
         self.ring = ring if ring is not None else DeviceRing(device)
+        self.ring.begin_pass()
         self.device = self.ring.device
         self.streams = self.ring.streams
         self.source = source

@@ -124,10 +124,7 @@ class _TorchPinned:
 
     @staticmethod
     def available() -> bool:
-        try:
-            return torch.cuda.is_available()
-        except Exception:  # a broken CUDA install must not break CPU loading
-            return False
+        return cuda_available()
 
     @staticmethod
     def empty(shape: tuple, dtype: torch.dtype) -> torch.Tensor:
@@ -138,6 +135,17 @@ class _TorchPinned:
         """True in a child forked after its parent initialised CUDA."""
         bad = getattr(torch.cuda, "_is_in_bad_fork", None)
         return bool(bad()) if bad is not None else False
+
+
+def cuda_available() -> bool:
+    """``torch.cuda.is_available()`` asked through NVML where the user did not choose: the default check
+    initialises the CUDA runtime in this process, and a process forked after that (DataLoader workers,
+    a forked child's torch ops) can no longer use CUDA and may hang. torch reads the variable per call."""
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+    try:
+        return torch.cuda.is_available()
+    except Exception:  # a broken CUDA install must not break CPU loading
+        return False
 
 
 PINNED = _TorchPinned()  # replaced in tests by a pool that behaves like the driver's across fork

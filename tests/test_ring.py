@@ -389,3 +389,29 @@ def test_a_consumer_that_switches_streams_is_fenced_where_it_read(switch):
     assert not sim.races
     refs = [b for _ in range(2) for b in src]
     assert all(torch.equal(x, s[0]) and torch.equal(y, s[1]) for (x, y), s in zip(refs, seen))
+
+
+# -- the device is the one current at the first iteration --------------------------------------------------
+def test_cuda_is_resolved_at_the_first_iteration(sim_cuda, monkeypatch, photos):
+    """A loader built before torch.cuda.set_device(local_rank) sends the batches to the rank's GPU."""
+    current = [0]
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current[0])
+    ds = fastload.open(photos, transforms={"image": [T.RandomResizedCrop(16)]})
+    loader = fastload.DataLoader(ds, batch_size=4, device="cuda")
+    current[0] = 3  # torch.cuda.set_device(3) after the loader was made
+    next(iter(loader))
+    assert loader._device_ring.device == torch.device("cuda", 3)
+    assert loader._batcher.images.device is None  # native decoding: no device rows
+
+
+def test_cuda_availability_is_asked_through_nvml(monkeypatch):
+    """torch.cuda.is_available() initialises the CUDA runtime unless asked through NVML; a process forked
+    after that (DataLoader workers) cannot use CUDA and may hang. A user's own setting is kept."""
+    monkeypatch.delenv("PYTORCH_NVML_BASED_CUDA_CHECK", raising=False)
+    seen = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: seen.append(os.environ.get(
+        "PYTORCH_NVML_BASED_CUDA_CHECK")) or False)
+    assert _ring.PINNED.available() is False and seen == ["1"]
+    monkeypatch.setenv("PYTORCH_NVML_BASED_CUDA_CHECK", "0")
+    _ring.cuda_available()
+    assert seen[-1] == "0"

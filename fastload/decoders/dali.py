@@ -73,12 +73,31 @@ __all__ = ["DaliDecoder", "INSTALL_HINT"]
 INSTALL_HINT = "decoder='dali' needs NVIDIA DALI: pip install fastload[dali] (or pip install nvidia-dali-cuda130)"
 
 
-def _import_dali() -> tuple[Any, Any, Any]:
-    """(fn, types, pipeline_def) from DALI, or ImportError with the install hint."""
+MIN_VERSION = (1, 44)  # exec_dynamic (no longer experimental) and Pipeline.run(cuda_stream, /, **inputs)
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in re.findall(r"\d+", text)[:2])
+
+
+def _import_dali(strict: bool = False) -> tuple[Any, Any, Any]:
+    """(fn, types, pipeline_def) from DALI, or ImportError with the install hint (any failure to import,
+    not only ImportError, or a DALI below ``MIN_VERSION``). ``strict``: a missing DALI stays
+    ModuleNotFoundError (decoder='auto' moves on without a warning)."""
     try:
+        import nvidia.dali as dali
         from nvidia.dali import fn, pipeline_def, types
-    except ImportError as e:
+    except ModuleNotFoundError as e:
+        if strict:
+            raise
         raise ImportError(INSTALL_HINT) from e
+    except Exception as e:  # noqa: BLE001  (a broken install raises anything at import)
+        raise ImportError(f"{INSTALL_HINT}; importing DALI failed: {type(e).__name__}: {e}") from e
+    version = getattr(dali, "__version__", "0")
+    if _version(version) < MIN_VERSION:
+        raise ImportError(f"DALI {version} is too old for decoder='dali': fastload needs DALI >= "
+                          f"{'.'.join(map(str, MIN_VERSION))} (its dynamic executor and run(cuda_stream)); "
+                          f"{INSTALL_HINT}")
     return fn, types, pipeline_def
 
 

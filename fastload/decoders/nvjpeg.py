@@ -39,10 +39,22 @@ INSTALL_HINT = ("decoder='nvjpeg' needs torchvision built with CUDA (pip install
                 "or the default native decoder work without it")
 
 
-def _torchvision_decoder(device: torch.device) -> Callable[[list], list]:
+def _import_torchvision() -> tuple[Any, Any]:
+    """(ImageReadMode, decode_jpeg), or ImportError with the hint: a missing torchvision raises
+    ModuleNotFoundError, one built for another torch RuntimeError (or anything) at import."""
     try:
         from torchvision.io import ImageReadMode, decode_jpeg
-    except ImportError as e:
+    except ModuleNotFoundError:
+        raise
+    except Exception as e:  # noqa: BLE001
+        raise ImportError(f"{INSTALL_HINT}; importing torchvision failed: {type(e).__name__}: {e}") from e
+    return ImageReadMode, decode_jpeg
+
+
+def _torchvision_decoder(device: torch.device) -> Callable[[list], list]:
+    try:
+        ImageReadMode, decode_jpeg = _import_torchvision()
+    except ModuleNotFoundError as e:
         raise ImportError(INSTALL_HINT) from e
 
     def decode(datas: list) -> list:
