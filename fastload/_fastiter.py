@@ -113,8 +113,14 @@ class FastIterator:
         self.producer = None
         self._returned_at: float | None = None
         self.batcher.images.bind_device()
-        if loader.num_workers > 0 and self.policy.threaded(True):
+        # GPU decoders synchronise their stream per batch: always in a producer thread, even at
+        # num_workers=0, so that the training thread never waits for the GPU
+        self.gpu_rows = self.batcher.images.device is not None
+        if (loader.num_workers > 0 or self.gpu_rows) and self._threaded(True):
             self._start_producer()
+
+    def _threaded(self, now: bool) -> bool:
+        return self.gpu_rows or self.policy.threaded(now)
 
     def _start_producer(self) -> None:
         """Fill the remaining batches in a background thread (the batch sequence and RNGs are unchanged)."""
@@ -162,7 +168,7 @@ class FastIterator:
         with p.lock:
             p.reserved.discard(id(slot))
         self.stats.end_next(started, n, p.queue.qsize())
-        if not p.handback.is_set() and not self.policy.threaded(True):
+        if not p.handback.is_set() and not self._threaded(True):
             p.handback.set()  # cheap batches, a caller that waits on them: the hand-off costs more than it hides
         return self._count(out)
 
@@ -181,7 +187,7 @@ class FastIterator:
         out = self.batcher.collate(slot, len(idx), objects, self.tensor_transforms)
         self.stats.end_next(started, len(idx))
         out = self._count(out)
-        if self.loader.num_workers > 0 and self.policy.threaded(False):
+        if (self.loader.num_workers > 0 or self.gpu_rows) and self._threaded(False):
             self._start_producer()  # batches got expensive, or the caller has work to hide them behind
         return out
 

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from . import _ring
 from ._ring import warn_once
 from ._schema import Field
 from .decoders._base import ImageSources
@@ -92,6 +93,7 @@ class ImageDecoding:
         self.batch_size = batch_size
         self.num_threads = num_threads
         self.native = NativeDecoder()
+        self._streams = None
         self._decoders: dict[str, Any] = {}  # per image field, made on its first batch (GPU ones need its size)
 
     def bind_device(self) -> None:
@@ -101,11 +103,30 @@ class ImageDecoding:
         if self.device is not None and self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
 
+    @property
+    def streams(self):
+        """The streams backend of the device rows (``_ring.streams_for``); each GPU decoder forks its own."""
+        if self._streams is None:
+            self._streams = _ring.streams_for(self.device)
+        return self._streams
+
     def buffers(self, name: str, shape: tuple, host_empty) -> dict[str, torch.Tensor]:
-        """The slot buffers an image field needs: host rows, or device rows for the GPU decoders."""
+        """The slot buffers an image field needs: host rows, or device rows for the GPU decoders (allocated
+        on this thread's current stream: the decoder fences them on their first use)."""
         if self.device is None:
             return {name: host_empty(shape, torch.uint8)}
-        return {name: torch.empty(shape, dtype=torch.uint8, device=self.device)}
+        return {name: self.streams.empty(shape, torch.uint8, False)}
+
+    def move_rows(self, rows: torch.Tensor, dst: list[int], src: list[int]) -> None:
+        """``rows[dst] = rows[src]`` on device rows (``on_error='skip'`` fix-ups), on a stream of our own,
+        complete when this returns: on the producer thread's default stream it was unordered with the
+        prefetcher's copy unless the training loop also ran on that stream."""
+        s = self.streams
+        with s.side_context():
+            s.launch(lambda: rows.index_copy_(0, torch.as_tensor(dst, device=rows.device),
+                                              rows.index_select(0, torch.as_tensor(src, device=rows.device))),
+                     reads=(rows,), writes=(rows,), what="on_error fix-up")
+            s.synchronize(s.side)
 
     def close(self) -> None:
         for dec in self._decoders.values():
@@ -125,6 +146,9 @@ class ImageDecoding:
         dec = self._decoders.get(f.name)
         if dec is None:
             dec = self._decoders[f.name] = self._decoder((int(rows.shape[1]), int(rows.shape[2])))
+        if self.device is not None and f.name not in slot.fenced:
+            dec.fence(slot.tensors[f.name])  # the rows' first use: after their allocation stream's work
+            slot.fenced.add(f.name)
         return dec.decode(sources, plan.crops, plan.flips, rows)
 
     def _decoder(self, out_hw: tuple[int, int]) -> Any:
@@ -134,18 +158,18 @@ class ImageDecoding:
         if self.gpu == "nvjpeg":
             from .decoders.nvjpeg import NvjpegDecoder
 
-            gpu = NvjpegDecoder(self.batch_size, out_hw, device=self.device)
+            gpu = NvjpegDecoder(self.batch_size, out_hw, device=self.device, streams=self.streams.fork("nvjpeg"))
         else:
             from .decoders.dali import DaliDecoder
 
             gpu = DaliDecoder(self.batch_size, out_hw, device_id=None if self.device is None else
-                              (self.device.index or 0), num_threads=max(1, self.num_threads), seed=0)
+                              self.device.index, num_threads=max(1, self.num_threads), seed=0)
         gpu = JpegOnly(gpu, self.decoder)
         if self.hybrid is None:
             return gpu
         from .decoders.hybrid import HybridDecoder
 
-        return HybridDecoder(self.native, gpu, self.hybrid, self.batch_size)
+        return HybridDecoder(self.native, gpu, self.hybrid, self.batch_size, self.streams.fork("hybrid copy"))
 
 
 class JpegOnly:
@@ -162,6 +186,9 @@ class JpegOnly:
         bad = {j for j, _ in failures}
         return sorted(failures + [(j, f"a raw (not JPEG) image: decoder={self.option!r} decodes JPEG only on the "
                                       f"GPU; use decoder='native'") for j in raw.tolist() if j not in bad])
+
+    def fence(self, out: Any) -> None:
+        self.decoder.fence(out)
 
     def close(self) -> None:
         self.decoder.close()

@@ -64,6 +64,7 @@ class Slot:
         self.host = None
         self.receiver = None  # the stream the slot's latest batch was handed to (its reads are queued there)
         self.readers: set = set()  # streams the buffers were recorded for (record_stream)
+        self.fenced: set = set()  # device rows a GPU decoder's stream has waited for (their allocation)
         for key, t in (tensors or {}).items():
             self.put(key, t)
 
@@ -221,7 +222,7 @@ class HostStreams:
     def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
         dst.copy_(src)
 
-    def launch(self, fn: Callable[[], Any], reads: tuple = (), writes: tuple = ()) -> Any:
+    def launch(self, fn: Callable[[], Any], reads: tuple = (), writes: tuple = (), what: str = "") -> Any:
         return fn()
 
     def record(self, stream):
@@ -233,6 +234,12 @@ class HostStreams:
     @staticmethod
     def done(event) -> bool:
         return True
+
+    def synchronize(self, stream) -> None:
+        pass
+
+    def fork(self, name: str) -> "HostStreams":
+        return self
 
 
 class CudaStreams:
@@ -267,7 +274,7 @@ class CudaStreams:
     def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
         dst.copy_(src, non_blocking=True)
 
-    def launch(self, fn: Callable[[], Any], reads: tuple = (), writes: tuple = ()) -> Any:
+    def launch(self, fn: Callable[[], Any], reads: tuple = (), writes: tuple = (), what: str = "") -> Any:
         return fn()  # torch queues the kernels on the current stream
 
     def record(self, stream) -> torch.cuda.Event:
@@ -282,6 +289,15 @@ class CudaStreams:
     @staticmethod
     def done(event) -> bool:
         return event is None or event.query()
+
+    @staticmethod
+    def synchronize(stream) -> None:
+        """The host waits for ``stream``: only in a producer thread (a GPU decoder's batch), never the loop's."""
+        stream.synchronize()
+
+    def fork(self, name: str) -> "CudaStreams":
+        """The same device with a side stream of its own (a GPU decoder's)."""
+        return CudaStreams(self.device)
 
 
 def streams_for(device: torch.device):

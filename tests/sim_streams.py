@@ -128,6 +128,24 @@ class _FreeBlock(NamedTuple):
     pool: str
 
 
+class SimView:
+    """The simulated device as another owner of a side stream sees it (a GPU decoder, ``fork``)."""
+
+    def __init__(self, sim: "SimGpu", name: str):
+        self._sim = sim
+        self.side = sim.new_stream(name)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sim, name)
+
+    def side_context(self):
+        return self._sim.stream(self.side)
+
+    def consumer(self) -> SimStream:
+        cur = self._sim.current_stream()
+        return cur if cur is not self.side else self._sim.default
+
+
 class SimGpu:
     """The streams backend of ``fastload._ring`` on a simulated device (see the module docstring)."""
 
@@ -180,6 +198,10 @@ class SimGpu:
 
     def current_stream(self) -> SimStream:
         return self._current
+
+    def fork(self, name: str) -> SimView:
+        """This device with a side stream of its own (``CudaStreams.fork``)."""
+        return SimView(self, name)
 
     # -- the backend interface used by fastload ---------------------------------------------------------
     def consumer(self) -> SimStream:

@@ -209,10 +209,6 @@ class DaliDecoder:
         sample_bytes = self.out_hw[0] * self.out_hw[1] * 3
         base = out.data_ptr()
         stream = None if self._stream is None else ctypes.c_void_p(self._stream.cuda_stream)
-        if self._stream is not None:
-            # ``out`` was allocated on the caller's stream, whose queued kernels may still use that memory
-            # (the slot ring's rule 3, fastload/_ring.py): write only after them
-            self._stream.wait_stream(torch.cuda.current_stream(out.device))
 
         def copy(src: Any, ptr: int) -> None:
             if stream is None:
@@ -227,6 +223,13 @@ class DaliDecoder:
                 copy(images[j], base + k * sample_bytes)
         if self._stream is not None:
             self._stream.synchronize()  # DALI may reuse its buffers on the next run
+
+    def fence(self, out: torch.Tensor) -> None:
+        """``out`` is new: it was allocated on this thread's current stream, whose queued kernels may still
+        use its memory (the slot ring's rule 3, fastload/_ring.py); our stream writes only after them. Once
+        per buffer: a slot is refilled only after the copy that read it completed."""
+        if self._stream is not None:
+            self._stream.wait_stream(torch.cuda.current_stream(out.device))
 
     # -- the decoder -----------------------------------------------------------------------------
     def _check_out(self, out: Any, n: int) -> torch.Tensor:
@@ -295,8 +298,14 @@ class DaliDecoder:
                                            np.array([k]))
                         except RuntimeError as e:
                             failures[k] = _dali_message(e)
-            for k in failures:
-                t[k].zero_()
+            if failures:
+                # on our stream and complete before returning: on the producer thread's default stream
+                # the zeroing was unordered with the prefetcher's copy of these rows
+                with torch.cuda.stream(self._stream) if self._stream is not None else _Null():
+                    for k in failures:
+                        t[k].zero_()
+                if self._stream is not None:
+                    self._stream.synchronize()
         return sorted(failures.items())
 
     def close(self) -> None:
@@ -305,3 +314,11 @@ class DaliDecoder:
             self._pipe = None
             self._fn = None
             self._stream = None
+
+
+class _Null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
