@@ -105,17 +105,20 @@ class ImageDecoding:
 
     @property
     def streams(self):
-        """The streams backend of the device rows (``_ring.streams_for``); each GPU decoder forks its own."""
+        """The streams backend of the device rows (``_ring.streams_for``), whose side stream is the rows'
+        own: they are allocated and fixed up there, not on the training loop's stream, so a decoder never
+        waits for the loop's queued work. Each GPU decoder forks a stream of its own from it."""
         if self._streams is None:
-            self._streams = _ring.streams_for(self.device)
+            self._streams = _ring.streams_for(self.device).fork("rows")
         return self._streams
 
     def buffers(self, name: str, shape: tuple, host_empty) -> dict[str, torch.Tensor]:
         """The slot buffers an image field needs: host rows, or device rows for the GPU decoders (allocated
-        on this thread's current stream: the decoder fences them on their first use)."""
+        on the rows' stream; the decoder fences them on their first use)."""
         if self.device is None:
             return {name: host_empty(shape, torch.uint8)}
-        return {name: self.streams.empty(shape, torch.uint8, False)}
+        with self.streams.side_context():
+            return {name: self.streams.empty(shape, torch.uint8, False)}
 
     def move_rows(self, rows: torch.Tensor, dst: list[int], src: list[int]) -> None:
         """``rows[dst] = rows[src]`` on device rows (``on_error='skip'`` fix-ups), on a stream of our own,
@@ -147,7 +150,8 @@ class ImageDecoding:
         if dec is None:
             dec = self._decoders[f.name] = self._decoder((int(rows.shape[1]), int(rows.shape[2])))
         if self.device is not None and f.name not in slot.fenced:
-            dec.fence(slot.tensors[f.name])  # the rows' first use: after their allocation stream's work
+            with self.streams.side_context():  # the rows' first use: after their allocation stream's work
+                dec.fence(slot.tensors[f.name])
             slot.fenced.add(f.name)
         return dec.decode(sources, plan.crops, plan.flips, rows)
 

@@ -161,7 +161,9 @@ class DevicePrefetcher:
             if pipe is not None or layout:
                 out = self._buffer(slot, (i, "out"), leaf.shape, pipe.dtype if pipe is not None else leaf.dtype,
                                    cl and not layout)
-            if leaf.device.type == "cpu" and not s.is_pinned(leaf):
+            if leaf.device.type != "cpu":  # e.g. a GPU decoder's rows: freed only after this read (rule 4)
+                s.record_stream(leaf, s.side)
+            elif not s.is_pinned(leaf):
                 # a copy from pageable memory waits for the side stream, which waits for the consumer: a
                 # host sync. A memcpy into pinned staging first (refilled only once the copy completed)
                 pinned = slot.tensors.get((i, "pin"))

@@ -260,7 +260,10 @@ class CudaStreams:
         return torch.empty(shape, dtype=dtype, device=self.device, memory_format=fmt)  # on the current stream
 
     def record_stream(self, t: torch.Tensor, stream) -> None:
-        t.record_stream(stream)
+        try:
+            t.record_stream(stream)
+        except RuntimeError:  # memory torch's caching allocator does not own (DLPack): it cannot reuse it early
+            pass
 
     @staticmethod
     def is_pinned(t: torch.Tensor) -> bool:

@@ -110,6 +110,7 @@ class HostWait(NamedTuple):
     stream: str
     why: str
     ran: int
+    on: frozenset = frozenset()  # the streams whose ops had to run
 
 
 class _Block(np.ndarray):
@@ -171,6 +172,7 @@ class SimGpu:
         self.syncs = 0
         self.host_waits: list[HostWait] = []
         self.pinned: set[int] = set()  # storage addresses of page-locked host memory
+        self._drained: set[str] = set()
 
     # -- per-thread current stream -----------------------------------------------------------------------
     @property
@@ -360,7 +362,10 @@ class SimGpu:
         many ops ran (on any stream)."""
         ran = 0
         while stream.ran < upto:
-            ran += self.run(stream, ops=upto - stream.ran)
+            step = self.run(stream, ops=upto - stream.ran)
+            if step:
+                self._drained.add(stream.name)
+            ran += step
             if stream.ran < upto:
                 ev = stream.ops[0][0][1]  # stopped at a wait on an event not yet complete
                 ran += self._drain(ev.stream, ev.position + 1)
@@ -368,9 +373,11 @@ class SimGpu:
 
     def _host_wait(self, stream: SimStream, why: str) -> None:
         """The host blocks until ``stream``'s queued work has run (``cudaStreamSynchronize``)."""
+        self._drained = set()
         ran = self._drain(stream, stream.queued)
         self.host_clock = _join(self.host_clock, stream.clock)
-        self.host_waits.append(HostWait(threading.current_thread().name, stream.name, why, ran))
+        self.host_waits.append(HostWait(threading.current_thread().name, stream.name, why, ran,
+                                        frozenset(self._drained)))
 
     def waits_in(self, thread: str | None = None, busy: bool = True) -> list[HostWait]:
         """Host waits in ``thread`` (default: this one); ``busy``: only those that waited for queued work."""
@@ -418,10 +425,12 @@ class SimGpu:
             self._host_wait(stream, "stream synchronize")
             return
         ran = 0
+        self._drained = set()
         for s in self.streams:
             ran += self._drain(s, s.queued)
             self.host_clock = _join(self.host_clock, s.clock)
-        self.host_waits.append(HostWait(threading.current_thread().name, "device", "synchronize", ran))
+        self.host_waits.append(HostWait(threading.current_thread().name, "device", "synchronize", ran,
+                                        frozenset(self._drained)))
 
     def _access(self, lo: int, hi: int, write: bool, stream: SimStream, what: str) -> None:
         if hi <= lo:

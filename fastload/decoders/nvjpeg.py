@@ -102,9 +102,9 @@ class NvjpegDecoder:
         return images
 
     def fence(self, out: torch.Tensor) -> None:
-        """``out`` was just allocated on this thread's current stream, whose queued kernels may still use
-        its memory (rule 3 of fastload/_ring.py): this decoder's stream waits for them, once per buffer.
-        Later batches need no wait: a slot is refilled only after the copy that read it completed."""
+        """``out`` was just allocated on the current stream (the loader's rows stream), whose queued kernels
+        may still use its memory (rule 3 of fastload/_ring.py): this decoder's stream waits for them, once
+        per buffer. Later batches need no wait: a slot is refilled only after the copy that read it completed."""
         s = self.streams
         s.wait(s.side, s.record(s.consumer()))
 
