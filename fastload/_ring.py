@@ -19,10 +19,13 @@ The protocol (docs/ARCHITECTURE.md, "Stream ordering", says it with pictures):
    consumer stream *after* the slot was acquired, which is after (a) every buffer's allocation: the
    caching allocator may hand the consumer stream a block that kernels still queued there use (memory
    Python freed, whose kernels have not run yet), and (b) the consumer's last use of the slot's previous
-   batch (the caller dropped every view before the slot could be acquired). One event per batch.
+   batch (the caller dropped every view before the slot could be acquired). One event per batch, plus
+   one on the stream the slot was last handed to when that is not the current one (a consumer that
+   switches streams: its reads are queued there). Pageable sources are first copied into pinned staging
+   of the slot: a copy from pageable memory would make the host wait for the side stream.
 4. **Freeing.** A device buffer is marked as used by the side stream when it is allocated
-   (``record_stream``), so the caching allocator reuses its memory only once the side stream's work on
-   it has completed, whenever the ring (or the caller's last view) lets it go.
+   (``record_stream``), and by each stream it is handed to, so the caching allocator reuses its memory
+   only once their work on it has completed, whenever the ring (or the caller's last view) lets it go.
 5. **Hand-over.** The consumer stream waits on the side stream's copy event before the batch is handed
    out; the host never blocks.
 6. **Fork.** Pinned memory does not survive ``fork``: the CUDA driver maps it shared, so every child
