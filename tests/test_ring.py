@@ -415,3 +415,20 @@ def test_cuda_availability_is_asked_through_nvml(monkeypatch):
     monkeypatch.setenv("PYTORCH_NVML_BASED_CUDA_CHECK", "0")
     _ring.cuda_available()
     assert seen[-1] == "0"
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_the_generic_path_on_a_lagging_gpu_never_makes_the_loop_wait(sim_cuda, num_workers):
+    """The generic path hands pageable batches (torch's collate at num_workers=0, shared-memory slots with
+    workers): they go through pinned staging, so the training thread never waits for the GPU."""
+    g = torch.Generator().manual_seed(1)
+    tds = torch.utils.data.TensorDataset(torch.randint(0, 256, (30, 3, 6, 6), dtype=torch.uint8, generator=g),
+                                         torch.arange(30))
+    ref = [(x.clone(), y.clone()) for x, y in torch.utils.data.DataLoader(tds, batch_size=4)]
+    loader = fastload.DataLoader(tds, batch_size=4, num_workers=num_workers, device="cuda")
+    assert not loader.fast_path
+    seen = lagging_loop(sim_cuda, loader)
+    assert not sim_cuda.waits_in() and not sim_cuda.races
+    assert len(seen) == len(ref) == 8
+    for (x, y), (sx, sy) in zip(ref, seen):
+        assert torch.equal(x, sx) and torch.equal(y, sy)
