@@ -159,20 +159,31 @@ class ImageDecoding:
         """The decoder of an image field whose rows are ``out_hw``: native, a GPU decoder, or both."""
         if self.gpu is None:
             return self.native
-        if self.gpu == "nvjpeg":
-            from .decoders.nvjpeg import NvjpegDecoder
+        from .decoders.hybrid import HybridDecoder
 
-            gpu = NvjpegDecoder(self.batch_size, out_hw, device=self.device, streams=self.streams.fork("nvjpeg"))
-        else:
-            from .decoders.dali import DaliDecoder
+        try:
+            if self.gpu == "nvjpeg":
+                from .decoders.nvjpeg import NvjpegDecoder
 
-            gpu = DaliDecoder(self.batch_size, out_hw, device_id=None if self.device is None else
-                              self.device.index, num_threads=max(1, self.num_threads), seed=0)
+                gpu = NvjpegDecoder(self.batch_size, out_hw, device=self.device,
+                                    streams=self.streams.fork("nvjpeg"))
+            else:
+                from .decoders.dali import DaliDecoder
+
+                gpu = DaliDecoder(self.batch_size, out_hw, device_id=None if self.device is None else
+                                  self.device.index, num_threads=max(1, self.num_threads), seed=0)
+        except ImportError as e:
+            if self.hybrid is None:  # decoder='nvjpeg'/'dali' asked for it: the error says what is missing
+                raise
+            # decoder='auto': the GPU decoder imported but cannot decode here (a torchvision without
+            # nvJPEG); the rows are on the device already, so native threads decode everything into them
+            warn_once("auto-unusable", f"fastload: decoder='auto' cannot use {self.gpu!r} ({e}); images are "
+                                       f"decoded by CPU threads only")
+            self.hybrid.cpu_only = True
+            return HybridDecoder(self.native, None, self.hybrid, self.batch_size, self.streams.fork("hybrid copy"))
         gpu = JpegOnly(gpu, self.decoder)
         if self.hybrid is None:
             return gpu
-        from .decoders.hybrid import HybridDecoder
-
         return HybridDecoder(self.native, gpu, self.hybrid, self.batch_size, self.streams.fork("hybrid copy"))
 
 

@@ -106,3 +106,28 @@ def test_skipped_rows_are_fixed_on_the_decoders_stream(nvjpeg_on_sim, one_trunca
     labels = [int(raw[k][1]) for k in range(18)]
     assert y.tolist() == [labels[0] if k == 5 else labels[k] for k in range(18)]
     assert torch.equal(x[5], x[0])
+
+
+def test_auto_with_a_gpu_decoder_that_cannot_decode_falls_back_to_cpu_threads(nvjpeg_on_sim, monkeypatch,
+                                                                            one_truncated):
+    """decoder='auto' found torchvision, but it cannot decode on the GPU (no nvJPEG): one warning, and
+    native threads decode every sample into the device rows, the batches the CPU loader gives."""
+    from fastload import _images
+
+    sim = nvjpeg_on_sim
+
+    def no_nvjpeg(device):
+        raise ImportError("torchvision cannot decode JPEG on cuda:0 (RuntimeError: no nvJPEG)")
+
+    monkeypatch.setattr(_images, "_installed_gpu_decoder", lambda: ("nvjpeg", []))
+    monkeypatch.setattr(nvjpeg, "_torchvision_decoder", no_nvjpeg)
+    monkeypatch.setattr(_ring, "_warned", set())
+    ds = fastload.open(one_truncated, transforms={"image": [T.RandomResizedCrop(16)]})
+    kw = dict(batch_size=4, shuffle=True, seed=2, on_error="skip")
+    ref = [(x.clone(), y.clone()) for x, y in fastload.DataLoader(ds, **kw)]
+    with pytest.warns(RuntimeWarning, match="cannot use 'nvjpeg'.*no nvJPEG"):
+        seen = run(sim, fastload.DataLoader(ds, decoder="auto", device="cuda", **kw), sim.default, lag=True)
+    assert not sim.races and not sim.waits_in()
+    assert len(seen) == len(ref)
+    for (x, y), (sx, sy) in zip(ref, seen):
+        assert torch.equal(x, sx) and torch.equal(y, sy)

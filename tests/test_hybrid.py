@@ -148,3 +148,17 @@ def test_nvjpeg_with_a_broken_torchvision_says_so(broken_torchvision):
 
     with pytest.raises(ImportError, match="importing torchvision failed: RuntimeError"):
         _torchvision_decoder(torch.device("cuda", 0))
+
+
+def test_a_torchvision_without_nvjpeg_is_found_out_when_the_decoder_is_made(monkeypatch):
+    """It imports, and every GPU decode then fails: one probe decode when the decoder is made says so."""
+    from types import SimpleNamespace
+
+    from fastload.decoders import nvjpeg
+
+    def decode_jpeg(datas, mode, device):
+        raise RuntimeError("torchvision.io.decode_jpeg: nvjpeg is not available in this build")
+
+    monkeypatch.setattr(nvjpeg, "_import_torchvision", lambda: (SimpleNamespace(RGB="RGB"), decode_jpeg))
+    with pytest.raises(ImportError, match="cannot decode JPEG on cuda:0.*nvjpeg is not available"):
+        nvjpeg._torchvision_decoder(torch.device("cuda", 0))

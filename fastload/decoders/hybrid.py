@@ -35,12 +35,13 @@ class HybridSplit:
         self.smoothing = smoothing
         self.cpu_share = float(cpu_share)
         self.cpu_rate: float | None = None  # samples/s while both run
+        self.cpu_only = False  # no usable GPU decoder (decoder='auto' fell back): every sample to the CPU
         self.gpu_rate: float | None = None
         self._pool: ThreadPoolExecutor | None = None
 
     def split(self, n: int) -> int:
         """How many of ``n`` samples the CPU decodes (the first ones)."""
-        if n < 2:
+        if n < 2 or self.cpu_only:
             return n
         return min(n - 1, max(1, round(n * self.cpu_share)))
 
@@ -104,7 +105,8 @@ class HybridDecoder:
 
     def fence(self, out: torch.Tensor) -> None:
         """``out`` is new: both streams that write it wait for its allocation stream's queued work."""
-        self.gpu.fence(out)
+        if self.gpu is not None:
+            self.gpu.fence(out)
         s = self._streams(out)
         s.wait(s.side, s.record(s.consumer()))
 
@@ -140,5 +142,6 @@ class HybridDecoder:
 
     def close(self) -> None:
         """Closes the GPU decoder; the CPU decoder and the split belong to the caller."""
-        self.gpu.close()
+        if self.gpu is not None:
+            self.gpu.close()
         self._host = None

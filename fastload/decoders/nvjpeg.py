@@ -29,6 +29,8 @@ torchvision's decoder (tests run the whole class on the CPU with PIL decoding).
 
 from __future__ import annotations
 
+import io
+import sys
 import threading
 from typing import Any, Callable, Sequence
 
@@ -63,7 +65,23 @@ def _torchvision_decoder(device: torch.device) -> Callable[[list], list]:
     def decode(datas: list) -> list:
         return decode_jpeg(datas, mode=ImageReadMode.RGB, device=device)
 
+    try:  # a torchvision built without nvJPEG imports fine and fails every GPU decode: find out now
+        decode([torch.frombuffer(bytearray(_TINY_JPEG), dtype=torch.uint8)])
+    except Exception as e:  # noqa: BLE001  (whatever torchvision raises: named in the error)
+        raise ImportError(f"torchvision {getattr(sys.modules.get('torchvision'), '__version__', '')} cannot decode "
+                          f"JPEG on {device} ({type(e).__name__}: {e}); {INSTALL_HINT}") from e
     return decode
+
+
+def _tiny_jpeg() -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (8, 8), (200, 40, 90)).save(buf, "JPEG")
+    return buf.getvalue()
+
+
+_TINY_JPEG = _tiny_jpeg()
 
 
 class NvjpegDecoder:
