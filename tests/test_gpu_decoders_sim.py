@@ -131,3 +131,19 @@ def test_auto_with_a_gpu_decoder_that_cannot_decode_falls_back_to_cpu_threads(nv
     assert len(seen) == len(ref)
     for (x, y), (sx, sy) in zip(ref, seen):
         assert torch.equal(x, sx) and torch.equal(y, sy)
+
+
+def test_gpu_decoders_decode_on_the_device_current_at_the_first_iteration(nvjpeg_on_sim, monkeypatch,
+                                                                         one_truncated):
+    """A loader built before torch.cuda.set_device(local_rank): its GPU decoder and rows are on the rank's
+    device, resolved in the training thread (a producer thread's current device is not the loop's)."""
+    current = [0]
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current[0])
+    ds = fastload.open(one_truncated, transforms={"image": [T.RandomResizedCrop(16)]})
+    loader = fastload.DataLoader(ds, batch_size=4, decoder="nvjpeg", on_error="skip", device="cuda", num_workers=2,
+                                 persistent_workers=True)  # the decoders stay after the epoch
+    current[0] = 2
+    run(nvjpeg_on_sim, loader, nvjpeg_on_sim.default, lag=False)
+    images = loader._batcher.images
+    assert images.device == torch.device("cuda", 2) and loader._device_ring.device == torch.device("cuda", 2)
+    assert images._decoders["image"].decoder.device == torch.device("cuda", 2)
