@@ -66,7 +66,8 @@ class DeviceRing(SlotRing):
                 slot.host = None
 
     def ready(self, slot: Slot) -> bool:
-        return slot.host is None
+        """Whether the slot's latest copy has completed: its pinned staging may be refilled (a query)."""
+        return self.streams.done(slot.copy_event)
 
     def acquire(self, skip=(), ready=None) -> Slot:
         slot = super().acquire(skip, ready)
@@ -145,6 +146,7 @@ class DevicePrefetcher:
         leaves = [leaf for _, leaf in with_paths]
         slot = self.ring.acquire(ready=self.ring.ready)
         plans = []
+        keep_host = False  # a copy reads the caller's memory itself (pinned, or on the device), not staging
         # allocate first, on the consumer's stream (rule 3a: the fence below is recorded after this)
         for i, leaf in enumerate(leaves):
             # tensors already on the device are copied too (device to device, cheap): the caller then
@@ -163,7 +165,10 @@ class DevicePrefetcher:
                                    cl and not layout)
             if leaf.device.type != "cpu":  # e.g. a GPU decoder's rows: freed only after this read (rule 4)
                 s.record_stream(leaf, s.side)
-            elif not s.is_pinned(leaf):
+                keep_host = True
+            elif s.is_pinned(leaf):
+                keep_host = True
+            else:
                 # a copy from pageable memory waits for the side stream, which waits for the consumer: a
                 # host sync. A memcpy into pinned staging first (refilled only once the copy completed)
                 pinned = slot.tensors.get((i, "pin"))
@@ -196,7 +201,9 @@ class DevicePrefetcher:
                     staging = out
                 result.append(staging.detach())  # a new view: the slot's use count now sees the caller's hold
             slot.copy_event = s.record(s.side)
-        slot.host = host  # referenced until the copy event has completed (rule 2)
+        # referenced until the copy event has completed (rule 2); a batch copied into staging is free at once
+        # (the generic path's shared-memory lease goes back to its worker now)
+        slot.host = host if keep_host else None
         return slot, tree_unflatten(result, spec)
 
     @staticmethod

@@ -432,3 +432,25 @@ def test_the_generic_path_on_a_lagging_gpu_never_makes_the_loop_wait(sim_cuda, n
     assert len(seen) == len(ref) == 8
     for (x, y), (sx, sy) in zip(ref, seen):
         assert torch.equal(x, sx) and torch.equal(y, sy)
+
+
+def test_staged_batches_are_let_go_at_once_and_staging_waits_for_its_copy():
+    """A pageable batch is copied into the slot's pinned staging: the caller's batch is not needed after
+    that (a shared-memory lease goes back at once), but the staging is refilled only after its copy ran,
+    although the caller dropped the device batch (the copy engine lags here)."""
+    sim = SimGpu()
+    src = host_batches(8)
+    pf = DevicePrefetcher(src, depth=2, ring=DeviceRing("cpu", streams=sim))
+    seen: list = []
+    for k, batch in enumerate(pf):
+        assert all(slot.host is None for slot in pf.ring.slots)
+        sim.model_step(list(batch), seen, scratch=False)
+        del batch
+        if k % 3 == 2:
+            sim.run_all()
+    sim.run_all()
+    assert all(torch.equal(x, s[0]) and torch.equal(y, s[1]) for (x, y), s in zip(src, seen))
+    pinned = [[sim.host_empty(t.shape, t.dtype).copy_(t) for t in b] for b in host_batches(2)]
+    pf = DevicePrefetcher(pinned, depth=2, ring=DeviceRing("cpu", streams=sim))
+    next(pf)
+    assert all(slot.host is not None for slot in pf.ring.slots)  # DMA reads them: kept until it ran
