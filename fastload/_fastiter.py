@@ -17,6 +17,10 @@ The switch happens mid-epoch in both directions: the producer hands the rest of 
 back (``_HANDBACK``, after the batches it already queued) or is started on it. Which thread fills a
 batch changes neither the batches nor their RNGs nor resume: the sequence is one iterator, consumed
 by one thread at a time. ``num_workers`` stays the size of the native pool in both modes.
+
+GPU decoders (``decoder='nvjpeg'/'dali'/'auto'`` with ``device='cuda'``) always fill in a producer thread,
+even at ``num_workers=0``: they synchronise their own stream per batch, which in the calling thread
+would make every ``next()`` wait for the GPU.
 """
 
 from __future__ import annotations
