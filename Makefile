@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.fastload-installed
 
-.PHONY: install demo test sanitize fuzz soak bench clean
+.PHONY: install demo test sanitize fuzz soak bench clean gpu-check
 
 install: $(STAMP)
 
@@ -43,6 +43,11 @@ soak: $(STAMP)
 bench: $(STAMP)
 	PYTHON=$(BIN)/python bench/setup_peers.sh
 	$(BIN)/python bench/suite.py
+
+# On a GPU machine (no venv: the machine's CUDA torch; missing wheels come from .gpu/, see scripts/gpu_check.sh):
+# tests/cuda, the lag/trap/switch/sync checks and bench/gpu_bench.py, all results in one folder, in 10 minutes.
+gpu-check:
+	scripts/gpu_check.sh $(GPU_CHECK_OUT)
 
 clean:
 	rm -rf build *.egg-info fastload/_C*.so demo_out

@@ -218,17 +218,22 @@ class Batcher:
             hint = "" if self.on_error == "skip" else "; pass on_error='skip' to replace bad samples"
             raise DecodeError(f"{where(self.ds.path, shard, int(indices[k]), None)}: {failed[k]}{more}{hint}")
         good = [k for k in range(n) if k not in failed]
-        views: list = [slot.tensors[f.name] for f in self.schema  # device rows (GPU decoders): torch indexing
-                       if f.name in slot.tensors and f.name not in slot.arrays and f.name not in self.ds.sequences]
+        bad = sorted(failed)
+        sources = [good[j % len(good)] for j in range(len(bad))]  # a good sample of the same batch, counted
+        device_rows = [f.name for f in self.schema if f.kind == "image" and self.images.device is not None]
+        for name in device_rows:  # GPU decoders' rows: on a stream of the decoders', complete on return
+            self.images.move_rows(slot.tensors[name], bad, sources)
+        views: list = []
         for f in self.schema:
+            if f.name in device_rows:
+                continue
             if f.name in self.ds.sequences:
                 shape = (n, objects[f.name]) + tuple(f.shape[1:])
                 views.append(slot.arrays[f.name][: int(np.prod(shape, dtype=np.int64))].reshape(shape))
                 views.append(slot.arrays[f.name + ":len"])
             elif f.name in slot.arrays:
                 views.append(slot.arrays[f.name])
-        for j, k in enumerate(sorted(failed)):
-            src = good[j % len(good)]  # replaced by a good sample of the same batch, and counted
+        for k, src in zip(bad, sources):
             for arr in views:
                 arr[k] = arr[src]
             for lst in objects.values():

@@ -17,6 +17,10 @@ The switch happens mid-epoch in both directions: the producer hands the rest of 
 back (``_HANDBACK``, after the batches it already queued) or is started on it. Which thread fills a
 batch changes neither the batches nor their RNGs nor resume: the sequence is one iterator, consumed
 by one thread at a time. ``num_workers`` stays the size of the native pool in both modes.
+
+GPU decoders (``decoder='nvjpeg'/'dali'/'auto'`` with ``device='cuda'``) always fill in a producer thread,
+even at ``num_workers=0``: they synchronise their own stream per batch, which in the calling thread
+would make every ``next()`` wait for the GPU.
 """
 
 from __future__ import annotations
@@ -107,11 +111,20 @@ class FastIterator:
         ds = loader.dataset
         self.image_keys = [] if loader.memory_format == torch.channels_last else \
             [(f.name if ds.as_dict else i) for i, f in enumerate(ds.schema) if f.kind == "image"]
+        if not tensor_transforms:  # a device prefetcher takes the batches: the NCHW transpose runs there,
+            self.contiguous_on_device, self.image_keys = self.image_keys, []  # not on the CPU of this thread
         self.thread = None
         self.producer = None
         self._returned_at: float | None = None
-        if loader.num_workers > 0 and self.policy.threaded(True):
+        self.batcher.images.bind_device()
+        # GPU decoders synchronise their stream per batch: always in a producer thread, even at
+        # num_workers=0, so that the training thread never waits for the GPU
+        self.gpu_rows = self.batcher.images.device is not None
+        if (loader.num_workers > 0 or self.gpu_rows) and self._threaded(True):
             self._start_producer()
+
+    def _threaded(self, now: bool) -> bool:
+        return self.gpu_rows or self.policy.threaded(now)
 
     def _start_producer(self) -> None:
         """Fill the remaining batches in a background thread (the batch sequence and RNGs are unchanged)."""
@@ -159,7 +172,7 @@ class FastIterator:
         with p.lock:
             p.reserved.discard(id(slot))
         self.stats.end_next(started, n, p.queue.qsize())
-        if not p.handback.is_set() and not self.policy.threaded(True):
+        if not p.handback.is_set() and not self._threaded(True):
             p.handback.set()  # cheap batches, a caller that waits on them: the hand-off costs more than it hides
         return self._count(out)
 
@@ -178,7 +191,7 @@ class FastIterator:
         out = self.batcher.collate(slot, len(idx), objects, self.tensor_transforms)
         self.stats.end_next(started, len(idx))
         out = self._count(out)
-        if self.loader.num_workers > 0 and self.policy.threaded(False):
+        if (self.loader.num_workers > 0 or self.gpu_rows) and self._threaded(False):
             self._start_producer()  # batches got expensive, or the caller has work to hide them behind
         return out
 

@@ -73,7 +73,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
                          drop_last, timeout, worker_init_fn, multiprocessing_context, generator,
                          prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
                          pin_memory_device=pin_memory_device, in_order=in_order)
-        self.device = check_device(device) if device is not None else None  # 'cuda' becomes 'cuda:<current>'
+        self.device = check_device(device) if device is not None else None  # indexed at the first iteration
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error={on_error!r} should be 'raise' or 'skip'")
         # drawn only for the fast path: the generic path leaves torch's generators exactly as torch would

@@ -24,21 +24,29 @@ from typing import Any, Iterable, Iterator, Mapping
 import torch
 from torch.utils._pytree import tree_flatten_with_path, tree_unflatten
 
-from ._ring import Slot, SlotRing, streams_for
+from ._ring import Slot, SlotRing, cuda_available, streams_for
 from ._tensor_transforms import TensorPipeline
 
 
 def check_device(device: Any) -> torch.device:
-    """``device`` as a torch.device with an index for CUDA; a clear error for anything else."""
+    """``device`` as a torch.device; a clear error for anything else. ``'cuda'`` stays without an index
+    here: a loader is often built before ``torch.cuda.set_device(local_rank)``, so the index is taken at
+    the first iteration (``resolve_device``), not at construction."""
     dev = torch.device(device)
     if dev.type == "cuda":
-        if not torch.cuda.is_available():
+        if not cuda_available():
             raise RuntimeError(f"device={device!r} but CUDA is not available (torch.cuda.is_available() is "
                                f"False); use device=None to keep batches on the CPU")
-        if dev.index is None:
-            dev = torch.device("cuda", torch.cuda.current_device())
     elif dev.type != "cpu":
         raise ValueError(f"device={device!r}: fastload prefetches to 'cuda' devices (or 'cpu')")
+    return dev
+
+
+def resolve_device(device: Any) -> torch.device:
+    """``check_device``, with ``'cuda'`` made ``'cuda:<current device of this thread>'``."""
+    dev = check_device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
     return dev
 
 
@@ -47,8 +55,9 @@ class DeviceRing(SlotRing):
 
     def __init__(self, device: Any, streams=None):
         super().__init__(Slot)
-        self.device = check_device(device)
+        self.device = resolve_device(device)  # made at the first iteration: after set_device(local_rank)
         self.streams = streams if streams is not None else streams_for(self.device)
+        self.used: set[int] = set()  # slots acquired since the latest pass began
 
     def reclaim(self) -> None:
         """Let go of host batches whose copies have completed (their pinned slots may be refilled)."""
@@ -57,12 +66,31 @@ class DeviceRing(SlotRing):
                 slot.host = None
 
     def ready(self, slot: Slot) -> bool:
-        return slot.host is None
+        """Whether the slot's latest copy has completed: its pinned staging may be refilled (a query)."""
+        return self.streams.done(slot.copy_event)
+
+    def acquire(self, skip=(), ready=None) -> Slot:
+        slot = super().acquire(skip, ready)
+        self.used.add(id(slot))
+        return slot
+
+    def begin_pass(self) -> None:
+        """A new pass over the source: let go of the slots the previous pass never needed (an epoch that
+        held many batches grew the ring; at batch 256 float32 a slot is ~190 MB of device memory). Their
+        memory returns to the allocator once the side stream's work on it completed (rule 4)."""
+        if self.used:
+            self.slots = [s for s in self.slots if id(s) in self.used or s.held()]
+        self.used = set()
 
 
 def _check_depth(depth: Any) -> None:
     if not isinstance(depth, int) or depth < 1:
         raise ValueError(f"depth={depth!r} should be an int >= 1")
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Whether ``t`` covers its memory without gaps in some order of its dimensions (a plain memcpy)."""
+    return t.is_contiguous() or t.is_contiguous(memory_format=torch.channels_last)
 
 
 def _channels_last(t: torch.Tensor) -> bool:
@@ -83,12 +111,16 @@ class DevicePrefetcher:
                  ring: DeviceRing | None = None):
         _check_depth(depth)
         self.ring = ring if ring is not None else DeviceRing(device)
+        self.ring.begin_pass()
         self.device = self.ring.device
         self.streams = self.ring.streams
         self.source = source
         self._src: Iterator = iter(source)
         self.depth = depth
         self.transforms = {k: p for k, p in (transforms or {}).items() if p}
+        # entries the source wants in torch's contiguous layout, made on the device (a fastload
+        # FastIterator leaves its channels_last images to us rather than transposing them on the CPU)
+        self.contiguous = set(getattr(self._src, "contiguous_on_device", ()))
         self.on_yield = on_yield
         self._inflight: collections.deque = collections.deque()
         self._exhausted = False
@@ -104,6 +136,7 @@ class DevicePrefetcher:
         buf = slot.tensors.get(key)
         if buf is None or buf.shape != shape or buf.dtype != dtype or _channels_last(buf) != channels_last:
             buf = slot.put(key, self.streams.empty(tuple(shape), dtype, channels_last))  # on the consumer stream
+            slot.readers.clear()  # a new buffer: record it for the streams it is handed to from now on
             self.streams.record_stream(buf, self.streams.side)  # rule 4: freed only after the side stream's use
         return buf
 
@@ -113,6 +146,7 @@ class DevicePrefetcher:
         leaves = [leaf for _, leaf in with_paths]
         slot = self.ring.acquire(ready=self.ring.ready)
         plans = []
+        keep_host = False  # a copy reads the caller's memory itself (pinned, or on the device), not staging
         # allocate first, on the consumer's stream (rule 3a: the fence below is recorded after this)
         for i, leaf in enumerate(leaves):
             # tensors already on the device are copied too (device to device, cheap): the caller then
@@ -122,37 +156,64 @@ class DevicePrefetcher:
                 continue
             cl = _channels_last(leaf)
             staging = self._buffer(slot, (i, "in"), leaf.shape, leaf.dtype, cl)
-            pipe = self._pipeline_for(with_paths[i][0])
-            out = self._buffer(slot, (i, "out"), leaf.shape, pipe.dtype, cl) if pipe is not None else None
-            plans.append((staging, pipe, out))
-        fence = s.record(s.consumer())  # after the allocations and after the caller's last use (rule 3)
+            key = self._key(with_paths[i][0])
+            pipe = self.transforms.get(key) if key is not None else None
+            layout = cl and key in self.contiguous  # NHWC crosses PCIe; the NCHW transpose runs on the device
+            out = None
+            if pipe is not None or layout:
+                out = self._buffer(slot, (i, "out"), leaf.shape, pipe.dtype if pipe is not None else leaf.dtype,
+                                   cl and not layout)
+            if leaf.device.type != "cpu":  # e.g. a GPU decoder's rows: freed only after this read (rule 4)
+                s.record_stream(leaf, s.side)
+                keep_host = True
+            elif s.is_pinned(leaf):
+                keep_host = True
+            else:
+                # a copy from pageable memory waits for the side stream, which waits for the consumer: a
+                # host sync. A memcpy into pinned staging first (refilled only once the copy completed)
+                pinned = slot.tensors.get((i, "pin"))
+                if pinned is None or pinned.shape != leaf.shape or pinned.dtype != leaf.dtype:
+                    pinned = slot.put((i, "pin"), s.host_empty(tuple(leaf.shape), leaf.dtype))
+                leaf = pinned.as_strided(leaf.shape, leaf.stride()).copy_(leaf) if _dense(leaf) else \
+                    pinned.copy_(leaf)
+            plans.append((leaf, staging, pipe, out))
+        # after the allocations and after the caller's last use (rule 3): the allocations were made on the
+        # current stream, the last use was on the stream the slot was handed to (a consumer may switch)
+        consumer = s.consumer()
+        fences = [s.record(consumer)]
+        if slot.receiver is not None and slot.receiver is not consumer:
+            fences.append(s.record(slot.receiver))
         with s.side_context():
-            s.wait(s.side, fence)
+            for fence in fences:
+                s.wait(s.side, fence)
             result = []
             for leaf, plan in zip(leaves, plans):
                 if plan is None:
                     result.append(leaf)
                     continue
-                staging, pipe, out = plan
-                s.copy(staging, leaf)
+                src, staging, pipe, out = plan
+                s.copy(staging, src)
                 if pipe is not None:
                     s.launch(lambda p=pipe, x=staging, o=out: p.apply(x, out=o), reads=(staging,), writes=(out,))
                     staging = out
+                elif out is not None:
+                    s.copy(out, staging)  # the layout change, a device kernel
+                    staging = out
                 result.append(staging.detach())  # a new view: the slot's use count now sees the caller's hold
             slot.copy_event = s.record(s.side)
-        slot.host = host  # referenced until the copy event has completed (rule 2)
+        # referenced until the copy event has completed (rule 2); a batch copied into staging is free at once
+        # (the generic path's shared-memory lease goes back to its worker now)
+        slot.host = host if keep_host else None
         return slot, tree_unflatten(result, spec)
 
-    def _pipeline_for(self, path: tuple) -> TensorPipeline | None:
-        """The pipeline of the top-level entry (list index or dict key) a tensor sits in, if it is that entry."""
-        if not self.transforms:
-            return None
+    @staticmethod
+    def _key(path: tuple) -> Any:
+        """The top-level entry (list index or dict key) a tensor sits in, if it is that entry; else None."""
         if not path:  # the batch is a single tensor
-            return self.transforms.get(0)
+            return 0
         if len(path) != 1:
             return None
-        key = getattr(path[0], "idx", getattr(path[0], "key", None))
-        return self.transforms.get(key)
+        return getattr(path[0], "idx", getattr(path[0], "key", None))
 
     def __next__(self):
         self.ring.reclaim()
@@ -166,7 +227,14 @@ class DevicePrefetcher:
         if not self._inflight:
             raise StopIteration
         slot, out = self._inflight.popleft()
-        self.streams.wait(self.streams.consumer(), slot.copy_event)  # rule 5
+        consumer = self.streams.consumer()
+        self.streams.wait(consumer, slot.copy_event)  # rule 5
+        if consumer not in slot.readers:
+            # read there: if that is not the allocating stream, the memory is reused only after those reads
+            for t in slot.tensors.values():
+                self.streams.record_stream(t, consumer)
+            slot.readers.add(consumer)
+        slot.receiver = consumer  # the next fence for this slot is recorded there
         if self.on_yield is not None:
             self.on_yield()
         return out

@@ -19,10 +19,13 @@ The protocol (docs/ARCHITECTURE.md, "Stream ordering", says it with pictures):
    consumer stream *after* the slot was acquired, which is after (a) every buffer's allocation: the
    caching allocator may hand the consumer stream a block that kernels still queued there use (memory
    Python freed, whose kernels have not run yet), and (b) the consumer's last use of the slot's previous
-   batch (the caller dropped every view before the slot could be acquired). One event per batch.
+   batch (the caller dropped every view before the slot could be acquired). One event per batch, plus
+   one on the stream the slot was last handed to when that is not the current one (a consumer that
+   switches streams: its reads are queued there). Pageable sources are first copied into pinned staging
+   of the slot: a copy from pageable memory would make the host wait for the side stream.
 4. **Freeing.** A device buffer is marked as used by the side stream when it is allocated
-   (``record_stream``), so the caching allocator reuses its memory only once the side stream's work on
-   it has completed, whenever the ring (or the caller's last view) lets it go.
+   (``record_stream``), and by each stream it is handed to, so the caching allocator reuses its memory
+   only once their work on it has completed, whenever the ring (or the caller's last view) lets it go.
 5. **Hand-over.** The consumer stream waits on the side stream's copy event before the batch is handed
    out; the host never blocks.
 6. **Fork.** Pinned memory does not survive ``fork``: the CUDA driver maps it shared, so every child
@@ -62,6 +65,9 @@ class Slot:
         self.baseline: dict[Any, int] = {}
         self.copy_event = None
         self.host = None
+        self.receiver = None  # the stream the slot's latest batch was handed to (its reads are queued there)
+        self.readers: set = set()  # streams the buffers were recorded for (record_stream)
+        self.fenced: set = set()  # device rows a GPU decoder's stream has waited for (their allocation)
         for key, t in (tensors or {}).items():
             self.put(key, t)
 
@@ -122,10 +128,7 @@ class _TorchPinned:
 
     @staticmethod
     def available() -> bool:
-        try:
-            return torch.cuda.is_available()
-        except Exception:  # a broken CUDA install must not break CPU loading
-            return False
+        return cuda_available()
 
     @staticmethod
     def empty(shape: tuple, dtype: torch.dtype) -> torch.Tensor:
@@ -136,6 +139,17 @@ class _TorchPinned:
         """True in a child forked after its parent initialised CUDA."""
         bad = getattr(torch.cuda, "_is_in_bad_fork", None)
         return bool(bad()) if bad is not None else False
+
+
+def cuda_available() -> bool:
+    """``torch.cuda.is_available()`` asked through NVML where the user did not choose: the default check
+    initialises the CUDA runtime in this process, and a process forked after that (DataLoader workers,
+    a forked child's torch ops) can no longer use CUDA and may hang. torch reads the variable per call."""
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+    try:
+        return torch.cuda.is_available()
+    except Exception:  # a broken CUDA install must not break CPU loading
+        return False
 
 
 PINNED = _TorchPinned()  # replaced in tests by a pool that behaves like the driver's across fork
@@ -200,10 +214,18 @@ class HostStreams:
     def record_stream(self, t: torch.Tensor, stream) -> None:
         pass
 
+    @staticmethod
+    def is_pinned(t: torch.Tensor) -> bool:
+        return True  # no copy engine to wait for
+
+    @staticmethod
+    def host_empty(shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+        return torch.empty(shape, dtype=dtype)
+
     def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
         dst.copy_(src)
 
-    def launch(self, fn: Callable[[], Any], reads: tuple = (), writes: tuple = ()) -> Any:
+    def launch(self, fn: Callable[[], Any], reads: tuple = (), writes: tuple = (), what: str = "") -> Any:
         return fn()
 
     def record(self, stream):
@@ -215,6 +237,12 @@ class HostStreams:
     @staticmethod
     def done(event) -> bool:
         return True
+
+    def synchronize(self, stream) -> None:
+        pass
+
+    def fork(self, name: str) -> "HostStreams":
+        return self
 
 
 class CudaStreams:
@@ -235,12 +263,24 @@ class CudaStreams:
         return torch.empty(shape, dtype=dtype, device=self.device, memory_format=fmt)  # on the current stream
 
     def record_stream(self, t: torch.Tensor, stream) -> None:
-        t.record_stream(stream)
+        try:
+            t.record_stream(stream)
+        except RuntimeError:  # memory torch's caching allocator does not own (DLPack): it cannot reuse it early
+            pass
+
+    @staticmethod
+    def is_pinned(t: torch.Tensor) -> bool:
+        return t.is_pinned()
+
+    @staticmethod
+    def host_empty(shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+        """A pinned staging buffer (unpinned, with the warning, where pinning is impossible: rule 6)."""
+        return host_empty(shape, dtype, pinned_memory_usable())
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
         dst.copy_(src, non_blocking=True)
 
-    def launch(self, fn: Callable[[], Any], reads: tuple = (), writes: tuple = ()) -> Any:
+    def launch(self, fn: Callable[[], Any], reads: tuple = (), writes: tuple = (), what: str = "") -> Any:
         return fn()  # torch queues the kernels on the current stream
 
     def record(self, stream) -> torch.cuda.Event:
@@ -255,6 +295,15 @@ class CudaStreams:
     @staticmethod
     def done(event) -> bool:
         return event is None or event.query()
+
+    @staticmethod
+    def synchronize(stream) -> None:
+        """The host waits for ``stream``: only in a producer thread (a GPU decoder's batch), never the loop's."""
+        stream.synchronize()
+
+    def fork(self, name: str) -> "CudaStreams":
+        """The same device with a side stream of its own (a GPU decoder's)."""
+        return CudaStreams(self.device)
 
 
 def streams_for(device: torch.device):

@@ -71,6 +71,14 @@ def _one_pass_on_cpu(x: torch.Tensor, out: torch.Tensor) -> bool:
             and x.permute(0, 2, 3, 1).is_contiguous() and out.permute(0, 2, 3, 1).is_contiguous())
 
 
+def _on_device(values: list[float], device: torch.device) -> torch.Tensor:
+    """A float32 vector of ``values`` written on ``device`` by one fill per value (no host-to-device copy)."""
+    t = torch.empty(len(values), dtype=torch.float32, device=device)
+    for k, v in enumerate(values):
+        t[k].fill_(v)
+    return t
+
+
 class TensorPipeline:
     """ToDtype/Normalize folded into ``out = convert(x) * a + b`` with per-channel ``a``, ``b``."""
 
@@ -112,10 +120,12 @@ class TensorPipeline:
             std = self._std or [1.0] * channels
             if len(mean) != channels:
                 raise ValueError(f"Normalize has {len(mean)} channels, the batch has {channels}")
-            a = torch.tensor([self._scale / s for s in std], dtype=torch.float32).view(1, channels, 1, 1)
-            b = torch.tensor([-m / s for m, s in zip(mean, std)], dtype=torch.float32).view(1, channels, 1, 1)
-            # built on the CPU, copied once (from pinned memory where it exists: no host sync in the loop)
-            self._consts[key] = (a.to(device=device, dtype=self.dtype), b.to(device=device, dtype=self.dtype))
+            # made on the device by fill kernels: a copy from a pageable CPU tensor would be a host sync
+            # (the first batch of a process would wait for the GPU to drain). float32 first, as before, so
+            # a float16/bfloat16 pipeline rounds each constant once from the same float32 value
+            a = _on_device([self._scale / s for s in std], device).to(self.dtype).view(1, channels, 1, 1)
+            b = _on_device([-m / s for m, s in zip(mean, std)], device).to(self.dtype).view(1, channels, 1, 1)
+            self._consts[key] = (a, b)
         return self._consts[key]
 
     def output_like(self, x: torch.Tensor) -> torch.Tensor:

@@ -26,12 +26,18 @@ from __future__ import annotations
 import collections
 import contextlib
 import ctypes
-from typing import Any, Callable
+import threading
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 import torch
 
-_ROUND = 512  # the CUDA allocator rounds small blocks to 512 bytes
+_ROUND = 512  # the CUDA allocator rounds every request to 512 bytes
+_SMALL = 1 << 20  # requests up to this come from the small pool ...
+_SMALL_SEGMENT = 2 << 20  # ... in segments of 2 MiB
+_LARGE_SEGMENT = 20 << 20  # large requests under _MIN_LARGE_ALLOC share 20 MiB segments
+_MIN_LARGE_ALLOC = 10 << 20
+_ROUND_LARGE = 2 << 20  # larger ones get a segment of their own, rounded to 2 MiB
 
 
 class Race(AssertionError):
@@ -75,8 +81,9 @@ def _raw(desc: tuple) -> torch.Tensor:
 
 
 class SimStream:
-    def __init__(self, name: str):
+    def __init__(self, name: str, blocking: bool = False):
         self.name = name
+        self.blocking = blocking  # synchronises implicitly with the legacy default stream (cudaStreamDefault)
         self.ops: collections.deque = collections.deque()
         self.clock: dict[str, int] = {}
         self.queued = 0  # ops ever queued (positions)
@@ -96,6 +103,16 @@ class SimEvent:
         return self.clock is not None
 
 
+class HostWait(NamedTuple):
+    """The host blocked on ``stream`` in ``thread`` (a pageable copy, a synchronize); ``ran``: how many
+    queued ops (any stream) had to run before it could go on: > 0 means it waited for GPU work."""
+    thread: str
+    stream: str
+    why: str
+    ran: int
+    on: frozenset = frozenset()  # the streams whose ops had to run
+
+
 class _Block(np.ndarray):
     """A view of the arena that tells the allocator when its last user (tensor, view) is gone."""
 
@@ -105,46 +122,118 @@ class _Block(np.ndarray):
             sim._freed(self._addr)
 
 
+class _FreeBlock(NamedTuple):
+    size: int
+    segment: tuple[int, int]  # the segment's [start, end): blocks merge only within one
+    stream: SimStream
+    pool: str
+
+
+class SimView:
+    """The simulated device as another owner of a side stream sees it (a GPU decoder, ``fork``)."""
+
+    def __init__(self, sim: "SimGpu", name: str):
+        self._sim = sim
+        self.side = sim.new_stream(name)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sim, name)
+
+    def side_context(self):
+        return self._sim.stream(self.side)
+
+    def consumer(self) -> SimStream:
+        cur = self._sim.current_stream()
+        return cur if cur is not self.side else self._sim.default
+
+
 class SimGpu:
     """The streams backend of ``fastload._ring`` on a simulated device (see the module docstring)."""
 
-    def __init__(self, arena_bytes: int = 64 << 20, raise_on_race: bool = True):
+    def __init__(self, arena_bytes: int = 256 << 20, raise_on_race: bool = True):
         self.device = torch.device("cuda", 0)
-        self.default = SimStream("consumer")
+        # the legacy default stream: every thread's current stream until it picks another (torch's
+        # default stream); streams torch makes are non-blocking, so it orders nothing implicitly with them
+        self.default = SimStream("default", blocking=True)
         self.side = SimStream("side")
         self.streams = [self.default, self.side]
-        self._current = self.default
+        self._tls = threading.local()
+        self._lock = threading.RLock()
         self.host_clock: dict[str, int] = {"host": 0}
         self.arena = np.zeros(arena_bytes, dtype=np.uint8)
         self.base = self.arena.ctypes.data
         self.top = 0
-        self.pools: dict[str, dict[int, list[int]]] = {}  # stream -> size -> free addresses
-        self.blocks: dict[int, tuple[int, SimStream, set]] = {}  # addr -> (size, stream, streams recorded)
-        self.pending_frees: list[tuple[int, int, SimStream, list[SimEvent]]] = []
+        self.free: dict[int, _FreeBlock] = {}  # addr -> a cached free block (the caching allocator's pools)
+        self.blocks: dict[int, tuple[int, SimStream, set, tuple, str]] = {}  # addr -> (size, stream, recorded, segment, pool)
+        self.pending_frees: list[tuple[int, list[SimEvent]]] = []
         self.accesses: list[tuple[int, int, bool, str, dict, str]] = []
         self.races: list[str] = []
         self.raise_on_race = raise_on_race
         self.syncs = 0
+        self.host_waits: list[HostWait] = []
+        self.pinned: set[int] = set()  # storage addresses of page-locked host memory
+        self._drained: set[str] = set()
+
+    # -- per-thread current stream -----------------------------------------------------------------------
+    @property
+    def _current(self) -> SimStream:
+        return getattr(self._tls, "stream", self.default)
+
+    @_current.setter
+    def _current(self, stream: SimStream) -> None:
+        self._tls.stream = stream
+
+    @contextlib.contextmanager
+    def stream(self, stream: SimStream):
+        """``torch.cuda.stream(s)``: ``stream`` is this thread's current stream inside."""
+        prev, self._current = self._current, stream
+        try:
+            yield stream
+        finally:
+            self._current = prev
+
+    def new_stream(self, name: str, blocking: bool = False) -> SimStream:
+        """``torch.cuda.Stream()`` (non-blocking, as torch makes them) or a ``cudaStreamDefault`` one."""
+        s = SimStream(name, blocking)
+        self.streams.append(s)
+        return s
+
+    def current_stream(self) -> SimStream:
+        return self._current
+
+    def fork(self, name: str) -> SimView:
+        """This device with a side stream of its own (``CudaStreams.fork``)."""
+        return SimView(self, name)
 
     # -- the backend interface used by fastload ---------------------------------------------------------
     def consumer(self) -> SimStream:
         return self._current if self._current is not self.side else self.default
 
     def side_context(self):
-        @contextlib.contextmanager
-        def ctx():
-            prev, self._current = self._current, self.side
-            try:
-                yield
-            finally:
-                self._current = prev
-        return ctx()
+        return self.stream(self.side)
 
     def empty(self, shape: tuple, dtype: torch.dtype, channels_last: bool) -> torch.Tensor:
         return self.alloc(shape, dtype, channels_last)
 
+    def is_pinned(self, t: torch.Tensor) -> bool:
+        return t.device.type == "cpu" and t.untyped_storage().data_ptr() in self.pinned
+
+    def host_empty(self, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+        """Page-locked host memory (``torch.empty(pin_memory=True)``): copies from it run late, as DMA."""
+        t = torch.empty(shape, dtype=dtype)
+        self.pinned.add(t.untyped_storage().data_ptr())
+        return t
+
     def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
-        d, s = _describe(dst), _describe(src)
+        d = _describe(dst)
+        if src.device.type == "cpu" and not self.is_pinned(src) and not self._in_arena(src):
+            # cudaMemcpyAsync from pageable memory: the host first waits for the stream, then stages the
+            # bytes (read now, so the caller may reuse them at once) and the DMA runs in stream order
+            self._host_wait(self._current, "copy from pageable memory")
+            staged = src.clone()
+            self.launch(lambda: _raw(d).copy_(staged), reads=(), writes=(dst,), what="copy")
+            return
+        s = _describe(src)
         self.launch(lambda: _raw(d).copy_(_raw(s)), reads=(src,), writes=(dst,), what="copy")
 
     def launch(self, fn: Callable[[], Any], reads: tuple = (), writes: tuple = (), what: str = "kernel") -> None:
@@ -166,21 +255,38 @@ class SimGpu:
             self.host_clock = _join(self.host_clock, event.clock)  # the host learned it
         return event.complete
 
-    # -- allocator -------------------------------------------------------------------------------------
+    # -- allocator: torch's caching allocator, per stream, a small and a large pool ------------------------
     def alloc(self, shape: tuple, dtype: torch.dtype, channels_last: bool = False) -> torch.Tensor:
-        """A device tensor allocated on the current stream, as ``torch.empty(device='cuda')`` would be."""
+        """A device tensor allocated on the current stream, as ``torch.empty(device='cuda')`` would be.
+
+        As CUDACachingAllocator.cpp: sizes round to 512 bytes; requests <= 1 MiB come from the small pool
+        (2 MiB segments), larger ones from the large pool (20 MiB segments below 10 MiB, else rounded to
+        2 MiB); the smallest cached block of the stream's pool that fits is taken and split when the rest
+        is worth keeping (>= 512 bytes small, > 1 MiB large); freed neighbours merge again. A block freed by
+        Python is cached at once for its stream, although kernels queued there may still use it."""
         nbytes = int(np.prod(shape, dtype=np.int64)) * torch.empty((), dtype=dtype).element_size()
         size = max(_ROUND, -(-nbytes // _ROUND) * _ROUND)
+        pool = "small" if size <= _SMALL else "large"
         stream = self._current
-        self._settle_frees()
-        pool = self.pools.setdefault(stream.name, {}).setdefault(size, [])
-        if pool:
-            addr = pool.pop()
-        else:
-            if self.top + size > len(self.arena):
-                raise MemoryError("simulated device memory exhausted")
-            addr, self.top = self.top, self.top + size
-        self.blocks[addr] = (size, stream, set())
+        with self._lock:
+            self._settle_frees()
+            fits = [(b.size, a) for a, b in self.free.items() if b.stream is stream and b.pool == pool and b.size >= size]
+            if fits:
+                _, addr = min(fits)
+                block = self.free.pop(addr)
+            else:
+                seg = _SMALL_SEGMENT if pool == "small" else \
+                    _LARGE_SEGMENT if size < _MIN_LARGE_ALLOC else -(-size // _ROUND_LARGE) * _ROUND_LARGE
+                if self.top + seg > len(self.arena):
+                    raise MemoryError("simulated device memory exhausted")
+                addr, self.top = self.top, self.top + seg
+                block = _FreeBlock(seg, (addr, addr + seg), stream, pool)
+            rest = block.size - size
+            if rest >= _ROUND if pool == "small" else rest > _SMALL:
+                self.free[addr + size] = block._replace(size=rest)
+            else:
+                size = block.size  # the whole block: its tail stays unused until it is freed
+            self.blocks[addr] = (size, stream, set(), block.segment, pool)
         raw = self.arena[addr:addr + size].view(_Block)
         raw._sim, raw._addr = self, addr
         flat = torch.from_numpy(raw)[:nbytes].view(dtype)
@@ -194,35 +300,89 @@ class SimGpu:
         if addr is not None:
             self.blocks[addr][2].add(stream)
 
+    def _in_arena(self, t: torch.Tensor) -> bool:
+        return 0 <= t.untyped_storage().data_ptr() - self.base < len(self.arena)
+
     def _block_of(self, t: torch.Tensor) -> int | None:
         off = t.untyped_storage().data_ptr() - self.base
         return off if off in self.blocks else None
 
     def _freed(self, addr: int) -> None:
-        size, stream, recorded = self.blocks.pop(addr)
-        others = [s for s in recorded if s is not stream]
-        if others:
-            events = [SimEvent(s, s.queued) for s in others]
-            for s, ev in zip(others, events):
-                self._enqueue(s, ("record", ev))
-            self.pending_frees.append((addr, size, stream, events))
-        else:
-            self.pools.setdefault(stream.name, {}).setdefault(size, []).append(addr)
+        with self._lock:
+            size, stream, recorded, segment, pool = self.blocks.pop(addr)
+            others = [s for s in recorded if s is not stream]
+            if others:
+                events = [SimEvent(s, s.queued) for s in others]
+                for s, ev in zip(others, events):
+                    self._enqueue(s, ("record", ev))
+                self.pending_frees.append((addr, events, _FreeBlock(size, segment, stream, pool)))
+            else:
+                self._cache(addr, _FreeBlock(size, segment, stream, pool))
+
+    def _cache(self, addr: int, block: _FreeBlock) -> None:
+        """A free block back in its pool, merged with free neighbours of its segment."""
+        after = self.free.get(addr + block.size)
+        if after is not None and after.segment == block.segment:
+            del self.free[addr + block.size]
+            block = block._replace(size=block.size + after.size)
+        before = [a for a, b in self.free.items() if a + b.size == addr and b.segment == block.segment]
+        if before:
+            a = before[0]
+            block = block._replace(size=self.free.pop(a).size + block.size)
+            addr = a
+        self.free[addr] = block
 
     def _settle_frees(self) -> None:
         keep = []
-        for addr, size, stream, events in self.pending_frees:
+        for addr, events, block in self.pending_frees:
             if all(ev.complete for ev in events):
-                self.pools.setdefault(stream.name, {}).setdefault(size, []).append(addr)
+                self._cache(addr, block)
             else:
-                keep.append((addr, size, stream, events))
+                keep.append((addr, events, block))
         self.pending_frees = keep
 
     # -- execution -------------------------------------------------------------------------------------
     def _enqueue(self, stream: SimStream, op: tuple) -> None:
+        with self._lock:
+            if stream.blocking:  # the legacy default stream and cudaStreamDefault streams order each other
+                for other in self.streams:
+                    if other is not stream and other.blocking and self.default in (stream, other) and other.queued:
+                        ev = SimEvent(other, other.queued)
+                        self._queue(other, ("record", ev))
+                        self._queue(stream, ("wait", ev))
+            self._queue(stream, op)
+
+    def _queue(self, stream: SimStream, op: tuple) -> None:
         self.host_clock["host"] += 1
         stream.ops.append((op, dict(self.host_clock)))
         stream.queued += 1
+
+    def _drain(self, stream: SimStream, upto: int) -> int:
+        """Run ``stream`` until it has run ``upto`` ops, and whatever its waits need first; returns how
+        many ops ran (on any stream)."""
+        ran = 0
+        while stream.ran < upto:
+            step = self.run(stream, ops=upto - stream.ran)
+            if step:
+                self._drained.add(stream.name)
+            ran += step
+            if stream.ran < upto:
+                ev = stream.ops[0][0][1]  # stopped at a wait on an event not yet complete
+                ran += self._drain(ev.stream, ev.position + 1)
+        return ran
+
+    def _host_wait(self, stream: SimStream, why: str) -> None:
+        """The host blocks until ``stream``'s queued work has run (``cudaStreamSynchronize``)."""
+        self._drained = set()
+        ran = self._drain(stream, stream.queued)
+        self.host_clock = _join(self.host_clock, stream.clock)
+        self.host_waits.append(HostWait(threading.current_thread().name, stream.name, why, ran,
+                                        frozenset(self._drained)))
+
+    def waits_in(self, thread: str | None = None, busy: bool = True) -> list[HostWait]:
+        """Host waits in ``thread`` (default: this one); ``busy``: only those that waited for queued work."""
+        thread = thread or threading.current_thread().name
+        return [w for w in self.host_waits if w.thread == thread and (w.ran or not busy)]
 
     def run(self, stream: SimStream | None = None, ops: int | None = None) -> int:
         """Run up to ``ops`` queued ops of ``stream`` (default: the consumer), stopping at a wait on an
@@ -258,9 +418,19 @@ class SimGpu:
                 raise RuntimeError("simulated streams deadlocked: " + ", ".join(
                     f"{s.name} waits" for s in self.streams if s.ops))
 
-    def synchronize(self) -> None:
+    def synchronize(self, stream: SimStream | None = None) -> None:
+        """``torch.cuda.synchronize()`` (every stream) or ``stream.synchronize()``."""
         self.syncs += 1
-        self.run_all()
+        if stream is not None:
+            self._host_wait(stream, "stream synchronize")
+            return
+        ran = 0
+        self._drained = set()
+        for s in self.streams:
+            ran += self._drain(s, s.queued)
+            self.host_clock = _join(self.host_clock, s.clock)
+        self.host_waits.append(HostWait(threading.current_thread().name, "device", "synchronize", ran,
+                                        frozenset(self._drained)))
 
     def _access(self, lo: int, hi: int, write: bool, stream: SimStream, what: str) -> None:
         if hi <= lo:

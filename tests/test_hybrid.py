@@ -103,3 +103,62 @@ def test_auto_without_a_gpu_is_the_native_decoder(photos):
     b = [x.clone() for x, _ in fastload.DataLoader(ds, batch_size=8, seed=1)]
     assert all(torch.equal(x, y) for x, y in zip(a, b))
     np.testing.assert_equal(len(a), len(b))
+
+
+# -- a GPU decoder that is installed but cannot be used ---------------------------------------------------
+@pytest.fixture
+def broken_torchvision(tmp_path, monkeypatch):
+    """A torchvision that raises RuntimeError at import, as one built for another torch does."""
+    import sys
+
+    pkg = tmp_path / "torchvision"
+    (pkg / "io").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("raise RuntimeError('operator torchvision::nms does not exist')\n")
+    (pkg / "io" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setattr(fastload._ring, "_warned", set())
+
+
+@pytest.fixture
+def old_dali(monkeypatch):
+    import sys
+    import types
+
+    dali = types.ModuleType("nvidia.dali")
+    dali.__version__ = "1.30.0"
+    dali.fn, dali.types, dali.pipeline_def = object(), object(), object()
+    monkeypatch.setitem(sys.modules, "nvidia.dali", dali)
+    if "nvidia" in sys.modules:  # `import nvidia.dali as d` reads the package's attribute
+        monkeypatch.setattr(sys.modules["nvidia"], "dali", dali, raising=False)
+
+
+def test_auto_falls_back_to_native_with_a_warning_when_gpu_decoders_are_broken(broken_torchvision, old_dali):
+    with pytest.warns(RuntimeWarning) as caught:
+        images = ImageDecoding("auto", torch.device("cuda", 0), 8, 1)
+    assert images.gpu is None and images.hybrid is None and images.device is None
+    text = " ".join(str(w.message) for w in caught)
+    assert "nvjpeg: ImportError" in text and "torchvision::nms" in text
+    assert "DALI 1.30.0 is too old" in text and ">= 1.44" in text
+
+
+def test_nvjpeg_with_a_broken_torchvision_says_so(broken_torchvision):
+    from fastload.decoders.nvjpeg import _torchvision_decoder
+
+    with pytest.raises(ImportError, match="importing torchvision failed: RuntimeError"):
+        _torchvision_decoder(torch.device("cuda", 0))
+
+
+def test_a_torchvision_without_nvjpeg_is_found_out_when_the_decoder_is_made(monkeypatch):
+    """It imports, and every GPU decode then fails: one probe decode when the decoder is made says so."""
+    from types import SimpleNamespace
+
+    from fastload.decoders import nvjpeg
+
+    def decode_jpeg(datas, mode, device):
+        raise RuntimeError("torchvision.io.decode_jpeg: nvjpeg is not available in this build")
+
+    monkeypatch.setattr(nvjpeg, "_import_torchvision", lambda: (SimpleNamespace(RGB="RGB"), decode_jpeg))
+    with pytest.raises(ImportError, match="cannot decode JPEG on cuda:0.*nvjpeg is not available"):
+        nvjpeg._torchvision_decoder(torch.device("cuda", 0))

@@ -76,3 +76,19 @@ def test_gpu_decoders_say_what_they_need(tmp_path):
         fastload.DataLoader(ds, batch_size=2, decoder="nvjpeg")
     with pytest.raises(ValueError, match="should be one of 'native', 'dali', 'nvjpeg', 'auto'"):
         fastload.DataLoader(ds, batch_size=2, decoder="opencv")
+
+
+def test_the_ring_shrinks_after_a_pass_that_needed_fewer_slots():
+    """A pass that held every batch grows the ring; the next pass drops each batch and needs a few
+    slots: the pass after it starts without the others (device memory, ~190 MB a slot at batch 256)."""
+    d = fastload.to_device(list(batches(12)), "cpu", depth=2)
+    held = list(d)
+    assert len(d.ring) >= 12
+    del held
+    for b in d:
+        del b
+    for b in d:
+        del b
+    assert len(d.ring) <= 4
+    out = list(d)  # and it grows again when a pass needs it
+    assert len(d.ring) >= 12 and all((b[0] == k).all() for k, b in enumerate(out))

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import fastload
-from fastload import _prefetch, _ring
+from fastload import _fastiter, _prefetch, _ring
 from fastload import transforms as T
 from fastload._prefetch import DevicePrefetcher, DeviceRing
 from sim_streams import Race, SimGpu
@@ -102,12 +102,12 @@ def test_freed_ring_memory_waits_for_the_side_stream(monkeypatch, record_stream)
         monkeypatch.setattr(sim, "record_stream", lambda t, stream: None)
     pf = DevicePrefetcher(host_batches(4), depth=3, ring=DeviceRing("cpu", streams=sim))
     out = next(pf)  # three batches queued on the side stream, none run
-    shapes = [tuple(t.shape) for t in out]
+    nbytes = sum(s.nbytes for s in pf.ring.slots)
     del out, pf
     gc.collect()
     seen: list = []
-    for _ in range(4):
-        sim.model_step([sim.alloc(s, torch.uint8 if len(s) == 4 else torch.int64) for s in shapes], seen)
+    # the freed slots merge into one cached block: a buffer as large as all of them is carved from it
+    sim.model_step([sim.alloc((nbytes,), torch.uint8)], seen)
     sim.run(sim.default)
     sim.run_all()
     assert bool(sim.races) != record_stream, sim.races
@@ -134,14 +134,33 @@ class _NoPinning:
         return False
 
 
+class SimPinning:
+    """The fast path's host slots pinned by the simulated GPU (copies from them run late, as DMA)."""
+
+    def __init__(self, sim: SimGpu):
+        self.sim = sim
+
+    @staticmethod
+    def available() -> bool:
+        return True
+
+    @staticmethod
+    def parent_initialised() -> bool:
+        return False
+
+    def empty(self, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+        return self.sim.host_empty(shape, dtype)
+
+
 @pytest.fixture
 def sim_cuda(monkeypatch):
-    """fastload.DataLoader(device='cuda') running on a SimGpu."""
+    """fastload.DataLoader(device='cuda') running on a SimGpu, host slots pinned as on a GPU machine."""
     sim = SimGpu()
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(_prefetch, "streams_for", lambda device: sim)
-    monkeypatch.setattr(_ring, "PINNED", _NoPinning())
+    monkeypatch.setattr(_ring, "PINNED", SimPinning(sim))
+    monkeypatch.setattr(_ring, "_pinned_by", None)
     return sim
 
 
@@ -168,6 +187,7 @@ def test_loader_on_a_lagging_gpu_hands_out_the_cpu_loaders_batches(sim_cuda, pho
             assert torch.equal(y, sy)
             assert torch.equal(x, sx) if not normalize else torch.allclose(x, sx, atol=1e-5)
     assert not sim_cuda.races and sim_cuda.syncs == 0
+    assert not sim_cuda.waits_in()  # the training thread never waited for the GPU
     assert len(gpu._device_ring) <= 6  # the device ring is kept across epochs, not made again
 
 
@@ -187,6 +207,32 @@ def test_host_slot_is_not_refilled_under_its_copy(sim_cuda, photos):
     assert len(seen) == len(ref)
     for (x, y), (sx, sy) in zip(ref, seen):
         assert torch.equal(x, sx) and torch.equal(y, sy)
+
+
+@pytest.mark.parametrize("pinned", [True, False])
+@pytest.mark.parametrize("normalize", [False, True])
+def test_contiguous_images_and_unpinned_slots_never_make_the_loop_wait(sim_cuda, monkeypatch, photos, pinned,
+                                                                      normalize):
+    """memory_format=contiguous_format on the device, host slots pinned or not (a forked child, a locked
+    memory limit): the transpose runs on the device and pageable bytes go through pinned staging, so no
+    copy from pageable memory makes the training thread wait for the lagging GPU."""
+    if not pinned:
+        monkeypatch.setattr(_ring, "PINNED", _NoPinning())
+    tail = [T.ToDtype(torch.float32, scale=True), T.Normalize(MEAN, STD)] if normalize else []
+    ds = fastload.open(photos, transforms={"image": [T.RandomResizedCrop(16)] + tail})
+    kw = dict(batch_size=5, shuffle=True, seed=4, memory_format=torch.contiguous_format)
+    ref = [(x.clone(), y.clone()) for x, y in fastload.DataLoader(ds, **kw)]
+    gpu = fastload.DataLoader(ds, device="cuda", **kw)
+    on_cpu = []
+    monkeypatch.setattr(_fastiter, "contiguous_images", lambda batch, keys: on_cpu.append(keys) or batch)
+    seen = lagging_loop(sim_cuda, gpu)
+    assert not on_cpu  # the training thread did not transpose the batches
+    assert not sim_cuda.waits_in(), sim_cuda.waits_in()
+    assert len(seen) == len(ref) == 8  # 36 images: a partial last batch
+    for (x, y), (sx, sy) in zip(ref, seen):
+        assert x.is_contiguous() and sx.is_contiguous() and torch.equal(y, sy)
+        assert torch.equal(x, sx) if not normalize else torch.allclose(x, sx, atol=1e-5)
+    assert not sim_cuda.races
 
 
 # -- to_device ----------------------------------------------------------------------------------------
@@ -213,6 +259,19 @@ def test_to_device_over_a_torch_loader_runs_each_epoch(sim_cuda):
         seen = lagging_loop(sim_cuda, d)
         assert sorted(torch.cat([s[0] for s in seen]).view(-1).tolist()) == list(range(64))
     assert not sim_cuda.races
+    assert not sim_cuda.waits_in()  # torch's loader without pin_memory: pageable batches, staged
+
+
+def test_to_device_over_pageable_batches_of_any_layout(sim_cuda):
+    """Pageable sources in several layouts (channels_last, a transposed view, a slice) arrive intact and
+    in their layout, through pinned staging, with no wait in the training thread."""
+    base = torch.arange(4 * 3 * 5 * 6, dtype=torch.int32).view(4, 3, 5, 6)
+    batches = [[base.contiguous(memory_format=torch.channels_last) + k, base[:, :, 1:4].clone().transpose(2, 3) + k,
+                base[::2] + k] for k in range(6)]
+    seen = lagging_loop(sim_cuda, fastload.to_device(batches, "cuda"))
+    assert not sim_cuda.waits_in() and not sim_cuda.races
+    for b, s in zip(batches, seen):
+        assert all(torch.equal(x, y) for x, y in zip(b, s))
 
 
 # -- fork after pinning ---------------------------------------------------------------------------------
@@ -304,3 +363,94 @@ def test_a_loader_used_in_a_forked_child_leaves_the_parents_slots_alone(shared_p
 
     assert in_child(child) == 0
     assert torch.equal(slot.tensors["image"][:4].permute(0, 3, 1, 2), first)
+
+
+# -- a consumer that switches streams --------------------------------------------------------------------
+@pytest.mark.parametrize("switch", ["between epochs", "every step"])
+def test_a_consumer_that_switches_streams_is_fenced_where_it_read(switch):
+    """One ring iterated on the default stream, then under ``torch.cuda.stream(user)`` (or alternating
+    every step), the GPU lagging: a slot last read on one stream and reused while the other is current must
+    be written after the reads on the stream it was handed to, not only after the current stream's."""
+    sim = SimGpu()
+    user = sim.new_stream("user")
+    ring = DeviceRing("cpu", streams=sim)
+    src = host_batches(8)
+    seen: list = []
+    for epoch in range(2):
+        it = DevicePrefetcher(src, depth=2, ring=ring)
+        for k in range(len(src)):
+            on = user if (epoch if switch == "between epochs" else k) % 2 else sim.default
+            with sim.stream(on):  # next() and the step on the same stream, as a training loop does
+                sim.model_step(list(next(it)), seen)
+            sim.run(sim.side)
+            if k % 3 == 2:
+                sim.run(on)  # that stream catches up now and then; the other one keeps lagging
+    sim.run_all()
+    assert not sim.races
+    refs = [b for _ in range(2) for b in src]
+    assert all(torch.equal(x, s[0]) and torch.equal(y, s[1]) for (x, y), s in zip(refs, seen))
+
+
+# -- the device is the one current at the first iteration --------------------------------------------------
+def test_cuda_is_resolved_at_the_first_iteration(sim_cuda, monkeypatch, photos):
+    """A loader built before torch.cuda.set_device(local_rank) sends the batches to the rank's GPU."""
+    current = [0]
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current[0])
+    ds = fastload.open(photos, transforms={"image": [T.RandomResizedCrop(16)]})
+    loader = fastload.DataLoader(ds, batch_size=4, device="cuda")
+    current[0] = 3  # torch.cuda.set_device(3) after the loader was made
+    next(iter(loader))
+    assert loader._device_ring.device == torch.device("cuda", 3)
+    assert loader._batcher.images.device is None  # native decoding: no device rows
+
+
+def test_cuda_availability_is_asked_through_nvml(monkeypatch):
+    """torch.cuda.is_available() initialises the CUDA runtime unless asked through NVML; a process forked
+    after that (DataLoader workers) cannot use CUDA and may hang. A user's own setting is kept."""
+    monkeypatch.delenv("PYTORCH_NVML_BASED_CUDA_CHECK", raising=False)
+    seen = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: seen.append(os.environ.get(
+        "PYTORCH_NVML_BASED_CUDA_CHECK")) or False)
+    assert _ring.PINNED.available() is False and seen == ["1"]
+    monkeypatch.setenv("PYTORCH_NVML_BASED_CUDA_CHECK", "0")
+    _ring.cuda_available()
+    assert seen[-1] == "0"
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_the_generic_path_on_a_lagging_gpu_never_makes_the_loop_wait(sim_cuda, num_workers):
+    """The generic path hands pageable batches (torch's collate at num_workers=0, shared-memory slots with
+    workers): they go through pinned staging, so the training thread never waits for the GPU."""
+    g = torch.Generator().manual_seed(1)
+    tds = torch.utils.data.TensorDataset(torch.randint(0, 256, (30, 3, 6, 6), dtype=torch.uint8, generator=g),
+                                         torch.arange(30))
+    ref = [(x.clone(), y.clone()) for x, y in torch.utils.data.DataLoader(tds, batch_size=4)]
+    loader = fastload.DataLoader(tds, batch_size=4, num_workers=num_workers, device="cuda")
+    assert not loader.fast_path
+    seen = lagging_loop(sim_cuda, loader)
+    assert not sim_cuda.waits_in() and not sim_cuda.races
+    assert len(seen) == len(ref) == 8
+    for (x, y), (sx, sy) in zip(ref, seen):
+        assert torch.equal(x, sx) and torch.equal(y, sy)
+
+
+def test_staged_batches_are_let_go_at_once_and_staging_waits_for_its_copy():
+    """A pageable batch is copied into the slot's pinned staging: the caller's batch is not needed after
+    that (a shared-memory lease goes back at once), but the staging is refilled only after its copy ran,
+    although the caller dropped the device batch (the copy engine lags here)."""
+    sim = SimGpu()
+    src = host_batches(8)
+    pf = DevicePrefetcher(src, depth=2, ring=DeviceRing("cpu", streams=sim))
+    seen: list = []
+    for k, batch in enumerate(pf):
+        assert all(slot.host is None for slot in pf.ring.slots)
+        sim.model_step(list(batch), seen, scratch=False)
+        del batch
+        if k % 3 == 2:
+            sim.run_all()
+    sim.run_all()
+    assert all(torch.equal(x, s[0]) and torch.equal(y, s[1]) for (x, y), s in zip(src, seen))
+    pinned = [[sim.host_empty(t.shape, t.dtype).copy_(t) for t in b] for b in host_batches(2)]
+    pf = DevicePrefetcher(pinned, depth=2, ring=DeviceRing("cpu", streams=sim))
+    next(pf)
+    assert all(slot.host is not None for slot in pf.ring.slots)  # DMA reads them: kept until it ran

@@ -95,3 +95,34 @@ def test_cpu_results_reuse_their_buffers_but_never_one_still_held(tmp_path, dtyp
             del images
         assert all(torch.equal(h, c) for h, c in zip(held, copies))  # nothing held was overwritten
         assert len(ptrs) < len(u8)  # the batches not held gave their buffers back
+
+
+def test_normalize_constants_are_made_on_the_device_without_a_host_copy():
+    """A copy of the constants from a pageable CPU tensor would make the first batch of a process wait
+    for the GPU to drain; they are filled on the device ('meta' stands in for CUDA: no CPU tensor may be
+    copied to it)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    copies = []
+
+    class HostToDevice(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            tensors = [a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)]
+            target = kwargs.get("device") or next((t.device for t in tensors if t.device.type != "cpu"), None)
+            if target is not None and torch.device(target).type != "cpu" and \
+                    any(t.device.type == "cpu" and t.dim() > 0 for t in tensors):
+                copies.append(str(func))
+            return func(*args, **kwargs)
+
+    for dtype in (torch.float32, torch.float16):
+        pipe = T.ImagePipeline([T.ToDtype(dtype, scale=True), T.Normalize(MEAN, STD)]).tensor
+        with HostToDevice():
+            a, b = pipe._constants(3, torch.device("meta"))
+        assert not copies, copies
+        assert a.device.type == b.device.type == "meta" and a.dtype == b.dtype == dtype
+        assert a.shape == b.shape == (1, 3, 1, 1)
+    cpu = T.ImagePipeline([T.ToDtype(torch.float16, scale=True), T.Normalize(MEAN, STD)]).tensor
+    a, b = cpu._constants(3, torch.device("cpu"))  # the same values as the float32-then-cast rule
+    want = torch.tensor([1 / 255 / s for s in STD], dtype=torch.float32).to(torch.float16)
+    assert torch.equal(a.flatten(), want)

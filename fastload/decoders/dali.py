@@ -73,12 +73,31 @@ __all__ = ["DaliDecoder", "INSTALL_HINT"]
 INSTALL_HINT = "decoder='dali' needs NVIDIA DALI: pip install fastload[dali] (or pip install nvidia-dali-cuda130)"
 
 
-def _import_dali() -> tuple[Any, Any, Any]:
-    """(fn, types, pipeline_def) from DALI, or ImportError with the install hint."""
+MIN_VERSION = (1, 44)  # exec_dynamic (no longer experimental) and Pipeline.run(cuda_stream, /, **inputs)
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in re.findall(r"\d+", text)[:2])
+
+
+def _import_dali(strict: bool = False) -> tuple[Any, Any, Any]:
+    """(fn, types, pipeline_def) from DALI, or ImportError with the install hint (any failure to import,
+    not only ImportError, or a DALI below ``MIN_VERSION``). ``strict``: a missing DALI stays
+    ModuleNotFoundError (decoder='auto' moves on without a warning)."""
     try:
+        import nvidia.dali as dali
         from nvidia.dali import fn, pipeline_def, types
-    except ImportError as e:
+    except ModuleNotFoundError as e:
+        if strict:
+            raise
         raise ImportError(INSTALL_HINT) from e
+    except Exception as e:  # noqa: BLE001  (a broken install raises anything at import)
+        raise ImportError(f"{INSTALL_HINT}; importing DALI failed: {type(e).__name__}: {e}") from e
+    version = getattr(dali, "__version__", "0")
+    if _version(version) < MIN_VERSION:
+        raise ImportError(f"DALI {version} is too old for decoder='dali': fastload needs DALI >= "
+                          f"{'.'.join(map(str, MIN_VERSION))} (its dynamic executor and run(cuda_stream)); "
+                          f"{INSTALL_HINT}")
     return fn, types, pipeline_def
 
 
@@ -190,10 +209,6 @@ class DaliDecoder:
         sample_bytes = self.out_hw[0] * self.out_hw[1] * 3
         base = out.data_ptr()
         stream = None if self._stream is None else ctypes.c_void_p(self._stream.cuda_stream)
-        if self._stream is not None:
-            # ``out`` was allocated on the caller's stream, whose queued kernels may still use that memory
-            # (the slot ring's rule 3, fastload/_ring.py): write only after them
-            self._stream.wait_stream(torch.cuda.current_stream(out.device))
 
         def copy(src: Any, ptr: int) -> None:
             if stream is None:
@@ -208,6 +223,13 @@ class DaliDecoder:
                 copy(images[j], base + k * sample_bytes)
         if self._stream is not None:
             self._stream.synchronize()  # DALI may reuse its buffers on the next run
+
+    def fence(self, out: torch.Tensor) -> None:
+        """``out`` is new: it was allocated on this thread's current stream, whose queued kernels may still
+        use its memory (the slot ring's rule 3, fastload/_ring.py); our stream writes only after them. Once
+        per buffer: a slot is refilled only after the copy that read it completed."""
+        if self._stream is not None:
+            self._stream.wait_stream(torch.cuda.current_stream(out.device))
 
     # -- the decoder -----------------------------------------------------------------------------
     def _check_out(self, out: Any, n: int) -> torch.Tensor:
@@ -276,8 +298,14 @@ class DaliDecoder:
                                            np.array([k]))
                         except RuntimeError as e:
                             failures[k] = _dali_message(e)
-            for k in failures:
-                t[k].zero_()
+            if failures:
+                # on our stream and complete before returning: on the producer thread's default stream
+                # the zeroing was unordered with the prefetcher's copy of these rows
+                with torch.cuda.stream(self._stream) if self._stream is not None else _Null():
+                    for k in failures:
+                        t[k].zero_()
+                if self._stream is not None:
+                    self._stream.synchronize()
         return sorted(failures.items())
 
     def close(self) -> None:
@@ -286,3 +314,11 @@ class DaliDecoder:
             self._pipe = None
             self._fn = None
             self._stream = None
+
+
+class _Null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False

@@ -23,7 +23,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from .._ring import host_empty, pinned_memory_usable
+from .._ring import host_empty, pinned_memory_usable, streams_for
 
 
 class HybridSplit:
@@ -35,12 +35,13 @@ class HybridSplit:
         self.smoothing = smoothing
         self.cpu_share = float(cpu_share)
         self.cpu_rate: float | None = None  # samples/s while both run
+        self.cpu_only = False  # no usable GPU decoder (decoder='auto' fell back): every sample to the CPU
         self.gpu_rate: float | None = None
         self._pool: ThreadPoolExecutor | None = None
 
     def split(self, n: int) -> int:
         """How many of ``n`` samples the CPU decodes (the first ones)."""
-        if n < 2:
+        if n < 2 or self.cpu_only:
             return n
         return min(n - 1, max(1, round(n * self.cpu_share)))
 
@@ -90,16 +91,29 @@ class HybridDecoder:
     """``cpu`` (the native decoder) and ``gpu`` (a GPU decoder) decoding one batch together, cut by ``split``.
 
     The CPU share is decoded into host rows owned here (pinned where possible, ``rows`` samples, made on
-    first use) and copied into ``out`` on a side stream that first waits on the stream ``out`` was
-    allocated on; the copy completes before ``decode`` returns, so the host rows are free for the next
+    first use) and copied into ``out`` on a side stream of ``streams`` (the ring's backend; made for
+    ``out``'s device when None) that waits on the stream ``out`` was allocated on at its first use
+    (``fence``); the copy completes before ``decode`` returns, so the host rows are free for the next
     batch and the caller reads finished rows. One batch at a time (a lock), as the GPU decoders.
     """
 
-    def __init__(self, cpu: Any, gpu: Any, split: HybridSplit, rows: int):
+    def __init__(self, cpu: Any, gpu: Any, split: HybridSplit, rows: int, streams: Any = None):
         self.cpu, self.gpu, self.split, self.rows = cpu, gpu, split, rows
         self._host: torch.Tensor | None = None
-        self._copy_stream = None
+        self.streams = streams
         self._lock = threading.Lock()
+
+    def fence(self, out: torch.Tensor) -> None:
+        """``out`` is new: both streams that write it wait for its allocation stream's queued work."""
+        if self.gpu is not None:
+            self.gpu.fence(out)
+        s = self._streams(out)
+        s.wait(s.side, s.record(s.consumer()))
+
+    def _streams(self, out: torch.Tensor) -> Any:
+        if self.streams is None:
+            self.streams = streams_for(out.device).fork("hybrid copy")
+        return self.streams
 
     def decode(self, sources: Any, crops: np.ndarray, flips: np.ndarray, out: torch.Tensor) -> list[tuple[int, str]]:
         n = len(sources)
@@ -121,18 +135,13 @@ class HybridDecoder:
     def _upload(self, dst: torch.Tensor, src: torch.Tensor) -> None:
         """The CPU rows into the device batch; complete when this returns, so the host rows may be refilled
         by the next batch (ring rule 2) and the prefetcher reads finished rows."""
-        if dst.device.type != "cuda":
-            dst.copy_(src)
-            return
-        if self._copy_stream is None:
-            self._copy_stream = torch.cuda.Stream(device=dst.device)
-        s = self._copy_stream
-        s.wait_stream(torch.cuda.current_stream(dst.device))  # ring rule 3: after dst's allocation stream
-        with torch.cuda.stream(s):
-            dst.copy_(src, non_blocking=True)
-        s.synchronize()  # the producer thread waits, never the training loop
+        s = self._streams(dst)
+        with s.side_context():
+            s.copy(dst, src)
+            s.synchronize(s.side)  # the producer thread waits, never the training loop
 
     def close(self) -> None:
         """Closes the GPU decoder; the CPU decoder and the split belong to the caller."""
-        self.gpu.close()
+        if self.gpu is not None:
+            self.gpu.close()
         self._host = None

@@ -1,14 +1,17 @@
 """``decoder="nvjpeg"``: torchvision's batched GPU JPEG decoder executing fastload's plans.
 
 Per batch: ``torchvision.io.decode_jpeg(list, device="cuda")`` decodes every image with nvJPEG in one
-call; the images are padded into one tensor and cropped, resized (PIL's antialiased triangle filter,
-as the native core) and flipped as batched matrix products (``_resample.py``), then written into the
-caller's CUDA buffer: no per-sample Python over the batch on the GPU side.
+call; the images are padded (in chunks sized by pixels) and cropped, resized (PIL's antialiased triangle
+filter, as the native core) and flipped as batched matrix products in float64 (``_resample.py``: the
+pixels do not depend on TF32, matmul precision or autocast), then written into the caller's CUDA buffer.
 
-Streams. The work runs on the decoder's own stream, which first waits on the caller's current stream
-(the output buffer was allocated there and its memory may still be used by kernels queued on it: rule 3
-of fastload/_ring.py) and is synchronised before :meth:`NvjpegDecoder.decode` returns, so the batch is
-complete for whoever copies it next. ``decode`` runs in the loader's producer thread, never the loop's.
+Streams. The work runs on the decoder's own stream, reached through the slot ring's streams backend
+(``_ring.CudaStreams``; tests/sim_streams.py runs the same calls on a simulated GPU). When a row buffer is
+new, ``fence`` makes that stream wait on the stream it was allocated on (its memory may still be used by
+kernels queued there: rule 3 of fastload/_ring.py); later batches need no wait, since a slot is refilled
+only after the copy that read it completed. The stream is synchronised before ``decode`` returns, so the
+batch is complete for whoever copies it next; the loader calls it from its producer thread only
+(``_fastiter.py`` starts one for GPU decoders even at num_workers=0), never the training loop's.
 
 Failures. nvJPEG refuses a whole batch when one image is corrupt; the decoder then decodes the batch
 one image at a time to find the bad ones (only for batches that hold one), reports each as
@@ -26,34 +29,65 @@ torchvision's decoder (tests run the whole class on the CPU with PIL decoding).
 
 from __future__ import annotations
 
+import io
+import sys
 import threading
-import warnings
 from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
 
-from ._resample import crop_resize_flip
+from .._ring import streams_for
+from ._resample import MAX_PIXELS, resample
 
 INSTALL_HINT = ("decoder='nvjpeg' needs torchvision built with CUDA (pip install torchvision); decoder='dali' "
                 "or the default native decoder work without it")
 
 
-def _torchvision_decoder(device: torch.device) -> Callable[[list], list]:
+def _import_torchvision() -> tuple[Any, Any]:
+    """(ImageReadMode, decode_jpeg), or ImportError with the hint: a missing torchvision raises
+    ModuleNotFoundError, one built for another torch RuntimeError (or anything) at import."""
     try:
         from torchvision.io import ImageReadMode, decode_jpeg
-    except ImportError as e:
+    except ModuleNotFoundError:
+        raise
+    except Exception as e:  # noqa: BLE001
+        raise ImportError(f"{INSTALL_HINT}; importing torchvision failed: {type(e).__name__}: {e}") from e
+    return ImageReadMode, decode_jpeg
+
+
+def _torchvision_decoder(device: torch.device) -> Callable[[list], list]:
+    try:
+        ImageReadMode, decode_jpeg = _import_torchvision()
+    except ModuleNotFoundError as e:
         raise ImportError(INSTALL_HINT) from e
 
     def decode(datas: list) -> list:
         return decode_jpeg(datas, mode=ImageReadMode.RGB, device=device)
 
+    try:  # a torchvision built without nvJPEG imports fine and fails every GPU decode: find out now
+        decode([torch.frombuffer(bytearray(_TINY_JPEG), dtype=torch.uint8)])
+    except Exception as e:  # noqa: BLE001  (whatever torchvision raises: named in the error)
+        raise ImportError(f"torchvision {getattr(sys.modules.get('torchvision'), '__version__', '')} cannot decode "
+                          f"JPEG on {device} ({type(e).__name__}: {e}); {INSTALL_HINT}") from e
     return decode
+
+
+def _tiny_jpeg() -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (8, 8), (200, 40, 90)).save(buf, "JPEG")
+    return buf.getvalue()
+
+
+_TINY_JPEG = _tiny_jpeg()
 
 
 class NvjpegDecoder:
     def __init__(self, batch_size: int, out_hw: tuple[int, int], *, device: torch.device,
-                 decode_fn: Callable[[list], list] | None = None):
+                 decode_fn: Callable[[list], list] | None = None, streams: Any = None,
+                 max_pixels: int = MAX_PIXELS):
         dev = torch.device(device) if device is not None else None
         if decode_fn is None:
             if dev is None or dev.type != "cuda":
@@ -63,7 +97,10 @@ class NvjpegDecoder:
             decode_fn = _torchvision_decoder(dev)
         self._decode = decode_fn
         self.batch_size, self.out_hw, self.device = batch_size, tuple(out_hw), dev
-        self._stream = torch.cuda.Stream(device=dev) if dev is not None and dev.type == "cuda" else None
+        self.max_pixels = max_pixels
+        # the decoder's own stream, reached through the ring's backend (tests/sim_streams.py runs it late)
+        self.streams = streams if streams is not None else streams_for(dev if dev is not None else
+                                                                       torch.device("cpu")).fork("nvjpeg")
         self._lock = threading.Lock()
 
     def _check_out(self, out: torch.Tensor, n: int) -> None:
@@ -82,10 +119,18 @@ class NvjpegDecoder:
                 images.append(None)
         return images
 
+    def fence(self, out: torch.Tensor) -> None:
+        """``out`` was just allocated on the current stream (the loader's rows stream), whose queued kernels
+        may still use its memory (rule 3 of fastload/_ring.py): this decoder's stream waits for them, once
+        per buffer. Later batches need no wait: a slot is refilled only after the copy that read it completed."""
+        s = self.streams
+        s.wait(s.side, s.record(s.consumer()))
+
     def decode(self, blobs: Sequence[Any], crops: np.ndarray, flips: np.ndarray, out: torch.Tensor) -> list[tuple[int, str]]:
         """Decode ``blobs[k]``, crop ``crops[k]`` (top, left, height, width), resize to ``out_hw``, mirror
         where ``flips[k]``, into ``out[k]`` (uint8 NHWC on this decoder's device); returns failures.
-        ``blobs``: bytes-like objects, a list or an ``ImageSources`` (the interface of ``decoders/_base.py``)."""
+        ``blobs``: bytes-like objects, a list or an ``ImageSources`` (the interface of ``decoders/_base.py``).
+        Complete when it returns (the stream is synchronised: call it from a producer thread)."""
         n = len(blobs)
         self._check_out(out, n)
         if n == 0:
@@ -94,9 +139,8 @@ class NvjpegDecoder:
         datas = [torch.frombuffer(bytearray(b), dtype=torch.uint8) if len(b) else torch.empty(0, dtype=torch.uint8)
                  for b in blobs]
         failures: dict[int, str] = {k: "empty image data" for k, d in enumerate(datas) if d.numel() == 0}
-        with self._lock, (torch.cuda.stream(self._stream) if self._stream is not None else _null()):
-            if self._stream is not None:
-                self._stream.wait_stream(torch.cuda.current_stream(self.device))  # rule 3: after out's allocation
+        s = self.streams
+        with self._lock, s.side_context():
             try:
                 images = self._decode([d for d in datas]) if not failures else None
             except RuntimeError:
@@ -111,31 +155,26 @@ class NvjpegDecoder:
                     failures[k] = (f"crop (top, left, height, width)={tuple(crops[k].tolist())} lies outside the "
                                    f"{hw[k, 0]}x{hw[k, 1]} image")
             good = [k for k in range(n) if k not in failures]
+            bad = sorted(failures)
             if good:
-                with warnings.catch_warnings():  # strided nested tensors are 'prototype'; padding is all we use
-                    warnings.filterwarnings("ignore", message="The PyTorch API of nested tensors")
-                    padded = torch.nested.as_nested_tensor([images[k] for k in good]).to_padded_tensor(0)
-                idx = torch.as_tensor(good, dtype=torch.int64)
-                res = torch.empty((len(good),) + self.out_hw + (3,), dtype=torch.uint8, device=out.device)
-                crop_resize_flip(padded, torch.from_numpy(crops[good]), torch.from_numpy(np.asarray(flips)[good]),
-                                 self.out_hw, res)
-                if len(good) == n:
-                    out.copy_(res)
-                else:
-                    out.index_copy_(0, idx.to(out.device), res)
-            if failures:
-                out[torch.as_tensor(sorted(failures), dtype=torch.int64, device=out.device)] = 0
-            if self._stream is not None:
-                self._stream.synchronize()  # complete before the prefetcher's stream copies it (producer thread)
+                crops_t, flips_t = torch.from_numpy(crops[good]), torch.from_numpy(np.asarray(flips)[good])
+                todo = [images[k] for k in good]
+
+                def write(out=out, good=good, todo=todo):
+                    if len(good) == n:
+                        resample(todo, crops_t, flips_t, self.out_hw, out, self.max_pixels)
+                    else:
+                        res = torch.empty((len(good),) + self.out_hw + (3,), dtype=torch.uint8, device=out.device)
+                        resample(todo, crops_t, flips_t, self.out_hw, res, self.max_pixels)
+                        out.index_copy_(0, torch.as_tensor(good, dtype=torch.int64).to(out.device), res)
+
+                s.launch(write, writes=(out,), what="nvjpeg resample")
+            if bad:
+                s.launch(lambda out=out: out.index_fill_(0, torch.as_tensor(bad, dtype=torch.int64).to(out.device), 0),
+                         writes=(out,), what="nvjpeg zero failed")
+            del images
+            s.synchronize(s.side)  # complete before the prefetcher copies it (in the producer thread)
         return sorted(failures.items())
 
     def close(self) -> None:
-        self._stream = None
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
+        self.streams = None

@@ -1,5 +1,10 @@
-"""What the GPU tests share: the tests/ folder on sys.path (for conftest's data builders), whether a CUDA
-torchvision is there, and the marks that skip a module cleanly without them."""
+"""What the GPU tests share: the tests/ folder on sys.path (for conftest's data builders), which GPU decoders
+import, the marks that skip a module cleanly without them, a forced lag on the consumer stream, and batch
+comparison on the device (no host sync inside a loop: the counts are read once, at the end).
+
+Import failures of torchvision or DALI of any kind (a torchvision built for another torch raises
+RuntimeError at import) count as "not installed" here, so that collection never errors on a GPU machine.
+"""
 
 from __future__ import annotations
 
@@ -11,12 +16,105 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-try:
-    import torchvision  # noqa: F401
 
-    HAVE_TV = True
-except ImportError:
-    HAVE_TV = False
+def _imports(module: str) -> bool:
+    try:
+        __import__(module)
+        return True
+    except Exception:  # noqa: BLE001  (any failure: the module is unusable here)
+        return False
 
-NEEDS_CUDA_AND_TORCHVISION = [pytest.mark.cuda, pytest.mark.skipif(not (torch.cuda.is_available() and HAVE_TV),
+
+HAVE_TV = _imports("torchvision.io")
+HAVE_DALI = _imports("nvidia.dali")
+CUDA = torch.cuda.is_available()
+
+NEEDS_CUDA = [pytest.mark.cuda, pytest.mark.skipif(not CUDA, reason="needs a CUDA device")]
+NEEDS_CUDA_AND_TORCHVISION = [pytest.mark.cuda, pytest.mark.skipif(not (CUDA and HAVE_TV),
                                                                    reason="needs CUDA and torchvision")]
+MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+MAD_TOLERANCE = 4.0  # mean absolute difference per sample, GPU decoders vs the DCT-scaled native decode
+
+
+def decoder_param(name: str):
+    """A pytest param for decoder ``name``, skipped where its GPU decoder is missing ('auto' needs one of
+    them, or it would compare native with native)."""
+    missing = {"nvjpeg": not HAVE_TV, "dali": not HAVE_DALI, "auto": not (HAVE_TV or HAVE_DALI)}.get(name, False)
+    return pytest.param(name, marks=pytest.mark.skipif(missing, reason=f"decoder={name!r} needs its GPU decoder"))
+
+
+_CYCLES_PER_MS: list[float] = []
+
+
+def cycles_per_ms() -> float:
+    """GPU clock cycles per millisecond of ``torch.cuda._sleep`` (measured once)."""
+    if not _CYCLES_PER_MS:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(1_000_000)  # warm-up
+        start.record()
+        torch.cuda._sleep(10_000_000)
+        end.record()
+        end.synchronize()
+        _CYCLES_PER_MS.append(10_000_000 / max(start.elapsed_time(end), 1e-3))
+    return _CYCLES_PER_MS[0]
+
+
+def lag(ms: float) -> None:
+    """Queue ``ms`` of GPU work on the current stream: the host runs ahead, as behind a real model."""
+    torch.cuda._sleep(int(ms * cycles_per_ms()))
+
+
+class DeviceCheck:
+    """Compares batches with references on the GPU, on the current stream, after whatever was queued
+    there (the forced lag): mismatches accumulate in device counters that the host reads once, in
+    ``assert_clean``. ``refs``: ``[(images, labels)]`` on the CPU, moved to the GPU before the loop.
+
+    ``mode``: ``"exact"``; ``("atol", a)`` the largest absolute difference; ``("mad", m)`` the mean absolute
+    difference per sample (GPU decoders against the native decode)."""
+
+    def __init__(self, refs: list, mode="exact"):
+        self.refs = [(x.cuda(), y.cuda()) for x, y in refs]
+        torch.cuda.synchronize()  # before the loop: no sync inside it
+        self.mode = mode
+        self.bad_images = torch.zeros((), dtype=torch.int64, device="cuda")
+        self.bad_labels = torch.zeros((), dtype=torch.int64, device="cuda")
+        self.k = 0
+        self.host_errors: list[str] = []
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        k, self.k = self.k, self.k + 1
+        if k >= len(self.refs):
+            self.host_errors.append(f"batch {k}: more batches than the {len(self.refs)} expected")
+            return
+        rx, ry = self.refs[k]
+        if x.shape != rx.shape or y.shape != ry.shape or x.dtype != rx.dtype or not x.is_cuda:
+            self.host_errors.append(f"batch {k}: {x.dtype} {tuple(x.shape)} on {x.device}, expected "
+                                    f"{rx.dtype} {tuple(rx.shape)}")
+            return
+        self.bad_labels += (y != ry).any()
+        if self.mode == "exact":
+            self.bad_images += (x != rx).any()
+        elif self.mode[0] == "atol":
+            self.bad_images += ((x.float() - rx.float()).abs() > self.mode[1]).any()
+        else:
+            self.bad_images += ((x.float() - rx.float()).abs().flatten(1).mean(1) > self.mode[1]).any()
+
+    def assert_clean(self, what: str = "") -> None:
+        bad_x, bad_y = int(self.bad_images), int(self.bad_labels)  # the one host sync
+        assert not self.host_errors, f"{what}: {self.host_errors[:3]}"
+        assert self.k == len(self.refs), f"{what}: {self.k} batches, expected {len(self.refs)}"
+        assert bad_x == 0 and bad_y == 0, (f"{what}: {bad_x} batches with wrong pixels, {bad_y} with wrong labels "
+                                           f"of {self.k}")
+
+
+def corrupt_sample(packed: Path, index: int) -> None:
+    """Zero the JPEG header of sample ``index`` inside its shard (packing checks files; this gets past it)."""
+    import fastload
+
+    ds = fastload.open(packed, decode=False)
+    seg, local = ds.locate(index)
+    shard = Path(packed) / seg.name
+    data = bytearray(shard.read_bytes())
+    start = seg.data_start["image"] + int(seg.offsets["image"][local])
+    data[start + 2:start + 22] = bytes(20)
+    shard.write_bytes(bytes(data))

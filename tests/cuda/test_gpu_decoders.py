@@ -11,18 +11,10 @@ import torch
 import fastload
 from fastload import transforms as T
 
-from gpu_common import NEEDS_CUDA_AND_TORCHVISION  # noqa: F401  (puts tests/ on sys.path)
-from conftest import packed_image_folder  # noqa: E402
+from gpu_common import MAD_TOLERANCE as TOLERANCE, NEEDS_CUDA, decoder_param
+from conftest import packed_image_folder  # noqa: E402 (gpu_common puts tests/ on sys.path)
 
-try:
-    import nvidia.dali  # noqa: F401
-
-    HAVE_DALI = True
-except ImportError:
-    HAVE_DALI = False
-
-pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
-TOLERANCE = 4.0  # mean absolute difference per sample vs the DCT-scaled native decode (dali.py, nvjpeg.py)
+pytestmark = NEEDS_CUDA
 
 
 @pytest.fixture(scope="module")
@@ -34,13 +26,15 @@ def batches(ds, **kw):
     return [(x.cpu().clone(), y.cpu().clone()) for x, y in fastload.DataLoader(ds, batch_size=16, seed=9, **kw)]
 
 
-@pytest.mark.parametrize("decoder", [pytest.param("dali", marks=pytest.mark.skipif(not HAVE_DALI, reason="needs DALI")),
-                                     "auto"])
+@pytest.mark.parametrize("decoder", [decoder_param("dali"), decoder_param("auto")])
 @pytest.mark.parametrize("num_workers", [0, 4])
 def test_gpu_decoders_match_native(packed, decoder, num_workers):
     ds = fastload.open(packed, transforms={"image": [T.RandomResizedCrop(64), T.RandomHorizontalFlip()]})
     ref = batches(ds, num_workers=num_workers)
-    got = batches(ds, num_workers=num_workers, decoder=decoder, device="cuda")
+    loader_kw = dict(num_workers=num_workers, decoder=decoder, device="cuda")
+    got = batches(ds, **loader_kw)
+    if decoder == "auto":  # else it would compare native with native
+        assert fastload.DataLoader(ds, batch_size=16, **loader_kw)._batcher.images.hybrid is not None
     assert len(ref) == len(got)
     for (rx, ry), (gx, gy) in zip(ref, got):
         assert torch.equal(ry, gy) and rx.shape == gx.shape and rx.dtype == gx.dtype
@@ -48,9 +42,10 @@ def test_gpu_decoders_match_native(packed, decoder, num_workers):
         assert diff.max() < TOLERANCE, diff
 
 
-def test_auto_shares_batches_between_cpu_and_gpu(packed):
+@pytest.mark.parametrize("decoder", [decoder_param("auto")])
+def test_auto_shares_batches_between_cpu_and_gpu(packed, decoder):
     ds = fastload.open(packed, transforms={"image": [T.RandomResizedCrop(64)]})
-    dl = fastload.DataLoader(ds, batch_size=16, num_workers=4, decoder="auto", device="cuda")
+    dl = fastload.DataLoader(ds, batch_size=16, num_workers=4, decoder=decoder, device="cuda")
     for _ in range(2):
         for _ in dl:
             pass

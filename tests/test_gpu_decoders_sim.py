@@ -1,0 +1,149 @@
+"""decoder='nvjpeg' inside the loader on the simulated GPU (tests/sim_streams.py): the decoder's stream,
+its row buffers and its fix-ups go through the same streams backend as the prefetcher, with PIL standing
+in for nvJPEG (tests/test_nvjpeg_cpu.py). The consumer lags; a corrupt JPEG is skipped."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fastload
+from fastload import _ring
+from fastload import transforms as T
+from fastload.decoders import nvjpeg
+from conftest import jpeg_bytes
+from test_nvjpeg_cpu import pil_decode
+from test_ring import sim_cuda  # noqa: F401  (the fixture)
+
+
+@pytest.fixture(scope="module")
+def one_truncated(tmp_path_factory):
+    """Eighteen pictures, the sixth with its JPEG header zeroed in the shard (nvJPEG and PIL refuse it)."""
+    root = tmp_path_factory.mktemp("gpu-sim")
+    for i in range(18):
+        (root / "src" / f"c{i % 2}").mkdir(parents=True, exist_ok=True)
+        (root / "src" / f"c{i % 2}" / f"{i:02d}.jpg").write_bytes(jpeg_bytes(40 + 3 * i, 64, seed=i))
+    fastload.pack(root / "src", root / "ds", workers=0)
+    ds = fastload.open(root / "ds", decode=False)
+    seg, local = ds.locate(5)
+    shard = next((root / "ds").glob("shard-*.fls"))
+    data = bytearray(shard.read_bytes())
+    start = seg.data_start["image"] + int(seg.offsets["image"][local])
+    data[start + 2:start + 22] = bytes(20)
+    shard.write_bytes(bytes(data))
+    return root / "ds"
+
+
+@pytest.fixture
+def nvjpeg_on_sim(sim_cuda, monkeypatch):  # noqa: F811
+    monkeypatch.setattr(_ring, "streams_for", lambda device: sim_cuda)  # the decoders' backend
+    monkeypatch.setattr(nvjpeg, "_torchvision_decoder", lambda device: pil_decode)
+    # the simulated device's tensors live on the CPU: the device check would refuse them
+    monkeypatch.setattr(nvjpeg.NvjpegDecoder, "_check_out", lambda self, out, n: None)
+    return sim_cuda
+
+
+def run(sim, loader, consumer, lag: bool) -> list:
+    """Iterate ``loader`` with next() and each step on ``consumer``; the consumer stream catches up only
+    every third step when ``lag``. Returns what each step's kernel saw."""
+    seen: list = []
+    with sim.stream(consumer):
+        for k, (x, y) in enumerate(loader):
+            sim.model_step([x, y], seen)
+            if not lag or k % 3 == 2:
+                sim.run(consumer)
+    sim.run_all()
+    return seen
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("stream", ["default", "user"])
+def test_gpu_decoder_under_lag_never_makes_the_training_thread_wait(nvjpeg_on_sim, one_truncated, num_workers,
+                                                                   stream):
+    sim = nvjpeg_on_sim
+    consumer = sim.default if stream == "default" else sim.new_stream("user")
+    waits_on_decoder = []
+    real_wait = sim.wait
+    sim.wait = lambda s, ev: (waits_on_decoder.append(s) if s.name == "nvjpeg" else None, real_wait(s, ev))[1]
+    ds = fastload.open(one_truncated, transforms={"image": [T.RandomResizedCrop(16), T.RandomHorizontalFlip()]})
+    kw = dict(batch_size=4, shuffle=True, seed=3, num_workers=num_workers, decoder="nvjpeg", on_error="skip",
+              device="cuda")
+    plain = fastload.DataLoader(ds, **kw)
+    ref = [s for _ in range(2) for s in run(sim, plain, consumer, lag=False)]
+    del sim.host_waits[:]
+    waits_on_decoder.clear()
+    loader = fastload.DataLoader(ds, **kw)
+    seen = [s for _ in range(2) for s in run(sim, loader, consumer, lag=True)]  # two epochs, one host ring
+    assert not sim.races
+    assert not sim.waits_in(), sim.waits_in()  # the decoder synchronised in the producer thread only
+    producer = sim.waits_in("fastload-batcher", busy=False)
+    assert producer and not any(consumer.name in w.on for w in producer)  # never paced by the training queue
+    assert len(seen) == len(ref) == 10  # 18 samples: a partial last batch of 2 each epoch
+    for (x, y), (sx, sy) in zip(ref, seen):
+        assert torch.equal(x, sx) and torch.equal(y, sy)
+    assert loader.stats()["skipped"] == 2
+    # the decoder's stream waited for the rows' allocation once per row buffer, not once per batch
+    assert 0 < len(waits_on_decoder) <= len(loader._ring) < 10
+
+
+def test_skipped_rows_are_fixed_on_the_decoders_stream(nvjpeg_on_sim, one_truncated):
+    """on_error='skip' copies a good row over a failed one: on a stream of the decoder's, completed before
+    the batch is handed on, not on the producer thread's default stream (unordered with the prefetcher's
+    copy when the loop runs on another stream)."""
+    sim = nvjpeg_on_sim
+    ops = []
+    real_launch = sim.launch
+    sim.launch = lambda fn, reads=(), writes=(), what="kernel": (
+        ops.append((sim.current_stream().name, what)), real_launch(fn, reads, writes, what))[1]
+    ds = fastload.open(one_truncated, transforms={"image": [T.RandomResizedCrop(16)]})
+    loader = fastload.DataLoader(ds, batch_size=18, decoder="nvjpeg", on_error="skip", device="cuda")
+    with sim.stream(sim.new_stream("user")):
+        (x, y), = list(loader)
+    sim.run_all()
+    fixups = [name for name, what in ops if what == "on_error fix-up"]
+    assert fixups and "default" not in fixups and "user" not in fixups
+    raw = fastload.open(one_truncated, decode=False)
+    labels = [int(raw[k][1]) for k in range(18)]
+    assert y.tolist() == [labels[0] if k == 5 else labels[k] for k in range(18)]
+    assert torch.equal(x[5], x[0])
+
+
+def test_auto_with_a_gpu_decoder_that_cannot_decode_falls_back_to_cpu_threads(nvjpeg_on_sim, monkeypatch,
+                                                                            one_truncated):
+    """decoder='auto' found torchvision, but it cannot decode on the GPU (no nvJPEG): one warning, and
+    native threads decode every sample into the device rows, the batches the CPU loader gives."""
+    from fastload import _images
+
+    sim = nvjpeg_on_sim
+
+    def no_nvjpeg(device):
+        raise ImportError("torchvision cannot decode JPEG on cuda:0 (RuntimeError: no nvJPEG)")
+
+    monkeypatch.setattr(_images, "_installed_gpu_decoder", lambda: ("nvjpeg", []))
+    monkeypatch.setattr(nvjpeg, "_torchvision_decoder", no_nvjpeg)
+    monkeypatch.setattr(_ring, "_warned", set())
+    ds = fastload.open(one_truncated, transforms={"image": [T.RandomResizedCrop(16)]})
+    kw = dict(batch_size=4, shuffle=True, seed=2, on_error="skip")
+    ref = [(x.clone(), y.clone()) for x, y in fastload.DataLoader(ds, **kw)]
+    with pytest.warns(RuntimeWarning, match="cannot use 'nvjpeg'.*no nvJPEG"):
+        seen = run(sim, fastload.DataLoader(ds, decoder="auto", device="cuda", **kw), sim.default, lag=True)
+    assert not sim.races and not sim.waits_in()
+    assert len(seen) == len(ref)
+    for (x, y), (sx, sy) in zip(ref, seen):
+        assert torch.equal(x, sx) and torch.equal(y, sy)
+
+
+def test_gpu_decoders_decode_on_the_device_current_at_the_first_iteration(nvjpeg_on_sim, monkeypatch,
+                                                                         one_truncated):
+    """A loader built before torch.cuda.set_device(local_rank): its GPU decoder and rows are on the rank's
+    device, resolved in the training thread (a producer thread's current device is not the loop's)."""
+    current = [0]
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current[0])
+    ds = fastload.open(one_truncated, transforms={"image": [T.RandomResizedCrop(16)]})
+    loader = fastload.DataLoader(ds, batch_size=4, decoder="nvjpeg", on_error="skip", device="cuda", num_workers=2,
+                                 persistent_workers=True)  # the decoders stay after the epoch
+    current[0] = 2
+    run(nvjpeg_on_sim, loader, nvjpeg_on_sim.default, lag=False)
+    images = loader._batcher.images
+    assert images.device == torch.device("cuda", 2) and loader._device_ring.device == torch.device("cuda", 2)
+    assert images._decoders["image"].decoder.device == torch.device("cuda", 2)

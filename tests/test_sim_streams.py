@@ -1,0 +1,156 @@
+"""The simulated GPU itself (tests/sim_streams.py): each capability the device path's tests rely on, shown
+on a case that only that capability can decide. test_ring.py runs fastload on it."""
+
+from __future__ import annotations
+
+import gc
+import threading
+
+import pytest
+import torch
+
+from fastload._prefetch import DevicePrefetcher, DeviceRing
+from sim_streams import Race, SimGpu
+
+
+def write(sim: SimGpu, t: torch.Tensor, value: int, what: str = "writer") -> None:
+    sim.launch(lambda: t.fill_(value), writes=(t,), what=what)
+
+
+def read(sim: SimGpu, t: torch.Tensor, seen: list, what: str = "reader") -> None:
+    sim.launch(lambda: seen.append(t.clone()), reads=(t,), what=what)
+
+
+# -- per-thread current stream, the legacy default stream ---------------------------------------------
+def test_each_thread_starts_on_the_legacy_default_stream():
+    """A stream made current in one thread is not current in another: a thread that picks none queues
+    its work on the legacy default stream, unordered with the main thread's stream."""
+    sim = SimGpu()
+    user = sim.new_stream("user")
+    x = sim.alloc((1024,), torch.uint8)
+    where = []
+    with sim.stream(user):
+        t = threading.Thread(target=lambda: (where.append(sim.current_stream()), write(sim, x, 1)))
+        t.start()
+        t.join()
+        assert sim.current_stream() is user
+        ev = sim.record(user)
+    assert where == [sim.default]
+    sim.wait(sim.side, ev)
+    with sim.side_context():
+        read(sim, x, [])
+    with pytest.raises(Race, match="writer on default"):
+        sim.run_all()
+
+
+@pytest.mark.parametrize("blocking", [True, False])
+def test_the_legacy_default_stream_orders_blocking_streams_only(blocking):
+    """Work on the legacy default stream waits for earlier work on blocking streams (cudaStreamDefault),
+    not for the non-blocking streams torch makes."""
+    sim = SimGpu()
+    other = sim.new_stream("other", blocking=blocking)
+    x = sim.alloc((1024,), torch.uint8)
+    with sim.stream(other):
+        write(sim, x, 7)
+    seen: list = []
+    read(sim, x, seen)  # on the legacy default stream
+    if blocking:
+        sim.run(sim.default)  # waits for `other` first
+        assert not seen and not sim.races
+        sim.run_all()
+        assert int(seen[0][0]) == 7
+    else:
+        with pytest.raises(Race):
+            sim.run_all()
+
+
+# -- copies from pageable host memory ------------------------------------------------------------------
+def test_a_copy_from_pageable_memory_waits_for_the_stream():
+    """cudaMemcpyAsync from pageable memory first waits for the stream (and what it waits on): a consumer
+    stream lagging behind makes the host wait for its queued work. From pinned memory the host goes on."""
+    sim = SimGpu()
+    dst = sim.alloc((64,), torch.uint8)
+    lagging = sim.alloc((64,), torch.uint8)
+    write(sim, lagging, 3, "model step")  # queued on the consumer (legacy default) stream
+    fence = sim.record(sim.default)
+    with sim.side_context():
+        sim.wait(sim.side, fence)
+        pinned = sim.host_empty((64,), torch.uint8).fill_(1)
+        sim.copy(dst, pinned)
+        assert sim.waits_in() == [] and sim.default.ops  # queued, the model step has not run
+        pageable = torch.full((64,), 2, dtype=torch.uint8)
+        sim.copy(dst, pageable)
+    waits = sim.waits_in()
+    assert len(waits) == 1 and waits[0].ran >= 2 and waits[0].why == "copy from pageable memory"
+    assert int(lagging[0]) == 3  # the host waited until the model step ran
+    pageable.fill_(9)  # the bytes were staged when the copy was called
+    sim.run_all()
+    assert int(dst[0]) == 2
+
+
+def test_waits_name_the_thread_that_blocked():
+    sim = SimGpu()
+    dst = sim.alloc((8,), torch.uint8)
+    write(sim, dst, 1)
+
+    def producer():
+        sim.copy(dst, torch.ones(8, dtype=torch.uint8))
+
+    t = threading.Thread(target=producer, name="producer")
+    t.start()
+    t.join()
+    assert sim.waits_in() == [] and len(sim.waits_in("producer")) == 1
+
+
+# -- the caching allocator: small and large pools, block splitting ------------------------------------
+def test_small_requests_never_take_large_blocks():
+    sim = SimGpu()
+    big = sim.alloc((2 << 20,), torch.uint8)  # large pool
+    addr = big.data_ptr()
+    del big
+    small = sim.alloc((512 << 10,), torch.uint8)
+    assert small.data_ptr() != addr  # a new 2 MiB small segment
+    large = sim.alloc((3 << 19,), torch.uint8)  # 1.5 MiB: split from the cached 20 MiB segment's block
+    assert large.data_ptr() == addr
+
+
+def test_a_freed_block_is_split_and_merged_again():
+    sim = SimGpu()
+    a = sim.alloc((4096,), torch.uint8)
+    b = sim.alloc((4096,), torch.uint8)
+    pa = a.data_ptr()
+    assert b.data_ptr() == pa + 4096  # carved one after the other from one segment
+    del a
+    c = sim.alloc((1000,), torch.uint8)  # rounded to 1024, split from a's 4096 bytes
+    assert c.data_ptr() == pa
+    d = sim.alloc((3000,), torch.uint8)  # the 3072 left of a's block
+    assert d.data_ptr() == pa + 1024
+    del c, d, b
+    e = sim.alloc((8192,), torch.uint8)  # the three merged (and the segment's tail)
+    assert e.data_ptr() == pa
+
+
+def test_a_freed_block_of_another_size_still_traps_an_unfenced_slot(monkeypatch):
+    """The H100 trap with sizes that differ: a 64 KiB buffer the consumer's queued kernel still reads
+    is freed; the prefetcher's first slot (about 1.5 KiB) is split from it. Without the fence the side
+    stream's copy writes it under the queued read; with it, nothing races."""
+    for fenced in (True, False):
+        sim = SimGpu()
+        if not fenced:
+            real = sim.wait
+            monkeypatch.setattr(sim, "wait", lambda s, ev: None if s is sim.side else real(s, ev))
+        junk = sim.alloc((64 << 10,), torch.uint8)
+        sim.model_step([junk], [], scratch=False)  # queued; keeps no reference (a kernel does not)
+        del junk
+        gc.collect()
+        g = torch.Generator().manual_seed(0)
+        batches = [[torch.randint(0, 256, (8, 3, 6, 6), dtype=torch.uint8, generator=g), torch.arange(8)]]
+        pf = DevicePrefetcher(batches, depth=1, ring=DeviceRing("cpu", streams=sim))
+        out = next(pf)
+        if fenced:
+            sim.run_all()
+            assert not sim.races and torch.equal(out[0], batches[0][0])
+        else:
+            with pytest.raises(Race, match="model step"):
+                sim.run_all()
+        monkeypatch.undo()
