@@ -1,0 +1,113 @@
+"""The batched torch engine: executes a plan over a whole NCHW batch on its device, no loop over samples.
+
+status: groundwork for issue 21, not wired into the loader yet (it will run on the GPU after the copy).
+
+It receives the decoder's tiles (already cropped and resized; the native decoder also mirrors them today,
+hence ``flips=False``) and runs, per the plan: flips, the affine (``grid_sample`` with a mask channel for the
+fill, as torchvision's ``_apply_grid_transform``), then each step over its subset (``index_select`` ->
+kernel -> ``index_copy_``). Host columns travel to the device once per step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from . import color, filters, tone  # noqa: F401  (they register their operations)
+from .plan import BILINEAR, OPS, AugmentPlan
+
+__all__ = ["run_torch"]
+
+
+class Columns(dict):
+    """A step's parameters as device tensors, with the numpy columns in ``.host`` for kernels that need
+    values on the host (kernel sizes) without a device sync."""
+
+    host: dict[str, np.ndarray]
+
+
+def run_torch(images: torch.Tensor, plan: AugmentPlan, *, flips: bool = True) -> torch.Tensor:
+    """Execute ``plan`` on ``images`` (N, C, H, W), uint8 (or float in [0, 1] for the operations that allow it).
+
+    Returns a new tensor (N, plan.channels, H, W) of the same dtype; ``images`` is left unchanged.
+    ``flips=False`` when the decoder has already applied the plan's horizontal flips."""
+    _check(images, plan)
+    x = images.clone()
+    dev = x.device
+    geo = plan.geometry
+    if flips:
+        _subset(x, geo.hflip, lambda t: t.flip(-1))
+    _subset(x, geo.vflip, lambda t: t.flip(-2))
+    for mode in (0, 1):
+        rows = np.flatnonzero(geo.has_affine & (geo.interpolation == mode))
+        if rows.size:
+            sel = torch.from_numpy(rows).to(dev)
+            x.index_copy_(0, sel, _affine(x.index_select(0, sel), geo.affine[rows], mode, geo.fill[rows]))
+    for step in plan.steps:
+        op = OPS[step.op]
+        if x.is_floating_point() and not op.floats:
+            raise TypeError(f"the {step.op} operation runs on uint8 images only, got a {x.dtype} batch; "
+                            f"run the augmentations before converting to float")
+        sel = torch.from_numpy(step.index).to(dev)
+        cols = Columns({k: torch.from_numpy(v).to(dev) for k, v in step.params.items()})
+        cols.host = step.params
+        x.index_copy_(0, sel, op.torch(x.index_select(0, sel), cols))
+    return x[:, :1].contiguous() if plan.channels == 1 else x
+
+
+def _check(images: Any, plan: AugmentPlan) -> None:
+    if not isinstance(images, torch.Tensor) or images.ndim != 4:
+        raise TypeError(f"run_torch: images should be an (N, C, H, W) tensor, got "
+                        f"{getattr(images, 'shape', type(images).__name__)}")
+    n, c, h, w = images.shape
+    if n != plan.n:
+        raise ValueError(f"run_torch: the batch has {n} images but the plan was made for {plan.n}")
+    if c not in (1, 3):
+        raise ValueError(f"run_torch: images should have 1 or 3 channels, got {c}")
+    if images.dtype != torch.uint8 and not images.is_floating_point():
+        raise TypeError(f"run_torch: images should be uint8 (or float in [0, 1]), got {images.dtype}")
+    bad = np.flatnonzero((plan.geometry.out_hw[:, 0] != h) | (plan.geometry.out_hw[:, 1] != w))
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"run_torch: sample {i} was planned as {tuple(plan.geometry.out_hw[i])} (h, w) but the "
+                         f"batch's tiles are {(h, w)}")
+
+
+def _subset(x: torch.Tensor, mask: np.ndarray, fn: Any) -> None:
+    rows = np.flatnonzero(mask)
+    if rows.size:
+        sel = torch.from_numpy(rows).to(x.device)
+        x.index_copy_(0, sel, fn(x.index_select(0, sel)))
+
+
+def _affine(x: torch.Tensor, m: np.ndarray, mode: int, fill: np.ndarray) -> torch.Tensor:
+    """Resample each tile through its inverse matrix (pixel centres, PIL's convention), fill outside (the fill
+    is in the batch's own units, as torchvision applies it)."""
+    k, c, h, w = x.shape
+    dev = x.device
+    mt = torch.from_numpy(m).to(dev)  # float64: coordinates near pixel edges must not flip in float32
+    ys = torch.arange(h, device=dev, dtype=torch.float64).add_(0.5).view(1, h, 1)
+    xs = torch.arange(w, device=dev, dtype=torch.float64).add_(0.5).view(1, 1, w)
+    u = mt[:, 0, 0].view(-1, 1, 1) * xs + mt[:, 0, 1].view(-1, 1, 1) * ys + mt[:, 0, 2].view(-1, 1, 1)
+    v = mt[:, 1, 0].view(-1, 1, 1) * xs + mt[:, 1, 1].view(-1, 1, 1) * ys + mt[:, 1, 2].view(-1, 1, 1)
+    # grid_sample (align_corners=False) reads pixel coordinate p at normalised 2p/size - 1.
+    grid = torch.stack([u * (2.0 / w) - 1.0, v * (2.0 / h) - 1.0], dim=-1)
+    xf = x.to(torch.float32)
+    src = torch.cat([xf, torch.ones_like(xf[:, :1])], dim=1)
+    if mode == BILINEAR:
+        out = F.grid_sample(src, grid.to(torch.float32), mode="bilinear", padding_mode="zeros", align_corners=False)
+    else:
+        # Nearest in float64, so that a coordinate just below a pixel edge stays there (PIL computes in double).
+        out = F.grid_sample(src.to(torch.float64), grid, mode="nearest", padding_mode="zeros",
+                            align_corners=False).to(torch.float32)
+    mask = out[:, -1:]
+    out = out[:, :-1]
+    fill_t = torch.from_numpy(np.ascontiguousarray(fill[:, :c])).to(dev, torch.float32).view(k, c, 1, 1)
+    if mode == BILINEAR:
+        out = (out - fill_t) * mask + fill_t
+    else:
+        out = torch.where(mask < 0.5, fill_t.expand_as(out), out)
+    return out if x.is_floating_point() else out.round_().clamp_(0, 255).to(x.dtype)
