@@ -72,7 +72,7 @@ def _check(images: Any, plan: AugmentPlan) -> None:
     bad = np.flatnonzero((plan.geometry.out_hw[:, 0] != h) | (plan.geometry.out_hw[:, 1] != w))
     if bad.size:
         i = int(bad[0])
-        raise ValueError(f"run_torch: sample {i} was planned as {tuple(plan.geometry.out_hw[i])} (h, w) but the "
+        raise ValueError(f"run_torch: sample {i} was planned as {tuple(int(v) for v in plan.geometry.out_hw[i])} (h, w) but the "
                          f"batch's tiles are {(h, w)}")
 
 

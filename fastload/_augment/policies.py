@@ -7,16 +7,18 @@ operation's magnitudes are a table of ``num_bins`` values (e.g. ``linspace(0, 0.
 Brightness, whose factor is then ``1 + m``); a signed operation's magnitude is negated when a uniform draw is
 ``<= 0.5``. Per sample and slot, the draws (operation, bin, sign) are made for every sample at once, then
 each operation is planned over the samples that chose it, so the plan has at most one step per operation
-and slot. Magnitudes are computed in float64 and rounded to float32, as torch's float32 ``linspace`` gives them
-(within one float32 ulp). ShearX/Y, TranslateX/Y and Rotate become the sample's affine (see plan.py for the
+and slot. Magnitude tables are built with torch exactly as torchvision builds them (float32 ``linspace``), so
+they are equal bit for bit. ShearX/Y, TranslateX/Y and Rotate become the sample's affine (see plan.py for the
 order this implies).
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import numpy as np
+import torch
 
 from . import color, tone  # noqa: F401  (they register the operations the policies plan)
 from .geometry import rotate, shear, translate
@@ -28,18 +30,36 @@ __all__ = ["AutoAugment", "RandAugment", "TrivialAugmentWide"]
 Table = Callable[[np.ndarray, int, np.ndarray], np.ndarray]
 
 
+@functools.lru_cache(maxsize=256)
+def _linspace(start: float, end: float, num: int) -> np.ndarray:
+    # torch's own float32 linspace: numpy's (or a float32 port) differs from it by an ulp here and there.
+    return torch.linspace(start, end, num).double().numpy()
+
+
 def _linear(end: float, start: float = 0.0) -> Table:
-    return lambda bins, num, hw: np.float32(start + (end - start) * bins / (num - 1)).astype(np.float64)
+    return lambda bins, num, hw: _linspace(start, end, num)[bins]
 
 
 def _linear_of_size(fraction: float, axis: int) -> Table:
     """``linspace(0, fraction * width_or_height, num)``: RandAugment/AutoAugment's translation in pixels."""
-    return lambda bins, num, hw: np.float32(fraction * hw[:, 1 - axis] * bins / (num - 1)).astype(np.float64)
+    def table(bins: np.ndarray, num: int, hw: np.ndarray) -> np.ndarray:
+        sizes = hw[:, 1 - axis]
+        out = np.empty(bins.size)
+        for size in np.unique(sizes):  # one table per tile size (one per batch in practice)
+            sel = sizes == size
+            out[sel] = _linspace(0.0, fraction * float(size), num)[bins[sel]]
+        return out
+    return table
+
+
+@functools.lru_cache(maxsize=64)
+def _posterize_bits(num: int, span: float) -> np.ndarray:
+    return (8 - (torch.arange(num) / ((num - 1) / span))).round().int().double().numpy()
 
 
 def _posterize(span: float) -> Table:
-    """``(8 - arange(num) / ((num - 1) / span)).round().int()``: bits."""
-    return lambda bins, num, hw: np.rint(8 - np.float32(bins / ((num - 1) / span))).astype(np.float64)
+    """torchvision's ``(8 - arange(num) / ((num - 1) / span)).round().int()``: bits."""
+    return lambda bins, num, hw: _posterize_bits(num, span)[bins]
 
 
 def _space(shear_max: float, translate: Table, translate_y: Table, rotate_max: float, enhance_max: float,
