@@ -43,7 +43,7 @@ def _columns(name: str, rng: np.random.Generator) -> dict:
         "saturation": lambda: dict(factor=rng.uniform(0, 2, N)),
         "hue": lambda: dict(factor=rng.uniform(-0.5, 0.5, N)),
         "sharpness": lambda: dict(factor=rng.uniform(0, 2, N)),
-        "solarize": lambda: dict(threshold=rng.uniform(0, 255, N)),
+        "solarize": lambda: dict(threshold=rng.integers(0, 256, N).astype(float)),  # values equal to it: >= vs >
         "posterize": lambda: dict(bits=rng.integers(0, 9, N)),
         "gaussian_blur": lambda: dict(ksize=np.array([5, 7]), sigma=np.stack([rng.uniform(0.1, 2, N)] * 2, 1)),
         "erase": lambda: dict(box=np.stack([rng.integers(0, H // 2, N), rng.integers(0, W // 2, N),
