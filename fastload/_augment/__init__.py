@@ -12,7 +12,7 @@ One file per concern:
 | ``color.py`` | brightness, contrast, saturation, hue, grayscale: ColorJitter, Grayscale, RandomGrayscale |
 | ``tone.py`` | solarize, posterize, equalize, autocontrast, invert, sharpness and their Random* transforms |
 | ``filters.py`` | gaussian blur and erasing: GaussianBlur, RandomErasing |
-| ``geometry.py`` | flips and affine matrices (torchvision's inverse-affine formula), RandomVerticalFlip |
+| ``geometry.py`` | flips and affine matrices (torchvision's inverse-affine formula): RandomHorizontalFlip, RandomVerticalFlip, RandomRotation, RandomAffine |
 | ``policies.py`` | TrivialAugmentWide, RandAugment, AutoAugment (ImageNet policy) |
 | ``combinators.py`` | RandomApply, RandomChoice, RandomOrder |
 | ``engine_pil.py`` / ``engine_torch.py`` | the two engines |

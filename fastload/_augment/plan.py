@@ -161,7 +161,8 @@ class PlanBuilder:
         self.steps.append(Step(op, index[order], params))
 
     def affine(self, index: np.ndarray, matrix: np.ndarray, interpolation: int, fill: np.ndarray) -> None:
-        """Compose an inverse affine (k, 2, 3) after the samples' current geometry."""
+        """Compose an inverse affine (k, 2, 3) after the samples' current geometry. Composed maps resample once,
+        with the latest interpolation and fill (torchvision would resample, and fill, once per transform)."""
         index = np.asarray(index, dtype=np.int64)
         if index.size == 0:
             return

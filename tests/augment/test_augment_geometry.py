@@ -63,3 +63,64 @@ def test_inverse_affine_undoes_the_forward_map():
         forward = t @ c @ fwd @ np.linalg.inv(c)
         back = np.vstack([inv[i], [0, 0, 1]])
         assert np.allclose(back @ forward, np.eye(3), atol=1e-9)
+
+
+def test_random_rotation_is_pils_rotate_by_a_uniform_angle():
+    from augment_common import ks_critical, ks_uniform
+    from fastload._augment.plan import plan_batch
+
+    n = 3000
+    plan = plan_batch([G.RandomRotation((-20, 50), fill=[1, 2, 3])], np.tile([H, W], (n, 1)), np.random.default_rng(0))
+    m = plan.geometry.affine
+    # PIL's rotate matrix is [cos r, sin r, ., -sin r, cos r, .] with r = -radians(angle).
+    angle = np.degrees(np.arctan2(-m[:, 0, 1], m[:, 0, 0]))
+    assert np.allclose(m[:, 0, 0], m[:, 1, 1]) and np.allclose(m[:, 0, 1], -m[:, 1, 0])
+    assert ks_uniform(angle, -20, 50) < ks_critical(n)
+    tile = photo_tiles(1)[0]
+    for i in range(5):
+        ours = run_pil(tile, plan, i)
+        ref = np.asarray(Image.fromarray(tile).rotate(angle[i], Image.NEAREST, fillcolor=(1, 2, 3)))
+        assert np.mean(ours != ref) <= 1e-3
+
+
+def test_random_affine_draws_like_torchvision():
+    from augment_common import ks_critical, ks_uniform
+    from fastload._augment.plan import plan_batch
+
+    n = 3000
+    t = G.RandomAffine(degrees=0, translate=(0.1, 0.2), scale=(0.8, 1.2), shear=(-5, 5, -10, 10))
+    seen = {}
+    real = G.inverse_affine
+
+    def spy(center, angle, tr, scale, shear):
+        seen.update(center=center, angle=angle, tr=tr, scale=scale, shear=shear)
+        return real(center, angle, tr, scale, shear)
+
+    G.inverse_affine = spy
+    try:
+        t.plan(PlanBuilder(np.tile([H, W], (n, 1))), np.arange(n), np.random.default_rng(1))
+    finally:
+        G.inverse_affine = real
+    assert np.array_equal(seen["tr"], np.rint(seen["tr"]))  # whole pixels
+    assert np.abs(seen["tr"][:, 0]).max() <= round(0.1 * W) and np.abs(seen["tr"][:, 1]).max() <= round(0.2 * H)
+    assert ks_uniform(seen["scale"], 0.8, 1.2) < ks_critical(n)
+    assert ks_uniform(seen["shear"][:, 0], -5, 5) < ks_critical(n)
+    assert ks_uniform(seen["shear"][:, 1], -10, 10) < ks_critical(n)
+    assert np.allclose(seen["center"], [W / 2, H / 2]) and (seen["angle"] == 0).all()
+    plan = plan_batch([t], np.tile([H, W], (2, 1)), np.random.default_rng(1))
+    assert plan.geometry.has_affine.all()
+
+
+def test_expand_and_bad_geometry_arguments_are_refused():
+    import pytest
+
+    with pytest.raises(ValueError, match="expand=True gives each sample its own output size"):
+        G.RandomRotation(10, expand=True)
+    with pytest.raises(ValueError, match=r"translate=\(0.1, 2\) should be \(fx, fy\), fractions in \[0, 1\]"):
+        G.RandomAffine(0, translate=(0.1, 2))
+    with pytest.raises(ValueError, match="degrees=-3: if it is a single number, it must be positive"):
+        G.RandomAffine(-3)
+    with pytest.raises(TypeError, match="shear=.1, 2, 3. should be a number or a sequence of 2 or 4 numbers"):
+        G.RandomAffine(0, shear=(1, 2, 3))
+    with pytest.raises(TypeError, match=r"center='middle' should be None or an \(x, y\) pair"):
+        G.RandomRotation(5, center="middle")

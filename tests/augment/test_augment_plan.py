@@ -13,6 +13,7 @@ from fastload._augment import plan as plan_mod
 from fastload._augment.color import ColorJitter, Grayscale, RandomGrayscale
 from fastload._augment.combinators import RandomApply, RandomChoice, RandomOrder
 from fastload._augment.filters import GaussianBlur, RandomErasing
+from fastload._augment import geometry as G
 from fastload._augment.geometry import RandomHorizontalFlip, RandomVerticalFlip
 from fastload._augment.plan import OPS, PlanBuilder, define_op, plan_batch
 from fastload._augment.policies import AutoAugment, RandAugment, TrivialAugmentWide
@@ -28,6 +29,8 @@ RECIPES = {
     "three_augment": ([RandomChoice([Grayscale(3), RandomSolarize(128, p=1.0), GaussianBlur(5)]),
                        ColorJitter(0.3, 0.3, 0.3)], 0.6),
     "color_jitter": ([ColorJitter(0.4, 0.4, 0.4, 0.1), RandomGrayscale(0.2), RandomVerticalFlip()], 1.0),
+    "random_affine": ([G.RandomRotation(30), G.RandomAffine(10, translate=(0.1, 0.1), scale=(0.9, 1.1), shear=5,
+                                                           interpolation="bilinear", fill=[0, 50, 100])], 1.5),
     "combinators": ([RandomOrder([RandomApply([RandomAdjustSharpness(2.0, 1.0)], 0.5), RandomPosterize(4, 0.7)])],
                     0.0),
 }
