@@ -51,9 +51,12 @@ def run_torch(images: torch.Tensor, plan: AugmentPlan, *, flips: bool = True) ->
         if x.is_floating_point() and not op.floats:
             raise TypeError(f"the {step.op} operation runs on uint8 images only, got a {x.dtype} batch; "
                             f"run the augmentations before converting to float")
-        sel = torch.from_numpy(step.index).to(dev)
         cols = Columns({k: torch.from_numpy(v).to(dev) for k, v in step.params.items()})
         cols.host = step.params
+        if step.index.size == x.shape[0]:  # every sample (index is sorted and distinct): no gather/scatter
+            x = op.torch(x, cols)
+            continue
+        sel = torch.from_numpy(step.index).to(dev)
         x.index_copy_(0, sel, op.torch(x.index_select(0, sel), cols))
     return x[:, :1].contiguous() if plan.channels == 1 else x
 

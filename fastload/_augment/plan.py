@@ -151,6 +151,10 @@ class PlanBuilder:
         if index.size == 0:
             return
         order = np.argsort(index, kind="stable")
+        ordered = index[order]
+        if ordered[0] < 0 or ordered[-1] >= self.n or np.any(ordered[1:] == ordered[:-1]):
+            raise ValueError(f"{op}: index must list distinct samples of the batch (0 to {self.n - 1}), got "
+                             f"{index.tolist()[:10]}{'...' if index.size > 10 else ''}")
         params = {}
         for name, (dtype, shape) in spec.columns.items():
             col = np.asarray(columns[name], dtype=dtype)
@@ -158,7 +162,7 @@ class PlanBuilder:
             if col.shape != (index.size, *shape):
                 raise ValueError(f"{op}: column {name} has shape {col.shape}, expected {(index.size, *shape)}")
             params[name] = np.ascontiguousarray(col[order])
-        self.steps.append(Step(op, index[order], params))
+        self.steps.append(Step(op, ordered, params))
 
     def affine(self, index: np.ndarray, matrix: np.ndarray, interpolation: int, fill: np.ndarray) -> None:
         """Compose an inverse affine (k, 2, 3) after the samples' current geometry. Composed maps resample once,

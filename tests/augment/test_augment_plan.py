@@ -138,6 +138,10 @@ def test_builder_and_plan_batch_refuse_bad_input():
         b.add("brightness", np.arange(3), level=1)
     with pytest.raises(ValueError, match=r"column factor has shape \(2,\), expected \(3,\)"):
         b.add("brightness", np.arange(3), factor=np.ones(2))
+    with pytest.raises(ValueError, match=r"invert: index must list distinct samples of the batch \(0 to 2\)"):
+        b.add("invert", np.array([0, 2, 2]))
+    with pytest.raises(ValueError, match=r"index must list distinct samples of the batch \(0 to 2\), got \[3\]"):
+        b.add("invert", np.array([3]))
     with pytest.raises(TypeError, match="rng must be a numpy.random.Generator"):
         plan_batch([RandomSolarize(1)], np.tile([H, W], (3, 1)), 0)
     with pytest.raises(TypeError, match="is not one of fastload's augmentations"):
