@@ -13,7 +13,7 @@ One file per concern:
 | ``tone.py`` | solarize, posterize, equalize, autocontrast, invert, sharpness and their Random* transforms |
 | ``filters.py`` | gaussian blur and erasing: GaussianBlur, RandomErasing |
 | ``geometry.py`` | flips and affine matrices (torchvision's inverse-affine formula): RandomHorizontalFlip, RandomVerticalFlip, RandomRotation, RandomAffine |
-| ``policies.py`` | TrivialAugmentWide, RandAugment, AutoAugment (ImageNet policy) |
+| ``policies.py`` | TrivialAugmentWide, RandAugment, AutoAugment (ImageNet policy), ThreeAugment (DeiT III) |
 | ``combinators.py`` | RandomApply, RandomChoice, RandomOrder |
 | ``engine_pil.py`` / ``engine_torch.py`` | the two engines |
 | ``mix.py`` | batch transforms MixUp, CutMix (and a random choice of them) |

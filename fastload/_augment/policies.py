@@ -21,10 +21,14 @@ import numpy as np
 import torch
 
 from . import color, tone  # noqa: F401  (they register the operations the policies plan)
+from .color import ColorJitter, Grayscale
+from .combinators import RandomChoice
+from .filters import GaussianBlur
 from .geometry import rotate, shear, translate
 from .plan import NEAREST, Augment, PlanBuilder, check_fill, check_interpolation
+from .tone import RandomSolarize
 
-__all__ = ["AutoAugment", "RandAugment", "TrivialAugmentWide"]
+__all__ = ["AutoAugment", "RandAugment", "ThreeAugment", "TrivialAugmentWide"]
 
 # magnitude table: (bins (k,), num_bins, hw (k, 2)) -> magnitudes (k,), or None for operations without one
 Table = Callable[[np.ndarray, int, np.ndarray], np.ndarray]
@@ -257,3 +261,34 @@ class AutoAugment(_Policy):
             negate = rng.random(k) <= 0.5
             choice = np.where(applied, op_id, -1)  # -1: skipped
             self._slot(b, index, choice, bins, negate, 10)
+
+
+class ThreeAugment(Augment):
+    """DeiT III's "3-Augment": per sample one of grayscale (3 channels), solarize (threshold 128) or a Gaussian
+    blur with sigma uniform in ``blur_sigma``, chosen uniformly; then ``ColorJitter(c, c, c)`` unless
+    ``color_jitter`` is 0 or None.
+
+    DeiT blurs with PIL's ``ImageFilter.GaussianBlur(radius=sigma)`` (box-filter approximation, edges
+    extended); here the blur is torchvision's sampled Gaussian with ``blur_kernel_size`` taps (default covers
+    +-3 sigma of the largest sigma) and reflect padding: on photo-like tiles the two differ by about half a
+    level on average away from the borders (tests/augment/test_augment_policies_extra.py)."""
+
+    def __init__(self, color_jitter: float | None = 0.3, blur_sigma: Any = (0.1, 2.0),
+                 blur_kernel_size: int | None = None) -> None:
+        self.color_jitter = None if not color_jitter else float(color_jitter)
+        self._blur = GaussianBlur(3, sigma=blur_sigma)  # checks sigma; the size is set below
+        self.blur_sigma = self._blur.sigma
+        size = blur_kernel_size if blur_kernel_size is not None else 2 * int(np.ceil(3 * self.blur_sigma[1])) + 1
+        self._blur = GaussianBlur(size, sigma=blur_sigma)
+        self.blur_kernel_size = self._blur.kernel_size[0]
+        self._choice = RandomChoice([Grayscale(3), RandomSolarize(128.0, p=1.0), self._blur])
+        self._jitter = None if self.color_jitter is None else ColorJitter(*(self.color_jitter,) * 3)
+
+    def _params(self) -> dict[str, Any]:
+        return {"color_jitter": self.color_jitter, "blur_sigma": self.blur_sigma,
+                "blur_kernel_size": self.blur_kernel_size}
+
+    def plan(self, b: PlanBuilder, index: np.ndarray, rng: np.random.Generator) -> None:
+        self._choice.plan(b, index, rng)
+        if self._jitter is not None:
+            self._jitter.plan(b, index, rng)
