@@ -154,7 +154,8 @@ define_op("grayscale", {}, pil=_grayscale_pil, torch=_grayscale_torch, floats=Tr
 
 def _jitter_range(value: Any, name: str, center: float = 1.0, bound: tuple[float, float] = (0.0, float("inf")),
                   clip_first_on_zero: bool = True) -> tuple[float, float] | None:
-    """torchvision's ``ColorJitter._check_input``: a number v -> [center - v, center + v] (clipped at 0), or (min, max)."""
+    """torchvision's ``ColorJitter._check_input``: a number v -> [center - v, center + v] (clipped at 0), or a
+    (min, max) pair; None when it would change nothing."""
     if value is None:
         return None
     if isinstance(value, numbers.Real) and not isinstance(value, bool):

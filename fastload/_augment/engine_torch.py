@@ -75,8 +75,8 @@ def _check(images: Any, plan: AugmentPlan) -> None:
     bad = np.flatnonzero((plan.geometry.out_hw[:, 0] != h) | (plan.geometry.out_hw[:, 1] != w))
     if bad.size:
         i = int(bad[0])
-        raise ValueError(f"run_torch: sample {i} was planned as {tuple(int(v) for v in plan.geometry.out_hw[i])} (h, w) but the "
-                         f"batch's tiles are {(h, w)}")
+        planned = tuple(int(v) for v in plan.geometry.out_hw[i])
+        raise ValueError(f"run_torch: sample {i} was planned as {planned} (h, w) but the batch's tiles are {(h, w)}")
 
 
 def _subset(x: torch.Tensor, mask: np.ndarray, fn: Any) -> None:

@@ -116,7 +116,8 @@ def apply_mix(images: torch.Tensor, labels: torch.Tensor, plan: MixPlan, num_cla
     soft = soft.roll(1, 0).mul(1.0 - plan.label_lam).add_(soft.mul(plan.label_lam))
     if plan.kind == "mixup":
         if not images.is_floating_point():
-            raise TypeError(f"MixUp blends images, so they should be float (after ToDtype/Normalize), got {images.dtype}")
+            raise TypeError(f"MixUp blends images, so they should be float (after ToDtype/Normalize), "
+                            f"got {images.dtype}")
         out = images.roll(1, 0).mul_(1.0 - plan.lam).add_(images.mul(plan.lam))
     else:
         x1, y1, x2, y2 = plan.box  # type: ignore[misc]

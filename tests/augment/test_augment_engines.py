@@ -226,3 +226,25 @@ def test_pil_engine_runs_crop_and_resize_from_the_source():
     from PIL import Image
     expect = 255 - np.asarray(Image.fromarray(src).crop((20, 10, 148, 106)).resize((W, H), Image.BILINEAR))
     assert np.array_equal(out, expect)
+
+
+def test_one_kernel_call_per_step_whatever_the_batch_size(monkeypatch):
+    """The batched engine never loops over samples: each step is one kernel call on its whole subset."""
+    import dataclasses
+
+    from fastload._augment.color import ColorJitter
+    from fastload._augment.plan import OPS, plan_batch
+    from fastload._augment.policies import TrivialAugmentWide
+
+    calls = []
+    for name, op in list(OPS.items()):
+        def counted(x, p, _real=op.torch, _name=name):
+            calls.append((_name, x.shape[0]))
+            return _real(x, p)
+        monkeypatch.setitem(OPS, name, dataclasses.replace(op, torch=counted))
+    n = 96
+    plan = plan_batch([TrivialAugmentWide(), ColorJitter(0.4, 0.4, 0.4, 0.1)], np.tile([H, W], (n, 1)),
+                      np.random.default_rng(0))
+    run_torch(to_batch(smooth_tiles(n)), plan)
+    assert calls == [(s.op, s.index.size) for s in plan.steps]
+    assert len(calls) <= 13 + 16 < n
