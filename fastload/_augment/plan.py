@@ -142,6 +142,14 @@ class PlanBuilder:
         self.steps: list[Step] = []
         self.channels = 3
 
+    @classmethod
+    def from_crop_plan(cls, crop_plan: Any) -> PlanBuilder:
+        """Start from the geometric plan ``fastload.transforms.ImagePipeline.plan`` makes today (crop boxes,
+        horizontal flips, output sizes), so augmentations extend it."""
+        b = cls(np.asarray(crop_plan.out_hw).astype(np.int64), crops=crop_plan.crops)
+        b.hflip = np.asarray(crop_plan.flips).astype(bool).copy()
+        return b
+
     def add(self, op: str, index: np.ndarray, **columns: Any) -> None:
         """Append a step of ``op`` over ``index`` (sample positions) with one row per listed sample."""
         spec = OPS[op]

@@ -196,3 +196,25 @@ def test_status_line_says_not_wired_yet():
 
     assert "not wired" in plan_mod.__doc__
     assert not any(name in fastload.__all__ for name in ("TrivialAugmentWide", "RandAugment", "MixUp", "CutMix"))
+
+
+def test_extends_the_crop_plan_the_loader_makes_today():
+    """RandomResizedCrop + flip planned by fastload.transforms, then augmentations: the PIL engine from the
+    source equals fastload.transforms.apply_pil followed by the augmentation."""
+    from fastload.transforms import ImagePipeline, RandomHorizontalFlip as Flip, RandomResizedCrop, apply_pil
+
+    src = photo_tiles(1, 120, 160)[0]
+    pipe = ImagePipeline([RandomResizedCrop((H, W)), Flip()])
+    for seed in range(4):
+        crop_plan = pipe.plan(np.array([120]), np.array([160]), np.random.default_rng(seed))
+        b = PlanBuilder.from_crop_plan(crop_plan)
+        b.add("posterize", np.arange(1), bits=3)
+        out = run_pil_source(src, b.finish())
+        expect = np.asarray(apply_pil(pipe, Image.fromarray(src), np.random.default_rng(seed))) & 0b11100000
+        assert np.array_equal(out, expect)
+
+
+def run_pil_source(src, plan):
+    from fastload._augment.engine_pil import run_pil
+
+    return run_pil(src, plan, 0, source=True)
