@@ -68,8 +68,8 @@ def _check(images: Any, plan: AugmentPlan) -> None:
     n, c, h, w = images.shape
     if n != plan.n:
         raise ValueError(f"run_torch: the batch has {n} images but the plan was made for {plan.n}")
-    if c not in (1, 3):
-        raise ValueError(f"run_torch: images should have 1 or 3 channels, got {c}")
+    if c != 3:
+        raise ValueError(f"run_torch: images should be RGB (3 channels, as the decoders give them), got {c} channels")
     if images.dtype != torch.uint8 and not images.is_floating_point():
         raise TypeError(f"run_torch: images should be uint8 (or float in [0, 1]), got {images.dtype}")
     bad = np.flatnonzero((plan.geometry.out_hw[:, 0] != h) | (plan.geometry.out_hw[:, 1] != w))

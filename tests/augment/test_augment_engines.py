@@ -198,6 +198,8 @@ def test_run_torch_refuses_a_batch_that_does_not_fit_the_plan():
         run_torch(torch.zeros(2, 3, H, W, dtype=torch.uint8), plan)
     with pytest.raises(ValueError, match=r"sample 0 was planned as \(48, 64\)"):
         run_torch(torch.zeros(3, 3, H, W + 1, dtype=torch.uint8), plan)
+    with pytest.raises(ValueError, match="should be RGB .3 channels, as the decoders give them., got 1 channels"):
+        run_torch(torch.zeros(3, 1, H, W, dtype=torch.uint8), plan)
     with pytest.raises(TypeError, match="should be uint8"):
         run_torch(torch.zeros(3, 3, H, W, dtype=torch.int32), plan)
     with pytest.raises(TypeError, match=r"\(N, C, H, W\) tensor"):
