@@ -107,7 +107,10 @@ def apply_mix(images: torch.Tensor, labels: torch.Tensor, plan: MixPlan, num_cla
             raise ValueError(f"{plan.kind}: labels are class indices, so num_classes must be given")
         if labels.is_floating_point():
             raise ValueError(f"{plan.kind}: 1-D labels should be integer class indices, got {labels.dtype}")
-        if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= num_classes):
+        # Checked on the host only: on a GPU the check would stall the stream every batch (one_hot then fails
+        # with a device-side assert instead).
+        if labels.device.type == "cpu" and labels.numel() and (int(labels.min()) < 0 or
+                                                               int(labels.max()) >= num_classes):
             raise ValueError(f"{plan.kind}: labels should be in [0, num_classes={num_classes}), got values from "
                              f"{int(labels.min())} to {int(labels.max())}")
         soft = torch.nn.functional.one_hot(labels.to(torch.int64), num_classes).to(torch.float32)
