@@ -38,27 +38,61 @@ def run_torch(images: torch.Tensor, plan: AugmentPlan, *, flips: bool = True) ->
     x = images.clone()
     dev = x.device
     geo = plan.geometry
-    if flips:
-        _subset(x, geo.hflip, lambda t: t.flip(-1))
-    _subset(x, geo.vflip, lambda t: t.flip(-2))
-    for mode in (0, 1):
-        rows = np.flatnonzero(geo.has_affine & (geo.interpolation == mode))
-        if rows.size:
-            sel = torch.from_numpy(rows).to(dev)
-            x.index_copy_(0, sel, _affine(x.index_select(0, sel), geo.affine[rows], mode, geo.fill[rows]))
     for step in plan.steps:
-        op = OPS[step.op]
-        if x.is_floating_point() and not op.floats:
+        if x.is_floating_point() and not OPS[step.op].floats:
             raise TypeError(f"the {step.op} operation runs on uint8 images only, got a {x.dtype} batch; "
                             f"run the augmentations before converting to float")
-        cols = Columns({k: torch.from_numpy(v).to(dev) for k, v in step.params.items()})
+    # Everything the device needs from the host, uploaded at once (one copy, no wait on the device's queue).
+    rows = {"hflip": np.flatnonzero(geo.hflip) if flips else np.zeros(0, np.int64), "vflip": np.flatnonzero(geo.vflip)}
+    for mode in (0, 1):
+        rows[mode] = np.flatnonzero(geo.has_affine & (geo.interpolation == mode))
+    host: list[np.ndarray] = [rows["hflip"], rows["vflip"]]
+    for mode in (0, 1):
+        host += [rows[mode], geo.affine[rows[mode]], geo.fill[rows[mode]]]
+    for step in plan.steps:
+        host += [step.index, *step.params.values()]
+    dev_arrays = iter(upload(host, dev))
+
+    _subset(x, rows["hflip"], next(dev_arrays), lambda t: t.flip(-1))
+    _subset(x, rows["vflip"], next(dev_arrays), lambda t: t.flip(-2))
+    for mode in (0, 1):
+        sel, m, fill = next(dev_arrays), next(dev_arrays), next(dev_arrays)
+        _subset(x, rows[mode], sel, lambda t: _affine(t, m, mode, fill))
+    for step in plan.steps:
+        sel = next(dev_arrays)
+        cols = Columns({k: next(dev_arrays) for k in step.params})
         cols.host = step.params
+        kernel = OPS[step.op].torch
         if step.index.size == x.shape[0]:  # every sample (index is sorted and distinct): no gather/scatter
-            x = op.torch(x, cols)
-            continue
-        sel = torch.from_numpy(step.index).to(dev)
-        x.index_copy_(0, sel, op.torch(x.index_select(0, sel), cols))
+            x = kernel(x, cols)
+        else:
+            x.index_copy_(0, sel, kernel(x.index_select(0, sel), cols))
     return x[:, :1].contiguous() if plan.channels == 1 else x
+
+
+def upload(arrays: list[np.ndarray], device: torch.device, pack: bool | None = None) -> list[torch.Tensor]:
+    """The host arrays as tensors on ``device``. On the CPU they are views of the arrays; elsewhere they are
+    packed into one pinned buffer and copied with one non-blocking copy (a copy from pageable memory would
+    first wait for everything queued on the device), then viewed back per array."""
+    pack = device.type != "cpu" if pack is None else pack
+    if not pack:
+        return [torch.from_numpy(np.ascontiguousarray(a)).to(device) for a in arrays]
+    offsets, total = [], 0
+    for a in arrays:
+        offsets.append(total)
+        total += -(-a.nbytes // 8) * 8  # 8-byte aligned, so every dtype can view its slice
+    buf = np.zeros(max(total, 8), dtype=np.uint8)
+    for a, off in zip(arrays, offsets):
+        buf[off:off + a.nbytes] = np.ascontiguousarray(a).view(np.uint8).ravel()
+    staged = torch.from_numpy(buf)
+    if device.type == "cuda":
+        staged = staged.pin_memory()
+    on_dev = staged.to(device, non_blocking=True)
+    out = []
+    for a, off in zip(arrays, offsets):
+        dtype = torch.from_numpy(np.zeros(0, dtype=a.dtype)).dtype
+        out.append(on_dev[off:off + a.nbytes].view(dtype).view(a.shape))
+    return out
 
 
 def _check(images: Any, plan: AugmentPlan) -> None:
@@ -79,19 +113,17 @@ def _check(images: Any, plan: AugmentPlan) -> None:
         raise ValueError(f"run_torch: sample {i} was planned as {planned} (h, w) but the batch's tiles are {(h, w)}")
 
 
-def _subset(x: torch.Tensor, mask: np.ndarray, fn: Any) -> None:
-    rows = np.flatnonzero(mask)
+def _subset(x: torch.Tensor, rows: np.ndarray, sel: torch.Tensor, fn: Any) -> None:
     if rows.size:
-        sel = torch.from_numpy(rows).to(x.device)
         x.index_copy_(0, sel, fn(x.index_select(0, sel)))
 
 
-def _affine(x: torch.Tensor, m: np.ndarray, mode: int, fill: np.ndarray) -> torch.Tensor:
+def _affine(x: torch.Tensor, mt: torch.Tensor, mode: int, fill: torch.Tensor) -> torch.Tensor:
     """Resample each tile through its inverse matrix (pixel centres, PIL's convention), fill outside (the fill
     is in the batch's own units, as torchvision applies it)."""
     k, c, h, w = x.shape
     dev = x.device
-    mt = torch.from_numpy(m).to(dev)  # float64: coordinates near pixel edges must not flip in float32
+    # mt is float64: coordinates near pixel edges must not flip as they would in float32.
     ys = torch.arange(h, device=dev, dtype=torch.float64).add_(0.5).view(1, h, 1)
     xs = torch.arange(w, device=dev, dtype=torch.float64).add_(0.5).view(1, 1, w)
     u = mt[:, 0, 0].view(-1, 1, 1) * xs + mt[:, 0, 1].view(-1, 1, 1) * ys + mt[:, 0, 2].view(-1, 1, 1)
@@ -108,7 +140,7 @@ def _affine(x: torch.Tensor, m: np.ndarray, mode: int, fill: np.ndarray) -> torc
                             align_corners=False).to(torch.float32)
     mask = out[:, -1:]
     out = out[:, :-1]
-    fill_t = torch.from_numpy(np.ascontiguousarray(fill[:, :c])).to(dev, torch.float32).view(k, c, 1, 1)
+    fill_t = fill[:, :c].to(torch.float32).view(k, c, 1, 1)
     if mode == BILINEAR:
         out = (out - fill_t) * mask + fill_t
     else:

@@ -250,3 +250,28 @@ def test_one_kernel_call_per_step_whatever_the_batch_size(monkeypatch):
     run_torch(to_batch(smooth_tiles(n)), plan)
     assert calls == [(s.op, s.index.size) for s in plan.steps]
     assert len(calls) <= 13 + 16 < n
+
+
+def test_packed_upload_gives_back_every_array(monkeypatch):
+    """The device path packs every host array into one buffer (one copy); the views give them back exactly,
+    and the engine's result does not depend on it (forced here on the CPU)."""
+    from fastload._augment import engine_torch
+    from fastload._augment.plan import plan_batch
+    from fastload._augment.policies import RandAugment
+
+    arrays = [np.array([1, 2, 3], np.uint8), np.arange(5, dtype=np.int64), np.zeros(0, np.int64),
+              np.random.default_rng(0).normal(size=(2, 2, 3)), np.array([True, False, True]), np.float32([1.5])]
+    for a, t in zip(arrays, engine_torch.upload(arrays, torch.device("cpu"), pack=True)):
+        assert t.shape == a.shape and np.array_equal(t.numpy(), a) and t.numpy().dtype == a.dtype
+    tiles = to_batch(photo_tiles(16))
+    plan = plan_batch([RandAugment(), RandomErasingForTest()], np.tile([H, W], (16, 1)), np.random.default_rng(2))
+    plain = run_torch(tiles, plan)
+    real = engine_torch.upload
+    monkeypatch.setattr(engine_torch, "upload", lambda arrays, device: real(arrays, device, pack=True))
+    assert torch.equal(run_torch(tiles, plan), plain)
+
+
+def RandomErasingForTest():  # noqa: N802  (reads like the transform it makes)
+    from fastload._augment.filters import RandomErasing
+
+    return RandomErasing(p=0.5, value=(10, 20, 30))
