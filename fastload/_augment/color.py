@@ -104,10 +104,13 @@ def _hsv_to_rgb(hsv: torch.Tensor) -> torch.Tensor:
     p = (v * (1.0 - s)).clamp(0.0, 1.0)
     q = (v * (1.0 - s * f)).clamp(0.0, 1.0)
     t = (v * (1.0 - s * (1.0 - f))).clamp(0.0, 1.0)
-    vpqt = torch.stack((v, p, q, t), dim=1)  # (k, 4, H, W)
-    select = torch.tensor([[0, 2, 1, 1, 3, 0], [3, 0, 0, 2, 1, 1], [1, 1, 3, 0, 0, 2]], device=hsv.device)
-    idx = select[:, i].permute(1, 0, 2, 3)  # (k, 3, H, W): which of v, p, q, t feeds R, G, B
-    return vpqt.gather(1, idx)
+    # Sector i picks (R, G, B) from (v, p, q, t); built from device-side comparisons (no host constant to
+    # copy, which would wait on the device's queue).
+    sector = i.unsqueeze(1) == torch.arange(6, device=hsv.device).view(1, 6, 1, 1)  # (k, 6, H, W)
+    r = torch.stack((v, q, p, p, t, v), dim=1)
+    g = torch.stack((t, v, v, q, p, p), dim=1)
+    b = torch.stack((p, p, t, v, v, q), dim=1)
+    return torch.stack([(c * sector).sum(dim=1) for c in (r, g, b)], dim=1)
 
 
 def _hue_torch(x: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -5,7 +5,8 @@ status: groundwork for issue 21, not wired into the loader yet (it will run on t
 It receives the decoder's tiles (already cropped and resized; the native decoder also mirrors them today,
 hence ``flips=False``) and runs, per the plan: flips, the affine (``grid_sample`` with a mask channel for the
 fill, as torchvision's ``_apply_grid_transform``), then each step over its subset (``index_select`` ->
-kernel -> ``index_copy_``). Host columns travel to the device once per step.
+kernel -> ``index_copy_``). All host columns travel to the device in one packed copy per plan, and the
+kernels build their constants on the device, so nothing waits on the device's queue.
 """
 
 from __future__ import annotations

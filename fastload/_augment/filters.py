@@ -55,12 +55,13 @@ def _blur_torch(x: torch.Tensor, p: Any) -> torch.Tensor:
     k, c, h, w = x.shape
     out = torch.empty_like(x)
     sizes = p.host["ksize"]
-    for kx, ky in np.unique(sizes, axis=0):  # one group per kernel size: in practice one
+    groups = np.unique(sizes, axis=0)
+    for kx, ky in groups:  # one group per kernel size: in practice one (then no index to copy to the device)
         rows = np.flatnonzero((sizes[:, 0] == kx) & (sizes[:, 1] == ky))
-        sel = torch.from_numpy(rows).to(x.device)
-        xs = x.index_select(0, sel).to(torch.float32)
+        sel = None if len(groups) == 1 else torch.from_numpy(rows).to(x.device)
+        xs = (x if sel is None else x.index_select(0, sel)).to(torch.float32)
         m = rows.size
-        sig = p["sigma"].index_select(0, sel).to(torch.float32)
+        sig = (p["sigma"] if sel is None else p["sigma"].index_select(0, sel)).to(torch.float32)
 
         def kernels(size: int, s: torch.Tensor) -> torch.Tensor:
             half = (size - 1) * 0.5
@@ -75,6 +76,8 @@ def _blur_torch(x: torch.Tensor, p: Any) -> torch.Tensor:
         xp = F.conv2d(xp, kernels(kx_, sig[:, 0]).view(m * c, 1, 1, kx_), groups=m * c)
         y = xp.view(m, c, h, w)
         y = y if x.is_floating_point() else y.round_().clamp_(0, 255).to(x.dtype)
+        if sel is None:
+            return y
         out.index_copy_(0, sel, y)
     return out
 

@@ -71,7 +71,8 @@ def _sharpness_torch(x: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Tenso
     if h <= 2 or w <= 2:
         return x
     a, b = 1.0 / 13.0, 5.0 / 13.0
-    kernel = torch.tensor([[a, a, a], [a, b, a], [a, a, a]], dtype=torch.float32, device=x.device)
+    kernel = torch.full((3, 3), a, dtype=torch.float32, device=x.device)  # made on the device: no host copy
+    kernel[1, 1] = b
     out = x.to(torch.float32)
     blurred = F.conv2d(out.reshape(k * c, 1, h, w), kernel.view(1, 1, 3, 3)).view(k, c, h - 2, w - 2)
     if not x.is_floating_point():

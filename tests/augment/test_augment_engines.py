@@ -275,3 +275,11 @@ def RandomErasingForTest():  # noqa: N802  (reads like the transform it makes)
     from fastload._augment.filters import RandomErasing
 
     return RandomErasing(p=0.5, value=(10, 20, 30))
+
+
+def test_blur_with_two_kernel_sizes_in_one_step():
+    tiles = smooth_tiles(6)
+    b = PlanBuilder(np.tile([H, W], (6, 1)))
+    b.add("gaussian_blur", np.arange(6), ksize=np.array([[3, 3], [9, 5]] * 3), sigma=np.full((6, 2), 1.5))
+    max_d, _, _ = differences(tiles, b.finish())
+    assert max_d <= 1
