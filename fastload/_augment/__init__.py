@@ -15,6 +15,6 @@ One file per concern:
 | ``geometry.py`` | flips and affine matrices (torchvision's inverse-affine formula): RandomHorizontalFlip, RandomVerticalFlip, RandomRotation, RandomAffine |
 | ``policies.py`` | TrivialAugmentWide, RandAugment, AutoAugment (ImageNet policy), ThreeAugment (DeiT III) |
 | ``combinators.py`` | RandomApply, RandomChoice, RandomOrder |
-| ``engine_pil.py`` / ``engine_torch.py`` | the two engines |
+| ``engine_pil.py`` / ``engine_torch.py`` | the two engines (images; masks follow the geometry only) |
 | ``mix.py`` | batch transforms MixUp, CutMix (and a random choice of them) |
 """

@@ -18,7 +18,7 @@ from PIL import Image
 from . import color, filters, tone  # noqa: F401  (they register their operations)
 from .plan import BILINEAR, OPS, AugmentPlan
 
-__all__ = ["run_pil"]
+__all__ = ["run_pil", "run_pil_mask"]
 
 
 def run_pil(image: Any, plan: AugmentPlan, sample: int, *, source: bool = False) -> np.ndarray:
@@ -54,3 +54,30 @@ def run_pil(image: Any, plan: AugmentPlan, sample: int, *, source: bool = False)
         img = OPS[name].pil(img, params)
     out = np.asarray(img)
     return out[:, :, :1].copy() if plan.channels == 1 else out
+
+
+def run_pil_mask(mask: Any, plan: AugmentPlan, sample: int, *, fill: int = 255, source: bool = False) -> np.ndarray:
+    """Move one segmentation mask (H, W) uint8 with its image's geometry: crop and resize NEAREST (``source``),
+    flips, the affine always NEAREST with ``fill`` outside; pixel operations skip masks."""
+    m = np.asarray(mask)
+    if m.dtype != np.uint8 or m.ndim != 2:
+        raise TypeError(f"run_pil_mask: mask should be an (H, W) uint8 array, got {m.dtype} {m.shape}")
+    img = Image.fromarray(m, "L")
+    geo = plan.geometry
+    oh, ow = (int(v) for v in geo.out_hw[sample])
+    if source:
+        if geo.crops is None:
+            raise ValueError("run_pil_mask(source=True) needs a plan made with crop boxes")
+        top, left, h, w = (int(v) for v in geo.crops[sample])
+        img = img.crop((left, top, left + w, top + h)).resize((ow, oh), Image.Resampling.NEAREST)
+    elif (img.height, img.width) != (oh, ow):
+        raise ValueError(f"run_pil_mask: sample {sample} was planned as {oh}x{ow} but the mask is "
+                         f"{img.height}x{img.width}")
+    if geo.hflip[sample]:
+        img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    if geo.vflip[sample]:
+        img = img.transpose(Image.Transpose.FLIP_TOP_BOTTOM)
+    if geo.has_affine[sample]:
+        img = img.transform((ow, oh), Image.Transform.AFFINE, tuple(float(v) for v in geo.affine[sample].ravel()),
+                            resample=Image.Resampling.NEAREST, fillcolor=int(fill))
+    return np.asarray(img)

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from . import color, filters, tone  # noqa: F401  (they register their operations)
 from .plan import BILINEAR, OPS, AugmentPlan
 
-__all__ = ["run_torch"]
+__all__ = ["run_torch", "run_torch_mask"]
 
 
 class Columns(dict):
@@ -69,6 +69,29 @@ def run_torch(images: torch.Tensor, plan: AugmentPlan, *, flips: bool = True) ->
         else:
             x.index_copy_(0, sel, kernel(x.index_select(0, sel), cols))
     return x[:, :1].contiguous() if plan.channels == 1 else x
+
+
+def run_torch_mask(masks: torch.Tensor, plan: AugmentPlan, *, fill: int = 255, flips: bool = True) -> torch.Tensor:
+    """Move segmentation masks (N, H, W) or (N, 1, H, W), uint8, with their images' geometry: the same flips
+    and affine, always nearest, outside filled with ``fill`` (255: torchvision's segmentation "ignore" label);
+    pixel operations skip masks. Returns a new tensor of the same shape."""
+    if not isinstance(masks, torch.Tensor) or masks.dtype != torch.uint8 or masks.ndim not in (3, 4) or (
+            masks.ndim == 4 and masks.shape[1] != 1):
+        raise TypeError(f"run_torch_mask: masks should be a uint8 (N, H, W) or (N, 1, H, W) tensor, got "
+                        f"{getattr(masks, 'dtype', type(masks).__name__)} {tuple(getattr(masks, 'shape', ()))}")
+    if isinstance(fill, bool) or not isinstance(fill, int) or not 0 <= fill <= 255:
+        raise ValueError(f"run_torch_mask: fill={fill!r} should be an int in [0, 255] (a label)")
+    x = (masks if masks.ndim == 4 else masks.unsqueeze(1)).clone()
+    _check(x.expand(-1, 3, -1, -1), plan)
+    geo = plan.geometry
+    hrows = np.flatnonzero(geo.hflip) if flips else np.zeros(0, np.int64)
+    vrows, arows = np.flatnonzero(geo.vflip), np.flatnonzero(geo.has_affine)
+    hsel, vsel, asel, m, fills = upload([hrows, vrows, arows, geo.affine[arows], np.full((arows.size, 1), float(fill))],
+                                        x.device)
+    _subset(x, hrows, hsel, lambda t: t.flip(-1))
+    _subset(x, vrows, vsel, lambda t: t.flip(-2))
+    _subset(x, arows, asel, lambda t: _affine(t, m, 0, fills))
+    return x if masks.ndim == 4 else x[:, 0]
 
 
 def upload(arrays: list[np.ndarray], device: torch.device, pack: bool | None = None) -> list[torch.Tensor]:
