@@ -17,4 +17,12 @@ One file per concern:
 | ``combinators.py`` | RandomApply, RandomChoice, RandomOrder |
 | ``engine_pil.py`` / ``engine_torch.py`` | the two engines (images; masks follow the geometry only) |
 | ``mix.py`` | batch transforms MixUp, CutMix (and a random choice of them) |
+
+Left for the wiring (after issue 20's stages): ``fastload.open(transforms=...)`` accepting these classes
+(geometric ones folded into the crop plan, the rest into ``PlanBuilder.from_crop_plan``); decoders taking
+the plan (native C++ kernels fused on the output tile); ``ds[i]`` through ``engine_pil.run_pil(source=True)``;
+the batched engine after the device copy, erasing after Normalize where torchvision's recipes put it;
+MixUp/CutMix on the collated batch with the batch's generator; a ``mask`` field kind using the mask engines;
+torchvision objects converted by their public attributes; RandomCrop with padding (crop boxes outside the
+source); RandomErasing(value="random").
 """

@@ -1,4 +1,4 @@
-"""Automatic augmentation policies: TrivialAugmentWide, RandAugment, AutoAugment (ImageNet policy).
+"""Augmentation policies: TrivialAugmentWide, RandAugment, AutoAugment (ImageNet policy), ThreeAugment (DeiT III).
 
 status: groundwork for issue 21, not wired into the loader yet.
 
