@@ -1,0 +1,83 @@
+"""The PIL reference engine: executes one sample's plan with PIL, as torchvision's v1 PIL backend would.
+
+status: groundwork for issue 21, not wired into ``ds[i]`` yet.
+
+Slow on purpose and per sample: it is the reference the batched (and later native) engines are tested
+against, and what ``ds[i]`` will use. Geometry: ``crop`` -> ``resize(BILINEAR)`` (only from a source image)
+-> ``FLIP_LEFT_RIGHT`` -> ``FLIP_TOP_BOTTOM`` -> ``Image.transform(AFFINE)`` with the plan's matrix,
+resampling and fill; then the sample's steps in order through each operation's PIL kernel.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from . import color, filters, tone  # noqa: F401  (they register their operations)
+from .plan import BILINEAR, OPS, AugmentPlan
+
+__all__ = ["run_pil", "run_pil_mask"]
+
+
+def run_pil(image: Any, plan: AugmentPlan, sample: int, *, source: bool = False) -> np.ndarray:
+    """Execute sample ``sample``'s plan on ``image`` (HWC uint8 RGB array or RGB ``PIL.Image``).
+
+    ``source=False``: ``image`` is the tile (already cropped and resized, ``out_hw`` of the sample).
+    ``source=True``: ``image`` is the source picture and the plan's crop box and resize run first.
+    Returns HWC uint8 with ``plan.channels`` channels."""
+    img = image if isinstance(image, Image.Image) else Image.fromarray(np.asarray(image, dtype=np.uint8), "RGB")
+    if img.mode != "RGB":
+        raise ValueError(f"run_pil: expected an RGB image, got mode {img.mode!r}")
+    if not 0 <= sample < plan.n:
+        raise IndexError(f"run_pil: sample {sample} is outside the plan's batch of {plan.n}")
+    geo = plan.geometry
+    oh, ow = (int(v) for v in geo.out_hw[sample])
+    if source:
+        if geo.crops is None:
+            raise ValueError("run_pil(source=True) needs a plan made with crop boxes (plan_batch(..., crops=...))")
+        top, left, h, w = (int(v) for v in geo.crops[sample])
+        img = img.crop((left, top, left + w, top + h)).resize((ow, oh), Image.Resampling.BILINEAR)
+    elif (img.height, img.width) != (oh, ow):
+        raise ValueError(f"run_pil: sample {sample} was planned as {oh}x{ow} but the tile is {img.height}x{img.width}")
+    if geo.hflip[sample]:
+        img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    if geo.vflip[sample]:
+        img = img.transpose(Image.Transpose.FLIP_TOP_BOTTOM)
+    if geo.has_affine[sample]:
+        resample = Image.Resampling.BILINEAR if geo.interpolation[sample] == BILINEAR else Image.Resampling.NEAREST
+        fill = tuple(int(v) for v in geo.fill[sample])
+        img = img.transform((ow, oh), Image.Transform.AFFINE, tuple(float(v) for v in geo.affine[sample].ravel()),
+                            resample=resample, fillcolor=fill)
+    for name, params in plan.ops_of(sample):
+        img = OPS[name].pil(img, params)
+    out = np.asarray(img)
+    return out[:, :, :1].copy() if plan.channels == 1 else out
+
+
+def run_pil_mask(mask: Any, plan: AugmentPlan, sample: int, *, fill: int = 255, source: bool = False) -> np.ndarray:
+    """Move one segmentation mask (H, W) uint8 with its image's geometry: crop and resize NEAREST (``source``),
+    flips, the affine always NEAREST with ``fill`` outside; pixel operations skip masks."""
+    m = np.asarray(mask)
+    if m.dtype != np.uint8 or m.ndim != 2:
+        raise TypeError(f"run_pil_mask: mask should be an (H, W) uint8 array, got {m.dtype} {m.shape}")
+    img = Image.fromarray(m, "L")
+    geo = plan.geometry
+    oh, ow = (int(v) for v in geo.out_hw[sample])
+    if source:
+        if geo.crops is None:
+            raise ValueError("run_pil_mask(source=True) needs a plan made with crop boxes")
+        top, left, h, w = (int(v) for v in geo.crops[sample])
+        img = img.crop((left, top, left + w, top + h)).resize((ow, oh), Image.Resampling.NEAREST)
+    elif (img.height, img.width) != (oh, ow):
+        raise ValueError(f"run_pil_mask: sample {sample} was planned as {oh}x{ow} but the mask is "
+                         f"{img.height}x{img.width}")
+    if geo.hflip[sample]:
+        img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    if geo.vflip[sample]:
+        img = img.transpose(Image.Transpose.FLIP_TOP_BOTTOM)
+    if geo.has_affine[sample]:
+        img = img.transform((ow, oh), Image.Transform.AFFINE, tuple(float(v) for v in geo.affine[sample].ravel()),
+                            resample=Image.Resampling.NEAREST, fillcolor=int(fill))
+    return np.asarray(img)

@@ -1,0 +1,172 @@
+"""The batched torch engine: executes a plan over a whole NCHW batch on its device, no loop over samples.
+
+status: groundwork for issue 21, not wired into the loader yet (it will run on the GPU after the copy).
+
+It receives the decoder's tiles (already cropped and resized; the native decoder also mirrors them today,
+hence ``flips=False``) and runs, per the plan: flips, the affine (``grid_sample`` with a mask channel for the
+fill, as torchvision's ``_apply_grid_transform``), then each step over its subset (``index_select`` ->
+kernel -> ``index_copy_``). All host columns travel to the device in one packed copy per plan, and the
+kernels build their constants on the device, so nothing waits on the device's queue.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from . import color, filters, tone  # noqa: F401  (they register their operations)
+from .plan import BILINEAR, OPS, AugmentPlan
+
+__all__ = ["run_torch", "run_torch_mask"]
+
+
+class Columns(dict):
+    """A step's parameters as device tensors, with the numpy columns in ``.host`` for kernels that need
+    values on the host (kernel sizes) without a device sync."""
+
+    host: dict[str, np.ndarray]
+
+
+def run_torch(images: torch.Tensor, plan: AugmentPlan, *, flips: bool = True) -> torch.Tensor:
+    """Execute ``plan`` on ``images`` (N, C, H, W), uint8 (or float in [0, 1] for the operations that allow it).
+
+    Returns a new tensor (N, plan.channels, H, W) of the same dtype; ``images`` is left unchanged.
+    ``flips=False`` when the decoder has already applied the plan's horizontal flips."""
+    _check(images, plan)
+    x = images.clone()
+    dev = x.device
+    geo = plan.geometry
+    for step in plan.steps:
+        if x.is_floating_point() and not OPS[step.op].floats:
+            raise TypeError(f"the {step.op} operation runs on uint8 images only, got a {x.dtype} batch; "
+                            f"run the augmentations before converting to float")
+    # Everything the device needs from the host, uploaded at once (one copy, no wait on the device's queue).
+    rows = {"hflip": np.flatnonzero(geo.hflip) if flips else np.zeros(0, np.int64), "vflip": np.flatnonzero(geo.vflip)}
+    for mode in (0, 1):
+        rows[mode] = np.flatnonzero(geo.has_affine & (geo.interpolation == mode))
+    host: list[np.ndarray] = [rows["hflip"], rows["vflip"]]
+    for mode in (0, 1):
+        host += [rows[mode], geo.affine[rows[mode]], geo.fill[rows[mode]]]
+    for step in plan.steps:
+        host += [step.index, *step.params.values()]
+    dev_arrays = iter(upload(host, dev))
+
+    _subset(x, rows["hflip"], next(dev_arrays), lambda t: t.flip(-1))
+    _subset(x, rows["vflip"], next(dev_arrays), lambda t: t.flip(-2))
+    for mode in (0, 1):
+        sel, m, fill = next(dev_arrays), next(dev_arrays), next(dev_arrays)
+        _subset(x, rows[mode], sel, lambda t: _affine(t, m, mode, fill))
+    for step in plan.steps:
+        sel = next(dev_arrays)
+        cols = Columns({k: next(dev_arrays) for k in step.params})
+        cols.host = step.params
+        kernel = OPS[step.op].torch
+        if step.index.size == x.shape[0]:  # every sample (index is sorted and distinct): no gather/scatter
+            x = kernel(x, cols)
+        else:
+            x.index_copy_(0, sel, kernel(x.index_select(0, sel), cols))
+    return x[:, :1].contiguous() if plan.channels == 1 else x
+
+
+def run_torch_mask(masks: torch.Tensor, plan: AugmentPlan, *, fill: int = 255, flips: bool = True) -> torch.Tensor:
+    """Move segmentation masks (N, H, W) or (N, 1, H, W), uint8, with their images' geometry: the same flips
+    and affine, always nearest, outside filled with ``fill`` (255: torchvision's segmentation "ignore" label);
+    pixel operations skip masks. Returns a new tensor of the same shape."""
+    if not isinstance(masks, torch.Tensor) or masks.dtype != torch.uint8 or masks.ndim not in (3, 4) or (
+            masks.ndim == 4 and masks.shape[1] != 1):
+        raise TypeError(f"run_torch_mask: masks should be a uint8 (N, H, W) or (N, 1, H, W) tensor, got "
+                        f"{getattr(masks, 'dtype', type(masks).__name__)} {tuple(getattr(masks, 'shape', ()))}")
+    if isinstance(fill, bool) or not isinstance(fill, int) or not 0 <= fill <= 255:
+        raise ValueError(f"run_torch_mask: fill={fill!r} should be an int in [0, 255] (a label)")
+    x = (masks if masks.ndim == 4 else masks.unsqueeze(1)).clone()
+    _check(x.expand(-1, 3, -1, -1), plan)
+    geo = plan.geometry
+    hrows = np.flatnonzero(geo.hflip) if flips else np.zeros(0, np.int64)
+    vrows, arows = np.flatnonzero(geo.vflip), np.flatnonzero(geo.has_affine)
+    hsel, vsel, asel, m, fills = upload([hrows, vrows, arows, geo.affine[arows], np.full((arows.size, 1), float(fill))],
+                                        x.device)
+    _subset(x, hrows, hsel, lambda t: t.flip(-1))
+    _subset(x, vrows, vsel, lambda t: t.flip(-2))
+    _subset(x, arows, asel, lambda t: _affine(t, m, 0, fills))
+    return x if masks.ndim == 4 else x[:, 0]
+
+
+def upload(arrays: list[np.ndarray], device: torch.device, pack: bool | None = None) -> list[torch.Tensor]:
+    """The host arrays as tensors on ``device``. On the CPU they are views of the arrays; elsewhere they are
+    packed into one pinned buffer and copied with one non-blocking copy (a copy from pageable memory would
+    first wait for everything queued on the device), then viewed back per array."""
+    pack = device.type != "cpu" if pack is None else pack
+    if not pack:
+        return [torch.from_numpy(np.ascontiguousarray(a)).to(device) for a in arrays]
+    offsets, total = [], 0
+    for a in arrays:
+        offsets.append(total)
+        total += -(-a.nbytes // 8) * 8  # 8-byte aligned, so every dtype can view its slice
+    buf = np.zeros(max(total, 8), dtype=np.uint8)
+    for a, off in zip(arrays, offsets):
+        buf[off:off + a.nbytes] = np.ascontiguousarray(a).view(np.uint8).ravel()
+    staged = torch.from_numpy(buf)
+    if device.type == "cuda":
+        staged = staged.pin_memory()
+    on_dev = staged.to(device, non_blocking=True)
+    out = []
+    for a, off in zip(arrays, offsets):
+        dtype = torch.from_numpy(np.zeros(0, dtype=a.dtype)).dtype
+        out.append(on_dev[off:off + a.nbytes].view(dtype).view(a.shape))
+    return out
+
+
+def _check(images: Any, plan: AugmentPlan) -> None:
+    if not isinstance(images, torch.Tensor) or images.ndim != 4:
+        raise TypeError(f"run_torch: images should be an (N, C, H, W) tensor, got "
+                        f"{getattr(images, 'shape', type(images).__name__)}")
+    n, c, h, w = images.shape
+    if n != plan.n:
+        raise ValueError(f"run_torch: the batch has {n} images but the plan was made for {plan.n}")
+    if c != 3:
+        raise ValueError(f"run_torch: images should be RGB (3 channels, as the decoders give them), got {c} channels")
+    if images.dtype != torch.uint8 and not images.is_floating_point():
+        raise TypeError(f"run_torch: images should be uint8 (or float in [0, 1]), got {images.dtype}")
+    bad = np.flatnonzero((plan.geometry.out_hw[:, 0] != h) | (plan.geometry.out_hw[:, 1] != w))
+    if bad.size:
+        i = int(bad[0])
+        planned = tuple(int(v) for v in plan.geometry.out_hw[i])
+        raise ValueError(f"run_torch: sample {i} was planned as {planned} (h, w) but the batch's tiles are {(h, w)}")
+
+
+def _subset(x: torch.Tensor, rows: np.ndarray, sel: torch.Tensor, fn: Any) -> None:
+    if rows.size:
+        x.index_copy_(0, sel, fn(x.index_select(0, sel)))
+
+
+def _affine(x: torch.Tensor, mt: torch.Tensor, mode: int, fill: torch.Tensor) -> torch.Tensor:
+    """Resample each tile through its inverse matrix (pixel centres, PIL's convention), fill outside (the fill
+    is in the batch's own units, as torchvision applies it)."""
+    k, c, h, w = x.shape
+    dev = x.device
+    # mt is float64: coordinates near pixel edges must not flip as they would in float32.
+    ys = torch.arange(h, device=dev, dtype=torch.float64).add_(0.5).view(1, h, 1)
+    xs = torch.arange(w, device=dev, dtype=torch.float64).add_(0.5).view(1, 1, w)
+    u = mt[:, 0, 0].view(-1, 1, 1) * xs + mt[:, 0, 1].view(-1, 1, 1) * ys + mt[:, 0, 2].view(-1, 1, 1)
+    v = mt[:, 1, 0].view(-1, 1, 1) * xs + mt[:, 1, 1].view(-1, 1, 1) * ys + mt[:, 1, 2].view(-1, 1, 1)
+    # grid_sample (align_corners=False) reads pixel coordinate p at normalised 2p/size - 1.
+    grid = torch.stack([u * (2.0 / w) - 1.0, v * (2.0 / h) - 1.0], dim=-1)
+    xf = x.to(torch.float32)
+    src = torch.cat([xf, torch.ones_like(xf[:, :1])], dim=1)
+    if mode == BILINEAR:
+        out = F.grid_sample(src, grid.to(torch.float32), mode="bilinear", padding_mode="zeros", align_corners=False)
+    else:
+        # Nearest in float64, so that a coordinate just below a pixel edge stays there (PIL computes in double).
+        out = F.grid_sample(src.to(torch.float64), grid, mode="nearest", padding_mode="zeros",
+                            align_corners=False).to(torch.float32)
+    mask = out[:, -1:]
+    out = out[:, :-1]
+    fill_t = fill[:, :c].to(torch.float32).view(k, c, 1, 1)
+    if mode == BILINEAR:
+        out = (out - fill_t) * mask + fill_t
+    else:
+        out = torch.where(mask < 0.5, fill_t.expand_as(out), out)
+    return out if x.is_floating_point() else out.round_().clamp_(0, 255).to(x.dtype)

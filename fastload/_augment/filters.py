@@ -1,0 +1,207 @@
+"""Gaussian blur and erasing: GaussianBlur, RandomErasing.
+
+status: groundwork for issue 21, not wired into the loader yet.
+
+Blur follows torchvision's kernel: ``exp(-x^2 / (2 sigma^2))`` sampled at ``linspace(-(k-1)/2, (k-1)/2, k)``,
+normalised, reflect padding, rounded back to uint8. torchvision's PIL backend itself converts the picture to
+a tensor and runs that kernel, so the reference kernel here is the same formula in numpy (2-D, float64); the
+batched engine runs it separably with one kernel per sample (grouped convolutions over the subset).
+
+Erasing fills a rectangle drawn as torchvision's ``RandomErasing.get_params`` (10 attempts of a scale and a
+log-uniform ratio, ``h = round(sqrt(area * ratio))``, accepted when ``h < H and w < W``; no erasing when all
+10 fail). Note torchvision's recipes apply it after Normalize, where ``value=0`` is the mean colour; on the
+uint8 tiles the plan runs on, ``value`` is in pixel units (0-255). The torch kernel also runs on float
+batches, so the wiring can run erase steps after normalisation. ``value="random"`` (per-pixel noise) is not
+supported yet.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+from .plan import Augment, PlanBuilder, applied, check_p, define_op
+
+__all__ = ["GaussianBlur", "RandomErasing"]
+
+
+def _kernel1d_np(size: int, sigma: float) -> np.ndarray:
+    half = (size - 1) * 0.5
+    pdf = np.exp(-0.5 * (np.linspace(-half, half, size) / sigma) ** 2)
+    return pdf / pdf.sum()
+
+
+def _blur_pil(img: Image.Image, p: dict[str, Any]) -> Image.Image:
+    kx, ky = (int(v) for v in p["ksize"])
+    sx, sy = (float(v) for v in p["sigma"])
+    a = np.asarray(img, dtype=np.float64)
+    a = np.pad(a, ((ky // 2, ky // 2), (kx // 2, kx // 2), (0, 0)), mode="reflect")
+    k2 = np.outer(_kernel1d_np(ky, sy), _kernel1d_np(kx, sx))
+    h, w = img.height, img.width
+    out = np.zeros((h, w, a.shape[2]))
+    for dy in range(ky):
+        for dx in range(kx):
+            out += k2[dy, dx] * a[dy:dy + h, dx:dx + w]
+    return Image.fromarray(np.clip(np.rint(out), 0, 255).astype(np.uint8), img.mode)
+
+
+def _blur_torch(x: torch.Tensor, p: Any) -> torch.Tensor:
+    k, c, h, w = x.shape
+    out = torch.empty_like(x)
+    sizes = p.host["ksize"]
+    groups = np.unique(sizes, axis=0)
+    for kx, ky in groups:  # one group per kernel size: in practice one (then no index to copy to the device)
+        rows = np.flatnonzero((sizes[:, 0] == kx) & (sizes[:, 1] == ky))
+        sel = None if len(groups) == 1 else torch.from_numpy(rows).to(x.device)
+        xs = (x if sel is None else x.index_select(0, sel)).to(torch.float32)
+        m = rows.size
+        sig = (p["sigma"] if sel is None else p["sigma"].index_select(0, sel)).to(torch.float32)
+
+        def kernels(size: int, s: torch.Tensor) -> torch.Tensor:
+            half = (size - 1) * 0.5
+            t = torch.linspace(-half, half, size, device=x.device, dtype=torch.float32)
+            pdf = torch.exp(-0.5 * (t / s[:, None]) ** 2)
+            return (pdf / pdf.sum(1, keepdim=True)).repeat_interleave(c, dim=0)  # (m*c, size)
+
+        ky_, kx_ = int(ky), int(kx)
+        xp = F.pad(xs, (kx_ // 2, kx_ // 2, ky_ // 2, ky_ // 2), mode="reflect").reshape(1, m * c, h + ky_ - 1,
+                                                                                          w + kx_ - 1)
+        xp = F.conv2d(xp, kernels(ky_, sig[:, 1]).view(m * c, 1, ky_, 1), groups=m * c)
+        xp = F.conv2d(xp, kernels(kx_, sig[:, 0]).view(m * c, 1, 1, kx_), groups=m * c)
+        y = xp.view(m, c, h, w)
+        y = y if x.is_floating_point() else y.round_().clamp_(0, 255).to(x.dtype)
+        if sel is None:
+            return y
+        out.index_copy_(0, sel, y)
+    return out
+
+
+def _check_erase_value(value: np.ndarray, floats: bool) -> None:
+    if not floats and (np.any(value < 0) or np.any(value > 255)):
+        raise ValueError(f"RandomErasing: value={value.tolist()} is outside 0-255, the range of the uint8 images "
+                         f"it is applied to; give the value in pixel units or apply erasing to normalised floats")
+
+
+def _erase_pil(img: Image.Image, p: dict[str, Any]) -> Image.Image:
+    top, left, h, w = (int(v) for v in p["box"])
+    _check_erase_value(p["value"], floats=False)
+    a = np.array(img)
+    a[top:top + h, left:left + w] = np.trunc(p["value"]).astype(np.uint8)
+    return Image.fromarray(a, img.mode)
+
+
+def _erase_torch(x: torch.Tensor, p: Any) -> torch.Tensor:
+    _check_erase_value(p.host["value"], x.is_floating_point())
+    k, c, h, w = x.shape
+    box = p["box"].to(torch.int64)
+    rows = torch.arange(h, device=x.device).view(1, 1, h, 1)
+    cols = torch.arange(w, device=x.device).view(1, 1, 1, w)
+    top, left = box[:, 0].view(-1, 1, 1, 1), box[:, 1].view(-1, 1, 1, 1)
+    bh, bw = box[:, 2].view(-1, 1, 1, 1), box[:, 3].view(-1, 1, 1, 1)
+    inside = (rows >= top) & (rows < top + bh) & (cols >= left) & (cols < left + bw)
+    value = p["value"].to(torch.float32)[:, :c].view(k, c, 1, 1)
+    value = value if x.is_floating_point() else value.trunc().to(x.dtype)
+    return torch.where(inside, value.to(x.dtype), x)
+
+
+define_op("gaussian_blur", {"ksize": ("int64", (2,)), "sigma": ("float64", (2,))}, pil=_blur_pil, torch=_blur_torch,
+          floats=True)
+define_op("erase", {"box": ("int64", (4,)), "value": ("float64", (3,))}, pil=_erase_pil, torch=_erase_torch,
+          floats=True)
+
+
+def _pair_of(value: Any, what: str) -> tuple[float, float]:
+    if isinstance(value, (list, tuple)) and len(value) == 2 and all(
+            isinstance(v, numbers.Real) and not isinstance(v, bool) for v in value):
+        return float(value[0]), float(value[1])
+    raise TypeError(f"{what}={value!r} should be a (min, max) pair of numbers")
+
+
+class GaussianBlur(Augment):
+    """Blur with a ``kernel_size`` (int or (kx, ky), odd and positive) kernel and sigma drawn uniformly from
+    ``sigma`` (a number s means exactly s; default (0.1, 2.0)), one sigma per sample for both axes."""
+
+    def __init__(self, kernel_size: Any, sigma: Any = (0.1, 2.0)) -> None:
+        ks = kernel_size if isinstance(kernel_size, (list, tuple)) else (kernel_size, kernel_size)
+        if len(ks) != 2 or any(isinstance(k, bool) or not isinstance(k, (int, np.integer)) for k in ks):
+            raise TypeError(f"GaussianBlur: kernel_size={kernel_size!r} should be an int or a pair of ints")
+        if any(k <= 0 or k % 2 == 0 for k in ks):
+            raise ValueError(f"GaussianBlur: kernel_size={kernel_size!r} should have odd and positive integers")
+        self.kernel_size = (int(ks[0]), int(ks[1]))
+        if isinstance(sigma, numbers.Real) and not isinstance(sigma, bool):
+            if sigma <= 0:
+                raise ValueError(f"GaussianBlur: sigma={sigma!r}: if sigma is a single number, it must be positive")
+            self.sigma = (float(sigma), float(sigma))
+        else:
+            self.sigma = _pair_of(sigma, "GaussianBlur: sigma")
+            if not 0.0 < self.sigma[0] <= self.sigma[1]:
+                raise ValueError(f"GaussianBlur: sigma={sigma!r} should be (min, max) with 0 < min <= max")
+
+    def _params(self) -> dict[str, Any]:
+        return {"kernel_size": self.kernel_size, "sigma": self.sigma}
+
+    def plan(self, b: PlanBuilder, index: np.ndarray, rng: np.random.Generator) -> None:
+        kx, ky = self.kernel_size
+        hw = b.out_hw[index]
+        bad = np.flatnonzero((ky // 2 >= hw[:, 0]) | (kx // 2 >= hw[:, 1]))
+        if bad.size:
+            i = int(index[bad[0]])
+            raise ValueError(f"GaussianBlur: kernel_size={self.kernel_size} needs a tile larger than half the kernel "
+                             f"(reflect padding), but sample {i} of the batch is {hw[bad[0], 0]}x{hw[bad[0], 1]}")
+        s = rng.uniform(self.sigma[0], self.sigma[1], index.size)
+        b.add("gaussian_blur", index, ksize=np.array(self.kernel_size), sigma=np.stack([s, s], axis=1))
+
+
+class RandomErasing(Augment):
+    """Erase a random rectangle with probability ``p`` (torchvision's defaults: scale (0.02, 0.33), ratio
+    (0.3, 3.3), value 0)."""
+
+    def __init__(self, p: float = 0.5, scale: Any = (0.02, 0.33), ratio: Any = (0.3, 3.3), value: Any = 0.0,
+                 inplace: bool = False) -> None:
+        self.p = check_p(p, "RandomErasing")
+        self.scale = _pair_of(scale, "RandomErasing: scale")
+        self.ratio = _pair_of(ratio, "RandomErasing: ratio")
+        if not 0.0 <= self.scale[0] <= self.scale[1] <= 1.0:
+            raise ValueError(f"RandomErasing: scale={scale!r} should be (min, max) with 0 <= min <= max <= 1")
+        if not 0.0 < self.ratio[0] <= self.ratio[1]:
+            raise ValueError(f"RandomErasing: ratio={ratio!r} should be (min, max) with 0 < min <= max")
+        if isinstance(value, str):
+            raise ValueError(f"RandomErasing: value={value!r} (per-pixel random noise) is not supported yet; give a "
+                             f"number or one number per channel")
+        if isinstance(value, numbers.Real) and not isinstance(value, bool):
+            self.value: tuple[float, ...] = (float(value),)
+        elif isinstance(value, (list, tuple)) and len(value) in (1, 3) and all(
+                isinstance(v, numbers.Real) and not isinstance(v, bool) for v in value):
+            self.value = tuple(float(v) for v in value)
+        else:
+            raise TypeError(f"RandomErasing: value={value!r} should be a number or a sequence of 1 or 3 numbers")
+        self.inplace = bool(inplace)  # accepted for torchvision's signature; engines write their own outputs
+
+    def _params(self) -> dict[str, Any]:
+        return {"p": self.p, "scale": self.scale, "ratio": self.ratio, "value": self.value}
+
+    def plan(self, b: PlanBuilder, index: np.ndarray, rng: np.random.Generator) -> None:
+        sel = applied(rng, index, self.p)
+        k = sel.size
+        img_h, img_w = b.out_hw[sel, 0][:, None], b.out_hw[sel, 1][:, None]
+        area = (img_h * img_w).astype(np.float64)
+        erase_area = area * rng.uniform(self.scale[0], self.scale[1], (k, 10))
+        aspect = np.exp(rng.uniform(math.log(self.ratio[0]), math.log(self.ratio[1]), (k, 10)))
+        hs = np.rint(np.sqrt(erase_area * aspect)).astype(np.int64)  # rint: half to even, as Python's round
+        ws = np.rint(np.sqrt(erase_area / aspect)).astype(np.int64)
+        ok = (hs < img_h) & (ws < img_w)
+        found = ok.any(axis=1)
+        first = ok.argmax(axis=1)
+        rows = np.arange(k)
+        h, w = np.where(found, hs[rows, first], 0), np.where(found, ws[rows, first], 0)
+        top = rng.integers(0, img_h[:, 0] - h + 1) if k else np.zeros(0, np.int64)
+        left = rng.integers(0, img_w[:, 0] - w + 1) if k else np.zeros(0, np.int64)
+        box = np.stack([top, left, h, w], axis=1)[found]
+        value = np.broadcast_to(np.asarray(self.value), (3,))
+        b.add("erase", sel[found], box=box, value=value)

@@ -1,0 +1,129 @@
+"""Batch transforms MixUp and CutMix, with soft labels, drawn from the batch's generator, run on its device.
+
+status: groundwork for issue 21, not wired into the loader yet.
+
+As torchvision v2 defines them: one ``lam ~ Beta(alpha, alpha)`` per batch; each sample is mixed with its
+neighbour ``roll(1, 0)`` (sample i with sample i - 1); labels become one-hot over ``num_classes`` and are mixed
+the same way. MixUp: ``lam * x + (1 - lam) * rolled``. CutMix: a box centred on a uniformly drawn pixel with
+half sides ``int(0.5 * sqrt(1 - lam) * W)`` (and H), clipped to the image, takes the rolled batch's pixels;
+the labels use ``lam`` adjusted to the box's real area, ``1 - box_area / (H * W)``. Draws happen on the host
+(:meth:`plan_batch`), so the same generator state gives the same result on any device.
+``RandomChoice([MixUp(...), CutMix(...)])`` picks one per batch (see combinators.py).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["CutMix", "MixPlan", "MixUp"]
+
+
+@dataclass(frozen=True)
+class MixPlan:
+    """One batch's mixing: ``lam`` for the images, ``label_lam`` for the labels, CutMix's box (x1, y1, x2, y2)."""
+
+    kind: str
+    lam: float
+    label_lam: float
+    box: tuple[int, int, int, int] | None = None
+
+
+class _MixBase:
+    def __init__(self, *, alpha: float = 1.0, num_classes: int | None = None) -> None:
+        name = type(self).__name__
+        if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not alpha > 0:
+            raise ValueError(f"{name}: alpha={alpha!r} should be a positive number")
+        if num_classes is not None and (isinstance(num_classes, bool) or not isinstance(num_classes, int)
+                                        or num_classes < 1):
+            raise ValueError(f"{name}: num_classes={num_classes!r} should be a positive int (or None for labels "
+                             f"that are already one-hot or soft, shape (N, classes))")
+        self.alpha = float(alpha)
+        self.num_classes = num_classes
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": type(self).__name__, "alpha": self.alpha, "num_classes": self.num_classes}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(alpha={self.alpha}, num_classes={self.num_classes})"
+
+    def plan_batch(self, n: int, hw: tuple[int, int], rng: np.random.Generator) -> MixPlan:
+        raise NotImplementedError
+
+    def __call__(self, images: torch.Tensor, labels: torch.Tensor, rng: np.random.Generator
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mix a batch: ``images`` (N, C, H, W) and ``labels`` (N,) class indices (or (N, classes) soft)."""
+        _check_batch(images, labels, type(self).__name__)
+        plan = self.plan_batch(images.shape[0], (images.shape[-2], images.shape[-1]), rng)
+        return apply_mix(images, labels, plan, self.num_classes)
+
+
+class MixUp(_MixBase):
+    """Blend each image with its neighbour by ``lam ~ Beta(alpha, alpha)`` (float images)."""
+
+    def plan_batch(self, n: int, hw: tuple[int, int], rng: np.random.Generator) -> MixPlan:
+        lam = float(rng.beta(self.alpha, self.alpha))
+        return MixPlan("mixup", lam, lam)
+
+
+class CutMix(_MixBase):
+    """Paste a box of each image's neighbour, the box's area drawn from ``lam ~ Beta(alpha, alpha)``."""
+
+    def plan_batch(self, n: int, hw: tuple[int, int], rng: np.random.Generator) -> MixPlan:
+        h, w = hw
+        lam = float(rng.beta(self.alpha, self.alpha))
+        r_x = int(rng.integers(0, w))
+        r_y = int(rng.integers(0, h))
+        r = 0.5 * math.sqrt(1.0 - lam)
+        r_w_half, r_h_half = int(r * w), int(r * h)
+        x1, y1 = max(r_x - r_w_half, 0), max(r_y - r_h_half, 0)
+        x2, y2 = min(r_x + r_w_half, w), min(r_y + r_h_half, h)
+        lam_adjusted = float(1.0 - (x2 - x1) * (y2 - y1) / (w * h))
+        return MixPlan("cutmix", lam, lam_adjusted, (x1, y1, x2, y2))
+
+
+def _check_batch(images: Any, labels: Any, name: str) -> None:
+    if not isinstance(images, torch.Tensor) or images.ndim != 4:
+        raise ValueError(f"{name}: images should be a batched (N, C, H, W) tensor, got "
+                         f"{getattr(images, 'shape', type(images).__name__)}")
+    if not isinstance(labels, torch.Tensor) or labels.ndim not in (1, 2):
+        raise ValueError(f"{name}: labels should be a tensor of shape (batch_size,) of class indices (or "
+                         f"(batch_size, classes) soft labels), got {getattr(labels, 'shape', type(labels).__name__)}")
+    if labels.shape[0] != images.shape[0]:
+        raise ValueError(f"{name}: the batch size of the images does not match the labels': "
+                         f"{images.shape[0]} != {labels.shape[0]}")
+
+
+def apply_mix(images: torch.Tensor, labels: torch.Tensor, plan: MixPlan, num_classes: int | None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Execute a :class:`MixPlan` on the batch's device; returns new images and float soft labels."""
+    if labels.ndim == 1:
+        if num_classes is None:
+            raise ValueError(f"{plan.kind}: labels are class indices, so num_classes must be given")
+        if labels.is_floating_point():
+            raise ValueError(f"{plan.kind}: 1-D labels should be integer class indices, got {labels.dtype}")
+        # Checked on the host only: on a GPU the check would stall the stream every batch (one_hot then fails
+        # with a device-side assert instead).
+        if labels.device.type == "cpu" and labels.numel() and (int(labels.min()) < 0 or
+                                                               int(labels.max()) >= num_classes):
+            raise ValueError(f"{plan.kind}: labels should be in [0, num_classes={num_classes}), got values from "
+                             f"{int(labels.min())} to {int(labels.max())}")
+        soft = torch.nn.functional.one_hot(labels.to(torch.int64), num_classes).to(torch.float32)
+    else:
+        soft = labels if labels.is_floating_point() else labels.to(torch.float32)
+    soft = soft.roll(1, 0).mul(1.0 - plan.label_lam).add_(soft.mul(plan.label_lam))
+    if plan.kind == "mixup":
+        if not images.is_floating_point():
+            raise TypeError(f"MixUp blends images, so they should be float (after ToDtype/Normalize), "
+                            f"got {images.dtype}")
+        out = images.roll(1, 0).mul_(1.0 - plan.lam).add_(images.mul(plan.lam))
+    else:
+        x1, y1, x2, y2 = plan.box  # type: ignore[misc]
+        out = images.clone()
+        out[..., y1:y2, x1:x2] = images.roll(1, 0)[..., y1:y2, x1:x2]
+    return out, soft
