@@ -34,6 +34,8 @@ def main() -> None:
 @click.option("--workers", type=click.IntRange(min=0), default=None, help="Worker processes [default: all cores].")
 @click.option("--overwrite", is_flag=True, help="Replace an existing dataset at DST.")
 @click.option("--skip-bad", is_flag=True, help="Skip unreadable source samples and list them in the manifest.")
+@click.option("--max-skipped", type=click.FloatRange(0, 1), default=0.1, show_default=True,
+              help="With --skip-bad: fail when more than this share of the samples would be skipped (or all).")
 @click.option("--root", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
               help="For CSV/JSONL manifests: the directory paths are relative to [default: the manifest's].")
 @click.option("--path-column", default="path", show_default=True, help="For CSV/JSONL manifests: the path column.")
@@ -49,8 +51,8 @@ def main() -> None:
               help="With --ray: the number of parts [default: the cluster's CPUs].")
 @click.option("--staging", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="For a URL DST: the local folder the pack is staged in [default: ~/.cache/fastload/staging].")
-def pack(src, dst, fmt, image_mode, max_side, quality, check, shard_size, workers, overwrite, skip_bad, root, path_column,
-         quiet, block, part, ray_address, parts, staging) -> None:
+def pack(src, dst, fmt, image_mode, max_side, quality, check, shard_size, workers, overwrite, skip_bad, max_skipped, root,
+         path_column, quiet, block, part, ray_address, parts, staging) -> None:
     """Pack SRC (an ImageFolder directory, .npy/.npz, or CSV/JSONL manifest) into a dataset at DST.
 
     DST may be a URL (s3://bucket/ds, any fsspec URL): shards are uploaded as they are finished, the
@@ -64,6 +66,7 @@ def pack(src, dst, fmt, image_mode, max_side, quality, check, shard_size, worker
     address = None if ray_address in (None, "auto") else ray_address
     summary = _run(lambda: do_pack(src, dst, format=fmt, image_mode=image_mode, max_side=max_side, quality=quality, check=check,
                                    shard_size=shard_size, workers=workers, overwrite=overwrite, skip_bad=skip_bad,
+                                   max_skipped=max_skipped,
                                    root=root, path_column=path_column, progress=not quiet, block=block, part=part,
                                    engine=engine, parts=parts, ray_address=address, staging=staging))
     click.echo(str(summary))
