@@ -82,6 +82,64 @@ def test_existing_destination_is_protected(image_folder, tmp_path):
     assert (other / "precious.txt").read_text() == "keep me"
 
 
+def test_overwrite_removes_only_files_a_pack_writes(image_folder, tmp_path):
+    dst = tmp_path / "out"
+    fastload.pack(image_folder, dst, workers=0)
+    (dst / "notes.tmp").mkdir()  # a folder, even one named like a temporary file, is the user's
+    (dst / "notes.tmp" / "draft.txt").write_text("mine")
+    with pytest.raises(FastloadError, match="notes.tmp"):
+        fastload.pack(image_folder, dst, workers=0, overwrite=True)
+    assert (dst / "notes.tmp" / "draft.txt").read_text() == "mine"
+    (dst / "notes.tmp" / "draft.txt").unlink()
+    (dst / "notes.tmp").rmdir()
+    (dst / "draft.tmp").write_text("mine")  # so is a file that only ends in .tmp
+    with pytest.raises(FastloadError, match="draft.tmp"):
+        fastload.pack(image_folder, dst, workers=0, overwrite=True)
+    assert (dst / "draft.tmp").read_text() == "mine"
+
+
+def test_a_destination_that_cannot_be_written_fails_before_packing(image_folder, tmp_path, monkeypatch):
+    from fastload import _pack
+
+    monkeypatch.setattr(_pack, "_encoded", lambda *a, **k: pytest.fail("the pack started"))
+    (tmp_path / "a_file").write_text("x")
+    with pytest.raises(FastloadError, match=r"a_file is a file, not a folder"):
+        fastload.pack(image_folder, tmp_path / "a_file" / "out", workers=0)
+    assert (tmp_path / "a_file").read_text() == "x"
+
+
+def test_skip_bad_never_packs_an_empty_or_mostly_empty_dataset(image_folder, tmp_path):
+    files = sorted(image_folder.rglob("*.jpg"))
+    for f in files[:3]:  # 3 of 12 = 25%: past the default max_skipped=0.1
+        f.write_bytes(b"not a picture")
+    with pytest.raises(SourceError, match=r"max_skipped=0.1 .*of the 12 samples.*--max-skipped"):
+        fastload.pack(image_folder, tmp_path / "a", workers=0, skip_bad=True)
+    assert not (tmp_path / "a" / "manifest.json").exists()  # nothing is marked finished
+    summary = fastload.pack(image_folder, tmp_path / "a", workers=0, skip_bad=True, max_skipped=0.3)  # resumes
+    assert summary.samples == 9 and len(summary.skipped) == 3
+    for f in files:
+        f.write_bytes(b"not a picture")
+    with pytest.raises(SourceError, match=r"every one of the 12 samples.*empty"):
+        fastload.pack(image_folder, tmp_path / "b", workers=0, skip_bad=True, max_skipped=1.0)
+    assert not (tmp_path / "b" / "manifest.json").exists()
+    with pytest.raises(ValueError, match="max_skipped=2"):
+        fastload.pack(image_folder, tmp_path / "c", workers=0, skip_bad=True, max_skipped=2)
+    assert not (tmp_path / "c").exists()
+
+
+def test_a_schema_error_never_hints_skip_bad(tmp_path):
+    """The README's schema override on float64 data: every sample fails alike, so skipping them all is no
+    fix; the error says to make data and schema agree, and skip_bad=True fails instead of packing nothing."""
+    data = [(np.zeros(128, np.float64), i) for i in range(20)]
+    schema = {"f0": Field.ndarray("f0", "float32", (None, 128))}
+    with pytest.raises(SourceError) as info:
+        fastload.pack(data, tmp_path / "a", workers=0, schema=schema)
+    assert "skip_bad" not in str(info.value).replace("skip_bad would skip", "") and "schema" in str(info.value)
+    with pytest.raises(SourceError, match="max_skipped"):
+        fastload.pack(data, tmp_path / "b", workers=0, schema=schema, skip_bad=True)
+    assert not (tmp_path / "b" / "manifest.json").exists()
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_resume_after_crash_gives_identical_content(tmp_path, monkeypatch, fmt):
     from fastload.formats import lmdb as lmdb_format
