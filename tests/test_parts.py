@@ -105,6 +105,23 @@ def test_merge_finishes_after_an_interruption(tmp_path):
     assert identical(tmp_path / "single", tmp_path / "m")
 
 
+def test_merge_removes_only_the_parts_own_files(tmp_path):
+    """Issue 17 row 1 (audit): merge used shutil.rmtree on DST/parts, taking anything a user kept there."""
+    src = photo_folder(tmp_path / "photos")
+    fastload.pack(src, tmp_path / "single", **KW)
+    for i in range(2):
+        fastload.pack(src, tmp_path / "m", part=(i, 2), **KW)
+    (tmp_path / "m" / "parts" / "1" / "log.txt").write_text("the cluster job's log")
+    fastload.merge(tmp_path / "m")
+    assert (tmp_path / "m" / "parts" / "1" / "log.txt").read_text() == "the cluster job's log"
+    assert sorted(os.listdir(tmp_path / "m" / "parts")) == ["1"]  # part 0, emptied, is gone
+    assert os.listdir(tmp_path / "m" / "parts" / "1") == ["log.txt"]
+    (tmp_path / "m" / "parts" / "1" / "log.txt").unlink()
+    (tmp_path / "m" / "parts" / "1").rmdir()
+    (tmp_path / "m" / "parts").rmdir()
+    assert identical(tmp_path / "single", tmp_path / "m")
+
+
 def test_cli_part_merge_verify(tmp_path):
     src = photo_folder(tmp_path / "photos")
     runner = CliRunner()

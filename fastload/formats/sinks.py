@@ -111,6 +111,19 @@ def prepare_dest(dest: Path, overwrite: bool, params: dict, staged_for: str | No
     return state
 
 
+def clear_pack(dest: Path, keep: str) -> None:
+    """Remove a finished pack's own files from ``dest`` before packing there again (``overwrite``); the
+    folder ``keep`` is left to its owner. Anything fastload did not write is refused, and nothing removed."""
+    names = os.listdir(dest)
+    foreign = [n for n in names if n != keep and (not _own_file(n) or (dest / n).is_dir())]
+    if foreign:
+        raise FastloadError(f"destination {dest} holds files fastload did not write ({', '.join(sorted(foreign)[:5])}); "
+                            f"refusing to write there — choose an empty or new directory")
+    for n in names:
+        if n != keep:
+            (dest / n).unlink()
+
+
 def remove_pack(dest: Path) -> None:
     """Remove a pack's own files from ``dest`` (a staged copy, once uploaded), then ``dest`` if that
     emptied it; anything else there is left alone."""
