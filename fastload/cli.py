@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
@@ -64,11 +65,12 @@ def pack(src, dst, fmt, image_mode, max_side, quality, check, shard_size, worker
         raise click.UsageError("--parts goes with --ray (for one part at a time, use --part I/N)")
     engine = "ray" if ray_address is not None else "local"
     address = None if ray_address in (None, "auto") else ray_address
-    summary = _run(lambda: do_pack(src, dst, format=fmt, image_mode=image_mode, max_side=max_side, quality=quality, check=check,
-                                   shard_size=shard_size, workers=workers, overwrite=overwrite, skip_bad=skip_bad,
-                                   max_skipped=max_skipped,
-                                   root=root, path_column=path_column, progress=not quiet, block=block, part=part,
-                                   engine=engine, parts=parts, ray_address=address, staging=staging))
+    with _resume_hint():
+        summary = _run(lambda: do_pack(src, dst, format=fmt, image_mode=image_mode, max_side=max_side, quality=quality,
+                                       check=check, shard_size=shard_size, workers=workers, overwrite=overwrite,
+                                       skip_bad=skip_bad, max_skipped=max_skipped, root=root, path_column=path_column,
+                                       progress=not quiet, block=block, part=part, engine=engine, parts=parts,
+                                       ray_address=address, staging=staging))
     click.echo(str(summary))
     if part is not None:
         click.echo(f"part {part} done: when every part is, run `fastload merge {dst}`")
@@ -76,14 +78,15 @@ def pack(src, dst, fmt, image_mode, max_side, quality, check, shard_size, worker
 
 @main.command()
 @click.argument("dst")
-def merge(dst) -> None:
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+def merge(dst, quiet) -> None:
     """Join the parts in DST/parts/ (from `fastload pack --part I/N`) into one dataset at DST.
 
     Shard files are moved, not copied; the result is what one `fastload pack` would have written.
     """
     from ._parts import merge as do_merge
 
-    m = _run(lambda: do_merge(dst if "://" in dst else Path(dst)))
+    m = _run(lambda: do_merge(dst if "://" in dst else Path(dst), progress=not quiet))
     click.echo(f"merged {dst}: {m.num_samples:,} samples in {len(m.shards)} shard(s)")
 
 
@@ -115,13 +118,15 @@ def inspect(dst) -> None:
 
 @main.command()
 @click.argument("dst", type=click.Path(exists=True, path_type=Path))
-def verify(dst) -> None:
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+def verify(dst, quiet) -> None:
     """Check every shard's size, checksum and structure; exit 1 naming each bad shard."""
     from .formats.reader import read_manifest, verified_what
     from .formats.reader import verify as verify_dataset
 
     m = _run(lambda: read_manifest(dst))
-    problems = verify_dataset(dst, m)
+    with _bar(m.num_samples, f"verify {dst}", "sample", quiet) as bar:
+        problems = verify_dataset(dst, m, bar.update if bar is not None else None)
     if problems:
         for p in problems:
             click.echo(f"BAD {p}", err=True)
@@ -148,6 +153,46 @@ def bench(dst, batch_size, preset, size, max_workers, seconds, plot_path) -> Non
     if plot_path:
         _run(lambda: plot(result, plot_path))
         click.echo(f"plot written to {plot_path}")
+
+
+@contextmanager
+def _resume_hint():
+    """Ctrl-C during a pack: say what is kept and the exact command that resumes it (not just "Aborted!")."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        ctx = click.get_current_context()
+        click.echo(f"\ninterrupted: the shards finished so far are kept. To resume where the pack stopped, run:\n"
+                   f"  {_command_line(ctx, leave_out=('overwrite',))}", err=True)
+        sys.exit(130)
+
+
+def _command_line(ctx: click.Context, leave_out: tuple[str, ...] = ()) -> str:
+    """The command as a shell line: its arguments, then every option not at its default (``leave_out``:
+    options that would not resume, such as --overwrite, which starts over)."""
+    import shlex
+
+    words = ["fastload", ctx.info_name]
+    for param in ctx.command.params:
+        value = ctx.params.get(param.name)
+        if isinstance(param, click.Argument):
+            words.append(str(value))
+        elif param.name not in leave_out and value not in (None, False) and value != param.default:
+            opt = max(param.opts, key=len)
+            words += [opt] if value is True else [opt, str(value)]
+    return shlex.join(words)
+
+
+@contextmanager
+def _bar(total: int, desc: str, unit: str, quiet: bool):
+    """A tqdm bar on stderr (as pack's), or None when quiet."""
+    if quiet:
+        yield None
+        return
+    from tqdm import tqdm
+
+    with tqdm(total=total, desc=desc, unit=unit, smoothing=0.1) as bar:
+        yield bar
 
 
 def _run(fn):
