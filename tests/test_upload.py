@@ -219,3 +219,10 @@ def test_a_missing_bucket_fails_before_anything_is_packed(moto, photos, tmp_path
             fastload.pack(photos, "s3://no-such-bucket/ds", staging=tmp_path / "stage",
                           storage_options=moto.options(), **KW)
     assert not encoded and not (tmp_path / "stage").exists()
+
+
+def test_the_progress_bar_names_the_url(moto, photos, tmp_path, capsys):
+    fastload.pack(photos, "s3://stg/lbl", staging=tmp_path / "stage", storage_options=moto.options(),
+                  progress=True, **KW)
+    err = capsys.readouterr().err
+    assert "pack s3://stg/lbl" in err and "pack pack" not in err
