@@ -112,6 +112,8 @@ def merge(dest: str | os.PathLike, *, storage_options: dict | None = None, progr
         raise FastloadError(f"{dest} already holds a merged dataset")
     parts = _part_manifests(dest)
     merged = _joined(dest, parts)
+    if (dest / MANIFEST_NAME).is_file():
+        _same_or_refuse(dest, (dest / MANIFEST_NAME).read_bytes(), merged)
     for path, m, e in _shards_told(parts, merged, dest, progress):
         src, dst = Path(path) / e.file, dest / e.file
         if src.exists():
@@ -130,6 +132,19 @@ def merge(dest: str | os.PathLike, *, storage_options: dict | None = None, progr
         pass
     fsync_dir(dest)
     return merged
+
+
+def _same_or_refuse(dest: Any, raw: bytes, merged: Manifest) -> None:
+    """``dest`` already has a manifest: this merge's own (an earlier run stopped before removing the
+    parts), or another dataset, whose shards and manifest the merge would replace: refused."""
+    try:
+        same = Manifest.parse(raw, f"dataset '{dest}'").to_json() == merged.to_json()
+    except FastloadError:
+        same = False
+    if not same:
+        raise FastloadError(f"{dest} already holds a packed dataset other than these parts; merging would replace "
+                            f"its shards and manifest. Merge into a new folder (move {PARTS_DIR}/ there), or remove "
+                            f"the dataset first")
 
 
 def _shards_told(parts: list[tuple[str, Manifest]], merged: Manifest, dest: Any, progress: bool):
@@ -172,6 +187,8 @@ def _merge_url(url: str, storage_options: dict | None, progress: bool = False) -
                                 f"to finish it, then merge") from None
         parts.append((where, Manifest.parse(raw, f"part '{where}'")))
     merged = _joined(url, parts)
+    if fs.exists(f"{root}/{MANIFEST_NAME}"):
+        _same_or_refuse(url, fs.cat_file(f"{root}/{MANIFEST_NAME}"), merged)
     folder = dict(zip((w for w, _ in parts), _sorted_parts(names, url)))
     for where, m, e in _shards_told(parts, merged, url, progress):
         name = folder[where]

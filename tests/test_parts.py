@@ -165,3 +165,16 @@ def test_ray_packs_parts_and_merges_byte_for_byte(tmp_path, ray_cluster):
                                     "--block", "5", "--skip-bad", "-q"])
     assert res.exit_code == 0, res.output
     assert identical(tmp_path / "single", tmp_path / "cli")
+
+
+def test_merge_never_replaces_another_dataset(tmp_path):
+    src = photo_folder(tmp_path / "photos")
+    other = make_image_folder(tmp_path / "other", classes=2, per_class=3, seed=5)
+    fastload.pack(other, tmp_path / "m", **KW)  # a finished dataset at DST
+    for i in range(2):
+        fastload.pack(src, tmp_path / "m", part=(i, 2), **KW)
+    from misuse.conftest import unchanged
+
+    with unchanged(tmp_path / "m"):
+        with pytest.raises(FastloadError, match="already holds a packed dataset other than these parts"):
+            fastload.merge(tmp_path / "m")
