@@ -177,6 +177,10 @@ def pack(
                            **({"storage_options": dict(storage_options)} if storage_options else {}))
     if not url:
         _check_writable(Path(dest))
+        if isinstance(source, (str, os.PathLike)) and Path(source).is_dir() and \
+                Path(source).resolve() in (Path(dest).resolve(), *Path(dest).resolve().parents):
+            raise ValueError(f"destination {dest} is inside the source folder {source}: the pack's files would become "
+                             f"part of the source (a class folder); choose a destination outside it")
     src = as_source(source, schema=schema, root=root, path_column=path_column)  # its errors before any write
     kwargs = dict(format=format, image_mode=image_mode, max_side=max_side, quality=quality, check=check,
                   shard_size=shard_size, workers=workers, skip_bad=skip_bad, max_skipped=max_skipped,

@@ -108,6 +108,16 @@ def test_a_destination_that_cannot_be_written_fails_before_packing(image_folder,
     assert (tmp_path / "a_file").read_text() == "x"
 
 
+def test_a_destination_inside_the_source_folder_is_refused(image_folder, tmp_path):
+    from misuse.conftest import unchanged
+
+    with unchanged(image_folder):
+        with pytest.raises(ValueError, match="inside the source folder"):
+            fastload.pack(image_folder, image_folder / "packed", workers=0)
+        with pytest.raises(ValueError, match="inside the source folder"):
+            fastload.pack(image_folder, image_folder / "class_0", workers=0)
+
+
 def test_skip_bad_never_packs_an_empty_or_mostly_empty_dataset(image_folder, tmp_path):
     files = sorted(image_folder.rglob("*.jpg"))
     for f in files[:3]:  # 3 of 12 = 25%: past the default max_skipped=0.1
