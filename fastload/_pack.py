@@ -164,7 +164,11 @@ def pack(
 
         parse_part(part)
     ImageOptions(image_mode, max_side, quality, check)  # checked now, before anything is written
-    parse_size(shard_size)
+    try:
+        parse_size(shard_size)
+    except (ValueError, TypeError, AttributeError):
+        raise ValueError(f"shard_size={shard_size!r} should be a positive size in bytes, or a string with a K/M/G/T "
+                         f"unit such as '256MB'") from None
     if workers is not None and int(workers) < 0:
         raise ValueError(f"workers={workers} should be >= 0")
     if engine == "ray":

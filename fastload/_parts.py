@@ -108,8 +108,12 @@ def merge(dest: str | os.PathLike, *, storage_options: dict | None = None, progr
     if is_url(str(dest)):
         return _merge_url(str(dest).rstrip("/"), storage_options, progress)
     dest = Path(dest)
+    if not dest.is_dir():
+        raise FastloadError(f"cannot merge {dest}: " + ("it is not a folder" if dest.exists() else "no such folder")
+                            + f" (merge joins the parts in DST/{PARTS_DIR}/ that `fastload pack SRC DST --part I/N` "
+                              f"wrote)")
     if (dest / MANIFEST_NAME).is_file() and not (dest / PARTS_DIR).exists():
-        raise FastloadError(f"{dest} already holds a merged dataset")
+        raise FastloadError(f"{dest} already holds a finished dataset and no {PARTS_DIR}/ folder: nothing to merge")
     parts = _part_manifests(dest)
     merged = _joined(dest, parts)
     if (dest / MANIFEST_NAME).is_file():
@@ -174,7 +178,8 @@ def _merge_url(url: str, storage_options: dict | None, progress: bool = False) -
         names = [n.rstrip("/").rsplit("/", 1)[-1] for n in fs.ls(proot, detail=False)]
     except FileNotFoundError:
         if fs.exists(f"{root}/{MANIFEST_NAME}"):
-            raise FastloadError(f"{url} already holds a merged dataset") from None
+            raise FastloadError(f"{url} already holds a finished dataset and no {PARTS_DIR}/: nothing to "
+                                f"merge") from None
         raise FastloadError(f"{url} has no {PARTS_DIR}/: pack the parts first (fastload pack SRC {url} "
                             f"--part I/N for each I)") from None
     parts = []

@@ -31,7 +31,8 @@ def main() -> None:
 @click.option("--check", type=click.Choice(["decode", "header"]), default="decode", show_default=True,
               help="How stored JPEGs are validated: a full (1/8-scale) decode, or header + end marker only "
                    "(faster; corrupt data then shows at load time).")
-@click.option("--shard-size", default="256MB", show_default=True, help="Target shard size (K/M/G units).")
+@click.option("--shard-size", default="256MB", show_default=True, callback=lambda c, p, v: _checked(_size, v),
+              help="Target shard size (K/M/G units).")
 @click.option("--workers", type=click.IntRange(min=0), default=None, help="Worker processes [default: all cores].")
 @click.option("--overwrite", is_flag=True, help="Replace an existing dataset at DST.")
 @click.option("--skip-bad", is_flag=True, help="Skip unreadable source samples and list them in the manifest.")
@@ -43,7 +44,7 @@ def main() -> None:
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @click.option("--block", type=click.IntRange(min=1), default=65536, show_default=True,
               help="Shards never straddle a multiple of this many samples; a part is whole blocks.")
-@click.option("--part", default=None, metavar="I/N",
+@click.option("--part", default=None, metavar="I/N", callback=lambda c, p, v: _checked(_part, v),
               help="Pack only part I of N (from 0) into DST/parts/I; then `fastload merge DST`.")
 @click.option("--ray", "ray_address", default=None, is_flag=False, flag_value="auto", metavar="[ADDRESS]",
               help="Pack the parts as Ray tasks on the cluster at ADDRESS (default: a running one, else local), "
@@ -51,9 +52,10 @@ def main() -> None:
 @click.option("--parts", type=click.IntRange(min=1), default=None,
               help="With --ray: the number of parts [default: the cluster's CPUs].")
 @click.option("--staging", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="For a URL DST: the local folder the pack is staged in [default: ~/.cache/fastload/staging].")
-def pack(src, dst, fmt, image_mode, max_side, quality, check, shard_size, workers, overwrite, skip_bad, max_skipped, root,
-         path_column, quiet, block, part, ray_address, parts, staging) -> None:
+              help="For a URL DST: a new or empty local folder to stage the pack in (only what the pack writes "
+                   "there is removed after the upload) [default: under ~/.cache/fastload/staging].")
+def pack(src, dst, fmt, image_mode, max_side, quality, check, shard_size, workers, overwrite, skip_bad, max_skipped,
+         root, path_column, quiet, block, part, ray_address, parts, staging) -> None:
     """Pack SRC (an ImageFolder directory, .npy/.npz, or CSV/JSONL manifest) into a dataset at DST.
 
     DST may be a URL (s3://bucket/ds, any fsspec URL): shards are uploaded as they are finished, the
@@ -86,6 +88,9 @@ def merge(dst, quiet) -> None:
     """
     from ._parts import merge as do_merge
 
+    if "://" not in dst and not Path(dst).is_dir():
+        raise click.BadParameter(f"folder {dst!r} does not exist" if not Path(dst).exists() else
+                                 f"{dst!r} is not a folder", param_hint="'DST'")
     m = _run(lambda: do_merge(dst if "://" in dst else Path(dst), progress=not quiet))
     click.echo(f"merged {dst}: {m.num_samples:,} samples in {len(m.shards)} shard(s)")
 
@@ -153,6 +158,29 @@ def bench(dst, batch_size, preset, size, max_workers, seconds, plot_path) -> Non
     if plot_path:
         _run(lambda: plot(result, plot_path))
         click.echo(f"plot written to {plot_path}")
+
+
+def _checked(check, value):
+    """A click callback: ``check(value)`` raising ValueError becomes click's "Invalid value for '--opt'"."""
+    if value is None:
+        return None
+    try:
+        check(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+    return value
+
+
+def _size(value: str) -> None:
+    from ._pack import parse_size
+
+    parse_size(value)
+
+
+def _part(value: str) -> None:
+    from ._parts import parse_part
+
+    parse_part(value)
 
 
 @contextmanager

@@ -185,7 +185,8 @@ def test_manifest_columns_are_typed_and_rows_named(tmp_path):
     ('{"path": "a.jpg"}\n{nope\n', r"line 2: not valid JSON"),
     ('{"file": "a.jpg"}\n', r"has no 'path' column \(columns: \['file'\]\); name the path column with path_column="),
     ('{"path": "a.jpg", "n": 1}\n{"path": "b.jpg", "m": 2}\n', r"line 2: columns \['path', 'm'\] differ"),
-    ('{"path": "a.jpg", "n": 1}\n{"path": "b.jpg", "n": "two"}\n', r"column 'n' mixes value types \['int', 'str'\]: line 2 holds 'two'"),
+    ('{"path": "a.jpg", "n": 1}\n{"path": "b.jpg", "n": "two"}\n',
+     r"column 'n' mixes value types \['int', 'str'\]: line 2 holds 'two'"),
     ('{"path": "a.jpg", "n": null}\n', r"line 1, column 'n' is missing"),
     ("", "has no rows"),
 ], ids=["not-an-object", "bad-json", "no-path-column", "columns-differ", "mixed-types", "null", "empty"])
@@ -252,7 +253,7 @@ def test_dataset_sources_keep_classes_and_check_every_sample():
     assert src.load(1)[1] == 1 and src.describe(3) == "Classy[3]"
     with pytest.raises(fastload.SchemaError, match="expected a dict sample like sample 0, got tuple"):
         src.load(3)
-    with pytest.raises(SourceError, match="TensorDataset is empty"):
+    with pytest.raises(SourceError, match="the source TensorDataset has no samples"):
         DatasetSource(torch.utils.data.TensorDataset(torch.zeros(0)))
     with pytest.raises(SourceError, match="is not a map-style dataset"):
         DatasetSource(iter([1, 2]))

@@ -117,8 +117,9 @@ def clear_pack(dest: Path, keep: str) -> None:
     names = os.listdir(dest)
     foreign = [n for n in names if n != keep and (not _own_file(n) or (dest / n).is_dir())]
     if foreign:
-        raise FastloadError(f"destination {dest} holds files fastload did not write ({', '.join(sorted(foreign)[:5])}); "
-                            f"refusing to write there — choose an empty or new directory")
+        shown = ", ".join(sorted(foreign)[:5])
+        raise FastloadError(f"destination {dest} holds files fastload did not write ({shown}); refusing to write "
+                            f"there — choose an empty or new directory")
     for n in names:
         if n != keep:
             (dest / n).unlink()
