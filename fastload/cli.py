@@ -232,9 +232,6 @@ def _run(fn):
         sys.exit(2)
 
 
-if __name__ == "__main__":
-    main()
-
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("--steps", type=click.IntRange(min=2), default=30, show_default=True,
@@ -252,3 +249,7 @@ def doctor(steps, no_measure_workers, script, script_args) -> None:
 
     report = run_script(str(script), list(script_args), steps, measure_workers=not no_measure_workers)
     click.echo(str(report))
+
+
+if __name__ == "__main__":
+    main()

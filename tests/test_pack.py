@@ -212,6 +212,32 @@ def test_sigkill_during_pack_then_resume(tmp_path):
     assert dir_bytes(tmp_path / "out") == dir_bytes(tmp_path / "ref")
 
 
+def test_ctrl_c_during_pack_prints_a_resume_command_that_resumes(tmp_path):
+    """A real SIGINT with worker processes running (issue 17 row 12): exit 130, the exact command to resume
+    (not click's bare 'Aborted!'), and that command finishes the pack byte for byte."""
+    import shlex
+
+    folder = make_image_folder(tmp_path / "src", classes=2, per_class=60)
+    args = [sys.executable, "-m", "fastload.cli", "pack", str(folder), str(tmp_path / "out"), "--shard-size", "4K",
+            "--image-mode", "jpeg", "--workers", "2", "-q"]
+    subprocess.run(args[:5] + [str(tmp_path / "ref")] + args[6:], check=True)
+    proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while not list((tmp_path / "out").glob("shard-0000[3-9].fls")) and time.time() < deadline:
+        if proc.poll() is not None:
+            pytest.skip("pack finished before it could be interrupted")
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGINT)
+    err = proc.communicate(timeout=60)[1]
+    if (tmp_path / "out" / "manifest.json").exists():
+        pytest.skip("pack finished before it could be interrupted")
+    assert proc.returncode == 130 and "Aborted!" not in err and "Traceback" not in err, err
+    hint = shlex.split(err.strip().splitlines()[-1])
+    assert hint[:2] == ["fastload", "pack"]
+    subprocess.run([sys.executable, "-m", "fastload.cli"] + hint[1:], check=True)
+    assert dir_bytes(tmp_path / "out") == dir_bytes(tmp_path / "ref")
+
+
 def test_resume_refuses_different_parameters(image_folder, tmp_path, monkeypatch):
     kw = dict(workers=0, shard_size="2K")
     real = shards_format.write_shard
