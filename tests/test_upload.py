@@ -226,3 +226,20 @@ def test_the_progress_bar_names_the_url(moto, photos, tmp_path, capsys):
                   progress=True, **KW)
     err = capsys.readouterr().err
     assert "pack s3://stg/lbl" in err and "pack pack" not in err
+
+
+def test_the_default_staging_folder_is_created_marked_and_removed(moto, photos, tmp_path, monkeypatch):
+    monkeypatch.delenv("FASTLOAD_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    stage = upload_mod.default_staging("s3://stg/dflt")
+    assert tmp_path / "xdg" in stage.parents
+    calls = []
+    real_finish = upload_mod.Uploader.finish
+
+    def finish(self, names, folder):
+        calls.append(json.loads((stage / upload_mod.MARK).read_text()))
+        real_finish(self, names, folder)
+
+    monkeypatch.setattr(upload_mod.Uploader, "finish", finish)
+    fastload.pack(photos, "s3://stg/dflt", storage_options=moto.options(), **KW)
+    assert calls == [{"url": "s3://stg/dflt", "created": True}] and not stage.exists()
