@@ -107,6 +107,7 @@ def pack(
     schema: Mapping[str, Field] | None = None,
     root: str | os.PathLike | None = None,
     path_column: str = "path",
+    missing: Mapping[str, Any] | None = None,
     progress: bool = False,
     block: int = DEFAULT_BLOCK,
     part: tuple[int, int] | str | None = None,
@@ -121,8 +122,10 @@ def pack(
 
     ``source``: an ImageFolder directory, a ``.npy``/``.npz`` file, numpy arrays (one, a tuple, or a
     dict), a CSV/JSONL manifest (paths relative to ``root``), or a map-style torch Dataset.
-    ``schema`` overrides inferred fields by name. ``check="header"`` validates stored JPEGs by header
-    and end marker only (faster passthrough; corrupt entropy data then surfaces at load time). See ``fastload pack --help`` for the options.
+    ``schema`` overrides inferred fields by name. ``missing`` (manifests): column -> the value its blank or
+    null cells stand for (without it, such a cell stops the pack naming its line and column).
+    ``check="header"`` validates stored JPEGs by header and end marker only (faster passthrough; corrupt
+    entropy data then surfaces at load time). See ``fastload pack --help`` for the options.
     ``skip_bad=True`` skips unreadable samples (listed in the manifest), but a pack that would skip more
     than ``max_skipped`` of its samples (a share, default 0.1), or all of them, fails instead.
 
@@ -177,7 +180,8 @@ def pack(
         return pack_on_ray(source, dest, parts=parts, address=ray_address, progress=progress, format=format,
                            image_mode=image_mode, max_side=max_side, quality=quality, check=check,
                            shard_size=shard_size, workers=workers, overwrite=overwrite, skip_bad=skip_bad,
-                           max_skipped=max_skipped, schema=schema, root=root, path_column=path_column, block=block,
+                           max_skipped=max_skipped, schema=schema, root=root, path_column=path_column,
+                           missing=missing, block=block,
                            **({"storage_options": dict(storage_options)} if storage_options else {}))
     if not url:
         _check_writable(Path(dest))
@@ -185,7 +189,8 @@ def pack(
                 Path(source).resolve() in (Path(dest).resolve(), *Path(dest).resolve().parents):
             raise ValueError(f"destination {dest} is inside the source folder {source}: the pack's files would become "
                              f"part of the source (a class folder); choose a destination outside it")
-    src = as_source(source, schema=schema, root=root, path_column=path_column)  # its errors before any write
+    src = as_source(source, schema=schema, root=root, path_column=path_column,  # its errors before any write
+                    missing=missing)
     kwargs = dict(format=format, image_mode=image_mode, max_side=max_side, quality=quality, check=check,
                   shard_size=shard_size, workers=workers, skip_bad=skip_bad, max_skipped=max_skipped,
                   progress=progress, block=block)

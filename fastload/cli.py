@@ -41,6 +41,9 @@ def main() -> None:
 @click.option("--root", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
               help="For CSV/JSONL manifests: the directory paths are relative to [default: the manifest's].")
 @click.option("--path-column", default="path", show_default=True, help="For CSV/JSONL manifests: the path column.")
+@click.option("--missing", "missing", multiple=True, metavar="COLUMN=VALUE", callback=lambda c, p, v: _missing(v),
+              help="For CSV/JSONL manifests: what a blank (or null) cell of COLUMN stands for; repeat for more "
+                   "columns. Without it a blank cell stops the pack.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @click.option("--block", type=click.IntRange(min=1), default=65536, show_default=True,
               help="Shards never straddle a multiple of this many samples; a part is whole blocks.")
@@ -55,7 +58,7 @@ def main() -> None:
               help="For a URL DST: a new or empty local folder to stage the pack in (only what the pack writes "
                    "there is removed after the upload) [default: under ~/.cache/fastload/staging].")
 def pack(src, dst, fmt, image_mode, max_side, quality, check, shard_size, workers, overwrite, skip_bad, max_skipped,
-         root, path_column, quiet, block, part, ray_address, parts, staging) -> None:
+         root, path_column, missing, quiet, block, part, ray_address, parts, staging) -> None:
     """Pack SRC (an ImageFolder directory, .npy/.npz, or CSV/JSONL manifest) into a dataset at DST.
 
     DST may be a URL (s3://bucket/ds, any fsspec URL): shards are uploaded as they are finished, the
@@ -71,6 +74,7 @@ def pack(src, dst, fmt, image_mode, max_side, quality, check, shard_size, worker
         summary = _run(lambda: do_pack(src, dst, format=fmt, image_mode=image_mode, max_side=max_side, quality=quality,
                                        check=check, shard_size=shard_size, workers=workers, overwrite=overwrite,
                                        skip_bad=skip_bad, max_skipped=max_skipped, root=root, path_column=path_column,
+                                       missing=missing,
                                        progress=not quiet, block=block, part=part, engine=engine, parts=parts,
                                        ray_address=address, staging=staging))
     click.echo(str(summary))
@@ -171,6 +175,17 @@ def _checked(check, value):
     return value
 
 
+def _missing(pairs: tuple[str, ...]) -> dict | None:
+    """--missing label=-1 --missing note=... -> {"label": "-1", ...} (parsed as the column's cells are)."""
+    out = {}
+    for pair in pairs:
+        name, eq, value = pair.partition("=")
+        if not eq or not name:
+            raise click.BadParameter(f"{pair!r} should be COLUMN=VALUE, e.g. label=-1", param_hint="'--missing'")
+        out[name] = value
+    return out or None
+
+
 def _size(value: str) -> None:
     from ._pack import parse_size
 
@@ -207,7 +222,12 @@ def _command_line(ctx: click.Context, leave_out: tuple[str, ...] = ()) -> str:
             words.append(str(value))
         elif param.name not in leave_out and value not in (None, False) and value != param.default:
             opt = max(param.opts, key=len)
-            words += [opt] if value is True else [opt, str(value)]
+            if value is True:
+                words.append(opt)
+            elif isinstance(value, dict):  # --missing: COLUMN=VALUE pairs
+                words += [w for k, v in value.items() for w in (opt, f"{k}={v}")]
+            else:
+                words += [opt, str(value)]
     return shlex.join(words)
 
 

@@ -154,3 +154,25 @@ def test_verify_and_merge_show_progress(runner, image_folder, tmp_path):
     assert re.search(r"verify .*out: 100%.*12/12", res.output)
     res = runner.invoke(main, ["verify", "-q", str(tmp_path / "out")])
     assert "100%" not in res.output and "OK" in res.output
+
+
+def test_missing_values_on_the_command_line(runner, tmp_path):
+    from conftest import jpeg_bytes
+
+    from fastload.cli import _command_line
+
+    (tmp_path / "imgs").mkdir()
+    for i in range(3):
+        (tmp_path / "imgs" / f"{i}.jpg").write_bytes(jpeg_bytes(20, 20, seed=i))
+    (tmp_path / "m.csv").write_text("path,label\n0.jpg,0\n1.jpg,\n2.jpg,2\n")
+    base = ["pack", str(tmp_path / "m.csv"), str(tmp_path / "out"), "--root", str(tmp_path / "imgs"), "-q"]
+    res = runner.invoke(main, base)
+    assert res.exit_code == 2 and "line 3, column 'label' is blank" in res.output and "--missing label=" in res.output
+    res = runner.invoke(main, base + ["--missing", "label"])
+    assert res.exit_code == 2 and "'--missing'" in res.output and "COLUMN=VALUE" in res.output
+    res = runner.invoke(main, base + ["--missing", "label=-1"])
+    assert res.exit_code == 0, res.output
+    assert [s[1] for s in fastload.open(tmp_path / "out", decode=False)] == [0, -1, 2]
+    ctx = main.make_context("fastload", base + ["--missing", "label=-1", "--overwrite"])
+    sub = ctx.command.get_command(ctx, "pack").make_context("pack", base[1:] + ["--missing", "label=-1"], parent=ctx)
+    assert "--missing label=-1" in _command_line(sub)  # the resume hint repeats it

@@ -257,3 +257,22 @@ def test_dataset_sources_keep_classes_and_check_every_sample():
         DatasetSource(torch.utils.data.TensorDataset(torch.zeros(0)))
     with pytest.raises(SourceError, match="is not a map-style dataset"):
         DatasetSource(iter([1, 2]))
+
+
+def test_declared_missing_values_fill_blank_cells(tmp_path):
+    (tmp_path / "files").mkdir()
+    for i in range(3):
+        (tmp_path / "files" / f"{i}.jpg").write_bytes(jpeg_bytes(20, 20, seed=i))
+    (tmp_path / "m.csv").write_text("path,label,w\n0.jpg,0,0.5\n1.jpg,,1.5\n2.jpg,2,\n")
+    fastload.pack(tmp_path / "m.csv", tmp_path / "a", root=tmp_path / "files", workers=0,
+                  missing={"label": -1, "w": "nan"})
+    ds = fastload.open(tmp_path / "a", decode=False)
+    assert [ds[i][1] for i in range(3)] == [0, -1, 2] and np.isnan(ds[2][2])
+    (tmp_path / "m.jsonl").write_text('{"path": "0.jpg", "label": 3}\n{"path": "1.jpg", "label": null}\n')
+    src = ManifestSource(tmp_path / "m.jsonl", root=tmp_path / "files", missing={"label": -1})
+    assert src.schema.fields[1].kind == "int" and [v[0] for v in src.values] == [3, -1]
+    assert src.fingerprint() != ManifestSource(tmp_path / "m.jsonl", missing={"label": -2}).fingerprint()
+    with pytest.raises(SourceError, match=r"missing= names \['nope'\], not a value column"):
+        ManifestSource(tmp_path / "m.jsonl", missing={"nope": 0})
+    with pytest.raises(SourceError, match="not a manifest"):
+        fastload.pack(tmp_path / "files", tmp_path / "b", missing={"label": 0})

@@ -19,7 +19,7 @@ import io
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from .._encode import FileImage
 from .._errors import SourceError
@@ -58,6 +58,10 @@ def _read_rows(path: Path) -> tuple[list[dict[str, Any]], list[int]]:
     return rows, lines
 
 
+def _blank(v: Any) -> bool:
+    return v is None or (isinstance(v, str) and not v.strip())
+
+
 def _parse_int(v: str) -> int | None:
     try:
         return int(v)
@@ -75,9 +79,13 @@ def _parse_float(v: str) -> float | None:
 class ManifestSource(Source):
     files_only = True
 
-    def __init__(self, manifest: str | os.PathLike, root: str | os.PathLike | None = None, path_column: str = "path"):
+    def __init__(self, manifest: str | os.PathLike, root: str | os.PathLike | None = None, path_column: str = "path",
+                 missing: Mapping[str, Any] | None = None):
+        """``missing``: column -> the value a blank (CSV) or null (JSONL) cell of that column stands for;
+        without it such a cell stops the pack."""
         self.manifest = Path(manifest)
         self.root = Path(root) if root is not None else self.manifest.parent
+        self.missing = dict(missing or {})
         rows, self.lines = _read_rows(self.manifest)
         if not rows:
             raise SourceError(f"manifest {self.manifest} has no rows")
@@ -85,6 +93,10 @@ class ManifestSource(Source):
         if path_column not in columns:
             raise SourceError(f"manifest {self.manifest} has no '{path_column}' column (columns: {columns}); "
                               f"name the path column with path_column= / --path-column")
+        unknown = sorted(set(self.missing) - set(columns) | ({path_column} & set(self.missing)))
+        if unknown:
+            raise SourceError(f"missing= names {unknown}, not a value column of manifest {self.manifest} (value "
+                              f"columns: {[c for c in columns if c != path_column]})")
         for line, row in zip(self.lines, rows):
             if list(row.keys()) != columns:
                 got = [k for k in row if k is not None]
@@ -108,9 +120,15 @@ class ManifestSource(Source):
     def _column(self, name: str, vals: list[Any]) -> tuple[Field, list[Any]]:
         safe = name if name.isidentifier() else "_" + "".join(ch if ch.isalnum() else "_" for ch in name)
         where = f"manifest {self.manifest}"
+        if name in self.missing:  # declared: a blank or null cell stands for this value
+            fill = self.missing[name]
+            text = all(isinstance(v, str) for v in vals if not _blank(v))  # CSV: the fill is parsed as its cells are
+            token = (fill if isinstance(fill, str) else json.dumps(fill)) if text else fill
+            vals = [token if _blank(v) else v for v in vals]
         for line, v in zip(self.lines, vals):
             if v is None or isinstance(v, (list, dict)):
-                what = "is missing" if v is None else f"holds {v!r}, not a number or string"
+                what = (f"is missing (null or absent; declare what that means with missing={{'{name}': VALUE}}, "
+                        f"--missing {name}=VALUE)") if v is None else f"holds {v!r}, not a number or string"
                 raise SourceError(f"{where}, line {line}, column '{name}' {what}")
         if all(isinstance(v, str) for v in vals):  # CSV, or JSON strings
             return self._text_column(name, safe, vals)
@@ -133,8 +151,8 @@ class ManifestSource(Source):
             blank = next((ln for ln, v in zip(self.lines, vals) if not v.strip()), None)
             if blank is not None:
                 raise SourceError(f"{where}, line {blank}, column '{name}' is blank, in a column of numbers: fill "
-                                  f"it in or remove the line (a blank is not a number, and fastload does not "
-                                  f"guess one)")
+                                  f"it in, remove the line, or declare what a blank means with "
+                                  f"missing={{'{name}': VALUE}} (--missing {name}=VALUE); fastload does not guess one")
             ints = [_parse_int(v) for v in vals]
             if all(i is not None for i in ints):
                 return Field.int(safe), ints
@@ -167,4 +185,6 @@ class ManifestSource(Source):
     def fingerprint(self) -> str:
         h = hashlib.sha256(self.manifest.read_bytes())
         h.update(str(self.root.resolve()).encode())
+        if self.missing:
+            h.update(json.dumps(self.missing, sort_keys=True, default=str).encode())
         return "manifest:" + h.hexdigest()
