@@ -172,8 +172,8 @@ def pack(
     except (ValueError, TypeError, AttributeError):
         raise ValueError(f"shard_size={shard_size!r} should be a positive size in bytes, or a string with a K/M/G/T "
                          f"unit such as '256MB'") from None
-    if workers is not None and int(workers) < 0:
-        raise ValueError(f"workers={workers} should be >= 0")
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 0):
+        raise ValueError(f"workers={workers!r} should be an int >= 0 (or None: one per core)")
     if engine == "ray":
         from ._parts import pack_on_ray
 
@@ -290,8 +290,9 @@ def _hint(error: str) -> str:
     """What to do about a failed sample. A schema mismatch fails every sample alike: skipping would pack an
     empty dataset, so the hint is to fix the data or the schema, never ``skip_bad``."""
     if error.startswith("SchemaError:"):
-        return (" (make the data and the schema agree: convert the data, or declare the field as the data is "
-                "with schema=...; skip_bad would skip every such sample)")
+        return (" (every sample like this one fails alike, so skipping is no fix: make the data and the schema "
+                "agree, converting the data or declaring the field with schema=..., or change the options the "
+                "error names)")
     return " (pass skip_bad=True / --skip-bad to skip bad samples and list them in the manifest)"
 
 

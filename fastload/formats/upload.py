@@ -162,8 +162,8 @@ class Staging:
         names = sorted(os.listdir(root))
         if names:
             raise FastloadError(f"staging folder {root} holds files fastload did not write ({', '.join(names[:5])}); "
-                                f"it would be emptied after the upload, so it must be new or empty: choose another "
-                                f"folder (--staging / staging=)")
+                                f"a staging folder must be new or empty (fastload cleans it up after the upload): "
+                                f"choose another folder (--staging / staging=)")
 
     def claim(self) -> None:
         """Create and mark the folder (after the URL was checked: a refused pack leaves nothing behind)."""
