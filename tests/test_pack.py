@@ -269,3 +269,23 @@ def test_array_pack_is_columnar_and_checks_overrides(tmp_path):
         fastload.pack({"x": x.astype(np.float64)}, tmp_path / "b", schema={"x": Field.ndarray("x", np.float32, (6,))})
     with pytest.raises(SourceError, match="rows of shape"):
         fastload.pack({"x": x}, tmp_path / "c", schema={"x": Field.ndarray("x", np.uint8, (3, 2))})
+
+
+def test_a_foreign_lmdb_database_is_never_overwritten(image_folder, tmp_path):
+    """Found by the issue 17 audit: data.mdb and lock.mdb counted as a pack's own files, so --overwrite
+    (which the refusal itself suggested) deleted any LMDB database in the destination."""
+    import lmdb
+
+    from misuse.conftest import unchanged
+
+    env = lmdb.open(str(tmp_path / "db"), map_size=1 << 20)
+    with env.begin(write=True) as txn:
+        txn.put(b"user-key", b"user-value")
+    env.close()
+    for fmt in FORMATS:
+        for overwrite in (False, True):
+            with unchanged(tmp_path / "db"):
+                with pytest.raises(FastloadError, match="LMDB database fastload did not write"):
+                    fastload.pack(image_folder, tmp_path / "db", workers=0, format=fmt, overwrite=overwrite)
+    fastload.pack(image_folder, tmp_path / "mine", workers=0, format="lmdb")  # a fastload LMDB is replaced
+    fastload.pack(image_folder, tmp_path / "mine", workers=0, format="lmdb", overwrite=True)

@@ -76,6 +76,10 @@ def prepare_dest(dest: Path, overwrite: bool, params: dict, staged_for: str | No
     if foreign:
         raise FastloadError(f"{where} holds files fastload did not write ({', '.join(sorted(foreign)[:5])}); "
                             f"refusing to write there — choose an empty or new directory")
+    if lmdb_format.DATA_FILE in names and _foreign_lmdb(dest):
+        raise FastloadError(f"{where} holds an LMDB database fastload did not write (its data.mdb has entries but "
+                            f"no fastload manifest or pack state); refusing to write there — choose an empty or new "
+                            f"directory")
     if overwrite:
         for n in names:
             (dest / n).unlink()  # files only, each one a pack's own (a folder counts as foreign)
@@ -137,6 +141,25 @@ def remove_pack(dest: Path) -> None:
         dest.rmdir()
     except OSError:
         pass
+
+
+def _foreign_lmdb(dest: Path) -> bool:
+    """True when ``dest`` holds someone else's LMDB database: entries, but neither a fastload manifest nor
+    a pack's resume state. Opened read-only, without a lock: nothing is written to it."""
+    if _lmdb_half_created(dest):
+        return False
+    import lmdb
+
+    try:
+        env = lmdb.open(str(dest), readonly=True, lock=False, subdir=True, max_dbs=0)
+    except lmdb.Error:
+        return True  # not even readable as LMDB: not ours to delete
+    try:
+        with env.begin() as txn:
+            ours = txn.get(lmdb_format.MANIFEST_KEY) is not None or txn.get(lmdb_format.STATE_KEY) is not None
+        return not ours and env.stat()["entries"] > 0
+    finally:
+        env.close()
 
 
 def _nothing_committed(dest: Path, names: list[str]) -> bool:
