@@ -151,12 +151,18 @@ def verify(dst, quiet) -> None:
               show_default=True, help="train: RandomResizedCrop+flip; val: Resize+CenterCrop; none: no image transforms.")
 @click.option("--size", type=click.IntRange(min=1), default=224, show_default=True, help="Output image side.")
 @click.option("--max-workers", type=click.IntRange(min=0), default=None, help="Largest thread count tried [default: cores].")
-@click.option("--seconds", type=float, default=1.0, show_default=True, help="Measuring time per thread count.")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None, help="Write a PNG (needs matplotlib).")
+@click.option("--seconds", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
+              help="Measuring time per thread count.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
+              help="Write a PNG (needs matplotlib).")
 def bench(dst, batch_size, preset, size, max_workers, seconds, plot_path) -> None:
     """Measure the dataset at DST: samples/s per thread count, the best num_workers, where time goes."""
-    from ._benchcmd import plot, report, run
+    from ._benchcmd import plot, plot_ready, report, run
 
+    if plot_path:  # before the measuring, not after it
+        if Path(plot_path).suffix.lower() != ".png":
+            raise click.BadParameter(f"{plot_path!r}: the plot is a PNG; name a .png file", param_hint="'--plot'")
+        _run(plot_ready)
     result = _run(lambda: run(dst, batch_size, preset, size, max_workers, seconds))
     click.echo(report(result))
     if plot_path:

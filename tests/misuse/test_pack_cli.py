@@ -111,10 +111,29 @@ def test_pack_bad_data_names_the_file_row_and_column(work):
     (["bench", "mine"], ["mine", "not a fastload dataset"]),
     (["bench", "packed", "--batch-size", "0"], ["--batch-size", "x>=1"]),
     (["bench", "packed", "--transforms", "fancy"], ["--transforms", "fancy", "train"]),
+    (["bench", "packed", "--seconds", "-1"], ["--seconds", "x>0"]),
+    (["bench", "packed", "--plot", "notes.txt"], ["--plot", "notes.txt", ".png"]),
 ])
 def test_other_verbs_arguments(work, args, words):
     with unchanged(work):
         cli_error(run(*args), *words)
+
+
+def test_bench_plot_without_matplotlib_fails_before_measuring(work, monkeypatch):
+    import builtins
+
+    real = builtins.__import__
+
+    def no_matplotlib(name, *a, **k):
+        if name.split(".")[0] == "matplotlib":
+            raise ImportError("No module named 'matplotlib'")
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    with unchanged(work):
+        out = cli_error(run("bench", "packed", "--plot", "speed.png", "--seconds", "0.05"), "matplotlib",
+                        "pip install")
+    assert "samples/s" not in out  # refused before the measuring, not after it
 
 
 def test_verify_names_the_bad_shard_and_changes_nothing(work):
