@@ -160,6 +160,11 @@ def test_ray_packs_parts_and_merges_byte_for_byte(tmp_path, ray_cluster):
     assert summary.samples == fastload.open(tmp_path / "single").manifest.num_samples
     res = CliRunner().invoke(main, ["verify", str(tmp_path / "ray")])
     assert res.exit_code == 0 and "OK" in res.output, res.output
+    # --overwrite replaces the dataset's own files only (it used to shutil.rmtree the whole destination)
+    (tmp_path / "ray" / "notes.txt").write_text("mine")
+    with pytest.raises(FastloadError, match="notes.txt"):
+        fastload.pack(src, tmp_path / "ray", engine="ray", parts=3, overwrite=True, **KW)
+    assert (tmp_path / "ray" / "notes.txt").read_text() == "mine"
     # the command line, on the running cluster, with the cluster's CPU count as the number of parts
     res = CliRunner().invoke(main, ["pack", str(src), str(tmp_path / "cli"), "--ray", "--shard-size", "12KB",
                                     "--block", "5", "--skip-bad", "-q"])
