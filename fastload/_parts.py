@@ -18,7 +18,7 @@ from typing import Any
 
 from ._errors import FastloadError
 from .formats._manifest import MANIFEST_NAME, Manifest, fsync_dir, write_manifest
-from .formats.sinks import clear_pack, remove_pack
+from .formats.sinks import STATE_NAME, clear_pack, remove_pack
 
 PARTS_DIR = "parts"
 
@@ -118,6 +118,9 @@ def merge(dest: str | os.PathLike, *, storage_options: dict | None = None, progr
     merged = _joined(dest, parts)
     if (dest / MANIFEST_NAME).is_file():
         _same_or_refuse(dest, (dest / MANIFEST_NAME).read_bytes(), merged)
+    if (dest / STATE_NAME).exists():  # its shards have the names the parts' have: they would be replaced
+        raise FastloadError(f"{dest} holds an unfinished pack ({STATE_NAME}) whose shards merging would replace; "
+                            f"finish or remove that pack first, or merge into a new folder (move {PARTS_DIR}/ there)")
     for path, m, e in _shards_told(parts, merged, dest, progress):
         src, dst = Path(path) / e.file, dest / e.file
         if src.exists():

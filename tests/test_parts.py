@@ -183,3 +183,8 @@ def test_merge_never_replaces_another_dataset(tmp_path):
     with unchanged(tmp_path / "m"):
         with pytest.raises(FastloadError, match="already holds a packed dataset other than these parts"):
             fastload.merge(tmp_path / "m")
+    (tmp_path / "m" / "manifest.json").unlink()  # now an unfinished pack of the other folder sits at DST
+    (tmp_path / "m" / "pack_state.json").write_text("{}")
+    with unchanged(tmp_path / "m"):
+        with pytest.raises(FastloadError, match="holds an unfinished pack"):
+            fastload.merge(tmp_path / "m")
