@@ -114,9 +114,14 @@ def test_parts_to_s3_merge_server_side(moto, photos, tmp_path):
 
 
 def test_cli_pack_to_s3(moto, photos, tmp_path, monkeypatch):
+    import s3fs
+
     monkeypatch.setenv("AWS_ENDPOINT_URL", moto.endpoint)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", KEY)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+    # s3fs caches filesystems by their arguments (none here): one built from another test's environment
+    # (another endpoint) would be reused, and this test's must not outlive it
+    monkeypatch.setattr(s3fs.S3FileSystem, "_cache", {})
     fastload.pack(photos, tmp_path / "local", **KW)
     res = CliRunner().invoke(main, ["pack", str(photos), "s3://clib/ds", "--shard-size", "12KB", "--block", "6",
                                     "--workers", "1", "-q", "--staging", str(tmp_path / "stage")])

@@ -254,11 +254,22 @@ def test_url_mistakes(work, moto):
     assert not moto.fs().exists("bkt/ds")
 
 
-def test_url_pack_cli_with_staging_in_the_working_folder(work, moto, monkeypatch):
-    """`--staging .` in a folder of the user's: refused, nothing deleted (before: the folder was emptied)."""
+@pytest.fixture
+def s3_env(moto, monkeypatch):
+    """The command line reaches moto through the environment. s3fs caches its filesystems by their
+    arguments (none here), so the cache is cleared on both sides: no test gets another's endpoint."""
+    import s3fs
+
     monkeypatch.setenv("AWS_ENDPOINT_URL", moto.endpoint)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    s3fs.S3FileSystem.clear_instance_cache()
+    yield
+    s3fs.S3FileSystem.clear_instance_cache()
+
+
+def test_url_pack_cli_with_staging_in_the_working_folder(work, s3_env):
+    """`--staging .` in a folder of the user's: refused, nothing deleted (before: the folder was emptied)."""
     with unchanged(work):
         cli_error(run("pack", "photos", "s3://bkt/cli", "--staging", ".", "-q"), "staging folder", "notes.txt",
                   "--staging")
