@@ -109,14 +109,20 @@ def report(r: dict) -> str:
     return "\n".join(lines)
 
 
-def plot(r: dict, path: str) -> None:
+def plot_ready() -> None:
+    """Raise the install hint now if --plot cannot be drawn (before minutes of measuring)."""
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib  # noqa: F401
     except ImportError:
         raise ImportError("--plot needs matplotlib: pip install matplotlib") from None
+
+
+def plot(r: dict, path: str) -> None:
+    plot_ready()
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
     ts = sorted(r["rates"])
     fig, ax = plt.subplots(figsize=(5, 3.2))
     ax.plot(ts, [r["rates"][t] for t in ts], marker="o")

@@ -64,11 +64,17 @@ class Report:
     findings: list[Finding] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    #: how many DataLoaders (torch's or fastload's) the loop iterated; 0: nothing about input was measured
+    loaders: int = 1
 
     def codes(self) -> list[str]:
         return [f.code for f in self.findings]
 
     def __str__(self) -> str:
+        if not self.loaders:
+            return ("fastload doctor: saw no DataLoader: the loop never iterated a torch or fastload DataLoader, so "
+                    "nothing about its input was measured (does the script build its loader and loop over it when "
+                    "run as __main__, with these arguments?)" + "".join(f"\n  {n}" for n in self.notes))
         loop = self.wait_s + self.step_s
         share = self.wait_s / loop if loop > 0 else 0.0
         lines = [f"fastload doctor: {self.steps} steps measured; waiting for data {self.wait_s:.3f} s, in the step "
@@ -293,7 +299,7 @@ def _report(s: _Session, measure_workers: bool, budget_s: float) -> Report:
     from ._dataset import Dataset as PackedDataset
     from ._loader import DataLoader as FastLoader
 
-    r = Report(steps=s.steps, wait_s=s.wait_s, step_s=s.step_s)
+    r = Report(steps=s.steps, wait_s=s.wait_s, step_s=s.step_s, loaders=len(s.loaders))
     loop = s.wait_s + s.step_s
     share = s.wait_s / loop if loop > 0 else 0.0
     if share > INPUT_BOUND:

@@ -24,13 +24,16 @@ from ._errors import FastloadError, SourceError
 from ._schema import Field
 from .formats.sinks import ArraySink, array_rows, is_write_error, prepare_dest, sink_for
 from ._encode_pool import _encoded
-from .sources import ArraySource, as_source
+from .sources import ArraySource, Source, as_source
 
 DEFAULT_SHARD_SIZE = 256 << 20
 # Shards never straddle a multiple of BLOCK source samples, and the shards of block b are numbered
 # b * BLOCK + 0, 1, ...: where a shard starts and what it is called depend on its own block only, so a
 # pack split into parts (whole blocks each, ``_parts.py``) merges into exactly the files one machine writes.
 DEFAULT_BLOCK = 65536
+# skip_bad skipping more than this share of the samples fails the pack: the data is likely not what the
+# user thinks (a wrong schema, a wrong folder), and a mostly empty dataset would fail only at training time
+DEFAULT_MAX_SKIPPED = 0.1
 
 
 @dataclass
@@ -100,9 +103,11 @@ def pack(
     workers: int | None = None,
     overwrite: bool = False,
     skip_bad: bool = False,
+    max_skipped: float = DEFAULT_MAX_SKIPPED,
     schema: Mapping[str, Field] | None = None,
     root: str | os.PathLike | None = None,
     path_column: str = "path",
+    missing: Mapping[str, Any] | None = None,
     progress: bool = False,
     block: int = DEFAULT_BLOCK,
     part: tuple[int, int] | str | None = None,
@@ -117,8 +122,12 @@ def pack(
 
     ``source``: an ImageFolder directory, a ``.npy``/``.npz`` file, numpy arrays (one, a tuple, or a
     dict), a CSV/JSONL manifest (paths relative to ``root``), or a map-style torch Dataset.
-    ``schema`` overrides inferred fields by name. ``check="header"`` validates stored JPEGs by header
-    and end marker only (faster passthrough; corrupt entropy data then surfaces at load time). See ``fastload pack --help`` for the options.
+    ``schema`` overrides inferred fields by name. ``missing`` (manifests): column -> the value its blank or
+    null cells stand for (without it, such a cell stops the pack naming its line and column).
+    ``check="header"`` validates stored JPEGs by header and end marker only (faster passthrough; corrupt
+    entropy data then surfaces at load time). See ``fastload pack --help`` for the options.
+    ``skip_bad=True`` skips unreadable samples (listed in the manifest), but a pack that would skip more
+    than ``max_skipped`` of its samples (a share, default 0.1), or all of them, fails instead.
 
     Packing in parts (``_parts.py``): ``part=(i, n)`` (or ``"i/n"``) packs a deterministic i-th of n
     slices of the source (whole blocks of ``block`` samples) into ``dest/parts/i``, and
@@ -127,43 +136,94 @@ def pack(
     at ``ray_address`` (default: a running one, else a local one) and merges them.
 
     ``dest`` may be a URL (``s3://bucket/ds``, any fsspec URL; ``storage_options`` go to its backend):
-    the pack runs into ``staging`` (default: under ``~/.cache/fastload/staging``), each shard is
-    uploaded when complete and the manifest last (``formats/upload.py``); re-running resumes.
-    ``on_shard`` is called with the path of each shard file once it is complete.
+    the pack runs into ``staging`` (a new or empty folder; default: under ``~/.cache/fastload/staging``),
+    each shard is uploaded when complete and the manifest last (``formats/upload.py``); re-running
+    resumes. ``on_shard`` is called with the path of each shard file once it is complete.
     """
     from .formats.remote import is_url
 
-    if is_url(str(dest)) and engine == "local":
-        from .formats.upload import pack_to_url
-
-        return pack_to_url(pack, source, str(dest), staging=staging, storage_options=dict(storage_options or {}),
-                           overwrite=overwrite, part=part, format=format, image_mode=image_mode,
-                           max_side=max_side, quality=quality, check=check, shard_size=shard_size, workers=workers,
-                           skip_bad=skip_bad, schema=schema, root=root, path_column=path_column, progress=progress,
-                           block=block)
     if engine not in ("local", "ray"):
         raise ValueError(f"engine={engine!r} should be 'local' or 'ray'")
+    if format not in ("shards", "lmdb"):
+        raise ValueError(f"format={format!r} should be 'shards' or 'lmdb'")
+    url = is_url(str(dest))
+    if url and format != "shards":
+        raise ValueError(f"format={format!r} cannot be packed to a URL ({dest}): a URL dataset is shards, uploaded "
+                         f"as each is finished; use format='shards'")
+    if on_shard is not None and format != "shards":
+        raise ValueError(f"on_shard= is called with each finished shard file, so it needs format='shards', not "
+                         f"{format!r}")
+    if engine == "ray" and part is not None:
+        raise ValueError("engine='ray' packs every part itself: leave part=None")
+    if part is not None and format != "shards":
+        raise ValueError("packing in parts needs format='shards' (an LMDB environment is one file)")
+    if isinstance(block, bool) or not isinstance(block, int) or block < 1:
+        raise ValueError(f"block={block!r} should be a positive number of samples")
+    if isinstance(max_skipped, bool) or not isinstance(max_skipped, (int, float)) or not 0 <= max_skipped <= 1:
+        raise ValueError(f"max_skipped={max_skipped!r} should be a share of the samples between 0 and 1 "
+                         f"(0.1: fail when more than 10% would be skipped)")
+    if part is not None:
+        from ._parts import parse_part
+
+        parse_part(part)
+    ImageOptions(image_mode, max_side, quality, check)  # checked now, before anything is written
+    try:
+        parse_size(shard_size)
+    except (ValueError, TypeError, AttributeError):
+        raise ValueError(f"shard_size={shard_size!r} should be a positive size in bytes, or a string with a K/M/G/T "
+                         f"unit such as '256MB'") from None
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 0):
+        raise ValueError(f"workers={workers!r} should be an int >= 0 (or None: one per core)")
     if engine == "ray":
-        if part is not None:
-            raise ValueError("engine='ray' packs every part itself: leave part=None")
         from ._parts import pack_on_ray
 
         return pack_on_ray(source, dest, parts=parts, address=ray_address, progress=progress, format=format,
                            image_mode=image_mode, max_side=max_side, quality=quality, check=check,
                            shard_size=shard_size, workers=workers, overwrite=overwrite, skip_bad=skip_bad,
-                           schema=schema, root=root, path_column=path_column, block=block,
+                           max_skipped=max_skipped, schema=schema, root=root, path_column=path_column,
+                           missing=missing, block=block,
                            **({"storage_options": dict(storage_options)} if storage_options else {}))
-    if format not in ("shards", "lmdb"):
-        raise ValueError(f"format={format!r} should be 'shards' or 'lmdb'")
-    if isinstance(block, bool) or not isinstance(block, int) or block < 1:
-        raise ValueError(f"block={block!r} should be a positive number of samples")
+    if not url:
+        _check_writable(Path(dest))
+        if isinstance(source, (str, os.PathLike)) and Path(source).is_dir() and \
+                Path(source).resolve() in (Path(dest).resolve(), *Path(dest).resolve().parents):
+            raise ValueError(f"destination {dest} is inside the source folder {source}: the pack's files would become "
+                             f"part of the source (a class folder); choose a destination outside it")
+    src = as_source(source, schema=schema, root=root, path_column=path_column,  # its errors before any write
+                    missing=missing)
+    kwargs = dict(format=format, image_mode=image_mode, max_side=max_side, quality=quality, check=check,
+                  shard_size=shard_size, workers=workers, skip_bad=skip_bad, max_skipped=max_skipped,
+                  progress=progress, block=block)
+    if url:
+        from .formats.upload import pack_to_url
+
+        return pack_to_url(_pack_local, src, str(dest), staging=staging, storage_options=dict(storage_options or {}),
+                           overwrite=overwrite, part=part, **kwargs)
+    return _pack_local(src, Path(dest), overwrite=overwrite, part=part, on_shard=on_shard, **kwargs)
+
+
+def _check_writable(dest: Path) -> None:
+    """A local destination whose nearest existing folder cannot be written fails now, not after the pack."""
+    here = dest
+    while not here.exists() and here != here.parent:
+        if here.is_symlink():  # a dangling link: mkdir would fail on it
+            break
+        here = here.parent
+    if here.exists() and not here.is_dir():
+        raise FastloadError(f"cannot pack into {dest}: {here} is a file, not a folder")
+    if here.is_dir() and not os.access(here, os.W_OK | os.X_OK):
+        raise FastloadError(f"cannot pack into {dest}: the folder {here} is not writable (permissions or a "
+                            f"read-only filesystem); choose a destination you can write")
+
+
+def _pack_local(src: Source, dest: Path, *, format: str, image_mode: str, max_side: int | None, quality: int,
+                check: str, shard_size: int | str, workers: int | None, overwrite: bool, skip_bad: bool,
+                max_skipped: float, progress: bool, block: int, part: Any, on_shard: Callable[[Path], None] | None,
+                staged_for: str | None = None) -> PackSummary:
+    """The pack into a local folder (``dest``, or the staging folder of a URL pack: ``staged_for``)."""
     opts = ImageOptions(image_mode, max_side, quality, check)
     shard_bytes = parse_size(shard_size)
     workers = os.cpu_count() or 1 if workers is None else int(workers)
-    if workers < 0:
-        raise ValueError(f"workers={workers} should be >= 0")
-    src = as_source(source, schema=schema, root=root, path_column=path_column)
-    dest = Path(dest)
     params = {"format": format, "image_mode": image_mode, "max_side": max_side, "quality": quality, "check": check,
               "shard_size": shard_bytes, "schema": src.schema.to_json(), "fingerprint": src.fingerprint(),
               "version": __version__, "block": block}
@@ -173,50 +233,49 @@ def pack(
         from ._parts import part_span, parse_part
 
         i, n = parse_part(part)
-        if format != "shards":
-            raise ValueError("packing in parts needs format='shards' (an LMDB environment is one file)")
         span = part_span(len(src), array_rows(src, shard_bytes) if arrays else block, i, n)
         params["part"] = {"index": i, "parts": n, "samples": list(span)}
         dest = dest / "parts" / str(i)
+    label = staged_for or str(dest)  # what the user named: the URL, not the staging folder
     t0 = time.perf_counter()
     with _writing(dest):
-        state = prepare_dest(dest, overwrite, params)
+        state = prepare_dest(dest, overwrite, params, staged_for)
         if state is not None and state.get("complete"):
             from .formats.reader import read_manifest
 
             m = read_manifest(dest)
             return PackSummary(str(dest), format, m.num_samples, m.skipped, sum(s.bytes for s in m.shards),
                                len(m.shards), time.perf_counter() - t0, m.num_samples)
-        if format != "shards" and on_shard is not None:
-            raise ValueError("on_shard (and packing to a URL) needs format='shards'")
         if arrays:
-            writer = ArraySink(dest, src, params, shard_bytes, state, span, on_shard)
+            writer = ArraySink(dest, src, params, shard_bytes, state, span, on_shard, staged_for is not None)
             start = writer.next_sample
-            writer.run(progress)
+            writer.run(progress, label)
             manifest = writer.finish()
             return PackSummary(str(dest), format, manifest.num_samples, [], writer.total_bytes(),
                                len(manifest.shards), time.perf_counter() - t0, start - span[0])
-        writer = sink_for(dest, src, params, shard_bytes, state, span, on_shard)
+        writer = sink_for(dest, src, params, shard_bytes, state, span, on_shard, staged_for is not None)
     start = writer.next_sample
     bar = None
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=span[1] - span[0], initial=start - span[0], unit="sample", desc=f"pack {dest.name}",
+        bar = tqdm(total=span[1] - span[0], initial=start - span[0], unit="sample", desc=f"pack {label}",
                    smoothing=0.1)
     samples = _encoded(src, opts, start, workers, span[1])
+    limit = _SkipLimit(src, span, max_skipped, len(writer.state["skipped"]))
     try:
         with _writing(dest):
             for i, encoded, error in samples:
                 if error is not None:
                     if not skip_bad:
-                        raise SourceError(f"{src.describe(i)}: {error} (pass skip_bad=True / --skip-bad to skip "
-                                          f"bad samples and list them in the manifest)")
+                        raise SourceError(f"{src.describe(i)}: {error}{_hint(error)}")
+                    limit.skip(i, error)
                     writer.skip({"index": i, "source": src.describe(i), "error": error})
                 else:
                     writer.add(i, encoded)
                 if bar is not None:
                     bar.update(1)
+            limit.check_all()
             manifest = writer.finish()
     finally:
         samples.close()  # ends worker processes now, not when a traceback holding this frame is dropped
@@ -224,7 +283,44 @@ def pack(
         if bar is not None:
             bar.close()
     return PackSummary(str(dest), format, manifest.num_samples, manifest.skipped, writer.total_bytes(),
-                       len(manifest.shards) or 1, time.perf_counter() - t0, start - span[0])
+                       len(manifest.shards), time.perf_counter() - t0, start - span[0])
+
+
+def _hint(error: str) -> str:
+    """What to do about a failed sample. A schema mismatch fails every sample alike: skipping would pack an
+    empty dataset, so the hint is to fix the data or the schema, never ``skip_bad``."""
+    if error.startswith("SchemaError:"):
+        return (" (every sample like this one fails alike, so skipping is no fix: make the data and the schema "
+                "agree, converting the data or declaring the field with schema=..., or change the options the "
+                "error names)")
+    return " (pass skip_bad=True / --skip-bad to skip bad samples and list them in the manifest)"
+
+
+class _SkipLimit:
+    """``skip_bad`` within bounds: more than ``max_skipped`` of the span's samples skipped, or every one of
+    them, stops the pack before its manifest is written (as soon as the share is certain to be passed)."""
+
+    def __init__(self, src: Source, span: tuple[int, int], share: float, skipped: int):
+        self.src, self.total, self.share, self.skipped = src, span[1] - span[0], share, skipped
+        self.first: list[str] = []
+
+    def skip(self, i: int, error: str) -> None:
+        self.skipped += 1
+        if len(self.first) < 3:
+            self.first.append(f"{self.src.describe(i)}: {error}")
+        if self.skipped > self.share * self.total:
+            self._fail(f"more than max_skipped={self.share:g} ({self.share:.0%}) of the {self.total} samples")
+
+    def check_all(self) -> None:
+        if self.total and self.skipped >= self.total:
+            self._fail(f"every one of the {self.total} samples")
+
+    def _fail(self, what: str) -> None:
+        shown = "; ".join(self.first)
+        raise SourceError(f"skip_bad would skip {what} (skipped {self.skipped} so far), so the dataset would be "
+                          f"{'empty' if self.skipped >= self.total else 'missing much of its data'}; first "
+                          f"failures: {shown}. Fix the source, or raise max_skipped= (--max-skipped) if that many "
+                          f"bad samples are expected")
 
 
 @contextmanager

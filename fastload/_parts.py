@@ -12,13 +12,13 @@ single-machine dataset byte for byte.
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from pathlib import Path
 from typing import Any
 
 from ._errors import FastloadError
 from .formats._manifest import MANIFEST_NAME, Manifest, fsync_dir, write_manifest
+from .formats.sinks import STATE_NAME, clear_pack, remove_pack
 
 PARTS_DIR = "parts"
 
@@ -95,39 +95,84 @@ def _joined(dest: Any, parts: list[tuple[str, Manifest]]) -> Manifest:
                     skipped, rest(first), created_by=first.created_by)
 
 
-def merge(dest: str | os.PathLike, *, storage_options: dict | None = None) -> Manifest:
+def merge(dest: str | os.PathLike, *, storage_options: dict | None = None, progress: bool = False) -> Manifest:
     """Join the parts in ``dest/parts/`` into one dataset at ``dest``; returns its manifest.
 
     Every part must be finished and from the same pack (same N, schema, settings). Shard files are
     moved, not copied (in object storage: server-side); the manifest is written last. Re-running after
     an interruption finishes the job. ``dest`` may be a URL (``storage_options`` for its backend).
+    ``progress`` shows a bar of the shards moved (server-side copies in object storage take a while).
     """
     from .formats.remote import is_url
 
     if is_url(str(dest)):
-        return _merge_url(str(dest).rstrip("/"), storage_options)
+        return _merge_url(str(dest).rstrip("/"), storage_options, progress)
     dest = Path(dest)
+    if not dest.is_dir():
+        raise FastloadError(f"cannot merge {dest}: " + ("it is not a folder" if dest.exists() else "no such folder")
+                            + f" (merge joins the parts in DST/{PARTS_DIR}/ that `fastload pack SRC DST --part I/N` "
+                              f"wrote)")
     if (dest / MANIFEST_NAME).is_file() and not (dest / PARTS_DIR).exists():
-        raise FastloadError(f"{dest} already holds a merged dataset")
+        raise FastloadError(f"{dest} already holds a finished dataset and no {PARTS_DIR}/ folder: nothing to merge")
     parts = _part_manifests(dest)
     merged = _joined(dest, parts)
-    for path, m in parts:
-        for e in m.shards:
-            src, dst = Path(path) / e.file, dest / e.file
-            if src.exists():
-                os.replace(src, dst)  # same filesystem: a rename, no bytes copied
-            elif not dst.is_file():
-                raise FastloadError(f"part {path}: shard {e.file} is missing")
-            if dst.stat().st_size != e.bytes:
-                raise FastloadError(f"{dst}: {dst.stat().st_size} bytes, part {path} says {e.bytes}")
+    if (dest / MANIFEST_NAME).is_file():
+        _same_or_refuse(dest, (dest / MANIFEST_NAME).read_bytes(), merged)
+    if (dest / STATE_NAME).exists():  # its shards have the names the parts' have: they would be replaced
+        raise FastloadError(f"{dest} holds an unfinished pack ({STATE_NAME}) whose shards merging would replace; "
+                            f"finish or remove that pack first, or merge into a new folder (move {PARTS_DIR}/ there)")
+    for path, m, e in _shards_told(parts, merged, dest, progress):
+        src, dst = Path(path) / e.file, dest / e.file
+        if src.exists():
+            os.replace(src, dst)  # same filesystem: a rename, no bytes copied
+        elif not dst.is_file():
+            raise FastloadError(f"part {path}: shard {e.file} is missing")
+        if dst.stat().st_size != e.bytes:
+            raise FastloadError(f"{dst}: {dst.stat().st_size} bytes, part {path} says {e.bytes}")
     fsync_dir(dest)
     write_manifest(dest, merged)
-    shutil.rmtree(dest / PARTS_DIR)
+    for path, _ in parts:  # each part's own files (its manifest), then the folders they emptied; nothing else
+        remove_pack(Path(path))
+    try:
+        (dest / PARTS_DIR).rmdir()
+    except OSError:
+        pass
     fsync_dir(dest)
     return merged
 
 
-def _merge_url(url: str, storage_options: dict | None) -> Manifest:
+def _same_or_refuse(dest: Any, raw: bytes, merged: Manifest) -> None:
+    """``dest`` already has a manifest: this merge's own (an earlier run stopped before removing the
+    parts), or another dataset, whose shards and manifest the merge would replace: refused."""
+    try:
+        same = Manifest.parse(raw, f"dataset '{dest}'").to_json() == merged.to_json()
+    except FastloadError:
+        same = False
+    if not same:
+        raise FastloadError(f"{dest} already holds a packed dataset other than these parts; merging would replace "
+                            f"its shards and manifest. Merge into a new folder (move {PARTS_DIR}/ there), or remove "
+                            f"the dataset first")
+
+
+def _shards_told(parts: list[tuple[str, Manifest]], merged: Manifest, dest: Any, progress: bool):
+    """(part path, part manifest, shard entry) of every shard to move, with a progress bar if asked."""
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(merged.shards), unit="shard", desc=f"merge {dest}")
+    try:
+        for path, m in parts:
+            for e in m.shards:
+                yield path, m, e
+                if bar is not None:
+                    bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def _merge_url(url: str, storage_options: dict | None, progress: bool = False) -> Manifest:
     from .formats.remote import url_to_fs
 
     fs, root = url_to_fs(url, storage_options)
@@ -136,7 +181,8 @@ def _merge_url(url: str, storage_options: dict | None) -> Manifest:
         names = [n.rstrip("/").rsplit("/", 1)[-1] for n in fs.ls(proot, detail=False)]
     except FileNotFoundError:
         if fs.exists(f"{root}/{MANIFEST_NAME}"):
-            raise FastloadError(f"{url} already holds a merged dataset") from None
+            raise FastloadError(f"{url} already holds a finished dataset and no {PARTS_DIR}/: nothing to "
+                                f"merge") from None
         raise FastloadError(f"{url} has no {PARTS_DIR}/: pack the parts first (fastload pack SRC {url} "
                             f"--part I/N for each I)") from None
     parts = []
@@ -149,17 +195,21 @@ def _merge_url(url: str, storage_options: dict | None) -> Manifest:
                                 f"to finish it, then merge") from None
         parts.append((where, Manifest.parse(raw, f"part '{where}'")))
     merged = _joined(url, parts)
-    for (where, m), name in zip(parts, _sorted_parts(names, url)):
-        for e in m.shards:
-            src, dst = f"{proot}/{name}/{e.file}", f"{root}/{e.file}"
-            if fs.exists(src):
-                fs.mv(src, dst)  # object stores copy server-side: no bytes through this machine
-            elif not fs.exists(dst):
-                raise FastloadError(f"part {where}: shard {e.file} is missing")
-            if fs.size(dst) != e.bytes:
-                raise FastloadError(f"{url}/{e.file}: {fs.size(dst)} bytes, part {where} says {e.bytes}")
+    if fs.exists(f"{root}/{MANIFEST_NAME}"):
+        _same_or_refuse(url, fs.cat_file(f"{root}/{MANIFEST_NAME}"), merged)
+    folder = dict(zip((w for w, _ in parts), _sorted_parts(names, url)))
+    for where, m, e in _shards_told(parts, merged, url, progress):
+        name = folder[where]
+        src, dst = f"{proot}/{name}/{e.file}", f"{root}/{e.file}"
+        if fs.exists(src):
+            fs.mv(src, dst)  # object stores copy server-side: no bytes through this machine
+        elif not fs.exists(dst):
+            raise FastloadError(f"part {where}: shard {e.file} is missing")
+        if fs.size(dst) != e.bytes:
+            raise FastloadError(f"{url}/{e.file}: {fs.size(dst)} bytes, part {where} says {e.bytes}")
     fs.pipe_file(f"{root}/{MANIFEST_NAME}", merged.to_json().encode())  # last: now it is a dataset
-    fs.rm(proot, recursive=True)
+    for name in folder.values():  # the parts' manifests (their shards moved); other objects there stay
+        fs.rm_file(f"{proot}/{name}/{MANIFEST_NAME}")
     return merged
 
 
@@ -206,8 +256,8 @@ def pack_on_ray(source: Any, dest: str | os.PathLike, *, parts: int | None, addr
         kwargs = dict(kwargs)
         if kwargs.get("workers") is None:
             kwargs["workers"] = 1  # a task per CPU already
-        if not remote and kwargs.pop("overwrite", False) and dest.exists():
-            shutil.rmtree(dest)  # (a URL: each part replaces its own folder)
+        if not remote and kwargs.get("overwrite") and dest.exists():
+            clear_pack(dest, keep=PARTS_DIR)  # a pack's own files only; each part clears its own folder
         task = ray.remote(num_cpus=1)(_pack_part)
         pending = [task.remote(source, str(dest), i, parts, kwargs) for i in range(parts)]
         bar = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
@@ -30,17 +31,23 @@ def main() -> None:
 @click.option("--check", type=click.Choice(["decode", "header"]), default="decode", show_default=True,
               help="How stored JPEGs are validated: a full (1/8-scale) decode, or header + end marker only "
                    "(faster; corrupt data then shows at load time).")
-@click.option("--shard-size", default="256MB", show_default=True, help="Target shard size (K/M/G units).")
+@click.option("--shard-size", default="256MB", show_default=True, callback=lambda c, p, v: _checked(_size, v),
+              help="Target shard size (K/M/G units).")
 @click.option("--workers", type=click.IntRange(min=0), default=None, help="Worker processes [default: all cores].")
 @click.option("--overwrite", is_flag=True, help="Replace an existing dataset at DST.")
 @click.option("--skip-bad", is_flag=True, help="Skip unreadable source samples and list them in the manifest.")
+@click.option("--max-skipped", type=click.FloatRange(0, 1), default=0.1, show_default=True,
+              help="With --skip-bad: fail when more than this share of the samples would be skipped (or all).")
 @click.option("--root", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
               help="For CSV/JSONL manifests: the directory paths are relative to [default: the manifest's].")
 @click.option("--path-column", default="path", show_default=True, help="For CSV/JSONL manifests: the path column.")
+@click.option("--missing", "missing", multiple=True, metavar="COLUMN=VALUE", callback=lambda c, p, v: _missing(v),
+              help="For CSV/JSONL manifests: what a blank (or null) cell of COLUMN stands for; repeat for more "
+                   "columns. Without it a blank cell stops the pack.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @click.option("--block", type=click.IntRange(min=1), default=65536, show_default=True,
               help="Shards never straddle a multiple of this many samples; a part is whole blocks.")
-@click.option("--part", default=None, metavar="I/N",
+@click.option("--part", default=None, metavar="I/N", callback=lambda c, p, v: _checked(_part, v),
               help="Pack only part I of N (from 0) into DST/parts/I; then `fastload merge DST`.")
 @click.option("--ray", "ray_address", default=None, is_flag=False, flag_value="auto", metavar="[ADDRESS]",
               help="Pack the parts as Ray tasks on the cluster at ADDRESS (default: a running one, else local), "
@@ -48,9 +55,10 @@ def main() -> None:
 @click.option("--parts", type=click.IntRange(min=1), default=None,
               help="With --ray: the number of parts [default: the cluster's CPUs].")
 @click.option("--staging", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="For a URL DST: the local folder the pack is staged in [default: ~/.cache/fastload/staging].")
-def pack(src, dst, fmt, image_mode, max_side, quality, check, shard_size, workers, overwrite, skip_bad, root, path_column,
-         quiet, block, part, ray_address, parts, staging) -> None:
+              help="For a URL DST: a new or empty local folder to stage the pack in (only what the pack writes "
+                   "there is removed after the upload) [default: under ~/.cache/fastload/staging].")
+def pack(src, dst, fmt, image_mode, max_side, quality, check, shard_size, workers, overwrite, skip_bad, max_skipped,
+         root, path_column, missing, quiet, block, part, ray_address, parts, staging) -> None:
     """Pack SRC (an ImageFolder directory, .npy/.npz, or CSV/JSONL manifest) into a dataset at DST.
 
     DST may be a URL (s3://bucket/ds, any fsspec URL): shards are uploaded as they are finished, the
@@ -62,10 +70,13 @@ def pack(src, dst, fmt, image_mode, max_side, quality, check, shard_size, worker
         raise click.UsageError("--parts goes with --ray (for one part at a time, use --part I/N)")
     engine = "ray" if ray_address is not None else "local"
     address = None if ray_address in (None, "auto") else ray_address
-    summary = _run(lambda: do_pack(src, dst, format=fmt, image_mode=image_mode, max_side=max_side, quality=quality, check=check,
-                                   shard_size=shard_size, workers=workers, overwrite=overwrite, skip_bad=skip_bad,
-                                   root=root, path_column=path_column, progress=not quiet, block=block, part=part,
-                                   engine=engine, parts=parts, ray_address=address, staging=staging))
+    with _resume_hint():
+        summary = _run(lambda: do_pack(src, dst, format=fmt, image_mode=image_mode, max_side=max_side, quality=quality,
+                                       check=check, shard_size=shard_size, workers=workers, overwrite=overwrite,
+                                       skip_bad=skip_bad, max_skipped=max_skipped, root=root, path_column=path_column,
+                                       missing=missing,
+                                       progress=not quiet, block=block, part=part, engine=engine, parts=parts,
+                                       ray_address=address, staging=staging))
     click.echo(str(summary))
     if part is not None:
         click.echo(f"part {part} done: when every part is, run `fastload merge {dst}`")
@@ -73,14 +84,18 @@ def pack(src, dst, fmt, image_mode, max_side, quality, check, shard_size, worker
 
 @main.command()
 @click.argument("dst")
-def merge(dst) -> None:
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+def merge(dst, quiet) -> None:
     """Join the parts in DST/parts/ (from `fastload pack --part I/N`) into one dataset at DST.
 
     Shard files are moved, not copied; the result is what one `fastload pack` would have written.
     """
     from ._parts import merge as do_merge
 
-    m = _run(lambda: do_merge(dst if "://" in dst else Path(dst)))
+    if "://" not in dst and not Path(dst).is_dir():
+        raise click.BadParameter(f"folder {dst!r} does not exist" if not Path(dst).exists() else
+                                 f"{dst!r} is not a folder", param_hint="'DST'")
+    m = _run(lambda: do_merge(dst if "://" in dst else Path(dst), progress=not quiet))
     click.echo(f"merged {dst}: {m.num_samples:,} samples in {len(m.shards)} shard(s)")
 
 
@@ -112,13 +127,15 @@ def inspect(dst) -> None:
 
 @main.command()
 @click.argument("dst", type=click.Path(exists=True, path_type=Path))
-def verify(dst) -> None:
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+def verify(dst, quiet) -> None:
     """Check every shard's size, checksum and structure; exit 1 naming each bad shard."""
     from .formats.reader import read_manifest, verified_what
     from .formats.reader import verify as verify_dataset
 
     m = _run(lambda: read_manifest(dst))
-    problems = verify_dataset(dst, m)
+    with _bar(m.num_samples, f"verify {dst}", "sample", quiet) as bar:
+        problems = verify_dataset(dst, m, bar.update if bar is not None else None)
     if problems:
         for p in problems:
             click.echo(f"BAD {p}", err=True)
@@ -134,17 +151,102 @@ def verify(dst) -> None:
               show_default=True, help="train: RandomResizedCrop+flip; val: Resize+CenterCrop; none: no image transforms.")
 @click.option("--size", type=click.IntRange(min=1), default=224, show_default=True, help="Output image side.")
 @click.option("--max-workers", type=click.IntRange(min=0), default=None, help="Largest thread count tried [default: cores].")
-@click.option("--seconds", type=float, default=1.0, show_default=True, help="Measuring time per thread count.")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None, help="Write a PNG (needs matplotlib).")
+@click.option("--seconds", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
+              help="Measuring time per thread count.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
+              help="Write a PNG (needs matplotlib).")
 def bench(dst, batch_size, preset, size, max_workers, seconds, plot_path) -> None:
     """Measure the dataset at DST: samples/s per thread count, the best num_workers, where time goes."""
-    from ._benchcmd import plot, report, run
+    from ._benchcmd import plot, plot_ready, report, run
 
+    if plot_path:  # before the measuring, not after it
+        if Path(plot_path).suffix.lower() != ".png":
+            raise click.BadParameter(f"{plot_path!r}: the plot is a PNG; name a .png file", param_hint="'--plot'")
+        _run(plot_ready)
     result = _run(lambda: run(dst, batch_size, preset, size, max_workers, seconds))
     click.echo(report(result))
     if plot_path:
         _run(lambda: plot(result, plot_path))
         click.echo(f"plot written to {plot_path}")
+
+
+def _checked(check, value):
+    """A click callback: ``check(value)`` raising ValueError becomes click's "Invalid value for '--opt'"."""
+    if value is None:
+        return None
+    try:
+        check(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+    return value
+
+
+def _missing(pairs: tuple[str, ...]) -> dict | None:
+    """--missing label=-1 --missing note=... -> {"label": "-1", ...} (parsed as the column's cells are)."""
+    out = {}
+    for pair in pairs:
+        name, eq, value = pair.partition("=")
+        if not eq or not name:
+            raise click.BadParameter(f"{pair!r} should be COLUMN=VALUE, e.g. label=-1", param_hint="'--missing'")
+        out[name] = value
+    return out or None
+
+
+def _size(value: str) -> None:
+    from ._pack import parse_size
+
+    parse_size(value)
+
+
+def _part(value: str) -> None:
+    from ._parts import parse_part
+
+    parse_part(value)
+
+
+@contextmanager
+def _resume_hint():
+    """Ctrl-C during a pack: say what is kept and the exact command that resumes it (not just "Aborted!")."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        ctx = click.get_current_context()
+        click.echo(f"\ninterrupted: the shards finished so far are kept. To resume where the pack stopped, run:\n"
+                   f"  {_command_line(ctx, leave_out=('overwrite',))}", err=True)
+        sys.exit(130)
+
+
+def _command_line(ctx: click.Context, leave_out: tuple[str, ...] = ()) -> str:
+    """The command as a shell line: its arguments, then every option not at its default (``leave_out``:
+    options that would not resume, such as --overwrite, which starts over)."""
+    import shlex
+
+    words = ["fastload", ctx.info_name]
+    for param in ctx.command.params:
+        value = ctx.params.get(param.name)
+        if isinstance(param, click.Argument):
+            words.append(str(value))
+        elif param.name not in leave_out and value not in (None, False) and value != param.default:
+            opt = max(param.opts, key=len)
+            if value is True:
+                words.append(opt)
+            elif isinstance(value, dict):  # --missing: COLUMN=VALUE pairs
+                words += [w for k, v in value.items() for w in (opt, f"{k}={v}")]
+            else:
+                words += [opt, str(value)]
+    return shlex.join(words)
+
+
+@contextmanager
+def _bar(total: int, desc: str, unit: str, quiet: bool):
+    """A tqdm bar on stderr (as pack's), or None when quiet."""
+    if quiet:
+        yield None
+        return
+    from tqdm import tqdm
+
+    with tqdm(total=total, desc=desc, unit=unit, smoothing=0.1) as bar:
+        yield bar
 
 
 def _run(fn):
@@ -155,9 +257,6 @@ def _run(fn):
         click.echo(f"error: {e}", err=True)
         sys.exit(2)
 
-
-if __name__ == "__main__":
-    main()
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -176,3 +275,7 @@ def doctor(steps, no_measure_workers, script, script_args) -> None:
 
     report = run_script(str(script), list(script_args), steps, measure_workers=not no_measure_workers)
     click.echo(str(report))
+
+
+if __name__ == "__main__":
+    main()

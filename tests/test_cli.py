@@ -101,3 +101,78 @@ def test_bench_command(runner, image_folder, tmp_path):
     assert "best num_workers" in res.output and "decode, full size" in res.output and "copy to GPU" in res.output
     res = runner.invoke(main, ["bench", str(dst), "--transforms", "none", "--seconds", "0.1"])
     assert res.exit_code == 2 and "fast path" in res.output
+
+
+# -- issue 17 row 12: what the command line says -------------------------------------------------------------
+
+def test_ctrl_c_during_pack_prints_the_command_that_resumes_it(runner, image_folder, tmp_path, monkeypatch):
+    import shlex
+
+    from fastload import _pack
+
+    real = _pack._encoded
+
+    def interrupted(*a, **k):
+        for n, item in enumerate(real(*a, **k)):
+            if n == 7:
+                raise KeyboardInterrupt
+            yield item
+
+    monkeypatch.setattr(_pack, "_encoded", interrupted)
+    dst = tmp_path / "my out"
+    args = ["pack", str(image_folder), str(dst), "--shard-size", "4KB", "--block", "3", "--workers", "0", "-q",
+            "--overwrite"]
+    res = runner.invoke(main, args)
+    assert res.exit_code == 130 and "Aborted!" not in res.output and "Traceback" not in res.output
+    hint = res.output.strip().splitlines()[-1].strip()
+    assert hint.startswith("fastload pack ") and "--overwrite" not in hint  # --overwrite would start over
+    monkeypatch.undo()
+    res = runner.invoke(main, shlex.split(hint)[1:])
+    assert res.exit_code == 0, res.output
+    assert "resumed after 6 samples" in res.output
+    assert len(fastload.open(dst)) == 12
+
+
+def test_an_empty_part_reports_no_shards(runner, image_folder, tmp_path):
+    # 12 samples in one block of 12: part 0 of 2 gets no block at all
+    res = runner.invoke(main, ["pack", str(image_folder), str(tmp_path / "out"), "--block", "12", "--part", "0/2",
+                               "-q", "--workers", "0"])
+    assert res.exit_code == 0, res.output
+    assert "packed 0 samples" in res.output and "(0 shard(s)" in res.output
+
+
+def test_verify_and_merge_show_progress(runner, image_folder, tmp_path):
+    for i in range(2):
+        res = runner.invoke(main, ["pack", str(image_folder), str(tmp_path / "out"), "--block", "4", "--part",
+                                   f"{i}/2", "-q", "--workers", "0", "--shard-size", "4KB"])
+        assert res.exit_code == 0, res.output
+    res = runner.invoke(main, ["merge", str(tmp_path / "out")])
+    assert res.exit_code == 0, res.output
+    assert re.search(r"merge .*out: 100%.*shard", res.output)
+    res = runner.invoke(main, ["verify", str(tmp_path / "out")])
+    assert res.exit_code == 0, res.output
+    assert re.search(r"verify .*out: 100%.*12/12", res.output)
+    res = runner.invoke(main, ["verify", "-q", str(tmp_path / "out")])
+    assert "100%" not in res.output and "OK" in res.output
+
+
+def test_missing_values_on_the_command_line(runner, tmp_path):
+    from conftest import jpeg_bytes
+
+    from fastload.cli import _command_line
+
+    (tmp_path / "imgs").mkdir()
+    for i in range(3):
+        (tmp_path / "imgs" / f"{i}.jpg").write_bytes(jpeg_bytes(20, 20, seed=i))
+    (tmp_path / "m.csv").write_text("path,label\n0.jpg,0\n1.jpg,\n2.jpg,2\n")
+    base = ["pack", str(tmp_path / "m.csv"), str(tmp_path / "out"), "--root", str(tmp_path / "imgs"), "-q"]
+    res = runner.invoke(main, base)
+    assert res.exit_code == 2 and "line 3, column 'label' is blank" in res.output and "--missing label=" in res.output
+    res = runner.invoke(main, base + ["--missing", "label"])
+    assert res.exit_code == 2 and "'--missing'" in res.output and "COLUMN=VALUE" in res.output
+    res = runner.invoke(main, base + ["--missing", "label=-1"])
+    assert res.exit_code == 0, res.output
+    assert [s[1] for s in fastload.open(tmp_path / "out", decode=False)] == [0, -1, 2]
+    ctx = main.make_context("fastload", base + ["--missing", "label=-1", "--overwrite"])
+    sub = ctx.command.get_command(ctx, "pack").make_context("pack", base[1:] + ["--missing", "label=-1"], parent=ctx)
+    assert "--missing label=-1" in _command_line(sub)  # the resume hint repeats it

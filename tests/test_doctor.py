@@ -247,3 +247,17 @@ def test_fp32_without_autocast_on_tensor_cores():
     assert "autocast" in fastload.doctor(gpu_loop(benchmark=True), steps=6, measure_workers=False).codes()
     assert "autocast" not in fastload.doctor(gpu_loop(benchmark=True, autocast=True), steps=6,
                                              measure_workers=False).codes()
+
+
+def test_a_script_without_a_loader_says_it_saw_none(tmp_path):
+    """Issue 17 row 12: 'no findings' for a script with no DataLoader read as a clean bill of health."""
+    from click.testing import CliRunner
+
+    from fastload.cli import main
+
+    script = tmp_path / "no_loader.py"
+    script.write_text("import torch\nprint(torch.zeros(2).sum())\n")
+    res = CliRunner().invoke(main, ["doctor", "--steps", "3", str(script)])
+    assert res.exit_code == 0, res.output
+    assert "saw no DataLoader" in res.output and "no findings" not in res.output
+    assert fastload.doctor(lambda: None, steps=2).loaders == 0

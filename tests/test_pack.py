@@ -60,7 +60,7 @@ def test_bad_source_file_stops_or_is_skipped(image_folder, tmp_path):
     (image_folder / "class_2" / "zz.png").write_bytes(b"not a png at all")
     with pytest.raises(SourceError, match="img_002.jpg"):
         fastload.pack(image_folder, tmp_path / "a", workers=2)
-    summary = fastload.pack(image_folder, tmp_path / "b", workers=2, skip_bad=True)
+    summary = fastload.pack(image_folder, tmp_path / "b", workers=2, skip_bad=True, max_skipped=0.2)  # 2 of 13
     assert summary.samples == 11 and len(summary.skipped) == 2
     assert "img_002.jpg" in str(summary) and "zz.png" in str(summary)
     m = json.loads((tmp_path / "b" / "manifest.json").read_text())
@@ -80,6 +80,74 @@ def test_existing_destination_is_protected(image_folder, tmp_path):
     with pytest.raises(FastloadError, match="precious.txt"):
         fastload.pack(image_folder, other, workers=0, overwrite=True)
     assert (other / "precious.txt").read_text() == "keep me"
+
+
+def test_overwrite_removes_only_files_a_pack_writes(image_folder, tmp_path):
+    dst = tmp_path / "out"
+    fastload.pack(image_folder, dst, workers=0)
+    (dst / "notes.tmp").mkdir()  # a folder, even one named like a temporary file, is the user's
+    (dst / "notes.tmp" / "draft.txt").write_text("mine")
+    with pytest.raises(FastloadError, match="notes.tmp"):
+        fastload.pack(image_folder, dst, workers=0, overwrite=True)
+    assert (dst / "notes.tmp" / "draft.txt").read_text() == "mine"
+    (dst / "notes.tmp" / "draft.txt").unlink()
+    (dst / "notes.tmp").rmdir()
+    (dst / "draft.tmp").write_text("mine")  # so is a file that only ends in .tmp
+    with pytest.raises(FastloadError, match="draft.tmp"):
+        fastload.pack(image_folder, dst, workers=0, overwrite=True)
+    assert (dst / "draft.tmp").read_text() == "mine"
+
+
+def test_a_destination_that_cannot_be_written_fails_before_packing(image_folder, tmp_path, monkeypatch):
+    from fastload import _pack
+
+    monkeypatch.setattr(_pack, "_encoded", lambda *a, **k: pytest.fail("the pack started"))
+    (tmp_path / "a_file").write_text("x")
+    with pytest.raises(FastloadError, match=r"a_file is a file, not a folder"):
+        fastload.pack(image_folder, tmp_path / "a_file" / "out", workers=0)
+    assert (tmp_path / "a_file").read_text() == "x"
+
+
+def test_a_destination_inside_the_source_folder_is_refused(image_folder, tmp_path):
+    from misuse.conftest import unchanged
+
+    with unchanged(image_folder):
+        with pytest.raises(ValueError, match="inside the source folder"):
+            fastload.pack(image_folder, image_folder / "packed", workers=0)
+        with pytest.raises(ValueError, match="inside the source folder"):
+            fastload.pack(image_folder, image_folder / "class_0", workers=0)
+
+
+def test_skip_bad_never_packs_an_empty_or_mostly_empty_dataset(image_folder, tmp_path):
+    files = sorted(image_folder.rglob("*.jpg"))
+    for f in files[:3]:  # 3 of 12 = 25%: past the default max_skipped=0.1
+        f.write_bytes(b"not a picture")
+    with pytest.raises(SourceError, match=r"max_skipped=0.1 .*of the 12 samples.*--max-skipped"):
+        fastload.pack(image_folder, tmp_path / "a", workers=0, skip_bad=True)
+    assert not (tmp_path / "a" / "manifest.json").exists()  # nothing is marked finished
+    summary = fastload.pack(image_folder, tmp_path / "a", workers=0, skip_bad=True, max_skipped=0.3)  # resumes
+    assert summary.samples == 9 and len(summary.skipped) == 3
+    for f in files:
+        f.write_bytes(b"not a picture")
+    with pytest.raises(SourceError, match=r"every one of the 12 samples.*empty"):
+        fastload.pack(image_folder, tmp_path / "b", workers=0, skip_bad=True, max_skipped=1.0)
+    assert not (tmp_path / "b" / "manifest.json").exists()
+    with pytest.raises(ValueError, match="max_skipped=2"):
+        fastload.pack(image_folder, tmp_path / "c", workers=0, skip_bad=True, max_skipped=2)
+    assert not (tmp_path / "c").exists()
+
+
+def test_a_schema_error_never_hints_skip_bad(tmp_path):
+    """The README's schema override on float64 data: every sample fails alike, so skipping them all is no
+    fix; the error says to make data and schema agree, and skip_bad=True fails instead of packing nothing."""
+    data = [(np.zeros(128, np.float64), i) for i in range(20)]
+    schema = {"f0": Field.ndarray("f0", "float32", (None, 128))}
+    with pytest.raises(SourceError) as info:
+        fastload.pack(data, tmp_path / "a", workers=0, schema=schema)
+    assert "skip_bad" not in str(info.value).replace("skip_bad would skip", "") and "schema" in str(info.value)
+    with pytest.raises(SourceError, match="max_skipped"):
+        fastload.pack(data, tmp_path / "b", workers=0, schema=schema, skip_bad=True)
+    assert not (tmp_path / "b" / "manifest.json").exists()
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -144,6 +212,32 @@ def test_sigkill_during_pack_then_resume(tmp_path):
     assert dir_bytes(tmp_path / "out") == dir_bytes(tmp_path / "ref")
 
 
+def test_ctrl_c_during_pack_prints_a_resume_command_that_resumes(tmp_path):
+    """A real SIGINT with worker processes running (issue 17 row 12): exit 130, the exact command to resume
+    (not click's bare 'Aborted!'), and that command finishes the pack byte for byte."""
+    import shlex
+
+    folder = make_image_folder(tmp_path / "src", classes=2, per_class=60)
+    args = [sys.executable, "-m", "fastload.cli", "pack", str(folder), str(tmp_path / "out"), "--shard-size", "4K",
+            "--image-mode", "jpeg", "--workers", "2", "-q"]
+    subprocess.run(args[:5] + [str(tmp_path / "ref")] + args[6:], check=True)
+    proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while not list((tmp_path / "out").glob("shard-0000[3-9].fls")) and time.time() < deadline:
+        if proc.poll() is not None:
+            pytest.skip("pack finished before it could be interrupted")
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGINT)
+    err = proc.communicate(timeout=60)[1]
+    if (tmp_path / "out" / "manifest.json").exists():
+        pytest.skip("pack finished before it could be interrupted")
+    assert proc.returncode == 130 and "Aborted!" not in err and "Traceback" not in err, err
+    hint = shlex.split(err.strip().splitlines()[-1])
+    assert hint[:2] == ["fastload", "pack"]
+    subprocess.run([sys.executable, "-m", "fastload.cli"] + hint[1:], check=True)
+    assert dir_bytes(tmp_path / "out") == dir_bytes(tmp_path / "ref")
+
+
 def test_resume_refuses_different_parameters(image_folder, tmp_path, monkeypatch):
     kw = dict(workers=0, shard_size="2K")
     real = shards_format.write_shard
@@ -175,3 +269,23 @@ def test_array_pack_is_columnar_and_checks_overrides(tmp_path):
         fastload.pack({"x": x.astype(np.float64)}, tmp_path / "b", schema={"x": Field.ndarray("x", np.float32, (6,))})
     with pytest.raises(SourceError, match="rows of shape"):
         fastload.pack({"x": x}, tmp_path / "c", schema={"x": Field.ndarray("x", np.uint8, (3, 2))})
+
+
+def test_a_foreign_lmdb_database_is_never_overwritten(image_folder, tmp_path):
+    """Found by the issue 17 audit: data.mdb and lock.mdb counted as a pack's own files, so --overwrite
+    (which the refusal itself suggested) deleted any LMDB database in the destination."""
+    import lmdb
+
+    from misuse.conftest import unchanged
+
+    env = lmdb.open(str(tmp_path / "db"), map_size=1 << 20)
+    with env.begin(write=True) as txn:
+        txn.put(b"user-key", b"user-value")
+    env.close()
+    for fmt in FORMATS:
+        for overwrite in (False, True):
+            with unchanged(tmp_path / "db"):
+                with pytest.raises(FastloadError, match="LMDB database fastload did not write"):
+                    fastload.pack(image_folder, tmp_path / "db", workers=0, format=fmt, overwrite=overwrite)
+    fastload.pack(image_folder, tmp_path / "mine", workers=0, format="lmdb")  # a fastload LMDB is replaced
+    fastload.pack(image_folder, tmp_path / "mine", workers=0, format="lmdb", overwrite=True)

@@ -105,6 +105,23 @@ def test_merge_finishes_after_an_interruption(tmp_path):
     assert identical(tmp_path / "single", tmp_path / "m")
 
 
+def test_merge_removes_only_the_parts_own_files(tmp_path):
+    """Issue 17 row 1 (audit): merge used shutil.rmtree on DST/parts, taking anything a user kept there."""
+    src = photo_folder(tmp_path / "photos")
+    fastload.pack(src, tmp_path / "single", **KW)
+    for i in range(2):
+        fastload.pack(src, tmp_path / "m", part=(i, 2), **KW)
+    (tmp_path / "m" / "parts" / "1" / "log.txt").write_text("the cluster job's log")
+    fastload.merge(tmp_path / "m")
+    assert (tmp_path / "m" / "parts" / "1" / "log.txt").read_text() == "the cluster job's log"
+    assert sorted(os.listdir(tmp_path / "m" / "parts")) == ["1"]  # part 0, emptied, is gone
+    assert os.listdir(tmp_path / "m" / "parts" / "1") == ["log.txt"]
+    (tmp_path / "m" / "parts" / "1" / "log.txt").unlink()
+    (tmp_path / "m" / "parts" / "1").rmdir()
+    (tmp_path / "m" / "parts").rmdir()
+    assert identical(tmp_path / "single", tmp_path / "m")
+
+
 def test_cli_part_merge_verify(tmp_path):
     src = photo_folder(tmp_path / "photos")
     runner = CliRunner()
@@ -143,8 +160,31 @@ def test_ray_packs_parts_and_merges_byte_for_byte(tmp_path, ray_cluster):
     assert summary.samples == fastload.open(tmp_path / "single").manifest.num_samples
     res = CliRunner().invoke(main, ["verify", str(tmp_path / "ray")])
     assert res.exit_code == 0 and "OK" in res.output, res.output
+    # --overwrite replaces the dataset's own files only (it used to shutil.rmtree the whole destination)
+    (tmp_path / "ray" / "notes.txt").write_text("mine")
+    with pytest.raises(FastloadError, match="notes.txt"):
+        fastload.pack(src, tmp_path / "ray", engine="ray", parts=3, overwrite=True, **KW)
+    assert (tmp_path / "ray" / "notes.txt").read_text() == "mine"
     # the command line, on the running cluster, with the cluster's CPU count as the number of parts
     res = CliRunner().invoke(main, ["pack", str(src), str(tmp_path / "cli"), "--ray", "--shard-size", "12KB",
                                     "--block", "5", "--skip-bad", "-q"])
     assert res.exit_code == 0, res.output
     assert identical(tmp_path / "single", tmp_path / "cli")
+
+
+def test_merge_never_replaces_another_dataset(tmp_path):
+    src = photo_folder(tmp_path / "photos")
+    other = make_image_folder(tmp_path / "other", classes=2, per_class=3, seed=5)
+    fastload.pack(other, tmp_path / "m", **KW)  # a finished dataset at DST
+    for i in range(2):
+        fastload.pack(src, tmp_path / "m", part=(i, 2), **KW)
+    from misuse.conftest import unchanged
+
+    with unchanged(tmp_path / "m"):
+        with pytest.raises(FastloadError, match="already holds a packed dataset other than these parts"):
+            fastload.merge(tmp_path / "m")
+    (tmp_path / "m" / "manifest.json").unlink()  # now an unfinished pack of the other folder sits at DST
+    (tmp_path / "m" / "pack_state.json").write_text("{}")
+    with unchanged(tmp_path / "m"):
+        with pytest.raises(FastloadError, match="holds an unfinished pack"):
+            fastload.merge(tmp_path / "m")

@@ -129,6 +129,32 @@ def test_eviction_keeps_the_cache_under_its_limit(moto, bucket, packed, tmp_path
     assert stats["evictions"] > 0 and stats["downloads"] >= len(sizes)
 
 
+def test_eviction_never_touches_files_the_cache_did_not_write(moto, bucket, packed, tmp_path):
+    """Issue 17 row 1 (audit): eviction removed any *.fls or *.part in any folder of cache_dir, so a
+    cache_dir that also held a user's packed dataset (or a browser's download) lost those files."""
+    import shutil
+
+    from misuse.conftest import unchanged
+
+    cache = tmp_path / "nvme"
+    shutil.copytree(packed, cache / "my_dataset")  # a local packed dataset kept beside the cache
+    (cache / "downloads").mkdir()
+    (cache / "downloads" / "film.mkv.part").write_bytes(b"half a film")
+    (cache / "0123456789abcdef").mkdir()  # named like a cache folder, but not one (no url.txt)
+    (cache / "0123456789abcdef" / "shard-00000.0123456789abcdef.fls").write_bytes(b"mine")
+    sizes = [s["bytes"] for s in json.loads((packed / "manifest.json").read_text())["shards"]]
+    remote = fastload.open(bucket, cache_dir=cache, cache_limit=2 * max(sizes) + 1, storage_options=moto.options(),
+                           transforms=TF)
+    loader = fastload.DataLoader(remote, batch_size=3, order="quasi", window=1, seed=2)
+    with unchanged(cache / "my_dataset", cache / "downloads", cache / "0123456789abcdef"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for _ in loader:
+                pass
+        assert loader.stats()["remote"]["evictions"] > 0
+    assert len(fastload.open(cache / "my_dataset")) == len(fastload.open(packed))
+
+
 def test_a_limit_smaller_than_the_working_set_warns_once(moto, bucket, packed, tmp_path):
     sizes = [s["bytes"] for s in json.loads((packed / "manifest.json").read_text())["shards"]]
     remote = fastload.open(bucket, cache_dir=tmp_path / "c", cache_limit=max(sizes) + 1,

@@ -15,7 +15,7 @@ import fastload
 from fastload import Field, SourceError
 from fastload.sources import ArraySource, DatasetSource, ImageFolderSource, ManifestSource, as_source
 
-from conftest import FORMATS, jpeg_bytes
+from conftest import FORMATS, jpeg_bytes, make_image_folder
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -139,13 +139,13 @@ def test_each_kind_of_source_gets_its_adapter(tmp_path, image_folder):
 
 def test_image_folder_order_labels_and_names_are_torchvision_s(tmp_path):
     root = tmp_path / "tree"
-    files = ["b_cls/z.jpg", "b_cls/a.PNG", "b_cls/sub/a.jpg", "a_cls/y.jpg", "a_cls/notes.txt", "c_empty/x.doc"]
+    files = ["b_cls/z.jpg", "b_cls/a.PNG", "b_cls/sub/a.jpg", "a_cls/y.jpg", "a_cls/notes.txt"]
     for f in files:
         (root / f).parent.mkdir(parents=True, exist_ok=True)
         (root / f).write_bytes(b"x")
     src = ImageFolderSource(root)
     # classes sorted; within a class, directory by directory (sorted), files sorted; other extensions left out
-    assert src.classes == ["a_cls", "b_cls", "c_empty"]
+    assert src.classes == ["a_cls", "b_cls"]
     got = [(os.path.relpath(p, root), label) for p, label in src.samples]
     assert got == [("a_cls/y.jpg", 0), ("b_cls/a.PNG", 1), ("b_cls/z.jpg", 1), ("b_cls/sub/a.jpg", 1)]
     assert len(src) == 4 and src.describe(3) == str(root / "b_cls/sub/a.jpg") and src.load(0)[1] == 0
@@ -155,6 +155,16 @@ def test_image_folder_order_labels_and_names_are_torchvision_s(tmp_path):
     (root / "nothing" / "here").mkdir(parents=True)
     with pytest.raises(SourceError, match="has no files with extensions"):
         ImageFolderSource(root / "nothing")
+
+
+def test_an_empty_class_folder_is_refused_as_torchvision_does(tmp_path):
+    """Issue 17 row 9: a folder with no image (an earlier pack's output, a stray folder) is not a class."""
+    root = make_image_folder(tmp_path / "tree", classes=2, per_class=2)
+    (root / "out").mkdir()
+    (root / "out" / "manifest.json").write_text("{}")
+    with pytest.raises(SourceError, match=rf"class folder\(s\) {root / 'out'} hold no image"):
+        fastload.pack(root, tmp_path / "packed", workers=0)
+    assert not (tmp_path / "packed").exists()
 
 
 def test_manifest_columns_are_typed_and_rows_named(tmp_path):
@@ -167,22 +177,45 @@ def test_manifest_columns_are_typed_and_rows_named(tmp_path):
     (tmp_path / "data" / "sub").mkdir(parents=True)
     (tmp_path / "data" / "sub" / "b.bin").write_bytes(b"\x00\x01")
     assert src.load(1) == [b"\x00\x01", -4, 2.5, "7", "x"]
-    assert src.describe(1) == f"{tmp_path / 'data' / 'sub/b.bin'} (manifest {tmp_path / 'm.csv'}, row 1)"
+    assert src.describe(1) == f"{tmp_path / 'data' / 'sub/b.bin'} (manifest {tmp_path / 'm.csv'}, line 3)"
 
 
 @pytest.mark.parametrize("text, message", [
     ('{"path": "a.jpg"}\n[1, 2]\n', r"line 2: expected a JSON object, got list"),
     ('{"path": "a.jpg"}\n{nope\n', r"line 2: not valid JSON"),
     ('{"file": "a.jpg"}\n', r"has no 'path' column \(columns: \['file'\]\); name the path column with path_column="),
-    ('{"path": "a.jpg", "n": 1}\n{"path": "b.jpg", "m": 2}\n', r"row 1: columns \['path', 'm'\] differ"),
-    ('{"path": "a.jpg", "n": 1}\n{"path": "b.jpg", "n": "two"}\n', r"column 'n' mixes value types \['int', 'str'\]"),
-    ('{"path": "a.jpg", "n": null}\n', r"row 0, column 'n': None is not a number or string"),
+    ('{"path": "a.jpg", "n": 1}\n{"path": "b.jpg", "m": 2}\n', r"line 2: columns \['path', 'm'\] differ"),
+    ('{"path": "a.jpg", "n": 1}\n{"path": "b.jpg", "n": "two"}\n',
+     r"column 'n' mixes value types \['int', 'str'\]: line 2 holds 'two'"),
+    ('{"path": "a.jpg", "n": null}\n', r"line 1, column 'n' is missing"),
     ("", "has no rows"),
 ], ids=["not-an-object", "bad-json", "no-path-column", "columns-differ", "mixed-types", "null", "empty"])
 def test_bad_manifests_are_refused_naming_where(tmp_path, text, message):
     (tmp_path / "m.jsonl").write_text(text)
     with pytest.raises(SourceError, match=message):
         ManifestSource(tmp_path / "m.jsonl")
+
+
+@pytest.mark.parametrize("text, message", [
+    ("path,label\na.jpg,1\nb.jpg,\nc.jpg,3\n", r"line 3, column 'label' is blank, in a column of numbers"),
+    ("path,label\na.jpg,1\n\nb.jpg,2\nc.jpg, \n", r"line 5, column 'label' is blank"),  # blank lines count
+    ("path,w\na.jpg,0.5\nb.jpg,1.5\nc.jpg,1.O\n", r"line 4, column 'w': '1.O' is not a number, though 2 of"),
+    ("path,label\na.jpg,1\nb.jpg\n", r"line 3, column 'label' is missing"),
+    ("path,label\na.jpg,1\nb.jpg,2,3\n", r"line 3: columns \['path', 'label'\] and values past the last"),
+], ids=["blank-int", "blank-after-blank-line", "typo-in-floats", "short-row", "long-row"])
+def test_a_bad_csv_cell_stops_the_pack_naming_line_and_column(tmp_path, text, message):
+    """Issue 17 row 4: one bad cell never turns a column of numbers into text; lines count from 1 with
+    the header as line 1, as in an editor (JSONL lines count the same way: the test above)."""
+    (tmp_path / "m.csv").write_text(text)
+    with pytest.raises(SourceError, match=message):
+        fastload.pack(tmp_path / "m.csv", tmp_path / "out", workers=0)
+    assert not (tmp_path / "out").exists()
+
+
+def test_text_columns_stay_text(tmp_path):
+    (tmp_path / "m.csv").write_text("path,caption\na.bin,a dog\nb.bin,\nc.bin,42\n")
+    src = ManifestSource(tmp_path / "m.csv")
+    assert src.schema.fields[1].kind == "str" and [v[0] for v in src.values] == ["a dog", "", "42"]
 
 
 def test_array_sources_name_fields_and_refuse_what_they_cannot_store(tmp_path):
@@ -220,7 +253,26 @@ def test_dataset_sources_keep_classes_and_check_every_sample():
     assert src.load(1)[1] == 1 and src.describe(3) == "Classy[3]"
     with pytest.raises(fastload.SchemaError, match="expected a dict sample like sample 0, got tuple"):
         src.load(3)
-    with pytest.raises(SourceError, match="TensorDataset is empty"):
+    with pytest.raises(SourceError, match="the source TensorDataset has no samples"):
         DatasetSource(torch.utils.data.TensorDataset(torch.zeros(0)))
     with pytest.raises(SourceError, match="is not a map-style dataset"):
         DatasetSource(iter([1, 2]))
+
+
+def test_declared_missing_values_fill_blank_cells(tmp_path):
+    (tmp_path / "files").mkdir()
+    for i in range(3):
+        (tmp_path / "files" / f"{i}.jpg").write_bytes(jpeg_bytes(20, 20, seed=i))
+    (tmp_path / "m.csv").write_text("path,label,w\n0.jpg,0,0.5\n1.jpg,,1.5\n2.jpg,2,\n")
+    fastload.pack(tmp_path / "m.csv", tmp_path / "a", root=tmp_path / "files", workers=0,
+                  missing={"label": -1, "w": "nan"})
+    ds = fastload.open(tmp_path / "a", decode=False)
+    assert [ds[i][1] for i in range(3)] == [0, -1, 2] and np.isnan(ds[2][2])
+    (tmp_path / "m.jsonl").write_text('{"path": "0.jpg", "label": 3}\n{"path": "1.jpg", "label": null}\n')
+    src = ManifestSource(tmp_path / "m.jsonl", root=tmp_path / "files", missing={"label": -1})
+    assert src.schema.fields[1].kind == "int" and [v[0] for v in src.values] == [3, -1]
+    assert src.fingerprint() != ManifestSource(tmp_path / "m.jsonl", missing={"label": -2}).fingerprint()
+    with pytest.raises(SourceError, match=r"missing= names \['nope'\], not a value column"):
+        ManifestSource(tmp_path / "m.jsonl", missing={"nope": 0})
+    with pytest.raises(SourceError, match="not a manifest"):
+        fastload.pack(tmp_path / "files", tmp_path / "b", missing={"label": 0})

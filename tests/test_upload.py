@@ -14,6 +14,7 @@ from fastload.cli import main
 from fastload.formats import upload as upload_mod
 
 from conftest import make_image_folder
+from misuse.conftest import unchanged, user_error
 from remote_common import KEY, SECRET, MotoServer
 
 pytestmark = pytest.mark.timeout(240)
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.timeout(240)
 def moto():
     server = MotoServer()
     fs = server.fs()
-    for b in ("upl", "again", "parts", "clib"):
+    for b in ("upl", "again", "parts", "clib", "stg"):
         fs.mkdir(b)
     yield server
     server.stop()
@@ -113,12 +114,137 @@ def test_parts_to_s3_merge_server_side(moto, photos, tmp_path):
 
 
 def test_cli_pack_to_s3(moto, photos, tmp_path, monkeypatch):
+    import s3fs
+
     monkeypatch.setenv("AWS_ENDPOINT_URL", moto.endpoint)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", KEY)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+    # s3fs caches filesystems by their arguments (none here): one built from another test's environment
+    # (another endpoint) would be reused, and this test's must not outlive it
+    monkeypatch.setattr(s3fs.S3FileSystem, "_cache", {})
     fastload.pack(photos, tmp_path / "local", **KW)
     res = CliRunner().invoke(main, ["pack", str(photos), "s3://clib/ds", "--shard-size", "12KB", "--block", "6",
                                     "--workers", "1", "-q", "--staging", str(tmp_path / "stage")])
     assert res.exit_code == 0, res.output
     assert "s3://clib/ds" in res.output
     assert remote_files(moto.fs(), "clib/ds") == local_files(tmp_path / "local")
+
+
+# -- the staging folder is fastload's own; resume is keyed by content; the URL is checked first ---------------
+
+def test_a_staging_folder_holding_user_files_is_refused_and_kept(moto, photos, tmp_path):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "thesis.tex").write_text("years of work")
+    (mine / "data").mkdir()
+    (mine / "data" / "x.csv").write_text("1,2\n")
+    with unchanged(mine):
+        with user_error(fastload.FastloadError, str(mine), "thesis.tex", "--staging"):
+            fastload.pack(photos, "s3://stg/a", staging=mine, storage_options=moto.options(), **KW)
+    assert not moto.fs().exists("stg/a/manifest.json")
+
+
+def test_staging_removes_only_what_the_pack_wrote(moto, photos, tmp_path):
+    empty = tmp_path / "empty"  # given empty: emptied again, but kept (fastload did not create it)
+    empty.mkdir()
+    fastload.pack(photos, "s3://stg/b", staging=empty, storage_options=moto.options(), **KW)
+    assert empty.is_dir() and os.listdir(empty) == []
+    new = tmp_path / "new" / "stage"  # created by fastload: removed
+    fastload.pack(photos, "s3://stg/c", staging=new, storage_options=moto.options(), **KW)
+    assert not new.exists()
+    ds = fastload.open("s3://stg/c", cache_dir=tmp_path / "cache", storage_options=moto.options())
+    assert len(ds) == 24
+
+
+def test_a_file_added_to_a_staging_folder_survives(moto, photos, tmp_path, monkeypatch):
+    stage = tmp_path / "stage"
+    real_finish = upload_mod.Uploader.finish
+
+    def finish(self, names, folder):  # the user drops a file into the staging folder mid-pack
+        (stage / "notes.txt").write_text("mine")
+        (stage / "pack" / "keep.me").write_text("mine too")
+        real_finish(self, names, folder)
+
+    monkeypatch.setattr(upload_mod.Uploader, "finish", finish)
+    fastload.pack(photos, "s3://stg/d", staging=stage, storage_options=moto.options(), **KW)
+    assert (stage / "notes.txt").read_text() == "mine" and (stage / "pack" / "keep.me").read_text() == "mine too"
+    assert sorted(os.listdir(stage / "pack")) == ["keep.me"]  # the staged shards and manifest are gone
+
+
+def test_a_staging_folder_of_another_url_is_refused(moto, photos, tmp_path, monkeypatch):
+    stage = tmp_path / "stage"
+    monkeypatch.setattr(upload_mod.Uploader, "finish", lambda self, names, folder: (_ for _ in ()).throw(
+        RemoteError("connection lost (simulated)")))
+    with pytest.raises(RemoteError):
+        fastload.pack(photos, "s3://stg/e", staging=stage, storage_options=moto.options(), **KW)
+    monkeypatch.undo()
+    with unchanged(stage):
+        with user_error(fastload.FastloadError, str(stage), "s3://stg/e", "s3://stg/f"):
+            fastload.pack(photos, "s3://stg/f", staging=stage, storage_options=moto.options(), **KW)
+
+
+def test_url_resume_is_keyed_by_the_source(moto, photos, tmp_path, monkeypatch):
+    """Issue 17 row 2: a staged pack of source A whose upload failed is never uploaded for source B."""
+    other = make_image_folder(tmp_path / "other", classes=2, per_class=5, seed=7)
+    fastload.pack(photos, tmp_path / "local", **KW)
+    stage = tmp_path / "stage"
+    monkeypatch.setattr(upload_mod.Uploader, "finish", lambda self, names, folder: (_ for _ in ()).throw(
+        RemoteError("connection lost (simulated)")))
+    with pytest.raises(RemoteError, match="simulated"):  # A is packed and staged, its manifest never went up
+        fastload.pack(photos, "s3://stg/g", staging=stage, storage_options=moto.options(), **KW)
+    monkeypatch.undo()
+    with unchanged(stage):
+        with user_error(fastload.FastloadError, str(stage), "different source", "--overwrite"):
+            fastload.pack(other, "s3://stg/g", staging=stage, storage_options=moto.options(), **KW)
+    assert "manifest.json" not in remote_files(moto.fs(), "stg/g")
+    # with --overwrite the staged pack of A is discarded and B is packed
+    fastload.pack(other, "s3://stg/g", staging=stage, overwrite=True, storage_options=moto.options(), **KW)
+    ds = fastload.open("s3://stg/g", cache_dir=tmp_path / "cache", storage_options=moto.options())
+    assert len(ds) == 10 and ds.classes == ["class_0", "class_1"]
+    # the same source resumes: A staged, upload failed, then A again finishes the upload
+    monkeypatch.setattr(upload_mod.Uploader, "finish", lambda self, names, folder: (_ for _ in ()).throw(
+        RemoteError("connection lost (simulated)")))
+    with pytest.raises(RemoteError):
+        fastload.pack(photos, "s3://stg/h", staging=stage, storage_options=moto.options(), **KW)
+    monkeypatch.undo()
+    summary = fastload.pack(photos, "s3://stg/h", staging=stage, storage_options=moto.options(), **KW)
+    assert summary.resumed_from == 24 and "pack pack" not in str(summary)
+    assert remote_files(moto.fs(), "stg/h") == local_files(tmp_path / "local")
+    assert not stage.exists()
+
+
+def test_a_missing_bucket_fails_before_anything_is_packed(moto, photos, tmp_path, monkeypatch):
+    from fastload import _pack
+
+    encoded = []
+    real = _pack._encoded
+    monkeypatch.setattr(_pack, "_encoded", lambda *a, **k: (encoded.append(1), real(*a, **k))[1])
+    with unchanged(tmp_path):
+        with user_error(RemoteError, "s3://no-such-bucket/ds", "bucket"):
+            fastload.pack(photos, "s3://no-such-bucket/ds", staging=tmp_path / "stage",
+                          storage_options=moto.options(), **KW)
+    assert not encoded and not (tmp_path / "stage").exists()
+
+
+def test_the_progress_bar_names_the_url(moto, photos, tmp_path, capsys):
+    fastload.pack(photos, "s3://stg/lbl", staging=tmp_path / "stage", storage_options=moto.options(),
+                  progress=True, **KW)
+    err = capsys.readouterr().err
+    assert "pack s3://stg/lbl" in err and "pack pack" not in err
+
+
+def test_the_default_staging_folder_is_created_marked_and_removed(moto, photos, tmp_path, monkeypatch):
+    monkeypatch.delenv("FASTLOAD_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    stage = upload_mod.default_staging("s3://stg/dflt")
+    assert tmp_path / "xdg" in stage.parents
+    calls = []
+    real_finish = upload_mod.Uploader.finish
+
+    def finish(self, names, folder):
+        calls.append(json.loads((stage / upload_mod.MARK).read_text()))
+        real_finish(self, names, folder)
+
+    monkeypatch.setattr(upload_mod.Uploader, "finish", finish)
+    fastload.pack(photos, "s3://stg/dflt", storage_options=moto.options(), **KW)
+    assert calls == [{"url": "s3://stg/dflt", "created": True}] and not stage.exists()

@@ -28,6 +28,7 @@ import errno
 import fcntl
 import itertools
 import os
+import re
 import threading
 import warnings
 from pathlib import Path
@@ -41,6 +42,9 @@ _PART = ".part"
 _LOCK = ".lock"          # shared while a shard is used; the evictor takes it exclusively, without waiting
 _DOWNLOAD = ".download"  # exclusive while a shard is downloaded
 _counter = itertools.count()
+_KEY = re.compile(r"[0-9a-f]{16}")  # a dataset folder: dataset_key(url)
+# file_name(), its downloads in progress, and a url.txt being written
+_CACHED = re.compile(r"shard-[0-9]+\.[0-9a-f]{16}\.fls(\.[0-9]+-[0-9]+\.part)?|url\.txt\.[0-9]+-[0-9]+\.part")
 
 
 class CacheStats:
@@ -146,15 +150,19 @@ class ShardCache:
         return sum(size for _, size, _ in self._files())
 
     def _files(self) -> list[tuple[Path, int, float]]:
-        """(path, size, mtime) of every complete shard and every download in progress, oldest first."""
+        """(path, size, mtime) of every complete shard and every download in progress, oldest first. Only
+        files the cache itself names (in a dataset folder with its url.txt) count: a cache_dir that also
+        holds a user's own datasets or downloads never has those evicted."""
         out = []
         for d in _subdirs(self.root):
+            if not _KEY.fullmatch(d.name) or not (d / "url.txt").is_file():
+                continue
             try:
                 names = os.listdir(d)
             except FileNotFoundError:
                 continue
             for n in names:
-                if n.endswith(".fls") or n.endswith(_PART):
+                if _CACHED.fullmatch(n):
                     try:
                         st = os.stat(d / n)
                     except FileNotFoundError:

@@ -21,7 +21,7 @@ import json
 import os
 import threading
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import xxhash
@@ -334,8 +334,9 @@ def read_manifest(path: Path) -> Manifest:
     return m
 
 
-def verify_lmdb(path: Path, manifest: Manifest) -> list[str]:
-    """Recompute every chunk's digest and validate every record. Returns one message per problem."""
+def verify_lmdb(path: Path, manifest: Manifest, progress: Callable[[int], None] | None = None) -> list[str]:
+    """Recompute every chunk's digest and validate every record. Returns one message per problem;
+    ``progress`` is told each chunk's samples once that chunk is checked."""
     try:
         seg = LmdbSegment(path, manifest)
     except FormatError as e:  # a bad rows_per_chunk: a problem to report, not a traceback
@@ -350,6 +351,8 @@ def verify_lmdb(path: Path, manifest: Manifest) -> list[str]:
         seg.open()
         for c in range(n_chunks):
             lo, hi = c * seg.rows, min(manifest.num_samples, (c + 1) * seg.rows)
+            if progress is not None and c:
+                progress(seg.rows)  # chunk c - 1 is checked
             try:
                 columns = {}
                 for f in seg.schema:
@@ -365,6 +368,8 @@ def verify_lmdb(path: Path, manifest: Manifest) -> list[str]:
                 continue
             if chunk_digest(columns, records) != digests[c]:
                 problems.append(f"chunk {c} (samples {lo}..{hi - 1}): checksum does not match the manifest's")
+        if progress is not None and n_chunks:
+            progress(manifest.num_samples - (n_chunks - 1) * seg.rows)
     finally:
         seg.close()
     return problems

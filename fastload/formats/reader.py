@@ -58,12 +58,13 @@ def local_segments(path: Path, manifest: Manifest) -> list:
     return shard_segments(path, manifest)
 
 
-def verify(path: Path, manifest: Manifest) -> list[str]:
+def verify(path: Path, manifest: Manifest, progress: Any = None) -> list[str]:
     """Check every byte of a local dataset against its manifest (shards: size, checksum, structure; LMDB:
-    every chunk's digest and record). One message per problem; empty when the dataset is sound."""
+    every chunk's digest and record). One message per problem; empty when the dataset is sound.
+    ``progress(samples)`` is called as parts of the dataset are checked (for a progress bar)."""
     if manifest.layout == "lmdb":
-        return lmdb_format.verify_lmdb(path, manifest)
-    return verify_shards(path, manifest)
+        return lmdb_format.verify_lmdb(path, manifest, progress)
+    return verify_shards(path, manifest, progress)
 
 
 def describe_storage(path: Path, manifest: Manifest) -> list[str]:

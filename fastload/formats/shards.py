@@ -22,7 +22,7 @@ import mmap
 import os
 import struct
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import xxhash
@@ -296,10 +296,11 @@ def shard_segments(root: Path, manifest: Manifest) -> list[ShardSegment]:
             for e, start in zip(manifest.shards, _starts(manifest))]
 
 
-def verify_shards(root: Path, manifest: Manifest) -> list[str]:
-    """Check every shard's size, checksum and structure. Returns one message per bad shard."""
+def verify_shards(root: Path, manifest: Manifest, progress: Callable[[int], None] | None = None) -> list[str]:
+    """Check every shard's size, checksum and structure. Returns one message per bad shard; ``progress`` is
+    told each shard's samples once that shard is checked."""
     problems = []
-    for e, start in zip(manifest.shards, _starts(manifest)):
+    for e, start in _told(zip(manifest.shards, _starts(manifest)), progress):
         path = root / e.file
         if not path.exists():
             problems.append(f"{e.file}: missing")
@@ -323,3 +324,11 @@ def verify_shards(root: Path, manifest: Manifest) -> list[str]:
         finally:
             seg.close()
     return problems
+
+
+def _told(items, progress: Callable[[int], None] | None):
+    """Yield (entry, start) pairs; after the caller's loop body for one (``continue`` included), report it."""
+    for item in items:
+        yield item
+        if progress is not None:
+            progress(item[0].num_samples)

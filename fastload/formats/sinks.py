@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import mmap
 import os
-import shutil
 from pathlib import Path
 from typing import Any, Callable
 
@@ -22,7 +21,7 @@ from .._errors import FastloadError, SourceError
 from .._version import __version__
 from . import lmdb as lmdb_format
 from ._layout import columns_of
-from ._manifest import MANIFEST_NAME, Manifest, ShardEntry, fsync_dir, write_manifest
+from ._manifest import MANIFEST_NAME, SHARD_NAME, Manifest, ShardEntry, fsync_dir, write_manifest
 from .shards import shard_index, shard_name, write_shard, write_shard_columns
 
 STATE_NAME = "pack_state.json"
@@ -40,10 +39,10 @@ def write_state(dest: Path, state: dict) -> None:
 
 
 def sink_for(dest: Path, src: Any, params: dict, shard_bytes: int, state: dict | None, span: tuple[int, int],
-             on_shard: Callable[[Path], None] | None = None) -> "ShardSink | LmdbSink":
+             on_shard: Callable[[Path], None] | None = None, keep_state: bool = False) -> "ShardSink | LmdbSink":
     """The writer for ``params["format"]`` that takes samples one at a time (``add``/``skip``/``finish``)."""
     if params["format"] == "shards":
-        return ShardSink(dest, src, params, shard_bytes, state, span, on_shard)
+        return ShardSink(dest, src, params, shard_bytes, state, span, on_shard, keep_state)
     return LmdbSink(dest, src, params, state)
 
 
@@ -55,48 +54,112 @@ def is_write_error(e: BaseException) -> bool:
 # -- the destination: what a pack finds there, and its resume state -----------------------------
 
 def _own_file(name: str) -> bool:
-    return name in _OWN_FILES or (name.startswith("shard-") and (name.endswith(".fls") or name.endswith(".fls.tmp"))) \
-        or name.endswith(".tmp")
+    """Exactly the names a pack writes (and their temporary names): only these are ever removed."""
+    base = name.removesuffix(".tmp")
+    return base in _OWN_FILES or SHARD_NAME.fullmatch(base) is not None
 
 
-def prepare_dest(dest: Path, overwrite: bool, params: dict) -> dict | None:
-    """Create or clear ``dest``; return the resume state of an unfinished identical pack, if any."""
+def prepare_dest(dest: Path, overwrite: bool, params: dict, staged_for: str | None = None) -> dict | None:
+    """Create or clear ``dest``; return the resume state of an unfinished identical pack, if any.
+
+    ``staged_for``: ``dest`` stages a pack for that URL (``upload.py``). Its resume state outlives the
+    manifest until the upload is done, so a re-run finishes uploading only a staged pack of the same
+    source and options, and refuses any other (the same check as a local resume)."""
+    where = f"staging folder {dest} (for {staged_for})" if staged_for else f"destination {dest}"
     if not dest.exists():
         dest.mkdir(parents=True)
         return None
     if not dest.is_dir():
-        raise FastloadError(f"destination {dest} exists and is not a directory")
+        raise FastloadError(f"{where} exists and is not a directory")
     names = os.listdir(dest)
-    foreign = [n for n in names if not _own_file(n)]
-    if foreign and (overwrite or names):
-        raise FastloadError(f"destination {dest} holds files fastload did not write ({', '.join(sorted(foreign)[:5])}); "
+    foreign = [n for n in names if not _own_file(n) or (dest / n).is_dir()]
+    if foreign:
+        raise FastloadError(f"{where} holds files fastload did not write ({', '.join(sorted(foreign)[:5])}); "
                             f"refusing to write there — choose an empty or new directory")
+    if lmdb_format.DATA_FILE in names and _foreign_lmdb(dest):
+        raise FastloadError(f"{where} holds an LMDB database fastload did not write (its data.mdb has entries but "
+                            f"no fastload manifest or pack state); refusing to write there — choose an empty or new "
+                            f"directory")
     if overwrite:
         for n in names:
-            p = dest / n
-            shutil.rmtree(p) if p.is_dir() else p.unlink()
+            (dest / n).unlink()  # files only, each one a pack's own (a folder counts as foreign)
         return None
     if MANIFEST_NAME in names and STATE_NAME in names and params["format"] == "shards":
         state = _read_state(dest, "shards")
         if state is not None and state.get("params") == params:
-            # killed after the manifest was written, before its resume state was removed: finish that
-            (dest / STATE_NAME).unlink()
-            fsync_dir(dest)
+            if staged_for is None:  # killed after the manifest, before its resume state was removed: finish that
+                (dest / STATE_NAME).unlink()
+                fsync_dir(dest)
             return {"complete": True}
+    if staged_for is not None and (MANIFEST_NAME in names or STATE_NAME in names):
+        state = _read_state(dest, params["format"])
+        if state is None or state.get("params") != params:
+            raise FastloadError(f"{where} holds a pack of a different source or different options, not yet "
+                                f"uploaded; run the command that started it to finish it, pass overwrite=True "
+                                f"(--overwrite) to discard it (and replace any dataset at {staged_for}), or "
+                                f"choose another staging folder (--staging / staging=)")
+        return state
     if MANIFEST_NAME in names or _lmdb_complete(dest):
-        raise FastloadError(f"destination {dest} already holds a packed dataset; pass overwrite=True (--overwrite) "
+        raise FastloadError(f"{where} already holds a packed dataset; pass overwrite=True (--overwrite) "
                             f"to replace it")
     state = _read_state(dest, params["format"])
     if state is None:
         if names and not _nothing_committed(dest, names):
-            raise FastloadError(f"destination {dest} is not empty and holds no resumable pack; use --overwrite")
+            raise FastloadError(f"{where} is not empty and holds no resumable pack; use --overwrite")
         for n in names:  # scratch of a pack killed before it committed anything
             (dest / n).unlink()
         return None
     if state.get("params") != params:
-        raise FastloadError(f"destination {dest} holds an unfinished pack with different parameters or source; "
+        raise FastloadError(f"{where} holds an unfinished pack with different parameters or source; "
                             f"run the original command to resume it, or pass --overwrite to start over")
     return state
+
+
+def clear_pack(dest: Path, keep: str) -> None:
+    """Remove a finished pack's own files from ``dest`` before packing there again (``overwrite``); the
+    folder ``keep`` is left to its owner. Anything fastload did not write is refused, and nothing removed."""
+    names = os.listdir(dest)
+    foreign = [n for n in names if n != keep and (not _own_file(n) or (dest / n).is_dir())]
+    if foreign:
+        shown = ", ".join(sorted(foreign)[:5])
+        raise FastloadError(f"destination {dest} holds files fastload did not write ({shown}); refusing to write "
+                            f"there — choose an empty or new directory")
+    for n in names:
+        if n != keep:
+            (dest / n).unlink()
+
+
+def remove_pack(dest: Path) -> None:
+    """Remove a pack's own files from ``dest`` (a staged copy, once uploaded), then ``dest`` if that
+    emptied it; anything else there is left alone."""
+    if not dest.is_dir():
+        return
+    for n in os.listdir(dest):
+        if _own_file(n) and (dest / n).is_file():
+            (dest / n).unlink()
+    try:
+        dest.rmdir()
+    except OSError:
+        pass
+
+
+def _foreign_lmdb(dest: Path) -> bool:
+    """True when ``dest`` holds someone else's LMDB database: entries, but neither a fastload manifest nor
+    a pack's resume state. Opened read-only, without a lock: nothing is written to it."""
+    if _lmdb_half_created(dest):
+        return False
+    import lmdb
+
+    try:
+        env = lmdb.open(str(dest), readonly=True, lock=False, subdir=True, max_dbs=0)
+    except lmdb.Error:
+        return True  # not even readable as LMDB: not ours to delete
+    try:
+        with env.begin() as txn:
+            ours = txn.get(lmdb_format.MANIFEST_KEY) is not None or txn.get(lmdb_format.STATE_KEY) is not None
+        return not ours and env.stat()["entries"] > 0
+    finally:
+        env.close()
 
 
 def _nothing_committed(dest: Path, names: list[str]) -> bool:
@@ -154,9 +217,10 @@ def _read_state(dest: Path, fmt: str) -> dict | None:
 
 class ShardSink:
     def __init__(self, dest: Path, src: Any, params: dict, shard_bytes: int, state: dict | None,
-                 span: tuple[int, int], on_shard: Callable[[Path], None] | None = None):
+                 span: tuple[int, int], on_shard: Callable[[Path], None] | None = None, keep_state: bool = False):
         self.dest, self.src, self.params, self.limit = dest, src, params, shard_bytes
         self.on_shard = on_shard
+        self.keep_state = keep_state  # a staged pack: its resume state says what it is until it is uploaded
         self.span = span  # the source samples [lo, hi) this pack writes (all of them, or one part's)
         self.block = params["block"]
         self.state = state or {"params": params, "shards": [], "skipped": [], "next_sample": span[0]}
@@ -205,8 +269,9 @@ class ShardSink:
                      self.params["image_mode"], self.state["skipped"], metadata,
                      created_by=f"fastload {__version__}")
         write_manifest(self.dest, m)
-        (self.dest / STATE_NAME).unlink(missing_ok=True)
-        fsync_dir(self.dest)
+        if not self.keep_state:
+            (self.dest / STATE_NAME).unlink(missing_ok=True)
+            fsync_dir(self.dest)
         return m
 
     def total_bytes(self) -> int:
@@ -222,7 +287,7 @@ def array_rows(src: Any, shard_bytes: int) -> int:
 class ArraySink(ShardSink):
     """Numpy arrays to shards a column slice at a time: no per-sample Python at all."""
 
-    def run(self, progress: bool) -> None:
+    def run(self, progress: bool, label: str) -> None:
         src = self.src
         columns = []
         for f in src.schema:
@@ -241,7 +306,7 @@ class ArraySink(ShardSink):
             from tqdm import tqdm
 
             bar = tqdm(total=n - first, initial=self.next_sample - first, unit="sample",
-                       desc=f"pack {self.dest.name}")
+                       desc=f"pack {label}")
         for lo in range(self.next_sample, n, rows):
             hi = min(n, lo + rows)
             cols = [np.asarray(a[lo:hi]).astype(dt, copy=False) for a, dt in columns]

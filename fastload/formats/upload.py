@@ -4,15 +4,22 @@ The pack runs into a local staging folder exactly as a local pack does (crash-sa
 shard is uploaded as soon as it is complete, on background threads, and the manifest goes up last, so
 a reader never sees a half-written remote dataset (no manifest: not a dataset). ``uploaded.json`` in
 the staging folder records what is up; running the same command again resumes the pack and uploads
-only what is missing. The staging folder is removed once the manifest is up.
+only what is missing, and only when the staged pack is of the same source and options (the local
+pack's own resume check, ``sinks.prepare_dest``); otherwise it refuses, saying why.
+
+The staging folder is fastload's own (``Staging``): one it created, or an empty one it was given, marked
+with ``.fastload-staging``; a folder holding anything else is refused. Once the manifest is up, exactly
+what fastload wrote there is removed, and the folder itself only when fastload created it. The URL is
+checked (reachable, writable, no finished dataset unless overwriting) before anything is packed.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import threading
+import time
+import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
@@ -22,8 +29,10 @@ from ._cache import CacheStats, dataset_key
 from ._manifest import MANIFEST_NAME, SHARD_NAME
 from .remote import default_cache_dir, describe, retrying, url_to_fs
 from .shards import file_digest
+from .sinks import remove_pack
 
 RECORD = "uploaded.json"
+MARK = ".fastload-staging"
 UPLOAD_THREADS = 4
 
 
@@ -36,7 +45,7 @@ class Uploader:
 
     def __init__(self, url: str, staging: Path, storage_options: dict | None = None, threads: int = UPLOAD_THREADS):
         self.url = url.rstrip("/")
-        self.staging = staging
+        self.staging = staging  # where the upload record is kept (need not exist yet)
         self.fs, self.root = url_to_fs(self.url, storage_options)
         self.stats = CacheStats()
         self._ex = ThreadPoolExecutor(threads, thread_name_prefix="fastload-upload")
@@ -47,12 +56,24 @@ class Uploader:
         self.record: dict[str, str] = json.loads(path.read_text()) if path.exists() else {}
 
     def check_destination(self, overwrite: bool) -> None:
-        """Refuse a URL that holds a finished dataset (unless ``overwrite``: its manifest goes first)."""
+        """Before anything is packed: the URL must be reachable and writable (a missing bucket or read-only
+        credentials fail now, not after the whole pack), and hold no finished dataset unless ``overwrite``
+        (then its manifest goes first)."""
         manifest = f"{self.root}/{MANIFEST_NAME}"
         try:
             exists = self.fs.exists(manifest)
         except Exception as e:
             raise RemoteError(f"cannot reach {self.url}: {describe(e)}") from None
+        probe = f"{self.root}/.fastload-write-check-{uuid.uuid4().hex}"  # ours alone: removed right away
+        try:
+            retrying(lambda: self.fs.pipe_file(probe, b""), self.stats)
+        except Exception as e:
+            raise RemoteError(f"cannot write to {self.url}: {describe(e)}. Checked before packing: does the bucket "
+                              f"exist, and may these credentials write to it?") from None
+        try:
+            self.fs.rm_file(probe)
+        except Exception:  # an object store that allows writes but not deletes: a harmless empty object
+            pass
         if not exists:
             return
         if not overwrite:
@@ -81,6 +102,7 @@ class Uploader:
         with self._lock:
             self.uploaded += 1
             self.record[path.name] = f"{size}:{digest}"
+            self.staging.mkdir(parents=True, exist_ok=True)
             tmp = self.staging / (RECORD + ".tmp")
             tmp.write_text(json.dumps(self.record))
             os.replace(tmp, self.staging / RECORD)
@@ -107,43 +129,105 @@ class Uploader:
         self._ex.shutdown(wait=True)
 
 
-def pack_to_url(pack: Callable[..., Any], source: Any, url: str, *, staging: str | os.PathLike | None,
+
+
+class Staging:
+    """The local folder a URL pack is staged in, and proof that it is fastload's own.
+
+    A folder fastload creates, or an empty one it is given, gets the mark file (the URL it stages, and
+    whether fastload created the folder). A marked folder staging the same URL is resumed; anything else
+    (a folder holding other files, one staging another URL) is refused, so a mistyped ``--staging``
+    never loses a user's files. ``done`` removes only what the pack wrote."""
+
+    def __init__(self, root: Path, url: str):
+        self.root, self.url = root, url
+        self.created = not root.exists()
+        mark = root / MARK
+        if self.created:
+            return
+        if not root.is_dir():
+            raise FastloadError(f"staging folder {root} exists and is not a folder; choose a new or empty folder "
+                                f"(--staging / staging=)")
+        if mark.is_file():
+            try:
+                note = json.loads(mark.read_text())
+                self.created, staged = bool(note["created"]), note["url"]
+            except (ValueError, KeyError, TypeError):
+                raise FastloadError(f"staging folder {root}: its {MARK} file is unreadable; choose a new or empty "
+                                    f"folder (--staging / staging=)") from None
+            if staged != url:
+                raise FastloadError(f"staging folder {root} holds a pack staged for {staged}, not {url}: run that "
+                                    f"pack again to finish it, or choose a new or empty folder (--staging / staging=)")
+            return
+        names = sorted(os.listdir(root))
+        if names:
+            raise FastloadError(f"staging folder {root} holds files fastload did not write ({', '.join(names[:5])}); "
+                                f"a staging folder must be new or empty (fastload cleans it up after the upload): "
+                                f"choose another folder (--staging / staging=)")
+
+    def claim(self) -> None:
+        """Create and mark the folder (after the URL was checked: a refused pack leaves nothing behind)."""
+        mark = self.root / MARK
+        if mark.is_file():
+            return
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            mark.write_text(json.dumps({"url": self.url, "created": self.created}))
+        except OSError as e:
+            raise FastloadError(f"cannot create the staging folder {self.root}: {e.strerror or e}; choose a folder "
+                                f"you can write (--staging / staging=)") from None
+
+    def done(self, pack_dir: Path, record_dir: Path) -> None:
+        """After the manifest is up: remove the staged pack and the upload record, then the folders they
+        emptied, then the mark and the folder itself if fastload created it. Nothing else is touched."""
+        remove_pack(pack_dir)
+        (record_dir / RECORD).unlink(missing_ok=True)
+        for d in (pack_dir.parent, record_dir):
+            while d != self.root and self.root in d.parents and _rmdir_if_empty(d):
+                d = d.parent
+        if os.listdir(self.root) == [MARK]:
+            (self.root / MARK).unlink()
+            if self.created:
+                _rmdir_if_empty(self.root)
+
+
+def _rmdir_if_empty(d: Path) -> bool:
+    try:
+        d.rmdir()
+        return True
+    except OSError:  # not empty (another part's files, or something of the user's), or gone
+        return not d.exists()
+
+
+def pack_to_url(pack_local: Callable[..., Any], source: Any, url: str, *, staging: str | os.PathLike | None,
                 storage_options: dict | None, overwrite: bool, part: Any = None, **kwargs: Any) -> Any:
-    """``pack(source, staging, on_shard=upload)`` then the manifest: see the module docstring. A part
+    """``pack_local(source, staging, on_shard=upload)`` then the manifest: see the module docstring. A part
     (``part=(i, n)``) goes to ``URL/parts/i``, for ``fastload merge URL``."""
     from .reader import read_manifest
-    from .._pack import PackSummary
 
+    t0 = time.perf_counter()
     url = url.rstrip("/")
-    stage = Path(staging) if staging is not None else default_staging(url)
-    local = stage / "pack"  # what the packer writes; the upload record sits beside it
-    target, shards_dir = url, local
+    stage = Staging(Path(staging) if staging is not None else default_staging(url), url)
+    local = stage.root / "pack"  # what the packer writes; the upload record sits beside it
+    target, shards_dir, record_dir = url, local, stage.root
     if part is not None:
         from .._parts import parse_part
 
-        target = f"{url}/parts/{parse_part(part)[0]}"
-        shards_dir = local / "parts" / str(parse_part(part)[0])
-        stage = stage / f"part-{parse_part(part)[0]}"
-    stage.mkdir(parents=True, exist_ok=True)
-    up = Uploader(target, stage, storage_options)
+        i = parse_part(part)[0]
+        target, shards_dir, record_dir = f"{url}/parts/{i}", local / "parts" / str(i), stage.root / f"part-{i}"
+    up = Uploader(target, record_dir, storage_options)
     up.check_destination(overwrite)
-    if overwrite and shards_dir.exists():
-        shutil.rmtree(shards_dir)
+    stage.claim()
     ok = False
     try:
-        if (shards_dir / MANIFEST_NAME).exists() and not (shards_dir / "pack_state.json").exists():
-            m = read_manifest(shards_dir)  # packed by an earlier run that stopped while uploading
-            summary = PackSummary(target, "shards", m.num_samples, m.skipped, sum(e.bytes for e in m.shards),
-                                  len(m.shards), 0.0, m.num_samples)
-        else:
-            summary = pack(source, local, on_shard=up.shard_done, overwrite=False, part=part, **kwargs)
+        summary = pack_local(source, local, on_shard=up.shard_done, overwrite=overwrite, part=part,
+                             staged_for=target, **kwargs)
         up.finish([e.file for e in read_manifest(shards_dir).shards], shards_dir)
         ok = True
     finally:
         if not ok:
             up.abort()
-    shutil.rmtree(stage)
-    if part is not None:
-        shutil.rmtree(shards_dir, ignore_errors=True)
+    stage.done(shards_dir, record_dir)
     summary.dest = target
+    summary.seconds = time.perf_counter() - t0
     return summary

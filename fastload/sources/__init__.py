@@ -28,10 +28,14 @@ __all__ = ["Source", "ArraySource", "DatasetSource", "ImageFolderSource", "Manif
 
 
 def as_source(obj: Any, *, schema: Mapping[str, Field] | None = None, root: str | os.PathLike | None = None,
-              path_column: str = "path") -> Source:
+              path_column: str = "path", missing: Mapping[str, Any] | None = None) -> Source:
     """Pick the adapter for ``obj``: a path (folder, .npy/.npz, .csv/.jsonl), arrays, or a Dataset."""
     if isinstance(obj, Source):
         return obj
+    manifest = isinstance(obj, (str, os.PathLike)) and Path(obj).suffix.lower() in (".csv", ".jsonl", ".ndjson")
+    if missing and not manifest:
+        raise SourceError("missing= declares what blank cells of a CSV/JSONL manifest's columns stand for; this "
+                          "source is not a manifest")
     if isinstance(obj, (str, os.PathLike)):
         path = Path(obj)
         if not path.exists():
@@ -46,7 +50,7 @@ def as_source(obj: Any, *, schema: Mapping[str, Field] | None = None, root: str 
         if suffix in (".csv", ".jsonl", ".ndjson"):
             if schema:
                 raise SourceError("schema overrides are not supported for manifest sources")
-            return ManifestSource(path, root=root, path_column=path_column)
+            return ManifestSource(path, root=root, path_column=path_column, missing=missing)
         raise SourceError(f"source {path}: expected a folder, .npy, .npz, .csv or .jsonl file")
     if isinstance(obj, np.ndarray) or (isinstance(obj, Mapping) and obj and
                                         all(isinstance(v, np.ndarray) for v in obj.values())):

@@ -21,7 +21,7 @@ class DatasetSource(Source):
         self.dataset = dataset
         n = len(dataset)
         if n == 0:
-            raise SourceError(f"{type(dataset).__name__} is empty")
+            raise SourceError(f"the source {type(dataset).__name__} has no samples (its len() is 0): nothing to pack")
         first = [dataset[i] for i in range(min(n, infer_samples))]
         try:
             self.schema, self.as_dict = infer_schema(first, schema)

@@ -30,13 +30,23 @@ class ImageFolderSource(Source):
         self.classes = classes
         exts = tuple(e.lower() for e in extensions)
         self.samples: list[tuple[str, int]] = []
+        empty = []
         for idx, cls in enumerate(classes):
+            before = len(self.samples)
             for dirpath, _, files in sorted(os.walk(self.root / cls, followlinks=True)):
                 for name in sorted(files):
                     if name.lower().endswith(exts):
                         self.samples.append((os.path.join(dirpath, name), idx))
+            if len(self.samples) == before:
+                empty.append(cls)
         if not self.samples:
             raise SourceError(f"ImageFolder root {self.root} has no files with extensions {', '.join(exts)}")
+        if empty:  # as torchvision's ImageFolder: a folder with no image is not a class (an earlier pack's output?)
+            shown = ", ".join(str(self.root / c) for c in empty[:5]) + (f" and {len(empty) - 5} more" if len(empty) > 5
+                                                                         else "")
+            raise SourceError(f"ImageFolder root {self.root}: class folder(s) {shown} hold no image (extensions "
+                              f"{', '.join(exts)}); torchvision's ImageFolder refuses them too. Remove or move them, "
+                              f"or add their images")
         self.schema = Schema([Field.image("image"), Field.int("label")])
         self.metadata = {"source": "imagefolder", "classes": classes}
 
