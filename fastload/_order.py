@@ -160,7 +160,7 @@ class Order:
         self.num_samples = _as_int("num_samples", num_samples, 0)
         self.batch_size = _as_int("batch_size", batch_size, 1)
         if kind not in KINDS:
-            raise ValueError(f"{kind=} should be one of {KINDS}")
+            raise ValueError(f"order={kind!r} should be one of {KINDS}")  # the loader's argument is order=
         self.kind = kind
         self.seed = _as_int("seed", seed, 0)
         if self.seed >= 2**64:

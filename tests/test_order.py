@@ -283,7 +283,7 @@ def test_batch_rng_is_deterministic_and_distinct():
     (dict(batch_size=True), "batch_size=True should be an integer"),
     (dict(batch_size=2.5), "batch_size=2.5 should be an integer"),
     (dict(num_samples=-1), "num_samples=-1 should be >= 0"),
-    (dict(kind="shuffle"), "kind='shuffle' should be one of"),
+    (dict(kind="shuffle"), "order='shuffle' should be one of"),
     (dict(seed=-3), "seed=-3 should be >= 0"),
     (dict(rank=2, world_size=2), "rank=2 should be < world_size=2"),
     (dict(window=0), "window=0 should be >= 1"),

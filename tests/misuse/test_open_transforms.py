@@ -301,3 +301,9 @@ def test_index_out_of_range(images, index):
 def test_numpy_and_negative_indices_work(images):
     ds = fastload.open(images)
     assert ds[np.int64(3)][1] == ds[3][1] == ds[-9][1]
+
+
+def test_an_unknown_order_names_the_loader_argument(images):
+    """The loader's argument is ``order=``; the error used to name the Order's internal ``kind=``."""
+    with user_error(ValueError, "order='rnd'", "random", "sequential"):
+        fastload.DataLoader(fastload.open(images), batch_size=4, order="rnd")
