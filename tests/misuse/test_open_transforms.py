@@ -306,4 +306,5 @@ def test_numpy_and_negative_indices_work(images):
 def test_an_unknown_order_names_the_loader_argument(images):
     """The loader's argument is ``order=``; the error used to name the Order's internal ``kind=``."""
     with user_error(ValueError, "order='rnd'", "random", "sequential"):
-        fastload.DataLoader(fastload.open(images), batch_size=4, order="rnd")
+        fastload.DataLoader(fastload.open(images, transforms={"image": [T.RandomResizedCrop(32)]}), batch_size=4,
+                            order="rnd")
