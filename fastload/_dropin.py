@@ -34,7 +34,7 @@ def check_collate(collate_fn: Any) -> None:
 
 def check_batch_sampler(batch_sampler: Any) -> None:
     if batch_sampler is not None and not (isinstance(batch_sampler, BatchSampler)
-                                          and isinstance(batch_sampler.batch_size, int)):
+                                          and isinstance(getattr(batch_sampler, "batch_size", None), int)):
         raise NotFastPath(f"a custom batch_sampler ({type(batch_sampler).__name__}, not a torch BatchSampler with a "
                           f"fixed batch_size) can give batches of any size")
 

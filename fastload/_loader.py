@@ -26,8 +26,9 @@ from ._prefetch import DevicePrefetcher, DeviceRing, check_device
 from ._ring import Slot, SlotRing
 from ._stats import LoaderStats
 from ._order import Order, Progress, default_seed, dist_info, order_for
-from ._sampling import Counted, IndexReplay, SamplerOrder, generic_state, load_generic_state, slot_batch_size
-from ._workers import generic_iterator
+from ._sampling import (Counted, GenericPlan, IndexReplay, SamplerOrder, generic_state, load_generic_state,
+                        slot_batch_size)
+from ._workers import WorkerIterator, fallback_reason
 
 T_co = TypeVar("T_co", covariant=True)
 
@@ -60,6 +61,33 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     batches depend only on (seed, epoch, rank, world size), never on ``num_workers``.
     """
 
+    # What a loader whose __init__ was torch's has (a subclass calling torch.utils.data.DataLoader.__init__,
+    # torchdata's StatefulDataLoader under a global swap): the generic path, as torch. The mutable ones are
+    # made on first use (__getattr__).
+    device = None
+    seed = None
+    on_error = "raise"
+    memory_format = torch.channels_last
+    decoder = "native"
+    fast_path_reason = "built by torch.utils.data.DataLoader.__init__, not fastload.DataLoader's"
+    _batcher = None
+    _order = None
+    _sampled = None
+    _user_sampler = False
+    _next_epoch = 0
+    _resume_at = 0
+    _ring = None
+    _device_ring = None
+    _deciding = False  # inside fastload's __init__, until it knows its path
+    _LAZY = {"_progress": Progress, "_plan": GenericPlan, "_stats": LoaderStats, "_fill_policy": FillPolicy}
+
+    def __getattr__(self, name: str):
+        make = type(self)._LAZY.get(name)
+        if make is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        value = self.__dict__[name] = make()
+        return value
+
     def __init__(self, dataset, batch_size=1, shuffle=None, sampler=None, batch_sampler=None, num_workers=0,
                  collate_fn=None, pin_memory=False, drop_last=False, timeout=0, worker_init_fn=None,
                  multiprocessing_context=None, generator=None, *, prefetch_factor=None, persistent_workers=False,
@@ -69,6 +97,11 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         auto = isinstance(num_workers, str) and num_workers == "auto"
         if auto:
             num_workers = os.cpu_count() or 1  # replaced by the measured choice on the fast path
+        if prefetch_factor == 0 and isinstance(num_workers, int) and num_workers > 0:
+            raise ValueError(f"prefetch_factor=0 with num_workers={num_workers}: no batch would ever be asked for "
+                             f"(torch refuses it too); prefetch_factor is the batches each worker keeps ready "
+                             f"and should be >= 1, or None for the default 2")
+        self._deciding = True  # torch's __init__ checks num_workers; fastload does once it knows its path
         super().__init__(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn, pin_memory,
                          drop_last, timeout, worker_init_fn, multiprocessing_context, generator,
                          prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
@@ -88,8 +121,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         self._next_epoch = 0
         self._resume_at = 0
         self._progress = Progress()  # the latest iteration's position, advanced by what hands out its batches
-        self._generic_pending = None  # generic path: (batches to skip, generator state) after load_state_dict
-        self._generic_rng = None  # generic path: the generator state the current epoch's RandomSampler drew from
+        self._plan = GenericPlan()  # the generic path's resume state, shared with its index samplers
         self._ring: SlotRing | None = None  # host slots of the fast path, made on first use
         self._device_ring: DeviceRing | None = None  # device slots, kept across epochs
         self._stats = LoaderStats()
@@ -108,8 +140,10 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
                                  f"{e}") from None
             if isinstance(dataset, PackedDataset) and dataset.decode:
                 warn_refused(str(e))
+            self._deciding = False
             self.check_worker_number_rationality()
             return
+        self._deciding = False
         check_worker_init_fn(worker_init_fn)
         if self.seed is None:
             self.seed = default_seed(generator)
@@ -138,7 +172,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
 
     def check_worker_number_rationality(self) -> None:
         """torch's advice fits worker processes; on the fast path ``num_workers`` counts native threads."""
-        if "_batcher" not in self.__dict__:
+        if self._deciding:
             return  # called by torch's __init__: fastload checks once it knows which path it takes
         if self._batcher is None:
             return super().check_worker_number_rationality()
@@ -187,7 +221,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         sampler's order (see ``_sampling.py``); Lightning and accelerate's ``save_state`` call this."""
         epoch, done = self._progress.epoch, self._progress.done
         if self._batcher is None:
-            return generic_state(self._torch_index_sampler(), self._num_samples(), epoch, done, self._generic_rng)
+            return generic_state(self._torch_index_sampler(), self._num_samples(), epoch, done, self._plan.rng)
         if done >= len(self):
             epoch, done = epoch + 1, 0
         if self._sampled is not None:
@@ -196,7 +230,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
 
     def load_state_dict(self, state: dict) -> None:
         if self._batcher is None:
-            self._next_epoch, self._resume_at, self._generic_pending = load_generic_state(
+            self._next_epoch, self._resume_at, self._plan.pending = load_generic_state(
                 self._torch_index_sampler(), self._num_samples(), state)
         elif self._sampled is not None:
             self._next_epoch, self._resume_at = self._sampled.load_state_dict(state)
@@ -210,14 +244,16 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         self._progress = Progress(self._next_epoch, self._resume_at)
 
     def _torch_index_sampler(self):
-        return torch.utils.data.DataLoader._index_sampler.fget(self)
+        # torch's property through the class this one derives from, never through the module attribute:
+        # with torch.utils.data.DataLoader swapped for this class (a sitecustomize), that would be this one
+        return super()._index_sampler
 
     @property
     def _index_sampler(self):
         """What torch's iterator and the generic path's workers draw indices from: on the generic path the
         sampler, replayed from the next batch once after ``load_state_dict`` (``IndexReplay``)."""
         base = self._torch_index_sampler()
-        return base if self._batcher is not None else IndexReplay(self, base)
+        return base if self._batcher is not None else IndexReplay(self._plan, base)
 
     def _num_samples(self) -> int | None:
         try:
@@ -270,8 +306,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         if self._batcher is None:
             epoch, start = self._next_epoch, self._resume_at
             self._next_epoch, self._resume_at = epoch + 1, 0
-            it = generic_iterator(self)  # shared-memory workers; None: torch's own iterator
-            it = super().__iter__() if it is None else it
+            it = self._generic_iter()
             if self._on_device():
                 it = DevicePrefetcher(it, depth=self.prefetch_factor or 2, ring=self._device_slots())
             self._progress = Progress(epoch, start)
@@ -300,6 +335,25 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
                 for i, f in enumerate(self.dataset.schema) if f.name in self.dataset.pipelines}
         return DevicePrefetcher(it, depth=self.prefetch_factor or 2, transforms=keys, on_yield=progress.advance,
                                 ring=self._device_slots())
+
+    def _generic_iter(self):
+        """torch's ``__iter__`` (persistent iterators kept in ``_iterator`` and reset each epoch), making each
+        iterator with ``_get_iterator``, which a subclass may override as in torch."""
+        if isinstance(self._iterator, WorkerIterator) and self._iterator._shutdown:
+            self._iterator = None  # stopped by an error or Ctrl-C: the next epoch starts new workers
+        try:
+            return super().__iter__()
+        except BaseException:
+            if isinstance(self._iterator, WorkerIterator):  # a half-reset iterator must not be reused
+                self._iterator._shutdown_workers()
+            raise
+
+    def _get_iterator(self):
+        """The generic path's iterator: worker processes writing into shared-memory slots (``_workers.py``),
+        or torch's own where those cannot run (``fallback_reason``: no workers, pin_memory, DataPipes)."""
+        if self._batcher is None and fallback_reason(self) is None:
+            return WorkerIterator(self)
+        return super()._get_iterator()
 
     def _device_slots(self) -> DeviceRing:
         if self._device_ring is None:

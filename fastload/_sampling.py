@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch.utils.data import BatchSampler, DistributedSampler, RandomSampler, SequentialSampler
+from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from ._order import _BATCH_STREAM, _key
 
@@ -46,8 +47,9 @@ def slot_batch_size(loader_batch_size: int | None, batch_sampler: Any) -> int | 
     neither is known (a batch sampler of any other kind: batches of any length)."""
     if loader_batch_size is not None:
         return loader_batch_size
-    if isinstance(batch_sampler, BatchSampler) and isinstance(batch_sampler.batch_size, int):
-        return batch_sampler.batch_size
+    size = getattr(batch_sampler, "batch_size", None)  # a BatchSampler subclass need not set it (accelerate's)
+    if isinstance(batch_sampler, BatchSampler) and isinstance(size, int):
+        return size
     return None
 
 
@@ -56,8 +58,12 @@ def _replayable(batch_sampler: Any) -> bool:
 
 
 def _root(index_sampler: Any) -> Any:
-    """The sampler under a torch BatchSampler (or the index sampler itself)."""
-    return index_sampler.sampler if isinstance(index_sampler, BatchSampler) else index_sampler
+    """The sampler under a torch BatchSampler (or the index sampler itself). A BatchSampler subclass need
+    not have one (accelerate's BatchSamplerShard and SkipBatchSampler wrap a batch sampler instead): it is
+    then its own root, iterated as it is, like torch does."""
+    if isinstance(index_sampler, BatchSampler):
+        return getattr(index_sampler, "sampler", index_sampler)
+    return index_sampler
 
 
 def _rng_state(sampler: Any) -> torch.Tensor:
@@ -206,6 +212,21 @@ class SamplerOrder:
         return epoch, done
 
 
+class GenericPlan:
+    """The generic path's resume state, shared by the loader and the index samplers it hands out (which
+    must not hold the loader: a persistent iterator would then keep a temporary loader, and its worker
+    processes, alive after the caller dropped both). ``pending``: (batches to skip, generator state) set
+    by ``load_state_dict``, used by the next iteration; ``rng``: the generator state the current epoch's
+    RandomSampler drew from; ``position``: (epoch, first batch) of the current iteration, for an Order."""
+
+    __slots__ = ("pending", "rng", "position")
+
+    def __init__(self):
+        self.pending: tuple[int, torch.Tensor | None] | None = None
+        self.rng: torch.Tensor | None = None
+        self.position: tuple[int, int] = (0, 0)
+
+
 class IndexReplay:
     """The generic path's index sampler as the loader hands it to torch's iterator or to the workers.
 
@@ -213,8 +234,8 @@ class IndexReplay:
     its first draw, which is when torch's sampler draws. Once after ``load_state_dict`` it is the saved
     epoch drawn again from that state, from the batch after the checkpoint."""
 
-    def __init__(self, loader: Any, base: Any):
-        self.loader, self.base = loader, base
+    def __init__(self, plan: GenericPlan, base: Any):
+        self.plan, self.base = plan, base
 
     def __len__(self) -> int:
         return len(self.base)
@@ -222,23 +243,45 @@ class IndexReplay:
     def __iter__(self):
         # A generator: nothing happens until the first index is drawn. torch's iterators (and the workers')
         # call iter() once more than they use, before and after drawing their base seed, as torch does.
-        pending, self.loader._generic_pending = self.loader._generic_pending, None
+        pending, self.plan.pending = self.plan.pending, None
         if pending is not None:
             yield from self._replayed(*pending)
             return
         s = _root(self.base)
-        self.loader._generic_rng = _rng_state(s) if type(s) is RandomSampler else None
+        self.plan.rng = _rng_state(s) if type(s) is RandomSampler else None
         yield from self.base
 
     def _replayed(self, done: int, rng: torch.Tensor | None):
         s = _root(self.base)
         draw = lambda: list(self.base)  # noqa: E731
         if type(s) is RandomSampler:
-            self.loader._generic_rng = rng
+            self.plan.rng = rng
             items = _replay(s, rng, draw)
         else:
             items = draw()
         yield from items[done:]
+
+
+class OrderIndices:
+    """The generic path's index sampler when fastload's ``Order`` picks the indices (``rank``/``world_size``,
+    ``seed``, ``order``, or a fastload.Dataset off the fast path): this rank's batches of the iteration's
+    epoch from its first batch, as lists of ints (single ints without automatic batching, where the
+    order's batches hold one sample each), read from ``plan.position`` when the first index is drawn."""
+
+    def __init__(self, order: Any, plan: GenericPlan, batched: bool):
+        self.order, self.plan, self.batched = order, plan, batched
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def __iter__(self):
+        epoch, start = self.plan.position
+        self.order.set_epoch(epoch)
+        for batch in self.order.batches(epoch, start):
+            if self.batched:
+                yield batch.tolist()
+            else:
+                yield from batch.tolist()
 
 
 def generic_state(index_sampler: Any, num_samples: int | None, epoch: int, done: int,
@@ -272,9 +315,11 @@ def load_generic_state(index_sampler: Any, num_samples: int | None, state: dict)
     return epoch, done, (done, rng)
 
 
-class Counted:
+class Counted(_BaseDataLoaderIter):
     """The generic path's iterator, advancing ``progress`` (an ``_order.Progress``: the position
-    ``state_dict`` saves) per batch handed to the loop; everything else is the wrapped iterator's (``inner``)."""
+    ``state_dict`` saves) per batch handed to the loop; everything else is the wrapped iterator's (``inner``).
+    A ``_BaseDataLoaderIter`` by type like torch's iterators (Lightning relies on it); its ``__init__`` does
+    not run (the wrapped iterator did what torch's does)."""
 
     def __init__(self, inner: Any, progress: Any):
         self.inner, self.progress = inner, progress
