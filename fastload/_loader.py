@@ -16,6 +16,7 @@ import warnings
 from typing import TypeVar
 
 import torch
+from torch.utils.data.dataloader import _DatasetKind
 
 from ._batcher import Batcher, NotFastPath
 from ._dataset import Dataset as PackedDataset
@@ -25,9 +26,10 @@ from ._dropin import (check_batch_sampler, check_collate, check_memory_format, c
 from ._prefetch import DevicePrefetcher, DeviceRing, check_device
 from ._ring import Slot, SlotRing
 from ._stats import LoaderStats
-from ._order import Order, Progress, default_seed, dist_info, order_for
-from ._sampling import (Counted, GenericPlan, IndexReplay, SamplerOrder, generic_state, load_generic_state,
-                        slot_batch_size)
+from ._order import Order, Progress, _as_int, default_seed, dist_info, order_for
+from ._sampling import (Counted, GenericPlan, IndexReplay, OrderIndices, SamplerOrder, agreed_seed, check_order_args,
+                        generic_state, load_generic_state, slot_batch_size)
+from ._sequences import PackSequences
 from ._workers import WorkerIterator, fallback_reason
 
 T_co = TypeVar("T_co", covariant=True)
@@ -109,8 +111,9 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         self.device = check_device(device) if device is not None else None  # 'cuda' becomes 'cuda:<current>'
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error={on_error!r} should be 'raise' or 'skip'")
-        # drawn only for the fast path: the generic path leaves torch's generators exactly as torch would
-        self.seed = int(seed) if seed is not None else None
+        # drawn only where fastload's order or augmentation uses it: otherwise the generic path leaves torch's
+        # generators exactly as torch would
+        self.seed = _as_int("seed", seed, 0) if seed is not None else None
         self.on_error = on_error
         self.memory_format = check_memory_format(memory_format)
         self.fast_path_reason: str | None = None
@@ -118,6 +121,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         self._order: Order | None = None
         self._sampled: SamplerOrder | None = None
         self._user_sampler = sampler is not None or batch_sampler is not None
+        check_order_args(sampler, batch_sampler, order, shuffle, rank, world_size)
         self._next_epoch = 0
         self._resume_at = 0
         self._progress = Progress()  # the latest iteration's position, advanced by what hands out its batches
@@ -138,8 +142,10 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             if decoder not in ("native", "auto"):
                 raise ValueError(f"decoder={decoder!r} needs fastload's fast path, which this loader cannot take: "
                                  f"{e}") from None
+            self._order = self._generic_order(dataset, batch_size, shuffle, order, rank, world_size, drop_last,
+                                              window, split, generator)
             if isinstance(dataset, PackedDataset) and dataset.decode:
-                warn_refused(str(e))
+                warn_refused(str(e), self._order)
             self._deciding = False
             self.check_worker_number_rationality()
             return
@@ -159,8 +165,11 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
                               "gives each rank whole shards of its own (split='shards', ~1/world of the data)",
                               RuntimeWarning, stacklevel=2)
         else:
-            self._order = order_for(dataset, batch_size, order or ("random" if shuffle else "sequential"),
-                                    self.seed, *dist_info(rank, world_size), drop_last=drop_last, window=window,
+            kind = order or ("random" if shuffle else "sequential")
+            r, w = dist_info(rank, world_size)
+            if seed is None and kind != "sequential":
+                self.seed = agreed_seed(self.seed, w)  # ranks must shuffle alike
+            self._order = order_for(dataset, batch_size, kind, self.seed, r, w, drop_last=drop_last, window=window,
                                     split=split)
         if auto and self._order is not None:
             from ._autotune import autotune
@@ -169,6 +178,46 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             self._batcher.num_threads = self.num_workers
         elif self.num_workers > 0:
             self.check_worker_number_rationality()
+
+    def _generic_order(self, dataset, batch_size, shuffle, order, rank, world_size, drop_last, window, split,
+                       generator) -> Order | None:
+        """fastload's Order for the generic path, or None where torch's samplers pick the indices, as in torch.
+
+        The semantics are the fast path's (``_order.py``): each rank a disjoint, equal-length share, the same
+        permutation for the same seed, resumable. A fastload.Dataset keeps the order its fast path would have
+        had; any other map-style Dataset takes it when asked for (``seed``, ``order``, ``rank``,
+        ``world_size``, ``split``) or under torch.distributed with more than one process."""
+        asked = {k: v for k, v in dict(seed=self.seed, order=order, rank=rank, world_size=world_size,
+                                       split=split).items() if v is not None}
+        named = ", ".join(f"{k}={v!r}" for k, v in asked.items())
+        if self._dataset_kind == _DatasetKind.Iterable:
+            if asked:
+                raise ValueError(f"{named} cannot apply to an IterableDataset ({type(dataset).__name__}): it yields "
+                                 f"its own samples in its own order, so fastload cannot shuffle or split them; do "
+                                 f"that in its __iter__ (torch.distributed.get_rank(), "
+                                 f"torch.utils.data.get_worker_info()), or use a map-style Dataset")
+            return None
+        if self._user_sampler:
+            return None  # the sampler owns the order (check_order_args refused what it cannot honour)
+        r, w = dist_info(rank, world_size)
+        packed = isinstance(dataset, PackedDataset)
+        if not (packed or asked or w > 1):
+            return None
+        n = self._num_samples()
+        if n is None:
+            if not asked:
+                return None
+            raise TypeError(f"{named} needs the dataset's length: {type(dataset).__name__} has no __len__")
+        kind = order or ("random" if shuffle else "sequential")
+        if self.seed is None:
+            self.seed = default_seed(generator)
+            if kind != "sequential":
+                self.seed = agreed_seed(self.seed, w)  # ranks must shuffle alike
+        size = batch_size or 1  # without automatic batching, batches of one sample
+        if packed and not any(isinstance(t, PackSequences) for t in dataset.sequences.values()):
+            return order_for(dataset, size, kind, self.seed, r, w, drop_last=drop_last, window=window, split=split)
+        return Order(n, size, kind=kind, seed=self.seed, rank=r, world_size=w, drop_last=drop_last, window=window,
+                     split=split or "samples")
 
     def check_worker_number_rationality(self) -> None:
         """torch's advice fits worker processes; on the fast path ``num_workers`` counts native threads."""
@@ -220,7 +269,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         With a sampler driving the order (and on the generic path) the state is a position in the
         sampler's order (see ``_sampling.py``); Lightning and accelerate's ``save_state`` call this."""
         epoch, done = self._progress.epoch, self._progress.done
-        if self._batcher is None:
+        if self._order is None and self._sampled is None:
             return generic_state(self._torch_index_sampler(), self._num_samples(), epoch, done, self._plan.rng)
         if done >= len(self):
             epoch, done = epoch + 1, 0
@@ -229,7 +278,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         return self._order.state_dict(done) | {"epoch": epoch}
 
     def load_state_dict(self, state: dict) -> None:
-        if self._batcher is None:
+        if self._order is None and self._sampled is None:
             self._next_epoch, self._resume_at, self._plan.pending = load_generic_state(
                 self._torch_index_sampler(), self._num_samples(), state)
         elif self._sampled is not None:
@@ -253,7 +302,11 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         """What torch's iterator and the generic path's workers draw indices from: on the generic path the
         sampler, replayed from the next batch once after ``load_state_dict`` (``IndexReplay``)."""
         base = self._torch_index_sampler()
-        return base if self._batcher is not None else IndexReplay(self._plan, base)
+        if self._batcher is not None:
+            return base
+        if self._order is not None:
+            return OrderIndices(self._order, self._plan, self._auto_collation)
+        return IndexReplay(self._plan, base)
 
     def _num_samples(self) -> int | None:
         try:
@@ -306,6 +359,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         if self._batcher is None:
             epoch, start = self._next_epoch, self._resume_at
             self._next_epoch, self._resume_at = epoch + 1, 0
+            self._plan.position = (epoch, start)
             it = self._generic_iter()
             if self._on_device():
                 it = DevicePrefetcher(it, depth=self.prefetch_factor or 2, ring=self._device_slots())

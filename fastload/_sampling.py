@@ -36,7 +36,7 @@ import torch
 from torch.utils.data import BatchSampler, DistributedSampler, RandomSampler, SequentialSampler
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
-from ._order import _BATCH_STREAM, _key
+from ._order import _BATCH_STREAM, KINDS, _key
 
 STATE_VERSION = 1
 REPLAYABLE = (SequentialSampler, RandomSampler, DistributedSampler)
@@ -117,6 +117,48 @@ def _check_state(state: Any, driver: str, mine: dict, done_ok: bool, position: s
                          f"checkpoint, or use DistributedSampler, RandomSampler or SequentialSampler (alone or in "
                          f"torch's BatchSampler), or no sampler")
     return epoch, done
+
+
+def check_order_args(sampler: Any, batch_sampler: Any, order: str | None, shuffle: bool | None, rank: int | None,
+                     world_size: int | None) -> None:
+    """Refuse, by name, what fastload's order arguments ask for that a user's sampler would silently override."""
+    if order is not None and order not in KINDS:
+        raise ValueError(f"order={order!r} should be one of {', '.join(map(repr, KINDS))} (or None: from shuffle)")
+    if order == "sequential" and shuffle:
+        raise ValueError("shuffle=True and order='sequential' contradict each other: give one of them")
+    given = sampler if sampler is not None else batch_sampler
+    if given is None:
+        return
+    what = f"{'sampler' if sampler is not None else 'batch_sampler'}={type(given).__name__}"
+    if order is not None:
+        raise ValueError(f"order={order!r} cannot apply with {what}: the sampler picks every index and their order. "
+                         f"Drop order=, or drop the sampler (fastload then orders and splits the samples itself; "
+                         f"under Lightning, Trainer(use_distributed_sampler=False) keeps it from injecting one)")
+    if rank is None and world_size is None:
+        return
+    s = _root(given) if sampler is None else given
+    if isinstance(s, DistributedSampler) and rank in (None, s.rank) and world_size in (None, s.num_replicas):
+        return  # the sampler already splits the data as asked
+    named = ", ".join(f"{k}={v}" for k, v in (("rank", rank), ("world_size", world_size)) if v is not None)
+    raise ValueError(f"{named} cannot apply with {what}: the sampler picks every index, so fastload cannot split them "
+                     f"by rank. Use DistributedSampler(dataset, num_replicas=world_size, rank=rank), or drop the "
+                     f"sampler (fastload then splits the samples itself)")
+
+
+def agreed_seed(seed: int, world_size: int) -> int:
+    """``seed`` (drawn by this process) as rank 0 drew it: ranks that shuffled with permutations of their own
+    would read overlapping shares. Under torch.distributed rank 0's draw is broadcast (every rank builds the
+    loader, as with DistributedSampler); without it no process can agree with the others: refused."""
+    if world_size == 1:
+        return seed
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ValueError(f"world_size={world_size} with shuffling and no seed=: each process would draw its own "
+                         f"permutation and the ranks' shares would overlap; pass the same seed= on every rank")
+    box = [seed]
+    dist.broadcast_object_list(box, src=0)
+    return int(box[0])
 
 
 class SamplerOrder:
