@@ -16,7 +16,8 @@ import warnings
 from typing import TypeVar
 
 import torch
-from torch.utils.data.dataloader import _DatasetKind
+from torch.utils.data import IterableDataset
+from torch.utils.data.dataloader import _BaseDataLoaderIter, _DatasetKind
 
 from ._batcher import Batcher, NotFastPath
 from ._dataset import Dataset as PackedDataset
@@ -27,8 +28,9 @@ from ._prefetch import DevicePrefetcher, DeviceRing, check_device
 from ._ring import Slot, SlotRing
 from ._stats import LoaderStats
 from ._order import Order, Progress, _as_int, default_seed, dist_info, order_for
-from ._sampling import (Counted, GenericPlan, IndexReplay, OrderIndices, SamplerOrder, agreed_seed, check_order_args,
-                        generic_state, load_generic_state, slot_batch_size)
+from ._sampling import (Counted, EpochInput, EpochRandomSampler, EpochSequentialSampler, GenericPlan, IndexReplay,
+                        OrderIndices, SamplerOrder, _root, agreed_seed, check_order_args, generic_state,
+                        load_generic_state, slot_batch_size)
 from ._sequences import PackSequences
 from ._workers import WorkerIterator, fallback_reason
 
@@ -61,6 +63,18 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     On the fast path ``num_workers`` is the number of native decode threads (0 decodes in the calling
     thread; ``"auto"`` measures the best count once per dataset and machine, see ``_autotune.py``);
     batches depend only on (seed, epoch, rank, world size), never on ``num_workers``.
+
+    Off the fast path, ``seed``, ``order``, ``rank``/``world_size`` (or torch.distributed's, with more than
+    one process) keep their meaning: the same Order picks the indices that torch's iterator or the worker
+    processes fetch (``_generic_order``); with none of them torch's samplers run, as in torch. What cannot be
+    honoured is refused by name (``_sampling.check_order_args``).
+
+    Resume: ``state_dict()`` is a position (epoch, batches done) and loads on any rank. The epoch is an input
+    like ``DistributedSampler``'s: the next iteration runs the epoch ``set_epoch`` named last -- on the loader,
+    on the sampler the loader made when given none (Lightning calls ``loader.sampler.set_epoch`` at every
+    epoch's start, and after an end-of-epoch checkpoint loads no loader state), or on a user's
+    ``DistributedSampler`` -- else the one after the last. So under Lightning a resumed run sees the batches
+    an uninterrupted one sees, at epoch ends and mid-epoch (``_begin_epoch``).
     """
 
     # What a loader whose __init__ was torch's has (a subclass calling torch.utils.data.DataLoader.__init__,
@@ -78,6 +92,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     _user_sampler = False
     _next_epoch = 0
     _resume_at = 0
+    _sampler_epoch_seen = 0  # a user's DistributedSampler's epoch at the last iteration (or set_epoch, or load)
     _ring = None
     _device_ring = None
     _deciding = False  # inside fastload's __init__, until it knows its path
@@ -104,7 +119,14 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
                              f"(torch refuses it too); prefetch_factor is the batches each worker keeps ready "
                              f"and should be >= 1, or None for the default 2")
         self._deciding = True  # torch's __init__ checks num_workers; fastload does once it knows its path
-        super().__init__(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn, pin_memory,
+        self._user_sampler = sampler is not None or batch_sampler is not None
+        check_order_args(sampler, batch_sampler, order, shuffle, rank, world_size)
+        given = sampler
+        if not self._user_sampler and not isinstance(dataset, IterableDataset):
+            # torch's default samplers, plus set_epoch: how Lightning's epoch reaches the loader (EpochInput)
+            given = EpochRandomSampler(dataset, generator=generator) if shuffle else EpochSequentialSampler(dataset)
+        super().__init__(dataset, batch_size, None if given is not sampler else shuffle, given, batch_sampler,
+                         num_workers, collate_fn, pin_memory,
                          drop_last, timeout, worker_init_fn, multiprocessing_context, generator,
                          prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
                          pin_memory_device=pin_memory_device, in_order=in_order)
@@ -120,8 +142,6 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         self._batcher: Batcher | None = None
         self._order: Order | None = None
         self._sampled: SamplerOrder | None = None
-        self._user_sampler = sampler is not None or batch_sampler is not None
-        check_order_args(sampler, batch_sampler, order, shuffle, rank, world_size)
         self._next_epoch = 0
         self._resume_at = 0
         self._progress = Progress()  # the latest iteration's position, advanced by what hands out its batches
@@ -257,11 +277,44 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
 
     # -- epochs and resume -------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
-        """Like ``DistributedSampler.set_epoch``: the next iteration runs this epoch's order."""
-        self._next_epoch = int(epoch)
-        self._resume_at = 0
-        if self._user_sampler and hasattr(self.sampler, "set_epoch"):
-            self.sampler.set_epoch(epoch)
+        """Like ``DistributedSampler.set_epoch``: the next iteration runs this epoch's order (from the position a
+        loaded state holds, when it is that state's epoch)."""
+        self._adopt_epoch(_as_int("epoch", epoch, 0))
+        driver = self._driver()
+        if self._user_sampler and hasattr(driver, "set_epoch"):
+            driver.set_epoch(epoch)
+            self._sampler_epoch_seen = getattr(driver, "epoch", 0)
+
+    def _driver(self):
+        """The sampler that picks the indices (under a batch sampler, its sampler)."""
+        return _root(self._torch_index_sampler())
+
+    def _adopt_epoch(self, epoch: int) -> None:
+        if epoch != self._next_epoch:  # another epoch: a loaded mid-epoch position no longer applies
+            self._next_epoch, self._resume_at = epoch, 0
+            self._plan.pending = None
+            if self._sampled is not None:
+                self._sampled._replay = None
+
+    def _begin_epoch(self) -> tuple[int, int]:
+        """(epoch, first batch) of the iteration starting now; the next one defaults to the epoch after.
+
+        The epoch is an input, as for DistributedSampler: the one set last -- by ``set_epoch`` on the loader,
+        on the sampler the loader made (Lightning's call at each epoch's start, ``EpochInput``), or on a user's
+        sampler that has an epoch (a change to DistributedSampler's since the last iteration) -- else the
+        last iteration's plus one. So a run resumed by Lightning from an end-of-epoch checkpoint, where no
+        loader state is loaded, runs the same epochs as the uninterrupted run; a mid-epoch one loads its state."""
+        driver = self._driver()
+        if isinstance(driver, EpochInput) and driver.pending_epoch is not None:
+            self._adopt_epoch(driver.pending_epoch)
+            driver.pending_epoch = None
+        elif self._user_sampler and isinstance(getattr(driver, "epoch", None), int) \
+                and driver.epoch != self._sampler_epoch_seen:
+            self._sampler_epoch_seen = driver.epoch
+            self._adopt_epoch(driver.epoch)
+        epoch, start = self._next_epoch, self._resume_at
+        self._next_epoch, self._resume_at = epoch + 1, 0
+        return epoch, start
 
     def state_dict(self) -> dict:
         """Where the loader is: restoring it yields exactly the batches that would have come next.
@@ -291,6 +344,10 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             self._resume_at = self._order.load_state_dict(state)
             self._next_epoch = self._order.epoch
         self._progress = Progress(self._next_epoch, self._resume_at)
+        driver = self._driver()
+        if isinstance(driver, EpochInput):
+            driver.pending_epoch = None  # the state says which epoch comes next
+        self._sampler_epoch_seen = getattr(driver, "epoch", 0)
 
     def _torch_index_sampler(self):
         # torch's property through the class this one derives from, never through the module attribute:
@@ -356,18 +413,22 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         return self.device is not None and self.device.type == "cuda"
 
     def __iter__(self):
+        if self._batcher is not None:  # what torch says or refuses at iter(), said at iter()
+            warn_pin_memory(self.pin_memory)
+            check_worker_init_fn(self.worker_init_fn)  # Lightning sets it after construction
+        return LazyStart(self)
+
+    def _start(self):
+        """The iteration's real iterator, made at its first ``next()`` (``LazyStart``)."""
         if self._batcher is None:
-            epoch, start = self._next_epoch, self._resume_at
-            self._next_epoch, self._resume_at = epoch + 1, 0
+            epoch, start = self._begin_epoch()
             self._plan.position = (epoch, start)
             it = self._generic_iter()
             if self._on_device():
                 it = DevicePrefetcher(it, depth=self.prefetch_factor or 2, ring=self._device_slots())
             self._progress = Progress(epoch, start)
             return Counted(it, self._progress)  # counts what the loop receives
-        warn_pin_memory(self.pin_memory)
-        check_worker_init_fn(self.worker_init_fn)  # Lightning sets it after construction
-        epoch, start = self._next_epoch, self._resume_at
+        epoch, start = self._begin_epoch()
         if self._order is not None:
             self._order.set_epoch(epoch)
             batches = self._order.batches(epoch, start)
@@ -375,7 +436,6 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         else:
             batches = iter(self._sampled.epoch_batches()[start:])  # drawn here, in the caller's thread
             rng_for = lambda b: self._sampled.batch_rng(epoch, b)  # noqa: E731
-        self._next_epoch, self._resume_at = epoch + 1, 0
         if not self._batcher.needs_rng:
             rng_for = lambda b: None  # noqa: E731  (a Generator per batch costs more than a tiny batch)
         batches = self.dataset._reading(batches)  # a remote dataset downloads the coming batches' shards ahead
@@ -432,3 +492,38 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     def stats_summary(self) -> str:
         """One line: throughput, the share of time the loop waited for data, whether it is input-bound."""
         return self._stats.summary()
+
+
+class LazyStart(_BaseDataLoaderIter):
+    """What ``iter(loader)`` returns: the iteration starts (its epoch is fixed, the sampler drawn, workers or
+    the producer thread started) at the first ``next()`` or look inside, not at ``iter()``. Lightning calls
+    ``iter(loader)`` before it calls ``set_epoch`` for a run's first epoch (a resumed one's too): decided at
+    ``iter()``, the epoch would be the wrong one; torch's single-process iterator is as lazy. A
+    ``_BaseDataLoaderIter`` by type, as torch's iterators (Lightning checks it); its ``__init__`` does not run."""
+
+    def __init__(self, loader: DataLoader):
+        self._loader = loader  # dropped once started: a temporary loader then goes with its iterator
+        self._inner = None
+
+    def _started(self):
+        if self._inner is None:
+            self._inner, self._loader = self._loader._start(), None
+        return self._inner
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return next(self._inner if self._inner is not None else self._started())
+
+    def __len__(self) -> int:
+        return len(self._inner) if self._inner is not None else len(self._loader)
+
+    def close(self) -> None:
+        if self._inner is not None and hasattr(self._inner, "close"):
+            self._inner.close()
+
+    def __getattr__(self, name: str):
+        if name.startswith("__") or name in ("_inner", "_loader"):
+            raise AttributeError(name)
+        return getattr(self._started(), name)

@@ -12,7 +12,8 @@ What that means for determinism and resume:
   draws from its ``generator`` (or from torch's global generator when it has none) as in torch;
   ``SequentialSampler`` is ``0 .. n-1``. fastload's ``seed`` does not change it.
 * the *augmentation* (random crops and flips) is fastload's: keyed by (seed, epoch, rank, batch), where
-  epoch is the loader's (one per ``iter``, or ``set_epoch``) and rank the sampler's.
+  epoch is the loader's (one per ``iter``, or ``set_epoch``; a change of a DistributedSampler's epoch, as
+  Lightning makes each epoch, is the loader's too: see ``DataLoader._begin_epoch``) and rank the sampler's.
 * ``state_dict()`` is a position: (epoch, batches done), the sampler's settings, and for
   ``RandomSampler`` the state of the generator it drew the epoch from. ``load_state_dict()`` replays
   the epoch's order and skips the batches already done, so the batches that follow are exactly those
@@ -39,7 +40,34 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter
 from ._order import _BATCH_STREAM, KINDS, _key
 
 STATE_VERSION = 1
-REPLAYABLE = (SequentialSampler, RandomSampler, DistributedSampler)
+
+
+class EpochInput:
+    """``set_epoch`` on the samplers fastload's loader makes when it is given none: Lightning calls
+    ``loader.sampler.set_epoch(epoch)`` at the start of every epoch (it never calls the loader's), and this is
+    how the loader learns Lightning's epoch, also in a process resumed from an end-of-epoch checkpoint, where
+    it restores no loader state. The loader takes the value when its next iteration starts."""
+
+    pending_epoch: int | None = None
+
+    def set_epoch(self, epoch: int) -> None:
+        self.pending_epoch = operator.index(epoch)
+
+
+class EpochSequentialSampler(EpochInput, SequentialSampler):
+    """torch's SequentialSampler, the same indices, plus ``EpochInput.set_epoch``."""
+
+    state_name = "SequentialSampler"
+
+
+class EpochRandomSampler(EpochInput, RandomSampler):
+    """torch's RandomSampler, the same draws from the same generator, plus ``EpochInput.set_epoch``."""
+
+    state_name = "RandomSampler"
+
+
+RANDOM = (RandomSampler, EpochRandomSampler)
+REPLAYABLE = (SequentialSampler, RandomSampler, DistributedSampler, EpochSequentialSampler, EpochRandomSampler)
 
 
 def slot_batch_size(loader_batch_size: int | None, batch_sampler: Any) -> int | None:
@@ -88,7 +116,7 @@ def _replay(sampler: Any, saved: torch.Tensor, draw):
 
 def _sampler_config(index_sampler: Any, num_samples: int | None) -> dict:
     s = _root(index_sampler)
-    cfg: dict = {"sampler": type(s).__name__, "batch_sampler": type(index_sampler).__name__,
+    cfg: dict = {"sampler": getattr(s, "state_name", type(s).__name__), "batch_sampler": type(index_sampler).__name__,
                  "num_samples": num_samples, "batch_size": getattr(index_sampler, "batch_size", None),
                  "drop_last": bool(getattr(index_sampler, "drop_last", False))}
     try:
@@ -185,7 +213,7 @@ class SamplerOrder:
     def epoch_batches(self) -> list[np.ndarray]:
         """This epoch's index batches, drawn now (in the calling thread, like torch's iterator)."""
         s = self.sampler
-        if type(s) is RandomSampler:
+        if type(s) in RANDOM:
             if self._replay is not None:  # a resumed epoch: draw it again from the saved generator state
                 self._rng_state, self._replay = self._replay, None
                 return _replay(s, self._rng_state, self._draw)
@@ -231,7 +259,7 @@ class SamplerOrder:
         s = self.sampler
         if isinstance(s, DistributedSampler):
             state["sampler_epoch"] = int(s.epoch)
-        if type(s) is RandomSampler and batches_done and self._rng_state is not None:
+        if type(s) in RANDOM and batches_done and self._rng_state is not None:
             state["rng_state"] = self._rng_state
         return state
 
@@ -245,7 +273,7 @@ class SamplerOrder:
         if isinstance(s, DistributedSampler):
             s.set_epoch(int(state["sampler_epoch"]))
         self._replay = None
-        if type(s) is RandomSampler and done:
+        if type(s) in RANDOM and done:
             rng = state.get("rng_state")
             if not isinstance(rng, torch.Tensor):
                 raise ValueError("the state has no 'rng_state' for its RandomSampler; pass the dict state_dict() "
@@ -290,13 +318,13 @@ class IndexReplay:
             yield from self._replayed(*pending)
             return
         s = _root(self.base)
-        self.plan.rng = _rng_state(s) if type(s) is RandomSampler else None
+        self.plan.rng = _rng_state(s) if type(s) in RANDOM else None
         yield from self.base
 
     def _replayed(self, done: int, rng: torch.Tensor | None):
         s = _root(self.base)
         draw = lambda: list(self.base)  # noqa: E731
-        if type(s) is RandomSampler:
+        if type(s) in RANDOM:
             self.plan.rng = rng
             items = _replay(s, rng, draw)
         else:
@@ -335,7 +363,7 @@ def generic_state(index_sampler: Any, num_samples: int | None, epoch: int, done:
              "replayable": replayable, **_sampler_config(index_sampler, num_samples)}
     if isinstance(s, DistributedSampler):
         state["sampler_epoch"] = int(s.epoch)
-    if type(s) is RandomSampler and done and rng is not None:
+    if type(s) in RANDOM and done and rng is not None:
         state["rng_state"] = rng
     return state
 
@@ -351,7 +379,7 @@ def load_generic_state(index_sampler: Any, num_samples: int | None, state: dict)
     if not done:
         return epoch, 0, None
     rng = state.get("rng_state")
-    if type(s) is RandomSampler and not isinstance(rng, torch.Tensor):
+    if type(s) in RANDOM and not isinstance(rng, torch.Tensor):
         raise ValueError("the state has no 'rng_state' for its RandomSampler; pass the dict state_dict() returned, "
                          "unchanged")
     return epoch, done, (done, rng)
