@@ -378,7 +378,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         into its own DataLoaderShard, which loses the fast path: that rebuild is said, not silent
         (``fastload.accelerate.prepare`` sets the mark, and the loader is then kept as it is)."""
         ready = self.__dict__.get("_accelerate_ready", False)
-        if not ready and self._batcher is not None and not self.__dict__.get("_accelerate_warned"):
+        lost = self._batcher is not None or self._order is not None  # the fast path, or fastload's order
+        if not ready and lost and not self.__dict__.get("_accelerate_warned"):
             self.__dict__["_accelerate_warned"] = True  # once per loader
             warn_accelerate_rebuild()
         return ready
