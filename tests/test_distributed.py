@@ -74,7 +74,8 @@ def _rank(rank: int, port: int, root: str, out) -> None:
         for name, make in made.items():
             for nw in (0, 2):
                 dl = make(7, nw)
-                result[(name, nw)] = dict(fast=dl.fast_path, len=len(dl), epochs=[ids(dl, keys[name]) for _ in range(2)],
+                epochs = [ids(dl, keys[name]) for _ in range(2)]
+                result[(name, nw)] = dict(fast=dl.fast_path, len=len(dl), epochs=epochs,
                                           again=ids(make(7, nw), keys[name]))
         out.put((rank, result))
     finally:

@@ -57,7 +57,8 @@ def test_bad_arguments(packed, kwargs, words):
 
 @pytest.mark.parametrize("make, words", [
     (lambda ds: dict(sampler=SequentialSampler(ds), shuffle=True), ["sampler", "shuffle"]),
-    (lambda ds: dict(sampler=RandomSampler(ds), rank=1, world_size=2), ["rank=1", "world_size=2", "sampler=RandomSampler"]),
+    (lambda ds: dict(sampler=RandomSampler(ds), rank=1, world_size=2),
+     ["rank=1", "world_size=2", "sampler=RandomSampler"]),
     (lambda ds: dict(sampler=DistributedSampler(ds, num_replicas=2, rank=0), rank=1), ["rank=1", "DistributedSampler"]),
     (lambda ds: dict(sampler=SequentialSampler(ds), order="random"), ["order='random'", "sampler=SequentialSampler"]),
     (lambda ds: dict(batch_sampler=torch.utils.data.BatchSampler(SequentialSampler(ds), 2, False), world_size=2,
