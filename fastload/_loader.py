@@ -414,21 +414,28 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         return self.device is not None and self.device.type == "cuda"
 
     def __iter__(self):
-        if self._batcher is not None:  # what torch says or refuses at iter(), said at iter()
-            warn_pin_memory(self.pin_memory)
-            check_worker_init_fn(self.worker_init_fn)  # Lightning sets it after construction
-        return LazyStart(self)
-
-    def _start(self):
-        """The iteration's real iterator, made at its first ``next()`` (``LazyStart``)."""
+        # The iteration's epoch is fixed, and its first indices drawn, at the first next(), not here: Lightning
+        # calls iter(loader) before set_epoch for a run's first epoch (a resumed run's too), and torch's
+        # single-process iterator draws that late as well. The generic path still makes torch's iterator (or
+        # starts its workers) here, through _get_iterator, as torch does.
         if self._batcher is None:
-            epoch, start = self._begin_epoch()
-            self._plan.position = (epoch, start)
+            progress = self._progress = Progress(self._next_epoch, self._resume_at)  # until the first next()
+
+            def begin() -> None:
+                epoch, start = self._begin_epoch()
+                self._plan.position = (epoch, start)
+                progress.epoch, progress.done = epoch, start
+
             it = self._generic_iter()
             if self._on_device():
                 it = DevicePrefetcher(it, depth=self.prefetch_factor or 2, ring=self._device_slots())
-            self._progress = Progress(epoch, start)
-            return Counted(it, self._progress)  # counts what the loop receives
+            return Counted(it, progress, begin)  # counts what the loop receives
+        warn_pin_memory(self.pin_memory)  # what torch says or refuses at iter(), said at iter()
+        check_worker_init_fn(self.worker_init_fn)  # Lightning sets it after construction
+        return LazyStart(self)
+
+    def _start(self):
+        """The fast path's iterator, made at the iteration's first ``next()`` (``LazyStart``)."""
         epoch, start = self._begin_epoch()
         if self._order is not None:
             self._order.set_epoch(epoch)
@@ -496,11 +503,10 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
 
 
 class LazyStart(_BaseDataLoaderIter):
-    """What ``iter(loader)`` returns: the iteration starts (its epoch is fixed, the sampler drawn, workers or
-    the producer thread started) at the first ``next()`` or look inside, not at ``iter()``. Lightning calls
-    ``iter(loader)`` before it calls ``set_epoch`` for a run's first epoch (a resumed one's too): decided at
-    ``iter()``, the epoch would be the wrong one; torch's single-process iterator is as lazy. A
-    ``_BaseDataLoaderIter`` by type, as torch's iterators (Lightning checks it); its ``__init__`` does not run."""
+    """What ``iter(loader)`` returns on the fast path: the iteration starts (its epoch fixed, the sampler drawn,
+    the producer thread started) at the first ``next()`` or look inside, not at ``iter()`` (see
+    ``DataLoader.__iter__``). A ``_BaseDataLoaderIter`` by type, as torch's iterators (Lightning checks it);
+    its ``__init__`` does not run."""
 
     def __init__(self, loader: DataLoader):
         self._loader = loader  # dropped once started: a temporary loader then goes with its iterator

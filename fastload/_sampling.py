@@ -388,16 +388,20 @@ def load_generic_state(index_sampler: Any, num_samples: int | None, state: dict)
 class Counted(_BaseDataLoaderIter):
     """The generic path's iterator, advancing ``progress`` (an ``_order.Progress``: the position
     ``state_dict`` saves) per batch handed to the loop; everything else is the wrapped iterator's (``inner``).
-    A ``_BaseDataLoaderIter`` by type like torch's iterators (Lightning relies on it); its ``__init__`` does
-    not run (the wrapped iterator did what torch's does)."""
+    ``begin`` runs before the first batch is asked of ``inner`` (the loader fixes the epoch then; ``inner``
+    draws its first indices no earlier). A ``_BaseDataLoaderIter`` by type like torch's iterators (Lightning
+    relies on it); its ``__init__`` does not run (the wrapped iterator did what torch's does)."""
 
-    def __init__(self, inner: Any, progress: Any):
-        self.inner, self.progress = inner, progress
+    def __init__(self, inner: Any, progress: Any, begin: Any = None):
+        self.inner, self.progress, self._begin = inner, progress, begin
 
     def __iter__(self):
         return self
 
     def __next__(self):
+        if self._begin is not None:
+            begin, self._begin = self._begin, None  # dropped: it holds the loader
+            begin()
         try:
             batch = next(self.inner)
         except StopIteration:

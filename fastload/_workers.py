@@ -321,12 +321,20 @@ class WorkerIterator(_BaseDataLoaderIter):
                     acks -= 1
                 else:
                     self._discard(w, msg)
-        for _ in range(self._prefetch_factor * nw):
+        self._primed = False  # the first tasks go out with the first next(), see prime()
+
+    def _prime(self) -> None:
+        """Send the epoch's first ``prefetch_factor * num_workers`` tasks. At the first ``next()``, not at
+        ``iter()``: the loader fixes the epoch (and a sampler its order) no earlier (``Counted``)."""
+        self._primed = True
+        for _ in range(self._prefetch_factor * self._num_workers):
             self._try_put_index()
 
     # -- batches -----------------------------------------------------------------------------------
     def __next__(self):
         try:
+            if not self._primed and not self._shutdown:
+                self._prime()
             self._scan()
             data = self._next_data()
         except KeyboardInterrupt:

@@ -371,7 +371,7 @@ def test_ctrl_c_while_workers_start(packed_images_by_format, monkeypatch):
 
     monkeypatch.setattr(popen_fork.Popen, "_launch", launch)
     with pytest.raises(KeyboardInterrupt):
-        next(iter(loader))  # the workers start with the first batch asked for (LazyStart)
+        iter(loader)
     monkeypatch.undo()
     del loader
     assert not left_behind(before, packed_images_by_format, timeout=0.5)
