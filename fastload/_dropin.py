@@ -34,7 +34,7 @@ def check_collate(collate_fn: Any) -> None:
 
 def check_batch_sampler(batch_sampler: Any) -> None:
     if batch_sampler is not None and not (isinstance(batch_sampler, BatchSampler)
-                                          and isinstance(batch_sampler.batch_size, int)):
+                                          and isinstance(getattr(batch_sampler, "batch_size", None), int)):
         raise NotFastPath(f"a custom batch_sampler ({type(batch_sampler).__name__}, not a torch BatchSampler with a "
                           f"fixed batch_size) can give batches of any size")
 
@@ -61,10 +61,17 @@ def check_worker_init_fn(fn: Any) -> None:
         f"Dataset that is not a fastload.Dataset (the generic path calls worker_init_fn in each worker, like torch)")
 
 
-def warn_refused(reason: str, stacklevel: int = 3) -> None:
+def warn_refused(reason: str, order: Any = None, stacklevel: int = 3) -> None:
+    """``order``: the generic path's ``_order.Order`` (None: a sampler of the user's picks the indices)."""
+    if order is None:
+        kept = "the order is the sampler's, as on the fast path"
+    else:
+        split = f", rank {order.rank} of {order.world_size}" if order.world_size > 1 else ""
+        kept = (f"the order, seed and rank split stay fastload's ({order.kind}, seed={order.seed}{split}): the same "
+                f"samples in the same batches as the fast path, resumable the same way")
     warnings.warn(f"fastload.DataLoader is not on the fast path for this fastload.Dataset: {reason}. It takes the "
-                  f"generic path (per-sample decoding in Python, like torch's DataLoader), which is much slower. "
-                  f"Silence with warnings.filterwarnings('ignore', category=fastload.FastPathWarning)",
+                  f"generic path: per-sample decoding in Python, like torch's DataLoader, which is much slower; "
+                  f"{kept}. Silence with warnings.filterwarnings('ignore', category=fastload.FastPathWarning)",
                   FastPathWarning, stacklevel=stacklevel)
 
 

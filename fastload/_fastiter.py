@@ -33,6 +33,7 @@ from typing import Any, Iterator
 
 import numpy as np
 import torch
+from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from ._dropin import contiguous_images
 
@@ -94,7 +95,7 @@ class _Producer:
         return False
 
 
-class FastIterator:
+class FastIterator(_BaseDataLoaderIter):  # a torch DataLoader iterator by type (Lightning checks); no base __init__
     def __init__(self, loader: Any, epoch: int, start: int, batches: Iterator[np.ndarray], rng_for,
                  progress: Any = None, tensor_transforms: bool = True):
         self.loader = loader

@@ -16,6 +16,8 @@ import warnings
 from typing import TypeVar
 
 import torch
+from torch.utils.data import IterableDataset
+from torch.utils.data.dataloader import _BaseDataLoaderIter, _DatasetKind
 
 from ._batcher import Batcher, NotFastPath
 from ._dataset import Dataset as PackedDataset
@@ -25,9 +27,12 @@ from ._dropin import (check_batch_sampler, check_collate, check_memory_format, c
 from ._prefetch import DevicePrefetcher, DeviceRing, check_device
 from ._ring import Slot, SlotRing
 from ._stats import LoaderStats
-from ._order import Order, Progress, default_seed, dist_info, order_for
-from ._sampling import Counted, IndexReplay, SamplerOrder, generic_state, load_generic_state, slot_batch_size
-from ._workers import generic_iterator
+from ._order import Order, Progress, _as_int, default_seed, dist_info, order_for
+from ._sampling import (Counted, EpochInput, EpochRandomSampler, EpochSequentialSampler, GenericPlan, IndexReplay,
+                        OrderIndices, SamplerOrder, _root, agreed_seed, check_order_args, generic_state,
+                        load_generic_state, slot_batch_size)
+from ._sequences import PackSequences
+from ._workers import WorkerIterator, fallback_reason
 
 T_co = TypeVar("T_co", covariant=True)
 
@@ -58,7 +63,47 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     On the fast path ``num_workers`` is the number of native decode threads (0 decodes in the calling
     thread; ``"auto"`` measures the best count once per dataset and machine, see ``_autotune.py``);
     batches depend only on (seed, epoch, rank, world size), never on ``num_workers``.
+
+    Off the fast path, ``seed``, ``order``, ``rank``/``world_size`` (or torch.distributed's, with more than
+    one process) keep their meaning: the same Order picks the indices that torch's iterator or the worker
+    processes fetch (``_generic_order``); with none of them torch's samplers run, as in torch. What cannot be
+    honoured is refused by name (``_sampling.check_order_args``).
+
+    Resume: ``state_dict()`` is a position (epoch, batches done) and loads on any rank. The epoch is an input
+    like ``DistributedSampler``'s: the next iteration runs the epoch ``set_epoch`` named last -- on the loader,
+    on the sampler the loader made when given none (Lightning calls ``loader.sampler.set_epoch`` at every
+    epoch's start, and after an end-of-epoch checkpoint loads no loader state), or on a user's
+    ``DistributedSampler`` -- else the one after the last. So under Lightning a resumed run sees the batches
+    an uninterrupted one sees, at epoch ends and mid-epoch (``_begin_epoch``).
     """
+
+    # What a loader whose __init__ was torch's has (a subclass calling torch.utils.data.DataLoader.__init__,
+    # torchdata's StatefulDataLoader under a global swap): the generic path, as torch. The mutable ones are
+    # made on first use (__getattr__).
+    device = None
+    seed = None
+    on_error = "raise"
+    memory_format = torch.channels_last
+    decoder = "native"
+    fast_path_reason = "built by torch.utils.data.DataLoader.__init__, not fastload.DataLoader's"
+    _batcher = None
+    _order = None
+    _sampled = None
+    _user_sampler = False
+    _next_epoch = 0
+    _resume_at = 0
+    _sampler_epoch_seen = 0  # a user's DistributedSampler's epoch at the last iteration (or set_epoch, or load)
+    _ring = None
+    _device_ring = None
+    _deciding = False  # inside fastload's __init__, until it knows its path
+    _LAZY = {"_progress": Progress, "_plan": GenericPlan, "_stats": LoaderStats, "_fill_policy": FillPolicy}
+
+    def __getattr__(self, name: str):
+        make = type(self)._LAZY.get(name)
+        if make is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        value = self.__dict__[name] = make()
+        return value
 
     def __init__(self, dataset, batch_size=1, shuffle=None, sampler=None, batch_sampler=None, num_workers=0,
                  collate_fn=None, pin_memory=False, drop_last=False, timeout=0, worker_init_fn=None,
@@ -69,27 +114,38 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         auto = isinstance(num_workers, str) and num_workers == "auto"
         if auto:
             num_workers = os.cpu_count() or 1  # replaced by the measured choice on the fast path
-        super().__init__(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn, pin_memory,
+        if prefetch_factor == 0 and isinstance(num_workers, int) and num_workers > 0:
+            raise ValueError(f"prefetch_factor=0 with num_workers={num_workers}: no batch would ever be asked for "
+                             f"(torch refuses it too); prefetch_factor is the batches each worker keeps ready "
+                             f"and should be >= 1, or None for the default 2")
+        self._deciding = True  # torch's __init__ checks num_workers; fastload does once it knows its path
+        self._user_sampler = sampler is not None or batch_sampler is not None
+        check_order_args(sampler, batch_sampler, order, shuffle, rank, world_size)
+        given = sampler
+        if not self._user_sampler and not isinstance(dataset, IterableDataset):
+            # torch's default samplers, plus set_epoch: how Lightning's epoch reaches the loader (EpochInput)
+            given = EpochRandomSampler(dataset, generator=generator) if shuffle else EpochSequentialSampler(dataset)
+        super().__init__(dataset, batch_size, None if given is not sampler else shuffle, given, batch_sampler,
+                         num_workers, collate_fn, pin_memory,
                          drop_last, timeout, worker_init_fn, multiprocessing_context, generator,
                          prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
                          pin_memory_device=pin_memory_device, in_order=in_order)
         self.device = check_device(device) if device is not None else None  # indexed at the first iteration
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error={on_error!r} should be 'raise' or 'skip'")
-        # drawn only for the fast path: the generic path leaves torch's generators exactly as torch would
-        self.seed = int(seed) if seed is not None else None
+        # drawn only where fastload's order or augmentation uses it: otherwise the generic path leaves torch's
+        # generators exactly as torch would
+        self.seed = _as_int("seed", seed, 0) if seed is not None else None
         self.on_error = on_error
         self.memory_format = check_memory_format(memory_format)
         self.fast_path_reason: str | None = None
         self._batcher: Batcher | None = None
         self._order: Order | None = None
         self._sampled: SamplerOrder | None = None
-        self._user_sampler = sampler is not None or batch_sampler is not None
         self._next_epoch = 0
         self._resume_at = 0
         self._progress = Progress()  # the latest iteration's position, advanced by what hands out its batches
-        self._generic_pending = None  # generic path: (batches to skip, generator state) after load_state_dict
-        self._generic_rng = None  # generic path: the generator state the current epoch's RandomSampler drew from
+        self._plan = GenericPlan()  # the generic path's resume state, shared with its index samplers
         self._ring: SlotRing | None = None  # host slots of the fast path, made on first use
         self._device_ring: DeviceRing | None = None  # device slots, kept across epochs
         self._stats = LoaderStats()
@@ -106,10 +162,14 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             if decoder not in ("native", "auto"):
                 raise ValueError(f"decoder={decoder!r} needs fastload's fast path, which this loader cannot take: "
                                  f"{e}") from None
+            self._order = self._generic_order(dataset, batch_size, shuffle, order, rank, world_size, drop_last,
+                                              window, split, generator)
             if isinstance(dataset, PackedDataset) and dataset.decode:
-                warn_refused(str(e))
+                warn_refused(str(e), self._order)
+            self._deciding = False
             self.check_worker_number_rationality()
             return
+        self._deciding = False
         check_worker_init_fn(worker_init_fn)
         if self.seed is None:
             self.seed = default_seed(generator)
@@ -125,8 +185,11 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
                               "gives each rank whole shards of its own (split='shards', ~1/world of the data)",
                               RuntimeWarning, stacklevel=2)
         else:
-            self._order = order_for(dataset, batch_size, order or ("random" if shuffle else "sequential"),
-                                    self.seed, *dist_info(rank, world_size), drop_last=drop_last, window=window,
+            kind = order or ("random" if shuffle else "sequential")
+            r, w = dist_info(rank, world_size)
+            if seed is None and kind != "sequential":
+                self.seed = agreed_seed(self.seed, w)  # ranks must shuffle alike
+            self._order = order_for(dataset, batch_size, kind, self.seed, r, w, drop_last=drop_last, window=window,
                                     split=split)
         if auto and self._order is not None:
             from ._autotune import autotune
@@ -136,9 +199,49 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         elif self.num_workers > 0:
             self.check_worker_number_rationality()
 
+    def _generic_order(self, dataset, batch_size, shuffle, order, rank, world_size, drop_last, window, split,
+                       generator) -> Order | None:
+        """fastload's Order for the generic path, or None where torch's samplers pick the indices, as in torch.
+
+        The semantics are the fast path's (``_order.py``): each rank a disjoint, equal-length share, the same
+        permutation for the same seed, resumable. A fastload.Dataset keeps the order its fast path would have
+        had; any other map-style Dataset takes it when asked for (``seed``, ``order``, ``rank``,
+        ``world_size``, ``split``) or under torch.distributed with more than one process."""
+        asked = {k: v for k, v in dict(seed=self.seed, order=order, rank=rank, world_size=world_size,
+                                       split=split).items() if v is not None}
+        named = ", ".join(f"{k}={v!r}" for k, v in asked.items())
+        if self._dataset_kind == _DatasetKind.Iterable:
+            if asked:
+                raise ValueError(f"{named} cannot apply to an IterableDataset ({type(dataset).__name__}): it yields "
+                                 f"its own samples in its own order, so fastload cannot shuffle or split them; do "
+                                 f"that in its __iter__ (torch.distributed.get_rank(), "
+                                 f"torch.utils.data.get_worker_info()), or use a map-style Dataset")
+            return None
+        if self._user_sampler:
+            return None  # the sampler owns the order (check_order_args refused what it cannot honour)
+        r, w = dist_info(rank, world_size)
+        packed = isinstance(dataset, PackedDataset)
+        if not (packed or asked or w > 1):
+            return None
+        n = self._num_samples()
+        if n is None:
+            if not asked:
+                return None
+            raise TypeError(f"{named} needs the dataset's length: {type(dataset).__name__} has no __len__")
+        kind = order or ("random" if shuffle else "sequential")
+        if self.seed is None:
+            self.seed = default_seed(generator)
+            if kind != "sequential":
+                self.seed = agreed_seed(self.seed, w)  # ranks must shuffle alike
+        size = batch_size or 1  # without automatic batching, batches of one sample
+        if packed and not any(isinstance(t, PackSequences) for t in dataset.sequences.values()):
+            return order_for(dataset, size, kind, self.seed, r, w, drop_last=drop_last, window=window, split=split)
+        return Order(n, size, kind=kind, seed=self.seed, rank=r, world_size=w, drop_last=drop_last, window=window,
+                     split=split or "samples")
+
     def check_worker_number_rationality(self) -> None:
         """torch's advice fits worker processes; on the fast path ``num_workers`` counts native threads."""
-        if "_batcher" not in self.__dict__:
+        if self._deciding:
             return  # called by torch's __init__: fastload checks once it knows which path it takes
         if self._batcher is None:
             return super().check_worker_number_rationality()
@@ -174,11 +277,44 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
 
     # -- epochs and resume -------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
-        """Like ``DistributedSampler.set_epoch``: the next iteration runs this epoch's order."""
-        self._next_epoch = int(epoch)
-        self._resume_at = 0
-        if self._user_sampler and hasattr(self.sampler, "set_epoch"):
-            self.sampler.set_epoch(epoch)
+        """Like ``DistributedSampler.set_epoch``: the next iteration runs this epoch's order (from the position a
+        loaded state holds, when it is that state's epoch)."""
+        self._adopt_epoch(_as_int("epoch", epoch, 0))
+        driver = self._driver()
+        if self._user_sampler and hasattr(driver, "set_epoch"):
+            driver.set_epoch(epoch)
+            self._sampler_epoch_seen = getattr(driver, "epoch", 0)
+
+    def _driver(self):
+        """The sampler that picks the indices (under a batch sampler, its sampler)."""
+        return _root(self._torch_index_sampler())
+
+    def _adopt_epoch(self, epoch: int) -> None:
+        if epoch != self._next_epoch:  # another epoch: a loaded mid-epoch position no longer applies
+            self._next_epoch, self._resume_at = epoch, 0
+            self._plan.pending = None
+            if self._sampled is not None:
+                self._sampled._replay = None
+
+    def _begin_epoch(self) -> tuple[int, int]:
+        """(epoch, first batch) of the iteration starting now; the next one defaults to the epoch after.
+
+        The epoch is an input, as for DistributedSampler: the one set last -- by ``set_epoch`` on the loader,
+        on the sampler the loader made (Lightning's call at each epoch's start, ``EpochInput``), or on a user's
+        sampler that has an epoch (a change to DistributedSampler's since the last iteration) -- else the
+        last iteration's plus one. So a run resumed by Lightning from an end-of-epoch checkpoint, where no
+        loader state is loaded, runs the same epochs as the uninterrupted run; a mid-epoch one loads its state."""
+        driver = self._driver()
+        if isinstance(driver, EpochInput) and driver.pending_epoch is not None:
+            self._adopt_epoch(driver.pending_epoch)
+            driver.pending_epoch = None
+        elif self._user_sampler and isinstance(getattr(driver, "epoch", None), int) \
+                and driver.epoch != self._sampler_epoch_seen:
+            self._sampler_epoch_seen = driver.epoch
+            self._adopt_epoch(driver.epoch)
+        epoch, start = self._next_epoch, self._resume_at
+        self._next_epoch, self._resume_at = epoch + 1, 0
+        return epoch, start
 
     def state_dict(self) -> dict:
         """Where the loader is: restoring it yields exactly the batches that would have come next.
@@ -186,8 +322,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         With a sampler driving the order (and on the generic path) the state is a position in the
         sampler's order (see ``_sampling.py``); Lightning and accelerate's ``save_state`` call this."""
         epoch, done = self._progress.epoch, self._progress.done
-        if self._batcher is None:
-            return generic_state(self._torch_index_sampler(), self._num_samples(), epoch, done, self._generic_rng)
+        if self._order is None and self._sampled is None:
+            return generic_state(self._torch_index_sampler(), self._num_samples(), epoch, done, self._plan.rng)
         if done >= len(self):
             epoch, done = epoch + 1, 0
         if self._sampled is not None:
@@ -195,8 +331,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         return self._order.state_dict(done) | {"epoch": epoch}
 
     def load_state_dict(self, state: dict) -> None:
-        if self._batcher is None:
-            self._next_epoch, self._resume_at, self._generic_pending = load_generic_state(
+        if self._order is None and self._sampled is None:
+            self._next_epoch, self._resume_at, self._plan.pending = load_generic_state(
                 self._torch_index_sampler(), self._num_samples(), state)
         elif self._sampled is not None:
             self._next_epoch, self._resume_at = self._sampled.load_state_dict(state)
@@ -208,16 +344,26 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             self._resume_at = self._order.load_state_dict(state)
             self._next_epoch = self._order.epoch
         self._progress = Progress(self._next_epoch, self._resume_at)
+        driver = self._driver()
+        if isinstance(driver, EpochInput):
+            driver.pending_epoch = None  # the state says which epoch comes next
+        self._sampler_epoch_seen = getattr(driver, "epoch", 0)
 
     def _torch_index_sampler(self):
-        return torch.utils.data.DataLoader._index_sampler.fget(self)
+        # torch's property through the class this one derives from, never through the module attribute:
+        # with torch.utils.data.DataLoader swapped for this class (a sitecustomize), that would be this one
+        return super()._index_sampler
 
     @property
     def _index_sampler(self):
         """What torch's iterator and the generic path's workers draw indices from: on the generic path the
         sampler, replayed from the next batch once after ``load_state_dict`` (``IndexReplay``)."""
         base = self._torch_index_sampler()
-        return base if self._batcher is not None else IndexReplay(self, base)
+        if self._batcher is not None:
+            return base
+        if self._order is not None:
+            return OrderIndices(self._order, self._plan, self._auto_collation)
+        return IndexReplay(self._plan, base)
 
     def _num_samples(self) -> int | None:
         try:
@@ -232,7 +378,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         into its own DataLoaderShard, which loses the fast path: that rebuild is said, not silent
         (``fastload.accelerate.prepare`` sets the mark, and the loader is then kept as it is)."""
         ready = self.__dict__.get("_accelerate_ready", False)
-        if not ready and self._batcher is not None and not self.__dict__.get("_accelerate_warned"):
+        lost = self._batcher is not None or self._order is not None  # the fast path, or fastload's order
+        if not ready and lost and not self.__dict__.get("_accelerate_warned"):
             self.__dict__["_accelerate_warned"] = True  # once per loader
             warn_accelerate_rebuild()
         return ready
@@ -267,18 +414,29 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         return self.device is not None and self.device.type == "cuda"
 
     def __iter__(self):
+        # The iteration's epoch is fixed, and its first indices drawn, at the first next(), not here: Lightning
+        # calls iter(loader) before set_epoch for a run's first epoch (a resumed run's too), and torch's
+        # single-process iterator draws that late as well. The generic path still makes torch's iterator (or
+        # starts its workers) here, through _get_iterator, as torch does.
         if self._batcher is None:
-            epoch, start = self._next_epoch, self._resume_at
-            self._next_epoch, self._resume_at = epoch + 1, 0
-            it = generic_iterator(self)  # shared-memory workers; None: torch's own iterator
-            it = super().__iter__() if it is None else it
+            progress = self._progress = Progress(self._next_epoch, self._resume_at)  # until the first next()
+
+            def begin() -> None:
+                epoch, start = self._begin_epoch()
+                self._plan.position = (epoch, start)
+                progress.epoch, progress.done = epoch, start
+
+            it = self._generic_iter()
             if self._on_device():
                 it = DevicePrefetcher(it, depth=self.prefetch_factor or 2, ring=self._device_slots())
-            self._progress = Progress(epoch, start)
-            return Counted(it, self._progress)  # counts what the loop receives
-        warn_pin_memory(self.pin_memory)
+            return Counted(it, progress, begin)  # counts what the loop receives
+        warn_pin_memory(self.pin_memory)  # what torch says or refuses at iter(), said at iter()
         check_worker_init_fn(self.worker_init_fn)  # Lightning sets it after construction
-        epoch, start = self._next_epoch, self._resume_at
+        return LazyStart(self)
+
+    def _start(self):
+        """The fast path's iterator, made at the iteration's first ``next()`` (``LazyStart``)."""
+        epoch, start = self._begin_epoch()
         if self._order is not None:
             self._order.set_epoch(epoch)
             batches = self._order.batches(epoch, start)
@@ -286,7 +444,6 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         else:
             batches = iter(self._sampled.epoch_batches()[start:])  # drawn here, in the caller's thread
             rng_for = lambda b: self._sampled.batch_rng(epoch, b)  # noqa: E731
-        self._next_epoch, self._resume_at = epoch + 1, 0
         if not self._batcher.needs_rng:
             rng_for = lambda b: None  # noqa: E731  (a Generator per batch costs more than a tiny batch)
         batches = self.dataset._reading(batches)  # a remote dataset downloads the coming batches' shards ahead
@@ -300,6 +457,25 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
                 for i, f in enumerate(self.dataset.schema) if f.name in self.dataset.pipelines}
         return DevicePrefetcher(it, depth=self.prefetch_factor or 2, transforms=keys, on_yield=progress.advance,
                                 ring=self._device_slots())
+
+    def _generic_iter(self):
+        """torch's ``__iter__`` (persistent iterators kept in ``_iterator`` and reset each epoch), making each
+        iterator with ``_get_iterator``, which a subclass may override as in torch."""
+        if isinstance(self._iterator, WorkerIterator) and self._iterator._shutdown:
+            self._iterator = None  # stopped by an error or Ctrl-C: the next epoch starts new workers
+        try:
+            return super().__iter__()
+        except BaseException:
+            if isinstance(self._iterator, WorkerIterator):  # a half-reset iterator must not be reused
+                self._iterator._shutdown_workers()
+            raise
+
+    def _get_iterator(self):
+        """The generic path's iterator: worker processes writing into shared-memory slots (``_workers.py``),
+        or torch's own where those cannot run (``fallback_reason``: no workers, pin_memory, DataPipes)."""
+        if self._batcher is None and fallback_reason(self) is None:
+            return WorkerIterator(self)
+        return super()._get_iterator()
 
     def _device_slots(self) -> DeviceRing:
         if self._device_ring is None:
@@ -324,3 +500,37 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     def stats_summary(self) -> str:
         """One line: throughput, the share of time the loop waited for data, whether it is input-bound."""
         return self._stats.summary()
+
+
+class LazyStart(_BaseDataLoaderIter):
+    """What ``iter(loader)`` returns on the fast path: the iteration starts (its epoch fixed, the sampler drawn,
+    the producer thread started) at the first ``next()`` or look inside, not at ``iter()`` (see
+    ``DataLoader.__iter__``). A ``_BaseDataLoaderIter`` by type, as torch's iterators (Lightning checks it);
+    its ``__init__`` does not run."""
+
+    def __init__(self, loader: DataLoader):
+        self._loader = loader  # dropped once started: a temporary loader then goes with its iterator
+        self._inner = None
+
+    def _started(self):
+        if self._inner is None:
+            self._inner, self._loader = self._loader._start(), None
+        return self._inner
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return next(self._inner if self._inner is not None else self._started())
+
+    def __len__(self) -> int:
+        return len(self._inner) if self._inner is not None else len(self._loader)
+
+    def close(self) -> None:
+        if self._inner is not None and hasattr(self._inner, "close"):
+            self._inner.close()
+
+    def __getattr__(self, name: str):
+        if name.startswith("__") or name in ("_inner", "_loader"):
+            raise AttributeError(name)
+        return getattr(self._started(), name)

@@ -23,6 +23,7 @@ from typing import Any, Iterable, Iterator, Mapping
 
 import torch
 from torch.utils._pytree import tree_flatten_with_path, tree_unflatten
+from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from ._ring import Slot, SlotRing, cuda_available, streams_for
 from ._tensor_transforms import TensorPipeline
@@ -97,7 +98,7 @@ def _channels_last(t: torch.Tensor) -> bool:
     return t.dim() == 4 and not t.is_contiguous() and t.is_contiguous(memory_format=torch.channels_last)
 
 
-class DevicePrefetcher:
+class DevicePrefetcher(_BaseDataLoaderIter):  # a torch DataLoader iterator by type; no base __init__
     """Iterate ``source`` with every batch already on ``device`` (see the module docstring).
 
     ``transforms`` maps a top-level key of the batch (an index of a list/tuple batch, or a dict key)

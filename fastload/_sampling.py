@@ -12,7 +12,8 @@ What that means for determinism and resume:
   draws from its ``generator`` (or from torch's global generator when it has none) as in torch;
   ``SequentialSampler`` is ``0 .. n-1``. fastload's ``seed`` does not change it.
 * the *augmentation* (random crops and flips) is fastload's: keyed by (seed, epoch, rank, batch), where
-  epoch is the loader's (one per ``iter``, or ``set_epoch``) and rank the sampler's.
+  epoch is the loader's (one per ``iter``, or ``set_epoch``; a change of a DistributedSampler's epoch, as
+  Lightning makes each epoch, is the loader's too: see ``DataLoader._begin_epoch``) and rank the sampler's.
 * ``state_dict()`` is a position: (epoch, batches done), the sampler's settings, and for
   ``RandomSampler`` the state of the generator it drew the epoch from. ``load_state_dict()`` replays
   the epoch's order and skips the batches already done, so the batches that follow are exactly those
@@ -34,11 +35,39 @@ from typing import Any
 import numpy as np
 import torch
 from torch.utils.data import BatchSampler, DistributedSampler, RandomSampler, SequentialSampler
+from torch.utils.data.dataloader import _BaseDataLoaderIter
 
-from ._order import _BATCH_STREAM, _key
+from ._order import _BATCH_STREAM, KINDS, _key
 
 STATE_VERSION = 1
-REPLAYABLE = (SequentialSampler, RandomSampler, DistributedSampler)
+
+
+class EpochInput:
+    """``set_epoch`` on the samplers fastload's loader makes when it is given none: Lightning calls
+    ``loader.sampler.set_epoch(epoch)`` at the start of every epoch (it never calls the loader's), and this is
+    how the loader learns Lightning's epoch, also in a process resumed from an end-of-epoch checkpoint, where
+    it restores no loader state. The loader takes the value when its next iteration starts."""
+
+    pending_epoch: int | None = None
+
+    def set_epoch(self, epoch: int) -> None:
+        self.pending_epoch = operator.index(epoch)
+
+
+class EpochSequentialSampler(EpochInput, SequentialSampler):
+    """torch's SequentialSampler, the same indices, plus ``EpochInput.set_epoch``."""
+
+    state_name = "SequentialSampler"
+
+
+class EpochRandomSampler(EpochInput, RandomSampler):
+    """torch's RandomSampler, the same draws from the same generator, plus ``EpochInput.set_epoch``."""
+
+    state_name = "RandomSampler"
+
+
+RANDOM = (RandomSampler, EpochRandomSampler)
+REPLAYABLE = (SequentialSampler, RandomSampler, DistributedSampler, EpochSequentialSampler, EpochRandomSampler)
 
 
 def slot_batch_size(loader_batch_size: int | None, batch_sampler: Any) -> int | None:
@@ -46,8 +75,9 @@ def slot_batch_size(loader_batch_size: int | None, batch_sampler: Any) -> int | 
     neither is known (a batch sampler of any other kind: batches of any length)."""
     if loader_batch_size is not None:
         return loader_batch_size
-    if isinstance(batch_sampler, BatchSampler) and isinstance(batch_sampler.batch_size, int):
-        return batch_sampler.batch_size
+    size = getattr(batch_sampler, "batch_size", None)  # a BatchSampler subclass need not set it (accelerate's)
+    if isinstance(batch_sampler, BatchSampler) and isinstance(size, int):
+        return size
     return None
 
 
@@ -56,8 +86,12 @@ def _replayable(batch_sampler: Any) -> bool:
 
 
 def _root(index_sampler: Any) -> Any:
-    """The sampler under a torch BatchSampler (or the index sampler itself)."""
-    return index_sampler.sampler if isinstance(index_sampler, BatchSampler) else index_sampler
+    """The sampler under a torch BatchSampler (or the index sampler itself). A BatchSampler subclass need
+    not have one (accelerate's BatchSamplerShard and SkipBatchSampler wrap a batch sampler instead): it is
+    then its own root, iterated as it is, like torch does."""
+    if isinstance(index_sampler, BatchSampler):
+        return getattr(index_sampler, "sampler", index_sampler)
+    return index_sampler
 
 
 def _rng_state(sampler: Any) -> torch.Tensor:
@@ -82,7 +116,7 @@ def _replay(sampler: Any, saved: torch.Tensor, draw):
 
 def _sampler_config(index_sampler: Any, num_samples: int | None) -> dict:
     s = _root(index_sampler)
-    cfg: dict = {"sampler": type(s).__name__, "batch_sampler": type(index_sampler).__name__,
+    cfg: dict = {"sampler": getattr(s, "state_name", type(s).__name__), "batch_sampler": type(index_sampler).__name__,
                  "num_samples": num_samples, "batch_size": getattr(index_sampler, "batch_size", None),
                  "drop_last": bool(getattr(index_sampler, "drop_last", False))}
     try:
@@ -113,6 +147,48 @@ def _check_state(state: Any, driver: str, mine: dict, done_ok: bool, position: s
     return epoch, done
 
 
+def check_order_args(sampler: Any, batch_sampler: Any, order: str | None, shuffle: bool | None, rank: int | None,
+                     world_size: int | None) -> None:
+    """Refuse, by name, what fastload's order arguments ask for that a user's sampler would silently override."""
+    if order is not None and order not in KINDS:
+        raise ValueError(f"order={order!r} should be one of {', '.join(map(repr, KINDS))} (or None: from shuffle)")
+    if order == "sequential" and shuffle:
+        raise ValueError("shuffle=True and order='sequential' contradict each other: give one of them")
+    given = sampler if sampler is not None else batch_sampler
+    if given is None:
+        return
+    what = f"{'sampler' if sampler is not None else 'batch_sampler'}={type(given).__name__}"
+    if order is not None:
+        raise ValueError(f"order={order!r} cannot apply with {what}: the sampler picks every index and their order. "
+                         f"Drop order=, or drop the sampler (fastload then orders and splits the samples itself; "
+                         f"under Lightning, Trainer(use_distributed_sampler=False) keeps it from injecting one)")
+    if rank is None and world_size is None:
+        return
+    s = _root(given) if sampler is None else given
+    if isinstance(s, DistributedSampler) and rank in (None, s.rank) and world_size in (None, s.num_replicas):
+        return  # the sampler already splits the data as asked
+    named = ", ".join(f"{k}={v}" for k, v in (("rank", rank), ("world_size", world_size)) if v is not None)
+    raise ValueError(f"{named} cannot apply with {what}: the sampler picks every index, so fastload cannot split them "
+                     f"by rank. Use DistributedSampler(dataset, num_replicas=world_size, rank=rank), or drop the "
+                     f"sampler (fastload then splits the samples itself)")
+
+
+def agreed_seed(seed: int, world_size: int) -> int:
+    """``seed`` (drawn by this process) as rank 0 drew it: ranks that shuffled with permutations of their own
+    would read overlapping shares. Under torch.distributed rank 0's draw is broadcast (every rank builds the
+    loader, as with DistributedSampler); without it no process can agree with the others: refused."""
+    if world_size == 1:
+        return seed
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ValueError(f"world_size={world_size} with shuffling and no seed=: each process would draw its own "
+                         f"permutation and the ranks' shares would overlap; pass the same seed= on every rank")
+    box = [seed]
+    dist.broadcast_object_list(box, src=0)
+    return int(box[0])
+
+
 class SamplerOrder:
     """The epochs of a loader whose sampler drives the fast path; resumable as a position."""
 
@@ -137,7 +213,7 @@ class SamplerOrder:
     def epoch_batches(self) -> list[np.ndarray]:
         """This epoch's index batches, drawn now (in the calling thread, like torch's iterator)."""
         s = self.sampler
-        if type(s) is RandomSampler:
+        if type(s) in RANDOM:
             if self._replay is not None:  # a resumed epoch: draw it again from the saved generator state
                 self._rng_state, self._replay = self._replay, None
                 return _replay(s, self._rng_state, self._draw)
@@ -183,7 +259,7 @@ class SamplerOrder:
         s = self.sampler
         if isinstance(s, DistributedSampler):
             state["sampler_epoch"] = int(s.epoch)
-        if type(s) is RandomSampler and batches_done and self._rng_state is not None:
+        if type(s) in RANDOM and batches_done and self._rng_state is not None:
             state["rng_state"] = self._rng_state
         return state
 
@@ -197,13 +273,28 @@ class SamplerOrder:
         if isinstance(s, DistributedSampler):
             s.set_epoch(int(state["sampler_epoch"]))
         self._replay = None
-        if type(s) is RandomSampler and done:
+        if type(s) in RANDOM and done:
             rng = state.get("rng_state")
             if not isinstance(rng, torch.Tensor):
                 raise ValueError("the state has no 'rng_state' for its RandomSampler; pass the dict state_dict() "
                                  "returned, unchanged")
             self._replay = rng
         return epoch, done
+
+
+class GenericPlan:
+    """The generic path's resume state, shared by the loader and the index samplers it hands out (which
+    must not hold the loader: a persistent iterator would then keep a temporary loader, and its worker
+    processes, alive after the caller dropped both). ``pending``: (batches to skip, generator state) set
+    by ``load_state_dict``, used by the next iteration; ``rng``: the generator state the current epoch's
+    RandomSampler drew from; ``position``: (epoch, first batch) of the current iteration, for an Order."""
+
+    __slots__ = ("pending", "rng", "position")
+
+    def __init__(self):
+        self.pending: tuple[int, torch.Tensor | None] | None = None
+        self.rng: torch.Tensor | None = None
+        self.position: tuple[int, int] = (0, 0)
 
 
 class IndexReplay:
@@ -213,8 +304,8 @@ class IndexReplay:
     its first draw, which is when torch's sampler draws. Once after ``load_state_dict`` it is the saved
     epoch drawn again from that state, from the batch after the checkpoint."""
 
-    def __init__(self, loader: Any, base: Any):
-        self.loader, self.base = loader, base
+    def __init__(self, plan: GenericPlan, base: Any):
+        self.plan, self.base = plan, base
 
     def __len__(self) -> int:
         return len(self.base)
@@ -222,23 +313,45 @@ class IndexReplay:
     def __iter__(self):
         # A generator: nothing happens until the first index is drawn. torch's iterators (and the workers')
         # call iter() once more than they use, before and after drawing their base seed, as torch does.
-        pending, self.loader._generic_pending = self.loader._generic_pending, None
+        pending, self.plan.pending = self.plan.pending, None
         if pending is not None:
             yield from self._replayed(*pending)
             return
         s = _root(self.base)
-        self.loader._generic_rng = _rng_state(s) if type(s) is RandomSampler else None
+        self.plan.rng = _rng_state(s) if type(s) in RANDOM else None
         yield from self.base
 
     def _replayed(self, done: int, rng: torch.Tensor | None):
         s = _root(self.base)
         draw = lambda: list(self.base)  # noqa: E731
-        if type(s) is RandomSampler:
-            self.loader._generic_rng = rng
+        if type(s) in RANDOM:
+            self.plan.rng = rng
             items = _replay(s, rng, draw)
         else:
             items = draw()
         yield from items[done:]
+
+
+class OrderIndices:
+    """The generic path's index sampler when fastload's ``Order`` picks the indices (``rank``/``world_size``,
+    ``seed``, ``order``, or a fastload.Dataset off the fast path): this rank's batches of the iteration's
+    epoch from its first batch, as lists of ints (single ints without automatic batching, where the
+    order's batches hold one sample each), read from ``plan.position`` when the first index is drawn."""
+
+    def __init__(self, order: Any, plan: GenericPlan, batched: bool):
+        self.order, self.plan, self.batched = order, plan, batched
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def __iter__(self):
+        epoch, start = self.plan.position
+        self.order.set_epoch(epoch)
+        for batch in self.order.batches(epoch, start):
+            if self.batched:
+                yield batch.tolist()
+            else:
+                yield from batch.tolist()
 
 
 def generic_state(index_sampler: Any, num_samples: int | None, epoch: int, done: int,
@@ -250,7 +363,7 @@ def generic_state(index_sampler: Any, num_samples: int | None, epoch: int, done:
              "replayable": replayable, **_sampler_config(index_sampler, num_samples)}
     if isinstance(s, DistributedSampler):
         state["sampler_epoch"] = int(s.epoch)
-    if type(s) is RandomSampler and done and rng is not None:
+    if type(s) in RANDOM and done and rng is not None:
         state["rng_state"] = rng
     return state
 
@@ -266,23 +379,29 @@ def load_generic_state(index_sampler: Any, num_samples: int | None, state: dict)
     if not done:
         return epoch, 0, None
     rng = state.get("rng_state")
-    if type(s) is RandomSampler and not isinstance(rng, torch.Tensor):
+    if type(s) in RANDOM and not isinstance(rng, torch.Tensor):
         raise ValueError("the state has no 'rng_state' for its RandomSampler; pass the dict state_dict() returned, "
                          "unchanged")
     return epoch, done, (done, rng)
 
 
-class Counted:
+class Counted(_BaseDataLoaderIter):
     """The generic path's iterator, advancing ``progress`` (an ``_order.Progress``: the position
-    ``state_dict`` saves) per batch handed to the loop; everything else is the wrapped iterator's (``inner``)."""
+    ``state_dict`` saves) per batch handed to the loop; everything else is the wrapped iterator's (``inner``).
+    ``begin`` runs before the first batch is asked of ``inner`` (the loader fixes the epoch then; ``inner``
+    draws its first indices no earlier). A ``_BaseDataLoaderIter`` by type like torch's iterators (Lightning
+    relies on it); its ``__init__`` does not run (the wrapped iterator did what torch's does)."""
 
-    def __init__(self, inner: Any, progress: Any):
-        self.inner, self.progress = inner, progress
+    def __init__(self, inner: Any, progress: Any, begin: Any = None):
+        self.inner, self.progress, self._begin = inner, progress, begin
 
     def __iter__(self):
         return self
 
     def __next__(self):
+        if self._begin is not None:
+            begin, self._begin = self._begin, None  # dropped: it holds the loader
+            begin()
         try:
             batch = next(self.inner)
         except StopIteration:

@@ -50,7 +50,7 @@ from torch._utils import ExceptionWrapper
 from torch.utils.data import _utils as _tutils
 from torch.utils.data._utils import collate as _collate
 from torch.utils.data._utils import worker as _worker
-from torch.utils.data.dataloader import _DatasetKind
+from torch.utils.data.dataloader import _BaseDataLoaderIter, _DatasetKind
 from torch.utils.data.datapipes.datapipe import IterDataPipe, MapDataPipe
 
 from ._ring import Slot
@@ -70,24 +70,6 @@ def fallback_reason(loader) -> str | None:
     if isinstance(loader.dataset, (IterDataPipe, MapDataPipe)):
         return "a DataPipe dataset"
     return None
-
-
-def generic_iterator(loader):
-    """The iterator for ``loader``'s generic path, or None when torch's iterator should run instead."""
-    if fallback_reason(loader) is not None:
-        return None
-    if not loader.persistent_workers:
-        return WorkerIterator(loader)
-    it = loader._iterator  # torch keeps its persistent iterator here too
-    if isinstance(it, WorkerIterator) and not it._shutdown:
-        try:
-            it._reset(loader)
-        except BaseException:  # a half-reset iterator must not be reused
-            it._shutdown_workers()
-            raise
-    else:
-        it = loader._iterator = WorkerIterator(loader)
-    return it
 
 
 # -- worker side -----------------------------------------------------------------------------------
@@ -249,8 +231,12 @@ class _HoldCtrlC:
                 self.previous(*self.caught)
 
 
-class WorkerIterator:
-    """Iterator over a loader's batches, produced by worker processes into shared-memory slots."""
+class WorkerIterator(_BaseDataLoaderIter):
+    """Iterator over a loader's batches, produced by worker processes into shared-memory slots.
+
+    A ``_BaseDataLoaderIter`` by type, as torch's iterators are (Lightning tells a loader's iterator from
+    other iterables that way, e.g. to leave it out when pickling a CombinedLoader); torch's base ``__init__``
+    does not run: this class sets up what it uses itself, drawing the base seed at the same point."""
 
     def __init__(self, loader):
         self._shutdown = True  # until the workers exist, for __del__
@@ -335,12 +321,20 @@ class WorkerIterator:
                     acks -= 1
                 else:
                     self._discard(w, msg)
-        for _ in range(self._prefetch_factor * nw):
+        self._primed = False  # the first tasks go out with the first next(), see prime()
+
+    def _prime(self) -> None:
+        """Send the epoch's first ``prefetch_factor * num_workers`` tasks. At the first ``next()``, not at
+        ``iter()``: the loader fixes the epoch (and a sampler its order) no earlier (``Counted``)."""
+        self._primed = True
+        for _ in range(self._prefetch_factor * self._num_workers):
             self._try_put_index()
 
     # -- batches -----------------------------------------------------------------------------------
     def __next__(self):
         try:
+            if not self._primed and not self._shutdown:
+                self._prime()
             self._scan()
             data = self._next_data()
         except KeyboardInterrupt:

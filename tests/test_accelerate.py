@@ -173,3 +173,18 @@ def test_plain_accelerator_prepare_says_it_drops_the_fast_path(packed):
         assert kept in accelerator._dataloaders  # registered: save_state/load_state carry its position
     finally:
         AcceleratorState._reset_state(reset_partial_state=True)
+
+
+def test_plain_accelerator_prepare_says_it_drops_fastloads_order_on_the_generic_path():
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    try:
+        accelerator = Accelerator(cpu=True)
+        with pytest.warns(fastload.FastPathWarning, match="fastload.accelerate.prepare"):
+            accelerator.prepare(fastload.DataLoader(list(range(8)), batch_size=4, shuffle=True, seed=1))
+        with warnings.catch_warnings():  # torch's samplers drive it: accelerate's rebuild keeps what it had
+            warnings.simplefilter("error", fastload.FastPathWarning)
+            accelerator.prepare(fastload.DataLoader(list(range(8)), batch_size=4, shuffle=True))
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)

@@ -1,5 +1,7 @@
 """Real Lightning runs (CPU, devices=2, gloo on localhost) with examples/lightning_train.py: the fast path on
-every rank, disjoint and complete ranks, a new order each epoch, a mid-epoch checkpoint resumed exactly."""
+every rank, disjoint and complete ranks, a new order each epoch, a mid-epoch checkpoint resumed exactly, and an
+end-of-epoch checkpoint too (Lightning loads no loader state then: the epoch reaches the loader through
+set_epoch, see fastload/_loader.py's DataLoader docstring on resume)."""
 
 from __future__ import annotations
 
@@ -66,7 +68,14 @@ def main():
     L.seed_everything(3, workers=True)  # also makes Lightning set its seeding worker_init_fn
     ckpt = ModelCheckpoint(dirpath=out + "/ckpt", every_n_train_steps={step}, save_top_k=-1,
                            filename="{{epoch}}-{{step}}")
-    trainer = ex.make_trainer(args, callbacks=[Record(out), ckpt])
+    ends = ModelCheckpoint(dirpath=out + "/ends", every_n_epochs=1, save_top_k=-1, filename="end-{{epoch}}")
+    callbacks = [Record(out), ckpt, ends]
+    if mode == "own":  # no DistributedSampler injected: fastload's own order splits the ranks (torch.distributed's)
+        trainer = L.Trainer(accelerator="cpu", devices=2, strategy=strategy, max_epochs=args.epochs, logger=False,
+                            callbacks=callbacks, enable_progress_bar=False, enable_model_summary=False,
+                            default_root_dir=out, num_sanity_val_steps=0, use_distributed_sampler=False)
+    else:
+        trainer = ex.make_trainer(args, callbacks=callbacks)
     data = ex.PackedImages(args.data, 16, args.batch_size, num_workers=1, seed=5)
     model = ex.SmallCNN(4)
     resume = None if resume == "-" else resume
@@ -119,10 +128,10 @@ def run(tmp_path: Path, packed: Path, strategy: str, name: str, resume: str = "-
     return {r: json.loads((out / f"rank{r}.json").read_text()) for r in range(2)}
 
 
-def check_training_run(ranks: dict, fast: bool = True) -> None:
+def check_training_run(ranks: dict, fast: bool = True, sampler: str = "DistributedSampler") -> None:
     for rows in ranks.values():
         assert all(r["fast_path"] == fast for r in rows), rows[0]["reason"]
-        assert {r["sampler"] for r in rows} == {"DistributedSampler"}  # Lightning's, driving the fast path
+        assert {r["sampler"] for r in rows} == {sampler}  # Lightning's, driving the fast path (or fastload's)
         assert len(rows) == EPOCHS * N // 2 // BATCH
     for epoch in range(EPOCHS):
         seen = [[i for r in ranks[k] if r["epoch"] == epoch for i in r["ids"]] for k in range(2)]
@@ -145,6 +154,18 @@ def test_ddp_fast_path_ranks_epochs_and_mid_epoch_resume(tmp_path, packed):
         assert [(r["epoch"], r["batch"]) for r in got] == [(1, b) for b in range(done, N // 2 // BATCH)]
         assert [(r["ids"], r["pixels"]) for r in got] == [(r["ids"], r["pixels"]) for r in want]
         assert all(r["fast_path"] for r in got)
+    check_end_of_epoch_resume(tmp_path, packed, first, "ddp", "hook")
+
+
+def check_end_of_epoch_resume(tmp_path: Path, packed: Path, first: dict, strategy: str, mode: str) -> None:
+    """Resumed from the checkpoint at the end of epoch 0, each rank sees epoch 1's batches as the first run did
+    (the same samples, and on the fast path the same augmentation, which is keyed by the epoch)."""
+    ckpt = tmp_path / "first" / "ends" / "end-epoch=0.ckpt"
+    assert ckpt.exists(), sorted(p.name for p in (tmp_path / "first" / "ends").iterdir())
+    resumed = run(tmp_path, packed, strategy, "from_end", resume=str(ckpt), mode=mode)
+    for rank in range(2):
+        want = [(r["epoch"], r["batch"], r["ids"], r["pixels"]) for r in first[rank] if r["epoch"] == 1]
+        assert [(r["epoch"], r["batch"], r["ids"], r["pixels"]) for r in resumed[rank]] == want
 
 
 def test_ddp_spawn_pickles_the_loader_to_each_rank_and_resumes(tmp_path, packed):
@@ -169,3 +190,18 @@ def test_generic_path_loader_checkpoints_and_resumes_mid_epoch(tmp_path, packed)
     for rank in range(2):
         want = [r for r in first[rank] if r["epoch"] == 1][done:]
         assert [(r["ids"], r["pixels"]) for r in resumed[rank]] == [(r["ids"], r["pixels"]) for r in want]
+    check_end_of_epoch_resume(tmp_path, packed, first, "ddp", "generic")
+
+
+def test_fastloads_own_order_under_ddp_resumes_mid_epoch_and_at_epoch_end(tmp_path, packed):
+    # use_distributed_sampler=False: the loader's own order (seeded, a new permutation each epoch) splits the
+    # ranks; Lightning's epoch reaches it through loader.sampler.set_epoch
+    first = run(tmp_path, packed, "ddp", "first", mode="own")
+    check_training_run(first, sampler="EpochRandomSampler")
+    ckpt = tmp_path / "first" / "ckpt" / f"epoch=1-step={CKPT_STEP}.ckpt"
+    resumed = run(tmp_path, packed, "ddp", "resumed", resume=str(ckpt), mode="own")
+    done = CKPT_STEP - N // 2 // BATCH
+    for rank in range(2):
+        want = [r for r in first[rank] if r["epoch"] == 1][done:]
+        assert [(r["ids"], r["pixels"]) for r in resumed[rank]] == [(r["ids"], r["pixels"]) for r in want]
+    check_end_of_epoch_resume(tmp_path, packed, first, "ddp", "own")
