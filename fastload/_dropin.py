@@ -61,17 +61,21 @@ def check_worker_init_fn(fn: Any) -> None:
         f"Dataset that is not a fastload.Dataset (the generic path calls worker_init_fn in each worker, like torch)")
 
 
-def warn_refused(reason: str, order: Any = None, stacklevel: int = 3) -> None:
-    """``order``: the generic path's ``_order.Order`` (None: a sampler of the user's picks the indices)."""
+def warn_refused(reason: str, order: Any = None, stacklevel: int = 3, batched: bool = False) -> None:
+    """``order``: the generic path's ``_order.Order`` (None: a sampler of the user's picks the indices).
+    ``batched``: torch's fetcher will ask ``fastload.Dataset.__getitems__`` for whole batches, which it decodes
+    in one native call; else samples are decoded one by one."""
     if order is None:
         kept = "the order is the sampler's, as on the fast path"
     else:
         split = f", rank {order.rank} of {order.world_size}" if order.world_size > 1 else ""
         kept = (f"the order, seed and rank split stay fastload's ({order.kind}, seed={order.seed}{split}): the same "
                 f"samples in the same batches as the fast path, resumable the same way")
+    speed = ("each batch is still decoded in one native call (torch's fetcher calls fastload.Dataset.__getitems__), "
+             "but without the fast path's reused slots, producer thread and device prefetch" if batched else
+             "per-sample decoding, like torch's DataLoader, which is much slower")
     warnings.warn(f"fastload.DataLoader is not on the fast path for this fastload.Dataset: {reason}. It takes the "
-                  f"generic path: per-sample decoding in Python, like torch's DataLoader, which is much slower; "
-                  f"{kept}. Silence with warnings.filterwarnings('ignore', category=fastload.FastPathWarning)",
+                  f"generic path: {speed}; {kept}. Silence with warnings.filterwarnings('ignore', category=fastload.FastPathWarning)",
                   FastPathWarning, stacklevel=stacklevel)
 
 

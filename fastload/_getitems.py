@@ -64,30 +64,37 @@ class BatchItems:
     reference back would make a cycle, and a cycle's slots live until the garbage collector runs -- possibly
     in a forked worker (see ``__del__``)."""
 
-    def __init__(self, ds: Any):
+    def __init__(self, ds: Any, quiet: bool = False):
         ds = weakref.proxy(ds)
         self.pid = os.getpid()
         self.lock = threading.Lock()
         self.batcher: Batcher | None = None
         self.ring: SlotRing | None = None
         self.reason: str | None = None
+        self.probe = False  # the batcher only showed that the dataset batches: the first call makes the real one
         if not ds.decode or any(isinstance(t, PackSequences) for t in ds.sequences.values()):
             self.reason = ""
         else:
             try:
-                self._make(ds, 1)
+                self._make(ds, 1, threads=0)  # a probe: no pool threads until a real batch asks for a size
+                self.probe = True
             except NotFastPath as e:
                 self.reason = str(e)
+                if quiet:
+                    return
                 warnings.warn(f"fastload.Dataset.__getitems__ decodes '{ds.path}' sample by sample (as ds[i] "
                               f"does), not in one native batch call: {e}", FastPathWarning, stacklevel=5)
 
-    def _make(self, ds: Any, size: int) -> None:
-        threads = torch.get_num_threads()
+    def _make(self, ds: Any, size: int, threads: int | None = None) -> None:
+        if threads is None:
+            threads = torch.get_num_threads()
         self.batcher = Batcher(ds, size, threads if threads > 1 else 0)
         self.ring = SlotRing(functools.partial(self.batcher.new_slot, pin=False))
 
     def batcher_for(self, size: int) -> Batcher:
-        if size > self.batcher.batch_size:  # slots too small: a new batcher (and ring) of this size
+        if self.probe or size > self.batcher.batch_size:
+            # the probe's, or slots too small: a new batcher (and ring) of this size, with torch's threads
+            self.probe = False
             self._make(self.batcher.ds, size)
         return self.batcher
 
@@ -103,8 +110,19 @@ class BatchItems:
 def _state(ds: Any) -> BatchItems:
     state = ds.__dict__.get("_items")
     if state is None or state.pid != os.getpid():  # a forked child never uses its parent's pool or slots
-        state = ds._items = BatchItems(ds)
+        # a parent that already knew the reason said it (or had none to say): its workers stay quiet
+        state = ds._items = BatchItems(ds, quiet=state is not None and state.reason is not None)
     return state
+
+
+def batch_decodable(ds: Any) -> bool:
+    """Whether ``__getitems__`` decodes ``ds``'s batches in one native call. A caller that asks has taken on
+    saying why not (``fastload.DataLoader``'s FastPathWarning): ``__getitems__`` in this process, and in the
+    workers forked from it, does not say it again."""
+    state = ds.__dict__.get("_items")
+    if state is None or state.pid != os.getpid():
+        state = ds._items = BatchItems(ds, quiet=True)
+    return state.reason is None
 
 
 def _plain_indices(ds: Any, items: list) -> np.ndarray | None:

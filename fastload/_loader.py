@@ -22,6 +22,7 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter, _DatasetKind
 from ._batcher import Batcher, NotFastPath
 from ._dataset import Dataset as PackedDataset
 from ._fastiter import FastIterator, FillPolicy
+from ._getitems import batch_decodable
 from ._dropin import (check_batch_sampler, check_collate, check_memory_format, check_worker_init_fn,
                       warn_accelerate_rebuild, warn_pin_memory, warn_refused)
 from ._prefetch import DevicePrefetcher, DeviceRing, check_device
@@ -165,7 +166,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             self._order = self._generic_order(dataset, batch_size, shuffle, order, rank, world_size, drop_last,
                                               window, split, generator)
             if isinstance(dataset, PackedDataset) and dataset.decode:
-                warn_refused(str(e), self._order)
+                batched = (batch_size is not None or batch_sampler is not None) and batch_decodable(dataset)
+                warn_refused(str(e), self._order, batched=batched)
             self._deciding = False
             self.check_worker_number_rationality()
             return

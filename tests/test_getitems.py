@@ -317,3 +317,24 @@ def test_accelerate_s_rebuilt_loader_decodes_in_batches(packed_images, monkeypat
         assert len(list(rebuilt)) == 4 and calls == [12] * 4
     finally:
         AcceleratorState._reset_state(reset_partial_state=True)
+
+
+def test_the_loader_says_once_what_its_generic_path_costs(packed_images, capfd):
+    """fastload.DataLoader off the fast path says what decoding costs there: with a custom collate_fn each batch
+    is still one native call (__getitems__); a dataset with no fixed output size decodes sample by sample, said
+    once by the loader and not again by __getitems__ here or in each worker."""
+    ds = fastload.open(packed_images, transforms=DETERMINISTIC)
+    with pytest.warns(fastload.FastPathWarning, match=r"collate_fn.*one native call .*__getitems__") as seen:
+        loader = fastload.DataLoader(ds, batch_size=4, collate_fn=lambda items: len(items))
+    assert len(seen) == 1 and "much slower" not in str(seen[0].message)
+    assert list(loader)[:2] == [4, 4]
+
+    ds = fastload.open(packed_images)  # full-size images
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        loader = fastload.DataLoader(ds, batch_size=4, num_workers=2, collate_fn=lambda items: len(items))
+        assert sum(list(loader)) == len(ds)
+        ds.__getitems__([0, 1])
+    said = [str(w.message) for w in seen if issubclass(w.category, fastload.FastPathWarning)]
+    assert len(said) == 1 and "per-sample decoding" in said[0], said
+    assert "sample by sample" not in capfd.readouterr().err  # nor in the workers
