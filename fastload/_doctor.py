@@ -165,7 +165,10 @@ class _Session:
         from . import _loader
 
         session = self
-        for cls in (torch.utils.data.DataLoader, _loader.DataLoader):
+        # torch's own class from fastload's bases, not the module attribute: code that swapped
+        # torch.utils.data.DataLoader for fastload's would have this patch the same class twice
+        torch_loader = next(c for c in _loader.DataLoader.__mro__[1:] if c.__name__ == "DataLoader")
+        for cls in (torch_loader, _loader.DataLoader):
             def make_iter(orig):
                 @functools.wraps(orig)
                 def __iter__(loader):

@@ -261,3 +261,18 @@ def test_a_script_without_a_loader_says_it_saw_none(tmp_path):
     assert res.exit_code == 0, res.output
     assert "saw no DataLoader" in res.output and "no findings" not in res.output
     assert fastload.doctor(lambda: None, steps=2).loaders == 0
+
+
+def test_a_loader_swapped_into_torch_is_watched_once(arrays, monkeypatch):
+    """Code that swapped torch.utils.data.DataLoader for fastload's (a sitecustomize, issue 18): the doctor
+    patched that one class twice, so each batch was counted twice and a 12-step report covered 6 steps."""
+    monkeypatch.setattr(torch.utils.data, "DataLoader", fastload.DataLoader)
+    got = []
+
+    def loop():
+        for _ in range(100):
+            for x, _y in clean(arrays):
+                got.append(len(x))
+
+    report = fastload.doctor(loop, steps=12, measure_workers=False)
+    assert report.steps == 12 and len(got) >= 12, (report.steps, len(got))
