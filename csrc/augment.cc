@@ -1,8 +1,10 @@
 #include "augment.h"
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 namespace fastload {
@@ -14,8 +16,13 @@ inline void for_rows(uint8_t* tile, int h, int w, ptrdiff_t stride, Fn fn) {
   for (int y = 0; y < h; ++y) fn(tile + y * stride, static_cast<int64_t>(w) * 3);
 }
 
-// float -> uint8 as torch's finish(): clamp to [0, 255], then the cast truncates.
-inline uint8_t clamp_trunc(float v) { return static_cast<uint8_t>(std::min(std::max(v, 0.0f), 255.0f)); }
+// float -> uint8 as torch's finish(): clamp to [0, 255], then the cast truncates. Written with
+// comparisons so that a NaN (inf - inf from extreme factors) gives 0 rather than an undefined cast.
+inline uint8_t clamp_trunc(float v) {
+  v = v > 0.0f ? v : 0.0f;
+  v = v < 255.0f ? v : 255.0f;
+  return static_cast<uint8_t>(v);
+}
 
 // torch's luma on uint8 values: r * 0.2989f, then add(g, alpha=0.587) and add(b, alpha=0.114), which
 // torch's vectorised CPU kernel computes as fused multiply-adds. A float times a uint8 is exact in
@@ -40,16 +47,79 @@ struct BlendFactors {
   explicit BlendFactors(double r) : a(static_cast<float>(r)), b(static_cast<float>(1.0 - r)) {}
 };
 
-void contrast(uint8_t* t, int h, int w, ptrdiff_t stride, double factor) {
-  // The mean of the floored luma: a sum of integers, exact in torch's float32 while below 2^24
-  // (tiles up to 256 x 256); here exact in int64 at any size.
+// The luma-based kernels, one row at a time: the floored luma of the row into g[0..w) (the luma is
+// >= 0, so truncation is the floor: a plain conversion), then what the operation does with it. Compiled
+// twice, like convert.cc: for AVX2 (where the compiler vectorises the interleaved RGB loads) and portable;
+// the same IEEE operations in both, so the same bytes.
+enum LumaUse { kLumaSum, kLumaSaturate, kLumaGray };
+
+template <int kUse>
+__attribute__((always_inline)) inline int64_t luma_body(uint8_t* __restrict p, int w, float* __restrict g,
+                                                        float a, float b) {
+  for (int x = 0; x < w; ++x) g[x] = static_cast<float>(static_cast<int>(luma(p[3 * x], p[3 * x + 1], p[3 * x + 2])));
+  int64_t sum = 0;
+  if (kUse == kLumaSum) {
+    for (int x = 0; x < w; ++x) sum += static_cast<int32_t>(g[x]);
+  } else if (kUse == kLumaSaturate) {
+    for (int x = 0; x < w; ++x) {
+      const float other = g[x] * b;
+      for (int c = 0; c < 3; ++c) p[3 * x + c] = clamp_trunc(static_cast<float>(p[3 * x + c]) * a + other);
+    }
+  } else {  // torch's cast truncates the unfloored luma: the same value
+    for (int x = 0; x < w; ++x) {
+      const uint8_t v = static_cast<uint8_t>(g[x]);
+      p[3 * x] = v;
+      p[3 * x + 1] = v;
+      p[3 * x + 2] = v;
+    }
+  }
+  return sum;
+}
+
+template <int kUse>
+int64_t luma_portable(uint8_t* p, int w, float* g, float a, float b) {
+  return luma_body<kUse>(p, w, g, a, b);
+}
+
+#if defined(__x86_64__)
+template <int kUse>
+__attribute__((target("avx2"))) int64_t luma_avx2(uint8_t* p, int w, float* g, float a, float b) {
+  return luma_body<kUse>(p, w, g, a, b);
+}
+
+// AVX2 where the CPU has it, unless FASTLOAD_SIMD names a narrower set (as for resize.cc's kernels;
+// the tests compare both paths' bytes this way).
+bool use_avx2() {
+  static const bool avx2 = [] {
+    const char* env = std::getenv("FASTLOAD_SIMD");
+    const std::string want = env ? env : "";
+    return (want.empty() || want == "avx2") && __builtin_cpu_supports("avx2");
+  }();
+  return avx2;
+}
+#endif
+
+// Runs a luma kernel over the tile's rows; returns the sum of the floored luma for kLumaSum.
+template <int kUse>
+int64_t luma_rows(uint8_t* t, int h, int w, ptrdiff_t stride, float a, float b, AugScratch* s) {
+  s->a.resize(static_cast<size_t>(w));
   int64_t sum = 0;
   for (int y = 0; y < h; ++y) {
-    const uint8_t* p = t + y * stride;
-    int64_t row = 0;
-    for (int x = 0; x < w; ++x) row += static_cast<int64_t>(luma(p[3 * x], p[3 * x + 1], p[3 * x + 2]));
-    sum += row;
+#if defined(__x86_64__)
+    if (use_avx2()) {
+      sum += luma_avx2<kUse>(t + y * stride, w, s->a.data(), a, b);
+      continue;
+    }
+#endif
+    sum += luma_portable<kUse>(t + y * stride, w, s->a.data(), a, b);
   }
+  return sum;
+}
+
+void contrast(uint8_t* t, int h, int w, ptrdiff_t stride, double factor, AugScratch* s) {
+  // The mean of the floored luma: a sum of integers, exact in torch's float32 while below 2^24
+  // (tiles up to 256 x 256); here exact in int64 at any size.
+  const int64_t sum = luma_rows<kLumaSum>(t, h, w, stride, 0.0f, 0.0f, s);
   const float mean = static_cast<float>(sum) / static_cast<float>(static_cast<int64_t>(h) * w);
   const BlendFactors bf(factor);
   const float other = mean * bf.b;
@@ -59,27 +129,13 @@ void contrast(uint8_t* t, int h, int w, ptrdiff_t stride, double factor) {
   });
 }
 
-void saturation(uint8_t* t, int h, int w, ptrdiff_t stride, double factor) {
+void saturation(uint8_t* t, int h, int w, ptrdiff_t stride, double factor, AugScratch* s) {
   const BlendFactors bf(factor);
-  for (int y = 0; y < h; ++y) {
-    uint8_t* __restrict p = t + y * stride;
-    for (int x = 0; x < w; ++x) {
-      uint8_t* q = p + 3 * x;
-      const float g = std::floor(luma(q[0], q[1], q[2])) * bf.b;
-      for (int c = 0; c < 3; ++c) q[c] = clamp_trunc(static_cast<float>(q[c]) * bf.a + g);
-    }
-  }
+  luma_rows<kLumaSaturate>(t, h, w, stride, bf.a, bf.b, s);
 }
 
-void grayscale(uint8_t* t, int h, int w, ptrdiff_t stride) {
-  for (int y = 0; y < h; ++y) {
-    uint8_t* __restrict p = t + y * stride;
-    for (int x = 0; x < w; ++x) {
-      uint8_t* q = p + 3 * x;
-      const uint8_t g = static_cast<uint8_t>(luma(q[0], q[1], q[2]));  // >= 0 and < 256: truncation
-      q[0] = q[1] = q[2] = g;
-    }
-  }
+void grayscale(uint8_t* t, int h, int w, ptrdiff_t stride, AugScratch* s) {
+  luma_rows<kLumaGray>(t, h, w, stride, 0.0f, 0.0f, s);
 }
 
 // torch's remainder(a, 1) for floats: fmod, moved into [0, 1) when negative.
@@ -331,8 +387,9 @@ bool check_aug_op(const AugOpParams& p, int h, int w, std::string* err) {
   switch (p.op) {
     case kAugBrightness: case kAugContrast: case kAugSaturation: case kAugHue: case kAugSharpness:
     case kAugSolarize:
-      if (!std::isfinite(p.f[0])) {
-        *err = std::string(p.op == kAugSolarize ? "threshold " : "factor ") + num(p.f[0]) + " is not finite";
+      if (!std::isfinite(static_cast<float>(p.f[0]))) {  // the kernels compute in float32
+        *err = std::string(p.op == kAugSolarize ? "threshold " : "factor ") + num(p.f[0]) +
+               " is not finite in float32";
         return false;
       }
       return true;
@@ -343,6 +400,13 @@ bool check_aug_op(const AugOpParams& p, int h, int w, std::string* err) {
       }
       return true;
     case kAugErase:
+      for (int c = 0; c < 4; ++c) {  // int32 range: top + height cannot overflow
+        if (p.i[c] < INT32_MIN || p.i[c] > INT32_MAX) {
+          *err = "box " + std::to_string(p.i[c]) + " (position " + std::to_string(c) +
+                 " of top, left, height, width) is outside the int32 range";
+          return false;
+        }
+      }
       for (int c = 0; c < 3; ++c) {
         if (!(p.f[c] >= 0.0 && p.f[c] <= 255.0)) {
           *err = "value " + num(p.f[c]) + " (channel " + std::to_string(c) +
@@ -383,10 +447,10 @@ bool apply_ops(uint8_t* tile, int h, int w, ptrdiff_t stride, const AugOpParams*
     const AugOpParams& p = ops[k];
     switch (p.op) {
       case kAugBrightness: brightness(tile, h, w, stride, p.f[0]); break;
-      case kAugContrast: contrast(tile, h, w, stride, p.f[0]); break;
-      case kAugSaturation: saturation(tile, h, w, stride, p.f[0]); break;
+      case kAugContrast: contrast(tile, h, w, stride, p.f[0], scratch); break;
+      case kAugSaturation: saturation(tile, h, w, stride, p.f[0], scratch); break;
       case kAugHue: hue(tile, h, w, stride, p.f[0]); break;
-      case kAugGrayscale: grayscale(tile, h, w, stride); break;
+      case kAugGrayscale: grayscale(tile, h, w, stride, scratch); break;
       case kAugSolarize: solarize(tile, h, w, stride, p.f[0]); break;
       case kAugPosterize: posterize(tile, h, w, stride, p.i[0]); break;
       case kAugInvert: invert(tile, h, w, stride); break;
