@@ -29,6 +29,10 @@ erase's box one row too tall (8), a sample's operations run in reverse order (5:
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -193,6 +197,35 @@ def test_results_do_not_depend_on_the_thread_count(threads, tiles):
     assert np.mean(alone != tiles["photo"]) > 0.5
 
 
+SIMD_PROBE = """
+import hashlib, numpy as np
+from test_augment_native import N, NATIVE_OPS, noise_tiles, one_op_plan, photo_tiles, run_native
+h = hashlib.sha256()
+for op in NATIVE_OPS:
+    for t in (noise_tiles(N), photo_tiles(N)[:, :, :61].copy()):
+        h.update(run_native(t, one_op_plan(op, N, t.shape[1], t.shape[2])).tobytes())
+print(h.hexdigest())
+"""
+
+
+def test_the_avx2_and_portable_kernels_write_the_same_bytes():
+    """The luma kernels are compiled for AVX2 and portably (FASTLOAD_SIMD=scalar picks the portable one)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    digests = []
+    for level in (None, "scalar"):
+        env = {k: v for k, v in os.environ.items() if k != "FASTLOAD_SIMD"}
+        # this folder, tests/ (conftest's helpers) and the fastload this process imported
+        paths = [here, os.path.dirname(here), os.path.dirname(os.path.dirname(os.path.abspath(_C.__file__)))]
+        env["PYTHONPATH"] = os.pathsep.join(paths + [env.get("PYTHONPATH", "")])
+        if level:
+            env["FASTLOAD_SIMD"] = level
+        out = subprocess.run([sys.executable, "-c", SIMD_PROBE], env=env, cwd=here, capture_output=True, text=True,
+                             timeout=300)
+        assert out.returncode == 0, f"FASTLOAD_SIMD={level}: exit {out.returncode}\n{out.stderr[-2000:]}"
+        digests.append(out.stdout.strip())
+    assert digests[0] == digests[1]
+
+
 def test_runs_in_place_on_a_tensor_and_gives_one_channel_after_grayscale():
     t = smooth_tiles(4)
     b = PlanBuilder(np.tile([H, W], (4, 1)))
@@ -308,6 +341,9 @@ def test_read_only_images_are_refused():
 @pytest.mark.parametrize("op, f, i, pattern", [
     (0, [float("nan"), 0, 0, 0], [0] * 4, "brightness.*factor nan is not finite"),
     (5, [float("inf"), 0, 0, 0], [0] * 4, "solarize.*threshold inf is not finite"),
+    (10, [1e300, 0, 0, 0], [0] * 4, "sharpness.*factor 1e[+]300 is not finite in float32"),
+    (11, [0, 0, 0, 0], [0, 2**62, 2, 2], r"erase.*box 4611686018427387904 \(position 1 of top, left, height, "
+                                         r"width\) is outside the int32 range"),
     (11, [0, 300, 0, 0], [0, 0, 2, 2], r"erase.*value 300 \(channel 1\) is outside \[0, 255\]"),
     (12, [1, 1, 0, 0], [4, 3, 0, 0], "gaussian_blur.*kernel size x 4 should be odd"),
     (12, [1, 1, 0, 0], [3, 17, 0, 0], "kernel size y 17 .* tile's height 8"),
