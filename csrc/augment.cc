@@ -334,9 +334,10 @@ inline int reflect(int i, int n) { return i < 0 ? -i : (i >= n ? 2 * n - 2 - i :
 void gaussian_blur(uint8_t* t, int h, int w, ptrdiff_t stride, const int64_t* ksize, const double* sigma,
                    AugScratch* s) {
   const int kx = static_cast<int>(ksize[0]), ky = static_cast<int>(ksize[1]);
-  std::vector<float> tx, ty;
-  gaussian_taps(kx, sigma[0], &tx);
-  gaussian_taps(ky, sigma[1], &ty);
+  gaussian_taps(kx, sigma[0], &s->taps_x);
+  gaussian_taps(ky, sigma[1], &s->taps_y);
+  const float* tx = s->taps_x.data();
+  const float* ty = s->taps_y.data();
   const int64_t row = static_cast<int64_t>(w) * 3;
   const int px = kx / 2, py = ky / 2;
   const int64_t padded = (static_cast<int64_t>(w) + 2 * px) * 3;

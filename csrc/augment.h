@@ -59,7 +59,7 @@ const char* aug_op_name(int64_t op);
 // Per-thread buffers, grown to the largest tile seen.
 struct AugScratch {
   std::vector<uint8_t> copy;
-  std::vector<float> a, b;
+  std::vector<float> a, b, taps_x, taps_y;
 };
 
 // Checks one operation's parameters for an h x w tile; false with a message (no prefix) if bad.
