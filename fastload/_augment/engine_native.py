@@ -77,14 +77,22 @@ def run_native(images: Any, plan: AugmentPlan, pool: Any = None) -> Any:
     """Run ``plan``'s pixel steps on ``images`` **in place** and return it (a view of its first channel when
     the plan converts to one channel).
 
-    ``images``: uint8 (N, H, W, 3), C-contiguous, a numpy array or a CPU torch tensor (its memory is used).
+    ``images``: uint8 (N, H, W, 3), C-contiguous, a numpy array or a CPU torch tensor (its memory is used); or
+    a CPU tensor (N, 3, H, W) in channels_last memory (the same bytes).
     ``pool``: a ``fastload._C.Pool`` whose threads split the samples (None: the calling thread only); the
     result does not depend on its size. The plan's horizontal flips are taken as done by the decoder."""
     _C = _native()
-    arr = images.numpy() if hasattr(images, "numpy") and not isinstance(images, np.ndarray) else images
+    nchw = _is_channels_last_nchw(images)
+    arr = images.permute(0, 2, 3, 1) if nchw else images
+    arr = arr.numpy() if hasattr(arr, "numpy") and not isinstance(arr, np.ndarray) else arr
     if not isinstance(arr, np.ndarray) or arr.ndim != 4:
         raise TypeError(f"run_native: images should be a uint8 (N, H, W, 3) numpy array or CPU tensor, got "
                         f"{type(images).__name__} of shape {getattr(images, 'shape', None)}")
+    if arr.shape[3] != 3:
+        hint = (" (an (N, 3, H, W) tensor must be in channels_last memory: "
+                "x.contiguous(memory_format=torch.channels_last))" if arr.shape[1] == 3 else "")
+        raise ValueError(f"run_native: images should be (N, H, W, 3), RGB in NHWC memory, got shape "
+                         f"{tuple(arr.shape)}{hint}")
     n, h, w = arr.shape[:3]
     if n != plan.n:
         raise ValueError(f"run_native: the batch has {n} images but the plan was made for {plan.n}")
@@ -104,4 +112,15 @@ def run_native(images: Any, plan: AugmentPlan, pool: Any = None) -> Any:
             _default_pool = _C.Pool(0)
         pool = _default_pool
     _C.augment_batch(pool, arr, *native_arrays(plan))
-    return images[..., :1] if plan.channels == 1 else images
+    if plan.channels == 1:
+        return images[:, :1] if nchw else images[..., :1]
+    return images
+
+
+def _is_channels_last_nchw(images: Any) -> bool:
+    """A torch tensor (N, 3, H, W) whose memory is NHWC: what fastload's loader hands out."""
+    import sys
+
+    torch = sys.modules.get("torch")  # only a tensor can be one, and then torch is imported
+    return (torch is not None and isinstance(images, torch.Tensor) and images.ndim == 4 and images.shape[1] == 3
+            and images.shape[3] != 3 and images.is_contiguous(memory_format=torch.channels_last))

@@ -248,6 +248,18 @@ def test_runs_in_place_on_a_tensor_and_gives_one_channel_after_grayscale():
     assert np.array_equal(gray, run_torch(to_batch(t), plan).permute(0, 2, 3, 1).numpy())
 
 
+def test_runs_on_a_channels_last_nchw_tensor():
+    t = photo_tiles(6)
+    plan = plan_batch(RECIPES["tone"], np.tile([H, W], (6, 1)), np.random.default_rng(2))
+    x = torch.from_numpy(t.copy()).permute(0, 3, 1, 2)  # (N, 3, H, W), channels_last memory
+    assert x.is_contiguous(memory_format=torch.channels_last)
+    y = run_native(x, plan)
+    assert y is x
+    assert torch.equal(x, run_torch(to_batch(t), plan, flips=False))
+    with pytest.raises(ValueError, match=r"shape \(6, 3, 48, 64\) \(an \(N, 3, H, W\) tensor must be in channels_last"):
+        run_native(to_batch(t), plan)  # NCHW memory: refused, not reinterpreted
+
+
 def test_every_plan_operation_has_a_native_kernel_and_a_new_one_is_named():
     assert set(NATIVE_OPS) == set(OPS), f"operations without a native kernel: {sorted(set(OPS) - set(NATIVE_OPS))}"
     assert tuple(_C.AUGMENT_OPS) == NATIVE_OPS
