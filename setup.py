@@ -17,8 +17,8 @@ from setuptools.command.build_ext import build_ext
 from setuptools.errors import CompileError, ExecError, LinkError
 
 SOURCES = [
-    "csrc/binding.cc", "csrc/batch.cc", "csrc/convert.cc", "csrc/gather.cc", "csrc/jpeg.cc", "csrc/pool.cc",
-    "csrc/resize.cc",
+    "csrc/binding.cc", "csrc/augment.cc", "csrc/batch.cc", "csrc/convert.cc", "csrc/gather.cc", "csrc/jpeg.cc",
+    "csrc/pool.cc", "csrc/resize.cc",
 ]
 
 INSTALL_COMPILER = (

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "augment.h"
 #include "batch.h"
 #include "convert.h"
 #include "gather.h"
@@ -434,6 +435,67 @@ void affine_u8_f32(py::handle src, py::handle out, py::handle scale_seq, py::han
   if (!ok) throw py::value_error("affine_u8_f32: " + err);
 }
 
+// A C-contiguous float64 array of shape (n, cols) (safe casts only: float and integer dtypes).
+py::array_t<double, py::array::c_style> float_array(py::handle obj, const char* name, int64_t n, int64_t cols) {
+  const std::string want = "(" + std::to_string(n) + ", " + std::to_string(cols) + ")";
+  auto arr = py::array_t<double, py::array::c_style>::ensure(obj);
+  if (!arr) {
+    throw py::type_error(std::string(name) + ": expected a float array of shape " + want + ", got " +
+                         describe_array(obj));
+  }
+  if (arr.ndim() != 2 || arr.shape(0) != n || arr.shape(1) != cols) {
+    throw py::value_error(std::string(name) + ": expected shape " + want + ", got shape " +
+                          std::string(py::str(arr.attr("shape"))));
+  }
+  return arr;
+}
+
+void augment_batch(BatchEngine& pool, py::handle images, py::handle op, py::handle offset, py::handle sample,
+                   py::handle fparams, py::handle iparams) {
+  if (!py::isinstance<py::array_t<uint8_t>>(images)) {
+    throw py::type_error("images: expected a uint8 numpy array of shape (n, H, W, 3), got " + describe_array(images));
+  }
+  py::array img = py::reinterpret_borrow<py::array>(images);
+  if (img.ndim() != 4 || img.shape(3) != 3 || img.shape(1) < 1 || img.shape(2) < 1 || img.shape(1) > INT32_MAX ||
+      img.shape(2) > INT32_MAX) {
+    throw py::value_error("images: expected shape (n, H, W, 3) with H, W >= 1, got shape " +
+                          std::string(py::str(img.attr("shape"))));
+  }
+  if (!(img.flags() & py::array::c_style)) {
+    throw py::value_error("images: expected a C-contiguous array (NHWC memory), got strides " +
+                          std::string(py::str(img.attr("strides"))) + " for shape " +
+                          std::string(py::str(img.attr("shape"))));
+  }
+  if (!img.writeable()) throw py::value_error("images: array is read-only (the operations run in place)");
+  int64_t steps = -1, rows = -1;
+  auto op_a = int_array(op, "op", &steps, 0);
+  int64_t bounds = steps + 1;
+  auto offset_a = int_array(offset, "offset", &bounds, 0);
+  auto sample_a = int_array(sample, "sample", &rows, 0);
+  auto iparams_a = int_array(iparams, "iparams", &rows, fastload::kAugParams);
+  auto fparams_a = float_array(fparams, "fparams", rows, fastload::kAugParams);
+
+  fastload::AugBatchSpec spec;
+  spec.images = static_cast<uint8_t*>(img.mutable_data());
+  spec.n = img.shape(0);
+  spec.h = static_cast<int>(img.shape(1));
+  spec.w = static_cast<int>(img.shape(2));
+  spec.num_steps = steps;
+  spec.op = op_a.data();
+  spec.offset = offset_a.data();
+  spec.num_rows = rows;
+  spec.sample = sample_a.data();
+  spec.fparam = fparams_a.data();
+  spec.iparam = iparams_a.data();
+  std::string err;
+  bool ok;
+  {
+    py::gil_scoped_release nogil;
+    ok = fastload::augment_batch(&pool.pool(), spec, &err);
+  }
+  if (!ok) throw py::value_error("augment_batch: " + err);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -480,6 +542,22 @@ PYBIND11_MODULE(_C, m) {
         "ToDtype(float32, scale=True) + Normalize in one pass. A multiply then an add (no fused\n"
         "multiply-add), the same bits with AVX2 (avx2=True, where the CPU has it) or without. The GIL\n"
         "is released.");
+
+  m.attr("AUGMENT_PARAMS") = fastload::kAugParams;
+  m.attr("AUGMENT_OPS") = [] {
+    py::tuple names(static_cast<size_t>(fastload::kAugNumOps));
+    for (int k = 0; k < fastload::kAugNumOps; ++k) names[k] = fastload::aug_op_name(k);
+    return names;
+  }();
+  m.def("augment_batch", &augment_batch, py::arg("pool"), py::arg("images"), py::arg("op"), py::arg("offset"),
+        py::arg("sample"), py::arg("fparams"), py::arg("iparams"),
+        "augment_batch(pool, images, op, offset, sample, fparams, iparams) -> None\n"
+        "Runs an augmentation plan's pixel steps in place on images (uint8 (n, H, W, 3), C-contiguous,\n"
+        "writable): step s applies operation op[s] (an index into AUGMENT_OPS) to the tiles\n"
+        "sample[offset[s]:offset[s+1]], row j with the parameters fparams[j] (float64 (m, 4)) and\n"
+        "iparams[j] (int64 (m, 4)). Everything is checked first (ValueError naming the step, row and\n"
+        "sample, images untouched); then each tile runs its operations in step order on one of the\n"
+        "pool's threads (results do not depend on the thread count). The GIL is released.");
 
   m.def("gather_pieces", &gather_pieces, py::arg("pool"), py::arg("regions"), py::arg("region"),
         py::arg("offset"), py::arg("length"), py::arg("dst"), py::arg("out"),

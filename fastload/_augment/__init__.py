@@ -2,7 +2,8 @@
 
 status: groundwork only. Nothing here is wired into ``fastload.open``, the loader or the native decoder yet
 (that waits for the fast path's stages, issue 20, whose decoders take the plan object), and nothing is
-exported from ``fastload/__init__.py``. No C++ engine yet: the two engines are PIL (reference) and batched torch.
+exported from ``fastload/__init__.py``. Three engines: PIL (reference), batched torch, and native C++ kernels for
+the pixel operations (``engine_native.py``, csrc/augment.cc; run over a decoded batch until the decoders call them).
 
 One file per concern:
 
@@ -16,6 +17,7 @@ One file per concern:
 | ``policies.py`` | TrivialAugmentWide, RandAugment, AutoAugment (ImageNet policy), ThreeAugment (DeiT III) |
 | ``combinators.py`` | RandomApply, RandomChoice, RandomOrder |
 | ``engine_pil.py`` / ``engine_torch.py`` | the two engines (images; masks follow the geometry only) |
+| ``engine_native.py`` | the plan's pixel steps as ``_C.augment_batch``'s arrays, run in place on NHWC uint8 |
 | ``mix.py`` | batch transforms MixUp, CutMix (and a random choice of them) |
 
 Left for the wiring (after issue 20's stages): ``fastload.open(transforms=...)`` accepting these classes

@@ -1,0 +1,92 @@
+// Native kernels for the pixel operations of an augmentation plan (issue 21's third engine), on
+// uint8 RGB tiles (HWC, channels interleaved), in place.
+//
+// The formulas are fastload/_augment/engine_torch.py's (torchvision v2's tensor kernels on uint8),
+// with the same float32 roundings, so the two engines write the same bytes wherever the torch
+// engine's arithmetic is reproducible (see tests/augment/test_augment_native.py for the figures):
+// the blends are float32 multiply then add, torch's luma is a float32 multiply and two fused
+// multiply-adds (its vectorised `add(alpha=)`), emulated exactly in double here.
+//
+// Two levels:
+// - apply_ops(): one tile and its ordered operations. It is what the decode threads will call
+//   on each output tile right after crop/resize/flip (the fused path); nothing in it allocates
+//   once the scratch has grown to the tile.
+// - augment_batch(): a plan's steps over a batch (n tiles of h x w), split over samples on the
+//   pool. Each sample is processed by one thread, its operations in step order, so the result
+//   does not depend on the number of threads.
+//
+// Every operation and parameter is checked before any pixel is written: on error nothing changed.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "pool.h"
+
+namespace fastload {
+
+// Operation ids: the order of NATIVE_OPS in fastload/_augment/engine_native.py.
+enum AugOp : int32_t {
+  kAugBrightness = 0,  // f[0] = factor
+  kAugContrast,        // f[0] = factor
+  kAugSaturation,      // f[0] = factor
+  kAugHue,             // f[0] = hue factor (turns)
+  kAugGrayscale,       // three equal channels
+  kAugSolarize,        // f[0] = threshold: values >= it are inverted
+  kAugPosterize,       // i[0] = bits, 0..8
+  kAugInvert,
+  kAugEqualize,
+  kAugAutocontrast,
+  kAugSharpness,     // f[0] = factor
+  kAugErase,         // i[0..3] = top, left, height, width (clipped to the tile); f[0..2] = value 0..255
+  kAugGaussianBlur,  // i[0..1] = kernel size x, y (odd, half < the tile); f[0..1] = sigma x, y > 0
+  kAugNumOps
+};
+
+// Parameters per operation row: kAugParams floats and kAugParams ints (unused ones ignored).
+constexpr int kAugParams = 4;
+
+struct AugOpParams {
+  int32_t op = 0;
+  double f[kAugParams] = {0, 0, 0, 0};
+  int64_t i[kAugParams] = {0, 0, 0, 0};
+};
+
+const char* aug_op_name(int64_t op);
+
+// Per-thread buffers, grown to the largest tile seen.
+struct AugScratch {
+  std::vector<uint8_t> copy;
+  std::vector<float> a, b, taps_x, taps_y;
+};
+
+// Checks one operation's parameters for an h x w tile; false with a message (no prefix) if bad.
+bool check_aug_op(const AugOpParams& p, int h, int w, std::string* err);
+
+// Runs ops[0..n_ops) in order on the tile (row r starts at tile + r * stride; 3 bytes a pixel).
+// Checks every operation first; returns false with a message, tile untouched, if one is bad.
+bool apply_ops(uint8_t* tile, int h, int w, ptrdiff_t stride, const AugOpParams* ops, int64_t n_ops,
+               AugScratch* scratch, std::string* err);
+
+// A plan's steps over a batch. Step s runs op[s] on the rows offset[s] .. offset[s+1] - 1; row j
+// applies to tile sample[j] with the parameters fparam[j * kAugParams ..], iparam[j * kAugParams ..].
+struct AugBatchSpec {
+  uint8_t* images = nullptr;  // n x h x w x 3, contiguous
+  int64_t n = 0;
+  int h = 0, w = 0;
+  int64_t num_steps = 0;
+  const int64_t* op = nullptr;      // num_steps
+  const int64_t* offset = nullptr;  // num_steps + 1, from 0 to num_rows, non-decreasing
+  int64_t num_rows = 0;
+  const int64_t* sample = nullptr;  // num_rows, each in [0, n)
+  const double* fparam = nullptr;   // num_rows x kAugParams
+  const int64_t* iparam = nullptr;  // num_rows x kAugParams
+};
+
+// Checks the whole spec (naming the first bad step/row and the sizes), then runs it. On error
+// returns false with a message and leaves the images untouched.
+bool augment_batch(ThreadPool* pool, const AugBatchSpec& spec, std::string* err);
+
+}  // namespace fastload

@@ -1,0 +1,126 @@
+"""The native engine: a plan's pixel steps run by C++ kernels (csrc/augment.cc) over an NHWC uint8 batch.
+
+status: groundwork for issue 21, not wired into the loader yet. Later the decode threads will call the same
+per-tile kernels (``apply_ops``) on each output tile right after crop/resize/flip; until then this runs them
+over a decoded batch, in place, split over samples on a ``fastload._C.Pool``.
+
+The kernels follow ``engine_torch.py``'s formulas and float32 roundings, so the two engines agree bit for bit
+on most operations (tests/augment/test_augment_native.py states the figures per operation). Geometry is not
+here: horizontal flips are the decoder's (this runs after it, as ``run_torch(flips=False)``); vertical flips
+and affines raise NotImplementedError, as do operations without a native kernel.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from . import color, filters, tone  # noqa: F401  (they register their operations)
+from .plan import AugmentPlan
+
+__all__ = ["NATIVE_OPS", "run_native"]
+
+# The C++ operation ids, in order (csrc/augment.h's AugOp); checked against the extension at first use.
+NATIVE_OPS = ("brightness", "contrast", "saturation", "hue", "grayscale", "solarize", "posterize", "invert",
+              "equalize", "autocontrast", "sharpness", "erase", "gaussian_blur")
+_ID = {name: k for k, name in enumerate(NATIVE_OPS)}
+_PARAMS = 4  # float and int parameter columns per row (csrc/augment.h's kAugParams)
+
+# Where each operation's plan columns go in the native rows: (column, "f" or "i", first slot).
+_LAYOUT: dict[str, tuple[tuple[str, str, int], ...]] = {
+    "brightness": (("factor", "f", 0),),
+    "contrast": (("factor", "f", 0),),
+    "saturation": (("factor", "f", 0),),
+    "hue": (("factor", "f", 0),),
+    "sharpness": (("factor", "f", 0),),
+    "solarize": (("threshold", "f", 0),),
+    "posterize": (("bits", "i", 0),),
+    "erase": (("box", "i", 0), ("value", "f", 0)),
+    "gaussian_blur": (("ksize", "i", 0), ("sigma", "f", 0)),
+}
+
+_default_pool = None
+
+
+def _native() -> Any:
+    from fastload import _C
+
+    if tuple(_C.AUGMENT_OPS) != NATIVE_OPS or _C.AUGMENT_PARAMS != _PARAMS:
+        raise RuntimeError(f"fastload._C was built from other sources: its operations are {tuple(_C.AUGMENT_OPS)}, "
+                           f"this module expects {NATIVE_OPS}; rebuild with `python setup.py build_ext --inplace`")
+    return _C
+
+
+def native_arrays(plan: AugmentPlan) -> tuple[np.ndarray, ...]:
+    """The plan's steps as the native call's arrays: op (s,), offset (s + 1,), sample (m,), fparams (m, 4),
+    iparams (m, 4). Raises NotImplementedError naming the operations the native engine does not have."""
+    missing = sorted({step.op for step in plan.steps} - set(_ID))
+    if missing:
+        raise NotImplementedError(f"the native augmentation engine has no kernel for {', '.join(missing)} "
+                                  f"(it has {', '.join(NATIVE_OPS)}); run these plans with engine_torch.run_torch")
+    sizes = np.array([step.index.size for step in plan.steps], dtype=np.int64)
+    offset = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    m = int(offset[-1])
+    op = np.array([_ID[step.op] for step in plan.steps], dtype=np.int64)
+    sample = np.concatenate([step.index for step in plan.steps]).astype(np.int64) if plan.steps else \
+        np.zeros(0, np.int64)
+    fparams, iparams = np.zeros((m, _PARAMS)), np.zeros((m, _PARAMS), dtype=np.int64)
+    for step, start, stop in zip(plan.steps, offset[:-1], offset[1:]):
+        for column, kind, first in _LAYOUT.get(step.op, ()):
+            values = step.params[column].reshape(stop - start, -1)
+            (fparams if kind == "f" else iparams)[start:stop, first:first + values.shape[1]] = values
+    return op, offset, sample, fparams, iparams
+
+
+def run_native(images: Any, plan: AugmentPlan, pool: Any = None) -> Any:
+    """Run ``plan``'s pixel steps on ``images`` **in place** and return it (a view of its first channel when
+    the plan converts to one channel).
+
+    ``images``: uint8 (N, H, W, 3), C-contiguous, a numpy array or a CPU torch tensor (its memory is used); or
+    a CPU tensor (N, 3, H, W) in channels_last memory (the same bytes).
+    ``pool``: a ``fastload._C.Pool`` whose threads split the samples (None: the calling thread only); the
+    result does not depend on its size. The plan's horizontal flips are taken as done by the decoder."""
+    _C = _native()
+    nchw = _is_channels_last_nchw(images)
+    arr = images.permute(0, 2, 3, 1) if nchw else images
+    arr = arr.numpy() if hasattr(arr, "numpy") and not isinstance(arr, np.ndarray) else arr
+    if not isinstance(arr, np.ndarray) or arr.ndim != 4:
+        raise TypeError(f"run_native: images should be a uint8 (N, H, W, 3) numpy array or CPU tensor, got "
+                        f"{type(images).__name__} of shape {getattr(images, 'shape', None)}")
+    if arr.shape[3] != 3:
+        hint = (" (an (N, 3, H, W) tensor must be in channels_last memory: "
+                "x.contiguous(memory_format=torch.channels_last))" if arr.shape[1] == 3 else "")
+        raise ValueError(f"run_native: images should be (N, H, W, 3), RGB in NHWC memory, got shape "
+                         f"{tuple(arr.shape)}{hint}")
+    n, h, w = arr.shape[:3]
+    if n != plan.n:
+        raise ValueError(f"run_native: the batch has {n} images but the plan was made for {plan.n}")
+    bad = np.flatnonzero((plan.geometry.out_hw[:, 0] != h) | (plan.geometry.out_hw[:, 1] != w))
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"run_native: sample {i} was planned as {tuple(int(v) for v in plan.geometry.out_hw[i])} "
+                         f"(h, w) but the batch's tiles are {(h, w)}")
+    geometry = [what for what, rows in (("vertical flips", plan.geometry.vflip),
+                                        ("affine transforms", plan.geometry.has_affine)) if np.any(rows)]
+    if geometry:
+        raise NotImplementedError(f"the native augmentation engine runs pixel operations only; this plan has "
+                                  f"{' and '.join(geometry)} (run it with engine_torch.run_torch)")
+    global _default_pool
+    if pool is None:
+        if _default_pool is None:
+            _default_pool = _C.Pool(0)
+        pool = _default_pool
+    _C.augment_batch(pool, arr, *native_arrays(plan))
+    if plan.channels == 1:
+        return images[:, :1] if nchw else images[..., :1]
+    return images
+
+
+def _is_channels_last_nchw(images: Any) -> bool:
+    """A torch tensor (N, 3, H, W) whose memory is NHWC: what fastload's loader hands out."""
+    import sys
+
+    torch = sys.modules.get("torch")  # only a tensor can be one, and then torch is imported
+    return (torch is not None and isinstance(images, torch.Tensor) and images.ndim == 4 and images.shape[1] == 3
+            and images.shape[3] != 3 and images.is_contiguous(memory_format=torch.channels_last))
