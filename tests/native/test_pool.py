@@ -53,6 +53,19 @@ def test_pool_shared_by_python_threads():
     assert errors == []
 
 
+def _reap(pid: int) -> None:
+    """Wait up to 20 s for a forked child; it must exit 0 (a hang or an abort fails the test)."""
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.waitstatus_to_exitcode(status) == 0, f"the child ended with {os.waitstatus_to_exitcode(status)}"
+            return
+        time.sleep(0.02)
+    os.kill(pid, 9)
+    pytest.fail("forked child hung using the pool")
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_pool_usable_after_fork():
     pool = _C.Pool(2)
@@ -70,15 +83,7 @@ def test_pool_usable_after_fork():
             gc.collect()
         finally:
             os._exit(code)
-    deadline = time.time() + 20
-    while time.time() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            assert os.waitstatus_to_exitcode(status) == 0
-            return
-        time.sleep(0.02)
-    os.kill(pid, 9)
-    pytest.fail("forked child hung using the pool")
+    _reap(pid)
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
@@ -103,12 +108,4 @@ def test_inherited_pool_deleted_in_a_child_that_has_its_own_pool():
                 code = 0
         finally:
             os._exit(code)
-    deadline = time.time() + 20
-    while time.time() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            assert os.waitstatus_to_exitcode(status) == 0, f"the child ended with {os.waitstatus_to_exitcode(status)}"
-            return
-        time.sleep(0.02)
-    os.kill(pid, 9)
-    pytest.fail("forked child hung")
+    _reap(pid)
