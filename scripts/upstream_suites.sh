@@ -27,6 +27,9 @@
 #   --skip-install         reuse the venv as it is
 set -euo pipefail
 
+# All of it in one function, called on the last line: bash then reads the whole file before running any of it,
+# so editing the script during a (long) run cannot change the run.
+main() {
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 VENV=$REPO/bench/.venvs/upstream
 OUT=$REPO/bench/results/upstream_suites.md
@@ -43,9 +46,9 @@ TIMEOUT=180
 ONLY=""
 SKIP_INSTALL=0
 ARGS=("$@")
+POS=()
 
 die() { echo "upstream_suites: $*" >&2; exit 2; }
-POS=()
 while [ $# -gt 0 ]; do
     case $1 in
         --venv) VENV=$(realpath -m "$2"); shift 2 ;;
@@ -126,10 +129,11 @@ if [ $SKIP_INSTALL -eq 0 ]; then
     pipi -e "$REPO" --no-build-isolation
     # The releases under test, and what the chosen test files import (requirements/{pytorch,fabric}/test.txt at
     # 2.6.5 and accelerate's test_prod extra, less what these files never import: coverage, onnx, pandas,
-    # tensorboard, transformers, datasets, scikit-learn -- the few tests that need those skip).
+    # tensorboard, transformers, datasets, scikit-learn -- the few tests that need those skip). expecttest:
+    # torch.testing._internal, which torchdata's StatefulDataLoader tests import.
     pipi torch==2.13.0 lightning==2.6.5 "accelerate==1.15.*" "torchdata>=0.11" \
         pytest==9.0.2 pytest-timeout==2.4.0 pytest-rerunfailures==16.1 "cloudpickle>=1.3,<3.2" psutil \
-        parameterized pytest-subtests
+        parameterized pytest-subtests expecttest
     # pillow-simd last, after anything that might have pulled plain pillow, as the Makefile does.
     if "$PY" -m pip show -q pillow >/dev/null 2>&1; then
         "$PY" -m pip uninstall -q -y pillow pillow-simd
@@ -212,7 +216,7 @@ run_suite() {  # run_suite RUN SUITE: every file of SUITE, one pytest process pe
             >"${xml%.xml}.log" 2>&1) || rc=$?
         printf '%s\t%s\t%s\t%s\t%s\n' "$run" "$suite" "$f" "$((SECONDS - t0))" "$rc" >>"$WORK/junit/times.tsv"
         printf '   %-9s %-10s %-66s %4ss rc=%s  %s\n' "$run" "$suite" "$f" "$((SECONDS - t0))" "$rc" \
-            "$(tail -n 1 "${xml%.xml}.log")"
+            "$(grep -aE '[0-9]+ (passed|failed|skipped|errors?)|no tests ran' "${xml%.xml}.log" | tail -n 1)"
     done
 }
 
@@ -245,10 +249,13 @@ refs=(--ref "Lightning $L_REF = $(git -C "$L_CLONE" rev-parse --short "$L_REF^{c
 if [ -n "$TD_CLONE" ]; then
     refs+=(--ref "torchdata $TD_REF = $(git -C "$TD_CLONE" rev-parse --short "$TD_REF^{commit}")")
 fi
-fl_commit=$(git -C "${FL_SRC:-$REPO}" rev-parse --short HEAD)
-fl_dirty=$(git -C "${FL_SRC:-$REPO}" status --porcelain --untracked-files=no -- fastload csrc | head -c1)
+fl_commit=$(git -C "${FL_SRC:-$REPO}" rev-parse --short HEAD 2>/dev/null || echo "(not a git work tree)")
+fl_dirty=$(git -C "${FL_SRC:-$REPO}" status --porcelain --untracked-files=no -- fastload csrc 2>/dev/null | head -c1)
 "$PY" "$REPO/scripts/upstream_suites_report.py" --junit "$WORK/junit" ${BASELINE:+--baseline "$BASELINE"} \
     --out "$OUT" --command "scripts/upstream_suites.sh ${ARGS[*]}" \
     --fastload "${FL_SRC:-$REPO} @ $fl_commit${fl_dirty:+ (with uncommitted changes)}${EXTRA_SITE:+; sitecustomize extended by $EXTRA_SITE}" \
     "${refs[@]}" --venv "$VENV"
 echo "== results in $OUT (junit XML and logs in $WORK/junit)"
+}
+
+main "$@"
