@@ -20,6 +20,7 @@
 #                          e.g. another worktree; default: the editable install of this repository
 #   --extra-site FILE      Python appended to the fastload run's sitecustomize.py after the swap: an experiment
 #                          (e.g. a known cause patched by hand, to see what lies behind it); the table says so
+#   --fastload-label TEXT  how the table names that tree (e.g. "branch dropin @ 6ffed09" for an exported snapshot)
 #   --runs LIST            comma list of runs, of "torch" and "fastload" (default torch,fastload)
 #   --baseline DIR         junit folder of an earlier torch run to compare against (with --runs fastload)
 #   --timeout S            per-test timeout (default 180)
@@ -40,6 +41,7 @@ TD_CLONE=""
 TD_REF=v0.11.0
 FL_SRC=""
 EXTRA_SITE=""
+FL_LABEL=""
 RUNS=torch,fastload
 BASELINE=""
 TIMEOUT=180
@@ -59,6 +61,7 @@ while [ $# -gt 0 ]; do
         --torchdata) TD_CLONE=$(realpath "$2"); shift 2 ;;
         --torchdata-ref) TD_REF=$2; shift 2 ;;
         --fastload-src) FL_SRC=$(realpath "$2"); shift 2 ;;
+        --fastload-label) FL_LABEL=$2; shift 2 ;;
         --extra-site) EXTRA_SITE=$(realpath "$2"); shift 2 ;;
         --runs) RUNS=$2; shift 2 ;;
         --baseline) BASELINE=$(realpath "$2"); shift 2 ;;
@@ -249,11 +252,12 @@ refs=(--ref "Lightning $L_REF = $(git -C "$L_CLONE" rev-parse --short "$L_REF^{c
 if [ -n "$TD_CLONE" ]; then
     refs+=(--ref "torchdata $TD_REF = $(git -C "$TD_CLONE" rev-parse --short "$TD_REF^{commit}")")
 fi
-fl_commit=$(git -C "${FL_SRC:-$REPO}" rev-parse --short HEAD 2>/dev/null || echo "(not a git work tree)")
-fl_dirty=$(git -C "${FL_SRC:-$REPO}" status --porcelain --untracked-files=no -- fastload csrc 2>/dev/null | head -c1)
+fl_commit=$(git -C "${FL_SRC:-$REPO}" log -1 --format=%h -- fastload csrc 2>/dev/null || true)
+fl_commit=${fl_commit:+"HEAD $(git -C "${FL_SRC:-$REPO}" rev-parse --short HEAD), last change to fastload/ and csrc/ in $fl_commit"}
+fl_dirty=$(git -C "${FL_SRC:-$REPO}" status --porcelain --untracked-files=no -- fastload csrc 2>/dev/null | head -c1 || true)
 "$PY" "$REPO/scripts/upstream_suites_report.py" --junit "$WORK/junit" ${BASELINE:+--baseline "$BASELINE"} \
     --out "$OUT" --command "scripts/upstream_suites.sh ${ARGS[*]}" \
-    --fastload "${FL_SRC:-$REPO} @ $fl_commit${fl_dirty:+ (with uncommitted changes)}${EXTRA_SITE:+; sitecustomize extended by $EXTRA_SITE}" \
+    --fastload "${FL_LABEL:-${FL_SRC:-$REPO}}${fl_commit:+, $fl_commit}${fl_dirty:+ (with uncommitted changes)}${EXTRA_SITE:+; sitecustomize extended by $EXTRA_SITE}" \
     "${refs[@]}" --venv "$VENV"
 echo "== results in $OUT (junit XML and logs in $WORK/junit)"
 }

@@ -14,7 +14,7 @@ from pathlib import Path
 
 
 def outcomes(run_dir):
-    """{(suite, file, test id): (outcome, one-line message)} for every junit file under run_dir/<suite>/."""
+    """{(suite, file, test id): (outcome, one-line message, seconds)} for every junit file under run_dir/<suite>/."""
     result = {}
     for xml in sorted(Path(run_dir).glob("*/*.xml")):
         suite = xml.parent.name
@@ -29,13 +29,15 @@ def outcomes(run_dir):
             else:
                 outcome = ("passed", "")
             if key not in result or outcome[0] == "failed":
-                result[key] = outcome
+                result[key] = outcome + (result.get(key, (0, 0, 0.0))[2] + float(case.get("time") or 0),)
+            else:
+                result[key] = result[key][:2] + (result[key][2] + float(case.get("time") or 0),)
     return result
 
 
 def count(res):
     tally = {"passed": 0, "failed": 0, "skipped": 0}
-    for outcome, _ in res.values():
+    for outcome, *_ in res.values():
         tally[outcome] += 1
     return tally
 
@@ -84,9 +86,9 @@ def main():
 
     if len(runs) == 2:
         base, swapped = runs.values()
-        only = sorted(k for k, (o, _) in swapped.items() if o == "failed" and base.get(k, ("passed",))[0] != "failed")
-        both = sorted(k for k, (o, _) in swapped.items() if o == "failed" and base.get(k, ("",))[0] == "failed")
-        torch_only = sorted(k for k, (o, _) in base.items() if o == "failed" and swapped.get(k, ("",))[0] != "failed")
+        only = sorted(k for k, (o, *_) in swapped.items() if o == "failed" and base.get(k, ("passed",))[0] != "failed")
+        both = sorted(k for k, (o, *_) in swapped.items() if o == "failed" and base.get(k, ("",))[0] == "failed")
+        torch_only = sorted(k for k, (o, *_) in base.items() if o == "failed" and swapped.get(k, ("",))[0] != "failed")
         for title, keys, res in [
             (f"Fail only with fastload ({len(only)})", only, swapped),
             (f"Fail in both runs ({len(both)})", both, swapped),
@@ -94,6 +96,14 @@ def main():
         ]:
             lines += ["", f"## {title}", ""]
             lines += [f"- `{s}` `{f}` `{t}`: {res[(s, f, t)][1].replace('|', '/')}" for s, f, t in keys] or ["none"]
+
+        # A loader that passes but is much slower is a finding too (pytest's per-test time, call phase).
+        slower = sorted(((swapped[k][2] - base[k][2], k) for k in swapped.keys() & base.keys()
+                         if swapped[k][0] == base[k][0] == "passed"), reverse=True)[:10]
+        lines += ["", "## Passing tests that took longest more with fastload (top 10, seconds)", "",
+                  "| test | torch | fastload |", "|---|---:|---:|"]
+        lines += [f"| `{s}` `{t}` | {base[(s, f, t)][2]:.2f} | {swapped[(s, f, t)][2]:.2f} |"
+                  for d, (s, f, t) in slower if d > 0.5] or ["| none more than 0.5 s | | |"]
 
     text = "\n".join(lines) + "\n"
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
