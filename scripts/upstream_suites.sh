@@ -75,11 +75,13 @@ while [ $# -gt 0 ]; do
 done
 [ ${#POS[@]} -eq 2 ] || die "expected two arguments, LIGHTNING_CLONE ACCELERATE_CLONE (see --help), got ${#POS[@]}"
 L_CLONE=$(realpath "${POS[0]}"); A_CLONE=$(realpath "${POS[1]}")
-for pair in "$L_CLONE:$L_REF" "$A_CLONE:$A_REF" ${TD_CLONE:+"$TD_CLONE:$TD_REF"}; do
-    clone=${pair%:*}; ref=${pair##*:}
-    git -C "$clone" rev-parse -q --verify "$ref^{commit}" >/dev/null \
-        || die "$clone has no commit or tag '$ref' (git -C $clone tag lists the tags; pass another with --*-ref)"
-done
+has_ref() {  # has_ref CLONE REF OPTION
+    git -C "$1" rev-parse -q --verify "$2^{commit}" >/dev/null \
+        || die "$1 has no commit or tag '$2' (git -C $1 tag lists its tags); name one that it has with $3"
+}
+has_ref "$L_CLONE" "$L_REF" --lightning-ref
+has_ref "$A_CLONE" "$A_REF" --accelerate-ref
+[ -z "$TD_CLONE" ] || has_ref "$TD_CLONE" "$TD_REF" --torchdata-ref
 
 # The machine is shared: everything below runs at the lowest priority.
 NICE=(nice -n 19)
