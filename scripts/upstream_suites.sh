@@ -264,4 +264,4 @@ fl_dirty=$(git -C "${FL_SRC:-$REPO}" status --porcelain --untracked-files=no -- 
 echo "== results in $OUT (junit XML and logs in $WORK/junit)"
 }
 
-main "$@"
+main "$@"; exit $?  # on the same line: bash must not read on from a file edited during the run
