@@ -148,7 +148,8 @@ fi
 "$PY" - <<'EOF'
 import importlib.metadata as md, sys
 torch = md.version("torch")
-pil = [d.metadata["Name"] for d in md.distributions() if d.metadata["Name"].lower() in ("pillow", "pillow-simd")]
+pil = [d.metadata["Name"].lower() for d in md.distributions()
+       if d.metadata["Name"].lower() in ("pillow", "pillow-simd")]
 if not torch.startswith("2.13.0") or pil != ["pillow-simd"]:
     sys.exit(f"upstream_suites: venv has torch {torch} and PIL from {pil}; expected torch 2.13.0 and pillow-simd only")
 print("venv: torch", torch, "| PIL from", pil[0], "| lightning", md.version("lightning"),
@@ -258,7 +259,7 @@ fl_commit=$(git -C "${FL_SRC:-$REPO}" log -1 --format=%h -- fastload csrc 2>/dev
 fl_commit=${fl_commit:+"HEAD $(git -C "${FL_SRC:-$REPO}" rev-parse --short HEAD), last change to fastload/ and csrc/ in $fl_commit"}
 fl_dirty=$(git -C "${FL_SRC:-$REPO}" status --porcelain --untracked-files=no -- fastload csrc 2>/dev/null | head -c1 || true)
 "$PY" "$REPO/scripts/upstream_suites_report.py" --junit "$WORK/junit" ${BASELINE:+--baseline "$BASELINE"} \
-    --out "$OUT" --command "scripts/upstream_suites.sh ${ARGS[*]}" \
+    --out "$OUT" --command "scripts/upstream_suites.sh $(printf '%q ' "${ARGS[@]}")" \
     --fastload "${FL_LABEL:-${FL_SRC:-$REPO}}${fl_commit:+, $fl_commit}${fl_dirty:+ (with uncommitted changes)}${EXTRA_SITE:+; sitecustomize extended by $EXTRA_SITE}" \
     "${refs[@]}" --venv "$VENV"
 echo "== results in $OUT (junit XML and logs in $WORK/junit)"
