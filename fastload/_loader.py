@@ -208,7 +208,10 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         The semantics are the fast path's (``_order.py``): each rank a disjoint, equal-length share, the same
         permutation for the same seed, resumable. A fastload.Dataset keeps the order its fast path would have
         had; any other map-style Dataset takes it when asked for (``seed``, ``order``, ``rank``,
-        ``world_size``, ``split``) or under torch.distributed with more than one process."""
+        ``world_size``, ``split``: fastload's own arguments, with rank and world size then defaulting to
+        torch.distributed's). Asked for nothing, a plain Dataset is torch's, also under torch.distributed:
+        every rank reads every sample, as torch's DataLoader does (Lightning and accelerate add their own
+        DistributedSampler; accelerate's own tests fail when the loader splits by rank by itself)."""
         asked = {k: v for k, v in dict(seed=self.seed, order=order, rank=rank, world_size=world_size,
                                        split=split).items() if v is not None}
         named = ", ".join(f"{k}={v!r}" for k, v in asked.items())
@@ -223,7 +226,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             return None  # the sampler owns the order (check_order_args refused what it cannot honour)
         r, w = dist_info(rank, world_size)
         packed = isinstance(dataset, PackedDataset)
-        if not (packed or asked or w > 1):
+        if not (packed or asked):
             return None
         n = self._num_samples()
         if n is None:

@@ -1,6 +1,6 @@
 """Under real torch.distributed (gloo, two processes on localhost, started here): each rank's share on the fast
-path, on the generic path (a plain Dataset), and for a fastload.Dataset that fell off the fast path (a custom
-collate_fn), with rank and world_size taken from torch.distributed: disjoint, complete, equal-length, the same
+path, on the generic path (a plain Dataset given fastload's seed= or order=), and for a fastload.Dataset that
+fell off the fast path (a custom collate_fn), with rank and world_size taken from torch.distributed: disjoint, complete, equal-length, the same
 permutation for the same seed (and a new one each epoch), and the same on both paths (issue 17 row 3)."""
 
 from __future__ import annotations
@@ -65,11 +65,13 @@ def _rank(rank: int, port: int, root: str, out) -> None:
                                                              num_workers=nw, collate_fn=by_id),
             "plain": lambda seed, nw: fastload.DataLoader(Plain(), batch_size=3, shuffle=True, seed=seed,
                                                           num_workers=nw),
-            "plain_unseeded": lambda seed, nw: fastload.DataLoader(Plain(), batch_size=3, shuffle=True,
+            "plain_unseeded": lambda seed, nw: fastload.DataLoader(Plain(), batch_size=3, order="random",
                                                                    num_workers=nw),
         }
+        made["torch_semantics"] = lambda seed, nw: fastload.DataLoader(Plain(), batch_size=3, shuffle=False,
+                                                                       num_workers=nw)
         keys = {"fast": label, "fell_off": lambda b: [s[2] for s in b], "plain": lambda b: b[1],
-                "plain_unseeded": lambda b: b[1]}
+                "plain_unseeded": lambda b: b[1], "torch_semantics": lambda b: b[1]}
         result = {}
         for name, make in made.items():
             for nw in (0, 2):
@@ -117,6 +119,16 @@ def test_ranks_disjoint_complete_equal(per_rank, name, num_workers):
         assert not set(mine) & set(theirs) and set(mine) | set(theirs) == set(range(N))
     assert a["epochs"][0] != a["epochs"][1]  # a new permutation each epoch
     assert a["again"] == a["epochs"][0] or name == "plain_unseeded"  # the same seed, the same order
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_plain_loader_asked_for_nothing_is_torch_s(per_rank, num_workers):
+    """A plain Dataset with none of fastload's arguments is torch's DataLoader under torch.distributed too:
+    every rank reads every sample (the frameworks add their own DistributedSampler; accelerate's test_cpu
+    failed when fastload split it by rank by itself)."""
+    for rank in range(2):
+        got = per_rank[rank][("torch_semantics", num_workers)]
+        assert got["len"] == 8 and got["epochs"] == [list(range(N))] * 2
 
 
 def test_paths_agree(per_rank):
