@@ -87,7 +87,6 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     memory_format = torch.channels_last
     decoder = "native"
     fast_path_reason = "built by torch.utils.data.DataLoader.__init__, not fastload.DataLoader's"
-    _batcher = None
     _order = None
     _sampled = None
     _user_sampler = False
@@ -100,6 +99,9 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     _LAZY = {"_progress": Progress, "_plan": GenericPlan, "_stats": LoaderStats, "_fill_policy": FillPolicy}
 
     def __getattr__(self, name: str):
+        if name == "_batcher":  # None (the generic path), or re-made after unpickling (see __getstate__)
+            value = self.__dict__["_batcher"] = self._new_batcher() if self.__dict__.pop("_remake", False) else None
+            return value
         make = type(self)._LAZY.get(name)
         if make is None:
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
@@ -394,20 +396,17 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         self.__dict__["_accelerate_ready"] = bool(value)
 
     # -- pickling: no threads, pools, slots or open handles travel; all are re-created lazily -------
+    # There is deliberately no __setstate__: pickle restores the dict, and the batcher is re-made at its first
+    # use (__getattr__). A __setstate__ is looked up on the instance, and a wrapper that forwards unknown
+    # attributes to the loader it wraps (accelerate's DataLoaderShard) handed pickle this class's, which then
+    # restored the wrapper's state into the wrapped loader instead of the wrapper.
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        state["_fast"] = self._batcher is not None
-        state["_batcher"] = None  # holds a native thread pool (and GPU decoders)
+        state["_remake"] = state.pop("_batcher", None) is not None  # a native thread pool (and GPU decoders)
         state["_ring"] = None  # host slots (pinned memory is this process's)
         state["_device_ring"] = None  # device slots and a CUDA stream
         state["_iterator"] = None  # a persistent iterator's worker processes stay with this process
         return state
-
-    def __setstate__(self, state: dict) -> None:
-        fast = state.pop("_fast", False)
-        self.__dict__.update(state)
-        if fast:
-            self._batcher = self._new_batcher()
 
     # -- iteration ---------------------------------------------------------------------------------
     def __len__(self) -> int:

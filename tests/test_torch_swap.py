@@ -229,3 +229,41 @@ def test_persistent_iterator_of_a_temporary_loader_stops_its_workers(dataset):
         assert not any(w.is_alive() for w in workers)
     finally:
         gc.enable()
+
+
+class _Forwarding:
+    """accelerate's DataLoaderAdapter in short: unknown attributes go to the wrapped loader, and pickling
+    re-makes the wrapper by calling its class (which builds a throwaway loader) and then restores its dict."""
+
+    def __init__(self, dataset):
+        self.base_dataloader = fastload.DataLoader(dataset, batch_size=2)
+
+    def __getattr__(self, name):
+        if name == "base_dataloader":
+            raise AttributeError(name)
+        return getattr(self.base_dataloader, name)
+
+    def __reduce__(self):
+        return (_Forwarding, ([],), self.__dict__)
+
+
+def test_a_forwarding_wrapper_pickles_with_its_own_loader():
+    """issue 18 cause H (the upstream suites: accelerate's test_can_pickle_dataloader): pickle looked up
+    __setstate__ through the wrapper's forwarding, got fastload's, and restored the wrapper's state into the
+    throwaway loader; the wrapper kept the empty one."""
+    again = pickle.loads(pickle.dumps(_Forwarding(list(range(10)))))
+    assert len(again.base_dataloader.dataset) == 10 and len(again.base_dataloader) == 5
+    assert [b.tolist() for b in again.base_dataloader][:2] == [[0, 1], [2, 3]]
+
+
+def test_an_unpickled_fast_loader_is_on_the_fast_path_again(tmp_path):
+    from conftest import packed_image_folder
+    from fastload import transforms as T
+
+    ds = fastload.open(packed_image_folder(tmp_path), transforms={"image": [T.Resize((8, 8))]})
+    dl = fastload.DataLoader(ds, batch_size=4, seed=3)
+    again = pickle.loads(pickle.dumps(dl))
+    assert again.fast_path and again._batcher is not dl._batcher
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(dl, again))
+    plain = pickle.loads(pickle.dumps(fastload.DataLoader(list(range(4)))))
+    assert not plain.fast_path
