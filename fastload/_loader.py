@@ -370,6 +370,10 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             return base
         if self._order is not None:
             return OrderIndices(self._order, self._plan, self._auto_collation)
+        if type(self).state_dict is not DataLoader.state_dict:
+            # a subclass that keeps its own position (torchdata's StatefulDataLoader) saves the state of the
+            # index sampler's iterator itself: it gets torch's, not a replaying wrapper without that state
+            return base
         return IndexReplay(self._plan, base)
 
     def _num_samples(self) -> int | None:

@@ -267,3 +267,51 @@ def test_an_unpickled_fast_loader_is_on_the_fast_path_again(tmp_path):
     assert all(torch.equal(a[0], b[0]) for a, b in zip(dl, again))
     plain = pickle.loads(pickle.dumps(fastload.DataLoader(list(range(4)))))
     assert not plain.fast_path
+
+
+class _StatefulIndices(torch.utils.data.BatchSampler):
+    """A batch sampler whose iterator saves its position, as torchdata's stateful BatchSampler iterator does."""
+
+    def __iter__(self):
+        outer = self
+
+        class It:
+            done = 0
+
+            def __iter__(self):
+                return self
+
+            def __next__(self):
+                batches = list(torch.utils.data.BatchSampler.__iter__(outer))
+                if self.done >= len(batches):
+                    raise StopIteration
+                self.done += 1
+                return batches[self.done - 1]
+
+            def state_dict(self):
+                return {"done": self.done}
+
+        return It()
+
+
+class _OwnState(fastload.DataLoader):
+    """torchdata's StatefulDataLoader in short: it keeps its own position, from its index sampler's iterator."""
+
+    def state_dict(self):
+        return {"sampler_iter": self._it.state_dict()}
+
+    def load_state_dict(self, state):
+        pass
+
+
+def test_a_subclass_with_its_own_state_gets_torch_s_index_sampler():
+    """issue 18 cause K (the upstream suites: torchdata's StatefulDataLoader tests): the generic path handed a
+    subclass that saves its index sampler iterator's state a replaying wrapper whose iterator has none, so its
+    mid-epoch resume drew the RandomSampler again."""
+    data = list(range(10))
+    dl = _OwnState(data, batch_sampler=_StatefulIndices(torch.utils.data.SequentialSampler(data), 2, False))
+    assert dl._index_sampler is dl.batch_sampler
+    dl._it = iter(dl._index_sampler)
+    next(dl._it), next(dl._it)
+    assert dl.state_dict() == {"sampler_iter": {"done": 2}}
+    assert type(fastload.DataLoader(data)._index_sampler).__name__ == "IndexReplay"  # fastload's own resume
