@@ -12,6 +12,8 @@ native batch decode per batch in each worker (``fastload/_getitems.py``). This m
   accelerator.prepare(fastload.DataLoader)  accelerate's documented call on fastload's loader: rebuilt into its
                                         DataLoaderShard (which then calls __getitems__ in its workers)
   fastload.DataLoader (fast path)       for reference: the same dataset on fastload's own loader
+  torch DataLoader, decoded up front    the ceiling: one batch decoded once and handed out again, so only
+                                        torch's per-batch collate and shared-memory hand-over are timed
 
 All: RandomResizedCrop 224 + horizontal flip, batch 64, shuffle, drop_last, num_workers=2 (worker processes
 for torch's loaders and accelerate's, decode threads for fastload's own), persistent workers, uint8 batches;
@@ -45,6 +47,7 @@ from fastload import transforms as T  # noqa: E402
 BATCH, WORKERS, SIZE = 64, 2, 224
 TORCH_FASTLOAD = "torch DataLoader + fastload dataset"
 TORCH_PIL = "torch DataLoader + pillow-simd"
+CEILING = "torch DataLoader, batches decoded once up front (its own per-batch cost: the ceiling of any dataset)"
 
 
 def drain(loader, epochs: int):
@@ -55,6 +58,23 @@ def drain(loader, epochs: int):
                 n += images.shape[0]
         return n
     return run
+
+
+class Predecoded(torch.utils.data.Dataset):
+    """The ceiling of any dataset under torch's DataLoader here: one batch of the fastload dataset's items,
+    decoded once up front and handed out again for every batch (``__getitems__``), so a round costs only what
+    torch's loader does per batch (default_collate into a fresh shared-memory batch in the worker, the
+    file-descriptor hand-over, the main process's rebuild), never decoding."""
+
+    def __init__(self, ds):
+        self.n = len(ds)
+        self.items = ds.__getitems__(list(range(BATCH)))
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitems__(self, indices):
+        return self.items[: len(indices)]
 
 
 def loaders(data: Path) -> dict:
@@ -77,7 +97,8 @@ def loaders(data: Path) -> dict:
     return {TORCH_FASTLOAD: torch.utils.data.DataLoader(ds, **common),
             TORCH_PIL: torch.utils.data.DataLoader(ImageFiles(str(folder), transform), **common),
             "accelerator.prepare(fastload.DataLoader)": prepared,
-            "fastload.DataLoader (fast path)": fastload.DataLoader(ds, **common)}
+            "fastload.DataLoader (fast path)": fastload.DataLoader(ds, **common),
+            CEILING: torch.utils.data.DataLoader(Predecoded(ds), **common)}
 
 
 def rounds(configs: dict, count: int) -> dict[str, list[float]]:
