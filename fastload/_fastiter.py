@@ -25,10 +25,12 @@ would make every ``next()`` wait for the GPU.
 
 from __future__ import annotations
 
+import atexit
 import collections
 import queue
 import threading
 import time
+import weakref
 from typing import Any, Iterator
 
 import numpy as np
@@ -79,6 +81,7 @@ class _Producer:
     so that dropping the iterator after ``break`` stops the thread)."""
 
     def __init__(self, depth: int):
+        self.thread: threading.Thread | None = None
         self.queue: queue.Queue = queue.Queue(maxsize=depth)
         self.stop = threading.Event()
         self.handback = threading.Event()
@@ -93,6 +96,24 @@ class _Producer:
             except queue.Full:
                 continue
         return False
+
+
+_LIVE: "weakref.WeakSet[_Producer]" = weakref.WeakSet()  # producers whose thread may still run
+
+
+@atexit.register
+def _stop_producers() -> None:
+    """At interpreter exit, before finalization: stop every producer thread and wait for the batch it is
+    filling. A daemon thread still inside a native call (GIL released) when Python finalizes is ended by
+    pthread_exit as it takes the GIL back, and that forced unwind through the binding's GIL guard aborted the
+    whole process ("terminate called without an active exception", exit 134) -- e.g. a script that stops
+    mid-epoch, or a DDP rank whose last epoch's iterator was not drained."""
+    producers = list(_LIVE)
+    for p in producers:
+        p.stop.set()
+    for p in producers:
+        if p.thread is not None and p.thread is not threading.current_thread():
+            p.thread.join(timeout=30)
 
 
 class FastIterator(_BaseDataLoaderIter):  # a torch DataLoader iterator by type (Lightning checks); no base __init__
@@ -133,6 +154,8 @@ class FastIterator(_BaseDataLoaderIter):  # a torch DataLoader iterator by type 
         self.producer = _Producer(loader.prefetch_factor or 2)
         self.thread = threading.Thread(target=_produce, name="fastload-batcher", daemon=True,
                                        args=(self.producer, loader, self.batches, self.done, self.rng_for))
+        self.producer.thread = self.thread
+        _LIVE.add(self.producer)
         self.thread.start()
 
     def _take_back(self) -> None:

@@ -470,3 +470,35 @@ def test_short_soak_is_flat(packed_images_by_format, path):
         assert max(rss) <= 1.05 * min(rss), [r >> 20 for r in rss]
     assert len({s[1] for s in samples[1:]}) == 1, samples
     assert len({s[2] for s in samples[1:]}) == 1, samples
+
+
+EXIT_MID_EPOCH = """
+import sys
+import fastload
+from fastload import transforms as T
+ds = fastload.open(sys.argv[1], transforms={"image": [T.RandomResizedCrop(224)]})
+it = iter(fastload.DataLoader(ds, batch_size=16, num_workers=1, seed=0))
+next(it)
+# the script ends here, while the producer thread decodes the next batches with the GIL released
+"""
+
+
+def test_a_script_that_ends_mid_epoch_exits_cleanly(tmp_path):
+    """A process that ends while the producer thread is inside the native decode (a script stopping mid-epoch,
+    a DDP rank whose last iterator was not drained) aborted with 'terminate called without an active
+    exception' (exit 134) in most runs: Python's finalization ends daemon threads with pthread_exit when they
+    take the GIL back, and that unwind through the binding's GIL guard calls std::terminate. The producers are
+    now stopped and joined at exit (CI saw it once in a Lightning ddp_spawn rank)."""
+    import io
+
+    from PIL import Image
+
+    from conftest import jpeg_bytes
+
+    samples = [{"image": Image.open(io.BytesIO(jpeg_bytes(1000, 1400, seed=i))), "label": i} for i in range(32)]
+    fastload.pack(samples, tmp_path / "ds", workers=0)
+    (tmp_path / "run.py").write_text(EXIT_MID_EPOCH)
+    for _ in range(4):
+        r = subprocess.run([sys.executable, str(tmp_path / "run.py"), str(tmp_path / "ds")], capture_output=True,
+                           text=True, timeout=120)
+        assert r.returncode == 0 and "terminate called" not in r.stderr, (r.returncode, r.stderr[-500:])
