@@ -33,23 +33,10 @@ def run_pil(image: Any, plan: AugmentPlan, sample: int, *, source: bool = False)
     if not 0 <= sample < plan.n:
         raise IndexError(f"run_pil: sample {sample} is outside the plan's batch of {plan.n}")
     geo = plan.geometry
-    oh, ow = (int(v) for v in geo.out_hw[sample])
-    if source:
-        if geo.crops is None:
-            raise ValueError("run_pil(source=True) needs a plan made with crop boxes (plan_batch(..., crops=...))")
-        top, left, h, w = (int(v) for v in geo.crops[sample])
-        img = img.crop((left, top, left + w, top + h)).resize((ow, oh), Image.Resampling.BILINEAR)
-    elif (img.height, img.width) != (oh, ow):
-        raise ValueError(f"run_pil: sample {sample} was planned as {oh}x{ow} but the tile is {img.height}x{img.width}")
-    if geo.hflip[sample]:
-        img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-    if geo.vflip[sample]:
-        img = img.transpose(Image.Transpose.FLIP_TOP_BOTTOM)
-    if geo.has_affine[sample]:
-        resample = Image.Resampling.BILINEAR if geo.interpolation[sample] == BILINEAR else Image.Resampling.NEAREST
-        fill = tuple(int(v) for v in geo.fill[sample])
-        img = img.transform((ow, oh), Image.Transform.AFFINE, tuple(float(v) for v in geo.affine[sample].ravel()),
-                            resample=resample, fillcolor=fill)
+    bilinear = geo.interpolation[sample] == BILINEAR
+    img = _geometry(img, plan, sample, source, "run_pil", "tile", Image.Resampling.BILINEAR,
+                    Image.Resampling.BILINEAR if bilinear else Image.Resampling.NEAREST,
+                    tuple(int(v) for v in geo.fill[sample]))
     for name, params in plan.ops_of(sample):
         img = OPS[name].pil(img, params)
     out = np.asarray(img)
@@ -62,16 +49,24 @@ def run_pil_mask(mask: Any, plan: AugmentPlan, sample: int, *, fill: int = 255, 
     m = np.asarray(mask)
     if m.dtype != np.uint8 or m.ndim != 2:
         raise TypeError(f"run_pil_mask: mask should be an (H, W) uint8 array, got {m.dtype} {m.shape}")
-    img = Image.fromarray(m, "L")
+    img = _geometry(Image.fromarray(m, "L"), plan, sample, source, "run_pil_mask", "mask", Image.Resampling.NEAREST,
+                    Image.Resampling.NEAREST, int(fill))
+    return np.asarray(img)
+
+
+def _geometry(img: Image.Image, plan: AugmentPlan, sample: int, source: bool, who: str, what: str,
+              resize: Image.Resampling, resample: Image.Resampling, fill: Any) -> Image.Image:
+    """The sample's geometry, the same for an image and its mask but for the resampling and the fill: crop and
+    ``resize`` (from a source picture), or a check of the tile's size; flips; the affine with ``resample``."""
     geo = plan.geometry
     oh, ow = (int(v) for v in geo.out_hw[sample])
     if source:
         if geo.crops is None:
-            raise ValueError("run_pil_mask(source=True) needs a plan made with crop boxes")
+            raise ValueError(f"{who}(source=True) needs a plan made with crop boxes (plan_batch(..., crops=...))")
         top, left, h, w = (int(v) for v in geo.crops[sample])
-        img = img.crop((left, top, left + w, top + h)).resize((ow, oh), Image.Resampling.NEAREST)
+        img = img.crop((left, top, left + w, top + h)).resize((ow, oh), resize)
     elif (img.height, img.width) != (oh, ow):
-        raise ValueError(f"run_pil_mask: sample {sample} was planned as {oh}x{ow} but the mask is "
+        raise ValueError(f"{who}: sample {sample} was planned as {oh}x{ow} but the {what} is "
                          f"{img.height}x{img.width}")
     if geo.hflip[sample]:
         img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
@@ -79,5 +74,5 @@ def run_pil_mask(mask: Any, plan: AugmentPlan, sample: int, *, fill: int = 255, 
         img = img.transpose(Image.Transpose.FLIP_TOP_BOTTOM)
     if geo.has_affine[sample]:
         img = img.transform((ow, oh), Image.Transform.AFFINE, tuple(float(v) for v in geo.affine[sample].ravel()),
-                            resample=Image.Resampling.NEAREST, fillcolor=int(fill))
-    return np.asarray(img)
+                            resample=resample, fillcolor=fill)
+    return img
