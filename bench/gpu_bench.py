@@ -182,7 +182,7 @@ def decode(lines: list[str], packed: Path, batch: int) -> None:
 
     def run_dali():
         for b in range(0, n, batch):
-            dec.decode(blobs[b:b + batch], plan.crops[b:b + batch], plan.flips[b:b + batch], out_gpu)
+            dec.decode(blobs[b:b + batch], plan.take(b, b + batch), out_gpu)
         torch.cuda.synchronize()
 
     C = native()

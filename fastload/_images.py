@@ -1,16 +1,10 @@
 """Image fields of a batch: which decoder runs the plans, and the call that fills the slot's rows.
 
-Every decoder is one interface (``decoders/_base.py``): ``decode(sources, crops, flips, out)`` executes
-the same plans (``transforms.ImagePipeline.plan``: a crop box and a flip per sample, from the batch's
-RNG) into uint8 NHWC rows and reports failures per sample as ``(k, message)``. ``ImageDecoding.fill``
-plans the batch, wraps its encoded images as ``ImageSources`` and makes that one call:
-
-  native   ``decoders/native.py``: ``_C.decode_batch``, libjpeg-turbo (DCT-scaled, cropped) + resize +
-           flip in native threads, GIL released, into the (pinned) host slot
-  dali     NVIDIA DALI (decoders/dali.py), on the GPU with device='cuda', else its CPU-only mode
-  nvjpeg   torchvision's nvJPEG + batched crop/resize/flip (decoders/nvjpeg.py), GPU only
-  auto     with device='cuda' and a GPU decoder installed: ``decoders/hybrid.HybridDecoder``, native
-           threads and the GPU decoder sharing each batch in the ratio of their measured rates; else native
+Every decoder is one interface (``decoders/_base.py``): ``decode(sources, plan, out)`` executes the
+batch's plan (``transforms.ImagePipeline.plan``: a crop box and a flip per sample, from the batch's RNG) into
+uint8 NHWC rows and reports failures per sample as ``(k, message)``. The decoder is picked by name from the
+registry (``decoders/__init__.py``: native, dali, nvjpeg, auto); ``ImageDecoding.fill`` plans the batch,
+wraps its encoded images as ``ImageSources`` and makes that one call.
 
 GPU-side decoders write into a device buffer of the slot; the hybrid's CPU share is decoded into pinned
 host rows of its own and copied into the same device buffer, on a side stream, before the batch is
@@ -24,72 +18,27 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import _ring
-from ._ring import warn_once
+from . import _ring, decoders
 from ._schema import Field
-from .decoders._base import ImageSources
+from .decoders._base import DecoderContext, ImageSources
 from .decoders.native import NativeDecoder
-from .formats._layout import IMAGE_JPEG
-
-DECODERS = ("native", "dali", "nvjpeg", "auto")
-
-
-def _installed_gpu_decoder() -> tuple[str | None, list[str]]:
-    """'dali' or 'nvjpeg' when its package imports and is usable (DALI first: it uses the GPU's hardware
-    JPEG decoder). Any failure counts, not only ImportError: a torchvision built for another torch raises
-    RuntimeError at import, a DALI below the floor is refused; each one that is installed but unusable is
-    named in a warning, so decoder='auto' never silently loses a decoder the user installed."""
-    broken = []
-    for name, probe in (("dali", _probe_dali), ("nvjpeg", _probe_nvjpeg)):
-        try:
-            probe()
-            return name, broken
-        except ModuleNotFoundError:
-            continue
-        except Exception as e:  # noqa: BLE001  (whatever a broken install raises; named in the warning)
-            broken.append(f"{name}: {type(e).__name__}: {e}")
-    return None, broken
-
-
-def _probe_dali() -> None:
-    from .decoders.dali import _import_dali
-
-    _import_dali(strict=True)
-
-
-def _probe_nvjpeg() -> None:
-    from .decoders.nvjpeg import _import_torchvision
-
-    _import_torchvision()
 
 
 class ImageDecoding:
     """Runs one loader's image plans with the decoder it asked for (see the module docstring)."""
 
     def __init__(self, decoder: str, device: torch.device | None, batch_size: int, num_threads: int):
-        if decoder not in DECODERS:
-            raise ValueError(f"decoder={decoder!r} should be one of {', '.join(map(repr, DECODERS))}")
+        kind = decoders.kind(decoder)
         on_gpu = device is not None and device.type == "cuda"
-        if decoder == "nvjpeg" and not on_gpu:
-            raise ValueError("decoder='nvjpeg' decodes on the GPU: pass device='cuda' (or use decoder='native')")
+        if kind.needs_gpu and not on_gpu:
+            raise ValueError(f"decoder={decoder!r} decodes on the GPU: pass device='cuda' (or use decoder='native')")
+        if kind.choose is not None:
+            kind = kind.choose(on_gpu)  # 'auto': native threads alone, or with a GPU decoder (hybrid)
         self.decoder = decoder
-        self.gpu = decoder if decoder in ("dali", "nvjpeg") else None
-        self.hybrid = None
-        if decoder == "auto" and on_gpu:
-            self.gpu, broken = _installed_gpu_decoder()
-            if broken:
-                warn_once("auto-broken", "fastload: decoder='auto' could not use an installed GPU decoder ("
-                                         + "; ".join(broken) + "); images are decoded by CPU threads only")
-            elif self.gpu is None:
-                warn_once("auto-decoder", "fastload: decoder='auto' found no GPU JPEG decoder (pip install "
-                                          "nvidia-dali-cuda130, or a CUDA torchvision for nvJPEG); images are "
-                                          "decoded by CPU threads only")
-            else:
-                from .decoders.hybrid import HybridSplit
-
-                self.hybrid = HybridSplit()
+        self.kind = kind
+        self.hybrid = kind.split  # the hybrid's split (shared by the fields), else None
         # GPU decoders write straight into device buffers; DALI's CPU-only mode into the host slot
-        self.device = device if self.gpu is not None and on_gpu else None
+        self.device = device if kind.gpu and on_gpu else None
         self.batch_size = batch_size
         self.num_threads = num_threads
         self.native = NativeDecoder()
@@ -153,58 +102,9 @@ class ImageDecoding:
             with self.streams.side_context():  # the rows' first use: after their allocation stream's work
                 dec.fence(slot.tensors[f.name])
             slot.fenced.add(f.name)
-        return dec.decode(sources, plan.crops, plan.flips, rows)
+        return dec.decode(sources, plan, rows)
 
     def _decoder(self, out_hw: tuple[int, int]) -> Any:
-        """The decoder of an image field whose rows are ``out_hw``: native, a GPU decoder, or both."""
-        if self.gpu is None:
-            return self.native
-        from .decoders.hybrid import HybridDecoder
-
-        try:
-            if self.gpu == "nvjpeg":
-                from .decoders.nvjpeg import NvjpegDecoder
-
-                gpu = NvjpegDecoder(self.batch_size, out_hw, device=self.device,
-                                    streams=self.streams.fork("nvjpeg"))
-            else:
-                from .decoders.dali import DaliDecoder
-
-                gpu = DaliDecoder(self.batch_size, out_hw, device_id=None if self.device is None else
-                                  self.device.index, num_threads=max(1, self.num_threads), seed=0)
-        except ImportError as e:
-            if self.hybrid is None:  # decoder='nvjpeg'/'dali' asked for it: the error says what is missing
-                raise
-            # decoder='auto': the GPU decoder imported but cannot decode here (a torchvision without
-            # nvJPEG); the rows are on the device already, so native threads decode everything into them
-            warn_once("auto-unusable", f"fastload: decoder='auto' cannot use {self.gpu!r} ({e}); images are "
-                                       f"decoded by CPU threads only")
-            self.hybrid.cpu_only = True
-            return HybridDecoder(self.native, None, self.hybrid, self.batch_size, self.streams.fork("hybrid copy"))
-        gpu = JpegOnly(gpu, self.decoder)
-        if self.hybrid is None:
-            return gpu
-        return HybridDecoder(self.native, gpu, self.hybrid, self.batch_size, self.streams.fork("hybrid copy"))
-
-
-class JpegOnly:
-    """A GPU decoder (or DALI's CPU-only mode) over ``ImageSources``: raw images fail with a hint."""
-
-    def __init__(self, decoder: Any, option: str):
-        self.decoder, self.option = decoder, option
-
-    def decode(self, sources: ImageSources, crops: np.ndarray, flips: np.ndarray, out: Any) -> list[tuple[int, str]]:
-        failures = self.decoder.decode(sources, crops, flips, out)
-        raw = np.flatnonzero(sources.meta[:, 2] != IMAGE_JPEG)
-        if not raw.size:
-            return failures
-        bad = {j for j, _ in failures}
-        return sorted(failures + [(j, f"a raw (not JPEG) image: decoder={self.option!r} decodes JPEG only on the "
-                                      f"GPU; use decoder='native'") for j in raw.tolist() if j not in bad])
-
-    def fence(self, out: Any) -> None:
-        self.decoder.fence(out)
-
-    def close(self) -> None:
-        self.decoder.close()
-
+        """The decoder of an image field whose rows are ``out_hw`` (the registered kind's ``make``)."""
+        return self.kind.make(DecoderContext(self.decoder, self.batch_size, out_hw, self.device, self.num_threads,
+                                             self.native, lambda name: self.streams.fork(name)))

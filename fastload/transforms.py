@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 import numbers
 import operator
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -347,12 +347,56 @@ class Compose:
         return "Compose(" + "".join(f"\n    {t}" for t in self.transforms) + "\n)"
 
 
-class Plan(NamedTuple):
-    """Per-sample instructions for an engine (see the module docstring)."""
+class Plan:
+    """One batch's plan for one image field: what every decoder executes, ``decode(sources, plan, out)``
+    (``fastload/decoders/_base.py``), and what :func:`apply_pil` executes for ``ds[i]``.
 
-    crops: np.ndarray  # int32 (n, 4): top, left, height, width in source pixels, inside the image
-    flips: np.ndarray  # uint8 (n,): 1 = mirror left-right after resizing
-    out_hw: np.ndarray  # int32 (n, 2): output height, width
+    ``crops``: int32 ``(n, 4)``, top, left, height, width in source pixels, inside the image;
+    ``flips``: uint8 ``(n,)``, 1 = mirror left-right after resizing; ``out_hw``: int32 ``(n, 2)``, the output
+    height and width (a fixed-size pipeline's rows are that size).
+
+    ``augment``: None, or the per-sample augmentation of issue 21 over these tiles
+    (``fastload._augment.plan.AugmentPlan``: vertical flips, an affine matrix, ordered pixel operations),
+    attached by :meth:`with_augment` so that its geometry and the fields above never disagree. Decoders read
+    the plan through this one object, so adding a kind of operation extends the plan, not their signature;
+    a decoder that cannot execute part of a plan refuses it (``decoders/_base.py`` ``geometry_only``).
+
+    ``plan.take(lo, hi)``: the plan of samples ``lo .. hi-1``; ``plan.n``: how many samples.
+    """
+
+    __slots__ = ("crops", "flips", "out_hw", "augment")
+
+    def __init__(self, crops: np.ndarray, flips: np.ndarray, out_hw: np.ndarray, augment: Any = None) -> None:
+        self.crops, self.flips, self.out_hw, self.augment = crops, flips, out_hw, augment
+
+    @property
+    def n(self) -> int:
+        """How many samples the plan is for."""
+        return len(self.crops)
+
+    def __iter__(self):
+        """``crops, flips, out_hw = plan`` unpacks as it did when the plan was a named tuple of those three."""
+        return iter((self.crops, self.flips, self.out_hw))
+
+    def take(self, lo: int, hi: int) -> Plan:
+        """The plan of samples ``lo .. hi-1`` (the hybrid decoder's halves), ``augment`` included."""
+        lo, hi, _ = slice(lo, hi).indices(self.n)
+        hi = max(lo, hi)
+        augment = None if self.augment is None else self.augment.take(lo, hi)
+        return Plan(self.crops[lo:hi], self.flips[lo:hi], self.out_hw[lo:hi], augment)
+
+    def with_augment(self, augment: Any) -> Plan:
+        """This plan extended by ``augment`` (an ``AugmentPlan`` begun with ``PlanBuilder.from_crop_plan(self)``):
+        the flips and output sizes become the augmentation's (a transform there may flip again)."""
+        geo = augment.geometry
+        if augment.n != self.n or (geo.crops is not None and not np.array_equal(geo.crops, self.crops)):
+            raise ValueError(f"the augmentation plan ({augment.n} samples) was not made from this plan "
+                             f"({self.n} samples): begin it with PlanBuilder.from_crop_plan(plan)")
+        return Plan(self.crops, geo.hflip.astype(np.uint8), geo.out_hw.astype(np.int32), augment)
+
+    def __repr__(self) -> str:
+        extra = "" if self.augment is None else f", augment={len(self.augment.steps)} steps"
+        return f"Plan({self.n} samples{extra})"
 
 
 class _State:

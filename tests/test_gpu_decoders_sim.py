@@ -1,6 +1,6 @@
 """decoder='nvjpeg' inside the loader on the simulated GPU (tests/sim_streams.py): the decoder's stream,
 its row buffers and its fix-ups go through the same streams backend as the prefetcher, with PIL standing
-in for nvJPEG (tests/test_nvjpeg_cpu.py). The consumer lags; a corrupt JPEG is skipped."""
+in for nvJPEG (tests/decoders/test_nvjpeg.py). The consumer lags; a corrupt JPEG is skipped."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from fastload import _ring
 from fastload import transforms as T
 from fastload.decoders import nvjpeg
 from conftest import jpeg_bytes
-from test_nvjpeg_cpu import pil_decode
+from decoders.conftest import pil_decode
 from test_ring import sim_cuda  # noqa: F401  (the fixture)
 
 
@@ -112,14 +112,15 @@ def test_auto_with_a_gpu_decoder_that_cannot_decode_falls_back_to_cpu_threads(nv
                                                                             one_truncated):
     """decoder='auto' found torchvision, but it cannot decode on the GPU (no nvJPEG): one warning, and
     native threads decode every sample into the device rows, the batches the CPU loader gives."""
-    from fastload import _images
+    from fastload import decoders
+    from fastload.decoders import hybrid
 
     sim = nvjpeg_on_sim
 
     def no_nvjpeg(device):
         raise ImportError("torchvision cannot decode JPEG on cuda:0 (RuntimeError: no nvJPEG)")
 
-    monkeypatch.setattr(_images, "_installed_gpu_decoder", lambda: ("nvjpeg", []))
+    monkeypatch.setattr(hybrid, "_installed_gpu_decoder", lambda: (decoders.kind("nvjpeg"), []))
     monkeypatch.setattr(nvjpeg, "_torchvision_decoder", no_nvjpeg)
     monkeypatch.setattr(_ring, "_warned", set())
     ds = fastload.open(one_truncated, transforms={"image": [T.RandomResizedCrop(16)]})

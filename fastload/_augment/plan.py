@@ -108,6 +108,19 @@ class AugmentPlan:
     def n(self) -> int:
         return int(self.geometry.out_hw.shape[0])
 
+    def take(self, lo: int, hi: int) -> AugmentPlan:
+        """The plan of samples ``lo .. hi-1``, renumbered from 0 (a decoder given part of a batch gets its part:
+        ``fastload.transforms.Plan``'s slices)."""
+        g = self.geometry
+        geo = Geometry(g.out_hw[lo:hi], g.hflip[lo:hi], g.vflip[lo:hi], g.affine[lo:hi], g.has_affine[lo:hi],
+                       g.interpolation[lo:hi], g.fill[lo:hi], None if g.crops is None else g.crops[lo:hi])
+        steps = []
+        for step in self.steps:
+            a, b = np.searchsorted(step.index, [lo, hi])
+            if b > a:
+                steps.append(Step(step.op, step.index[a:b] - lo, {k: v[a:b] for k, v in step.params.items()}))
+        return AugmentPlan(geo, steps, self.channels)
+
     def ops_of(self, sample: int) -> list[tuple[str, dict[str, Any]]]:
         """Sample ``sample``'s pixel operations in order, with its parameters (for the reference and debugging)."""
         out = []

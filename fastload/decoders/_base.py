@@ -1,11 +1,14 @@
-"""What every image decoder takes and gives: ``decode(sources, crops, flips, out) -> [(k, message)]``.
+"""What every image decoder takes and gives: ``decode(sources, plan, out) -> [(k, message)]``, and what the
+registry (``decoders/__init__.py``) knows of each decoder: a :class:`DecoderKind`.
 
 ``sources`` holds one batch's encoded images of one field (``ImageSources``, or for the GPU decoders any
-sequence of bytes-like objects); ``crops`` are the planned boxes ``(n, 4)`` (top, left, height, width in
-source pixels) and ``flips`` ``(n,)`` the planned mirrors (``transforms.ImagePipeline.plan``); ``out`` the
-uint8 ``(n, H, W, 3)`` rows to write, on the decoder's device. Failed samples are reported as
-``(position, message)``, sorted, and zeroed; the others are written as if none failed. Positions are
-relative to ``sources``: a decoder given ``sources[k:]`` and ``out[k:]`` reports ``(0, ...)`` for sample k.
+sequence of bytes-like objects); ``plan`` is the batch's ``fastload.transforms.Plan`` for that field, made by
+``transforms.ImagePipeline.plan`` (per sample: ``plan.crops`` the box (top, left, height, width in source
+pixels), ``plan.flips`` the mirror, ``plan.out_hw`` the output size; ``plan.augment`` issue 21's
+augmentation, which no decoder executes yet: :func:`geometry_only` refuses it); ``out`` the uint8
+``(n, H, W, 3)`` rows to write, on the decoder's device. Failed samples are reported as ``(position,
+message)``, sorted, and zeroed; the others are written as if none failed. Positions are relative to
+``sources``: a decoder given ``sources[k:]``, ``plan.take(k, n)`` and ``out[k:]`` reports ``(0, ...)`` for sample k.
 
 ``ImageSources`` serves both kinds of reader without per-sample Python where it matters: the native
 decoder takes ``located()``, the whole batch's (regions, region, offset, length) for one native call;
@@ -14,6 +17,7 @@ the GPU decoders iterate it as a sequence of zero-copy views, one per sample.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
@@ -22,9 +26,94 @@ from ..formats._layout import IMAGE_JPEG
 
 
 class ImageDecoder(Protocol):
-    def decode(self, sources: Any, crops: np.ndarray, flips: np.ndarray, out: Any) -> list[tuple[int, str]]: ...
+    def decode(self, sources: Any, plan: Any, out: Any) -> list[tuple[int, str]]: ...
+
+    def fence(self, out: Any) -> None: ...  # GPU decoders: ``out`` is new (see decoders/nvjpeg.py)
 
     def close(self) -> None: ...
+
+
+@dataclass
+class DecoderContext:
+    """What a decoder is made from, for one image field of one loader (``DecoderKind.make``)."""
+
+    option: str  # the loader's ``decoder=`` (named in messages)
+    batch_size: int
+    out_hw: tuple[int, int]  # the field's rows: (H, W)
+    device: Any  # torch.device of the rows, or None: the host slot
+    num_threads: int
+    native: Any  # the loader's NativeDecoder (its pool is the batcher's, set before each batch)
+    fork_stream: Callable[[str], Any]  # a stream of the rows' streams backend (``_ring``) for the decoder's work
+
+
+def _usable() -> None:
+    """A decoder with nothing to install is always usable."""
+
+
+@dataclass(frozen=True)
+class DecoderKind:
+    """One registered decoder (``decoders/__init__.py`` lists them): what a new decoder module provides as ``KIND``.
+
+    ``make(ctx)`` returns the decoder of one image field (``decode``/``fence``/``close``, :class:`ImageDecoder`);
+    it raises ImportError with an install hint when its package cannot be used.
+    ``probe()`` raises ModuleNotFoundError when the decoder's package is not installed (``decoder='auto'``
+    moves on quietly) and any other exception when it is installed but unusable (named in a warning).
+    ``gpu``: with ``device='cuda'`` it writes into device rows (without, into the host slot).
+    ``needs_gpu``: it refuses a loader without ``device='cuda'``.
+    ``pairs``: ``decoder='auto'`` may pair it with native threads (tried in registry order, first usable wins).
+    ``choose(on_gpu)``: for a decoder that stands for another (``'auto'``): the kind that will run.
+    """
+
+    name: str
+    make: Callable[[DecoderContext], Any]
+    probe: Callable[[], None] = _usable
+    gpu: bool = False
+    needs_gpu: bool = False
+    pairs: bool = False
+    choose: Callable[[bool], "DecoderKind"] | None = None
+    split: Any = None  # the hybrid's HybridSplit (decoders/hybrid.py), shared by the loader's image fields
+
+
+def geometry_only(plan: Any, n: int, who: str) -> None:
+    """Refuse a plan a crop/resize/flip decoder cannot execute: one of another length, or one with issue 21's
+    augmentation (vertical flips, affine maps, pixel operations, one channel) attached."""
+    if plan.n != n:
+        raise ValueError(f"the plan has {plan.n} samples but {n} images were given")
+    aug = plan.augment
+    if aug is None:
+        return
+    g = aug.geometry
+    extra = [what for what, rows in (("vertical flips", g.vflip), ("affine transforms", g.has_affine)) if np.any(rows)]
+    if aug.steps:
+        extra.append("pixel operations (" + ", ".join(dict.fromkeys(step.op for step in aug.steps)) + ")")
+    if aug.channels != 3:
+        extra.append(f"{aug.channels}-channel output")
+    if extra:
+        raise NotImplementedError(f"the {who} decoder executes crop, resize and horizontal flip only; this plan "
+                                  f"also has {' and '.join(extra)}")
+
+
+class JpegOnly:
+    """A decoder that reads JPEG only (the GPU decoders, DALI's CPU-only mode) over ``ImageSources``: raw images
+    fail with a hint to use the native decoder."""
+
+    def __init__(self, decoder: Any, option: str):
+        self.decoder, self.option = decoder, option
+
+    def decode(self, sources: "ImageSources", plan: Any, out: Any) -> list[tuple[int, str]]:
+        failures = self.decoder.decode(sources, plan, out)
+        raw = np.flatnonzero(sources.meta[:, 2] != IMAGE_JPEG)
+        if not raw.size:
+            return failures
+        bad = {j for j, _ in failures}
+        return sorted(failures + [(j, f"a raw (not JPEG) image: decoder={self.option!r} decodes JPEG only on the "
+                                      f"GPU; use decoder='native'") for j in raw.tolist() if j not in bad])
+
+    def fence(self, out: Any) -> None:
+        self.decoder.fence(out)
+
+    def close(self) -> None:
+        self.decoder.close()
 
 
 class ImageSources:

@@ -67,6 +67,7 @@ import numpy as np
 import torch
 
 from .._native import is_jpeg
+from ._base import DecoderContext, DecoderKind, JpegOnly, geometry_only
 
 __all__ = ["DaliDecoder", "INSTALL_HINT"]
 
@@ -250,28 +251,30 @@ class DaliDecoder:
                              f"pass a buffer on cuda:{self.device_id}")
         return t
 
-    def decode(self, blobs: Sequence[Any], crops: np.ndarray, flips: np.ndarray, out: Any) -> list[tuple[int, str]]:
-        """Decode ``blobs[k]``, crop ``crops[k]`` (top, left, height, width in source pixels), resize to
-        ``out_hw``, mirror if ``flips[k]``, into ``out[k]``; returns the failures ``[(k, message)]``.
-        ``blobs``: bytes-like objects, a list or an ``ImageSources`` (the interface of ``decoders/_base.py``).
+    def decode(self, blobs: Sequence[Any], plan: Any, out: Any) -> list[tuple[int, str]]:
+        """Decode ``blobs[k]``, crop ``plan.crops[k]`` (top, left, height, width in source pixels), resize to
+        ``out_hw``, mirror if ``plan.flips[k]``, into ``out[k]``; returns the failures ``[(k, message)]``.
+        ``blobs``: bytes-like objects, a list or an ``ImageSources`` (the interface of ``decoders/_base.py``);
+        ``plan``: a ``fastload.transforms.Plan`` of as many samples.
 
         ``out`` is a contiguous uint8 ``(n, H, W, 3)`` tensor (a numpy array works in CPU-only mode) on
         this decoder's device. Failed samples are zeroed; the others are written as if none failed.
         """
         n = len(blobs)
-        crops = np.asarray(crops)
-        flips = np.asarray(flips)
+        geometry_only(plan, n, "dali")
+        crops = np.asarray(plan.crops)
+        flips = np.asarray(plan.flips)
         if n > self.batch_size:
             raise ValueError(f"{n} samples but this DaliDecoder was built for batch_size={self.batch_size}")
         if crops.shape != (n, 4) or not np.issubdtype(crops.dtype, np.integer):
-            raise ValueError(f"crops: expected an integer array of shape ({n}, 4), got {crops.dtype} {crops.shape}")
+            raise ValueError(f"plan.crops: expected an integer array of shape ({n}, 4), got {crops.dtype} {crops.shape}")
         if flips.shape != (n,):
-            raise ValueError(f"flips: expected shape ({n},), got {flips.shape}")
+            raise ValueError(f"plan.flips: expected shape ({n},), got {flips.shape}")
         t = self._check_out(out, n)
         if n == 0:
             return []
         if crops.min() < np.iinfo(np.int32).min or crops.max() > np.iinfo(np.int32).max:
-            raise ValueError("crops: values do not fit in int32")
+            raise ValueError("plan.crops: values do not fit in int32")
         crops = crops.astype(np.int32)
         with self._lock:
             if self._fn is None:
@@ -314,6 +317,21 @@ class DaliDecoder:
             self._pipe = None
             self._fn = None
             self._stream = None
+
+
+def probe() -> None:
+    """ModuleNotFoundError when DALI is not installed; ImportError when it is but cannot be used (too old, broken)."""
+    _import_dali(strict=True)
+
+
+def _make(ctx: DecoderContext) -> JpegOnly:
+    dev = ctx.device
+    return JpegOnly(DaliDecoder(ctx.batch_size, ctx.out_hw, device_id=None if dev is None else dev.index,
+                                num_threads=max(1, ctx.num_threads), seed=0), ctx.option)
+
+
+# on the GPU with device='cuda', else DALI's CPU-only mode into the host slot
+KIND = DecoderKind("dali", make=_make, probe=probe, gpu=True, pairs=True)
 
 
 class _Null:

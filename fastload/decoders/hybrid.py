@@ -1,7 +1,7 @@
 """``decoder="auto"`` with a GPU: CPU threads and a GPU decoder share every batch.
 
 A GPU machine has both a hardware/GPU JPEG decoder and many CPU cores; a loader that uses only one of
-them leaves the other idle. :class:`HybridDecoder` is one decoder (``decode(sources, crops, flips, out)``,
+them leaves the other idle. :class:`HybridDecoder` is one decoder (``decode(sources, plan, out)``,
 ``_base.py``) made of two: :class:`HybridSplit` cuts each batch in two, the first ``k`` samples go to
 the native decoder (libjpeg-turbo threads, GIL released) in a helper thread, into pinned host rows that
 are then copied into ``out``, the other ``n - k`` to the GPU decoder in the calling thread, at the same time. Both halves are timed while they run side by side,
@@ -11,6 +11,9 @@ about ``n / (cpu_rate + gpu_rate)``. Each side keeps at least one sample so its 
 Pixels: the CPU and GPU decoders agree within the tolerances stated in ``dali.py``/``nvjpeg.py``, but
 which samples each one decodes depends on timing, so with ``decoder="auto"`` batches are not bit-for-bit
 reproducible (labels, order and crops are). Use ``decoder="native"`` where bit-exact batches matter.
+
+Registered as ``'auto'``: :data:`KIND` chooses, per loader, native threads alone (no ``device='cuda'``, or no
+usable GPU decoder: said in a warning) or the hybrid with the first usable GPU decoder of the registry.
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from .._ring import host_empty, pinned_memory_usable, streams_for
+from .._ring import host_empty, pinned_memory_usable, streams_for, warn_once
+from ._base import DecoderContext, DecoderKind
 
 
 class HybridSplit:
@@ -115,17 +119,17 @@ class HybridDecoder:
             self.streams = streams_for(out.device).fork("hybrid copy")
         return self.streams
 
-    def decode(self, sources: Any, crops: np.ndarray, flips: np.ndarray, out: torch.Tensor) -> list[tuple[int, str]]:
+    def decode(self, sources: Any, plan: Any, out: torch.Tensor) -> list[tuple[int, str]]:
         n = len(sources)
 
         def cpu(k: int) -> list:
             host = self._staging(n, out.shape[1:])[:k]
-            fails = self.cpu.decode(sources[:k], crops[:k], flips[:k], host.numpy())
+            fails = self.cpu.decode(sources[:k], plan.take(0, k), host.numpy())
             self._upload(out[:k], host)
             return fails
 
         with self._lock:
-            return self.split.run(n, cpu, lambda k: self.gpu.decode(sources[k:], crops[k:], flips[k:], out[k:]))
+            return self.split.run(n, cpu, lambda k: self.gpu.decode(sources[k:], plan.take(k, n), out[k:]))
 
     def _staging(self, n: int, row_shape: tuple) -> torch.Tensor:
         if self._host is None or self._host.shape[0] < n or self._host.shape[1:] != row_shape:
@@ -145,3 +149,66 @@ class HybridDecoder:
         if self.gpu is not None:
             self.gpu.close()
         self._host = None
+
+
+# -- the registry's 'auto' ----------------------------------------------------------------------------
+
+def _installed_gpu_decoder() -> tuple[DecoderKind | None, list[str]]:
+    """The first registered GPU decoder 'auto' may pair (``DecoderKind.pairs``) whose package imports and is
+    usable. Any failure counts, not only ImportError: a torchvision built for another torch raises RuntimeError
+    at import, a DALI below the floor is refused; each one that is installed but unusable is named in a
+    warning, so decoder='auto' never silently loses a decoder the user installed."""
+    from . import kind, names
+
+    broken = []
+    for name in names():
+        k = kind(name)
+        if not k.pairs:
+            continue
+        try:
+            k.probe()
+            return k, broken
+        except ModuleNotFoundError:
+            continue
+        except Exception as e:  # noqa: BLE001  (whatever a broken install raises; named in the warning)
+            broken.append(f"{name}: {type(e).__name__}: {e}")
+    return None, broken
+
+
+def _choose(on_gpu: bool) -> DecoderKind:
+    from . import kind
+
+    if not on_gpu:
+        return kind("native")
+    partner, broken = _installed_gpu_decoder()
+    if broken:
+        warn_once("auto-broken", "fastload: decoder='auto' could not use an installed GPU decoder ("
+                                 + "; ".join(broken) + "); images are decoded by CPU threads only")
+        return kind("native")
+    if partner is None:
+        warn_once("auto-decoder", "fastload: decoder='auto' found no GPU JPEG decoder (pip install "
+                                  "nvidia-dali-cuda130, or a CUDA torchvision for nvJPEG); images are "
+                                  "decoded by CPU threads only")
+        return kind("native")
+    split = HybridSplit()
+
+    def make(ctx: DecoderContext) -> HybridDecoder:
+        try:
+            gpu = partner.make(ctx)
+        except ImportError as e:
+            # the GPU decoder imported but cannot decode here (a torchvision without nvJPEG); the rows are on
+            # the device already, so native threads decode everything into them
+            warn_once("auto-unusable", f"fastload: decoder='auto' cannot use {partner.name!r} ({e}); images are "
+                                       f"decoded by CPU threads only")
+            split.cpu_only = True
+            gpu = None
+        return HybridDecoder(ctx.native, gpu, split, ctx.batch_size, ctx.fork_stream("hybrid copy"))
+
+    return DecoderKind("auto", make=make, gpu=True, split=split)
+
+
+def _unchosen(ctx: DecoderContext) -> Any:
+    raise RuntimeError("decoder='auto' stands for another decoder: make the kind its choose(on_gpu) returns")
+
+
+KIND = DecoderKind("auto", make=_unchosen, choose=_choose)

@@ -17,10 +17,11 @@ import numpy as np
 import torch
 
 from .._native import native
+from ._base import DecoderContext, DecoderKind, geometry_only
 
 
 class NativeDecoder:
-    """``decode(sources, crops, flips, out)`` (``decoders/_base.py``) by ``_C.decode_batch``.
+    """``decode(sources, plan, out)`` (``decoders/_base.py``) by ``_C.decode_batch``.
 
     ``pool``: the ``_C.Pool`` whose threads decode (the loader's batcher sets its own before each batch;
     None: the calling thread). ``dct_scaling=False`` decodes every image at full size before resizing
@@ -31,9 +32,10 @@ class NativeDecoder:
         self.pool = pool
         self.dct_scaling = dct_scaling
 
-    def decode(self, sources: Any, crops: np.ndarray, flips: np.ndarray, out: Any) -> list[tuple[int, str]]:
-        """Decode ``sources`` (an ``ImageSources``) with ``crops[k]`` and ``flips[k]`` into ``out[k]``: a
-        uint8 ``(n, H, W, 3)`` numpy array or CPU tensor. Returns the failures ``[(k, message)]``."""
+    def decode(self, sources: Any, plan: Any, out: Any) -> list[tuple[int, str]]:
+        """Decode ``sources`` (an ``ImageSources``) with ``plan.crops[k]`` and ``plan.flips[k]`` into ``out[k]``:
+        a uint8 ``(n, H, W, 3)`` numpy array or CPU tensor. Returns the failures ``[(k, message)]``."""
+        geometry_only(plan, len(sources), "native")
         if isinstance(out, torch.Tensor):
             out = out.numpy()
         regions, region, offset, length = sources.located()
@@ -41,11 +43,18 @@ class NativeDecoder:
         if self.pool is None:
             self.pool = native().Pool(0)
         args = (self.pool, regions, region, offset, length, meta[:, 2].astype(np.uint8),
-                np.ascontiguousarray(meta[:, :2], dtype=np.int32), np.ascontiguousarray(crops, dtype=np.int32),
-                np.ascontiguousarray(flips, dtype=np.uint8), out)
+                np.ascontiguousarray(meta[:, :2], dtype=np.int32), np.ascontiguousarray(plan.crops, dtype=np.int32),
+                np.ascontiguousarray(plan.flips, dtype=np.uint8), out)
         if self.dct_scaling:
             return native().decode_batch(*args)
         return native().decode_batch(*args, dct_scaling=False)
 
     def close(self) -> None:
         pass
+
+
+def _make(ctx: DecoderContext) -> NativeDecoder:
+    return ctx.native  # one per loader: the batcher gives it its pool before each batch
+
+
+KIND = DecoderKind("native", make=_make)

@@ -18,8 +18,8 @@ one image at a time to find the bad ones (only for batches that hold one), repor
 ``(k, message)`` and zeroes it, as the native ``decode_batch`` does. A crop outside its image fails its
 sample only.
 
-Agreement, on the CPU with PIL decoding standing in for nvJPEG (tests/test_nvjpeg_cpu.py, 5 plan seeds over
-test_dali.py's samples), mean absolute difference per sample: <= 0.21 gray levels against the native
+Agreement, on the CPU with PIL decoding standing in for nvJPEG (tests/decoders/test_nvjpeg.py, 5 plan seeds over
+tests/decoders/conftest.py's samples), mean absolute difference per sample: <= 0.21 gray levels against the native
 decoder without DCT scaling (tolerance 1.0), <= 3.02 against the Batcher's DCT-scaled native decode
 (tests/cuda uses 4.0, the DALI decoder's bound). On a GPU nvJPEG's IDCT may add its own small error.
 
@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from .._ring import streams_for
+from ._base import DecoderContext, DecoderKind, JpegOnly, geometry_only
 from ._resample import MAX_PIXELS, resample
 
 INSTALL_HINT = ("decoder='nvjpeg' needs torchvision built with CUDA (pip install torchvision); decoder='dali' "
@@ -126,16 +127,19 @@ class NvjpegDecoder:
         s = self.streams
         s.wait(s.side, s.record(s.consumer()))
 
-    def decode(self, blobs: Sequence[Any], crops: np.ndarray, flips: np.ndarray, out: torch.Tensor) -> list[tuple[int, str]]:
-        """Decode ``blobs[k]``, crop ``crops[k]`` (top, left, height, width), resize to ``out_hw``, mirror
-        where ``flips[k]``, into ``out[k]`` (uint8 NHWC on this decoder's device); returns failures.
-        ``blobs``: bytes-like objects, a list or an ``ImageSources`` (the interface of ``decoders/_base.py``).
+    def decode(self, blobs: Sequence[Any], plan: Any, out: torch.Tensor) -> list[tuple[int, str]]:
+        """Decode ``blobs[k]``, crop ``plan.crops[k]`` (top, left, height, width), resize to ``out_hw``, mirror
+        where ``plan.flips[k]``, into ``out[k]`` (uint8 NHWC on this decoder's device); returns failures.
+        ``blobs``: bytes-like objects, a list or an ``ImageSources`` (the interface of ``decoders/_base.py``);
+        ``plan``: a ``fastload.transforms.Plan`` of as many samples.
         Complete when it returns (the stream is synchronised: call it from a producer thread)."""
         n = len(blobs)
+        geometry_only(plan, n, "nvjpeg")
         self._check_out(out, n)
         if n == 0:
             return []
-        crops = np.asarray(crops, dtype=np.int64).reshape(n, 4)
+        crops = np.asarray(plan.crops, dtype=np.int64).reshape(n, 4)
+        flips = plan.flips
         datas = [torch.frombuffer(bytearray(b), dtype=torch.uint8) if len(b) else torch.empty(0, dtype=torch.uint8)
                  for b in blobs]
         failures: dict[int, str] = {k: "empty image data" for k, d in enumerate(datas) if d.numel() == 0}
@@ -178,3 +182,16 @@ class NvjpegDecoder:
 
     def close(self) -> None:
         self.streams = None
+
+
+def probe() -> None:
+    """ModuleNotFoundError when torchvision is not installed; ImportError when it is but cannot be imported."""
+    _import_torchvision()
+
+
+def _make(ctx: DecoderContext) -> JpegOnly:
+    return JpegOnly(NvjpegDecoder(ctx.batch_size, ctx.out_hw, device=ctx.device, streams=ctx.fork_stream("nvjpeg")),
+                    ctx.option)
+
+
+KIND = DecoderKind("nvjpeg", make=_make, probe=probe, gpu=True, needs_gpu=True, pairs=True)

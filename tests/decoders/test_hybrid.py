@@ -1,6 +1,6 @@
 """decoder='auto' with a GPU: CPU threads and the GPU decoder share each batch (fastload/decoders/hybrid.py).
 
-Without a GPU the GPU half is the nvjpeg decoder with PIL standing in for nvJPEG (tests/test_nvjpeg_cpu.py),
+Without a GPU the GPU half is the nvjpeg decoder with PIL standing in for nvJPEG (tests/decoders/conftest.py),
 writing into CPU "device" rows: the split, the concurrency, the rate tracking and the assembly of one
 batch from two decoders are the same code that runs on a GPU."""
 
@@ -15,11 +15,13 @@ import torch
 import fastload
 from fastload import transforms as T
 from fastload._images import ImageDecoding
+from fastload import _C
+from fastload.decoders._base import ImageSources
 from fastload.decoders.hybrid import HybridDecoder, HybridSplit
+from fastload.decoders.native import NativeDecoder
 from fastload.decoders.nvjpeg import NvjpegDecoder
 from conftest import packed_image_folder
-from test_dali import mad
-from test_nvjpeg_cpu import pil_decode
+from decoders.conftest import OUT_HW, SAMPLES, mad, pil_decode, plan, sizes
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +32,7 @@ def photos(tmp_path_factory):
 def hybrid_loader(ds, **kw):
     loader = fastload.DataLoader(ds, **kw)
     images = ImageDecoding("native", None, kw["batch_size"], kw.get("num_workers", 0))
-    images.gpu, images.hybrid, images.device = "nvjpeg", HybridSplit(), torch.device("cpu")  # rows: slot.tensors
+    images.hybrid, images.device = HybridSplit(), torch.device("cpu")  # rows: slot.tensors
     out_hw = ds.pipelines["image"].output_size
     gpu = NvjpegDecoder(kw["batch_size"], out_hw, device="cpu", decode_fn=pil_decode)
     images._decoders["image"] = HybridDecoder(images.native, gpu, images.hybrid, kw["batch_size"])
@@ -51,6 +53,28 @@ def test_hybrid_batches_match_the_native_decoders(photos, num_workers):
         a, b = rx.permute(0, 2, 3, 1).numpy(), gx.permute(0, 2, 3, 1).numpy()
         assert mad(a, b).max() < 4.0  # the nvjpeg decoder's bound vs the DCT-scaled native path
     assert 0.0 < split.cpu_share < 1.0 and split.cpu_rate and split.gpu_rate
+
+
+def test_the_hybrid_of_two_native_decoders_is_the_native_decoder():
+    blobs = list(SAMPLES)
+    blobs[1], blobs[9] = b"", b"\xff\xd8\xff" + bytes(50)
+    p = plan(SAMPLES, 4)
+    ref = np.full((len(blobs), *OUT_HW, 3), 77, np.uint8)
+
+    def sources():
+        return ImageSources.from_bytes(blobs, sizes(SAMPLES))
+
+    expected = NativeDecoder().decode(sources(), p, ref)
+    assert [k for k, _ in expected] == [1, 9]
+    split = HybridSplit(cpu_share=0.5)
+    hybrid = HybridDecoder(NativeDecoder(), NativeDecoder(_C.Pool(2)), split, len(blobs))
+    for _ in range(3):  # the cut moves with the measured rates; the pixels and failures do not
+        out = torch.full((len(blobs), *OUT_HW, 3), 77, dtype=torch.uint8)
+        assert hybrid.decode(sources(), p, out) == expected
+        assert np.array_equal(out.numpy(), ref)
+    assert split.cpu_rate and split.gpu_rate
+    hybrid.close()
+    split.close()
 
 
 def test_split_follows_the_measured_rates():
@@ -137,7 +161,7 @@ def old_dali(monkeypatch):
 def test_auto_falls_back_to_native_with_a_warning_when_gpu_decoders_are_broken(broken_torchvision, old_dali):
     with pytest.warns(RuntimeWarning) as caught:
         images = ImageDecoding("auto", torch.device("cuda", 0), 8, 1)
-    assert images.gpu is None and images.hybrid is None and images.device is None
+    assert images.kind.name == "native" and images.hybrid is None and images.device is None
     text = " ".join(str(w.message) for w in caught)
     assert "nvjpeg: ImportError" in text and "torchvision::nms" in text
     assert "DALI 1.30.0 is too old" in text and ">= 1.44" in text

@@ -1,6 +1,6 @@
 """decoder='nvjpeg' without a GPU: its batched crop/resize/flip and its failure handling, run on the CPU
 with PIL standing in for nvJPEG's decode (same libjpeg-turbo pixels), against PIL and the native decoder.
-tests/cuda/test_nvjpeg.py runs the real thing on a GPU."""
+tests/cuda/test_nvjpeg.py runs the real thing on a GPU. PIL's stand-in is tests/decoders/conftest.py's pil_decode."""
 
 from __future__ import annotations
 
@@ -13,22 +13,9 @@ from PIL import Image
 
 from fastload.decoders._resample import crop_resize_flip
 from fastload.decoders.nvjpeg import NvjpegDecoder
-from test_dali import OUT_HW, SAMPLES, mad, native, plan
+from decoders.conftest import OUT_HW, SAMPLES, mad, native, pil_decode, plan, plan_of
 
 TOLERANCE = 1.0  # mean absolute difference per sample vs native with dct_scaling=False (float vs int16 weights)
-
-
-def pil_decode(datas: list) -> list:
-    """nvJPEG's contract: a list of (3, H, W) uint8 tensors, RuntimeError for a corrupt image."""
-    out = []
-    for d in datas:
-        try:
-            img = Image.open(io.BytesIO(d.numpy().tobytes()))
-            img.load()
-        except Exception as e:  # noqa: BLE001  (what torchvision raises for a bad image)
-            raise RuntimeError(f"decode failed: {e}") from None
-        out.append(torch.from_numpy(np.array(img.convert("RGB"))).permute(2, 0, 1).contiguous())
-    return out
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -64,7 +51,7 @@ def test_decoder_matches_native_on_the_same_plans(seed):
     exact = native(SAMPLES, p, False)
     dec = NvjpegDecoder(len(SAMPLES), OUT_HW, device="cpu", decode_fn=pil_decode)
     out = torch.full((len(SAMPLES), *OUT_HW, 3), 77, dtype=torch.uint8)
-    assert dec.decode(SAMPLES, p.crops, p.flips, out) == []
+    assert dec.decode(SAMPLES, p, out) == []
     rgb = [k for k, b in enumerate(SAMPLES) if Image.open(io.BytesIO(b)).mode != "CMYK"]  # PIL inverts Adobe CMYK
     assert mad(out.numpy()[rgb], exact[rgb]).max() < TOLERANCE
 
@@ -77,20 +64,20 @@ def test_corrupt_and_outside_samples_fail_alone():
     crops[3] = [0, 0, 10_000, 5]  # taller than the image
     dec = NvjpegDecoder(4, OUT_HW, device="cpu", decode_fn=pil_decode)
     out = torch.full((4, *OUT_HW, 3), 77, dtype=torch.uint8)
-    failures = dict(dec.decode(blobs, crops, p.flips, out))
+    failures = dict(dec.decode(blobs, plan_of(crops, p.flips), out))
     assert sorted(failures) == [1, 3]
     assert "could not decode" in failures[1] and "lies outside" in failures[3]
     assert (out[[1, 3]] == 0).all()
     good = NvjpegDecoder(4, OUT_HW, device="cpu", decode_fn=pil_decode)
     ref = torch.empty((2, *OUT_HW, 3), dtype=torch.uint8)
-    good.decode([SAMPLES[0], SAMPLES[2]], p.crops[[0, 2]], p.flips[[0, 2]], ref)
+    good.decode([SAMPLES[0], SAMPLES[2]], plan_of(p.crops[[0, 2]], p.flips[[0, 2]]), ref)
     assert torch.equal(out[[0, 2]], ref)
 
 
 def test_out_buffer_is_checked():
     dec = NvjpegDecoder(2, OUT_HW, device="cpu", decode_fn=pil_decode)
     with pytest.raises(ValueError, match="uint8 cpu tensor of shape"):
-        dec.decode(SAMPLES[:2], plan(SAMPLES[:2]).crops, np.zeros(2, np.uint8), torch.empty((2, 3, 3, 3)))
+        dec.decode(SAMPLES[:2], plan(SAMPLES[:2]), torch.empty((2, 3, 3, 3)))
 
 
 def _batch(seed: int, sizes: list[tuple[int, int]]):

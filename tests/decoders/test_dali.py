@@ -17,78 +17,18 @@ import pytest
 import torch
 from PIL import Image
 
-from conftest import jpeg_bytes
+from decoders.conftest import HAVE_DALI, OUT_HW, SAMPLES, mad, native, plan, plan_of
 from fastload.decoders.dali import INSTALL_HINT, DaliDecoder
-from fastload.transforms import ImagePipeline, RandomHorizontalFlip, RandomResizedCrop
 
 _C = pytest.importorskip("fastload._C")
-
-try:
-    import nvidia.dali  # noqa: F401
-
-    HAVE_DALI = True
-except ImportError:
-    HAVE_DALI = False
 
 needs_dali = pytest.mark.skipif(not HAVE_DALI, reason="NVIDIA DALI is not installed (pip install fastload[dali])")
 needs_cuda = pytest.mark.skipif(not (HAVE_DALI and torch.cuda.is_available()), reason="needs DALI and a CUDA GPU")
 pytestmark = pytest.mark.timeout(60)
 
-OUT_HW = (24, 32)
 EXACT_TOLERANCE = 1.0  # vs native dct_scaling=False (measured <= 0.42)
 BATCHER_TOLERANCE = 4.0  # vs native DCT-scaled decoding (measured <= 3.04, 4:2:2; native's own DCT error)
 GPU_TOLERANCE = 3.0
-
-
-def encode(h, w, seed, mode="RGB", **kw):
-    """A smooth picture (conftest.jpeg_bytes) re-encoded with PIL options (progressive, subsampling)."""
-    img = Image.open(io.BytesIO(jpeg_bytes(h, w, seed=seed, quality=95))).convert(mode)
-    buf = io.BytesIO()
-    img.save(buf, "JPEG", quality=90, **kw)
-    return buf.getvalue()
-
-
-SAMPLES = [  # various sizes and JPEG flavours, built at test time
-    encode(120, 160, 1),
-    encode(37, 53, 2),
-    encode(300, 200, 3, progressive=True),
-    encode(90, 90, 4, mode="L"),
-    encode(64, 256, 5, subsampling=0),
-    encode(200, 150, 6, subsampling=1),
-    encode(50, 70, 7, mode="L", progressive=True),
-    encode(81, 47, 8, mode="CMYK"),
-    encode(17, 400, 9),
-    encode(256, 192, 10, progressive=True, subsampling=0),
-    encode(33, 33, 11),
-]
-
-
-def sizes(blobs):
-    return np.array([Image.open(io.BytesIO(b)).size[::-1] for b in blobs], np.int64)
-
-
-def plan(blobs, seed=0):
-    hw = sizes(blobs)
-    pipe = ImagePipeline([RandomResizedCrop(OUT_HW), RandomHorizontalFlip()])
-    return pipe.plan(hw[:, 0], hw[:, 1], np.random.default_rng(seed))
-
-
-def native(blobs, p, dct_scaling):
-    """What the Batcher does: one native decode_batch over a region holding all blobs."""
-    n = len(blobs)
-    lengths = np.array([len(b) for b in blobs], np.int64)
-    out = np.full((n, *OUT_HW, 3), 77, np.uint8)
-    fails = _C.decode_batch(_C.Pool(1), [b"".join(blobs)], np.zeros(n, np.int64),
-                            np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64), lengths,
-                            np.zeros(n, np.uint8), sizes(blobs).astype(np.int32), p.crops, p.flips, out,
-                            dct_scaling=dct_scaling)
-    assert fails == []
-    return out
-
-
-def mad(a, b):
-    """Mean absolute difference per sample."""
-    return np.abs(a.astype(np.int32) - b.astype(np.int32)).reshape(len(a), -1).mean(axis=1)
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +50,7 @@ def test_matches_native_on_the_same_plans(decoder, seed):
     for start in range(0, len(SAMPLES), 8):  # a full batch of 8, then a partial one of 3
         sl = slice(start, start + 8)
         blobs = [memoryview(b) for b in SAMPLES[sl]]
-        assert decoder.decode(blobs, p.crops[sl], p.flips[sl], out[sl]) == []
+        assert decoder.decode(blobs, p.take(start, start + 8), out[sl]) == []
     got = out.numpy()
     assert got.shape == exact.shape and got.dtype == exact.dtype
     assert mad(got, exact).max() <= EXACT_TOLERANCE, mad(got, exact)
@@ -124,23 +64,23 @@ def test_numpy_out_flip_and_determinism(decoder):
     p = plan(blobs)
     crops = np.repeat(p.crops[:1], 2, axis=0)
     a = np.zeros((2, *OUT_HW, 3), np.uint8)  # numpy buffers work in CPU-only mode
-    assert decoder.decode([blobs[0]] * 2, crops, np.array([0, 1], np.uint8), a) == []
+    assert decoder.decode([blobs[0]] * 2, plan_of(crops, np.array([0, 1], np.uint8)), a) == []
     assert np.array_equal(a[1], a[0][:, ::-1])  # flip is an exact mirror
     b = np.zeros_like(a)
-    decoder.decode([blobs[0]] * 2, crops, np.array([0, 1], np.uint8), b)
+    decoder.decode([blobs[0]] * 2, plan_of(crops, np.array([0, 1], np.uint8)), b)
     assert np.array_equal(a, b)
 
 
 @needs_dali
 def test_batch_sizes(decoder):
     p = plan(SAMPLES[:1])
-    assert decoder.decode([], np.zeros((0, 4), np.int32), np.zeros(0, np.uint8),
+    assert decoder.decode([], plan_of(np.zeros((0, 4), np.int32), np.zeros(0, np.uint8)),
                           torch.empty((0, *OUT_HW, 3), dtype=torch.uint8)) == []
     out = torch.empty((1, *OUT_HW, 3), dtype=torch.uint8)
-    assert decoder.decode(SAMPLES[:1], p.crops, p.flips, out) == []
+    assert decoder.decode(SAMPLES[:1], p, out) == []
     nine = plan(SAMPLES[:9])
     with pytest.raises(ValueError, match="batch_size=8"):
-        decoder.decode(SAMPLES[:9], nine.crops, nine.flips, torch.empty((9, *OUT_HW, 3), dtype=torch.uint8))
+        decoder.decode(SAMPLES[:9], nine, torch.empty((9, *OUT_HW, 3), dtype=torch.uint8))
 
 
 @needs_dali
@@ -153,7 +93,7 @@ def test_batch_sizes(decoder):
 def test_out_is_checked(decoder, out, pattern):
     p = plan(SAMPLES[:2])
     with pytest.raises((ValueError, TypeError), match=pattern):
-        decoder.decode(SAMPLES[:2], p.crops, p.flips, out)
+        decoder.decode(SAMPLES[:2], p, out)
 
 
 def test_constructor_arguments_are_checked():
@@ -172,7 +112,7 @@ def test_corrupt_samples_are_reported_and_the_rest_kept(decoder):
     good = SAMPLES[:3]
     p = plan(good)
     clean = torch.empty((3, *OUT_HW, 3), dtype=torch.uint8)
-    assert decoder.decode(good, p.crops, p.flips, clean) == []
+    assert decoder.decode(good, p, clean) == []
     jpeg = good[0]
     cases = [  # (bytes, crop, expected message part)
         (jpeg[: len(jpeg) // 2], p.crops[0], "corrupt or truncated"),
@@ -188,7 +128,7 @@ def test_corrupt_samples_are_reported_and_the_rest_kept(decoder):
                       cases[4][1]]).astype(np.int32)
     flips = np.array([p.flips[0], 0, p.flips[1], 0, 0, 0, p.flips[2], 0], np.uint8)
     out = torch.full((8, *OUT_HW, 3), 77, dtype=torch.uint8)
-    fails = dict(decoder.decode(blobs, crops, flips, out))
+    fails = dict(decoder.decode(blobs, plan_of(crops, flips), out))
     expected = {1: cases[0][2], 3: cases[1][2], 4: cases[2][2], 5: cases[3][2], 7: cases[4][2]}
     assert sorted(fails) == sorted(expected)
     for k, part in expected.items():
@@ -196,11 +136,11 @@ def test_corrupt_samples_are_reported_and_the_rest_kept(decoder):
         assert not out[k].any()  # zeroed, like the native path
     assert torch.equal(out[[0, 2, 6]], clean)
     # only cheap checks fail: no DALI run fails, the pipeline is not rebuilt
-    fails = decoder.decode([jpeg, jpeg], np.stack([p.crops[0], cases[5][1]]), np.zeros(2, np.uint8), out[:2])
+    fails = decoder.decode([jpeg, jpeg], plan_of(np.stack([p.crops[0], cases[5][1]]), np.zeros(2, np.uint8)), out[:2])
     assert [k for k, _ in fails] == [1] and cases[5][2] in fails[0][1]
     assert torch.equal(out[0], clean[0] if not p.flips[0] else clean[0].flip(1))
     # and the decoder keeps working after failures
-    assert decoder.decode(good, p.crops, p.flips, out[:3]) == [] and torch.equal(out[:3], clean)
+    assert decoder.decode(good, p, out[:3]) == [] and torch.equal(out[:3], clean)
 
 
 @needs_dali
@@ -209,7 +149,7 @@ def test_closed_decoder_refuses():
     d.close()
     p = plan(SAMPLES[:1])
     with pytest.raises(ValueError, match="closed"):
-        d.decode(SAMPLES[:1], p.crops, p.flips, torch.empty((1, *OUT_HW, 3), dtype=torch.uint8))
+        d.decode(SAMPLES[:1], p, torch.empty((1, *OUT_HW, 3), dtype=torch.uint8))
 
 
 # ---- without DALI -------------------------------------------------------------------------------
@@ -239,18 +179,18 @@ def test_cuda_matches_cpu_mode(decoder):
         blobs = SAMPLES[:8]
         p = plan(blobs)
         cpu_out = torch.empty((8, *OUT_HW, 3), dtype=torch.uint8)
-        assert decoder.decode(blobs, p.crops, p.flips, cpu_out) == []
+        assert decoder.decode(blobs, p, cpu_out) == []
         out = torch.full((8, *OUT_HW, 3), 77, dtype=torch.uint8, device="cuda:0")
-        assert gpu.decode(blobs, p.crops, p.flips, out) == []
+        assert gpu.decode(blobs, p, out) == []
         got = out.cpu().numpy()
         assert got.shape == cpu_out.shape and got.dtype == np.uint8
         assert mad(got, cpu_out.numpy()).max() <= GPU_TOLERANCE, mad(got, cpu_out.numpy())
         bad = list(blobs)
         bad[3] = bad[3][: len(bad[3]) // 2]
-        fails = gpu.decode(bad[:5], p.crops[:5], p.flips[:5], out[:5])
+        fails = gpu.decode(bad[:5], p.take(0, 5), out[:5])
         assert [k for k, _ in fails] == [3] and not out[3].any()
         with pytest.raises(ValueError, match="cuda:0"):
-            gpu.decode(blobs, p.crops, p.flips, cpu_out)
+            gpu.decode(blobs, p, cpu_out)
     finally:
         gpu.close()
 

@@ -1,0 +1,142 @@
+"""fastload/decoders/_base.py: the one decoder interface, ``decode(sources, plan, out) -> [(k, message)]``, for
+the native, DALI, nvJPEG and hybrid decoders; ``JpegOnly``; the plan object decoders take (its slices, issue
+21's augmentation attached and refused); and ``ImageSources`` read from the packed files."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import fastload
+from fastload import _C
+from fastload._augment.color import ColorJitter
+from fastload._augment.geometry import RandomHorizontalFlip as AugmentFlip, RandomVerticalFlip
+from fastload._augment.plan import PlanBuilder
+from fastload.decoders._base import ImageSources, JpegOnly
+from fastload.decoders.hybrid import HybridDecoder, HybridSplit
+from fastload.decoders.native import NativeDecoder
+from fastload.decoders.nvjpeg import NvjpegDecoder
+from fastload.formats._layout import IMAGE_JPEG, IMAGE_RAW
+from conftest import make_image_folder
+from decoders.conftest import HAVE_DALI, OUT_HW, SAMPLES, mad, native, pil_decode, plan, plan_of, sizes
+
+
+def sources_of(blobs):
+    return ImageSources.from_bytes(blobs, sizes(SAMPLES[:len(blobs)]))
+
+
+def every_decoder():
+    decoders = [NativeDecoder(), NvjpegDecoder(len(SAMPLES), OUT_HW, device="cpu", decode_fn=pil_decode),
+                HybridDecoder(NativeDecoder(), NativeDecoder(), HybridSplit(), len(SAMPLES))]
+    if HAVE_DALI:
+        from fastload.decoders.dali import DaliDecoder
+
+        decoders.append(DaliDecoder(len(SAMPLES), OUT_HW))
+    return decoders
+
+
+def test_every_decoder_takes_the_same_call():
+    p = plan(SAMPLES, 2)
+    ref = native(SAMPLES, p, True)
+    rgb = [k for k in range(len(SAMPLES)) if k != 7]  # PIL inverts Adobe CMYK (test_nvjpeg.py)
+    for dec in every_decoder():
+        out = torch.full((len(SAMPLES), *OUT_HW, 3), 77, dtype=torch.uint8)
+        assert dec.decode(sources_of(SAMPLES), p, out) == [], dec
+        assert mad(out.numpy()[rgb], ref[rgb]).max() < 4.0, dec  # the GPU decoders' bound vs DCT-scaled native
+        dec.close()
+
+
+def augmented(p, *transforms):
+    """``p`` extended by issue 21's augmentations (what the pipeline will attach once they are wired)."""
+    b = PlanBuilder.from_crop_plan(p)
+    for t in transforms:
+        t.plan(b, np.arange(p.n), np.random.default_rng(0))
+    return p.with_augment(b.finish())
+
+
+def test_plans_with_augmentations_no_decoder_executes_are_refused():
+    """A decoder never drops part of a plan: vertical flips or pixel operations are refused, naming them."""
+    p = plan(SAMPLES, 2)
+    for extra, words in [((RandomVerticalFlip(1.0),), "vertical flips"),
+                         ((ColorJitter(brightness=0.5),), "pixel operations (brightness)")]:
+        q = augmented(p, *extra)
+        for dec in every_decoder():
+            out = torch.full((len(SAMPLES), *OUT_HW, 3), 77, dtype=torch.uint8)
+            with pytest.raises(NotImplementedError, match=r"executes crop, resize and horizontal flip only.*"
+                                                          + words.replace("(", r"\(").replace(")", r"\)")):
+                dec.decode(sources_of(SAMPLES), q, out)
+            assert (out == 77).all(), dec  # nothing written
+            dec.close()
+
+
+def test_a_horizontal_flip_planned_by_the_augmentation_is_the_decoders_flip():
+    p = plan(SAMPLES, 5)
+    q = augmented(p, AugmentFlip(1.0))
+    assert np.array_equal(q.flips, 1 - p.flips) and np.array_equal(q.crops, p.crops)
+    out = np.zeros((len(SAMPLES), *OUT_HW, 3), np.uint8)
+    assert NativeDecoder().decode(sources_of(SAMPLES), q, out) == []
+    assert np.array_equal(out, native(SAMPLES, plan_of(p.crops, 1 - p.flips), True))
+    with pytest.raises(ValueError, match="PlanBuilder.from_crop_plan"):
+        p.take(0, 3).with_augment(q.augment)
+
+
+def test_plan_slices_carry_their_samples_and_their_augmentation():
+    p = augmented(plan(SAMPLES, 1), ColorJitter(brightness=0.5, contrast=0.5))
+    part = p.take(3, 7)
+    assert part.n == 4 and np.array_equal(part.crops, p.crops[3:7]) and np.array_equal(part.flips, p.flips[3:7])
+    assert np.array_equal(part.out_hw, p.out_hw[3:7]) and part.augment.n == 4
+    for j in range(4):
+        assert [(op, {k: np.asarray(v).tolist() for k, v in row.items()}) for op, row in part.augment.ops_of(j)] == \
+            [(op, {k: np.asarray(v).tolist() for k, v in row.items()}) for op, row in p.augment.ops_of(3 + j)]
+    assert p.take(5, 2).n == 0 and p.take(9, 20).n == p.n - 9
+    crops, flips, out_hw = p  # unpacks as the named tuple it was
+    assert crops is p.crops and flips is p.flips and out_hw is p.out_hw
+
+
+def test_a_plan_of_another_length_is_refused():
+    p = plan(SAMPLES, 0)
+    with pytest.raises(ValueError, match="the plan has 11 samples but 3 images"):
+        NativeDecoder().decode(sources_of(SAMPLES[:3]), p, np.zeros((3, *OUT_HW, 3), np.uint8))
+
+
+def test_gpu_decoders_report_raw_images_with_a_hint():
+    class Fake:
+        closed = False
+
+        def decode(self, sources, plan, out):
+            return [(0, "its own failure")]
+
+        def close(self):
+            Fake.closed = True
+
+    src = ImageSources.from_bytes([b"a", b"b", b"c"], [(1, 1)] * 3, [IMAGE_RAW, IMAGE_RAW, IMAGE_JPEG])
+    dec = JpegOnly(Fake(), "dali")
+    fails = dec.decode(src, plan_of(np.zeros((3, 4), np.int32), np.zeros(3, np.uint8)), None)
+    assert fails[0] == (0, "its own failure") and fails[1][0] == 1 and "decoder='dali'" in fails[1][1]
+    assert len(fails) == 2
+    dec.close()
+    assert Fake.closed
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory):
+    root = tmp_path_factory.mktemp("decoders")
+    make_image_folder(root / "src", classes=2, per_class=6)
+    fastload.pack(root / "src", root / "shards", workers=0, shard_size=4096)
+    fastload.pack(root / "src", root / "lmdb", workers=0, format="lmdb")
+    return root
+
+
+@pytest.mark.parametrize("fmt", ["shards", "lmdb"])
+def test_image_sources_read_the_packed_files_through_the_reader(packed, fmt):
+    ds = fastload.open(packed / fmt, decode=False)
+    idx = np.array([7, 0, 11, 3, 5])
+    at = ds.reader.locate(idx)
+    src = ImageSources.of(ds.reader, at, "image")
+    assert len(src) == 5 and src.meta.dtype == np.int64 and (src.meta[:, 2] == IMAGE_JPEG).all()
+    assert [bytes(b) for b in src] == [ds[int(i)][0] for i in idx]
+    regions, region, offset, length = src[2:].located()
+    assert [bytes(memoryview(regions[r])[o:o + n]) for r, o, n in zip(region, offset, length)] == \
+        [ds[int(i)][0] for i in idx[2:]]
+
