@@ -19,6 +19,7 @@
 
 namespace fastload {
 
+// The "meta" column's encodings; the one definition (exported to Python as _C.IMAGE_JPEG, _C.IMAGE_RAW).
 enum Encoding : uint8_t { kEncodingJpeg = 0, kEncodingRawRgb = 1 };
 
 // Per-thread scratch state, reused across samples and batches. Buffers grow to the largest

@@ -502,6 +502,11 @@ PYBIND11_MODULE(_C, m) {
   m.doc() =
       "fastload native core: JPEG decode, crop/resize/flip, batched decoding and row gathers.";
 
+  // The image encodings of the packed "meta" column, defined once (csrc/batch.h); Python reads them from
+  // here (fastload/formats/_layout.py).
+  m.attr("IMAGE_JPEG") = static_cast<int>(fastload::kEncodingJpeg);
+  m.attr("IMAGE_RAW") = static_cast<int>(fastload::kEncodingRawRgb);
+
   m.def("jpeg_info", &jpeg_info, py::arg("buf"),
         "jpeg_info(buf) -> (height, width, components) from the JPEG header.\n"
         "Raises ValueError on corrupt data.");

@@ -147,3 +147,19 @@ def test_gil_released_during_batch():
     t.join()
     during = [x for x in ticks if t0 < x < t1]
     assert t1 - t0 < 0.02 or len(during) >= 3  # the ticker kept running while we decoded
+
+
+def test_the_image_encodings_are_the_native_cores_and_python_takes_them_from_there():
+    """csrc/batch.h defines the "meta" column's encodings once; _C exports them and formats/_layout.py (what the
+    packer writes and the decoders read) takes them from _C."""
+    from fastload.formats import _layout
+
+    assert (_layout.IMAGE_JPEG, _layout.IMAGE_RAW) == (_C.IMAGE_JPEG, _C.IMAGE_RAW)
+    assert _layout.IMAGE_ENCODINGS == (_C.IMAGE_JPEG, _C.IMAGE_RAW) and _C.IMAGE_JPEG != _C.IMAGE_RAW
+    rgb = np.random.default_rng(0).integers(0, 256, (8, 8, 3), dtype=np.uint8)
+    for encoding, data in ((_C.IMAGE_RAW, rgb.tobytes()), (_C.IMAGE_JPEG, JPEG)):
+        h, w = (8, 8) if encoding == _C.IMAGE_RAW else _C.jpeg_info(JPEG)[:2]
+        args = batch_args([(data, encoding, (h, w), (0, 0, h, w), 0)], out_hw=(8, 8))
+        assert run_batch(_C.Pool(0), args) == [], encoding  # each encoding is read as what its name says
+    wrong = batch_args([(JPEG, _C.IMAGE_RAW, (8, 8), (0, 0, 8, 8), 0)], out_hw=(8, 8))
+    assert run_batch(_C.Pool(0), wrong)  # JPEG bytes are not 8x8 raw pixels: refused, not misread
