@@ -26,11 +26,12 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .._native import native
 from .._schema import Field, Schema
 
-# image encodings in the "meta" column
-IMAGE_JPEG = 0
-IMAGE_RAW = 1
+# image encodings in the "meta" column: defined once, in the native core that decodes them (csrc/batch.h)
+IMAGE_JPEG = int(native().IMAGE_JPEG)
+IMAGE_RAW = int(native().IMAGE_RAW)
 IMAGE_ENCODINGS = (IMAGE_JPEG, IMAGE_RAW)
 
 FORMAT_VERSION = 1
