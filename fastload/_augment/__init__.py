@@ -21,8 +21,10 @@ One file per concern:
 | ``mix.py`` | batch transforms MixUp, CutMix (and a random choice of them) |
 
 Left for the wiring (after issue 20's stages): ``fastload.open(transforms=...)`` accepting these classes
-(geometric ones folded into the crop plan, the rest into ``PlanBuilder.from_crop_plan``); decoders taking
-the plan (native C++ kernels fused on the output tile); ``ds[i]`` through ``engine_pil.run_pil(source=True)``;
+(geometric ones folded into the crop plan, the rest into ``PlanBuilder.from_crop_plan``, attached with
+``fastload.transforms.Plan.with_augment``: the decoders already take that one object, ``decode(sources, plan,
+out)``, and refuse ``plan.augment`` in ``decoders/_base.geometry_only`` until a decoder executes it, the native
+one with C++ kernels fused on the output tile); ``ds[i]`` through ``engine_pil.run_pil(source=True)``;
 the batched engine after the device copy, erasing after Normalize where torchvision's recipes put it;
 MixUp/CutMix on the collated batch with the batch's generator; a ``mask`` field kind using the mask engines;
 torchvision objects converted by their public attributes; RandomCrop with padding (crop boxes outside the
