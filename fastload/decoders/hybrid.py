@@ -23,7 +23,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
-import numpy as np
 import torch
 
 from .._ring import host_empty, pinned_memory_usable, streams_for, warn_once

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 import fastload
-from fastload import _C
 from fastload._augment.color import ColorJitter
 from fastload._augment.geometry import RandomHorizontalFlip as AugmentFlip, RandomVerticalFlip
 from fastload._augment.plan import PlanBuilder

@@ -8,14 +8,12 @@ native as the Batcher runs it (DCT-scaled decoding), 3.0 between GPU and CPU-onl
 
 from __future__ import annotations
 
-import io
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 
 from decoders.conftest import HAVE_DALI, OUT_HW, SAMPLES, mad, native, plan, plan_of
 from fastload.decoders.dali import INSTALL_HINT, DaliDecoder
