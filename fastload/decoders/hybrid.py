@@ -181,13 +181,15 @@ def _choose(on_gpu: bool) -> DecoderKind:
         return kind("native")
     partner, broken = _installed_gpu_decoder()
     if broken:
+        instead = "images are decoded by CPU threads only" if partner is None else \
+            f"CPU threads share each batch with {partner.name!r} instead"
         warn_once("auto-broken", "fastload: decoder='auto' could not use an installed GPU decoder ("
-                                 + "; ".join(broken) + "); images are decoded by CPU threads only")
-        return kind("native")
+                                 + "; ".join(broken) + f"); {instead}")
     if partner is None:
-        warn_once("auto-decoder", "fastload: decoder='auto' found no GPU JPEG decoder (pip install "
-                                  "nvidia-dali-cuda130, or a CUDA torchvision for nvJPEG); images are "
-                                  "decoded by CPU threads only")
+        if not broken:
+            warn_once("auto-decoder", "fastload: decoder='auto' found no GPU JPEG decoder (pip install "
+                                      "nvidia-dali-cuda130, or a CUDA torchvision for nvJPEG); images are "
+                                      "decoded by CPU threads only")
         return kind("native")
     split = HybridSplit()
 

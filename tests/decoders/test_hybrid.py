@@ -6,6 +6,7 @@ batch from two decoders are the same code that runs on a GPU."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import numpy as np
@@ -165,6 +166,23 @@ def test_auto_falls_back_to_native_with_a_warning_when_gpu_decoders_are_broken(b
     text = " ".join(str(w.message) for w in caught)
     assert "nvjpeg: ImportError" in text and "torchvision::nms" in text
     assert "DALI 1.30.0 is too old" in text and ">= 1.44" in text
+
+
+def test_auto_pairs_the_usable_gpu_decoder_when_another_is_broken(old_dali, monkeypatch):
+    """DALI too old, torchvision usable: native threads share each batch with nvJPEG, and the warning names DALI
+    and says so (it used to say 'CPU threads only' and then run nvJPEG alone, with no CPU share)."""
+    from fastload.decoders import nvjpeg
+
+    monkeypatch.setattr(nvjpeg, "probe", lambda: None)  # a torchvision that imports
+    monkeypatch.setattr(nvjpeg, "KIND", dataclasses.replace(nvjpeg.KIND, probe=nvjpeg.probe))
+    monkeypatch.setattr(fastload._ring, "_warned", set())
+    with pytest.warns(RuntimeWarning) as caught:
+        images = ImageDecoding("auto", torch.device("cuda", 0), 8, 1)
+    text = " ".join(str(w.message) for w in caught)
+    assert "DALI 1.30.0 is too old" in text and "CPU threads share each batch with 'nvjpeg' instead" in text
+    assert "CPU threads only" not in text
+    assert images.kind.name == "auto" and isinstance(images.hybrid, HybridSplit)
+    assert images.device == torch.device("cuda", 0)
 
 
 def test_nvjpeg_with_a_broken_torchvision_says_so(broken_torchvision):
