@@ -1,4 +1,4 @@
-"""fastload/_images.py: the decoder is picked by name from the registry (fastload/decoders/__init__.py), and
+"""fastload/_images.py: the decoder is picked by name from the registry (tests/decoders/test_registry.py), and
 ``fill`` makes one ``decode(sources, plan, rows)`` call per image field and batch."""
 
 from __future__ import annotations
@@ -40,15 +40,6 @@ def test_fill_makes_one_decode_call_per_image_field(packed):
     got = [x.clone() for x, _ in loader]
     assert all(torch.equal(a, b) for a, b in zip(ref, got)) and len(got) == len(ref) == 3
     assert calls == [(5, (5, 4), (5,), [[16, 16]], (5, 16, 16, 3))] * 2 + [(2, (2, 4), (2,), [[16, 16]], (2, 16, 16, 3))]
-
-
-def test_the_registry_lists_each_decoder_once():
-    assert decoders.names() == ("native", "dali", "nvjpeg", "auto")
-    for name in decoders.names():
-        k = decoders.kind(name)
-        assert isinstance(k, DecoderKind) and k.name == name
-    with pytest.raises(ValueError, match="decoder='pillow' should be one of 'native', 'dali', 'nvjpeg', 'auto'"):
-        ImageDecoding("pillow", None, 4, 0)
 
 
 def test_a_registered_decoder_is_made_through_its_kind(packed, monkeypatch):
