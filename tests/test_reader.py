@@ -51,8 +51,9 @@ def test_the_reader_gives_the_same_rows_for_every_format(datasets, fmt):
     at = reader.locate(idx)
     assert len(at) == 77 and sorted(np.concatenate([p for _, p in at.groups]).tolist()) == list(range(77))
     out = np.empty((77, 8), np.int32)
-    reader.gather_rows(at, "tokens", out, lambda regions, region, offset, rb, o: _C.gather_rows(
-        _C.Pool(0), regions, region, offset, rb, o))
+    regions, region, offset, row_bytes = reader.row_sources(at, "tokens")  # data, not a callback
+    assert row_bytes == 8 * 4 and len(regions) == (len(at.groups) if fmt == "shards" else len(set(idx // 1024)))
+    _C.gather_rows(_C.Pool(0), regions, region, offset, row_bytes, out)
     assert np.array_equal(out, arrays["tokens"][idx])
     regions, region, offset, length = reader.blob_sources(at, "blob")
     got = [bytes(memoryview(regions[r])[o:o + n]) for r, o, n in zip(region, offset, length)]
@@ -120,3 +121,24 @@ def test_the_batch_path_reads_packed_files_only_through_the_reader():
     """No module a batch crosses reads a segment's private fields or names a segment class."""
     for name in BATCH_PATH:
         assert _boundary_breaches(ROOT / name, {"fastload.formats._layout", "fastload.formats.reader"}) == []
+
+
+def test_ds_getitem_and_fastload_bench_read_through_the_reader(packed_images, monkeypatch):
+    """``ds[i]`` and ``fastload bench`` take rows and blobs from ``PackedReader``, never from a segment."""
+    from fastload import _benchcmd
+    from fastload.formats.reader import PackedReader
+
+    calls = {"row": 0, "blob": 0}
+    for name in calls:
+        real = getattr(PackedReader, name)
+
+        def counted(*a, _real=real, _name=name):
+            calls[_name] += 1
+            return _real(*a)
+        monkeypatch.setattr(PackedReader, name, counted)
+    ds = fastload.open(packed_images)
+    ds[3]
+    assert calls["row"] >= 2 and calls["blob"] == 1  # the image's meta and the label; the image's bytes
+    calls.update(row=0, blob=0)
+    _benchcmd.run(packed_images, batch_size=4, preset="val", size=32, max_workers=0, seconds=0.05)
+    assert calls["blob"] == 4  # the 'read bytes' timing of one batch

@@ -227,6 +227,14 @@ class LmdbSegment:
             out[sel] = self._chunk(field, col, int(c))[idx[sel] % self.rows]
         return out
 
+    def row_sources(self, field: str, idx: np.ndarray, row_bytes: int) -> tuple[list, np.ndarray, np.ndarray]:
+        """Where rows ``idx`` of fixed-size column ``field`` lie, for the native gather: each chunk the rows
+        touch (read and checked as ``take`` reads it) is a region; a row's offset is its place in its chunk."""
+        idx = np.asarray(idx, dtype=np.int64)
+        chunks, region = np.unique(idx // self.rows, return_inverse=True)
+        regions = [self._chunk(field, "values", int(c)) for c in chunks]
+        return regions, region.astype(np.int64), (idx % self.rows) * row_bytes
+
     def blob(self, field: str, i: int) -> memoryview:
         rec = self._get(sample_key(i), f"sample {i}, field '{field}': record ")
         k = self.blob_fields.index(field)

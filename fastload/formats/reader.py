@@ -15,7 +15,6 @@ A *batch view* (``Located``) is computed once per batch: ``seg_ids`` and ``local
 from __future__ import annotations
 
 import builtins
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ import numpy as np
 
 from .._errors import FormatError
 from . import lmdb as lmdb_format
+from ._layout import columns_of
 from ._manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest
 from .shards import ShardSegment, shard_segments, verify_shards
 
@@ -89,23 +89,13 @@ def verified_what(manifest: Manifest) -> str:
 class Located:
     """A batch's samples by segment: ``seg_ids``/``local`` per position, ``groups``, the opened ``segs``."""
 
-    __slots__ = ("_region_of", "groups", "local", "seg_ids", "segs")
+    __slots__ = ("groups", "local", "seg_ids", "segs")
 
     def __init__(self, seg_ids: np.ndarray, local: np.ndarray, groups: list, segs: dict):
         self.seg_ids, self.local, self.groups, self.segs = seg_ids, local, groups, segs
-        self._region_of = None
 
     def __len__(self) -> int:
         return len(self.local)
-
-    @property
-    def region_of(self) -> np.ndarray:
-        """Position -> index into ``groups`` (built on first use)."""
-        if self._region_of is None:
-            self._region_of = np.zeros(len(self.local), np.int64)
-            for k, (_, pos) in enumerate(self.groups[1:], 1):
-                self._region_of[pos] = k
-        return self._region_of
 
 
 class PackedReader:
@@ -115,6 +105,7 @@ class PackedReader:
         self.segments = segments
         self.starts = np.concatenate([[0], np.cumsum([s.count for s in segments], dtype=np.int64)])
         self.path = path
+        self._row_bytes: dict[str, int] = {}
 
     def sample(self, i: int) -> tuple[Any, int]:
         """(opened segment, index within it) of global sample ``i`` (``ds[i]``: one sample, no batch view)."""
@@ -145,6 +136,16 @@ class PackedReader:
                 [(int(present[0]), np.arange(len(indices)))]
         return Located(seg_ids, local, groups, {s: self.segments[s].open() for s, _ in groups})
 
+    def locate_one(self, i: int) -> Located:
+        """The batch view of the one global sample ``i`` (``ds[i]``), its segment opened."""
+        k = int(np.searchsorted(self.starts, i, side="right")) - 1
+        return Located(np.array([k]), np.array([i - int(self.starts[k])]), [(k, np.zeros(1, np.int64))],
+                       {k: self.segments[k].open()})
+
+    def row(self, at: Located, field: str, column: str, position: int) -> np.ndarray:
+        """One sample's row of a column (``values``, ``shape``, ``meta``): a view, not a copy."""
+        return at.segs[int(at.seg_ids[position])].row(field, column, int(at.local[position]))
+
     def shard(self, seg_id: int) -> str | None:
         """The shard file a segment is, for messages (None for LMDB)."""
         return self.shard_name(self.segments[int(seg_id)])
@@ -161,18 +162,27 @@ class PackedReader:
             out[pos] = rows
         return out
 
-    def gather_rows(self, at: Located, field: str, out: np.ndarray, gather: Callable) -> None:
-        """Rows of a fixed-size column into ``out``: one native, bounds-checked, multi-threaded copy
-        (``gather(regions, region, offset, row_bytes, out)``) when every segment is a shard."""
-        groups, segs = at.groups, at.segs
-        if all(isinstance(segs[s], ShardSegment) for s, _ in groups):
-            row_bytes = out[:1].nbytes
-            regions = [segs[s].buffer for s, _ in groups]
-            base = np.array([segs[s].column_start[(field, "values")] for s, _ in groups], dtype=np.int64)
-            gather(regions, at.region_of, base[at.region_of] + at.local * row_bytes, row_bytes, out)
-        else:
-            for s, pos in groups:
-                out[pos] = segs[s].take(field, "values", at.local[pos])
+    def row_sources(self, at: Located, field: str) -> tuple[list, np.ndarray, np.ndarray, int]:
+        """What the native gather needs to copy fixed-size column ``field``'s rows of the batch into a
+        buffer: ``(regions, region, offset, row_bytes)`` for ``_C.gather_rows(pool, regions, region, offset,
+        row_bytes, out)``. The caller owns the copy (and its thread pool); the reader only says where."""
+        row_bytes = self._row_bytes.get(field)
+        if row_bytes is None:
+            f = self.segments[0].schema[field]
+            row_bytes = self._row_bytes[field] = next(c.row_bytes for c in columns_of(f) if c.name == "values")
+        if len(at.groups) == 1:  # one segment: its answer as is (the common case, no merging)
+            s, _ = at.groups[0]
+            regions, region, offset = at.segs[s].row_sources(field, at.local, row_bytes)
+            return regions, np.zeros(len(at), np.int64) if region is None else region, offset, row_bytes
+        regions: list = []
+        region = np.empty(len(at), dtype=np.int64)
+        offset = np.empty(len(at), dtype=np.int64)
+        for s, pos in at.groups:
+            got, r, o = at.segs[s].row_sources(field, at.local[pos], row_bytes)
+            region[pos] = len(regions) + (0 if r is None else r)
+            offset[pos] = o
+            regions.extend(got)
+        return regions, region, offset, row_bytes
 
     def blob_sources(self, at: Located, field: str) -> tuple[list, np.ndarray, np.ndarray, np.ndarray]:
         """Where each sample's value of blob ``field`` lies, for the native calls: ``(regions, region,

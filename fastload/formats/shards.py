@@ -257,6 +257,11 @@ class ShardSegment:
     def take(self, field: str, col: str, idx: np.ndarray) -> np.ndarray:
         return self.open().columns[(field, col)].take(idx, axis=0)
 
+    def row_sources(self, field: str, idx: np.ndarray, row_bytes: int) -> tuple[list, np.ndarray | None, np.ndarray]:
+        """Where rows ``idx`` of fixed-size column ``field`` lie, for the native gather: the mapped file as
+        the only region (``None``: every row is in it) and each row's byte offset there."""
+        return [self.buffer], None, self.column_start[(field, "values")] + idx * row_bytes
+
     def blob(self, field: str, i: int) -> memoryview:
         self.open()
         offs = self.offsets[field]
