@@ -34,7 +34,7 @@ class Dataset(torch.utils.data.Dataset):
                  cache_limit: int | str | None = None, storage_options: Mapping[str, Any] | None = None):
         self._remote: Remote | None = None
         if is_url(path):
-            from ._pack import parse_size
+            from .pack import parse_size
 
             limit = None if cache_limit is None else parse_size(cache_limit)
             self._remote = Remote(str(path), cache_dir=cache_dir, cache_limit=limit,

@@ -99,7 +99,7 @@ def test_overwrite_removes_only_files_a_pack_writes(image_folder, tmp_path):
 
 
 def test_a_destination_that_cannot_be_written_fails_before_packing(image_folder, tmp_path, monkeypatch):
-    from fastload import _pack
+    from fastload.pack import _local as _pack
 
     monkeypatch.setattr(_pack, "_encoded", lambda *a, **k: pytest.fail("the pack started"))
     (tmp_path / "a_file").write_text("x")
@@ -171,7 +171,7 @@ def test_resume_after_crash_gives_identical_content(tmp_path, monkeypatch, fmt):
         return real(*a, **k)
 
     if fmt == "shards":
-        monkeypatch.setattr("fastload.formats.sinks.write_shard", crashing)
+        monkeypatch.setattr("fastload.formats.shards.write_shard", crashing)
     else:
         monkeypatch.setattr(lmdb_format.LmdbWriter, "write_chunk", crashing)
     with pytest.raises(KeyboardInterrupt):
@@ -179,7 +179,7 @@ def test_resume_after_crash_gives_identical_content(tmp_path, monkeypatch, fmt):
     with pytest.raises(FormatError, match="unfinished pack"):
         fastload.open(tmp_path / "out")
     if fmt == "shards":
-        monkeypatch.setattr("fastload.formats.sinks.write_shard", real)
+        monkeypatch.setattr("fastload.formats.shards.write_shard", real)
     else:
         monkeypatch.setattr(lmdb_format.LmdbWriter, "write_chunk", real)
     summary = fastload.pack(folder, tmp_path / "out", **kw)
@@ -249,7 +249,7 @@ def test_resume_refuses_different_parameters(image_folder, tmp_path, monkeypatch
             raise KeyboardInterrupt
         return real(*a, **k)
 
-    monkeypatch.setattr("fastload.formats.sinks.write_shard", crash_second)
+    monkeypatch.setattr("fastload.formats.shards.write_shard", crash_second)
     with pytest.raises(KeyboardInterrupt):
         fastload.pack(image_folder, tmp_path / "out", **kw)
     monkeypatch.undo()

@@ -1,4 +1,4 @@
-"""Packing in parts (_parts.py): `pack --part I/N` + `merge` give the single-machine pack byte for byte;
+"""Packing in parts (pack/_parts.py): `pack --part I/N` + `merge` give the single-machine pack byte for byte;
 the same parts as Ray tasks on a local Ray cluster."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 import fastload
 from fastload import FastloadError
-from fastload._parts import part_span
+from fastload.pack._parts import part_span
 from fastload.cli import main
 
 from conftest import make_image_folder, png_bytes

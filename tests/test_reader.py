@@ -19,11 +19,10 @@ BATCH_PATH = ["_batcher.py", "_images.py", "_loader.py", "_fastiter.py", "_prefe
 # format's own business, reached only through these.
 BOUNDARY = {
     "fastload.formats.reader": "reading: PackedReader, and read_manifest/local_segments/verify that dispatch by what is on disk",
-    "fastload.formats.sinks": "writing: the pack's writers, sink_for choosing the format, the destination's resume state",
+    "fastload.formats.registry": "the Format objects, one per on-disk layout (writers included): the packer asks them",
     "fastload.formats._layout": "the logical layout every format stores (columns per field kind, image encodings)",
     "fastload.formats._manifest": "the manifest document (both formats), its atomic write, fsync_dir",
     "fastload.formats.remote": "storage, not a format: URLs, fsspec, the cached-remote dataset and its read plan",
-    "fastload.formats.upload": "storage, not a format: a pack staged locally and uploaded to a URL",
 }
 
 

@@ -23,6 +23,7 @@ from ._layout import FORMAT_VERSION
 
 MAGIC = "fastload"
 MANIFEST_NAME = "manifest.json"
+STATE_NAME = "pack_state.json"  # an unfinished pack's resume state, beside the files it writes (shards)
 MAX_MANIFEST_BYTES = 256 << 20  # refuse absurd manifests before parsing them
 SHARD_NAME = re.compile(r"shard-[0-9]{5,9}\.fls")  # always fullmatch: no "/", "..", or trailing newline
 DTYPE = re.compile(r"[<>|=]?(b1|[iuf][1248])")  # what Field.to_json writes ('<f4', '|u1', '|b1'); fullmatch
@@ -170,3 +171,13 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def read_manifest_file(path: Path) -> Manifest:
+    """``path/manifest.json``, read (bounded) and validated; FormatError otherwise."""
+    try:
+        with open(path / MANIFEST_NAME, "rb") as fh:
+            raw = fh.read(MAX_MANIFEST_BYTES + 1)  # Manifest.parse refuses anything longer
+    except OSError as e:
+        raise FormatError(f"dataset '{path}': cannot read {MANIFEST_NAME}: {e}") from None
+    return Manifest.parse(raw, f"dataset '{path}'")

@@ -14,37 +14,27 @@ A *batch view* (``Located``) is computed once per batch: ``seg_ids`` and ``local
 
 from __future__ import annotations
 
-import builtins
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from .._errors import FormatError
-from . import lmdb as lmdb_format
 from ._layout import columns_of
-from ._manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest
-from .shards import ShardSegment, shard_segments, verify_shards
+from ._manifest import STATE_NAME, Manifest
+from .registry import FORMATS, format_of
 
 
 def read_manifest(path: Path) -> Manifest:
-    """The manifest of a local dataset (shards' manifest.json or LMDB's), validated; FormatError otherwise."""
-    if (path / MANIFEST_NAME).is_file():
-        try:
-            with builtins.open(path / MANIFEST_NAME, "rb") as fh:
-                raw = fh.read(MAX_MANIFEST_BYTES + 1)  # Manifest.parse refuses anything longer
-        except OSError as e:
-            raise FormatError(f"dataset '{path}': cannot read {MANIFEST_NAME}: {e}") from None
-        m = Manifest.parse(raw, f"dataset '{path}'")
-        if m.layout != "shards":
-            raise FormatError(f"dataset '{path}': manifest.json says layout {m.layout!r}, expected 'shards'")
-        return m
-    if lmdb_format.is_lmdb(path):
-        return lmdb_format.read_manifest(path)
-    if (path / "pack_state.json").exists():
+    """The manifest of a local dataset, in whichever format it is (the first that ``detect``s it), validated;
+    FormatError otherwise."""
+    for f in FORMATS.values():
+        if f.detect(path):
+            return f.manifest(path)
+    if (path / STATE_NAME).exists():
         raise FormatError(f"dataset '{path}' is an unfinished pack (no manifest yet); run the same pack command "
                           f"again to resume it")
-    raise NotADataset(f"'{path}' is not a fastload dataset: no {MANIFEST_NAME} and no LMDB {lmdb_format.DATA_FILE}")
+    raise NotADataset(f"'{path}' is not a fastload dataset: no " + " and no ".join(f.marker for f in FORMATS.values()))
 
 
 class NotADataset(FormatError):
@@ -53,37 +43,25 @@ class NotADataset(FormatError):
 
 def local_segments(path: Path, manifest: Manifest) -> list:
     """The segments of a local dataset: one per shard file, or the LMDB environment."""
-    if manifest.layout == "lmdb":
-        return [lmdb_format.LmdbSegment(path, manifest)]
-    return shard_segments(path, manifest)
+    return format_of(manifest).segments(path, manifest)
 
 
 def verify(path: Path, manifest: Manifest, progress: Any = None) -> list[str]:
     """Check every byte of a local dataset against its manifest (shards: size, checksum, structure; LMDB:
     every chunk's digest and record). One message per problem; empty when the dataset is sound.
     ``progress(samples)`` is called as parts of the dataset are checked (for a progress bar)."""
-    if manifest.layout == "lmdb":
-        return lmdb_format.verify_lmdb(path, manifest, progress)
-    return verify_shards(path, manifest, progress)
+    return format_of(manifest).verify(path, manifest, progress)
 
 
 def describe_storage(path: Path, manifest: Manifest) -> list[str]:
     """What ``fastload inspect`` prints about the files of a local dataset: the shards with their sizes and
     checksums, or the LMDB environment's size."""
-    if manifest.layout == "lmdb":
-        size = (path / lmdb_format.DATA_FILE).stat().st_size
-        return [f"lmdb      {size / 1e6:,.1f} MB, {manifest.metadata['lmdb']['rows_per_chunk']} rows per chunk"]
-    total = sum(s.bytes for s in manifest.shards)
-    return [f"shards    {len(manifest.shards)}, {total / 1e6:,.1f} MB in all"] + [
-        f"  {s.file}  {s.num_samples:>9,} samples  {s.bytes / 1e6:>10,.1f} MB  xxh3 {s.xxh3_64}"
-        for s in manifest.shards]
+    return format_of(manifest).describe(path, manifest)
 
 
 def verified_what(manifest: Manifest) -> str:
     """What ``verify`` checked, for its OK line."""
-    if manifest.layout == "lmdb":
-        return f"{manifest.num_samples:,} samples, every LMDB chunk verified"
-    return f"{manifest.num_samples:,} samples, {len(manifest.shards)} shard(s) verified"
+    return format_of(manifest).verified(manifest)
 
 
 class Located:
@@ -152,7 +130,7 @@ class PackedReader:
 
     @staticmethod
     def shard_name(segment: Any) -> str | None:
-        return segment.name if isinstance(segment, ShardSegment) else None
+        return segment.label
 
     def take(self, at: Located, field: str, column: str) -> np.ndarray:
         """Rows of a small column (``meta``, ``shape``) for every position of the batch."""
@@ -194,20 +172,11 @@ class PackedReader:
         length = np.empty(n, dtype=np.int64)
         regions: list = []
         for s, pos in at.groups:
-            seg, loc = at.segs[s], at.local[pos]
-            if isinstance(seg, ShardSegment):
-                offs = seg.offsets[field]
-                region[pos] = len(regions)
-                regions.append(seg.buffer)
-                offset[pos] = seg.data_start[field] + offs[loc].astype(np.int64)
-                length[pos] = (offs[loc + 1] - offs[loc]).astype(np.int64)
-            else:
-                for p, i in zip(pos.tolist(), loc.tolist()):
-                    blob = seg.blob(field, int(i))
-                    region[p] = len(regions)
-                    regions.append(blob)
-                    offset[p] = 0
-                    length[p] = len(blob)
+            got, r, o, ln = at.segs[s].blob_sources(field, at.local[pos])
+            region[pos] = len(regions) + (0 if r is None else r)
+            offset[pos] = o
+            length[pos] = ln
+            regions.extend(got)
         return regions, region, offset, length
 
     def blob(self, at: Located, field: str, position: int) -> Any:

@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from .._errors import FastloadError, FormatError, RemoteError
-from ._cache import CacheStats, ShardCache
+from ._cache import CacheStats, ShardCache, dataset_key  # noqa: F401  (dataset_key: the packer's staging)
 from ._manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, ShardEntry
 from .shards import ShardSegment, file_digest, shard_segments
 
