@@ -7,12 +7,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from corrupt_common import Samples
+from .corrupt_common import Samples
 
 import fastload
 from fastload import _C, Field
 
-ROOT = Path(__file__).resolve().parent.parent / "fastload"
+ROOT = Path(__file__).resolve().parents[2] / "fastload"
 # The modules one batch crosses between the packed files and the caller: they read only through the reader.
 BATCH_PATH = ["_batcher.py", "_images.py", "_loader.py", "_fastiter.py", "_prefetch.py", "_ring.py", "_workers.py"]
 # The formats modules that code outside formats/ may import; every other one (shards, lmdb, _cache) is a
