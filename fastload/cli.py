@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from ._errors import FastloadError
-from .formats.registry import FORMATS
+from .formats.registry import DEFAULT_FORMAT, FORMATS
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -21,7 +21,7 @@ def main() -> None:
 @main.command()
 @click.argument("src", type=click.Path(exists=True, path_type=Path))
 @click.argument("dst")
-@click.option("--format", "fmt", type=click.Choice(list(FORMATS)), default="shards", show_default=True,
+@click.option("--format", "fmt", type=click.Choice(list(FORMATS)), default=DEFAULT_FORMAT, show_default=True,
               help="Output format.")
 @click.option("--image-mode", type=click.Choice(["auto", "passthrough", "jpeg", "raw"]), default="auto",
               show_default=True,

@@ -66,7 +66,8 @@ class Format:
         raise NotImplementedError
 
     def array_rows(self, src: Any, shard_bytes: int) -> int:
-        """Source samples per unit an ``array_sink`` writes (packing in parts splits by these units)."""
+        """Where ``arrays`` is True: source samples per unit an ``array_sink`` writes (packing in parts splits
+        a numpy source by these units)."""
         raise NotImplementedError
 
     def owns(self, name: str) -> bool:

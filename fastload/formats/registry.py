@@ -20,6 +20,9 @@ FORMATS: dict[str, Format] = {f.name: f for f in (
 )}
 
 
+DEFAULT_FORMAT = "shards"  # ``pack(format=...)``'s and ``fastload pack --format``'s default
+
+
 def format_named(name: str, where: str = "format") -> Format:
     """The format called ``name`` (a manifest's layout, ``pack(format=...)``); ValueError naming the choices."""
     f = FORMATS.get(name) if isinstance(name, str) else None

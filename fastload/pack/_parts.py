@@ -84,14 +84,15 @@ def _joined(dest: Any, parts: list[tuple[str, Manifest]]) -> Manifest:
         return {k: v for k, v in m.metadata.items() if k != "part"}
 
     for path, m in parts:
-        if m.schema != first.schema or m.image_mode != first.image_mode or rest(m) != rest(first):
+        if m.layout != first.layout or m.schema != first.schema or m.image_mode != first.image_mode or \
+                rest(m) != rest(first):
             raise FastloadError(f"part {path} comes from a different source or settings than part 0")
     spans = [p["samples"] for p in infos]
     if any(a[1] != b[0] for a, b in zip(spans, spans[1:])) or spans[0][0] != 0:
         raise FastloadError(f"{dest}/{PARTS_DIR}: the parts' sample ranges {spans} do not follow one another")
     shards = [e for _, m in parts for e in m.shards]
     skipped = [s for _, m in parts for s in m.skipped]
-    return Manifest("shards", first.schema, sum(e.num_samples for e in shards), shards, first.image_mode,
+    return Manifest(first.layout, first.schema, sum(e.num_samples for e in shards), shards, first.image_mode,
                     skipped, rest(first), created_by=first.created_by)
 
 

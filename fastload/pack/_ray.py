@@ -77,5 +77,5 @@ def pack_on_ray(source: Any, dest: str | os.PathLike, *, parts: int | None, addr
         if started_here:
             ray.shutdown()
     m = merge(dest, storage_options=kwargs.get("storage_options"))
-    return PackSummary(str(dest), "shards", m.num_samples, m.skipped, sum(e.bytes for e in m.shards), len(m.shards),
+    return PackSummary(str(dest), m.layout, m.num_samples, m.skipped, sum(e.bytes for e in m.shards), len(m.shards),
                        time.perf_counter() - t0, 0)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from .._schema import Field
-from ..formats.registry import FORMATS, format_named
+from ..formats.registry import DEFAULT_FORMAT, FORMATS, format_named
 from ..formats.remote import is_url
 from ._encode import ImageOptions
 from ._local import DEFAULT_BLOCK, DEFAULT_MAX_SKIPPED, DEFAULT_SHARD_SIZE, PackSummary, parse_size
@@ -27,7 +27,7 @@ def pack(
     source: Any,
     dest: str | os.PathLike,
     *,
-    format: str = "shards",
+    format: str = DEFAULT_FORMAT,
     image_mode: str = "auto",
     max_side: int | None = None,
     quality: int = 90,
