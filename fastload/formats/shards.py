@@ -34,7 +34,8 @@ from .._version import __version__
 from ._format import Format
 from ._layout import (FORMAT_VERSION, check_columns, columns_of, expected_blob_length, has_blob, min_bytes,
                       section_names)
-from ._manifest import MANIFEST_NAME, SHARD_NAME, STATE_NAME, Manifest, ShardEntry, fsync_dir, write_manifest
+from ._manifest import (MANIFEST_NAME, SHARD_NAME, STATE_NAME, Manifest, ShardEntry, fsync_dir, read_manifest_file,
+                        write_manifest)
 
 SHARD_MAGIC = b"FLSHARD1"
 HEADER = struct.Struct("<8sIIQQ32s")
@@ -491,8 +492,6 @@ class ShardsFormat(Format):
         return (path / MANIFEST_NAME).is_file()
 
     def manifest(self, path: Path) -> Manifest:
-        from ._manifest import read_manifest_file
-
         m = read_manifest_file(path)
         if m.layout != "shards":
             raise FormatError(f"dataset '{path}': manifest.json says layout {m.layout!r}, expected 'shards'")
