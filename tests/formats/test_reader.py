@@ -141,3 +141,19 @@ def test_ds_getitem_and_fastload_bench_read_through_the_reader(packed_images, mo
     calls.update(row=0, blob=0)
     _benchcmd.run(packed_images, batch_size=4, preset="val", size=32, max_workers=0, seconds=0.05)
     assert calls["blob"] == 4  # the 'read bytes' timing of one batch
+
+
+def test_lmdb_rows_come_from_every_chunk_they_lie_in(tmp_path, monkeypatch):
+    """LMDB answers row_sources with each chunk a batch touches as a region: the native gather then copies
+    exactly what ``take`` reads, across chunk boundaries, in any order."""
+    monkeypatch.setattr("fastload.formats.lmdb.DEFAULT_ROWS_PER_CHUNK", 16)
+    tokens = np.random.default_rng(3).integers(0, 1 << 30, (100, 5), dtype=np.int64)
+    fastload.pack({"tokens": tokens, "label": np.arange(100)}, tmp_path / "ds", format="lmdb", workers=0)
+    reader = fastload.open(tmp_path / "ds").reader
+    idx = np.random.default_rng(4).permutation(100)[:40]
+    at = reader.locate(idx)
+    regions, region, offset, row_bytes = reader.row_sources(at, "tokens")
+    assert len(regions) == len(set((idx // 16).tolist())) > 1 and row_bytes == 5 * 8
+    out = np.zeros((40, 5), np.int64)
+    _C.gather_rows(_C.Pool(2), regions, region, offset, row_bytes, out)
+    assert np.array_equal(out, tokens[idx])

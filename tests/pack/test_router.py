@@ -27,3 +27,15 @@ def test_a_destination_inside_the_source_folder_is_refused(image_folder, tmp_pat
             fastload.pack(image_folder, image_folder / "packed", workers=0)
         with pytest.raises(ValueError, match="inside the source folder"):
             fastload.pack(image_folder, image_folder / "class_0", workers=0)
+
+
+def test_fastload_pack_stays_the_function_once_the_package_modules_are_imported():
+    """``fastload/pack/`` is a package named like the public function: ``fastload/__init__.py`` rebinds the
+    name, and importing the package's modules later must not undo that."""
+    import importlib
+
+    import fastload.pack._router  # noqa: F401
+
+    importlib.import_module("fastload.pack._ray")
+    assert callable(fastload.pack) and fastload.pack.__module__ == "fastload.pack._router"
+    assert "pack" in fastload.__all__ and fastload.pack is importlib.import_module("fastload.pack").pack
