@@ -31,6 +31,11 @@ class Format:
         """The validated ``Manifest`` of a local dataset this format ``detect``ed; ``FormatError`` otherwise."""
         raise NotImplementedError
 
+    def check(self, manifest: Any, where: str) -> None:
+        """What a parsed manifest of this layout must also satisfy (``Manifest.parse`` checks only what every
+        format shares); ``FormatError`` naming ``where`` otherwise. Called by ``manifest`` and by whoever
+        reads this layout's manifest another way (a URL, a part to merge)."""
+
     def segments(self, path: Path, manifest: Any) -> list:
         """The segments ``PackedReader`` reads (``open``, ``close``, ``count``, ``row``, ``take``, ``blob``,
         ``row_sources``, ``name``, ``schema``)."""

@@ -495,7 +495,13 @@ class ShardsFormat(Format):
         m = read_manifest_file(path)
         if m.layout != "shards":
             raise FormatError(f"dataset '{path}': manifest.json says layout {m.layout!r}, expected 'shards'")
+        self.check(m, f"dataset '{path}'")
         return m
+
+    def check(self, manifest: Manifest, where: str) -> None:
+        held = sum(s.num_samples for s in manifest.shards)
+        if held != manifest.num_samples:
+            raise FormatError(f"{where}: shards hold {held} samples, num_samples says {manifest.num_samples}")
 
     def segments(self, path: Path, manifest: Manifest) -> list:
         return shard_segments(path, manifest)

@@ -17,6 +17,7 @@ from typing import Any
 
 from .._errors import FastloadError
 from ..formats._manifest import MANIFEST_NAME, STATE_NAME, Manifest, fsync_dir, write_manifest
+from ..formats.registry import FORMATS
 from ..formats.remote import is_url, url_to_fs
 from ._sinks import remove_pack
 
@@ -79,6 +80,11 @@ def _joined(dest: Any, parts: list[tuple[str, Manifest]]) -> Manifest:
         raise FastloadError(f"{dest}/{PARTS_DIR}: the pack was split into {n} parts; found {have}"
                             + (f", missing {missing}" if missing else "") + ": pack the missing parts first")
     first = parts[0][1]
+    fmt = FORMATS.get(first.layout)
+    if fmt is None or not fmt.parts:
+        raise FastloadError(f"{parts[0][0]}: layout {first.layout!r} is not one packed in parts")
+    for path, m in parts:
+        fmt.check(m, f"part '{path}'")
 
     def rest(m: Manifest) -> dict:
         return {k: v for k, v in m.metadata.items() if k != "part"}

@@ -140,3 +140,29 @@ def test_merge_never_replaces_another_dataset(tmp_path):
     with unchanged(tmp_path / "m"):
         with pytest.raises(FastloadError, match="holds an unfinished pack"):
             fastload.merge(tmp_path / "m")
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda doc: doc["shards"][0].update(num_samples=doc["shards"][0]["num_samples"] + 1),
+     r"part '.*parts/1': shards hold \d+ samples, num_samples says"),
+    (lambda doc: doc.update(layout="lmdb"), r"parts/0: layout 'lmdb' is not one packed in parts"),
+])
+def test_merge_checks_the_parts_manifests_as_their_format_does(tmp_path, edit, message):
+    """A part's manifest gets its format's own checks (the shards' sample count), and parts of a layout that
+    is not packed in parts are refused; nothing is moved."""
+    import json
+
+    src = photo_folder(tmp_path / "photos")
+    for i in range(2):
+        fastload.pack(src, tmp_path / "m", part=(i, 2), **KW)
+    victim = tmp_path / "m" / "parts" / ("1" if "shards hold" in message else "0") / "manifest.json"
+    for part in ("0", "1"):
+        if (tmp_path / "m" / "parts" / part / "manifest.json") == victim or "layout" in message:
+            path = tmp_path / "m" / "parts" / part / "manifest.json"
+            doc = json.loads(path.read_text())
+            edit(doc)
+            path.write_text(json.dumps(doc))
+    before = sorted(p.relative_to(tmp_path / "m") for p in (tmp_path / "m").rglob("*"))
+    with pytest.raises(FastloadError, match=message):
+        fastload.merge(tmp_path / "m")
+    assert sorted(p.relative_to(tmp_path / "m") for p in (tmp_path / "m").rglob("*")) == before
