@@ -37,8 +37,10 @@ class Format:
         reads this layout's manifest another way (a URL, a part to merge)."""
 
     def segments(self, path: Path, manifest: Any) -> list:
-        """The segments ``PackedReader`` reads (``open``, ``close``, ``count``, ``row``, ``take``, ``blob``,
-        ``row_sources``, ``name``, ``schema``)."""
+        """The segments ``PackedReader`` reads: ``open``, ``close``, ``count``, ``schema``, ``label`` (a shard's
+        file name for messages, or None), ``row``/``take`` (column rows), ``blob`` (one value), and for the
+        native calls ``row_sources(field, idx, row_bytes)`` and ``blob_sources(field, idx)``: ``(regions,
+        region or None when all in regions[0], offset[, length])`` (see ``shards.ShardSegment``)."""
         raise NotImplementedError
 
     def verify(self, path: Path, manifest: Any, progress: Callable[[int], None] | None = None) -> list[str]:

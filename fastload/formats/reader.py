@@ -126,11 +126,7 @@ class PackedReader:
 
     def shard(self, seg_id: int) -> str | None:
         """The shard file a segment is, for messages (None for LMDB)."""
-        return self.shard_name(self.segments[int(seg_id)])
-
-    @staticmethod
-    def shard_name(segment: Any) -> str | None:
-        return segment.label
+        return self.segments[int(seg_id)].label
 
     def take(self, at: Located, field: str, column: str) -> np.ndarray:
         """Rows of a small column (``meta``, ``shape``) for every position of the batch."""
