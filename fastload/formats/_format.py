@@ -39,8 +39,9 @@ class Format:
     def segments(self, path: Path, manifest: Any) -> list:
         """The segments ``PackedReader`` reads: ``open``, ``close``, ``count``, ``schema``, ``label`` (a shard's
         file name for messages, or None), ``row``/``take`` (column rows), ``blob`` (one value), and for the
-        native calls ``row_sources(field, idx, row_bytes)`` and ``blob_sources(field, idx)``: ``(regions,
-        region or None when all in regions[0], offset[, length])`` (see ``shards.ShardSegment``)."""
+        native calls ``column_region(field)`` (a fixed-size column in one piece: ``(buffer, byte offset)``, or
+        None, then ``row_sources(field, idx, row_bytes)``) and ``blob_sources(field, idx)``, each giving
+        ``(regions, region or None when all in regions[0], offset[, length])`` (see ``shards.ShardSegment``)."""
         raise NotImplementedError
 
     def verify(self, path: Path, manifest: Any, progress: Callable[[int], None] | None = None) -> list[str]:

@@ -239,6 +239,10 @@ class LmdbSegment:
         return regions, np.arange(len(regions), dtype=np.int64), np.zeros(len(regions), np.int64), \
             np.array([len(b) for b in regions], dtype=np.int64)
 
+    def column_region(self, field: str) -> None:
+        """None: a column is stored in chunks (``row_sources`` says where each row lies)."""
+        return None
+
     def row_sources(self, field: str, idx: np.ndarray, row_bytes: int) -> tuple[list, np.ndarray, np.ndarray]:
         """Where rows ``idx`` of fixed-size column ``field`` lie, for the native gather: each chunk the rows
         touch (read and checked as ``take`` reads it) is a region; a row's offset is its place in its chunk."""

@@ -67,13 +67,23 @@ def verified_what(manifest: Manifest) -> str:
 class Located:
     """A batch's samples by segment: ``seg_ids``/``local`` per position, ``groups``, the opened ``segs``."""
 
-    __slots__ = ("groups", "local", "seg_ids", "segs")
+    __slots__ = ("_region_of", "groups", "local", "seg_ids", "segs")
 
     def __init__(self, seg_ids: np.ndarray, local: np.ndarray, groups: list, segs: dict):
         self.seg_ids, self.local, self.groups, self.segs = seg_ids, local, groups, segs
+        self._region_of = None
 
     def __len__(self) -> int:
         return len(self.local)
+
+    @property
+    def region_of(self) -> np.ndarray:
+        """Position -> index into ``groups`` (built on first use, shared by the batch's columns)."""
+        if self._region_of is None:
+            self._region_of = np.zeros(len(self.local), np.int64)
+            for k, (_, pos) in enumerate(self.groups[1:], 1):
+                self._region_of[pos] = k
+        return self._region_of
 
 
 class PackedReader:
@@ -144,10 +154,15 @@ class PackedReader:
         if row_bytes is None:
             f = self.segments[0].schema[field]
             row_bytes = self._row_bytes[field] = next(c.row_bytes for c in columns_of(f) if c.name == "values")
-        if len(at.groups) == 1:  # one segment: its answer as is (the common case, no merging)
-            s, _ = at.groups[0]
-            regions, region, offset = at.segs[s].row_sources(field, at.local, row_bytes)
-            return regions, np.zeros(len(at), np.int64) if region is None else region, offset, row_bytes
+        if len(at.groups) == 1:  # the common case, kept short: it runs for every column of every batch
+            whole = at.segs[at.groups[0][0]].column_region(field)
+            if whole is not None:
+                return [whole[0]], at.region_of, whole[1] + at.local * row_bytes, row_bytes
+        whole = [at.segs[s].column_region(field) for s, _ in at.groups]
+        if all(w is not None for w in whole):  # each segment holds the column in one piece (shards): vectorised
+            base = np.array([start for _, start in whole], dtype=np.int64)
+            region = at.region_of
+            return [buf for buf, _ in whole], region, base[region] + at.local * row_bytes, row_bytes
         regions: list = []
         region = np.empty(len(at), dtype=np.int64)
         offset = np.empty(len(at), dtype=np.int64)

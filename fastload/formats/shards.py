@@ -273,10 +273,10 @@ class ShardSegment:
         return [buffer], None, self.data_start[field] + offs[idx].astype(np.int64), \
             (offs[idx + 1] - offs[idx]).astype(np.int64)
 
-    def row_sources(self, field: str, idx: np.ndarray, row_bytes: int) -> tuple[list, np.ndarray | None, np.ndarray]:
-        """Where rows ``idx`` of fixed-size column ``field`` lie, for the native gather: the mapped file as
-        the only region (``None``: every row is in it) and each row's byte offset there."""
-        return [self.buffer], None, self.column_start[(field, "values")] + idx * row_bytes
+    def column_region(self, field: str) -> tuple[mmap.mmap, int]:
+        """Fixed-size column ``field`` in one piece: the mapped file and the column's byte offset in it (the
+        reader computes every row's offset at once, for the whole batch)."""
+        return self.buffer, self.column_start[(field, "values")]
 
     def blob(self, field: str, i: int) -> memoryview:
         self.open()
