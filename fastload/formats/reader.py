@@ -1,12 +1,13 @@
 """``PackedReader``: what the layers above the bytes on disk need from an opened dataset, whatever its format.
 
-The batcher, the image decoders and the loader ask it to locate a batch's samples, group them by segment,
-gather fixed-size columns, hand blob sources to the native calls, and read shape columns and names for
-messages. Shards (local or cached from a URL) and LMDB segments differ only here: nothing above
-``formats/`` checks a segment's class or reads its fields.
+The batcher, the image decoders, the loader, ``ds[i]`` and ``fastload bench`` ask it to locate samples,
+group a batch by segment, say where fixed-size rows and blobs lie for the native calls (it returns the
+regions and offsets; the caller makes the call, with its own thread pool), and read columns, values and
+names for messages. Segments of every format (shards, local or cached from a URL, and LMDB) answer the
+same methods: nothing here or above checks a segment's class.
 
-``read_manifest``, ``local_segments`` and ``verify`` are the format-neutral entries for a local path:
-each looks at what is on disk (or in the manifest) and dispatches to ``shards.py`` or ``lmdb.py``.
+``read_manifest``, ``local_segments``, ``verify`` and ``describe_storage`` are the format-neutral entries
+for a local path: each asks the ``Format`` of ``registry.py`` that recognises what is on disk.
 
 A *batch view* (``Located``) is computed once per batch: ``seg_ids`` and ``local`` per position,
 ``groups`` = ``[(segment index, positions)]``, and the opened segments.
