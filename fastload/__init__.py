@@ -12,8 +12,8 @@ from ._loader import DataLoader
 from ._prefetch import to_device
 from ._errors import (DecodeError, FastloadError, FastPathWarning, FormatError, RemoteError, SchemaError,
                       SourceError, VersionError)
-from ._pack import PackSummary, pack
-from ._parts import merge
+from .pack import PackSummary, merge
+from .pack import pack  # after the package import above: fastload.pack is the function, not the package
 from ._schema import Field, Schema
 from ._version import __version__
 

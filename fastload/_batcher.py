@@ -147,15 +147,12 @@ class Batcher:
             elif f.name in self.ds.sequences:
                 objects[f.name] = self._fill_sequences(f, slot, at, indices)
             elif f.fixed_size:
-                self.reader.gather_rows(at, f.name, slot.arrays[f.name][: len(indices)], self._gather)
+                native().gather_rows(self.pool, *self.reader.row_sources(at, f.name), slot.arrays[f.name][: len(indices)])
             else:
                 objects[f.name] = self._objects(f, at, failed)
         if failed:
             self._handle_failures(failed, slot, objects, indices, at.seg_ids, len(indices))
         return [objects.get(f.name) for f in self.schema]
-
-    def _gather(self, regions, region, offset, row_bytes, out) -> None:
-        native().gather_rows(self.pool, regions, region, offset, row_bytes, out)
 
     def _fill_sequences(self, f: Field, slot: Slot, at, indices: np.ndarray) -> int:
         """Pad/bucket a variable-length field into the slot; returns the batch's padded length."""

@@ -56,9 +56,9 @@ def run(path: Any, batch_size: int = 64, preset: str = "train", size: int = 224,
         idx = next(iter(order.batches(0, 0)))
         blobs = []
         t = time.perf_counter()
-        for i in idx.tolist():
-            seg, local = ds.locate(i)
-            blobs.append(bytes(seg.blob(f.name, local)))
+        at = ds.reader.locate(idx)
+        for k in range(len(idx)):
+            blobs.append(bytes(ds.reader.blob(at, f.name, k)))
         read = (time.perf_counter() - t) / len(idx)
         C = native()
         t = time.perf_counter()

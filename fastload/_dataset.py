@@ -14,7 +14,8 @@ from ._errors import DecodeError, FormatError, where
 from ._native import native
 from ._schema import Field, Schema
 from .formats._layout import IMAGE_JPEG, columns_of
-from .formats.reader import PackedReader, local_segments, read_manifest  # noqa: F401  (read_manifest: re-exported)
+from .formats.reader import (Located, PackedReader, local_segments,  # noqa: F401  (read_manifest: re-exported)
+                             read_manifest)
 from .formats.remote import Remote, is_url, warn_local_options
 from ._field_transforms import check_lengths, resolve as resolve_transforms
 from ._sequences import PackSequences
@@ -33,7 +34,7 @@ class Dataset(torch.utils.data.Dataset):
                  cache_limit: int | str | None = None, storage_options: Mapping[str, Any] | None = None):
         self._remote: Remote | None = None
         if is_url(path):
-            from ._pack import parse_size
+            from .pack import parse_size
 
             limit = None if cache_limit is None else parse_size(cache_limit)
             self._remote = Remote(str(path), cache_dir=cache_dir, cache_limit=limit,
@@ -112,8 +113,8 @@ class Dataset(torch.utils.data.Dataset):
             i += n
         if not 0 <= i < n:
             raise IndexError(f"sample index {asked} out of range for a dataset of {n} samples")
-        seg, local = self.locate(i)
-        values = [self._field_value(seg, local, i, f) for f in self.schema]
+        at = self._reader.locate_one(i)
+        values = [self._field_value(at, i, f) for f in self.schema]
         if self.as_dict:
             return dict(zip(self.schema.names, values))
         return tuple(values)
@@ -130,24 +131,24 @@ class Dataset(torch.utils.data.Dataset):
 
         return get_items(self, indices)
 
-    def _field_value(self, seg: Any, local: int, i: int, f: Field) -> Any:
-        shard = PackedReader.shard_name(seg)
+    def _field_value(self, at: Located, i: int, f: Field) -> Any:
         try:
-            return self._decode_field(seg, local, f)
+            return self._decode_field(at, f)
         except (ValueError, UnicodeDecodeError) as e:
             if isinstance(e, FormatError):
                 raise
-            raise DecodeError(f"{where(self.path, shard, i, f.name)}: {e}") from None
+            raise DecodeError(f"{where(self.path, self._reader.shard(at.seg_ids[0]), i, f.name)}: {e}") from None
 
-    def _decode_field(self, seg: Any, local: int, f: Field) -> Any:
-        cols = {c.name: seg.row(f.name, c.name, local) for c in columns_of(f)}
+    def _decode_field(self, at: Located, f: Field) -> Any:
+        reader = self._reader
+        cols = {c.name: reader.row(at, f.name, c.name, 0) for c in columns_of(f)}
         if f.kind == "int":
             return int(cols["values"])
         if f.kind == "float":
             return float(cols["values"])
         if f.kind == "ndarray" and f.fixed_size:
             return torch.from_numpy(np.array(cols["values"]))
-        blob = seg.blob(f.name, local)
+        blob = reader.blob(at, f.name, 0)
         if f.kind == "bytes":
             return bytes(blob)
         if f.kind == "str":

@@ -146,12 +146,12 @@ def _cached_pack(source, root: Path) -> tuple[Path, IO]:
 
 
 def _pack(source, folder: Path, entry: Path) -> None:
-    import fastload
+    from .pack import pack
 
     log.warning("fastload: packing image folder '%s' (%d files) once into %s; later opens of the unchanged "
                 "folder read the pack (cache_dir= or $%s choose the place)", folder, len(source), entry, CACHE_ENV)
     try:
-        fastload.pack(source, entry, progress=True)
+        pack(source, entry, progress=True)
     except SourceError as e:
         raise SourceError(f"{e}\nfastload.open packs a folder with fastload.pack's defaults; to choose options "
                           f"(e.g. --skip-bad), pack it yourself and open the result:\n    fastload pack "

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from ._errors import FastloadError
+from .formats.registry import DEFAULT_FORMAT, FORMATS
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -20,7 +21,7 @@ def main() -> None:
 @main.command()
 @click.argument("src", type=click.Path(exists=True, path_type=Path))
 @click.argument("dst")
-@click.option("--format", "fmt", type=click.Choice(["shards", "lmdb"]), default="shards", show_default=True,
+@click.option("--format", "fmt", type=click.Choice(list(FORMATS)), default=DEFAULT_FORMAT, show_default=True,
               help="Output format.")
 @click.option("--image-mode", type=click.Choice(["auto", "passthrough", "jpeg", "raw"]), default="auto",
               show_default=True,
@@ -64,7 +65,7 @@ def pack(src, dst, fmt, image_mode, max_side, quality, check, shard_size, worker
     DST may be a URL (s3://bucket/ds, any fsspec URL): shards are uploaded as they are finished, the
     manifest last. Interrupted packs resume when the same command is run again.
     """
-    from ._pack import pack as do_pack
+    from .pack import pack as do_pack
 
     if parts is not None and ray_address is None:
         raise click.UsageError("--parts goes with --ray (for one part at a time, use --part I/N)")
@@ -90,7 +91,7 @@ def merge(dst, quiet) -> None:
 
     Shard files are moved, not copied; the result is what one `fastload pack` would have written.
     """
-    from ._parts import merge as do_merge
+    from .pack import merge as do_merge
 
     if "://" not in dst and not Path(dst).is_dir():
         raise click.BadParameter(f"folder {dst!r} does not exist" if not Path(dst).exists() else
@@ -193,13 +194,13 @@ def _missing(pairs: tuple[str, ...]) -> dict | None:
 
 
 def _size(value: str) -> None:
-    from ._pack import parse_size
+    from .pack import parse_size
 
     parse_size(value)
 
 
 def _part(value: str) -> None:
-    from ._parts import parse_part
+    from .pack import parse_part
 
     parse_part(value)
 

@@ -97,3 +97,23 @@ def packed_images_by_format(tmp_path_factory) -> Path:
 def packed_images(request, packed_images_by_format: Path) -> Path:
     """The same pictures in one format: a test that takes this runs once for shards and once for LMDB."""
     return packed_images_by_format / request.param
+
+
+@pytest.fixture(scope="session")
+def pack_once(tmp_path_factory):
+    """``pack_once(key, make_source, **pack_options) -> path``: the dataset ``fastload.pack(make_source(),
+    path, **pack_options)`` writes, packed once per session per ``key`` (``format=`` in the options picks the
+    format: give each format its own key). Tests must not change these files (copy them first)."""
+    import fastload
+
+    done: dict[str, Path] = {}
+
+    def get(key: str, make_source, **options) -> Path:
+        if key not in done:
+            dest = tmp_path_factory.mktemp(f"packed_{key}") / "ds"
+            fastload.pack(make_source(), dest, **options)
+            done[key] = dest
+        return done[key]
+
+    get.root = tmp_path_factory.mktemp("pack_once_sources")
+    return get

@@ -108,7 +108,7 @@ def test_bench_command(runner, image_folder, tmp_path):
 def test_ctrl_c_during_pack_prints_the_command_that_resumes_it(runner, image_folder, tmp_path, monkeypatch):
     import shlex
 
-    from fastload import _pack
+    from fastload.pack import _local as _pack
 
     real = _pack._encoded
 

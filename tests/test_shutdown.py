@@ -1,7 +1,7 @@
 """Shutdown leaves nothing behind: threads, processes, descriptors, mappings and /dev/shm before and after
 every way a loop can end (break, exception, del, a reference cycle, Ctrl-C, epoch end) on every loader path,
 Ctrl-C at random moments, inside worker start and join, and to a real process group, a killed worker, and a
-short soak (``make soak`` runs bench/soak.py for 50 epochs). Crash safety of packs: test_pack_crash.py.
+short soak (``make soak`` runs bench/soak.py for 50 epochs). Crash safety of packs: pack/test_crash.py.
 """
 
 from __future__ import annotations

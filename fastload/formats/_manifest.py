@@ -23,7 +23,9 @@ from ._layout import FORMAT_VERSION
 
 MAGIC = "fastload"
 MANIFEST_NAME = "manifest.json"
+STATE_NAME = "pack_state.json"  # an unfinished pack's resume state, beside the files it writes (shards)
 MAX_MANIFEST_BYTES = 256 << 20  # refuse absurd manifests before parsing them
+LAYOUT = re.compile(r"[a-z][a-z0-9_]{0,31}")  # a format's name (fullmatch); the registry says which exist
 SHARD_NAME = re.compile(r"shard-[0-9]{5,9}\.fls")  # always fullmatch: no "/", "..", or trailing newline
 DTYPE = re.compile(r"[<>|=]?(b1|[iuf][1248])")  # what Field.to_json writes ('<f4', '|u1', '|b1'); fullmatch
 MAX_COUNT = (1 << 63) - 1  # sample counts and byte sizes must fit the int64 arithmetic of readers
@@ -43,7 +45,7 @@ class ShardEntry:
 
 @dataclass
 class Manifest:
-    layout: str  # "shards" or "lmdb"
+    layout: str  # the name of its Format (formats/registry.py)
     schema: Schema
     num_samples: int
     shards: list[ShardEntry] = field(default_factory=list)
@@ -87,9 +89,9 @@ class Manifest:
                 f"{where}: written with format version {version}, this fastload reads up to version "
                 f"{FORMAT_VERSION}; upgrade fastload to open it"
             )
-        layout = doc.get("layout")
-        if layout not in ("shards", "lmdb"):
-            raise FormatError(f"{where}: layout {layout!r} is not 'shards' or 'lmdb'")
+        layout = doc.get("layout")  # which format: the reader asks that Format (formats/registry.py)
+        if not (isinstance(layout, str) and LAYOUT.fullmatch(layout)):
+            raise FormatError(f"{where}: layout {layout!r} is not a format's name")
         raw_schema = doc.get("schema")
         for k, f in enumerate(raw_schema if isinstance(raw_schema, list) else []):
             # numpy parses dtype strings with a grammar of its own (ast.literal_eval included): it only
@@ -120,10 +122,6 @@ class Manifest:
         names = [s.file for s in shards]
         if len(set(names)) != len(names):
             raise FormatError(f"{where}: a shard file is listed twice")
-        if layout == "shards" and sum(s.num_samples for s in shards) != num:
-            raise FormatError(
-                f"{where}: shards hold {sum(s.num_samples for s in shards)} samples, num_samples says {num}"
-            )
         skipped = doc.get("skipped", [])
         metadata = doc.get("metadata", {})
         if not isinstance(skipped, list) or not isinstance(metadata, dict):
@@ -170,3 +168,13 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def read_manifest_file(path: Path) -> Manifest:
+    """``path/manifest.json``, read (bounded) and validated; FormatError otherwise."""
+    try:
+        with open(path / MANIFEST_NAME, "rb") as fh:
+            raw = fh.read(MAX_MANIFEST_BYTES + 1)  # Manifest.parse refuses anything longer
+    except OSError as e:
+        raise FormatError(f"dataset '{path}': cannot read {MANIFEST_NAME}: {e}") from None
+    return Manifest.parse(raw, f"dataset '{path}'")

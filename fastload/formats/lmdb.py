@@ -18,17 +18,20 @@ Readers open the environment read-only with ``lock=False`` and one long-lived re
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import threading
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import xxhash
 
-from .._errors import FormatError
+from .._errors import FastloadError, FormatError
 from .._schema import Schema
 from ._layout import check_columns, columns_of, expected_blob_length, has_blob, min_bytes
+from .._version import __version__
+from ._format import Format
 from ._manifest import Manifest
 
 MANIFEST_KEY = b"manifest"
@@ -227,6 +230,27 @@ class LmdbSegment:
             out[sel] = self._chunk(field, col, int(c))[idx[sel] % self.rows]
         return out
 
+    label = None  # one environment: messages name no shard
+
+    def blob_sources(self, field: str, idx: np.ndarray) -> tuple[list, np.ndarray, np.ndarray, np.ndarray]:
+        """Where samples ``idx``'s values of blob ``field`` lie: each value (a view into its record) is its
+        own region."""
+        regions = [self.blob(field, int(i)) for i in idx.tolist()]
+        return regions, np.arange(len(regions), dtype=np.int64), np.zeros(len(regions), np.int64), \
+            np.array([len(b) for b in regions], dtype=np.int64)
+
+    def column_region(self, field: str) -> None:
+        """None: a column is stored in chunks (``row_sources`` says where each row lies)."""
+        return None
+
+    def row_sources(self, field: str, idx: np.ndarray, row_bytes: int) -> tuple[list, np.ndarray, np.ndarray]:
+        """Where rows ``idx`` of fixed-size column ``field`` lie, for the native gather: each chunk the rows
+        touch (read and checked as ``take`` reads it) is a region; a row's offset is its place in its chunk."""
+        idx = np.asarray(idx, dtype=np.int64)
+        chunks, region = np.unique(idx // self.rows, return_inverse=True)
+        regions = [self._chunk(field, "values", int(c)) for c in chunks]
+        return regions, region.astype(np.int64), (idx % self.rows) * row_bytes
+
     def blob(self, field: str, i: int) -> memoryview:
         rec = self._get(sample_key(i), f"sample {i}, field '{field}': record ")
         k = self.blob_fields.index(field)
@@ -373,3 +397,159 @@ def verify_lmdb(path: Path, manifest: Manifest, progress: Callable[[int], None] 
     finally:
         seg.close()
     return problems
+
+
+# -- writing: the pack's sink and what a destination holds (driven by fastload/pack/) ----------------
+
+class LmdbSink:
+    """Samples are committed a chunk at a time; skipped samples do not take an index."""
+
+    def __init__(self, dest: Path, src: Any, params: dict, state: dict | None):
+        self.src, self.params = src, params
+        self.writer = LmdbWriter(dest, src.schema)
+        self.state = state or {"params": params, "skipped": [], "next_sample": 0, "chunk_digests": []}
+        self.next_sample = self.state["next_sample"]
+        self.buffer: list[list] = []
+        self.rows = self.writer.rows
+
+    def add(self, i: int, encoded: list) -> None:
+        self.buffer.append(encoded)
+        if len(self.buffer) == self.rows:
+            self._flush(i + 1)
+
+    def skip(self, record: dict) -> None:
+        self.state["skipped"].append(record)
+
+    def _flush(self, next_sample: int) -> None:
+        self.state["next_sample"] = next_sample
+        self.writer.write_chunk(self.writer.committed, self.buffer, self.state)
+        self.buffer = []
+
+    def finish(self) -> Manifest:
+        if self.buffer:
+            self._flush(len(self.src))
+        metadata = dict(self.src.metadata,
+                        lmdb={"rows_per_chunk": self.rows, "chunk_digests": self.state["chunk_digests"]})
+        m = Manifest("lmdb", self.src.schema, self.writer.committed, [], self.params["image_mode"],
+                     self.state["skipped"], metadata, created_by=f"fastload {__version__}")
+        self.writer.finish(m)
+        return m
+
+    def close(self) -> None:
+        self.writer.close()
+
+    def total_bytes(self) -> int:
+        return os.path.getsize(self.writer.path / DATA_FILE)
+
+
+def _foreign_lmdb(dest: Path) -> bool:
+    """True when ``dest`` holds someone else's LMDB database: entries, but neither a fastload manifest nor
+    a pack's resume state. Opened read-only, without a lock: nothing is written to it."""
+    if _lmdb_half_created(dest):
+        return False
+    import lmdb
+
+    try:
+        env = lmdb.open(str(dest), readonly=True, lock=False, subdir=True, max_dbs=0)
+    except lmdb.Error:
+        return True  # not even readable as LMDB: not ours to delete
+    try:
+        with env.begin() as txn:
+            ours = txn.get(MANIFEST_KEY) is not None or txn.get(STATE_KEY) is not None
+        return not ours and env.stat()["entries"] > 0
+    finally:
+        env.close()
+
+
+def _lmdb_complete(dest: Path) -> bool:
+    if not is_lmdb(dest) or _lmdb_half_created(dest):
+        return False
+    try:
+        read_manifest(dest)
+        return True
+    except FastloadError:
+        return False
+
+
+def _lmdb_half_created(dest: Path) -> bool:
+    """A pack killed while LMDB created its environment: lock.mdb alone, or a data.mdb shorter than the
+    two meta pages LMDB writes first. No transaction was ever committed there."""
+    data = dest / "data.mdb"
+    return not data.exists() or data.stat().st_size < 2 * mmap.PAGESIZE
+
+
+
+def _nothing_committed(dest: Path, names: list[str]) -> bool:
+    """A pack killed before its first commit leaves an LMDB environment holding no entry."""
+    if set(names) <= {DATA_FILE, "lock.mdb"} and _lmdb_half_created(dest):
+        return True
+    if set(names) <= {DATA_FILE, "lock.mdb"} and DATA_FILE in names:
+        w = LmdbWriter(dest, None)  # type: ignore[arg-type]
+        try:
+            return w.env.stat()["entries"] == 0
+        finally:
+            w.close()
+    return False
+
+
+class LmdbFormat(Format):
+    """One LMDB environment (``data.mdb``) holding the manifest, column chunks and per-sample records."""
+
+    name = "lmdb"
+    marker = f"LMDB {DATA_FILE}"
+
+    def detect(self, path: Path) -> bool:
+        return is_lmdb(path)
+
+    def manifest(self, path: Path) -> Manifest:
+        return read_manifest(path)
+
+    def segments(self, path: Path, manifest: Manifest) -> list:
+        return [LmdbSegment(path, manifest)]
+
+    def verify(self, path: Path, manifest: Manifest, progress: Callable[[int], None] | None = None) -> list[str]:
+        return verify_lmdb(path, manifest, progress)
+
+    def describe(self, path: Path, manifest: Manifest) -> list[str]:
+        size = (path / DATA_FILE).stat().st_size
+        return [f"lmdb      {size / 1e6:,.1f} MB, {manifest.metadata['lmdb']['rows_per_chunk']} rows per chunk"]
+
+    def verified(self, manifest: Manifest) -> str:
+        return f"{manifest.num_samples:,} samples, every LMDB chunk verified"
+
+    def where(self, files: int) -> str:
+        return "one LMDB environment"
+
+    def sink(self, dest, src, params, shard_bytes, state, span, on_shard, keep_state) -> LmdbSink:
+        return LmdbSink(dest, src, params, state)
+
+    def owns(self, name: str) -> bool:
+        return name in (DATA_FILE, "lock.mdb")
+
+    def read_state(self, dest: Path) -> dict | None:
+        if not is_lmdb(dest) or _lmdb_half_created(dest):
+            return None
+        w = LmdbWriter(dest, None)  # type: ignore[arg-type]
+        try:
+            state = w.read_state()
+        finally:
+            w.close()
+        return state or None
+
+    def complete(self, dest: Path) -> bool:
+        return _lmdb_complete(dest)
+
+    def foreign(self, dest: Path, names: list[str]) -> str | None:
+        if DATA_FILE in names and _foreign_lmdb(dest):
+            return ("an LMDB database fastload did not write (its data.mdb has entries but no fastload manifest or "
+                    "pack state)")
+        return None
+
+    def nothing_committed(self, dest: Path, names: list[str]) -> bool:
+        return _nothing_committed(dest, names)
+
+    def is_write_error(self, e: BaseException) -> bool:
+        return is_lmdb_error(e)
+
+
+FORMAT = LmdbFormat()

@@ -1,12 +1,13 @@
 """``PackedReader``: what the layers above the bytes on disk need from an opened dataset, whatever its format.
 
-The batcher, the image decoders and the loader ask it to locate a batch's samples, group them by segment,
-gather fixed-size columns, hand blob sources to the native calls, and read shape columns and names for
-messages. Shards (local or cached from a URL) and LMDB segments differ only here: nothing above
-``formats/`` checks a segment's class or reads its fields.
+The batcher, the image decoders, the loader, ``ds[i]`` and ``fastload bench`` ask it to locate samples,
+group a batch by segment, say where fixed-size rows and blobs lie for the native calls (it returns the
+regions and offsets; the caller makes the call, with its own thread pool), and read columns, values and
+names for messages. Segments of every format (shards, local or cached from a URL, and LMDB) answer the
+same methods: nothing here or above checks a segment's class.
 
-``read_manifest``, ``local_segments`` and ``verify`` are the format-neutral entries for a local path:
-each looks at what is on disk (or in the manifest) and dispatches to ``shards.py`` or ``lmdb.py``.
+``read_manifest``, ``local_segments``, ``verify`` and ``describe_storage`` are the format-neutral entries
+for a local path: each asks the ``Format`` of ``registry.py`` that recognises what is on disk.
 
 A *batch view* (``Located``) is computed once per batch: ``seg_ids`` and ``local`` per position,
 ``groups`` = ``[(segment index, positions)]``, and the opened segments.
@@ -14,37 +15,27 @@ A *batch view* (``Located``) is computed once per batch: ``seg_ids`` and ``local
 
 from __future__ import annotations
 
-import builtins
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from .._errors import FormatError
-from . import lmdb as lmdb_format
-from ._manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest
-from .shards import ShardSegment, shard_segments, verify_shards
+from ._layout import columns_of
+from ._manifest import STATE_NAME, Manifest
+from .registry import FORMATS, format_of
 
 
 def read_manifest(path: Path) -> Manifest:
-    """The manifest of a local dataset (shards' manifest.json or LMDB's), validated; FormatError otherwise."""
-    if (path / MANIFEST_NAME).is_file():
-        try:
-            with builtins.open(path / MANIFEST_NAME, "rb") as fh:
-                raw = fh.read(MAX_MANIFEST_BYTES + 1)  # Manifest.parse refuses anything longer
-        except OSError as e:
-            raise FormatError(f"dataset '{path}': cannot read {MANIFEST_NAME}: {e}") from None
-        m = Manifest.parse(raw, f"dataset '{path}'")
-        if m.layout != "shards":
-            raise FormatError(f"dataset '{path}': manifest.json says layout {m.layout!r}, expected 'shards'")
-        return m
-    if lmdb_format.is_lmdb(path):
-        return lmdb_format.read_manifest(path)
-    if (path / "pack_state.json").exists():
+    """The manifest of a local dataset, in whichever format it is (the first that ``detect``s it), validated;
+    FormatError otherwise."""
+    for f in FORMATS.values():
+        if f.detect(path):
+            return f.manifest(path)
+    if (path / STATE_NAME).exists():
         raise FormatError(f"dataset '{path}' is an unfinished pack (no manifest yet); run the same pack command "
                           f"again to resume it")
-    raise NotADataset(f"'{path}' is not a fastload dataset: no {MANIFEST_NAME} and no LMDB {lmdb_format.DATA_FILE}")
+    raise NotADataset(f"'{path}' is not a fastload dataset: no " + " and no ".join(f.marker for f in FORMATS.values()))
 
 
 class NotADataset(FormatError):
@@ -53,37 +44,25 @@ class NotADataset(FormatError):
 
 def local_segments(path: Path, manifest: Manifest) -> list:
     """The segments of a local dataset: one per shard file, or the LMDB environment."""
-    if manifest.layout == "lmdb":
-        return [lmdb_format.LmdbSegment(path, manifest)]
-    return shard_segments(path, manifest)
+    return format_of(manifest).segments(path, manifest)
 
 
 def verify(path: Path, manifest: Manifest, progress: Any = None) -> list[str]:
     """Check every byte of a local dataset against its manifest (shards: size, checksum, structure; LMDB:
     every chunk's digest and record). One message per problem; empty when the dataset is sound.
     ``progress(samples)`` is called as parts of the dataset are checked (for a progress bar)."""
-    if manifest.layout == "lmdb":
-        return lmdb_format.verify_lmdb(path, manifest, progress)
-    return verify_shards(path, manifest, progress)
+    return format_of(manifest).verify(path, manifest, progress)
 
 
 def describe_storage(path: Path, manifest: Manifest) -> list[str]:
     """What ``fastload inspect`` prints about the files of a local dataset: the shards with their sizes and
     checksums, or the LMDB environment's size."""
-    if manifest.layout == "lmdb":
-        size = (path / lmdb_format.DATA_FILE).stat().st_size
-        return [f"lmdb      {size / 1e6:,.1f} MB, {manifest.metadata['lmdb']['rows_per_chunk']} rows per chunk"]
-    total = sum(s.bytes for s in manifest.shards)
-    return [f"shards    {len(manifest.shards)}, {total / 1e6:,.1f} MB in all"] + [
-        f"  {s.file}  {s.num_samples:>9,} samples  {s.bytes / 1e6:>10,.1f} MB  xxh3 {s.xxh3_64}"
-        for s in manifest.shards]
+    return format_of(manifest).describe(path, manifest)
 
 
 def verified_what(manifest: Manifest) -> str:
     """What ``verify`` checked, for its OK line."""
-    if manifest.layout == "lmdb":
-        return f"{manifest.num_samples:,} samples, every LMDB chunk verified"
-    return f"{manifest.num_samples:,} samples, {len(manifest.shards)} shard(s) verified"
+    return format_of(manifest).verified(manifest)
 
 
 class Located:
@@ -100,7 +79,7 @@ class Located:
 
     @property
     def region_of(self) -> np.ndarray:
-        """Position -> index into ``groups`` (built on first use)."""
+        """Position -> index into ``groups`` (built on first use, shared by the batch's columns)."""
         if self._region_of is None:
             self._region_of = np.zeros(len(self.local), np.int64)
             for k, (_, pos) in enumerate(self.groups[1:], 1):
@@ -115,6 +94,7 @@ class PackedReader:
         self.segments = segments
         self.starts = np.concatenate([[0], np.cumsum([s.count for s in segments], dtype=np.int64)])
         self.path = path
+        self._row_bytes: dict[str, int] = {}
 
     def sample(self, i: int) -> tuple[Any, int]:
         """(opened segment, index within it) of global sample ``i`` (``ds[i]``: one sample, no batch view)."""
@@ -145,13 +125,19 @@ class PackedReader:
                 [(int(present[0]), np.arange(len(indices)))]
         return Located(seg_ids, local, groups, {s: self.segments[s].open() for s, _ in groups})
 
+    def locate_one(self, i: int) -> Located:
+        """The batch view of the one global sample ``i`` (``ds[i]``), its segment opened."""
+        k = int(np.searchsorted(self.starts, i, side="right")) - 1
+        return Located(np.array([k]), np.array([i - int(self.starts[k])]), [(k, np.zeros(1, np.int64))],
+                       {k: self.segments[k].open()})
+
+    def row(self, at: Located, field: str, column: str, position: int) -> np.ndarray:
+        """One sample's row of a column (``values``, ``shape``, ``meta``): a view, not a copy."""
+        return at.segs[int(at.seg_ids[position])].row(field, column, int(at.local[position]))
+
     def shard(self, seg_id: int) -> str | None:
         """The shard file a segment is, for messages (None for LMDB)."""
-        return self.shard_name(self.segments[int(seg_id)])
-
-    @staticmethod
-    def shard_name(segment: Any) -> str | None:
-        return segment.name if isinstance(segment, ShardSegment) else None
+        return self.segments[int(seg_id)].label
 
     def take(self, at: Located, field: str, column: str) -> np.ndarray:
         """Rows of a small column (``meta``, ``shape``) for every position of the batch."""
@@ -161,18 +147,32 @@ class PackedReader:
             out[pos] = rows
         return out
 
-    def gather_rows(self, at: Located, field: str, out: np.ndarray, gather: Callable) -> None:
-        """Rows of a fixed-size column into ``out``: one native, bounds-checked, multi-threaded copy
-        (``gather(regions, region, offset, row_bytes, out)``) when every segment is a shard."""
-        groups, segs = at.groups, at.segs
-        if all(isinstance(segs[s], ShardSegment) for s, _ in groups):
-            row_bytes = out[:1].nbytes
-            regions = [segs[s].buffer for s, _ in groups]
-            base = np.array([segs[s].column_start[(field, "values")] for s, _ in groups], dtype=np.int64)
-            gather(regions, at.region_of, base[at.region_of] + at.local * row_bytes, row_bytes, out)
-        else:
-            for s, pos in groups:
-                out[pos] = segs[s].take(field, "values", at.local[pos])
+    def row_sources(self, at: Located, field: str) -> tuple[list, np.ndarray, np.ndarray, int]:
+        """What the native gather needs to copy fixed-size column ``field``'s rows of the batch into a
+        buffer: ``(regions, region, offset, row_bytes)`` for ``_C.gather_rows(pool, regions, region, offset,
+        row_bytes, out)``. The caller owns the copy (and its thread pool); the reader only says where."""
+        row_bytes = self._row_bytes.get(field)
+        if row_bytes is None:
+            f = self.segments[0].schema[field]
+            row_bytes = self._row_bytes[field] = next(c.row_bytes for c in columns_of(f) if c.name == "values")
+        if len(at.groups) == 1:  # the common case, kept short: it runs for every column of every batch
+            whole = at.segs[at.groups[0][0]].column_region(field)
+            if whole is not None:
+                return [whole[0]], at.region_of, whole[1] + at.local * row_bytes, row_bytes
+        whole = [at.segs[s].column_region(field) for s, _ in at.groups]
+        if all(w is not None for w in whole):  # each segment holds the column in one piece (shards): vectorised
+            base = np.array([start for _, start in whole], dtype=np.int64)
+            region = at.region_of
+            return [buf for buf, _ in whole], region, base[region] + at.local * row_bytes, row_bytes
+        regions: list = []
+        region = np.empty(len(at), dtype=np.int64)
+        offset = np.empty(len(at), dtype=np.int64)
+        for s, pos in at.groups:
+            got, r, o = at.segs[s].row_sources(field, at.local[pos], row_bytes)
+            region[pos] = len(regions) + (0 if r is None else r)
+            offset[pos] = o
+            regions.extend(got)
+        return regions, region, offset, row_bytes
 
     def blob_sources(self, at: Located, field: str) -> tuple[list, np.ndarray, np.ndarray, np.ndarray]:
         """Where each sample's value of blob ``field`` lies, for the native calls: ``(regions, region,
@@ -184,20 +184,11 @@ class PackedReader:
         length = np.empty(n, dtype=np.int64)
         regions: list = []
         for s, pos in at.groups:
-            seg, loc = at.segs[s], at.local[pos]
-            if isinstance(seg, ShardSegment):
-                offs = seg.offsets[field]
-                region[pos] = len(regions)
-                regions.append(seg.buffer)
-                offset[pos] = seg.data_start[field] + offs[loc].astype(np.int64)
-                length[pos] = (offs[loc + 1] - offs[loc]).astype(np.int64)
-            else:
-                for p, i in zip(pos.tolist(), loc.tolist()):
-                    blob = seg.blob(field, int(i))
-                    region[p] = len(regions)
-                    regions.append(blob)
-                    offset[p] = 0
-                    length[p] = len(blob)
+            got, r, o, ln = at.segs[s].blob_sources(field, at.local[pos])
+            region[pos] = len(regions) + (0 if r is None else r)
+            offset[pos] = o
+            length[pos] = ln
+            regions.extend(got)
         return regions, region, offset, length
 
     def blob(self, at: Located, field: str, position: int) -> Any:

@@ -25,8 +25,9 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from .._errors import FastloadError, FormatError, RemoteError
-from ._cache import CacheStats, ShardCache
+from ._cache import CacheStats, ShardCache, dataset_key  # noqa: F401  (dataset_key: the packer's staging)
 from ._manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, ShardEntry
+from .shards import FORMAT as SHARDS
 from .shards import ShardSegment, file_digest, shard_segments
 
 RETRIES = 5              # attempts after the first, for one request, with exponential backoff
@@ -112,9 +113,10 @@ class Remote:
         self.stats = CacheStats()
         self._setup()
         self.manifest = self._read_manifest()
-        if self.manifest.layout != "shards":
+        if self.manifest.layout != SHARDS.name:  # a URL is a way to reach shards, not a format of its own
             raise FormatError(f"dataset '{self.url}': layout {self.manifest.layout!r}; remote datasets are read a "
-                              f"shard at a time and must be packed as shards (--format shards)")
+                              f"shard at a time and must be packed as {SHARDS.name} (--format {SHARDS.name})")
+        SHARDS.check(self.manifest, f"dataset '{self.url}'")
         biggest = max((e.bytes for e in self.manifest.shards), default=0)
         if cache_limit is not None and biggest > cache_limit:
             raise ValueError(f"cache_limit={cache_limit} bytes is smaller than the largest shard of {self.url} "

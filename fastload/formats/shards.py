@@ -18,20 +18,24 @@ reads afterwards are plain slices of verified ranges.
 from __future__ import annotations
 
 import itertools
+import json
 import mmap
 import os
 import struct
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import xxhash
 
-from .._errors import FormatError, VersionError
+from .._errors import FormatError, SourceError, VersionError
 from .._schema import Field, Schema
+from .._version import __version__
+from ._format import Format
 from ._layout import (FORMAT_VERSION, check_columns, columns_of, expected_blob_length, has_blob, min_bytes,
                       section_names)
-from ._manifest import MANIFEST_NAME, SHARD_NAME, Manifest, ShardEntry
+from ._manifest import (MANIFEST_NAME, SHARD_NAME, STATE_NAME, Manifest, ShardEntry, fsync_dir, read_manifest_file,
+                        write_manifest)
 
 SHARD_MAGIC = b"FLSHARD1"
 HEADER = struct.Struct("<8sIIQQ32s")
@@ -257,6 +261,23 @@ class ShardSegment:
     def take(self, field: str, col: str, idx: np.ndarray) -> np.ndarray:
         return self.open().columns[(field, col)].take(idx, axis=0)
 
+    @property
+    def label(self) -> str:
+        """The shard's file name, for messages."""
+        return self.name
+
+    def blob_sources(self, field: str, idx: np.ndarray) -> tuple[list, None, np.ndarray, np.ndarray]:
+        """Where samples ``idx``'s values of blob ``field`` lie: byte ranges of the one mapped file."""
+        buffer = self.buffer
+        offs = self.offsets[field]
+        return [buffer], None, self.data_start[field] + offs[idx].astype(np.int64), \
+            (offs[idx + 1] - offs[idx]).astype(np.int64)
+
+    def column_region(self, field: str) -> tuple[mmap.mmap, int]:
+        """Fixed-size column ``field`` in one piece: the mapped file and the column's byte offset in it (the
+        reader computes every row's offset at once, for the whole batch)."""
+        return self.buffer, self.column_start[(field, "values")]
+
     def blob(self, field: str, i: int) -> memoryview:
         self.open()
         offs = self.offsets[field]
@@ -332,3 +353,197 @@ def _told(items, progress: Callable[[int], None] | None):
         yield item
         if progress is not None:
             progress(item[0].num_samples)
+
+
+# -- writing: the pack's sinks (driven by fastload/pack/) -------------------------------------------
+
+def _write_state(dest: Path, state: dict) -> None:
+    """``pack_state.json``, atomically. (``Path.open``: tests that fill the disk under the shard writer's
+    ``open`` count shard bytes only, as they did when this lived in the packer.)"""
+    tmp = dest / (STATE_NAME + ".tmp")
+    with tmp.open("w") as fh:
+        json.dump(state, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, dest / STATE_NAME)
+    fsync_dir(dest)
+
+
+class ShardSink:
+    """Samples to shard files, a block at a time; ``pack_state.json`` after each shard says what is done."""
+
+    def __init__(self, dest: Path, src: Any, params: dict, shard_bytes: int, state: dict | None,
+                 span: tuple[int, int], on_shard: Callable[[Path], None] | None = None, keep_state: bool = False):
+        self.dest, self.src, self.params, self.limit = dest, src, params, shard_bytes
+        self.on_shard = on_shard
+        self.keep_state = keep_state  # a staged pack: its resume state says what it is until it is uploaded
+        self.span = span  # the source samples [lo, hi) this pack writes (all of them, or one part's)
+        self.block = params["block"]
+        self.state = state or {"params": params, "shards": [], "skipped": [], "next_sample": span[0]}
+        self.next_sample = self.state["next_sample"]
+        self.buffer: list[list] = []
+        self.buffered = 0
+        if state is None:  # from now on the destination is a resumable pack, whenever it is killed
+            _write_state(dest, self.state)
+
+    def close(self) -> None:
+        pass
+
+    def add(self, i: int, encoded: list) -> None:
+        self.buffer.append(encoded)
+        self.buffered += sum(len(b) if b is not None else 0 for _, b in encoded) + 64
+        if self.buffered >= self.limit or (i + 1) % self.block == 0:
+            self._flush(i + 1)
+
+    def skip(self, record: dict) -> None:
+        self.state["skipped"].append(record)
+        if (record["index"] + 1) % self.block == 0:
+            self._flush(record["index"] + 1)
+
+    def _flush(self, next_sample: int) -> None:
+        entry = None
+        if self.buffer:
+            b = (next_sample - 1) // self.block  # the block of the buffered samples
+            done = sum(1 for s in self.state["shards"] if shard_index(s["file"]) // self.block == b)
+            name = shard_name(b * self.block + done)
+            entry = write_shard(self.dest / name, self.src.schema, self.buffer)
+            self.state["shards"].append(entry.to_json())
+        self.buffer, self.buffered = [], 0
+        self.state["next_sample"] = next_sample
+        _write_state(self.dest, self.state)
+        if entry is not None and self.on_shard is not None:
+            self.on_shard(self.dest / entry.file)
+
+    def finish(self) -> Manifest:
+        if self.buffer:
+            self._flush(self.span[1])
+        shards = [ShardEntry(**s) for s in self.state["shards"]]
+        metadata = dict(self.src.metadata)
+        if "part" in self.params:
+            metadata["part"] = self.params["part"]  # merge removes it
+        m = Manifest("shards", self.src.schema, sum(s.num_samples for s in shards), shards,
+                     self.params["image_mode"], self.state["skipped"], metadata,
+                     created_by=f"fastload {__version__}")
+        write_manifest(self.dest, m)
+        if not self.keep_state:
+            (self.dest / STATE_NAME).unlink(missing_ok=True)
+            fsync_dir(self.dest)
+        return m
+
+    def total_bytes(self) -> int:
+        return sum(s["bytes"] for s in self.state["shards"])
+
+
+def _array_rows(src: Any, shard_bytes: int) -> int:
+    """Rows per shard of a fixed-size array source: shard k holds rows [k * rows, (k + 1) * rows)."""
+    row_bytes = sum(c.row_bytes for f in src.schema for c in columns_of(f))
+    return max(1, shard_bytes // max(row_bytes, 1))
+
+
+class ArraySink(ShardSink):
+    """Numpy arrays to shards a column slice at a time: no per-sample Python at all."""
+
+    def run(self, progress: bool, label: str) -> None:
+        src = self.src
+        columns = []
+        for f in src.schema:
+            arr = src.arrays[f.name]
+            dt = f.np_dtype
+            if arr.dtype != dt and not np.can_cast(arr.dtype, dt, "safe"):
+                raise SourceError(f"array '{f.name}' of dtype {arr.dtype} cannot be stored as {dt} without loss")
+            want = tuple(f.shape) if f.kind == "ndarray" else ()
+            if tuple(arr.shape[1:]) != want:
+                raise SourceError(f"array '{f.name}' has rows of shape {arr.shape[1:]}, the schema says {want}")
+            columns.append((arr, dt))
+        rows = _array_rows(src, self.limit)
+        first, n = self.span
+        bar = None
+        if progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=n - first, initial=self.next_sample - first, unit="sample",
+                       desc=f"pack {label}")
+        for lo in range(self.next_sample, n, rows):
+            hi = min(n, lo + rows)
+            cols = [np.asarray(a[lo:hi]).astype(dt, copy=False) for a, dt in columns]
+            entry = write_shard_columns(self.dest / shard_name(lo // rows), src.schema, cols)
+            self.state["shards"].append(entry.to_json())
+            self.state["next_sample"] = hi
+            _write_state(self.dest, self.state)
+            if self.on_shard is not None:
+                self.on_shard(self.dest / entry.file)
+            if bar is not None:
+                bar.update(hi - lo)
+        if bar is not None:
+            bar.close()
+
+
+
+
+class ShardsFormat(Format):
+    """The default layout: numbered shard files and ``manifest.json`` (see the module docstring)."""
+
+    name = "shards"
+    marker = MANIFEST_NAME
+    parts = True
+    arrays = True
+
+    def detect(self, path: Path) -> bool:
+        return (path / MANIFEST_NAME).is_file()
+
+    def manifest(self, path: Path) -> Manifest:
+        m = read_manifest_file(path)
+        if m.layout != "shards":
+            raise FormatError(f"dataset '{path}': manifest.json says layout {m.layout!r}, expected 'shards'")
+        self.check(m, f"dataset '{path}'")
+        return m
+
+    def check(self, manifest: Manifest, where: str) -> None:
+        held = sum(s.num_samples for s in manifest.shards)
+        if held != manifest.num_samples:
+            raise FormatError(f"{where}: shards hold {held} samples, num_samples says {manifest.num_samples}")
+
+    def segments(self, path: Path, manifest: Manifest) -> list:
+        return shard_segments(path, manifest)
+
+    def verify(self, path: Path, manifest: Manifest, progress: Callable[[int], None] | None = None) -> list[str]:
+        return verify_shards(path, manifest, progress)
+
+    def describe(self, path: Path, manifest: Manifest) -> list[str]:
+        total = sum(s.bytes for s in manifest.shards)
+        return [f"shards    {len(manifest.shards)}, {total / 1e6:,.1f} MB in all"] + [
+            f"  {s.file}  {s.num_samples:>9,} samples  {s.bytes / 1e6:>10,.1f} MB  xxh3 {s.xxh3_64}"
+            for s in manifest.shards]
+
+    def verified(self, manifest: Manifest) -> str:
+        return f"{manifest.num_samples:,} samples, {len(manifest.shards)} shard(s) verified"
+
+    def where(self, files: int) -> str:
+        return f"{files} shard(s)"
+
+    def sink(self, dest, src, params, shard_bytes, state, span, on_shard, keep_state) -> ShardSink:
+        return ShardSink(dest, src, params, shard_bytes, state, span, on_shard, keep_state)
+
+    def array_sink(self, dest, src, params, shard_bytes, state, span, on_shard, keep_state) -> ArraySink:
+        return ArraySink(dest, src, params, shard_bytes, state, span, on_shard, keep_state)
+
+    def array_rows(self, src: Any, shard_bytes: int) -> int:
+        return _array_rows(src, shard_bytes)
+
+    def owns(self, name: str) -> bool:
+        return name in (MANIFEST_NAME, STATE_NAME) or SHARD_NAME.fullmatch(name) is not None
+
+    def read_state(self, dest: Path) -> dict | None:
+        path = dest / STATE_NAME
+        if not path.exists():
+            return None
+        try:
+            return json.loads(path.read_text())
+        except ValueError:
+            return None
+
+    def complete(self, dest: Path) -> bool:
+        return (dest / MANIFEST_NAME).is_file()
+
+
+FORMAT = ShardsFormat()

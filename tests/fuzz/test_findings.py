@@ -1,5 +1,5 @@
 """What fuzzing found, kept as tests: each was a crash, a foreign exception or an unbounded claim before
-its fix (fastload/formats/, fastload/_encode.py). Reads that used to crash run in a forked child."""
+its fix (fastload/formats/, fastload/pack/_encode.py). Reads that used to crash run in a forked child."""
 
 from __future__ import annotations
 

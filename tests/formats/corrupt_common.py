@@ -1,5 +1,5 @@
-"""Shared helpers and fixtures of the corruption tests (test_corrupt_*.py): small datasets of
-every non-image field kind, byte-level editing, and assertions that reads fail with a named error."""
+"""Shared helpers of the corruption tests (test_corrupt_*.py): small datasets of every non-image field kind,
+byte-level editing, and assertions that reads fail with a named error. Their fixtures: conftest.py."""
 from __future__ import annotations
 
 import json
@@ -179,31 +179,3 @@ class Shard:
 
 SHARD = "shard-00001.fls"  # the shard most tests damage: the middle one, so sample numbers are global
 FIRST = "shard-00000.fls"  # damaged by the loops over every byte: reading stops at once
-
-
-@pytest.fixture(scope="module")
-def packed(tmp_path_factory) -> tuple[Path, list]:
-    root = tmp_path_factory.mktemp("packed") / "ds"
-    fastload.pack(make_samples(90), root, shard_size="4K", workers=0, schema=FIELDS)
-    shards = sorted(p.name for p in root.glob("shard-*.fls"))
-    assert len(shards) >= 3, shards
-    return root, read_all(root)
-
-
-@pytest.fixture
-def ds(packed, tmp_path) -> Path:
-    root = tmp_path / "ds"
-    shutil.copytree(packed[0], root)
-    return root
-
-
-@pytest.fixture
-def expected(packed) -> list:
-    return packed[1]
-
-
-@pytest.fixture
-def shard1_start(ds) -> int:
-    doc = json.loads((ds / MANIFEST_NAME).read_text())
-    return doc["shards"][0]["num_samples"]
-

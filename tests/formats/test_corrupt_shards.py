@@ -35,8 +35,8 @@ TABLE = 64  # the section table starts right after the 64-byte header
 FIELDS = {"var": Field.ndarray("var", "<f4", (None, 2))}  # the rest is inferred from the samples
 
 
-from corrupt_common import *  # noqa: F401,F403  (helpers and fixtures)
-from corrupt_common import _schema  # noqa: F401
+from .corrupt_common import *  # noqa: F401,F403  (helpers; the fixtures are in conftest.py)
+from .corrupt_common import _schema  # noqa: F401
 
 
 # -- shards: the header -------------------------------------------------------------------------

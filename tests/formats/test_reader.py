@@ -7,23 +7,22 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from corrupt_common import Samples
+from .corrupt_common import Samples
 
 import fastload
 from fastload import _C, Field
 
-ROOT = Path(__file__).resolve().parent.parent / "fastload"
+ROOT = Path(__file__).resolve().parents[2] / "fastload"
 # The modules one batch crosses between the packed files and the caller: they read only through the reader.
 BATCH_PATH = ["_batcher.py", "_images.py", "_loader.py", "_fastiter.py", "_prefetch.py", "_ring.py", "_workers.py"]
 # The formats modules that code outside formats/ may import; every other one (shards, lmdb, _cache) is a
 # format's own business, reached only through these.
 BOUNDARY = {
     "fastload.formats.reader": "reading: PackedReader, and read_manifest/local_segments/verify that dispatch by what is on disk",
-    "fastload.formats.sinks": "writing: the pack's writers, sink_for choosing the format, the destination's resume state",
+    "fastload.formats.registry": "the Format objects, one per on-disk layout (writers included): the packer asks them",
     "fastload.formats._layout": "the logical layout every format stores (columns per field kind, image encodings)",
     "fastload.formats._manifest": "the manifest document (both formats), its atomic write, fsync_dir",
     "fastload.formats.remote": "storage, not a format: URLs, fsspec, the cached-remote dataset and its read plan",
-    "fastload.formats.upload": "storage, not a format: a pack staged locally and uploaded to a URL",
 }
 
 
@@ -51,8 +50,9 @@ def test_the_reader_gives_the_same_rows_for_every_format(datasets, fmt):
     at = reader.locate(idx)
     assert len(at) == 77 and sorted(np.concatenate([p for _, p in at.groups]).tolist()) == list(range(77))
     out = np.empty((77, 8), np.int32)
-    reader.gather_rows(at, "tokens", out, lambda regions, region, offset, rb, o: _C.gather_rows(
-        _C.Pool(0), regions, region, offset, rb, o))
+    regions, region, offset, row_bytes = reader.row_sources(at, "tokens")  # data, not a callback
+    assert row_bytes == 8 * 4 and len(regions) == (len(at.groups) if fmt == "shards" else len(set(idx // 1024)))
+    _C.gather_rows(_C.Pool(0), regions, region, offset, row_bytes, out)
     assert np.array_equal(out, arrays["tokens"][idx])
     regions, region, offset, length = reader.blob_sources(at, "blob")
     got = [bytes(memoryview(regions[r])[o:o + n]) for r, o, n in zip(region, offset, length)]
@@ -120,3 +120,40 @@ def test_the_batch_path_reads_packed_files_only_through_the_reader():
     """No module a batch crosses reads a segment's private fields or names a segment class."""
     for name in BATCH_PATH:
         assert _boundary_breaches(ROOT / name, {"fastload.formats._layout", "fastload.formats.reader"}) == []
+
+
+def test_ds_getitem_and_fastload_bench_read_through_the_reader(packed_images, monkeypatch):
+    """``ds[i]`` and ``fastload bench`` take rows and blobs from ``PackedReader``, never from a segment."""
+    from fastload import _benchcmd
+    from fastload.formats.reader import PackedReader
+
+    calls = {"row": 0, "blob": 0}
+    for name in calls:
+        real = getattr(PackedReader, name)
+
+        def counted(*a, _real=real, _name=name):
+            calls[_name] += 1
+            return _real(*a)
+        monkeypatch.setattr(PackedReader, name, counted)
+    ds = fastload.open(packed_images)
+    ds[3]
+    assert calls["row"] >= 2 and calls["blob"] == 1  # the image's meta and the label; the image's bytes
+    calls.update(row=0, blob=0)
+    _benchcmd.run(packed_images, batch_size=4, preset="val", size=32, max_workers=0, seconds=0.05)
+    assert calls["blob"] == 4  # the 'read bytes' timing of one batch
+
+
+def test_lmdb_rows_come_from_every_chunk_they_lie_in(tmp_path, monkeypatch):
+    """LMDB answers row_sources with each chunk a batch touches as a region: the native gather then copies
+    exactly what ``take`` reads, across chunk boundaries, in any order."""
+    monkeypatch.setattr("fastload.formats.lmdb.DEFAULT_ROWS_PER_CHUNK", 16)
+    tokens = np.random.default_rng(3).integers(0, 1 << 30, (100, 5), dtype=np.int64)
+    fastload.pack({"tokens": tokens, "label": np.arange(100)}, tmp_path / "ds", format="lmdb", workers=0)
+    reader = fastload.open(tmp_path / "ds").reader
+    idx = np.random.default_rng(4).permutation(100)[:40]
+    at = reader.locate(idx)
+    regions, region, offset, row_bytes = reader.row_sources(at, "tokens")
+    assert len(regions) == len(set((idx // 16).tolist())) > 1 and row_bytes == 5 * 8
+    out = np.zeros((40, 5), np.int64)
+    _C.gather_rows(_C.Pool(2), regions, region, offset, row_bytes, out)
+    assert np.array_equal(out, tokens[idx])

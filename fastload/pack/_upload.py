@@ -5,7 +5,7 @@ shard is uploaded as soon as it is complete, on background threads, and the mani
 a reader never sees a half-written remote dataset (no manifest: not a dataset). ``uploaded.json`` in
 the staging folder records what is up; running the same command again resumes the pack and uploads
 only what is missing, and only when the staged pack is of the same source and options (the local
-pack's own resume check, ``sinks.prepare_dest``); otherwise it refuses, saying why.
+pack's own resume check, ``_sinks.prepare_dest``); otherwise it refuses, saying why.
 
 The staging folder is fastload's own (``Staging``): one it created, or an empty one it was given, marked
 with ``.fastload-staging``; a folder holding anything else is refused. Once the manifest is up, exactly
@@ -22,14 +22,15 @@ import time
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from .._errors import FastloadError, RemoteError
-from ._cache import CacheStats, dataset_key
-from ._manifest import MANIFEST_NAME, SHARD_NAME
-from .remote import default_cache_dir, describe, retrying, url_to_fs
-from .shards import file_digest
-from .sinks import remove_pack
+from ..formats._manifest import MANIFEST_NAME, SHARD_NAME
+from ..formats.reader import read_manifest
+from ..formats.remote import CacheStats, dataset_key, default_cache_dir, describe, file_digest, retrying, url_to_fs
+from ._local import pack_local
+from ._parts import parse_part
+from ._sinks import remove_pack
 
 RECORD = "uploaded.json"
 MARK = ".fastload-staging"
@@ -199,20 +200,16 @@ def _rmdir_if_empty(d: Path) -> bool:
         return not d.exists()
 
 
-def pack_to_url(pack_local: Callable[..., Any], source: Any, url: str, *, staging: str | os.PathLike | None,
+def pack_to_url(source: Any, url: str, *, staging: str | os.PathLike | None,
                 storage_options: dict | None, overwrite: bool, part: Any = None, **kwargs: Any) -> Any:
     """``pack_local(source, staging, on_shard=upload)`` then the manifest: see the module docstring. A part
     (``part=(i, n)``) goes to ``URL/parts/i``, for ``fastload merge URL``."""
-    from .reader import read_manifest
-
     t0 = time.perf_counter()
     url = url.rstrip("/")
     stage = Staging(Path(staging) if staging is not None else default_staging(url), url)
     local = stage.root / "pack"  # what the packer writes; the upload record sits beside it
     target, shards_dir, record_dir = url, local, stage.root
     if part is not None:
-        from .._parts import parse_part
-
         i = parse_part(part)[0]
         target, shards_dir, record_dir = f"{url}/parts/{i}", local / "parts" / str(i), stage.root / f"part-{i}"
     up = Uploader(target, record_dir, storage_options)

@@ -1,4 +1,4 @@
-"""Packing to object storage (formats/upload.py) and merging parts there, against moto's S3 server."""
+"""Packing to object storage (pack/_upload.py) and merging parts there, against moto's S3 server."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from click.testing import CliRunner
 import fastload
 from fastload import RemoteError
 from fastload.cli import main
-from fastload.formats import upload as upload_mod
+from fastload.pack import _upload as upload_mod
 
 from conftest import make_image_folder
 from misuse.conftest import unchanged, user_error
@@ -214,7 +214,7 @@ def test_url_resume_is_keyed_by_the_source(moto, photos, tmp_path, monkeypatch):
 
 
 def test_a_missing_bucket_fails_before_anything_is_packed(moto, photos, tmp_path, monkeypatch):
-    from fastload import _pack
+    from fastload.pack import _local as _pack
 
     encoded = []
     real = _pack._encoded

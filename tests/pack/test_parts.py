@@ -1,11 +1,9 @@
-"""Packing in parts (_parts.py): `pack --part I/N` + `merge` give the single-machine pack byte for byte;
-the same parts as Ray tasks on a local Ray cluster."""
+"""Packing in parts (pack/_parts.py): `pack --part I/N` + `merge` give the single-machine pack byte for byte;
+the parts as Ray tasks: test_ray.py."""
 
 from __future__ import annotations
 
-import filecmp
 import os
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,27 +11,12 @@ from click.testing import CliRunner
 
 import fastload
 from fastload import FastloadError
-from fastload._parts import part_span
+from fastload.pack._parts import part_span
 from fastload.cli import main
 
-from conftest import make_image_folder, png_bytes
+from conftest import make_image_folder
 
-
-def photo_folder(root: Path) -> Path:
-    """JPEGs, PNGs (re-encoded by the packer) and one broken file (skipped with skip_bad)."""
-    make_image_folder(root, classes=3, per_class=9)
-    for k in range(4):
-        (root / "class_1" / f"png_{k}.png").write_bytes(png_bytes(30 + k, 40, seed=k))
-    (root / "class_2" / "broken.jpg").write_bytes(b"\xff\xd8 not a jpeg")
-    return root
-
-
-def identical(a: Path, b: Path) -> bool:
-    names = sorted(os.listdir(a))
-    return names == sorted(os.listdir(b)) and all(filecmp.cmp(a / n, b / n, shallow=False) for n in names)
-
-
-KW = dict(shard_size="12KB", block=5, skip_bad=True, workers=1)
+from .conftest import KW, identical, photo_folder
 
 
 def test_part_spans_cover_the_source_in_whole_blocks():
@@ -141,37 +124,6 @@ def test_cli_part_merge_verify(tmp_path):
     assert res.exit_code == 2 and "I/N" in res.output
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray = pytest.importorskip("ray")
-    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(600)
-def test_ray_packs_parts_and_merges_byte_for_byte(tmp_path, ray_cluster):
-    src = photo_folder(tmp_path / "photos")
-    fastload.pack(src, tmp_path / "single", **KW)
-    summary = fastload.pack(src, tmp_path / "ray", engine="ray", parts=3, **KW)
-    assert identical(tmp_path / "single", tmp_path / "ray")
-    assert summary.samples == fastload.open(tmp_path / "single").manifest.num_samples
-    res = CliRunner().invoke(main, ["verify", str(tmp_path / "ray")])
-    assert res.exit_code == 0 and "OK" in res.output, res.output
-    # --overwrite replaces the dataset's own files only (it used to shutil.rmtree the whole destination)
-    (tmp_path / "ray" / "notes.txt").write_text("mine")
-    with pytest.raises(FastloadError, match="notes.txt"):
-        fastload.pack(src, tmp_path / "ray", engine="ray", parts=3, overwrite=True, **KW)
-    assert (tmp_path / "ray" / "notes.txt").read_text() == "mine"
-    # the command line, on the running cluster, with the cluster's CPU count as the number of parts
-    res = CliRunner().invoke(main, ["pack", str(src), str(tmp_path / "cli"), "--ray", "--shard-size", "12KB",
-                                    "--block", "5", "--skip-bad", "-q"])
-    assert res.exit_code == 0, res.output
-    assert identical(tmp_path / "single", tmp_path / "cli")
-
-
 def test_merge_never_replaces_another_dataset(tmp_path):
     src = photo_folder(tmp_path / "photos")
     other = make_image_folder(tmp_path / "other", classes=2, per_class=3, seed=5)
@@ -188,3 +140,29 @@ def test_merge_never_replaces_another_dataset(tmp_path):
     with unchanged(tmp_path / "m"):
         with pytest.raises(FastloadError, match="holds an unfinished pack"):
             fastload.merge(tmp_path / "m")
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda doc: doc["shards"][0].update(num_samples=doc["shards"][0]["num_samples"] + 1),
+     r"part '.*parts/1': shards hold \d+ samples, num_samples says"),
+    (lambda doc: doc.update(layout="lmdb"), r"parts/0: layout 'lmdb' is not one packed in parts"),
+])
+def test_merge_checks_the_parts_manifests_as_their_format_does(tmp_path, edit, message):
+    """A part's manifest gets its format's own checks (the shards' sample count), and parts of a layout that
+    is not packed in parts are refused; nothing is moved."""
+    import json
+
+    src = photo_folder(tmp_path / "photos")
+    for i in range(2):
+        fastload.pack(src, tmp_path / "m", part=(i, 2), **KW)
+    victim = tmp_path / "m" / "parts" / ("1" if "shards hold" in message else "0") / "manifest.json"
+    for part in ("0", "1"):
+        if (tmp_path / "m" / "parts" / part / "manifest.json") == victim or "layout" in message:
+            path = tmp_path / "m" / "parts" / part / "manifest.json"
+            doc = json.loads(path.read_text())
+            edit(doc)
+            path.write_text(json.dumps(doc))
+    before = sorted(p.relative_to(tmp_path / "m") for p in (tmp_path / "m").rglob("*"))
+    with pytest.raises(FastloadError, match=message):
+        fastload.merge(tmp_path / "m")
+    assert sorted(p.relative_to(tmp_path / "m") for p in (tmp_path / "m").rglob("*")) == before

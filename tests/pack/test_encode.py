@@ -1,4 +1,4 @@
-"""fastload/_encode.py: source values into stored form. Image modes (passthrough, jpeg, raw, auto) and the JPEG
+"""fastload/pack/_encode.py: source values into stored form. Image modes (passthrough, jpeg, raw, auto) and the JPEG
 check through fastload.pack; each field kind's conversions and refusals, and the image inputs, directly."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import torch
 
 import fastload
 from fastload import Field, Schema, SchemaError, SourceError
-from fastload._encode import ImageOptions, encode_image, encode_sample, encode_value
+from fastload.pack._encode import ImageOptions, encode_image, encode_sample, encode_value
 from fastload.formats._layout import IMAGE_JPEG, IMAGE_RAW
 
 from conftest import jpeg_bytes, pil_rgb, png_bytes

@@ -1,9 +1,9 @@
-"""Packing on many machines: a pack split into parts, the merge, and the parts as Ray tasks.
+"""Packing on many machines: a pack split into parts and the merge (the parts as Ray tasks: ``_ray.py``).
 
 ``pack(..., part=(i, n))`` packs a deterministic slice of the source into ``DST/parts/i``: whole
 *blocks* of ``block`` source samples (for fixed-size numpy sources, whole shards of rows). The packer
 never lets a shard straddle a block, and numbers the shards of block b from ``b * block`` (see
-``_pack.DEFAULT_BLOCK``), so every shard a part writes is the very file, name and bytes, that a pack on
+``_local.DEFAULT_BLOCK``), so every shard a part writes is the very file, name and bytes, that a pack on
 one machine with the same settings writes. ``merge(DST)`` then only moves the shard files up (a rename,
 no bytes copied) and writes one manifest listing the parts' shards in source order: the result is the
 single-machine dataset byte for byte.
@@ -12,13 +12,14 @@ single-machine dataset byte for byte.
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 from typing import Any
 
-from ._errors import FastloadError
-from .formats._manifest import MANIFEST_NAME, Manifest, fsync_dir, write_manifest
-from .formats.sinks import STATE_NAME, clear_pack, remove_pack
+from .._errors import FastloadError
+from ..formats._manifest import MANIFEST_NAME, STATE_NAME, Manifest, fsync_dir, write_manifest
+from ..formats.registry import FORMATS
+from ..formats.remote import is_url, url_to_fs
+from ._sinks import remove_pack
 
 PARTS_DIR = "parts"
 
@@ -79,19 +80,25 @@ def _joined(dest: Any, parts: list[tuple[str, Manifest]]) -> Manifest:
         raise FastloadError(f"{dest}/{PARTS_DIR}: the pack was split into {n} parts; found {have}"
                             + (f", missing {missing}" if missing else "") + ": pack the missing parts first")
     first = parts[0][1]
+    fmt = FORMATS.get(first.layout)
+    if fmt is None or not fmt.parts:
+        raise FastloadError(f"{parts[0][0]}: layout {first.layout!r} is not one packed in parts")
+    for path, m in parts:
+        fmt.check(m, f"part '{path}'")
 
     def rest(m: Manifest) -> dict:
         return {k: v for k, v in m.metadata.items() if k != "part"}
 
     for path, m in parts:
-        if m.schema != first.schema or m.image_mode != first.image_mode or rest(m) != rest(first):
+        if m.layout != first.layout or m.schema != first.schema or m.image_mode != first.image_mode or \
+                rest(m) != rest(first):
             raise FastloadError(f"part {path} comes from a different source or settings than part 0")
     spans = [p["samples"] for p in infos]
     if any(a[1] != b[0] for a, b in zip(spans, spans[1:])) or spans[0][0] != 0:
         raise FastloadError(f"{dest}/{PARTS_DIR}: the parts' sample ranges {spans} do not follow one another")
     shards = [e for _, m in parts for e in m.shards]
     skipped = [s for _, m in parts for s in m.skipped]
-    return Manifest("shards", first.schema, sum(e.num_samples for e in shards), shards, first.image_mode,
+    return Manifest(first.layout, first.schema, sum(e.num_samples for e in shards), shards, first.image_mode,
                     skipped, rest(first), created_by=first.created_by)
 
 
@@ -103,8 +110,6 @@ def merge(dest: str | os.PathLike, *, storage_options: dict | None = None, progr
     an interruption finishes the job. ``dest`` may be a URL (``storage_options`` for its backend).
     ``progress`` shows a bar of the shards moved (server-side copies in object storage take a while).
     """
-    from .formats.remote import is_url
-
     if is_url(str(dest)):
         return _merge_url(str(dest).rstrip("/"), storage_options, progress)
     dest = Path(dest)
@@ -173,8 +178,6 @@ def _shards_told(parts: list[tuple[str, Manifest]], merged: Manifest, dest: Any,
 
 
 def _merge_url(url: str, storage_options: dict | None, progress: bool = False) -> Manifest:
-    from .formats.remote import url_to_fs
-
     fs, root = url_to_fs(url, storage_options)
     proot = f"{root}/{PARTS_DIR}"
     try:
@@ -211,75 +214,3 @@ def _merge_url(url: str, storage_options: dict | None, progress: bool = False) -
     for name in folder.values():  # the parts' manifests (their shards moved); other objects there stay
         fs.rm_file(f"{proot}/{name}/{MANIFEST_NAME}")
     return merged
-
-
-# -- Ray ------------------------------------------------------------------------------------------
-
-def _ray():
-    try:
-        import ray
-    except ImportError:
-        raise ImportError("engine='ray' (fastload pack --ray) needs Ray: pip install 'fastload[ray]'") from None
-    return ray
-
-
-def _pack_part(source: Any, dest: str, i: int, n: int, kwargs: dict) -> dict:
-    from ._pack import pack
-
-    s = pack(source, dest, part=(i, n), **kwargs)
-    return {"part": i, "samples": s.samples, "seconds": s.seconds, "skipped": len(s.skipped), "bytes": s.bytes}
-
-
-def pack_on_ray(source: Any, dest: str | os.PathLike, *, parts: int | None, address: str | None, progress: bool,
-                **kwargs: Any):
-    """Pack ``source`` as ``parts`` Ray tasks (one CPU each; ``workers`` processes inside each, default 1),
-    then merge. ``source`` and ``dest`` must be paths every Ray node sees (a shared filesystem)."""
-    from ._pack import PackSummary
-
-    from .formats.remote import is_url
-
-    ray = _ray()
-    remote = is_url(str(dest))
-    dest = str(dest).rstrip("/") if remote else Path(dest).absolute()
-    if isinstance(source, (str, os.PathLike)):
-        source = str(Path(source).absolute())
-    started_here = False
-    if not ray.is_initialized():
-        ray.init(address=address, log_to_driver=False, include_dashboard=False)
-        started_here = True
-    t0 = time.perf_counter()
-    try:
-        if parts is None:
-            parts = max(1, int(ray.cluster_resources().get("CPU", 1)))
-        if parts < 1:
-            raise ValueError(f"parts={parts} should be >= 1")
-        kwargs = dict(kwargs)
-        if kwargs.get("workers") is None:
-            kwargs["workers"] = 1  # a task per CPU already
-        if not remote and kwargs.get("overwrite") and dest.exists():
-            clear_pack(dest, keep=PARTS_DIR)  # a pack's own files only; each part clears its own folder
-        task = ray.remote(num_cpus=1)(_pack_part)
-        pending = [task.remote(source, str(dest), i, parts, kwargs) for i in range(parts)]
-        bar = None
-        if progress:
-            from tqdm import tqdm
-
-            bar = tqdm(total=parts, unit="part", desc=f"pack {dest} on ray")
-        results = []
-        try:
-            while pending:
-                done, pending = ray.wait(pending, num_returns=1)
-                results.extend(ray.get(done))
-                if bar is not None:
-                    r = results[-1]
-                    bar.set_postfix_str(f"part {r['part']}: {r['samples']} samples in {r['seconds']:.1f} s")
-                    bar.update(1)
-        finally:
-            if bar is not None:
-                bar.close()
-    finally:
-        if started_here:
-            ray.shutdown()
-    m = merge(dest, storage_options=kwargs.get("storage_options"))
-    return PackSummary(str(dest), "shards", m.num_samples, m.skipped, sum(e.bytes for e in m.shards), len(m.shards),
-                       time.perf_counter() - t0, 0)

@@ -1,4 +1,4 @@
-"""Encoding source samples for the packer, in order, on threads or worker processes (``_pack.py``).
+"""Encoding source samples for the packer, in order, on threads or worker processes (``_local.py``).
 
 A worker process that dies (killed from outside, the OOM killer, a crash in user code) makes the pack
 raise instead of hang; Ctrl-C is the main process's to handle.
@@ -13,8 +13,8 @@ from collections import deque
 from typing import Any, Iterator
 
 from ._encode import ImageOptions, encode_sample
-from ._errors import FastloadError
-from .sources import Source
+from .._errors import FastloadError
+from ..sources import Source
 
 _WORKER: dict[str, Any] = {}
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")

@@ -17,16 +17,16 @@ Images are RGB, like torchvision's default loader: grayscale and palette inputs 
 from __future__ import annotations
 
 import io
-import os
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
 
-from ._errors import SchemaError
-from ._native import is_jpeg, native
-from ._schema import Field, Schema, _as_array, _is_pil_image
-from .formats._layout import IMAGE_JPEG, IMAGE_RAW
+from .._errors import SchemaError
+from .._native import is_jpeg, native
+from .._schema import Field, Schema, _as_array, _is_pil_image
+from ..formats._layout import IMAGE_JPEG, IMAGE_RAW
+from ..sources._base import FileImage
 
 IMAGE_MODES = ("auto", "passthrough", "jpeg", "raw")
 SMALL_IMAGE_PIXELS = 1 << 16
@@ -54,18 +54,6 @@ class ImageOptions:
         if self.mode == "passthrough" and self.max_side is not None:
             raise ValueError("max_side cannot be used with image_mode='passthrough' (bytes are stored "
                              "untouched); use image_mode='auto' or 'jpeg' to shrink large images")
-
-
-class FileImage:
-    """An image file on disk, read by the worker that encodes it."""
-
-    __slots__ = ("path",)
-
-    def __init__(self, path: str | os.PathLike):
-        self.path = os.fspath(path)
-
-    def __repr__(self) -> str:
-        return f"FileImage({self.path!r})"
 
 
 def _check_jpeg(data: bytes, check: str = "decode") -> tuple[int, int]:

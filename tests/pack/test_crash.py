@@ -1,5 +1,5 @@
-"""Crash safety of the pack writers: packs killed at chosen and at random moments, a full disk, a killed
-pack worker (shutdown of loaders and leaks: test_shutdown.py).
+"""Crash safety of the pack writers: packs killed at chosen and at random moments, a full disk (a killed
+pack worker: test_encode_pool.py; shutdown of loaders and leaks: test_shutdown.py).
 
 Kills run the pack in a forked child that SIGKILLs itself at a named point (hooks on os.replace, the shard
 writer's file writes, the removal of the resume state and LMDB's transactions: 26 points in all) or is
@@ -12,13 +12,11 @@ an uninterrupted pack; running the pack again resumes, and the result is byte-fo
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import random
 import resource
 import shutil
 import signal
-import threading
 import time
 from pathlib import Path
 
@@ -459,43 +457,3 @@ def test_disk_full_midway(references, tmp_path, monkeypatch, where):
     summary = fastload.pack(_source("samples"), dest, **_pack_kwargs("samples", "shards"))
     assert summary.resumed_from > 0
     assert content(dest, "shards") == content(reference, "shards")
-
-
-# -- a pack's worker process killed from outside --------------------------------------------------------
-
-class SlowSamples(torch.utils.data.Dataset):
-    def __len__(self):
-        return 300
-
-    def __getitem__(self, i):
-        time.sleep(0.002)
-        return {"x": np.full(16, i, np.float32), "name": f"s{i}"}
-
-
-def test_pack_worker_killed_is_an_error_not_a_hang(tmp_path):
-    dest = tmp_path / "out"
-    threads = threading.active_count()
-    killed = []
-
-    def killer():
-        deadline = time.time() + 20
-        while time.time() < deadline and not killed:
-            kids = multiprocessing.active_children()
-            if kids and dest.exists() and len(list(dest.glob("shard-*.fls"))) >= 1:
-                os.kill(kids[0].pid, signal.SIGKILL)
-                killed.append(kids[0].pid)
-            time.sleep(0.01)
-
-    t = threading.Thread(target=killer)
-    t.start()
-    try:
-        with pytest.raises(FastloadError, match=r"pack worker process died unexpectedly .*SIGKILL.*resume"):
-            fastload.pack(SlowSamples(), dest, workers=2, shard_size="4K")
-    finally:
-        t.join()
-    assert killed
-    assert multiprocessing.active_children() == []
-    assert threading.active_count() == threads
-    fastload.pack(SlowSamples(), dest, workers=2, shard_size="4K")
-    fastload.pack(SlowSamples(), tmp_path / "ref", workers=2, shard_size="4K")
-    assert dir_bytes(dest) == dir_bytes(tmp_path / "ref")
