@@ -120,18 +120,22 @@ def run(tmp_path: Path, packed: Path, strategy: str, name: str, resume: str = "-
     script.write_text(textwrap.dedent(RUN.format(data=str(packed), epochs=EPOCHS, batch=BATCH, step=CKPT_STEP, n=N)))
     out = tmp_path / name
     out.mkdir()
+    # PYTHONFAULTHANDLER: a rank that dies of a signal prints which thread died, every Python thread's stack and
+    # whether the interpreter was finalizing -- what the abort below still lacks to be explained
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "examples")]), MASTER_ADDR="127.0.0.1",
-               OMP_NUM_THREADS="1")
+               OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1")
     env.pop("LOCAL_RANK", None)
     proc = subprocess.run([sys.executable, str(script), strategy, str(out), resume, mode],
                           capture_output=True, text=True, timeout=280, env=env, cwd=tmp_path)
     if proc.returncode != 0 and _aborted_after_training(proc, out):
         # A known, not yet explained abort of one spawned rank as it exits, after training and after its results
         # were written ("terminate called without an active exception"; seen in 2 of 4 fresh-clone `make test`
-        # runs of this session, never when the test runs alone or in this file's run, ~40 tries). It is reported
-        # as a warning and the run is repeated once; a second abort, or any other failure, fails the test.
+        # runs of this session, never when the test runs alone or in this file's run, ~40 tries; nor in ~140 runs of
+        # this script, first and resumed, under load and with the ranks' exit timing perturbed, the next session).
+        # It is reported as a warning and the run is repeated once; a second abort, or any other failure, fails.
+        said = proc.stderr[max(0, proc.stderr.find("terminate called without an active exception")):]
         warnings.warn("a spawned rank aborted at exit after training (terminate called without an active "
-                      "exception); repeating the run once: " + proc.stderr[-800:], RuntimeWarning)
+                      "exception); repeating the run once. Its fault handler's report: " + said[:4000], RuntimeWarning)
         shutil.rmtree(out)
         out.mkdir()
         proc = subprocess.run([sys.executable, str(script), strategy, str(out), resume, mode],
