@@ -17,7 +17,7 @@ import torch
 from ._errors import DecodeError, where
 from ._images import ImageDecoding
 from ._native import native
-from ._order import PackJob, cu_seqlens
+from .fast.packing import PackJob, cu_seqlens
 from ._ring import Slot, SlotRing, host_empty, pinned_memory_usable
 from ._schema import Field
 from ._sequences import PackSequences

@@ -28,7 +28,9 @@ from ._dropin import (check_batch_sampler, check_collate, check_memory_format, c
 from ._prefetch import DevicePrefetcher, DeviceRing, check_device
 from ._ring import Slot, SlotRing
 from ._stats import LoaderStats
-from ._order import Order, Progress, _as_int, default_seed, dist_info, order_for
+from .fast.chain import order_for
+from .fast.order import Order, as_int, default_seed, dist_info
+from .fast.position import Progress
 from ._sampling import (Counted, EpochInput, EpochRandomSampler, EpochSequentialSampler, GenericPlan, IndexReplay,
                         OrderIndices, SamplerOrder, _root, agreed_seed, check_order_args, generic_state,
                         load_generic_state, slot_batch_size)
@@ -54,7 +56,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     (image batches: ``torch.channels_last``, the default, is the decoder's layout at no cost;
     ``torch.contiguous_format`` copies each batch to torch's default layout, where ``.view(B, -1)`` works),
     ``split`` ('samples': ranks take strided samples like DistributedSampler; 'shards': each rank reads
-    only its own shards; default 'shards' for a remote dataset with world_size > 1, see ``_order.py``).
+    only its own shards; default 'shards' for a remote dataset with world_size > 1, see ``fast/order.py``).
 
     A ``sampler`` (``DistributedSampler``, ``RandomSampler``, ...) or a torch ``BatchSampler`` keeps the fast
     path: the sampler owns the order (``_sampling.py`` says what that means for determinism and resume).
@@ -138,7 +140,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             raise ValueError(f"on_error={on_error!r} should be 'raise' or 'skip'")
         # drawn only where fastload's order or augmentation uses it: otherwise the generic path leaves torch's
         # generators exactly as torch would
-        self.seed = _as_int("seed", seed, 0) if seed is not None else None
+        self.seed = as_int("seed", seed, 0) if seed is not None else None
         self.on_error = on_error
         self.memory_format = check_memory_format(memory_format)
         self.fast_path_reason: str | None = None
@@ -207,7 +209,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
                        generator) -> Order | None:
         """fastload's Order for the generic path, or None where torch's samplers pick the indices, as in torch.
 
-        The semantics are the fast path's (``_order.py``): each rank a disjoint, equal-length share, the same
+        The semantics are the fast path's (``fast/order.py``): each rank a disjoint, equal-length share, the same
         permutation for the same seed, resumable. A fastload.Dataset keeps the order its fast path would have
         had; any other map-style Dataset takes it when asked for (``seed``, ``order``, ``rank``,
         ``world_size``, ``split``: fastload's own arguments, with rank and world size then defaulting to
@@ -286,7 +288,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     def set_epoch(self, epoch: int) -> None:
         """Like ``DistributedSampler.set_epoch``: the next iteration runs this epoch's order (from the position a
         loaded state holds, when it is that state's epoch)."""
-        self._adopt_epoch(_as_int("epoch", epoch, 0))
+        self._adopt_epoch(as_int("epoch", epoch, 0))
         driver = self._driver()
         if self._user_sampler and hasattr(driver, "set_epoch"):
             driver.set_epoch(epoch)

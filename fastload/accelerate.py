@@ -32,7 +32,8 @@ from typing import Any
 
 from ._errors import FastPathWarning
 from ._loader import DataLoader
-from ._order import BucketOrder, Order, PackedOrder
+from .fast.order import Order
+from .fast.packing import BucketOrder, PackedOrder
 
 __all__ = ["prepare"]
 

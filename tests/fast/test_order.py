@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.utils.data import BatchSampler, DistributedSampler
 
-from fastload._order import DEFAULT_BLOCK, KINDS, Order, default_seed, dist_info
+from fastload.fast.order import DEFAULT_BLOCK, KINDS, Order, default_seed, dist_info
 
 
 def all_batches(order: Order, epoch: int) -> list[np.ndarray]:
