@@ -111,9 +111,3 @@ def check_memory_format(memory_format: Any) -> torch.memory_format:
                          f"default_collate gives; .view(B, -1) works on it)")
     return memory_format
 
-
-def contiguous_images(batch: Any, keys: list) -> Any:
-    """``batch`` with its image tensors (at ``keys``) in torch's default contiguous layout."""
-    for k in keys:
-        batch[k] = batch[k].contiguous()
-    return batch

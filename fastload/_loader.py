@@ -21,14 +21,14 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter, _DatasetKind
 
 from ._batcher import Batcher, NotFastPath
 from ._dataset import Dataset as PackedDataset
-from ._fastiter import FastIterator, FillPolicy
 from ._getitems import batch_decodable
 from ._dropin import (check_batch_sampler, check_collate, check_memory_format, check_worker_init_fn,
                       warn_accelerate_rebuild, warn_pin_memory, warn_refused)
 from ._prefetch import DevicePrefetcher, DeviceRing, check_device
-from ._ring import Slot, SlotRing
+from ._ring import SlotRing
 from ._stats import LoaderStats
-from .fast.chain import order_for
+from .fast.chain import fast_iterator, order_for
+from .fast.producer import FillPolicy
 from .fast.order import Order, as_int, default_seed, dist_info
 from .fast.position import Progress
 from ._sampling import (Counted, EpochInput, EpochRandomSampler, EpochSequentialSampler, GenericPlan, IndexReplay,
@@ -303,7 +303,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             self._next_epoch, self._resume_at = epoch, 0
             self._plan.pending = None
             if self._sampled is not None:
-                self._sampled._replay = None
+                self._sampled.drop_resume()
 
     def _begin_epoch(self) -> tuple[int, int]:
         """(epoch, first batch) of the iteration starting now; the next one defaults to the epoch after.
@@ -445,28 +445,29 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         return LazyStart(self)
 
     def _start(self):
-        """The fast path's iterator, made at the iteration's first ``next()`` (``LazyStart``)."""
+        """The fast path's iterator, made at the iteration's first ``next()`` (``LazyStart``): the chain of
+        stages (``fast/chain.py``), each given what it uses."""
         epoch, start = self._begin_epoch()
         if self._order is not None:
             self._order.set_epoch(epoch)
-            batches = self._order.batches(epoch, start)
-            rng_for = lambda b: self._order.batch_rng(epoch, b)  # noqa: E731
-        else:
-            batches = iter(self._sampled.epoch_batches()[start:])  # drawn here, in the caller's thread
-            rng_for = lambda b: self._sampled.batch_rng(epoch, b)  # noqa: E731
-        if not self._batcher.needs_rng:
-            rng_for = lambda b: None  # noqa: E731  (a Generator per batch costs more than a tiny batch)
-        batches = self.dataset._reading(batches)  # a remote dataset downloads the coming batches' shards ahead
         self._progress = progress = Progress(epoch, start)
-        if not self._on_device():
-            return FastIterator(self, epoch, start, batches, rng_for, progress)
-        # on the device the host iterator runs ahead: progress counts the batches the prefetcher hands over,
-        # and ToDtype/Normalize run there, on the device
-        it = FastIterator(self, epoch, start, batches, rng_for, tensor_transforms=False)
-        keys = {(f.name if self.dataset.as_dict else i): self.dataset.pipelines[f.name].tensor
-                for i, f in enumerate(self.dataset.schema) if f.name in self.dataset.pipelines}
-        return DevicePrefetcher(it, depth=self.prefetch_factor or 2, transforms=keys, on_yield=progress.advance,
-                                ring=self._device_slots())
+        if self._ring is None:
+            self._ring = SlotRing(self._batcher.new_slot)
+        ds = self.dataset
+        image_keys = [] if self.memory_format == torch.channels_last else \
+            [(f.name if ds.as_dict else i) for i, f in enumerate(ds.schema) if f.kind == "image"]
+        device = None
+        if self._on_device():  # the host chain runs ahead; ToDtype/Normalize run on the device
+            keys = {(f.name if ds.as_dict else i): ds.pipelines[f.name].tensor
+                    for i, f in enumerate(ds.schema) if f.name in ds.pipelines}
+            device = (self._device_slots(), keys)
+        return fast_iterator(plan=self._order if self._order is not None else self._sampled, epoch=epoch,
+                             start=start, batcher=self._batcher, slots=self._ring, progress=progress,
+                             policy=self._fill_policy, stats=self._stats, length=len(self),
+                             num_workers=self.num_workers, depth=self.prefetch_factor or 2, timeout=self.timeout,
+                             persistent=self.persistent_workers,
+                             reading=ds._reading if getattr(ds, "remote", False) else None,  # its read plan
+                             image_keys=image_keys, device=device)
 
     def _generic_iter(self):
         """torch's ``__iter__`` (persistent iterators kept in ``_iterator`` and reset each epoch), making each
@@ -491,12 +492,6 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         if self._device_ring is None:
             self._device_ring = DeviceRing(self.device)
         return self._device_ring
-
-    def _free_slot(self, reserved: set) -> Slot:
-        """A slot no caller holds and no pending batch uses; the ring grows when there is none."""
-        if self._ring is None:
-            self._ring = SlotRing(self._batcher.new_slot)
-        return self._ring.acquire(reserved)
 
     def stats(self) -> dict:
         """Counters since the loader was made: batches, time the loop waited for data, time filling

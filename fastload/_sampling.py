@@ -220,6 +220,15 @@ class SamplerOrder:
             self._rng_state = _rng_state(s)
         return self._draw()
 
+    def batches(self, epoch: int, start: int):
+        """Batches ``start ..`` of this epoch (``Order``'s interface, for the chain's ``Jobs``): the epoch is
+        drawn now, in the calling thread, like torch's iterator; ``epoch`` keys only the generators."""
+        return iter(self.epoch_batches()[start:])
+
+    def drop_resume(self) -> None:
+        """Another epoch was set: a loaded mid-epoch position (its generator state to replay) no longer applies."""
+        self._replay = None
+
     def _draw(self) -> list[np.ndarray]:
         bs = self.batch_sampler
         if type(bs) is BatchSampler:

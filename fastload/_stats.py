@@ -39,14 +39,11 @@ class LoaderStats:
         self._last = None
 
     # consumer side
-    def begin_next(self) -> float:
+    def took(self, started: float, samples: int, ready: int = 0) -> None:
+        """A batch handed to the caller: ``started`` when it asked (the step before it: since the last one)."""
         now = time.perf_counter()
         if self._last is not None:
-            self.step_s += now - self._last
-        return now
-
-    def end_next(self, started: float, samples: int, ready: int = 0) -> None:
-        now = time.perf_counter()
+            self.step_s += started - self._last
         self.wait_s += now - started
         self.batches += 1
         self.samples += samples

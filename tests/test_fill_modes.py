@@ -1,4 +1,4 @@
-"""Inline vs producer-thread filling on the fast path (fastload/_fastiter.py): cheap batches that the caller
+"""Inline vs producer-thread filling on the fast path (fastload/fast/producer.py): cheap batches that the caller
 waits on are filled by the calling thread whatever num_workers says, expensive ones (or ones the caller's
 own work can hide) by a producer thread, and the switch (also mid-epoch) changes neither the batches nor
 resume."""
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import fastload
-from fastload import _fastiter
+from fastload.fast import producer as _fastiter
 from fastload import transforms as T
 from conftest import jpeg_bytes
 
@@ -35,7 +35,7 @@ def producers() -> int:
 def switches(monkeypatch):
     """(event, batch index) for every producer start and every hand-back to the calling thread."""
     seen = []
-    start, back = _fastiter.FastIterator._start_producer, _fastiter.FastIterator._take_back
+    start, back = _fastiter.Produce._start_producer, _fastiter.Produce._take_back
 
     def spy_start(self):
         seen.append(("start", self.done))
@@ -45,8 +45,8 @@ def switches(monkeypatch):
         seen.append(("back", self.done))
         return back(self)
 
-    monkeypatch.setattr(_fastiter.FastIterator, "_start_producer", spy_start)
-    monkeypatch.setattr(_fastiter.FastIterator, "_take_back", spy_back)
+    monkeypatch.setattr(_fastiter.Produce, "_start_producer", spy_start)
+    monkeypatch.setattr(_fastiter.Produce, "_take_back", spy_back)
     return seen
 
 

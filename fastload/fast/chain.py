@@ -11,10 +11,19 @@ its slot ring, the fill policy, the stats, the position), never the loader; ``Da
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
+from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+from .._prefetch import DevicePrefetcher
 from .._sequences import Bucket, PackSequences
-from .order import Order
+from .collate import Collate
+from .fill import Fill, Reservations
+from .order import Jobs, Order
 from .packing import BucketOrder, PackedOrder
+from .position import Count, Progress
+from .producer import FillPolicy, Produce
+from .readahead import ReadAhead
 
 
 def order_for(dataset, batch_size: int, kind: str, seed: int, r: int, w: int, *, drop_last: bool, window: int,
@@ -53,3 +62,55 @@ def _strided(why: str) -> str:
                   f"(split='shards'), which cannot apply here ({why}): every rank reads every shard it needs "
                   f"(split='samples')", RuntimeWarning, stacklevel=5)  # the line that made the loader
     return "samples"
+
+
+class FastIterator(Count, _BaseDataLoaderIter):  # a torch DataLoader iterator by type (Lightning checks); no base __init__
+    """One iteration of the fast path: the chain's last stage (``Count``), plus what an iterator the loop
+    holds must do: its length, and stopping the producer thread when the epoch ends or it is dropped."""
+
+    def __init__(self, source: Any, progress: Progress, producer: Produce, length: int):
+        Count.__init__(self, source, progress)
+        self.producer, self.length = producer, length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def close(self) -> None:
+        self.producer.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def fast_iterator(*, plan: Any, epoch: int, start: int, batcher: Any, slots: Any, progress: Progress,
+                  policy: FillPolicy, stats: Any, length: int, num_workers: int, depth: int, timeout: float,
+                  persistent: bool, reading: Any = None, image_keys: list | None = None,
+                  device: Any = None) -> FastIterator:
+    """The iteration over epoch ``epoch`` from batch ``start``, every stage given what it uses.
+
+    ``plan``: the ``Order`` (or ``_sampling.SamplerOrder``); ``slots``: the host ``SlotRing``; ``reading``:
+    a remote dataset's read plan (None: local); ``image_keys``: image entries to hand out in torch's
+    contiguous layout (``memory_format``); ``device``: ``(ring, transforms)`` of the device prefetcher for
+    ``device='cuda'`` (there ToDtype/Normalize and the contiguous copy run on the device)."""
+    source: Any = Jobs(plan, epoch, start, batcher.needs_rng)
+    if reading is not None:
+        source = ReadAhead(source, reading)
+    reserved = Reservations()
+    batcher.images.bind_device()
+    source = Fill(source, batcher, batcher.pool, slots, reserved, stats, policy.fills)
+    # GPU decoders synchronise their stream per batch: always in a producer thread, even at num_workers=0,
+    # so that the training thread never waits for the GPU
+    gpu_rows = batcher.images.device is not None
+    producer = source = Produce(source, policy, stats, threads=num_workers > 0 or gpu_rows, always=gpu_rows,
+                                depth=depth, timeout=timeout, on_close=None if persistent else batcher.end_epoch)
+    on_device = device is not None
+    source = Collate(source, batcher.collator, reserved, stats, policy.steps, tensor_transforms=not on_device,
+                     contiguous=None if on_device else image_keys)
+    if on_device:
+        ring, transforms = device
+        source = DevicePrefetcher(source, depth=depth, transforms=transforms, ring=ring,
+                                  contiguous=image_keys if batcher.packed is None else ())
+    return FastIterator(source, progress, producer, length)

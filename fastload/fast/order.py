@@ -62,6 +62,8 @@ from typing import Any
 
 import numpy as np
 
+from .stage import Stage
+
 
 KINDS = ("sequential", "random", "quasi")
 DEFAULT_BLOCK = 4096  # samples per pseudo-shard for ``quasi`` without ``shard_sizes``
@@ -353,3 +355,28 @@ def _assign_shards(sizes: np.ndarray, world: int) -> list[np.ndarray]:
 
 
 
+
+
+class Jobs(Stage):
+    """The chain's first stage: ``(indices, generator)`` per batch of one epoch, from batch ``start`` on.
+
+    ``plan`` is an ``Order`` or a ``_sampling.SamplerOrder`` (both have ``batches(epoch, start)`` and
+    ``batch_rng(epoch, b)``); the generator keys the batch's augmentation by (seed, epoch, rank, batch) and
+    is None when the dataset has no random transform (a Generator per batch costs more than a tiny batch)."""
+
+    def __init__(self, plan: Any, epoch: int, start: int, needs_rng: bool):
+        self.plan, self.epoch, self.needs_rng = plan, epoch, needs_rng
+        self.reset({"batch": start})
+
+    def __next__(self) -> tuple[Any, np.random.Generator | None]:
+        indices = next(self._batches)
+        b = self.batch
+        self.batch = b + 1
+        return indices, (self.plan.batch_rng(self.epoch, b) if self.needs_rng else None)
+
+    def state(self) -> dict:
+        return {"epoch": self.epoch, "batch": self.batch}
+
+    def reset(self, state: dict | None = None) -> None:
+        self.batch = 0 if state is None else state["batch"]
+        self._batches = iter(self.plan.batches(self.epoch, self.batch))

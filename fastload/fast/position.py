@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .stage import Stage
+
 
 class Progress:
     """An iteration's epoch and how many of its batches the loop has received."""
@@ -24,3 +26,19 @@ class Progress:
     def end_epoch(self) -> None:
         """The epoch ran out: the next one starts afresh."""
         self.epoch, self.done = self.epoch + 1, 0
+
+
+class Count(Stage):
+    """The chain's last stage: hands each batch on and advances the iteration's ``Progress`` (the only
+    writer of the position)."""
+
+    def __init__(self, source: Any, progress: Progress):
+        self.source, self.progress = source, progress
+
+    def __next__(self) -> Any:
+        out = next(self.source)
+        self.progress.done += 1
+        return out
+
+    def state(self) -> dict:
+        return {"epoch": self.progress.epoch, "done": self.progress.done, "source": super().state().get("source")}
