@@ -100,7 +100,7 @@ def fast_iterator(*, plan: Any, epoch: int, start: int, batcher: Any, slots: Any
         source = ReadAhead(source, reading)
     reserved = Reservations()
     batcher.images.bind_device()
-    source = Fill(source, batcher, batcher.pool, slots, reserved, stats, policy.fills)
+    source = Fill(source, batcher, batcher.pool, slots, reserved, policy.fills)
     # GPU decoders synchronise their stream per batch: always in a producer thread, even at num_workers=0,
     # so that the training thread never waits for the GPU
     gpu_rows = batcher.images.device is not None

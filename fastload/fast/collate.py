@@ -92,12 +92,13 @@ class Collator:
 
 
 class Collate(Stage):
-    """``(slot, n, objects)`` from the producer stage -> the batch; the slot's reservation
+    """``(slot, n, objects, fill seconds)`` from the producer stage -> the batch; the slot's reservation
     (``fill.Reservations``) ends once its views exist (they hold it from then on).
 
     The last stage in the caller's thread before the device copy, so it measures what the caller sees:
-    its wait for the batch (``stats.took``) and its own time between batches (``steps``: the fill
-    policy's window, which decides between the calling thread and a producer thread)."""
+    its wait for the batch and its own time between batches (``stats.took``, with the batch's fill time; the
+    step also goes to ``steps``, the fill policy's window, which decides between the calling thread and a
+    producer thread)."""
 
     def __init__(self, source: Any, collator: Collator, reserved: Any, stats: Any, steps: Any,
                  tensor_transforms: bool = True, contiguous: list | None = None):
@@ -110,12 +111,12 @@ class Collate(Stage):
         started = time.perf_counter()
         if self._returned_at is not None:
             self.steps.append(started - self._returned_at)  # the caller's own time for one batch
-        slot, n, objects = next(self.source)
+        slot, n, objects, fill = next(self.source)
         out = self.collator.collate(slot, n, objects, self.tensor_transforms)
         r = self.reserved
         with r.lock:
             r.ids.discard(id(slot))
-        self.stats.took(started, n, self.source.ready)
+        self.stats.took(started, n, self.source.ready, fill)
         if self.contiguous is not None:
             out = contiguous_images(out, self.contiguous)
         self._returned_at = time.perf_counter()

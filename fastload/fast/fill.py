@@ -2,8 +2,9 @@
 
 ``Fill`` is given everything it uses: the batcher, the native thread pool it fills with, the slot ring it
 takes slots from and the reservations it shares with ``Collate`` (a slot filled but not yet viewed by a
-collated batch must not be handed out again: its use count does not show it yet). It records each fill's
-time in the loader's stats and in the fill policy's window (``producer.FillPolicy``).
+collated batch must not be handed out again: its use count does not show it yet). Each fill's time goes
+into the fill policy's window (``producer.FillPolicy``) and, with the batch, to ``Collate``, which adds it
+to the loader's stats in the caller's thread (one visit to the stats per batch, no lock).
 """
 
 from __future__ import annotations
@@ -26,14 +27,14 @@ class Reservations:
 
 
 class Fill(Stage):
-    """jobs ``(indices, generator)`` -> ``(slot, n, objects)``: the slot filled, its batch size, the object fields."""
+    """jobs ``(indices, generator)`` -> ``(slot, n, objects, seconds)``: the slot filled, its batch size, the
+    object fields, the fill's time."""
 
-    def __init__(self, source: Any, batcher: Any, pool: Any, slots: Any, reserved: Reservations, stats: Any,
-                 fills: Any):
+    def __init__(self, source: Any, batcher: Any, pool: Any, slots: Any, reserved: Reservations, fills: Any):
         self.source, self.batcher, self.pool, self.slots = source, batcher, pool, slots
-        self.reserved, self.stats, self.fills = reserved, stats, fills
+        self.reserved, self.fills = reserved, fills
 
-    def __next__(self) -> tuple[Any, int, list]:
+    def __next__(self) -> tuple[Any, int, list, float]:
         indices, rng = next(self.source)
         r = self.reserved
         with r.lock:
@@ -42,6 +43,5 @@ class Fill(Stage):
         t = time.perf_counter()
         objects = self.batcher.fill(slot, indices, rng, self.pool)
         cost = time.perf_counter() - t
-        self.stats.add_fill(cost)
         self.fills.append(cost)  # the policy's window (a deque; appended from the filling thread)
-        return slot, len(indices), objects
+        return slot, len(indices), objects, cost
