@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 from torch.utils.data import IterableDataset
@@ -27,7 +27,7 @@ from ._dropin import (check_batch_sampler, check_collate, check_memory_format, c
 from ._prefetch import DevicePrefetcher, DeviceRing, check_device
 from ._ring import SlotRing
 from ._stats import LoaderStats
-from .fast.chain import fast_iterator, order_for
+from .fast.chain import fast_iterator, for_rank, order_for
 from .fast.producer import FillPolicy
 from .fast.order import Order, as_int, default_seed, dist_info
 from .fast.position import Progress
@@ -505,6 +505,36 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     def stats_summary(self) -> str:
         """One line: throughput, the share of time the loop waited for data, whether it is input-bound."""
         return self._stats.summary()
+
+
+# -- for fastload.accelerate: what it reads and changes of a loader, done here, by the loader's own module --
+def accelerate_ready(loader: DataLoader) -> bool:
+    """Whether ``fastload.accelerate.prepare`` has set this loader up already."""
+    return loader.__dict__.get("_accelerate_ready", False)
+
+
+def warned_of_rebuild(loader: DataLoader) -> None:
+    """The caller has said that accelerate rebuilds this loader: ``_is_accelerate_prepared`` need not again."""
+    loader.__dict__["_accelerate_warned"] = True
+
+
+def mark_prepared(loader: DataLoader) -> None:
+    """accelerate's mark: ``accelerator.prepare`` returns the loader as it is, and registers it."""
+    loader._is_accelerate_prepared = True
+
+
+def sampler_replicas(loader: DataLoader) -> tuple[str, Any] | None:
+    """(type name, ``num_replicas``) of the user's sampler driving the fast path; None with fastload's order."""
+    if loader._sampled is None:
+        return None
+    sampler = loader._sampled.sampler
+    return type(sampler).__name__, getattr(sampler, "num_replicas", None)
+
+
+def retarget(loader: DataLoader, rank: int, world: int) -> None:
+    """fastload's order for process ``rank`` of ``world`` (the same kind, seed and batching)."""
+    if loader._order is not None:
+        loader._order = for_rank(loader._order, rank, world)
 
 
 class LazyStart(_BaseDataLoaderIter):

@@ -57,6 +57,24 @@ def order_for(dataset, batch_size: int, kind: str, seed: int, r: int, w: int, *,
         return Order(len(dataset), batch_size, shard_sizes=shard_sizes, split=_strided(str(e)), **common)
 
 
+def for_rank(order: Order, rank: int, world: int) -> Order:
+    """The same order (kind, seed, batching) for process ``rank`` of ``world``; ``order`` itself when it is
+    that process's already."""
+    if isinstance(order, PackedOrder):
+        if (order.pack_rank, order.pack_world) == (rank, world):
+            return order
+    elif (order.rank, order.world_size) == (rank, world):
+        return order
+    common = dict(kind=order.kind, seed=order.seed, rank=rank, world_size=world, drop_last=order.drop_last,
+                  window=order.window)
+    if isinstance(order, PackedOrder):
+        return PackedOrder(order.lengths, order.tokens_per_batch, **common)
+    if isinstance(order, BucketOrder):
+        return BucketOrder(order.bucket_ids, order.batch_size, **common)
+    shards = order.shard_sizes if order.kind == "quasi" else None
+    return Order(order.num_samples, order.batch_size, shard_sizes=shards, **common)
+
+
 def _strided(why: str) -> str:
     warnings.warn(f"fastload: a remote dataset with world_size > 1 reads whole shards per rank by default "
                   f"(split='shards'), which cannot apply here ({why}): every rank reads every shard it needs "
