@@ -7,7 +7,7 @@ modules and differ. The report lists each hop (caller module -> callee module.fu
 how many times the batch entered it. The target of issue 20: every module on the batch path entered once
 per batch, the calls going one way (no module entered again after the batch has left it).
 
-    python scripts/count_hops.py [--verbose]
+    python tests/fast/count_hops.py [--verbose]   (tests/fast/test_hops.py checks it)
 """
 
 from __future__ import annotations
