@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import collections
 
-from count_hops import hops_of_one_batch
+from .count_hops import hops_of_one_batch
 
 CHAIN = ["fastload.fast.position", "fastload.fast.collate", "fastload.fast.producer", "fastload.fast.fill",
          "fastload.fast.order"]  # downstream to upstream: each calls the next one's __next__

@@ -18,15 +18,6 @@ from fastload import transforms as T
 from conftest import jpeg_bytes
 
 
-@pytest.fixture(scope="module")
-def records(tmp_path_factory):
-    root = tmp_path_factory.mktemp("fill")
-    rng = np.random.default_rng(0)
-    fastload.pack({"tokens": rng.integers(0, 1000, (2000, 16), dtype=np.int32),
-                   "label": np.arange(2000, dtype=np.int64)}, root / "ds")
-    return fastload.open(root / "ds")
-
-
 def producers() -> int:
     return sum(t.name == "fastload-batcher" for t in threading.enumerate())
 
