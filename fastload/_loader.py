@@ -507,6 +507,14 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         return self._stats.summary()
 
 
+def fill_parts(loader: DataLoader) -> tuple[Batcher, Order] | None:
+    """(batcher, order) of a loader on the fast path with fastload's own order, for measuring fill rates
+    (``fastload.doctor``'s num_workers finding); None otherwise."""
+    if loader._batcher is None or loader._order is None:
+        return None
+    return loader._batcher, loader._order
+
+
 # -- for fastload.accelerate: what it reads and changes of a loader, done here, by the loader's own module --
 def accelerate_ready(loader: DataLoader) -> bool:
     """Whether ``fastload.accelerate.prepare`` has set this loader up already."""
