@@ -31,9 +31,6 @@ ALLOWED = {
     # _benchcmd.py (the `write` area): `fastload bench` gives the batcher a 0-thread pool; it could pass
     # `pool=` to Batcher.fill as _autotune.py does
     ("_benchcmd.py", "_pool"),
-    # _doctor.py (no owner this session; not on the batch path): measures num_workers with the loader's
-    # batcher and order; a _loader.py function could hand them over
-    ("_doctor.py", "_batcher"), ("_doctor.py", "_order"),
     # _dataset.py (`write`): fastload.open sets the lease (_folder_cache.py's lock) on the Dataset it made
     ("_dataset.py", "_lease"),
     # _getitems.py: the per-process __getitems__ state lives in the Dataset (its __getstate__ drops it);
