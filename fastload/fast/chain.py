@@ -123,7 +123,8 @@ def fast_iterator(*, plan: Any, epoch: int, start: int, batcher: Any, slots: Any
     # so that the training thread never waits for the GPU
     gpu_rows = batcher.images.device is not None
     producer = source = Produce(source, policy, stats, threads=num_workers > 0 or gpu_rows, always=gpu_rows,
-                                depth=depth, timeout=timeout, on_close=None if persistent else batcher.end_epoch)
+                                depth=depth, timeout=timeout, on_close=None if persistent else batcher.end_epoch,
+                                release=reserved.release)
     on_device = device is not None
     source = Collate(source, batcher.collator, reserved, stats, policy.steps, tensor_transforms=not on_device,
                      contiguous=None if on_device else image_keys)

@@ -25,6 +25,10 @@ class Reservations:
         self.ids: set[int] = set()
         self.lock = threading.Lock()
 
+    def release(self, slot: Any) -> None:
+        with self.lock:
+            self.ids.discard(id(slot))
+
 
 class Fill(Stage):
     """jobs ``(indices, generator)`` -> ``(slot, n, objects, seconds)``: the slot filled, its batch size, the

@@ -117,11 +117,12 @@ class Produce(Stage):
     (``num_workers > 0``, or GPU decoders: ``always``); ``depth`` the batches it keeps ready; ``timeout``
     torch's. ``ready`` is how many batches the producer had queued when the last one was handed on (the
     stats' queue depth). ``on_close`` runs when the epoch ends or the iteration is dropped (a
-    non-persistent loader's ``Batcher.end_epoch``); ``stats.end_epoch`` then too."""
+    non-persistent loader's ``Batcher.end_epoch``); ``stats.end_epoch`` then too. ``release(slot)`` ends the
+    reservation of a filled slot that ``reset`` drops from the queue (``fill.Reservations.release``)."""
 
     def __init__(self, source: Any, policy: FillPolicy, stats: Any, *, threads: bool, always: bool, depth: int,
-                 timeout: float, on_close=None):
-        self.source, self.policy, self.stats = source, policy, stats
+                 timeout: float, on_close=None, release=None):
+        self.source, self.policy, self.stats, self.release = source, policy, stats, release
         self.ready = 0
         self.threads, self.always, self.depth, self.timeout = threads, always, depth, timeout
         self.on_close = on_close
@@ -139,7 +140,7 @@ class Produce(Stage):
         """Fill the remaining batches in a background thread (the batch sequence and RNGs are unchanged)."""
         self.producer = _Producer(self.depth)
         self.thread = threading.Thread(target=_produce, name="fastload-batcher", daemon=True,
-                                       args=(self.producer, self.source))
+                                       args=(self.producer, self.source, self.release))
         self.producer.thread = self.thread
         _LIVE.add(self.producer)
         self.thread.start()
@@ -187,6 +188,32 @@ class Produce(Stage):
             self._start_producer()  # batches got expensive, or the caller has work to hide them behind
         return item
 
+    def _stop_producer(self) -> list:
+        """Stop the producer thread, wait for it, and return what it had queued."""
+        p, self.producer = self.producer, None
+        p.stop.set()
+        if self.thread is not None and self.thread is not threading.current_thread():
+            self.thread.join()
+        self.thread = None
+        items = []
+        while True:
+            try:
+                items.append(p.queue.get_nowait())
+            except queue.Empty:
+                return items
+
+    def reset(self, state: dict | None = None) -> None:
+        """Start over from ``state`` (the upstream's, nested under ``"source"``): a running producer thread is
+        stopped first and the batches it had queued are dropped, their slots' reservations ended."""
+        if self.producer is not None:
+            for item in self._stop_producer():
+                if isinstance(item, tuple) and self.release is not None:
+                    self.release(item[0])
+        super().reset(state)
+        self.done, self.ready = 0, 0
+        if self.threads and self._threaded(True):
+            self._start_producer()
+
     def close(self) -> None:
         """Stop the producer thread and wait for the batch it is filling; end the epoch (once)."""
         if self.producer is not None:
@@ -207,7 +234,7 @@ class Produce(Stage):
             pass
 
 
-def _produce(p: _Producer, source) -> None:
+def _produce(p: _Producer, source, release=None) -> None:
     try:
         while not p.stop.is_set():
             if p.handback.is_set():
@@ -218,7 +245,9 @@ def _produce(p: _Producer, source) -> None:
             except StopIteration:
                 p.put(_END)
                 return
-            if not p.put(item):
+            if not p.put(item):  # stopped: the batch it filled goes nowhere, its slot is free again
+                if release is not None:
+                    release(item[0])
                 return
     except BaseException as e:  # handed to the consumer, re-raised there
         p.put(e)

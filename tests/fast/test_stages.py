@@ -5,6 +5,7 @@ wiring them to the same batches the loader gives."""
 from __future__ import annotations
 
 import itertools
+import time
 
 import numpy as np
 import torch
@@ -18,7 +19,7 @@ from fastload.fast.collate import Collate
 from fastload.fast.fill import Fill, Reservations
 from fastload.fast.order import Jobs, Order
 from fastload.fast.position import Progress
-from fastload.fast.producer import FillPolicy
+from fastload.fast.producer import FillPolicy, Produce
 from fastload.fast.readahead import ReadAhead
 
 
@@ -94,3 +95,23 @@ def test_the_chain_gives_the_loaders_batches_without_a_loader(records):
     got = [[t.clone() for t in b] for b in it]
     assert len(got) == len(ref) - 2 and progress.done == len(ref)
     assert all(torch.equal(x, y) for p, q in zip(ref[2:], got) for x, y in zip(p, q))
+
+
+def test_a_producer_reset_mid_stream_drops_its_queue_and_starts_over(records):
+    batcher = Batcher(records, 100, 0)
+    order = Order(len(records), 100, kind="random", seed=2)
+    reserved, stats, policy = Reservations(), LoaderStats(), FillPolicy()
+    fill = Fill(Jobs(order, 0, 0, needs_rng=False), batcher, batcher.pool, SlotRing(batcher.new_slot), reserved,
+                policy.fills)
+    produce = Produce(fill, policy, stats, threads=True, always=True, depth=3, timeout=0, release=reserved.release)
+    first = next(produce)  # handed on and not collated: its slot stays reserved
+    deadline = time.monotonic() + 10
+    while produce.producer.queue.qsize() < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)  # the producer thread has filled the batches it may keep ready (and one more in hand)
+    produce.reset({"source": {"source": {"batch": 17}}})  # Produce <- Fill <- Jobs
+    second = next(produce)
+    assert np.array_equal(second[0].arrays["label"][:second[1]], list(order.batches(0, 0))[17])
+    for item in produce._stop_producer():  # the new thread's queue, dropped here as reset drops one
+        reserved.release(item[0])
+    # every batch the first thread had filled, queued or in hand, was let go: only the two handed on are held
+    assert reserved.ids == {id(first[0]), id(second[0])}
