@@ -52,23 +52,19 @@ def measure(batcher, order, threads: list[int], budget_s: float) -> dict[int, fl
         return {t: 0.0 for t in threads}
     per = budget_s / len(threads)
     rates = {}
-    saved = batcher._pool
-    try:
-        for t in threads:
-            batcher._pool = native().Pool(t)
-            batcher.fill(slot, batches[0], order.batch_rng(0, 0))  # warm-up: scratch buffers, page cache
-            n, b, start = 0, 1, time.perf_counter()
-            while True:
-                idx = batches[b % len(batches)]
-                batcher.fill(slot, idx, order.batch_rng(0, b))
-                n += len(idx)
-                b += 1
-                elapsed = time.perf_counter() - start
-                if elapsed >= per and b > 2:
-                    break
-            rates[t] = n / elapsed
-    finally:
-        batcher._pool = saved
+    for t in threads:
+        pool = native().Pool(t)  # handed to fill: the batcher's own pool is left as it is
+        batcher.fill(slot, batches[0], order.batch_rng(0, 0), pool)  # warm-up: scratch buffers, page cache
+        n, b, start = 0, 1, time.perf_counter()
+        while True:
+            idx = batches[b % len(batches)]
+            batcher.fill(slot, idx, order.batch_rng(0, b), pool)
+            n += len(idx)
+            b += 1
+            elapsed = time.perf_counter() - start
+            if elapsed >= per and b > 2:
+                break
+        rates[t] = n / elapsed
     return rates
 
 

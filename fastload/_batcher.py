@@ -8,7 +8,6 @@ slot is refilled only when no view of it is alive any more (the ring's protocol,
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import numpy as np
@@ -17,8 +16,9 @@ import torch
 from ._errors import DecodeError, where
 from ._images import ImageDecoding
 from ._native import native
-from ._order import PackJob, cu_seqlens
-from ._ring import Slot, SlotRing, host_empty, pinned_memory_usable
+from .fast.collate import Collator
+from .fast.packing import PackJob, cu_seqlens
+from ._ring import Slot, host_empty, pinned_memory_usable
 from ._schema import Field
 from ._sequences import PackSequences
 
@@ -49,8 +49,6 @@ class Batcher:
         self.num_threads = num_threads
         self._pool = None
         self.skipped = 0
-        self._cpu_outputs: dict[str, SlotRing] = {}  # per image field: CPU ToDtype/Normalize results
-        self._cpu_outputs_lock = threading.Lock()
         packed = [(n, t) for n, t in dataset.sequences.items() if isinstance(t, PackSequences)]
         self.packed = packed[0] if packed else None
         for f in self.schema:
@@ -64,6 +62,10 @@ class Batcher:
             elif f.kind == "ndarray" and not f.fixed_size and f.name not in dataset.sequences:
                 raise NotFastPath(f"ndarray field '{f.name}' has a variable shape {f.shape} and no Pad/Bucket "
                                   f"transform to batch it to a fixed shape")
+        self.collator = Collator(dataset, batch_size, self.packed)
+        # what fill does with each field, decided once (not per batch)
+        self.fields = [(f, "image" if f.kind == "image" else "sequence" if f.name in dataset.sequences
+                        else "fixed" if f.fixed_size else "object") for f in self.schema]
 
     @property
     def pool(self):
@@ -114,7 +116,7 @@ class Batcher:
     def needs_rng(self) -> bool:
         return bool(self.pipelines)
 
-    def _fill_packed(self, slot: Slot, job: PackJob) -> list:
+    def _fill_packed(self, slot: Slot, job: PackJob, pool: Any) -> list:
         """A packed batch: pieces of samples copied into the flat token buffer, plus boundaries."""
         name, spec = self.packed
         f = self.schema[name]
@@ -122,7 +124,7 @@ class Batcher:
         flat[...] = spec.value
         at = self.reader.locate(job.samples)
         item = flat.itemsize
-        self._gather_pieces(f, flat, at, job.samples, job.starts * item, job.lengths * item, job.dst * item)
+        self._gather_pieces(f, flat, at, job.samples, job.starts * item, job.lengths * item, job.dst * item, pool)
         cu = cu_seqlens(job, spec.row_length)
         k = len(cu) - 1
         slot.arrays[name + ":cu"][: k + 1] = cu
@@ -130,31 +132,34 @@ class Batcher:
         slot.arrays[name + ":ids"][:k] = job.samples[piece]
         return [k]
 
-    def fill(self, slot: Slot, indices: np.ndarray, rng: np.random.Generator | None) -> list:
+    def fill(self, slot: Slot, indices: np.ndarray, rng: np.random.Generator | None, pool: Any = None) -> list:
         """Fill ``slot`` with samples ``indices``; return the Python-object fields (str/bytes) as lists.
 
-        ``rng`` plans random transforms; it may be None when ``needs_rng`` is False."""
+        ``rng`` plans random transforms; it may be None when ``needs_rng`` is False. ``pool``: the native
+        thread pool to fill with (default: this batcher's own, ``num_threads`` threads)."""
+        if pool is None:
+            pool = self.pool
         if isinstance(indices, PackJob):
-            return self._fill_packed(slot, indices)
+            return self._fill_packed(slot, indices, pool)
         indices = np.asarray(indices, dtype=np.int64)
         at = self.reader.locate(indices)
         objects = {}
         failed: dict[int, str] = {}
-        for f in self.schema:
-            if f.kind == "image":
-                for k, msg in self.images.fill(self.pool, self.pipelines[f.name], f, slot, self.reader, at, rng):
+        for f, how in self.fields:
+            if how == "image":
+                for k, msg in self.images.fill(pool, self.pipelines[f.name], f, slot, self.reader, at, rng):
                     failed.setdefault(k, f"field '{f.name}': {msg}")
-            elif f.name in self.ds.sequences:
-                objects[f.name] = self._fill_sequences(f, slot, at, indices)
-            elif f.fixed_size:
-                native().gather_rows(self.pool, *self.reader.row_sources(at, f.name), slot.arrays[f.name][: len(indices)])
+            elif how == "sequence":
+                objects[f.name] = self._fill_sequences(f, slot, at, indices, pool)
+            elif how == "fixed":  # the reader says where the rows lie; the native gather copies them
+                native().gather_rows(pool, *self.reader.row_sources(at, f.name), slot.arrays[f.name][: len(indices)])
             else:
                 objects[f.name] = self._objects(f, at, failed)
         if failed:
             self._handle_failures(failed, slot, objects, indices, at.seg_ids, len(indices))
-        return [objects.get(f.name) for f in self.schema]
+        return [objects.get(f.name) for f, _ in self.fields]
 
-    def _fill_sequences(self, f: Field, slot: Slot, at, indices: np.ndarray) -> int:
+    def _fill_sequences(self, f: Field, slot: Slot, at, indices: np.ndarray, pool: Any) -> int:
         """Pad/bucket a variable-length field into the slot; returns the batch's padded length."""
         seq = self.ds.sequences[f.name]
         n = len(at)
@@ -174,12 +179,12 @@ class Batcher:
         out[...] = seq.value
         row_bytes = np.dtype(f.dtype).itemsize * int(np.prod(rest, dtype=np.int64))
         self._gather_pieces(f, out, at, indices, np.zeros(n, np.int64), cut * row_bytes,
-                            np.arange(n, dtype=np.int64) * (bound * row_bytes))
+                            np.arange(n, dtype=np.int64) * (bound * row_bytes), pool)
         slot.arrays[f.name + ":len"][:n] = cut
         return bound
 
     def _gather_pieces(self, f: Field, out: np.ndarray, at, indices: np.ndarray, skip: np.ndarray,
-                       nbytes: np.ndarray, dst: np.ndarray) -> None:
+                       nbytes: np.ndarray, dst: np.ndarray, pool: Any) -> None:
         """One native copy of variable-length pieces: piece j is ``nbytes[j]`` bytes of batch position j's
         value of field ``f`` (``at`` locates them), from byte ``skip[j]`` of that value, to byte ``dst[j]`` of ``out`` (padding
         is the caller's). A piece past the end of its value (an LMDB record shorter than its recorded
@@ -190,7 +195,7 @@ class Batcher:
             p = int(short[0])
             raise DecodeError(f"{where(self.ds.path, None, int(indices[p]), f.name)}: the value is "
                               f"{int(length[p])} bytes, its recorded length needs {int(skip[p] + nbytes[p])}")
-        native().gather_pieces(self.pool, regions, region, offset + skip, nbytes.astype(np.int64, copy=False),
+        native().gather_pieces(pool, regions, region, offset + skip, nbytes.astype(np.int64, copy=False),
                                dst.astype(np.int64, copy=False), out)
 
     def _objects(self, f: Field, at, failed) -> list:
@@ -239,44 +244,6 @@ class Batcher:
         self.skipped += len(failed)
 
     # -- output ----------------------------------------------------------------------------------
-    def _cpu_output(self, name: str, images: torch.Tensor) -> torch.Tensor:
-        """Where ToDtype/Normalize on the CPU write ``images``' result: a buffer of a small ring, reused once
-        nothing views it (the slot protocol, ``_ring.py``), so a batch the caller still holds is never
-        overwritten. A fresh float batch per step (38 MB at 64x3x224x224) cost more in page faults than the
-        arithmetic: about 14 of 23 ms a batch on one thread."""
-        dtype, shape = self.pipelines[name].tensor.dtype, (self.batch_size,) + tuple(images.shape[1:])
-        with self._cpu_outputs_lock:  # one acquire at a time: the view taken inside holds the buffer
-            ring = self._cpu_outputs.get(name)
-            if ring is None:
-                ring = self._cpu_outputs[name] = SlotRing(
-                    lambda: Slot({"out": torch.empty(shape, dtype=dtype, memory_format=torch.channels_last)}))
-            return ring.acquire().tensors["out"][:images.shape[0]]
-
     def collate(self, slot: Slot, n: int, objects: list, tensor_transforms: bool = True) -> Any:
-        """The batch as ``default_collate`` would structure it: list for tuple samples, dict for dicts.
-        ``tensor_transforms``: run ToDtype/Normalize here, on the CPU (a device prefetcher runs them instead)."""
-        if self.packed is not None:
-            name, spec = self.packed
-            k = objects[0]
-            return {name: slot.tensors[name].view(self.batch_size, spec.row_length),
-                    "cu_seqlens": slot.tensors[name + ":cu"][: k + 1],
-                    "sample_ids": slot.tensors[name + ":ids"][:k]}
-        values = []
-        for f, obj in zip(self.schema, objects):
-            if f.kind == "image":
-                images = slot.tensors[f.name][:n].permute(0, 3, 1, 2)  # NCHW, channels_last
-                if tensor_transforms and self.pipelines[f.name].tensor:
-                    images = self.pipelines[f.name].tensor.apply(images, self._cpu_output(f.name, images))
-                values.append(images)
-            elif f.name in self.ds.sequences:
-                shape = (n, obj) + tuple(f.shape[1:])
-                flat = slot.tensors[f.name][: int(np.prod(shape, dtype=np.int64))]
-                values.append([flat.view(shape), slot.tensors[f.name + ":len"][:n]])
-            elif f.fixed_size:
-                values.append(slot.tensors[f.name][:n])
-            else:
-                values.append(obj)
-        if self.ds.as_dict:
-            return dict(zip(self.schema.names, values))
-        return values
-
+        """The batch as ``default_collate`` would structure it (``fast/collate.py``)."""
+        return self.collator.collate(slot, n, objects, tensor_transforms)

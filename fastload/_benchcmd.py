@@ -36,7 +36,7 @@ def run(path: Any, batch_size: int = 64, preset: str = "train", size: int = 224,
     from ._dataset import Dataset
     from .formats.reader import read_manifest
     from ._native import native
-    from ._order import Order
+    from .fast.order import Order
 
     schema = read_manifest(Path(path)).schema
     ds = Dataset(path, transforms=preset_transforms(preset, schema, size))

@@ -300,7 +300,7 @@ def doctor(target: Any, *, model: torch.nn.Module | None = None, steps: int = 20
 
 def _report(s: _Session, measure_workers: bool, budget_s: float) -> Report:
     from ._dataset import Dataset as PackedDataset
-    from ._loader import DataLoader as FastLoader
+    from ._loader import DataLoader as FastLoader, fill_parts
 
     r = Report(steps=s.steps, wait_s=s.wait_s, step_s=s.step_s, loaders=len(s.loaders))
     loop = s.wait_s + s.step_s
@@ -319,7 +319,7 @@ def _report(s: _Session, measure_workers: bool, budget_s: float) -> Report:
                 "fast-path", "a fastload.Dataset runs on the generic path",
                 f"fast_path=False: {loader.fast_path_reason}",
                 f"the loader iterated at {where}", "remove what the reason names (see fastload.FastPathWarning)"))
-        if measure_workers and isinstance(loader, FastLoader) and loader.fast_path and loader._order is not None:
+        if measure_workers and isinstance(loader, FastLoader) and fill_parts(loader) is not None:
             f = _workers_finding(loader, where, budget_s, r)
             if f is not None:
                 r.findings.append(f)
@@ -355,7 +355,9 @@ def _workers_finding(loader, where: str, budget_s: float, r: Report) -> Finding 
     counts = candidates(os.cpu_count() or 1)
     if loader.num_workers not in counts:
         counts = sorted(set(counts) | {loader.num_workers})
-    rates = measure(loader._batcher, loader._order, counts, budget_s)
+    from ._loader import fill_parts
+
+    rates = measure(*fill_parts(loader), counts, budget_s)
     shown = ", ".join(f"{k}: {v:,.0f}" for k, v in sorted(rates.items()))
     r.notes.append(f"samples/s by num_workers for the loader at {where}: {shown}")
     best = max(rates, key=rates.get)

@@ -62,7 +62,7 @@ def check_worker_init_fn(fn: Any) -> None:
 
 
 def warn_refused(reason: str, order: Any = None, stacklevel: int = 3, batched: bool = False) -> None:
-    """``order``: the generic path's ``_order.Order`` (None: a sampler of the user's picks the indices).
+    """``order``: the generic path's ``fast.order.Order`` (None: a sampler of the user's picks the indices).
     ``batched``: torch's fetcher will ask ``fastload.Dataset.__getitems__`` for whole batches, which it decodes
     in one native call; else samples are decoded one by one."""
     if order is None:
@@ -111,9 +111,3 @@ def check_memory_format(memory_format: Any) -> torch.memory_format:
                          f"default_collate gives; .view(B, -1) works on it)")
     return memory_format
 
-
-def contiguous_images(batch: Any, keys: list) -> Any:
-    """``batch`` with its image tensors (at ``keys``) in torch's default contiguous layout."""
-    for k in keys:
-        batch[k] = batch[k].contiguous()
-    return batch

@@ -81,7 +81,7 @@ def resolve(transforms: Any, schema: Schema) -> tuple[dict, dict[str, ImagePipel
 def check_lengths(dataset: Any) -> None:
     """Every sample's length against its field's ``Pad``/``Bucket`` (without ``truncate``), from the shape
     columns (no values are read). A remote dataset would have to download every shard for this: there
-    ``Bucket`` is checked when the loader plans its buckets (``_order.order_for``) and ``Pad`` batch by batch."""
+    ``Bucket`` is checked when the loader plans its buckets (``fast.chain.order_for``) and ``Pad`` batch by batch."""
     if dataset.remote:
         return
     for name, spec in dataset.sequences.items():

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 from torch.utils.data import IterableDataset
@@ -21,14 +21,16 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter, _DatasetKind
 
 from ._batcher import Batcher, NotFastPath
 from ._dataset import Dataset as PackedDataset
-from ._fastiter import FastIterator, FillPolicy
 from ._getitems import batch_decodable
 from ._dropin import (check_batch_sampler, check_collate, check_memory_format, check_worker_init_fn,
                       warn_accelerate_rebuild, warn_pin_memory, warn_refused)
 from ._prefetch import DevicePrefetcher, DeviceRing, check_device
-from ._ring import Slot, SlotRing
+from ._ring import SlotRing
 from ._stats import LoaderStats
-from ._order import Order, Progress, _as_int, default_seed, dist_info, order_for
+from .fast.chain import fast_iterator, for_rank, order_for
+from .fast.producer import FillPolicy
+from .fast.order import Order, as_int, default_seed, dist_info
+from .fast.position import Progress
 from ._sampling import (Counted, EpochInput, EpochRandomSampler, EpochSequentialSampler, GenericPlan, IndexReplay,
                         OrderIndices, SamplerOrder, _root, agreed_seed, check_order_args, generic_state,
                         load_generic_state, slot_batch_size)
@@ -54,7 +56,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     (image batches: ``torch.channels_last``, the default, is the decoder's layout at no cost;
     ``torch.contiguous_format`` copies each batch to torch's default layout, where ``.view(B, -1)`` works),
     ``split`` ('samples': ranks take strided samples like DistributedSampler; 'shards': each rank reads
-    only its own shards; default 'shards' for a remote dataset with world_size > 1, see ``_order.py``).
+    only its own shards; default 'shards' for a remote dataset with world_size > 1, see ``fast/order.py``).
 
     A ``sampler`` (``DistributedSampler``, ``RandomSampler``, ...) or a torch ``BatchSampler`` keeps the fast
     path: the sampler owns the order (``_sampling.py`` says what that means for determinism and resume).
@@ -138,7 +140,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             raise ValueError(f"on_error={on_error!r} should be 'raise' or 'skip'")
         # drawn only where fastload's order or augmentation uses it: otherwise the generic path leaves torch's
         # generators exactly as torch would
-        self.seed = _as_int("seed", seed, 0) if seed is not None else None
+        self.seed = as_int("seed", seed, 0) if seed is not None else None
         self.on_error = on_error
         self.memory_format = check_memory_format(memory_format)
         self.fast_path_reason: str | None = None
@@ -207,7 +209,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
                        generator) -> Order | None:
         """fastload's Order for the generic path, or None where torch's samplers pick the indices, as in torch.
 
-        The semantics are the fast path's (``_order.py``): each rank a disjoint, equal-length share, the same
+        The semantics are the fast path's (``fast/order.py``): each rank a disjoint, equal-length share, the same
         permutation for the same seed, resumable. A fastload.Dataset keeps the order its fast path would have
         had; any other map-style Dataset takes it when asked for (``seed``, ``order``, ``rank``,
         ``world_size``, ``split``: fastload's own arguments, with rank and world size then defaulting to
@@ -286,7 +288,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     def set_epoch(self, epoch: int) -> None:
         """Like ``DistributedSampler.set_epoch``: the next iteration runs this epoch's order (from the position a
         loaded state holds, when it is that state's epoch)."""
-        self._adopt_epoch(_as_int("epoch", epoch, 0))
+        self._adopt_epoch(as_int("epoch", epoch, 0))
         driver = self._driver()
         if self._user_sampler and hasattr(driver, "set_epoch"):
             driver.set_epoch(epoch)
@@ -301,7 +303,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             self._next_epoch, self._resume_at = epoch, 0
             self._plan.pending = None
             if self._sampled is not None:
-                self._sampled._replay = None
+                self._sampled.drop_resume()
 
     def _begin_epoch(self) -> tuple[int, int]:
         """(epoch, first batch) of the iteration starting now; the next one defaults to the epoch after.
@@ -443,28 +445,29 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         return LazyStart(self)
 
     def _start(self):
-        """The fast path's iterator, made at the iteration's first ``next()`` (``LazyStart``)."""
+        """The fast path's iterator, made at the iteration's first ``next()`` (``LazyStart``): the chain of
+        stages (``fast/chain.py``), each given what it uses."""
         epoch, start = self._begin_epoch()
         if self._order is not None:
             self._order.set_epoch(epoch)
-            batches = self._order.batches(epoch, start)
-            rng_for = lambda b: self._order.batch_rng(epoch, b)  # noqa: E731
-        else:
-            batches = iter(self._sampled.epoch_batches()[start:])  # drawn here, in the caller's thread
-            rng_for = lambda b: self._sampled.batch_rng(epoch, b)  # noqa: E731
-        if not self._batcher.needs_rng:
-            rng_for = lambda b: None  # noqa: E731  (a Generator per batch costs more than a tiny batch)
-        batches = self.dataset._reading(batches)  # a remote dataset downloads the coming batches' shards ahead
         self._progress = progress = Progress(epoch, start)
-        if not self._on_device():
-            return FastIterator(self, epoch, start, batches, rng_for, progress)
-        # on the device the host iterator runs ahead: progress counts the batches the prefetcher hands over,
-        # and ToDtype/Normalize run there, on the device
-        it = FastIterator(self, epoch, start, batches, rng_for, tensor_transforms=False)
-        keys = {(f.name if self.dataset.as_dict else i): self.dataset.pipelines[f.name].tensor
-                for i, f in enumerate(self.dataset.schema) if f.name in self.dataset.pipelines}
-        return DevicePrefetcher(it, depth=self.prefetch_factor or 2, transforms=keys, on_yield=progress.advance,
-                                ring=self._device_slots())
+        if self._ring is None:
+            self._ring = SlotRing(self._batcher.new_slot)
+        ds = self.dataset
+        image_keys = [] if self.memory_format == torch.channels_last else \
+            [(f.name if ds.as_dict else i) for i, f in enumerate(ds.schema) if f.kind == "image"]
+        device = None
+        if self._on_device():  # the host chain runs ahead; ToDtype/Normalize run on the device
+            keys = {(f.name if ds.as_dict else i): ds.pipelines[f.name].tensor
+                    for i, f in enumerate(ds.schema) if f.name in ds.pipelines}
+            device = (self._device_slots(), keys)
+        return fast_iterator(plan=self._order if self._order is not None else self._sampled, epoch=epoch,
+                             start=start, batcher=self._batcher, slots=self._ring, progress=progress,
+                             policy=self._fill_policy, stats=self._stats, length=len(self),
+                             num_workers=self.num_workers, depth=self.prefetch_factor or 2, timeout=self.timeout,
+                             persistent=self.persistent_workers,
+                             reading=ds._reading if getattr(ds, "remote", False) else None,  # its read plan
+                             image_keys=image_keys, device=device)
 
     def _generic_iter(self):
         """torch's ``__iter__`` (persistent iterators kept in ``_iterator`` and reset each epoch), making each
@@ -490,12 +493,6 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             self._device_ring = DeviceRing(self.device)
         return self._device_ring
 
-    def _free_slot(self, reserved: set) -> Slot:
-        """A slot no caller holds and no pending batch uses; the ring grows when there is none."""
-        if self._ring is None:
-            self._ring = SlotRing(self._batcher.new_slot)
-        return self._ring.acquire(reserved)
-
     def stats(self) -> dict:
         """Counters since the loader was made: batches, time the loop waited for data, time filling
         batches, queue depth, slots in the ring, skipped samples (see ``stats_summary()``)."""
@@ -508,6 +505,44 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     def stats_summary(self) -> str:
         """One line: throughput, the share of time the loop waited for data, whether it is input-bound."""
         return self._stats.summary()
+
+
+def fill_parts(loader: DataLoader) -> tuple[Batcher, Order] | None:
+    """(batcher, order) of a loader on the fast path with fastload's own order, for measuring fill rates
+    (``fastload.doctor``'s num_workers finding); None otherwise."""
+    if loader._batcher is None or loader._order is None:
+        return None
+    return loader._batcher, loader._order
+
+
+# -- for fastload.accelerate: what it reads and changes of a loader, done here, by the loader's own module --
+def accelerate_ready(loader: DataLoader) -> bool:
+    """Whether ``fastload.accelerate.prepare`` has set this loader up already."""
+    return loader.__dict__.get("_accelerate_ready", False)
+
+
+def warned_of_rebuild(loader: DataLoader) -> None:
+    """The caller has said that accelerate rebuilds this loader: ``_is_accelerate_prepared`` need not again."""
+    loader.__dict__["_accelerate_warned"] = True
+
+
+def mark_prepared(loader: DataLoader) -> None:
+    """accelerate's mark: ``accelerator.prepare`` returns the loader as it is, and registers it."""
+    loader._is_accelerate_prepared = True
+
+
+def sampler_replicas(loader: DataLoader) -> tuple[str, Any] | None:
+    """(type name, ``num_replicas``) of the user's sampler driving the fast path; None with fastload's order."""
+    if loader._sampled is None:
+        return None
+    sampler = loader._sampled.sampler
+    return type(sampler).__name__, getattr(sampler, "num_replicas", None)
+
+
+def retarget(loader: DataLoader, rank: int, world: int) -> None:
+    """fastload's order for process ``rank`` of ``world`` (the same kind, seed and batching)."""
+    if loader._order is not None:
+        loader._order = for_rank(loader._order, rank, world)
 
 
 class LazyStart(_BaseDataLoaderIter):

@@ -104,12 +104,13 @@ class DevicePrefetcher(_BaseDataLoaderIter):  # a torch DataLoader iterator by t
     ``transforms`` maps a top-level key of the batch (an index of a list/tuple batch, or a dict key)
     to the ``TensorPipeline`` (ToDtype/Normalize) to run on that tensor on the device. ``depth`` is
     how many batches are copied ahead. ``on_yield`` is called once per batch handed out. ``ring`` is
-    the device ring to fill (a new one when None).
+    the device ring to fill (a new one when None). ``contiguous``: entries to copy into torch's contiguous
+    layout on the device.
     """
 
     def __init__(self, source: Iterable, device: Any = None, depth: int = 2,
                  transforms: Mapping[Any, TensorPipeline] | None = None, on_yield=None,
-                 ring: DeviceRing | None = None):
+                 ring: DeviceRing | None = None, contiguous: Iterable = ()):
         _check_depth(depth)
         self.ring = ring if ring is not None else DeviceRing(device)
         self.ring.begin_pass()
@@ -119,9 +120,9 @@ class DevicePrefetcher(_BaseDataLoaderIter):  # a torch DataLoader iterator by t
         self._src: Iterator = iter(source)
         self.depth = depth
         self.transforms = {k: p for k, p in (transforms or {}).items() if p}
-        # entries the source wants in torch's contiguous layout, made on the device (a fastload
-        # FastIterator leaves its channels_last images to us rather than transposing them on the CPU)
-        self.contiguous = set(getattr(self._src, "contiguous_on_device", ()))
+        # entries to hand out in torch's contiguous layout, made on the device (the fast path's chain leaves
+        # its channels_last images to us rather than transposing them on the CPU)
+        self.contiguous = set(contiguous)
         self.on_yield = on_yield
         self._inflight: collections.deque = collections.deque()
         self._exhausted = False

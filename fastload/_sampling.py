@@ -37,7 +37,7 @@ import torch
 from torch.utils.data import BatchSampler, DistributedSampler, RandomSampler, SequentialSampler
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
-from ._order import _BATCH_STREAM, KINDS, _key
+from .fast.order import BATCH_STREAM, KINDS, seed_key
 
 STATE_VERSION = 1
 
@@ -220,6 +220,15 @@ class SamplerOrder:
             self._rng_state = _rng_state(s)
         return self._draw()
 
+    def batches(self, epoch: int, start: int):
+        """Batches ``start ..`` of this epoch (``Order``'s interface, for the chain's ``Jobs``): the epoch is
+        drawn now, in the calling thread, like torch's iterator; ``epoch`` keys only the generators."""
+        return iter(self.epoch_batches()[start:])
+
+    def drop_resume(self) -> None:
+        """Another epoch was set: a loaded mid-epoch position (its generator state to replay) no longer applies."""
+        self._replay = None
+
     def _draw(self) -> list[np.ndarray]:
         bs = self.batch_sampler
         if type(bs) is BatchSampler:
@@ -246,7 +255,7 @@ class SamplerOrder:
 
     def batch_rng(self, epoch: int, batch_index: int) -> np.random.Generator:
         """Augmentation randomness of one batch, keyed by (seed, epoch, rank, batch) like ``Order.batch_rng``."""
-        return np.random.default_rng(_key(_BATCH_STREAM, self.seed, epoch, self.rank, batch_index))
+        return np.random.default_rng(seed_key(BATCH_STREAM, self.seed, epoch, self.rank, batch_index))
 
     # -- resume ------------------------------------------------------------------------------------
     def _config(self) -> dict:
@@ -386,7 +395,7 @@ def load_generic_state(index_sampler: Any, num_samples: int | None, state: dict)
 
 
 class Counted(_BaseDataLoaderIter):
-    """The generic path's iterator, advancing ``progress`` (an ``_order.Progress``: the position
+    """The generic path's iterator, advancing ``progress`` (a ``fast.position.Progress``: the position
     ``state_dict`` saves) per batch handed to the loop; everything else is the wrapped iterator's (``inner``).
     ``begin`` runs before the first batch is asked of ``inner`` (the loader fixes the epoch then; ``inner``
     draws its first indices no earlier). A ``_BaseDataLoaderIter`` by type like torch's iterators (Lightning

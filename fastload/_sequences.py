@@ -16,8 +16,8 @@ transforms: ``fastload.open(path, transforms={"tokens": T.Pad(512)})``. The fiel
 Output buffers are allocated once, for the largest boundary; a batch is a contiguous view of them.
 
 This module declares the transforms (and checks them against a field); which samples form a batch is
-the order's business: ``_order.BucketOrder`` keeps a batch within a bucket, ``_order.PackedOrder``
-cuts the token stream into ``_order.PackJob`` batches.
+the order's business: ``fast.packing.BucketOrder`` keeps a batch within a bucket, ``fast.packing.PackedOrder``
+cuts the token stream into ``fast.packing.PackJob`` batches.
 """
 
 from __future__ import annotations

@@ -1,12 +1,11 @@
 """Stall metrics: cheap counters that tell whether training waits for data.
 
-Two ``perf_counter`` reads per batch on the consumer side and one per batch in the producer; nothing
+Two ``perf_counter`` reads per batch on the consumer side and two around each fill; nothing
 else. ``loader.stats()`` returns them; ``summary()`` says in one line whether the loop is input-bound.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 
 
@@ -16,37 +15,26 @@ class LoaderStats:
     INPUT_BOUND = 0.10  # waiting more than this share of the loop's time means the GPU/CPU step starves
 
     def __init__(self):
-        self._lock = threading.Lock()
         self.reset()
-
-    def __getstate__(self) -> dict:
-        state = self.__dict__.copy()
-        del state["_lock"]  # a lock does not pickle; the copy gets its own
-        return state
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        self._lock = threading.Lock()
 
     def reset(self) -> None:
         self.batches = 0
         self.samples = 0
         self.wait_s = 0.0      # consumer blocked in __next__ waiting for a batch
         self.step_s = 0.0      # consumer time between batches (the training step)
-        self.fill_s = 0.0      # producer time filling batches (gather + decode + transform)
+        self.fill_s = 0.0      # time filling the batches handed out (gather + decode + transform), any thread
         self.queue_depth = 0   # sum of ready batches seen at each __next__ (mean = / batches)
         self.skipped = 0
         self._last = None
 
     # consumer side
-    def begin_next(self) -> float:
+    def took(self, started: float, samples: int, ready: int = 0, fill_s: float = 0.0) -> None:
+        """A batch handed to the caller: ``started`` when it asked (the step before it: since the last one);
+        ``ready`` batches were queued behind it; filling it took ``fill_s`` (in whichever thread filled it)."""
         now = time.perf_counter()
+        self.fill_s += fill_s
         if self._last is not None:
-            self.step_s += now - self._last
-        return now
-
-    def end_next(self, started: float, samples: int, ready: int = 0) -> None:
-        now = time.perf_counter()
+            self.step_s += started - self._last
         self.wait_s += now - started
         self.batches += 1
         self.samples += samples
@@ -55,11 +43,6 @@ class LoaderStats:
 
     def end_epoch(self) -> None:
         self._last = None  # time between epochs is not a training step
-
-    # producer side
-    def add_fill(self, seconds: float) -> None:
-        with self._lock:
-            self.fill_s += seconds
 
     def as_dict(self) -> dict:
         loop = self.wait_s + self.step_s

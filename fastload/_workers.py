@@ -1,8 +1,9 @@
-"""The generic path's processes: the worker loop, dispatch, the main-process iterator and shutdown.
+"""The generic path's main side: dispatch to the worker processes, the iterator, errors and shutdown
+(what runs in a worker, and the messages both sides speak, are ``_worker_proc.py``'s).
 
 Any Dataset that is not a ``fastload.Dataset`` runs here when ``num_workers > 0``. Workers run the user's
 code through torch's own fetchers (``__getitems__``, ``drop_last``, ``batch_size=None`` and the end of an
-IterableDataset behave as in torch), seeded like torch's ``_worker_loop`` (``random``, ``torch``, numpy
+IterableDataset behave as in torch), seeded like torch's ``worker_loop`` (``random``, ``torch``, numpy
 via ``_generate_state``; ``base_seed`` drawn from the loader's generator after ``iter(sampler)``), with
 torch's ``WorkerInfo``. Dispatch mirrors ``_MultiProcessingDataLoaderIter``: round robin, at most
 ``prefetch_factor * num_workers`` tasks out, in sampler order unless ``in_order=False``. Each worker
@@ -31,32 +32,25 @@ platforms without ``os.memfd_create``.
 
 from __future__ import annotations
 
-import collections
 import errno
 import itertools
 import multiprocessing
 import os
-import pickle
-import random
 import signal
-import threading
 import time
 import warnings
 from multiprocessing import connection, reduction
 
-import numpy as np
 import torch
-from torch._utils import ExceptionWrapper
 from torch.utils.data import _utils as _tutils
 from torch.utils.data._utils import collate as _collate
-from torch.utils.data._utils import worker as _worker
 from torch.utils.data.dataloader import _BaseDataLoaderIter, _DatasetKind
 from torch.utils.data.datapipes.datapipe import IterDataPipe, MapDataPipe
 
 from ._ring import Slot
-from ._shm import LENT, PENDING, WORKER, Arena, MappedSlot, SlotUnpickler, map_slot
+from ._shm import LENT, PENDING, WORKER, MappedSlot, SlotUnpickler, map_slot
+from ._worker_proc import ACK, ERROR, RESET, RESULT, STOP, TASK, HoldCtrlC, worker_loop
 
-_TASK, _RESET, _RESULT, _ERROR, _STOP, _ACK = range(6)
 
 
 def fallback_reason(loader) -> str | None:
@@ -70,101 +64,6 @@ def fallback_reason(loader) -> str | None:
     if isinstance(loader.dataset, (IterDataPipe, MapDataPipe)):
         return "a DataPipe dataset"
     return None
-
-
-# -- worker side -----------------------------------------------------------------------------------
-def _ship(conn, idx: int, arena: Arena, batch) -> None:
-    """Send ``batch`` as a RESULT, then the fd of each slot main has not mapped yet."""
-    sid, payload, new, retired = arena.seal(batch)
-    try:
-        conn.send((_RESULT, idx, sid, payload, [(s, c) for s, c, _ in new], retired))
-        for _, _, fd in new:
-            reduction.send_handle(conn, fd, os.getppid())
-    finally:
-        for _, _, fd in new:
-            os.close(fd)
-
-
-def _send_error(conn, idx: int, wid: int) -> None:
-    err = ExceptionWrapper(where=f"in DataLoader worker process {wid}")
-    try:
-        conn.send((_ERROR, idx, err))
-    except (pickle.PicklingError, TypeError, AttributeError):  # an exception class main cannot load
-        err.exc_type = RuntimeError
-        conn.send((_ERROR, idx, err))
-
-
-def _worker_loop(conn, kind, dataset, auto_collation, collate_fn, drop_last, base_seed, init_fn, wid,
-                 num_workers, close_fds) -> None:
-    """One worker process. ``collate_fn`` None means default_collate into the slots."""
-    for fd in close_fds:  # fork: the main process's ends of the pipes, so that EOF means it is gone
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-    held = getattr(signal.getsignal(signal.SIGINT), "__self__", None)
-    if isinstance(held, _HoldCtrlC) and held.previous is not None:  # forked while main held Ctrl-C back
-        signal.signal(signal.SIGINT, held.previous)
-    try:
-        _tutils.signal_handling._set_worker_signal_handlers()
-        torch.set_num_threads(1)
-        seed = base_seed + wid
-        random.seed(seed)
-        torch.manual_seed(seed)
-        np.random.seed(_worker._generate_state(base_seed, wid))
-        _worker._worker_info = _worker.WorkerInfo(id=wid, num_workers=num_workers, seed=seed, dataset=dataset)
-        arena = Arena()
-        collate = arena.collate if collate_fn is None else collate_fn
-        init_error = None
-        try:
-            if init_fn is not None:
-                init_fn(wid)
-            fetcher = _DatasetKind.create_fetcher(kind, dataset, auto_collation, collate, drop_last)
-        except Exception:
-            init_error = ExceptionWrapper(where=f"in DataLoader worker process {wid}")
-        inbox: collections.deque = collections.deque()
-        ended = False
-        parent = os.getppid()
-        while True:
-            while conn.poll(0 if inbox else _tutils.MP_STATUS_CHECK_INTERVAL):
-                inbox.append(conn.recv())
-            if not inbox:
-                if os.getppid() != parent:  # orphaned
-                    return
-                continue
-            if any(m is None for m in inbox):
-                return
-            if any(m[0] == _RESET for m in inbox):  # tasks queued before a reset are moot
-                while inbox[0][0] != _RESET:
-                    arena.release(*inbox.popleft()[2:])
-            op, arg, frees, drops = inbox.popleft()
-            arena.release(frees, drops)
-            if op == _RESET:
-                if init_error is None:
-                    fetcher = _DatasetKind.create_fetcher(kind, dataset, auto_collation, collate, drop_last)
-                ended = False
-                conn.send((_ACK, wid))
-                continue
-            idx, index = arg
-            if ended:
-                continue
-            if init_error is not None:  # worker_init_fn or the fetcher failed: every task reports it
-                conn.send((_ERROR, idx, init_error))
-                continue
-            try:
-                arena.begin()  # may create a slot: out of descriptors, that is this task's error, sent to main
-                _ship(conn, idx, arena, fetcher.fetch(index))
-            except (BrokenPipeError, ConnectionResetError):
-                return
-            except Exception as e:
-                arena.abort()
-                if isinstance(e, StopIteration) and kind == _DatasetKind.Iterable:
-                    conn.send((_STOP, idx))
-                    ended = True
-                else:
-                    _send_error(conn, idx, wid)
-    except (KeyboardInterrupt, BrokenPipeError, ConnectionResetError, EOFError):
-        pass  # Ctrl-C or the main process went away: it reports whatever needs reporting
 
 
 # -- main side -------------------------------------------------------------------------------------
@@ -201,34 +100,6 @@ def fd_limit_error(detail: str = "") -> RuntimeError:
         "hand each shared-memory slot over as a file descriptor, so holding fewer batches at once, or a lower "
         "num_workers or prefetch_factor, also helps; torch.multiprocessing.set_sharing_strategy('file_system') "
         "does not change fastload's slots." + (f" {detail}" if detail else ""))
-
-
-class _HoldCtrlC:
-    """Holds Ctrl-C back for a few lines and delivers it after them, through the handler that was there.
-
-    Around a worker's start: an interrupt between the fork and ``_workers.append`` would lose the child
-    (no one left to reap it). Python runs signal handlers in the main thread only, and only callable
-    handlers can be deferred; elsewhere this does nothing."""
-
-    def __init__(self):
-        self.previous = None
-        self.caught = None
-
-    def __enter__(self):
-        current = signal.getsignal(signal.SIGINT)
-        if threading.current_thread() is threading.main_thread() and callable(current):
-            self.previous = current
-            signal.signal(signal.SIGINT, self._hold)
-        return self
-
-    def _hold(self, signum, frame) -> None:
-        self.caught = (signum, frame)
-
-    def __exit__(self, *exc) -> None:
-        if self.previous is not None:
-            signal.signal(signal.SIGINT, self.previous)
-            if self.caught is not None:
-                self.previous(*self.caught)
 
 
 class WorkerIterator(_BaseDataLoaderIter):
@@ -270,12 +141,12 @@ class WorkerIterator(_BaseDataLoaderIter):
             for wid in range(nw):
                 ours, theirs = ctx.Pipe(duplex=True)
                 close = [c.fileno() for c in self._conns] + [ours.fileno()] if fork else []
-                p = ctx.Process(target=_worker_loop, daemon=True, name=f"fastload-worker-{wid}",
+                p = ctx.Process(target=worker_loop, daemon=True, name=f"fastload-worker-{wid}",
                                 args=(theirs, self._dataset_kind, loader.dataset, loader._auto_collation,
                                       collate_fn, loader.drop_last, self._base_seed, loader.worker_init_fn,
                                       wid, nw, close))
                 self._conns.append(ours)
-                with _HoldCtrlC():  # a started worker is always in _workers, where shutdown finds it
+                with HoldCtrlC():  # a started worker is always in _workers, where shutdown finds it
                     try:
                         p.start()
                     finally:
@@ -313,11 +184,11 @@ class WorkerIterator(_BaseDataLoaderIter):
                 if len(info) == 2:
                     self._discard(*info)
             for w in range(nw):
-                self._send(w, _RESET, None)
+                self._send(w, RESET, None)
             acks = nw
             while acks:
                 w, msg = self._get()
-                if msg[0] == _ACK:
+                if msg[0] == ACK:
                     acks -= 1
                 else:
                     self._discard(w, msg)
@@ -371,7 +242,7 @@ class WorkerIterator(_BaseDataLoaderIter):
                 return self._process(w, msg)
             w, msg = self._get()
             idx = msg[1]
-            if msg[0] == _STOP:
+            if msg[0] == STOP:
                 self._status[w] = False
                 self._try_put_index()
                 continue
@@ -400,7 +271,7 @@ class WorkerIterator(_BaseDataLoaderIter):
                 break
         else:  # torch would lose this index here; give it to the least busy worker instead
             w = min(active, key=lambda k: self._num_tasks[k])
-        self._send(w, _TASK, (self._send_idx, index))
+        self._send(w, TASK, (self._send_idx, index))
         self._task_info[self._send_idx] = (w,)
         self._num_tasks[w] += 1
         self._send_idx += 1
@@ -408,7 +279,7 @@ class WorkerIterator(_BaseDataLoaderIter):
     def _process(self, w: int, msg: tuple):
         self._num_tasks[w] -= 1
         self._try_put_index()
-        if msg[0] == _ERROR:
+        if msg[0] == ERROR:
             err = msg[2]
             if issubclass(err.exc_type, OSError) and f"[Errno {errno.EMFILE}]" in err.exc_msg:
                 self._shutdown_workers()
@@ -459,7 +330,7 @@ class WorkerIterator(_BaseDataLoaderIter):
             self._frees[w].append(slot.sid)
 
     def _discard(self, w: int, msg: tuple) -> None:
-        if msg[0] == _RESULT and msg[2] is not None:
+        if msg[0] == RESULT and msg[2] is not None:
             self._give_back(self._slots[(w, msg[2])])
 
     # -- messages ----------------------------------------------------------------------------------
@@ -488,7 +359,7 @@ class WorkerIterator(_BaseDataLoaderIter):
                     self._fail(who[r])
 
     def _recv(self, w: int) -> tuple:
-        with _HoldCtrlC():  # the message is ready (waited for); an interrupt inside would leak its fds
+        with HoldCtrlC():  # the message is ready (waited for); an interrupt inside would leak its fds
             return self._recv_ready(w)
 
     def _recv_ready(self, w: int) -> tuple:
@@ -496,7 +367,7 @@ class WorkerIterator(_BaseDataLoaderIter):
         fds: list[int] = []
         try:
             msg = conn.recv()
-            for _ in msg[4] if msg[0] == _RESULT else ():
+            for _ in msg[4] if msg[0] == RESULT else ():
                 fds.append(reduction.recv_handle(conn))
         except (EOFError, OSError, RuntimeError) as e:
             for fd in fds:
@@ -509,7 +380,7 @@ class WorkerIterator(_BaseDataLoaderIter):
             if isinstance(e, RuntimeError):
                 raise
             self._fail(w)
-        if msg[0] == _RESULT:
+        if msg[0] == RESULT:
             try:
                 for (sid, cap), fd in zip(msg[4], fds):
                     self._slots[(w, sid)] = map_slot(w, sid, fd, cap)
@@ -527,7 +398,7 @@ class WorkerIterator(_BaseDataLoaderIter):
 
     def _fail(self, w: int):
         p = self._workers[w]
-        with _HoldCtrlC():  # see _shutdown_workers: an interrupt inside a join can lose the exit status
+        with HoldCtrlC():  # see _shutdown_workers: an interrupt inside a join can lose the exit status
             p.join(timeout=1.0)
         code = p.exitcode
         self._shutdown_workers()
@@ -550,7 +421,7 @@ class WorkerIterator(_BaseDataLoaderIter):
             # poll(), after waitpid() has reaped a worker and before its exit code is stored, makes that
             # Process look alive for ever (waitpid then fails with ECHILD), so it stays in
             # multiprocessing's children with its sentinel pipes open. Bounded: about a second a worker.
-            with _HoldCtrlC():
+            with HoldCtrlC():
                 for p in self._workers:
                     if p.is_alive():
                         p.terminate()
@@ -584,7 +455,7 @@ class WorkerIterator(_BaseDataLoaderIter):
                     continue
                 try:  # drain, so that a worker blocked on a large send can exit
                     msg = r.recv()
-                    if msg[0] == _RESULT:
+                    if msg[0] == RESULT:
                         for _ in msg[4]:
                             os.close(reduction.recv_handle(r))
                 except (EOFError, OSError, RuntimeError):  # RuntimeError: an fd the kernel could not pass
@@ -594,7 +465,7 @@ class WorkerIterator(_BaseDataLoaderIter):
         if _tutils is None or _tutils.python_exit_status is not False:
             return  # interpreter exit: multiprocessing terminates daemonic workers itself
         try:
-            with _HoldCtrlC():  # Python swallows an exception raised in __del__: never let one cut this short
+            with HoldCtrlC():  # Python swallows an exception raised in __del__: never let one cut this short
                 self._shutdown_workers()
         except Exception:
             pass

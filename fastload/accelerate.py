@@ -31,8 +31,7 @@ import warnings
 from typing import Any
 
 from ._errors import FastPathWarning
-from ._loader import DataLoader
-from ._order import BucketOrder, Order, PackedOrder
+from ._loader import DataLoader, accelerate_ready, mark_prepared, retarget, sampler_replicas, warned_of_rebuild
 
 __all__ = ["prepare"]
 
@@ -44,13 +43,13 @@ def prepare(accelerator: Any, *args: Any, device_placement: list[bool] | None = 
                          f"per object, as accelerator.prepare expects")
     out = []
     for k, obj in enumerate(args):
-        if isinstance(obj, DataLoader) and not obj.__dict__.get("_accelerate_ready", False):
+        if isinstance(obj, DataLoader) and not accelerate_ready(obj):
             place = True if device_placement is None else device_placement[k]
             why = _why_not(accelerator, obj)
             if why is None:
                 _prepare_loader(accelerator, obj, place)
             else:
-                obj.__dict__["_accelerate_warned"] = True  # this warning says it; the rebuild need not again
+                warned_of_rebuild(obj)  # this warning says it; the rebuild need not again
                 warnings.warn(f"fastload.accelerate.prepare: this loader is left to accelerator.prepare, which "
                               f"rebuilds it without fastload's fast path: {why}", FastPathWarning, stacklevel=2)
         out.append(obj)
@@ -64,39 +63,17 @@ def _why_not(accelerator: Any, loader: DataLoader) -> str | None:
         return "split_batches=True (fastload batches are per process; divide batch_size yourself instead)"
     if accelerator.dispatch_batches:
         return "dispatch_batches=True (every process reads its own shard on the fast path)"
-    if loader._sampled is not None and accelerator.num_processes > 1 \
-            and getattr(loader._sampled.sampler, "num_replicas", None) != accelerator.num_processes:
-        return (f"its sampler ({type(loader._sampled.sampler).__name__}) is not a DistributedSampler over "
-                f"{accelerator.num_processes} processes; drop sampler= (fastload shards its own order) or pass one")
+    sampler = sampler_replicas(loader)
+    if sampler is not None and accelerator.num_processes > 1 and sampler[1] != accelerator.num_processes:
+        return (f"its sampler ({sampler[0]}) is not a DistributedSampler over {accelerator.num_processes} "
+                f"processes; drop sampler= (fastload shards its own order) or pass one")
     return None
 
 
 def _prepare_loader(accelerator: Any, loader: DataLoader, place: bool) -> None:
-    rank, world = accelerator.process_index, accelerator.num_processes
-    if loader._order is not None and (_rank_of(loader._order), _world_of(loader._order)) != (rank, world):
-        loader._order = _for_rank(loader._order, rank, world)
+    retarget(loader, accelerator.process_index, accelerator.num_processes)
     device = accelerator.device
     if place and device.type == "cuda" and loader.device is None:
         loader.device = device  # the loader's own prefetch: side-stream copies, no host sync
-    loader._is_accelerate_prepared = True  # accelerator.prepare returns it as it is, and registers it
+    mark_prepared(loader)  # accelerator.prepare returns it as it is, and registers it
     loader.use_stateful_dataloader = True  # accelerator.save_state / load_state call state_dict / load_state_dict
-
-
-def _rank_of(order: Order) -> int:
-    return getattr(order, "pack_rank", order.rank)
-
-
-def _world_of(order: Order) -> int:
-    return getattr(order, "pack_world", order.world_size)
-
-
-def _for_rank(order: Order, rank: int, world: int) -> Order:
-    """The same order (kind, seed, batching) for another process."""
-    common = dict(kind=order.kind, seed=order.seed, rank=rank, world_size=world, drop_last=order.drop_last,
-                  window=order.window)
-    if isinstance(order, PackedOrder):
-        return PackedOrder(order.lengths, order.tokens_per_batch, **common)
-    if isinstance(order, BucketOrder):
-        return BucketOrder(order.bucket_ids, order.batch_size, **common)
-    shards = order.shard_sizes if order.kind == "quasi" else None
-    return Order(order.num_samples, order.batch_size, shard_sizes=shards, **common)

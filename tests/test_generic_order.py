@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import fastload
-from fastload._order import Order
+from fastload.fast.order import Order
 from fastload import transforms as T
 
 from conftest import make_image_folder

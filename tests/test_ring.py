@@ -18,7 +18,8 @@ import pytest
 import torch
 
 import fastload
-from fastload import _fastiter, _prefetch, _ring
+from fastload import _prefetch, _ring
+from fastload.fast import collate as _collate_stage
 from fastload import transforms as T
 from fastload._prefetch import DevicePrefetcher, DeviceRing
 from sim_streams import Race, SimGpu
@@ -224,7 +225,7 @@ def test_contiguous_images_and_unpinned_slots_never_make_the_loop_wait(sim_cuda,
     ref = [(x.clone(), y.clone()) for x, y in fastload.DataLoader(ds, **kw)]
     gpu = fastload.DataLoader(ds, device="cuda", **kw)
     on_cpu = []
-    monkeypatch.setattr(_fastiter, "contiguous_images", lambda batch, keys: on_cpu.append(keys) or batch)
+    monkeypatch.setattr(_collate_stage, "contiguous_images", lambda batch, keys: on_cpu.append(keys) or batch)
     seen = lagging_loop(sim_cuda, gpu)
     assert not on_cpu  # the training thread did not transpose the batches
     assert not sim_cuda.waits_in(), sim_cuda.waits_in()

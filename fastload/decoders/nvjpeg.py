@@ -11,7 +11,7 @@ new, ``fence`` makes that stream wait on the stream it was allocated on (its mem
 kernels queued there: rule 3 of fastload/_ring.py); later batches need no wait, since a slot is refilled
 only after the copy that read it completed. The stream is synchronised before ``decode`` returns, so the
 batch is complete for whoever copies it next; the loader calls it from its producer thread only
-(``_fastiter.py`` starts one for GPU decoders even at num_workers=0), never the training loop's.
+(``fast/producer.py`` starts one for GPU decoders even at num_workers=0), never the training loop's.
 
 Failures. nvJPEG refuses a whole batch when one image is corrupt; the decoder then decodes the batch
 one image at a time to find the bad ones (only for batches that hold one), reports each as

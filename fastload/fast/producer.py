@@ -1,4 +1,4 @@
-"""The fast path's iterator: the calling thread or a producer thread fills each batch, whichever the
+"""The producer stage: the calling thread or a producer thread fills each batch, whichever the
 measurements say is faster.
 
 A producer thread overlaps filling the next batches with the caller's step: what ``num_workers > 0``
@@ -29,15 +29,10 @@ import atexit
 import collections
 import queue
 import threading
-import time
 import weakref
-from typing import Any, Iterator
+from typing import Any
 
-import numpy as np
-import torch
-from torch.utils.data.dataloader import _BaseDataLoaderIter
-
-from ._dropin import contiguous_images
+from .stage import Stage
 
 INLINE_BELOW = 1e-3  # seconds per batch fill from which a producer thread always fills
 SAMPLES = 3  # measurements needed before the policy changes the mode (a cold first batch does not decide)
@@ -116,44 +111,36 @@ def _stop_producers() -> None:
             p.thread.join(timeout=30)
 
 
-class FastIterator(_BaseDataLoaderIter):  # a torch DataLoader iterator by type (Lightning checks); no base __init__
-    def __init__(self, loader: Any, epoch: int, start: int, batches: Iterator[np.ndarray], rng_for,
-                 progress: Any = None, tensor_transforms: bool = True):
-        self.loader = loader
-        self.batcher = loader._batcher
-        self.policy: FillPolicy = loader._fill_policy
-        self.epoch = epoch
-        self.done = start
-        self.batches = batches
-        self.rng_for = rng_for
-        self.timeout = loader.timeout
-        self.stats = loader._stats
-        self.progress = progress  # an _order.Progress to advance per batch handed out, or None
-        self.tensor_transforms = tensor_transforms  # ToDtype/Normalize here (False: the device prefetcher runs them)
-        ds = loader.dataset
-        self.image_keys = [] if loader.memory_format == torch.channels_last else \
-            [(f.name if ds.as_dict else i) for i, f in enumerate(ds.schema) if f.kind == "image"]
-        if not tensor_transforms:  # a device prefetcher takes the batches: the NCHW transpose runs there,
-            self.contiguous_on_device, self.image_keys = self.image_keys, []  # not on the CPU of this thread
+class Produce(Stage):
+    """Filled slots from ``source`` (the ``Fill`` stage), made in a producer thread or in the calling thread as
+    ``policy`` decides (module docstring). ``threads`` is whether a producer thread may run at all
+    (``num_workers > 0``, or GPU decoders: ``always``); ``depth`` the batches it keeps ready; ``timeout``
+    torch's. ``ready`` is how many batches the producer had queued when the last one was handed on (the
+    stats' queue depth). ``on_close`` runs when the epoch ends or the iteration is dropped (a
+    non-persistent loader's ``Batcher.end_epoch``); ``stats.end_epoch`` then too. ``release(slot)`` ends the
+    reservation of a filled slot that ``reset`` drops from the queue (``fill.Reservations.release``)."""
+
+    def __init__(self, source: Any, policy: FillPolicy, stats: Any, *, threads: bool, always: bool, depth: int,
+                 timeout: float, on_close=None, release=None):
+        self.source, self.policy, self.stats, self.release = source, policy, stats, release
+        self.ready = 0
+        self.threads, self.always, self.depth, self.timeout = threads, always, depth, timeout
+        self.on_close = on_close
+        self.done = 0  # batches handed on
+        self.closed = False
         self.thread = None
         self.producer = None
-        self._returned_at: float | None = None
-        self.batcher.images.bind_device()
-        # GPU decoders synchronise their stream per batch: always in a producer thread, even at
-        # num_workers=0, so that the training thread never waits for the GPU
-        self.gpu_rows = self.batcher.images.device is not None
-        if (loader.num_workers > 0 or self.gpu_rows) and self._threaded(True):
+        if threads and self._threaded(True):
             self._start_producer()
 
     def _threaded(self, now: bool) -> bool:
-        return self.gpu_rows or self.policy.threaded(now)
+        return self.always or self.policy.threaded(now)
 
     def _start_producer(self) -> None:
         """Fill the remaining batches in a background thread (the batch sequence and RNGs are unchanged)."""
-        loader = self.loader
-        self.producer = _Producer(loader.prefetch_factor or 2)
+        self.producer = _Producer(self.depth)
         self.thread = threading.Thread(target=_produce, name="fastload-batcher", daemon=True,
-                                       args=(self.producer, loader, self.batches, self.done, self.rng_for))
+                                       args=(self.producer, self.source, self.release))
         self.producer.thread = self.thread
         _LIVE.add(self.producer)
         self.thread.start()
@@ -164,18 +151,10 @@ class FastIterator(_BaseDataLoaderIter):  # a torch DataLoader iterator by type 
         self.thread = None
         self.producer = None
 
-    def __iter__(self):
-        return self
-
     def __next__(self):
-        started = self.stats.begin_next()
-        if self._returned_at is not None:
-            self.policy.steps.append(started - self._returned_at)  # the caller's own time for one batch
-        out = self._next_threaded(started) if self.producer is not None else self._next_inline(started)
-        self._returned_at = time.perf_counter()
-        return out
+        return self._next_threaded() if self.producer is not None else self._next_inline()
 
-    def _next_threaded(self, started: float):
+    def _next_threaded(self):
         p = self.producer
         try:
             item = p.queue.get(timeout=self.timeout if self.timeout > 0 else None)
@@ -187,89 +166,88 @@ class FastIterator(_BaseDataLoaderIter):  # a torch DataLoader iterator by type 
             raise StopIteration
         if item is _HANDBACK:
             self._take_back()
-            return self._next_inline(started)
+            return self._next_inline()
         if isinstance(item, BaseException):
             self.close()
             raise item
-        slot, n, objects = item
-        out = self.batcher.collate(slot, n, objects, self.tensor_transforms)
-        with p.lock:
-            p.reserved.discard(id(slot))
-        self.stats.end_next(started, n, p.queue.qsize())
+        self.ready = p.queue.qsize()
+        self.done += 1
         if not p.handback.is_set() and not self._threaded(True):
             p.handback.set()  # cheap batches, a caller that waits on them: the hand-off costs more than it hides
-        return self._count(out)
+        return item
 
-    def _next_inline(self, started: float):
+    def _next_inline(self):
         try:
-            idx = next(self.batches)
+            item = next(self.source)
         except StopIteration:
             self.close()
             raise
-        slot = self.loader._free_slot(set())
-        t = time.perf_counter()
-        objects = self.batcher.fill(slot, idx, self.rng_for(self.done))
-        cost = time.perf_counter() - t
-        self.stats.add_fill(cost)
-        self.policy.fills.append(cost)
-        out = self.batcher.collate(slot, len(idx), objects, self.tensor_transforms)
-        self.stats.end_next(started, len(idx))
-        out = self._count(out)
-        if (self.loader.num_workers > 0 or self.gpu_rows) and self._threaded(False):
-            self._start_producer()  # batches got expensive, or the caller has work to hide them behind
-        return out
-
-    def _count(self, out):
-        if self.image_keys and self.batcher.packed is None:
-            out = contiguous_images(out, self.image_keys)
+        self.ready = 0
         self.done += 1
-        if self.progress is not None:
-            self.progress.advance()
-        return out
+        if self.threads and self._threaded(False):
+            self._start_producer()  # batches got expensive, or the caller has work to hide them behind
+        return item
+
+    def _stop_producer(self) -> list:
+        """Stop the producer thread, wait for it, and return what it had queued."""
+        p, self.producer = self.producer, None
+        p.stop.set()
+        if self.thread is not None and self.thread is not threading.current_thread():
+            self.thread.join()
+        self.thread = None
+        items = []
+        while True:
+            try:
+                items.append(p.queue.get_nowait())
+            except queue.Empty:
+                return items
+
+    def reset(self, state: dict | None = None) -> None:
+        """Start over from ``state`` (the upstream's, nested under ``"source"``): a running producer thread is
+        stopped first and the batches it had queued are dropped, their slots' reservations ended."""
+        if self.producer is not None:
+            for item in self._stop_producer():
+                if isinstance(item, tuple) and self.release is not None:
+                    self.release(item[0])
+        super().reset(state)
+        self.done, self.ready = 0, 0
+        if self.threads and self._threaded(True):
+            self._start_producer()
 
     def close(self) -> None:
-        self.stats.end_epoch()
+        """Stop the producer thread and wait for the batch it is filling; end the epoch (once)."""
         if self.producer is not None:
             self.producer.stop.set()
             if self.thread is not None and self.thread is not threading.current_thread():
                 self.thread.join()
             self.thread = None
-        if not self.loader.persistent_workers:
-            self.batcher.end_epoch()
+        if not self.closed:
+            self.closed = True
+            self.stats.end_epoch()
+            if self.on_close is not None:
+                self.on_close()
 
-    def __del__(self):
+    def __del__(self):  # dropped without close (e.g. Ctrl-C before the iterator holding it was made)
         try:
             self.close()
         except Exception:
             pass
 
-    def __len__(self) -> int:
-        return len(self.loader)
 
-
-def _produce(p: _Producer, loader: Any, batches, start: int, rng_for) -> None:
-    batcher = loader._batcher
-    b = start
+def _produce(p: _Producer, source, release=None) -> None:
     try:
         while not p.stop.is_set():
             if p.handback.is_set():
-                p.put(_HANDBACK)  # after every batch already queued; this thread no longer touches `batches`
+                p.put(_HANDBACK)  # after every batch already queued; this thread no longer touches `source`
                 return
             try:
-                idx = next(batches)
+                item = next(source)
             except StopIteration:
                 p.put(_END)
                 return
-            with p.lock:
-                slot = loader._free_slot(p.reserved)
-                p.reserved.add(id(slot))
-            t = time.perf_counter()
-            objects = batcher.fill(slot, idx, rng_for(b))
-            cost = time.perf_counter() - t
-            loader._stats.add_fill(cost)
-            loader._fill_policy.fills.append(cost)
-            b += 1
-            if not p.put((slot, len(idx), objects)):
+            if not p.put(item):  # stopped: the batch it filled goes nowhere, its slot is free again
+                if release is not None:
+                    release(item[0])
                 return
     except BaseException as e:  # handed to the consumer, re-raised there
         p.put(e)

@@ -1,4 +1,4 @@
-"""Inline vs producer-thread filling on the fast path (fastload/_fastiter.py): cheap batches that the caller
+"""Inline vs producer-thread filling on the fast path (fastload/fast/producer.py): cheap batches that the caller
 waits on are filled by the calling thread whatever num_workers says, expensive ones (or ones the caller's
 own work can hide) by a producer thread, and the switch (also mid-epoch) changes neither the batches nor
 resume."""
@@ -13,18 +13,9 @@ import pytest
 import torch
 
 import fastload
-from fastload import _fastiter
+from fastload.fast import producer as _fastiter
 from fastload import transforms as T
 from conftest import jpeg_bytes
-
-
-@pytest.fixture(scope="module")
-def records(tmp_path_factory):
-    root = tmp_path_factory.mktemp("fill")
-    rng = np.random.default_rng(0)
-    fastload.pack({"tokens": rng.integers(0, 1000, (2000, 16), dtype=np.int32),
-                   "label": np.arange(2000, dtype=np.int64)}, root / "ds")
-    return fastload.open(root / "ds")
 
 
 def producers() -> int:
@@ -35,7 +26,7 @@ def producers() -> int:
 def switches(monkeypatch):
     """(event, batch index) for every producer start and every hand-back to the calling thread."""
     seen = []
-    start, back = _fastiter.FastIterator._start_producer, _fastiter.FastIterator._take_back
+    start, back = _fastiter.Produce._start_producer, _fastiter.Produce._take_back
 
     def spy_start(self):
         seen.append(("start", self.done))
@@ -45,8 +36,8 @@ def switches(monkeypatch):
         seen.append(("back", self.done))
         return back(self)
 
-    monkeypatch.setattr(_fastiter.FastIterator, "_start_producer", spy_start)
-    monkeypatch.setattr(_fastiter.FastIterator, "_take_back", spy_back)
+    monkeypatch.setattr(_fastiter.Produce, "_start_producer", spy_start)
+    monkeypatch.setattr(_fastiter.Produce, "_take_back", spy_back)
     return seen
 
 

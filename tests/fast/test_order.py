@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.utils.data import BatchSampler, DistributedSampler
 
-from fastload._order import DEFAULT_BLOCK, KINDS, Order, default_seed, dist_info
+from fastload.fast.order import DEFAULT_BLOCK, KINDS, Order, default_seed, dist_info
 
 
 def all_batches(order: Order, epoch: int) -> list[np.ndarray]:
@@ -110,33 +110,9 @@ def test_default_seed():
 
 
 # -- resume ------------------------------------------------------------------------------------
-def check_save_load(make, epoch: int, k: int) -> None:
-    """After ``k`` batches of ``epoch``, a state loaded into a fresh order yields exactly the rest."""
-    a = make(seed=11)
-    a.set_epoch(epoch)
-    it = a.batches()
-    for _ in range(k):
-        next(it)
-    state = json.loads(json.dumps(a.state_dict(k)))  # plain data
-    rest = [x.copy() for x in it]
-    b = make(seed=999)  # the saved seed wins (a loader that drew a seed draws another one after restart)
-    assert b.load_state_dict(state) == k
-    if k < len(a):
-        assert b.begin_epoch() == epoch
-        assert [x.tolist() for x in b.batches()] == [x.tolist() for x in rest]
-        assert [x.tolist() for x in b.batches()] == [x.tolist() for x in all_batches(a, epoch)]  # resume used once
-        assert [x.tolist() for x in b.batches(epoch + 1)] == [x.tolist() for x in all_batches(a, epoch + 1)]
-    else:  # a finished epoch resumes at the next one
-        assert b.begin_epoch() == epoch + 1
-        assert [x.tolist() for x in b.batches()] == [x.tolist() for x in all_batches(a, epoch + 1)]
-    c = make(seed=0)
-    c.load_state_dict(state)
-    assert [x.tolist() for x in c.batches(epoch, start=k)] == [x.tolist() for x in rest]  # explicit start
-
-
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("drop_last", [False, True])
-def test_resume_yields_exactly_the_remaining_batches(kind, drop_last):
+def test_resume_yields_exactly_the_remaining_batches(kind, drop_last, check_save_load):
     pick = np.random.default_rng(0)
     for world in (1, 3):
         for rank in range(world):

@@ -1,0 +1,123 @@
+"""The collate stage: a filled slot as the batch ``default_collate`` would give, views of the slot.
+
+Images come out NCHW in channels_last memory (the decoder's layout, at no cost); ToDtype/Normalize run
+here on the CPU into a small ring of reused output buffers, unless a device prefetcher runs them on the
+device (``tensor_transforms=False``); ``contiguous`` lists the image entries to copy into torch's
+default layout (``memory_format=torch.contiguous_format``). ``Collator`` is also what
+``Batcher.collate`` (``ds.__getitems__``) uses.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from .._ring import Slot, SlotRing
+from .stage import Stage
+
+
+def contiguous_images(batch: Any, keys: list) -> Any:
+    """``batch`` with its image tensors (at ``keys``) in torch's default contiguous layout."""
+    for k in keys:
+        batch[k] = batch[k].contiguous()
+    return batch
+
+
+class Collator:
+    """How one dataset's slots become batches (fields, pipelines, packing decided once, not per batch)."""
+
+    def __init__(self, dataset: Any, batch_size: int, packed: Any):
+        self.batch_size, self.packed, self.as_dict = batch_size, packed, dataset.as_dict
+        self.names = list(dataset.schema.names)
+        fields = []  # (name, how, the CPU tensor pipeline or None, trailing shape)
+        for f in dataset.schema:
+            if f.kind == "image":
+                p = dataset.pipelines[f.name]
+                fields.append((f.name, "image", p.tensor if p.tensor else None, None))
+            elif f.name in dataset.sequences:
+                fields.append((f.name, "sequence", None, tuple(f.shape[1:])))
+            elif f.fixed_size:
+                fields.append((f.name, "fixed", None, None))
+            else:
+                fields.append((f.name, "object", None, None))
+        self.fields = fields
+        self._cpu_outputs: dict[str, SlotRing] = {}  # per image field: CPU ToDtype/Normalize results
+        self._cpu_outputs_lock = threading.Lock()
+
+    def _cpu_output(self, name: str, pipeline: Any, images: torch.Tensor) -> torch.Tensor:
+        """Where ToDtype/Normalize on the CPU write ``images``' result: a buffer of a small ring, reused once
+        nothing views it (the slot protocol, ``_ring.py``), so a batch the caller still holds is never
+        overwritten. A fresh float batch per step (38 MB at 64x3x224x224) cost more in page faults than the
+        arithmetic: about 14 of 23 ms a batch on one thread."""
+        dtype, shape = pipeline.dtype, (self.batch_size,) + tuple(images.shape[1:])
+        with self._cpu_outputs_lock:  # one acquire at a time: the view taken inside holds the buffer
+            ring = self._cpu_outputs.get(name)
+            if ring is None:
+                ring = self._cpu_outputs[name] = SlotRing(
+                    lambda: Slot({"out": torch.empty(shape, dtype=dtype, memory_format=torch.channels_last)}))
+            return ring.acquire().tensors["out"][:images.shape[0]]
+
+    def collate(self, slot: Slot, n: int, objects: list, tensor_transforms: bool = True) -> Any:
+        """The batch as ``default_collate`` would structure it: list for tuple samples, dict for dicts.
+        ``tensor_transforms``: run ToDtype/Normalize here, on the CPU (a device prefetcher runs them instead)."""
+        tensors = slot.tensors
+        if self.packed is not None:
+            name, spec = self.packed
+            k = objects[0]
+            return {name: tensors[name].view(self.batch_size, spec.row_length),
+                    "cu_seqlens": tensors[name + ":cu"][: k + 1],
+                    "sample_ids": tensors[name + ":ids"][:k]}
+        values = []
+        for (name, how, pipeline, rest), obj in zip(self.fields, objects):
+            if how == "image":
+                images = tensors[name][:n].permute(0, 3, 1, 2)  # NCHW, channels_last
+                if tensor_transforms and pipeline is not None:
+                    images = pipeline.apply(images, self._cpu_output(name, pipeline, images))
+                values.append(images)
+            elif how == "sequence":
+                shape = (n, obj) + rest
+                flat = tensors[name][: int(np.prod(shape, dtype=np.int64))]
+                values.append([flat.view(shape), tensors[name + ":len"][:n]])
+            elif how == "fixed":
+                values.append(tensors[name][:n])
+            else:
+                values.append(obj)
+        if self.as_dict:
+            return dict(zip(self.names, values))
+        return values
+
+
+class Collate(Stage):
+    """``(slot, n, objects, fill seconds)`` from the producer stage -> the batch; the slot's reservation
+    (``fill.Reservations``) ends once its views exist (they hold it from then on).
+
+    The last stage in the caller's thread before the device copy, so it measures what the caller sees:
+    its wait for the batch and its own time between batches (``stats.took``, with the batch's fill time; the
+    step also goes to ``steps``, the fill policy's window, which decides between the calling thread and a
+    producer thread)."""
+
+    def __init__(self, source: Any, collator: Collator, reserved: Any, stats: Any, steps: Any,
+                 tensor_transforms: bool = True, contiguous: list | None = None):
+        self.source, self.collator, self.reserved, self.stats, self.steps = source, collator, reserved, stats, steps
+        self.tensor_transforms = tensor_transforms
+        self.contiguous = contiguous if contiguous and collator.packed is None else None
+        self._returned_at: float | None = None
+
+    def __next__(self) -> Any:
+        started = time.perf_counter()
+        if self._returned_at is not None:
+            self.steps.append(started - self._returned_at)  # the caller's own time for one batch
+        slot, n, objects, fill = next(self.source)
+        out = self.collator.collate(slot, n, objects, self.tensor_transforms)
+        r = self.reserved
+        with r.lock:
+            r.ids.discard(id(slot))
+        self.stats.took(started, n, self.source.ready, fill)
+        if self.contiguous is not None:
+            out = contiguous_images(out, self.contiguous)
+        self._returned_at = time.perf_counter()
+        return out

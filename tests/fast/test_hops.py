@@ -1,0 +1,29 @@
+"""One batch of the fast path enters each module of the chain once, the calls going upstream only (issue 20).
+
+``count_hops.py`` profiles one ``next()`` (``num_workers=0``: one thread sees the whole path). Before the
+chain (d1c4eaa) a batch made 33 calls across fastload's module boundaries, entering ``_order.py`` 3
+times, ``_batcher.py`` 3 (the reader called back into it), ``_stats.py`` 3 and ``_loader.py`` twice (the
+slot and the generator came through it).
+"""
+
+from __future__ import annotations
+
+import collections
+
+from .count_hops import hops_of_one_batch
+
+CHAIN = ["fastload.fast.position", "fastload.fast.collate", "fastload.fast.producer", "fastload.fast.fill",
+         "fastload.fast.order"]  # downstream to upstream: each calls the next one's __next__
+ONCE = CHAIN + ["fastload._batcher", "fastload._ring", "fastload._stats"]
+
+
+def test_one_batch_enters_each_stage_once_going_upstream():
+    hops = hops_of_one_batch()
+    entered = collections.Counter(callee for _, callee, _ in hops)
+    assert {m: entered[m] for m in ONCE} == dict.fromkeys(ONCE, 1), hops
+    chain = [(caller, callee) for caller, callee, fn in hops if callee in CHAIN]
+    assert chain == [("fastload._loader", CHAIN[0])] + list(zip(CHAIN, CHAIN[1:])), chain
+    # nothing below the chain calls back into it, nor into the loader
+    assert not [h for h in hops if h[1] in CHAIN + ["fastload._loader"] and h[0] not in CHAIN + ["fastload._loader"]]
+    # the whole batch made 33 calls across fastload's module boundaries before the chain and 22 with it (the
+    # rest are formats/ and decoders/: `python tests/fast/count_hops.py --verbose` lists them)
