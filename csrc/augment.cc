@@ -467,63 +467,13 @@ bool apply_ops(uint8_t* tile, int h, int w, ptrdiff_t stride, const AugOpParams*
 }
 
 bool augment_batch(ThreadPool* pool, const AugBatchSpec& b, std::string* err) {
-  if (b.n < 0 || b.h < 1 || b.w < 1 || b.num_steps < 0 || b.num_rows < 0) {
-    *err = "bad batch shape: n=" + std::to_string(b.n) + ", h=" + std::to_string(b.h) + ", w=" + std::to_string(b.w);
-    return false;
-  }
-  if (b.offset[0] != 0 || b.offset[b.num_steps] != b.num_rows) {
-    *err = "offset should run from 0 to the number of rows " + std::to_string(b.num_rows) + ", got " +
-           std::to_string(b.offset[0]) + " to " + std::to_string(b.offset[b.num_steps]);
-    return false;
-  }
-  // Every step and row checked before any pixel is written; rows gathered per sample in step order.
-  std::vector<int64_t> count(static_cast<size_t>(b.n) + 1, 0);
-  std::vector<AugOpParams> rows(static_cast<size_t>(b.num_rows));
-  for (int64_t s = 0; s < b.num_steps; ++s) {
-    const std::string where = "step " + std::to_string(s);
-    if (b.op[s] < 0 || b.op[s] >= kAugNumOps) {
-      *err = where + ": operation id " + std::to_string(b.op[s]) + " is outside [0, " +
-             std::to_string(kAugNumOps - 1) + "]";
-      return false;
-    }
-    if (b.offset[s + 1] < b.offset[s]) {
-      *err = "offset should not decrease, but offset[" + std::to_string(s + 1) + "] = " +
-             std::to_string(b.offset[s + 1]) + " < offset[" + std::to_string(s) + "] = " + std::to_string(b.offset[s]);
-      return false;
-    }
-    for (int64_t j = b.offset[s]; j < b.offset[s + 1]; ++j) {
-      const int64_t i = b.sample[j];
-      if (i < 0 || i >= b.n) {
-        *err = where + " (" + aug_op_name(b.op[s]) + "), row " + std::to_string(j) + ": sample " + std::to_string(i) +
-               " is outside the batch of " + std::to_string(b.n) + " tiles";
-        return false;
-      }
-      AugOpParams& p = rows[static_cast<size_t>(j)];
-      p.op = static_cast<int32_t>(b.op[s]);
-      std::copy(b.fparam + j * kAugParams, b.fparam + (j + 1) * kAugParams, p.f);
-      std::copy(b.iparam + j * kAugParams, b.iparam + (j + 1) * kAugParams, p.i);
-      if (!check_aug_op(p, b.h, b.w, err)) {
-        *err = where + " (" + aug_op_name(b.op[s]) + "), row " + std::to_string(j) + ", sample " +
-               std::to_string(i) + ": " + *err;
-        return false;
-      }
-      ++count[static_cast<size_t>(i) + 1];
-    }
-  }
-  for (int64_t i = 0; i < b.n; ++i) count[i + 1] += count[i];
-  std::vector<AugOpParams> by_sample(rows.size());
-  std::vector<int64_t> fill(count.begin(), count.end() - 1);
-  for (int64_t j = 0; j < b.num_rows; ++j) by_sample[static_cast<size_t>(fill[b.sample[j]]++)] = rows[j];
-
+  AugPlan plan;
+  if (!plan.prepare(b, err)) return false;
   const ptrdiff_t stride = static_cast<ptrdiff_t>(b.w) * 3;
   const int64_t tile_bytes = static_cast<int64_t>(b.h) * stride;
   std::vector<AugScratch> scratch(static_cast<size_t>(pool->num_slots()));
   pool->run(b.n, [&](int64_t i, int worker) {
-    const int64_t first = count[i], n_ops = count[i + 1] - first;
-    if (n_ops == 0) return;
-    std::string unused;  // every operation was checked above
-    apply_ops(b.images + i * tile_bytes, b.h, b.w, stride, by_sample.data() + first, n_ops,
-              &scratch[static_cast<size_t>(worker)], &unused);
+    plan.run(i, b.images + i * tile_bytes, stride, &scratch[static_cast<size_t>(worker)]);
   });
   return true;
 }

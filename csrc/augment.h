@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "pool.h"
+#include "warp.h"
 
 namespace fastload {
 
@@ -58,7 +59,7 @@ const char* aug_op_name(int64_t op);
 
 // Per-thread buffers, grown to the largest tile seen.
 struct AugScratch {
-  std::vector<uint8_t> copy;
+  std::vector<uint8_t> copy, warp;
   std::vector<float> a, b, taps_x, taps_y;
 };
 
@@ -83,6 +84,30 @@ struct AugBatchSpec {
   const int64_t* sample = nullptr;  // num_rows, each in [0, n)
   const double* fparam = nullptr;   // num_rows x kAugParams
   const int64_t* iparam = nullptr;  // num_rows x kAugParams
+  // The plan's geometry per tile (all null: none), run before the operations (warp.h):
+  const uint8_t* vflip = nullptr;          // n
+  const uint8_t* has_affine = nullptr;     // n
+  const double* affine = nullptr;          // n x 6
+  const uint8_t* interpolation = nullptr;  // n
+  const double* fill = nullptr;            // n x 3
+};
+
+// A batch's augmentation checked once and arranged per tile, so that whoever holds a tile (a
+// decode thread right after writing it, or augment_batch) runs that tile's part alone.
+class AugPlan {
+ public:
+  // Checks the whole spec (naming the first bad step/row/sample and the sizes); spec.images unused.
+  bool prepare(const AugBatchSpec& spec, std::string* err);
+  // Tile i's geometry, then its operations in step order.
+  void run(int64_t i, uint8_t* tile, ptrdiff_t stride, AugScratch* scratch) const;
+  int h() const { return h_; }
+  int w() const { return w_; }
+
+ private:
+  int h_ = 0, w_ = 0;
+  std::vector<int64_t> count_;  // tile i's operations are by_sample_[count_[i] .. count_[i + 1])
+  std::vector<AugOpParams> by_sample_;
+  std::vector<AugGeometry> geometry_;  // empty: none
 };
 
 // Checks the whole spec (naming the first bad step/row and the sizes), then runs it. On error

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -81,6 +82,10 @@ class BatchEngine {
   ThreadPool& pool() { return pool_; }
   // Fills spec.out; returns the failed samples in index order.
   std::vector<Failure> run(const BatchSpec& spec);
+  // run(), and then(k, worker, tile) for each sample written without failure, on the thread that
+  // wrote it, right after (the tile is still in that core's cache): the fused augmentation.
+  using AfterSample = std::function<void(int64_t k, int worker, uint8_t* tile)>;
+  std::vector<Failure> run(const BatchSpec& spec, const AfterSample& then);
 
  private:
   ThreadPool pool_;

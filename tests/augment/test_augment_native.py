@@ -48,7 +48,6 @@ from fastload._augment.color import ColorJitter, RandomGrayscale
 from fastload._augment.engine_native import NATIVE_OPS, native_arrays, run_native
 from fastload._augment.engine_torch import run_torch
 from fastload._augment.filters import RandomErasing
-from fastload._augment.geometry import RandomRotation, RandomVerticalFlip
 from fastload._augment.plan import OPS, PlanBuilder, define_op, plan_batch
 from fastload._augment.policies import ThreeAugment
 from fastload._augment.tone import (RandomAdjustSharpness, RandomAutocontrast, RandomEqualize, RandomInvert,
@@ -276,14 +275,6 @@ def test_every_plan_operation_has_a_native_kernel_and_a_new_one_is_named():
         assert np.array_equal(t, before)
     finally:
         del OPS["test_native_missing"]
-
-
-@pytest.mark.parametrize("transform, words", [(RandomVerticalFlip(1.0), "vertical flips"),
-                                              (RandomRotation(30), "affine transforms")])
-def test_geometry_is_refused_by_name(transform, words):
-    plan = plan_batch([transform], np.tile([H, W], (2, 1)), np.random.default_rng(0))
-    with pytest.raises(NotImplementedError, match=words):
-        run_native(smooth_tiles(2), plan)
 
 
 def test_wrapper_argument_errors():
