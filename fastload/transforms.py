@@ -38,25 +38,60 @@ import numpy as np
 
 from ._tensor_transforms import Normalize, TensorPipeline, TensorTransform, ToDtype  # noqa: E402
 from ._sequences import Bucket, Pad, PackSequences  # noqa: E402  (variable-length fields, see _sequences.py)
+# The augmentations (issue 21), under torchvision v2's names; planned after the crop plan (_augment/pipeline.py).
+from ._augment import pipeline as _augment  # noqa: E402
+from ._augment.color import ColorJitter, Grayscale, RandomGrayscale  # noqa: E402
+from ._augment.combinators import RandomApply, RandomChoice, RandomOrder  # noqa: E402
+from ._augment.filters import GaussianBlur, RandomErasing  # noqa: E402
+from ._augment.geometry import RandomAffine, RandomRotation, RandomVerticalFlip  # noqa: E402
+from ._augment.plan import Augment  # noqa: E402
+from ._augment.policies import AutoAugment, RandAugment, ThreeAugment, TrivialAugmentWide  # noqa: E402
+from ._augment.tone import (RandomAdjustSharpness, RandomAutocontrast, RandomEqualize, RandomInvert,  # noqa: E402
+                            RandomPosterize, RandomSolarize)
 
 __all__ = [
+    "AutoAugment",
     "Bucket",
     "CenterCrop",
+    "ColorJitter",
     "Compose",
+    "GaussianBlur",
+    "Grayscale",
     "ImagePipeline",
     "Normalize",
     "PackSequences",
     "Pad",
     "Plan",
+    "RandAugment",
+    "RandomAdjustSharpness",
+    "RandomAffine",
+    "RandomApply",
+    "RandomAutocontrast",
+    "RandomChoice",
+    "RandomEqualize",
+    "RandomErasing",
+    "RandomGrayscale",
     "RandomHorizontalFlip",
+    "RandomInvert",
+    "RandomOrder",
+    "RandomPosterize",
     "RandomResizedCrop",
+    "RandomRotation",
+    "RandomSolarize",
+    "RandomVerticalFlip",
     "Resize",
+    "ThreeAugment",
     "ToDtype",
+    "TrivialAugmentWide",
     "apply_pil",
 ]
 
-_SUPPORTED = ("RandomResizedCrop, Resize, CenterCrop, RandomHorizontalFlip, then optionally ToDtype and "
-              "Normalize (in a list or Compose)")
+_SUPPORTED = ("RandomResizedCrop, Resize, CenterCrop, RandomHorizontalFlip, then optionally augmentations "
+              "(TrivialAugmentWide, RandAugment, AutoAugment, ThreeAugment, ColorJitter, RandomGrayscale, Grayscale, "
+              "GaussianBlur, RandomSolarize, RandomPosterize, RandomEqualize, RandomAutocontrast, "
+              "RandomAdjustSharpness, RandomInvert, RandomErasing, RandomRotation, RandomAffine, RandomVerticalFlip, "
+              "RandomHorizontalFlip, RandomApply, RandomChoice, RandomOrder), then optionally ToDtype and Normalize "
+              "(in a list or Compose)")
 _ATTEMPTS = 10  # torchvision's RandomResizedCrop.get_params tries 10 boxes before its fallback
 
 
@@ -442,10 +477,10 @@ class _State:
 
 def _flatten(transforms: Any) -> list[Transform]:
     if isinstance(transforms, ImagePipeline):
-        return list(transforms.transforms)
+        return list(transforms.transforms) + list(transforms.augment) + list(transforms.tensor.transforms)
     if isinstance(transforms, Compose):
         transforms = transforms.transforms
-    if isinstance(transforms, (Transform, TensorTransform)):
+    if isinstance(transforms, (Transform, TensorTransform, Augment)):
         return [transforms]
     if not isinstance(transforms, (list, tuple)):
         raise TypeError(f"expected a list of transforms or a Compose, got {_type_name(transforms)}: "
@@ -454,7 +489,7 @@ def _flatten(transforms: Any) -> list[Transform]:
     for t in transforms:
         if isinstance(t, (Compose, list, tuple)):
             out.extend(_flatten(t))
-        elif isinstance(t, (Transform, TensorTransform)):
+        elif isinstance(t, (Transform, TensorTransform, Augment)):
             out.append(t)
         else:
             raise TypeError(f"unsupported image transform {t!r} ({_type_name(t)}); supported: {_SUPPORTED} "
@@ -473,17 +508,20 @@ def _type_name(obj: Any) -> str:
 class ImagePipeline:
     """A list of geometric transforms folded into one crop box, output size and flip per sample.
 
-    ``ToDtype``/``Normalize`` at the end of the list are kept apart in ``tensor`` (a
-    ``TensorPipeline``): they run on whole batches, on the batch's device."""
+    Augmentations after them (``augment``, see ``_augment/pipeline.py``) are drawn after the crop plan from the
+    same generator and attached to it (``Plan.augment``). ``ToDtype``/``Normalize`` at the end of the list are
+    kept apart in ``tensor`` (a ``TensorPipeline``): they run on whole batches, on the batch's device."""
 
     def __init__(self, transforms: Any) -> None:
         items = _flatten(transforms)
         first_tensor = next((i for i, t in enumerate(items) if isinstance(t, TensorTransform)), len(items))
         if any(not isinstance(t, TensorTransform) for t in items[first_tensor:]):
-            raise ValueError("ToDtype/Normalize must come after every geometric transform (they run on the "
-                             "batch once it is on its device)")
+            raise ValueError("ToDtype/Normalize must come after every geometric transform and augmentation (they "
+                             "run on the batch once it is on its device)")
         self.tensor = TensorPipeline(items[first_tensor:])
-        self.transforms: tuple[Transform, ...] = tuple(items[:first_tensor])
+        crops, augment = _augment.split(items[:first_tensor], Transform, RandomHorizontalFlip)
+        self.transforms: tuple[Transform, ...] = tuple(crops)
+        self.augment: tuple[Augment, ...] = tuple(augment)
         hw: tuple[int, int] | None = None
         for t in self.transforms:
             hw = t._static_size(hw)
@@ -509,18 +547,19 @@ class ImagePipeline:
         state = _State(h, w)
         for t in self.transforms:
             t._apply(state, rng)
-        return state.finish()
+        plan = state.finish()
+        return _augment.plan_batch(self.augment, plan, rng) if self.augment else plan
 
     def describe(self) -> list[dict[str, Any]]:
-        return [t.describe() for t in self.transforms]
+        return [t.describe() for t in self.transforms + self.augment]
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, ImagePipeline) and self.transforms == other.transforms
+        return isinstance(other, ImagePipeline) and (self.transforms, self.augment) == (other.transforms, other.augment)
 
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
-        return f"ImagePipeline([{', '.join(map(repr, self.transforms))}])"
+        return f"ImagePipeline([{', '.join(map(repr, self.transforms + self.augment))}])"
 
 
 def apply_pil(pipeline: Any, image: Any, rng: np.random.Generator) -> Any:
@@ -537,6 +576,8 @@ def apply_pil(pipeline: Any, image: Any, rng: np.random.Generator) -> Any:
     top, left, h, w = (int(v) for v in p.crops[0])
     oh, ow = (int(v) for v in p.out_hw[0])
     out = image.crop((left, top, left + w, top + h)).resize((ow, oh), Image.Resampling.BILINEAR)
+    if p.augment is not None:  # flips, the affine and the pixel operations, by the PIL reference engine
+        return Image.fromarray(_augment.reference(np.asarray(out.convert("RGB")), p))
     if p.flips[0]:
         out = out.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
     return out
