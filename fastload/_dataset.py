@@ -16,6 +16,7 @@ from ._schema import Field, Schema
 from .formats._layout import IMAGE_JPEG, columns_of
 from .formats.reader import PackedReader, local_segments, read_manifest  # noqa: F401  (read_manifest: re-exported)
 from .formats.remote import Remote, is_url, warn_local_options
+from ._augment.pipeline import reference as augment_reference
 from ._field_transforms import check_lengths, resolve as resolve_transforms
 from ._sequences import PackSequences
 
@@ -185,11 +186,13 @@ class Dataset(torch.utils.data.Dataset):
         plan = pipeline.plan(np.array([h]), np.array([w]), rng)
         crop = tuple(int(v) for v in plan.crops[0])
         out_hw = tuple(int(v) for v in plan.out_hw[0])
-        flip = bool(plan.flips[0])
+        flip = bool(plan.flips[0]) and plan.augment is None  # an augmented plan's reference flips itself
         if enc == IMAGE_JPEG:
             arr = native().decode_crop_resize(blob, crop, out_hw, flip)
         else:
             arr = native().resize_crop(np.frombuffer(blob, dtype=np.uint8).reshape(h, w, 3), crop, out_hw, flip)
+        if plan.augment is not None:  # issue 21's augmentation: the PIL reference engine on the decoded tile
+            arr = augment_reference(arr, plan)
         image = torch.from_numpy(arr).permute(2, 0, 1)
         if pipeline.tensor:
             image = pipeline.tensor.apply(image[None])[0]
