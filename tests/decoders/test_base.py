@@ -60,9 +60,12 @@ def test_plans_with_augmentations_a_decoder_does_not_execute_are_refused():
     """A decoder never drops part of a plan: vertical flips or pixel operations are refused, naming them (by the
     GPU decoders; the native decoder executes them, below)."""
     p = plan(SAMPLES, 2)
+    padded = fastload.transforms.ImagePipeline([fastload.transforms.RandomCrop(OUT_HW, padding=9)]).plan(
+        np.asarray(sizes(SAMPLES))[:, 0], np.asarray(sizes(SAMPLES))[:, 1], np.random.default_rng(1))
     for extra, words in [((RandomVerticalFlip(1.0),), "vertical flips"),
-                         ((ColorJitter(brightness=0.5),), "pixel operations (brightness)")]:
-        q = augmented(p, *extra)
+                         ((ColorJitter(brightness=0.5),), "pixel operations (brightness)"),
+                         (None, "padded crop windows (RandomCrop with padding)")]:
+        q = padded if extra is None else augmented(p, *extra)
         for dec in every_decoder():
             if isinstance(dec, (NativeDecoder, HybridDecoder)):  # here a hybrid of two native decoders
                 continue
