@@ -186,13 +186,15 @@ class Dataset(torch.utils.data.Dataset):
         plan = pipeline.plan(np.array([h]), np.array([w]), rng)
         crop = tuple(int(v) for v in plan.crops[0])
         out_hw = tuple(int(v) for v in plan.out_hw[0])
-        flip = bool(plan.flips[0]) and plan.augment is None  # an augmented plan's reference flips itself
-        if enc == IMAGE_JPEG:
-            arr = native().decode_crop_resize(blob, crop, out_hw, flip)
-        else:
-            arr = native().resize_crop(np.frombuffer(blob, dtype=np.uint8).reshape(h, w, 3), crop, out_hw, flip)
-        if plan.augment is not None:  # issue 21's augmentation: the PIL reference engine on the decoded tile
-            arr = augment_reference(arr, plan)
+        flip = bool(plan.flips[0])
+
+        def decode(crop: tuple, out_hw: tuple, flip: bool = False) -> np.ndarray:
+            if enc == IMAGE_JPEG:
+                return native().decode_crop_resize(blob, crop, out_hw, flip)
+            return native().resize_crop(np.frombuffer(blob, dtype=np.uint8).reshape(h, w, 3), crop, out_hw, flip)
+
+        # issue 21's augmentation (and padded crops): the PIL reference engine on the decoded tile
+        arr = decode(crop, out_hw, flip) if plan.augment is None else augment_reference(decode, plan)
         image = torch.from_numpy(arr).permute(2, 0, 1)
         if pipeline.tensor:
             image = pipeline.tensor.apply(image[None])[0]
