@@ -90,6 +90,15 @@ struct AugBatchSpec {
   const double* affine = nullptr;          // n x 6
   const uint8_t* interpolation = nullptr;  // n
   const double* fill = nullptr;            // n x 3
+  // Padded crop windows (fastload/_augment/padding.py; null: none), assembled before the geometry: tile i with
+  // pad_active[i] holds its decoded box (pad_hw[i], rows of pad_hw[i][1] * 3 bytes from the tile's start), and
+  // becomes tile[y][x] = box[pad_rows[i][y]][pad_cols[i][x mirrored if hflip[i]]], pad_fill[i] where either is -1.
+  const uint8_t* pad_active = nullptr;  // n
+  const int32_t* pad_hw = nullptr;      // n x 2, 1 <= each <= the tile's
+  const int32_t* pad_rows = nullptr;    // n x h, each in [-1, pad_hw[i][0])
+  const int32_t* pad_cols = nullptr;    // n x w, each in [-1, pad_hw[i][1])
+  const double* pad_fill = nullptr;     // n x 3, 0..255
+  const uint8_t* hflip = nullptr;       // n (required with pad_active)
 };
 
 // A batch's augmentation checked once and arranged per tile, so that whoever holds a tile (a
@@ -108,6 +117,7 @@ class AugPlan {
   std::vector<int64_t> count_;  // tile i's operations are by_sample_[count_[i] .. count_[i + 1])
   std::vector<AugOpParams> by_sample_;
   std::vector<AugGeometry> geometry_;  // empty: none
+  const AugBatchSpec* pad_ = nullptr;  // its pad_* arrays, checked (the spec outlives the plan's use)
 };
 
 // Checks the whole spec (naming the first bad step/row and the sizes), then runs it. On error

@@ -202,7 +202,13 @@ std::vector<Failure> BatchEngine::run(const BatchSpec& b, const AfterSample& the
   pool_.run(b.n, [&](int64_t k, int worker) {
     SampleJob job;
     std::string* err = &errors[k];
-    bool ok = make_job(b, k, &job, err) && process_sample(workers_[worker].get(), job, err);
+    bool ok = make_job(b, k, &job, err);
+    if (ok && b.decode_hw != nullptr && b.decode_hw[2 * k] != 0) {
+      job.out_h = b.decode_hw[2 * k];
+      job.out_w = b.decode_hw[2 * k + 1];
+      job.flip = false;
+    }
+    ok = ok && process_sample(workers_[worker].get(), job, err);
     if (!ok) {
       failed[k] = 1;
       std::memset(b.out + k * sample_bytes, 0, sample_bytes);

@@ -67,6 +67,9 @@ struct BatchSpec {
   uint8_t* out = nullptr;  // n x out_h x out_w x 3, contiguous
   int out_h = 0, out_w = 0;
   bool dct_scaling = true;
+  // Only for run(spec, then): sample k with decode_hw[k] != (0, 0) is decoded at that size, unflipped, into
+  // the start of its row (a padded crop window's box; `then` assembles the tile). Null: none.
+  const int32_t* decode_hw = nullptr;
 };
 
 struct Failure {

@@ -502,13 +502,17 @@ void augment_batch(BatchEngine& pool, py::handle images, py::handle op, py::hand
 struct AugArrays {
   py::array_t<int64_t, py::array::c_style> op, offset, sample, iparams, vflip, has_affine, interpolation;
   py::array_t<double, py::array::c_style> fparams, affine, fill;
-  std::vector<uint8_t> vflip_v, has_affine_v, interpolation_v;
+  std::vector<uint8_t> vflip_v, has_affine_v, interpolation_v, pad_active_v;
+  std::vector<int32_t> pad_hw_v, pad_rows_v, pad_cols_v;
+  py::array_t<double, py::array::c_style> pad_fill;
   fastload::AugBatchSpec spec;
 
   AugArrays(py::handle augment, int64_t n, int h, int w) {
-    if (!py::isinstance<py::tuple>(augment) || py::len(augment) != 10) {
+    const size_t len = py::isinstance<py::tuple>(augment) ? py::len(augment) : 0;
+    if (len != 10 && len != 15) {
       throw py::type_error("augment: expected a tuple of 10 arrays (vflip, has_affine, affine, interpolation, fill, "
-                           "op, offset, sample, fparams, iparams), got " + type_name(augment));
+                           "op, offset, sample, fparams, iparams), or 15 with (pad_active, pad_hw, pad_rows, "
+                           "pad_cols, pad_fill), got " + type_name(augment) + " of length " + std::to_string(len));
     }
     py::tuple t = py::reinterpret_borrow<py::tuple>(augment);
     int64_t nn = n;
@@ -539,6 +543,19 @@ struct AugArrays {
     spec.affine = affine.data();
     spec.interpolation = interpolation_v.data();
     spec.fill = fill.data();
+    if (len == 15) {
+      int64_t rows_h = h, cols_w = w;
+      pad_active_v = narrow<uint8_t>(int_array(t[10], "augment pad_active", &nn, 0), "augment pad_active", 0, 1);
+      pad_hw_v = narrow<int32_t>(int_array(t[11], "augment pad_hw", &nn, 2), "augment pad_hw", 0, INT32_MAX);
+      pad_rows_v = narrow<int32_t>(int_array(t[12], "augment pad_rows", &nn, rows_h), "augment pad_rows", -1, INT32_MAX);
+      pad_cols_v = narrow<int32_t>(int_array(t[13], "augment pad_cols", &nn, cols_w), "augment pad_cols", -1, INT32_MAX);
+      pad_fill = float_array(t[14], "augment pad_fill", n, 3);
+      spec.pad_active = pad_active_v.data();
+      spec.pad_hw = pad_hw_v.data();
+      spec.pad_rows = pad_rows_v.data();
+      spec.pad_cols = pad_cols_v.data();
+      spec.pad_fill = pad_fill.data();
+    }
   }
 };
 
@@ -554,6 +571,10 @@ void augment_tiles(BatchEngine& pool, py::handle images, py::handle augment) {
                           std::string(py::str(img.attr("shape"))));
   }
   AugArrays a(augment, img.shape(0), static_cast<int>(img.shape(1)), static_cast<int>(img.shape(2)));
+  if (a.spec.pad_active != nullptr) {
+    throw py::value_error("augment_tiles: padded crop windows are assembled while decoding (decode_augment_batch); "
+                          "tiles given here are already assembled: pass the 10-array augment tuple");
+  }
   a.spec.images = static_cast<uint8_t*>(img.mutable_data());
   std::string err;
   bool ok;

@@ -68,6 +68,7 @@ __all__ = [
     "RandomApply",
     "RandomAutocontrast",
     "RandomChoice",
+    "RandomCrop",
     "RandomEqualize",
     "RandomErasing",
     "RandomGrayscale",
@@ -86,7 +87,7 @@ __all__ = [
     "apply_pil",
 ]
 
-_SUPPORTED = ("RandomResizedCrop, Resize, CenterCrop, RandomHorizontalFlip, then optionally augmentations "
+_SUPPORTED = ("RandomResizedCrop, Resize, CenterCrop, RandomCrop, RandomHorizontalFlip, then optionally augmentations "
               "(TrivialAugmentWide, RandAugment, AutoAugment, ThreeAugment, ColorJitter, RandomGrayscale, Grayscale, "
               "GaussianBlur, RandomSolarize, RandomPosterize, RandomEqualize, RandomAutocontrast, "
               "RandomAdjustSharpness, RandomInvert, RandomErasing, RandomRotation, RandomAffine, RandomVerticalFlip, "
@@ -437,7 +438,7 @@ class Plan:
 class _State:
     """The batch's virtual images while planning (see "Composition" in the module docstring)."""
 
-    __slots__ = ("src_h", "src_w", "h", "w", "oy", "ox", "sy", "sx", "flip")
+    __slots__ = ("src_h", "src_w", "h", "w", "oy", "ox", "sy", "sx", "flip", "pad", "tile_hw")
 
     def __init__(self, heights: np.ndarray, widths: np.ndarray) -> None:
         self.src_h, self.src_w = heights, widths
@@ -445,6 +446,7 @@ class _State:
         self.oy = self.ox = np.zeros(heights.shape[0])
         self.sy = self.sx = np.ones(heights.shape[0])
         self.flip = np.zeros(heights.shape[0], dtype=bool)
+        self.pad, self.tile_hw = None, None  # a padded RandomCrop's windows (_augment/random_crop.py)
 
     def crop(self, top: np.ndarray, left: np.ndarray, h: np.ndarray, w: np.ndarray) -> None:
         left = np.where(self.flip, self.w - left - w, left)  # the crop was chosen on the mirror
@@ -468,10 +470,13 @@ class _State:
 
         top, height = edges(self.oy, self.h * self.sy, self.src_h)
         left, width = edges(self.ox, self.w * self.sx, self.src_w)
+        # a padded RandomCrop decodes its box at pad.decode_hw (self.h, self.w) into tiles of tile_hw
+        hw = (self.h, self.w) if self.tile_hw is None else (np.full_like(self.h, self.tile_hw[0]),
+                                                              np.full_like(self.w, self.tile_hw[1]))
         return Plan(
             crops=np.stack([top, left, height, width], axis=1).astype(np.int32),
             flips=self.flip.astype(np.uint8),
-            out_hw=np.stack([self.h, self.w], axis=1).astype(np.int32),
+            out_hw=np.stack(hw, axis=1).astype(np.int32),
         )
 
 
@@ -548,7 +553,7 @@ class ImagePipeline:
         for t in self.transforms:
             t._apply(state, rng)
         plan = state.finish()
-        return _augment.plan_batch(self.augment, plan, rng) if self.augment else plan
+        return _augment.plan_batch(self.augment, plan, rng, state.pad) if self.augment or state.pad else plan
 
     def describe(self) -> list[dict[str, Any]]:
         return [t.describe() for t in self.transforms + self.augment]
@@ -581,3 +586,6 @@ def apply_pil(pipeline: Any, image: Any, rng: np.random.Generator) -> Any:
     if p.flips[0]:
         out = out.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
     return out
+
+
+from ._augment.random_crop import RandomCrop  # noqa: E402  (a crop-plan Transform: defined after its base)

@@ -76,13 +76,20 @@ def native_arrays(plan: AugmentPlan) -> tuple[np.ndarray, ...]:
     return op, offset, sample, fparams, iparams
 
 
-def augment_arrays(plan: AugmentPlan) -> tuple[np.ndarray, ...]:
+def augment_arrays(plan: AugmentPlan, *, pad: bool = True) -> tuple[np.ndarray, ...]:
     """The ``augment`` tuple of ``_C.augment_tiles`` / ``_C.decode_augment_batch``: the plan's geometry after the
-    horizontal flip (vflip, has_affine, affine (n, 6), interpolation, fill (n, 3)), then :func:`native_arrays`."""
+    horizontal flip (vflip, has_affine, affine (n, 6), interpolation, fill (n, 3)), then :func:`native_arrays`;
+    then, with ``pad`` and a padded RandomCrop in the plan, its windows (padding.Padding: active, decode_hw, rows,
+    cols, fill) for the decoder to assemble."""
     g = plan.geometry
-    return (g.vflip.astype(np.uint8), g.has_affine.astype(np.uint8),
-            np.ascontiguousarray(g.affine.reshape(-1, 6), dtype=np.float64), g.interpolation.astype(np.uint8),
-            np.ascontiguousarray(g.fill, dtype=np.float64), *native_arrays(plan))
+    arrays = (g.vflip.astype(np.uint8), g.has_affine.astype(np.uint8),
+              np.ascontiguousarray(g.affine.reshape(-1, 6), dtype=np.float64), g.interpolation.astype(np.uint8),
+              np.ascontiguousarray(g.fill, dtype=np.float64), *native_arrays(plan))
+    if pad and g.pad is not None:
+        p = g.pad
+        arrays += (p.active.astype(np.uint8), p.decode_hw.astype(np.int64), p.rows.astype(np.int64),
+                   p.cols.astype(np.int64), np.ascontiguousarray(p.fill, dtype=np.float64))
+    return arrays
 
 
 def run_native(images: Any, plan: AugmentPlan, pool: Any = None) -> Any:
@@ -118,7 +125,7 @@ def run_native(images: Any, plan: AugmentPlan, pool: Any = None) -> Any:
         if _default_pool is None:
             _default_pool = _C.Pool(0)
         pool = _default_pool
-    _C.augment_tiles(pool, arr, augment_arrays(plan))
+    _C.augment_tiles(pool, arr, augment_arrays(plan, pad=False))  # tiles: padded windows already assembled
     if plan.channels == 1:
         return images[:, :1] if nchw else images[..., :1]
     return images

@@ -8,6 +8,8 @@ affines, vertical flips, combinators), then ToDtype/Normalize. :func:`split` div
 the same generator (so seed, resume and num_workers-independence hold as for the crop plan), and attaches them
 with ``Plan.with_augment``; the native decoder executes them on each output tile right after decoding it.
 :func:`reference` is ``ds[i]``'s engine for the augmentation: PIL (``engine_pil.run_pil``) on the decoded tile.
+A padded ``RandomCrop`` (``random_crop.py``) also makes an augmentation plan: its windows travel in the
+plan's geometry (``padding.Padding``).
 
 A ``RandomHorizontalFlip`` after the first augmentation is planned as this package's flip (the same draw: one
 uniform per sample, ``< p``), so that it follows a rotation as torchvision's would (composed into the matrix).
@@ -21,6 +23,7 @@ import numpy as np
 
 from . import color, filters, tone  # noqa: F401  (they register their operations)
 from .geometry import RandomHorizontalFlip as _TileFlip
+from .padding import assemble
 from .plan import Augment, PlanBuilder
 
 __all__ = ["check_channels", "plan_batch", "reference", "split"]
@@ -31,6 +34,14 @@ def split(items: Sequence[Any], crop_type: type, flip_type: type) -> tuple[list,
     ``fastload.transforms.Transform`` (the crop plan's), ``flip_type`` its RandomHorizontalFlip."""
     first = next((i for i, t in enumerate(items) if isinstance(t, Augment)), len(items))
     crops, augment = list(items[:first]), []
+    padded = next((t for t in crops if getattr(t, "pads", False)), None)
+    if padded is not None:
+        after = crops[crops.index(padded) + 1:]
+        bad = next((t for t in after if not isinstance(t, flip_type)), None)
+        if bad is not None:
+            raise ValueError(f"{bad!r} comes after {padded!r}: only RandomHorizontalFlip may follow a padded "
+                             f"RandomCrop among the crops and resizes (the decoder pads the window it decodes); "
+                             f"resize before the RandomCrop")
     for t in items[first:]:
         if isinstance(t, flip_type):
             augment.append(_TileFlip(t.p))
@@ -54,18 +65,28 @@ def check_channels(augment: Sequence[Any]) -> None:
         check_channels(getattr(t, "transforms", ()))
 
 
-def plan_batch(augment: Sequence[Augment], plan: Any, rng: np.random.Generator) -> Any:
-    """``plan`` (a ``fastload.transforms.Plan``) with ``augment`` drawn for its samples from ``rng``."""
+def plan_batch(augment: Sequence[Augment], plan: Any, rng: np.random.Generator, pad: Any = None) -> Any:
+    """``plan`` (a ``fastload.transforms.Plan``) with ``augment`` drawn for its samples from ``rng``; ``pad``: the
+    crop plan's padded windows (``padding.Padding``), carried in the augmentation's geometry."""
     b = PlanBuilder.from_crop_plan(plan)
+    b.pad = pad
     everyone = np.arange(b.n)
     for t in augment:
         t.plan(b, everyone, rng)
     return plan.with_augment(b.finish())
 
 
-def reference(tile: np.ndarray, plan: Any) -> np.ndarray:
-    """``ds[i]``: the PIL reference engine's result of a one-sample plan on its decoded tile (cropped and resized,
-    not yet flipped: the reference flips it as the plan says)."""
+def reference(decode: Any, plan: Any) -> np.ndarray:
+    """``ds[i]``: the PIL reference engine's result of a one-sample plan. ``decode(crop, out_hw)`` gives the
+    sample's crop box decoded and resized (not flipped: the reference flips it as the plan says); a padded window
+    is assembled from its decoded box first, as the native decoder does."""
     from .engine_pil import run_pil
 
+    crop = tuple(int(v) for v in plan.crops[0])
+    pad = plan.augment.geometry.pad
+    if pad is not None and pad.active[0]:
+        box = decode(crop, tuple(int(v) for v in pad.decode_hw[0]))
+        tile = assemble(box, pad.rows[0], pad.cols[0], pad.fill[0], flip=False)
+    else:
+        tile = decode(crop, tuple(int(v) for v in plan.out_hw[0]))
     return np.array(run_pil(tile, plan.augment, 0))  # writable: ds[i] hands it to torch

@@ -30,7 +30,7 @@ import torch
 import fastload
 import fastload.transforms as T
 from conftest import make_image_folder
-from fastload._augment.engine_pil import run_pil
+from fastload._augment.pipeline import reference
 from fastload.transforms import ImagePipeline
 
 _C = pytest.importorskip("fastload._C")
@@ -61,22 +61,21 @@ def recorded_plans(monkeypatch) -> list:
 
 
 def reference_batch(ds, indices, plan) -> np.ndarray:
-    """PIL reference of ``plan`` for the dataset's samples ``indices``: the crop decoded natively (unflipped),
-    then run_pil (flips, affine, operations)."""
+    """PIL reference of ``plan`` for the dataset's samples ``indices`` (what ds[i] runs for a one-sample plan): the
+    crop decoded natively (unflipped; a padded window assembled from its box), then run_pil."""
     out = []
     for k, i in enumerate(indices):
         seg, local = ds.locate(int(i))
         blob = seg.blob("image", local)
-        tile = _C.decode_crop_resize(blob, tuple(int(v) for v in plan.crops[k]), tuple(int(v) for v in plan.out_hw[k]),
-                                     False)
-        out.append(run_pil(tile, plan.augment, k))
+        out.append(reference(lambda crop, hw: _C.decode_crop_resize(blob, crop, hw, False), plan.take(k, k + 1)))
     return np.stack(out).astype(np.int64)
 
 
-def loader_vs_reference(packed, monkeypatch, augment, epochs=2) -> np.ndarray:
+def loader_vs_reference(packed, monkeypatch, augment, epochs=2, crops=None) -> np.ndarray:
     """Absolute differences between the loader's batches (sequential order: batch b is samples 8b .. 8b+7) and
     the PIL reference of the plans it made, over ``epochs`` epochs."""
-    ds = fastload.open(packed, transforms={"image": [T.RandomResizedCrop(OUT), T.RandomHorizontalFlip(), *augment]})
+    crops = [T.RandomResizedCrop(OUT), T.RandomHorizontalFlip()] if crops is None else crops
+    ds = fastload.open(packed, transforms={"image": [*crops, *augment]})
     dl = fastload.DataLoader(ds, batch_size=8, seed=11, num_workers=0)
     plans = recorded_plans(monkeypatch)
     diffs = []
@@ -118,6 +117,45 @@ def test_loader_equals_the_pil_reference_per_op(packed, monkeypatch, case):
     d = loader_vs_reference(packed, monkeypatch, augment)
     print(f"{case}: max {d.max()} mean {d.mean():.4f}")
     assert d.max() <= max_bound and d.mean() <= mean_bound
+
+
+@pytest.mark.parametrize("mode", ["constant", "edge", "reflect", "symmetric"])
+@pytest.mark.parametrize("then", ["alone", "rotated"])
+def test_random_crop_with_padding_equals_the_reference(packed, monkeypatch, mode, then):
+    """Windows reaching outside the image (padding on every side, pad_if_needed for the small pictures, a flip
+    after), assembled by the decoder from the box it decodes: exactly the reference's tile."""
+    crops = [T.RandomCrop(OUT, padding=(3, 5, 7, 9), pad_if_needed=True, fill=(250, 20, 90), padding_mode=mode),
+             T.RandomHorizontalFlip()]
+    augment = [] if then == "alone" else [T.RandomRotation(20, interpolation="bilinear", fill=4)]
+    d = loader_vs_reference(packed, monkeypatch, augment, crops=crops)
+    assert d.max() == 0
+
+
+def test_random_crop_pads_as_torchvision(packed):
+    """A padded window shows the padding torchvision's F.pad gives (np.pad's modes), at the drawn place."""
+    from fastload._augment.padding import assemble, index_map
+
+    img = np.arange(5 * 7 * 3, dtype=np.uint8).reshape(5, 7, 3)
+    for mode, np_mode in [("edge", "edge"), ("reflect", "reflect"), ("symmetric", "symmetric")]:
+        padded = np.pad(img, ((9, 9), (11, 11), (0, 0)), mode=np_mode)  # repeated reflections where pad > size
+        for top, left in [(0, 0), (3, 17), (12, 2)]:
+            rows = index_map(np.array([top - 9]), 8, np.array([5]), mode)[0]
+            cols = index_map(np.array([left - 11]), 10, np.array([7]), mode)[0]
+            got = assemble(img, rows, cols, np.zeros(3), flip=False)
+            assert np.array_equal(got, padded[top:top + 8, left:left + 10]), (mode, top, left)
+    rows = index_map(np.array([-2]), 8, np.array([5]), "constant")[0]  # 2 rows above, 1 below
+    got = assemble(img, rows, np.arange(7), np.array([7.0, 8.0, 9.0]), flip=True)
+    assert (got[:2] == [7, 8, 9]).all() and (got[-1] == [7, 8, 9]).all() and np.array_equal(got[2:7], img[:, ::-1])
+
+
+def test_random_crop_misuse_is_refused(packed):
+    with pytest.raises(ValueError, match=r"Resize.*comes after RandomCrop.*only RandomHorizontalFlip may follow"):
+        fastload.open(packed, transforms={"image": [T.RandomCrop(32, padding=4), T.Resize(30)]})
+    with pytest.raises(ValueError, match=r"padding_mode='wrap' should be one of"):
+        T.RandomCrop(32, padding=4, padding_mode="wrap")
+    with pytest.raises(ValueError, match=r"crop size \(200, 200\) is larger than sample 0 .*pad_if_needed=True"):
+        next(iter(fastload.DataLoader(fastload.open(packed, transforms={"image": [T.RandomCrop(200)]}),
+                                      batch_size=4)))
 
 
 RECIPE = lambda: {"image": [T.RandomResizedCrop(OUT), T.RandomHorizontalFlip(), T.TrivialAugmentWide(),  # noqa: E731
