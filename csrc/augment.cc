@@ -315,6 +315,20 @@ void erase(uint8_t* t, int h, int w, ptrdiff_t stride, const int64_t* box, const
   }
 }
 
+void erase_random(uint8_t* t, int h, int w, ptrdiff_t stride, const int64_t* box, double seed) {
+  const int64_t top = std::max<int64_t>(box[0], 0), left = std::max<int64_t>(box[1], 0);
+  const int64_t bottom = std::min<int64_t>(box[0] + box[2], h), right = std::min<int64_t>(box[1] + box[3], w);
+  const uint64_t s = static_cast<uint64_t>(seed);
+  for (int64_t y = top; y < bottom; ++y) {
+    uint8_t* p = t + y * stride;
+    const uint64_t row = static_cast<uint64_t>((y - box[0]) * box[3]);
+    for (int64_t x = left; x < right; ++x) {
+      const uint64_t k = (row + static_cast<uint64_t>(x - box[1])) * 3;
+      for (int c = 0; c < 3; ++c) p[3 * x + c] = erase_noise(s, k + c);
+    }
+  }
+}
+
 // torchvision's normalised Gaussian taps at -(k-1)/2 .. (k-1)/2, in float32.
 void gaussian_taps(int k, double sigma, std::vector<float>* taps) {
   taps->resize(static_cast<size_t>(k));
@@ -373,10 +387,18 @@ std::string num(double v) {
 
 }  // namespace
 
+uint8_t erase_noise(uint64_t seed, uint64_t k) {
+  uint64_t z = seed * 0x9E3779B97F4A7C15ull + k + 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return static_cast<uint8_t>((z ^ (z >> 31)) >> 56);
+}
+
 const char* aug_op_name(int64_t op) {
   static const char* const names[kAugNumOps] = {
       "brightness", "contrast", "saturation", "hue", "grayscale", "solarize", "posterize",
-      "invert", "equalize", "autocontrast", "sharpness", "erase", "gaussian_blur"};
+      "invert", "equalize", "autocontrast", "sharpness", "erase", "gaussian_blur",
+      "erase_random"};
   return op >= 0 && op < kAugNumOps ? names[op] : "unknown";
 }
 
@@ -414,6 +436,19 @@ bool check_aug_op(const AugOpParams& p, int h, int w, std::string* err) {
                  ") is outside [0, 255], the range of uint8 tiles";
           return false;
         }
+      }
+      return true;
+    case kAugEraseRandom:
+      for (int c = 0; c < 4; ++c) {
+        if (p.i[c] < INT32_MIN || p.i[c] > INT32_MAX) {
+          *err = "box " + std::to_string(p.i[c]) + " (position " + std::to_string(c) +
+                 " of top, left, height, width) is outside the int32 range";
+          return false;
+        }
+      }
+      if (!(p.f[0] >= 0.0 && p.f[0] < 9007199254740992.0) || p.f[0] != std::floor(p.f[0])) {
+        *err = "seed " + num(p.f[0]) + " should be an integer in [0, 2^53)";
+        return false;
       }
       return true;
     case kAugGaussianBlur:
@@ -460,6 +495,7 @@ bool apply_ops(uint8_t* tile, int h, int w, ptrdiff_t stride, const AugOpParams*
       case kAugSharpness: sharpness(tile, h, w, stride, p.f[0], scratch); break;
       case kAugErase: erase(tile, h, w, stride, p.i, p.f); break;
       case kAugGaussianBlur: gaussian_blur(tile, h, w, stride, p.i, p.f, scratch); break;
+      case kAugEraseRandom: erase_random(tile, h, w, stride, p.i, p.f[0]); break;
       default: break;  // unreachable: checked above
     }
   }

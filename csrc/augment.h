@@ -43,8 +43,14 @@ enum AugOp : int32_t {
   kAugSharpness,     // f[0] = factor
   kAugErase,         // i[0..3] = top, left, height, width (clipped to the tile); f[0..2] = value 0..255
   kAugGaussianBlur,  // i[0..1] = kernel size x, y (odd, half < the tile); f[0..1] = sigma x, y > 0
+  kAugEraseRandom,   // i[0..3] = box as kAugErase; f[0] = seed, an integer in [0, 2^53): per-pixel noise
   kAugNumOps
 };
+
+// RandomErasing(value="random")'s noise: byte k (row-major over the box, 3 per pixel) of the box seeded by
+// `seed`: the top 8 bits of splitmix64(seed * 0x9E3779B97F4A7C15 + k) (fastload/_augment/filters.py: the same
+// in numpy and torch).
+uint8_t erase_noise(uint64_t seed, uint64_t k);
 
 // Parameters per operation row: kAugParams floats and kAugParams ints (unused ones ignored).
 constexpr int kAugParams = 4;

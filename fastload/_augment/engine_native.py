@@ -26,7 +26,7 @@ __all__ = ["NATIVE_OPS", "augment_arrays", "native_arrays", "run_native"]
 
 # The C++ operation ids, in order (csrc/augment.h's AugOp); checked against the extension at first use.
 NATIVE_OPS = ("brightness", "contrast", "saturation", "hue", "grayscale", "solarize", "posterize", "invert",
-              "equalize", "autocontrast", "sharpness", "erase", "gaussian_blur")
+              "equalize", "autocontrast", "sharpness", "erase", "gaussian_blur", "erase_random")
 _ID = {name: k for k, name in enumerate(NATIVE_OPS)}
 _PARAMS = 4  # float and int parameter columns per row (csrc/augment.h's kAugParams)
 
@@ -41,6 +41,7 @@ _LAYOUT: dict[str, tuple[tuple[str, str, int], ...]] = {
     "posterize": (("bits", "i", 0),),
     "erase": (("box", "i", 0), ("value", "f", 0)),
     "gaussian_blur": (("ksize", "i", 0), ("sigma", "f", 0)),
+    "erase_random": (("box", "i", 0), ("seed", "f", 0)),
 }
 
 _default_pool = None

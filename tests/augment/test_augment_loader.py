@@ -8,7 +8,7 @@ over 2 epochs of 48 JPEGs (40..120 px), crops of 48x56, in uint8 levels:
 | pipeline | max | mean (measured) | bound | why |
 |---|---|---|---|---|
 | RandomRotation/RandomAffine (nearest and bilinear, fills), RandomVerticalFlip, flips | 0 | 0 | 0, 0 | csrc/warp.cc is PIL's arithmetic |
-| RandomInvert, RandomSolarize, RandomPosterize, RandomEqualize, RandomErasing, RandomAdjustSharpness | 0 | 0 | 0, 0 | same formula and rounding |
+| RandomInvert, RandomSolarize, RandomPosterize, RandomEqualize, RandomErasing (value or "random"), RandomAdjustSharpness | 0 | 0 | 0, 0 | same formula and rounding |
 | ColorJitter(brightness, contrast, saturation) | 3 | 0.18 | 3, 0.25 | PIL rounds the luma, torchvision's formula floors; three chained ops add up |
 | RandomGrayscale | 1 | 0.35 | 1, 0.4 | the same luma difference |
 | RandomAutocontrast | 1 | 0.005 | 1, 0.02 | scale-and-offset vs divide at integer boundaries |
@@ -101,6 +101,7 @@ PER_OP = {
     "equalize": ([T.RandomEqualize(0.7)], 0, 0.0),
     "sharpness": ([T.RandomAdjustSharpness(2.5, 0.7)], 0, 0.0),
     "erasing": ([T.RandomErasing(0.7, value=(10, 20, 30))], 0, 0.0),
+    "erasing with noise": ([T.RandomErasing(0.7, value="random")], 0, 0.0),
     "brightness/contrast/saturation": ([T.ColorJitter(0.4, 0.4, 0.4)], 3, 0.25),
     "grayscale": ([T.RandomGrayscale(0.7)], 1, 0.4),
     "autocontrast": ([T.RandomAutocontrast(0.7)], 1, 0.02),
@@ -159,7 +160,7 @@ def test_random_crop_misuse_is_refused(packed):
 
 
 RECIPE = lambda: {"image": [T.RandomResizedCrop(OUT), T.RandomHorizontalFlip(), T.TrivialAugmentWide(),  # noqa: E731
-                            T.RandomErasing(0.25)]}
+                            T.RandomErasing(0.25), T.RandomErasing(0.25, value="random")]}
 
 
 def epoch_of(packed, workers, **kw):

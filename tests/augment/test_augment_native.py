@@ -9,7 +9,7 @@ and 224x224 tiles and on full-range noise):
 | op | max | mean | why |
 |---|---|---|---|
 | brightness, contrast, saturation, hue, grayscale, solarize, posterize, invert | 0 | 0 | (1) |
-| equalize, autocontrast, sharpness, erase | 0 | 0 | (1) |
+| equalize, autocontrast, sharpness, erase, erase_random | 0 | 0 | (1) |
 | gaussian blur | 1 | 1e-5 (measured 9e-6 smooth, 2e-6 photo) | (2) |
 
 (1) the same float32 operations in the same order; torch's luma is two fused multiply-adds, emulated exactly
@@ -109,6 +109,9 @@ def columns(name: str, n: int, h: int, w: int, rng: np.random.Generator) -> dict
         "erase": lambda: dict(box=np.stack([rng.integers(0, h // 2, n), rng.integers(0, w // 2, n),
                                             rng.integers(0, h // 2 + 2, n), rng.integers(0, w // 2 + 2, n)], 1),
                               value=rng.uniform(0, 255, (n, 3))),
+        "erase_random": lambda: dict(box=np.stack([rng.integers(0, h // 2, n), rng.integers(0, w // 2, n),
+                                                   rng.integers(0, h // 2, n), rng.integers(0, w // 2, n)], 1),
+                                     seed=rng.integers(0, 2**53, n).astype(float)),
     }.get(name, lambda: {})()
 
 
@@ -317,8 +320,8 @@ def test_the_valid_call_runs():
     (dict(images=np.zeros((4, 3, 8, 8), np.uint8).transpose(0, 2, 3, 1)), ValueError,
      r"images: expected a C-contiguous .*strides \(192, 8, 1, 64\)"),
     (dict(op=np.array([7.0, 6.0])), TypeError, r"op: expected an integer array.*float64"),
-    (dict(op=np.array([7, 13])), ValueError, r"step 1: operation id 13 is outside \[0, 12\]"),
-    (dict(op=np.array([-1, 6])), ValueError, r"step 0: operation id -1 is outside \[0, 12\]"),
+    (dict(op=np.array([7, 14])), ValueError, r"step 1: operation id 14 is outside \[0, 13\]"),
+    (dict(op=np.array([-1, 6])), ValueError, r"step 0: operation id -1 is outside \[0, 13\]"),
     (dict(offset=np.array([0, 4])), ValueError, r"offset: expected shape \(3,\), got shape \(2,\)"),
     (dict(offset=np.array([0, 2, 3])), ValueError, "offset should run from 0 to the number of rows 4, got 0 to 3"),
     (dict(offset=np.array([0, 3, 2, 4]), op=np.array([7, 7, 6])), ValueError,

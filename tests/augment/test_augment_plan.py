@@ -166,7 +166,7 @@ def test_gaussian_blur_kernel_larger_than_the_tile_names_the_sample():
     (lambda: GaussianBlur(3, sigma=0), "sigma=0: if sigma is a single number, it must be positive"),
     (lambda: GaussianBlur(3, sigma=(2.0, 1.0)), "should be (min, max) with 0 < min <= max"),
     (lambda: RandomErasing(scale=(0.1, 1.5)), "scale=(0.1, 1.5) should be (min, max) with 0 <= min <= max <= 1"),
-    (lambda: RandomErasing(value="random"), "per-pixel random noise) is not supported yet"),
+    (lambda: RandomErasing(value="noise"), "should be a number, one number per channel or 'random'"),
     (lambda: RandomErasing(value=(1, 2)), "should be a number or a sequence of 1 or 3 numbers"),
     (lambda: RandAugment(magnitude=31), "magnitude=31 should be an integer in [0, num_magnitude_bins - 1 = 30]"),
     (lambda: RandAugment(num_ops=-1), "num_ops=-1 should be a non-negative integer"),
