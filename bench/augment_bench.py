@@ -143,12 +143,13 @@ def main() -> None:
              "", f"| loader | images/s (median) | min-max | vs {PIL_RECIPE} | CPU ms/image (this process) |",
              "|---|---:|---:|---:|---:|"]
     for name in configs:
-        own = name.startswith("fastload")
+        note = "" if name.startswith("fastload") else " (workers not counted)"
         lines.append(f"| {name} | {med[name]:,.0f} | {min(rates[name]):,.0f}-{max(rates[name]):,.0f} | "
-                     f"{med[name] / med[PIL_RECIPE]:.2f}x | {cpu_med[name] * 1e3:.2f}{'' if own else ' (workers not counted)'} |")
-    lines += ["", f"fastload: the augmentation (TrivialAugmentWide + RandomErasing(0.25)) adds {added * 1e3:.3f} ms of CPU "
-                  f"per image, {added / cpu_med[FL_PLAIN]:.0%} of RRC + flip's {cpu_med[FL_PLAIN] * 1e3:.3f} ms; torch's "
-                  f"loader with pillow-simd spends {1 / med[PIL_RECIPE] * 1e3 - 1 / med[PIL_PLAIN] * 1e3:.3f} ms more "
+                     f"{med[name] / med[PIL_RECIPE]:.2f}x | {cpu_med[name] * 1e3:.2f}{note} |")
+    torch_added = 1e3 / med[PIL_RECIPE] - 1e3 / med[PIL_PLAIN]
+    lines += ["", f"fastload: the augmentation (TrivialAugmentWide + RandomErasing(0.25)) adds {added * 1e3:.3f} ms of "
+                  f"CPU per image, {added / cpu_med[FL_PLAIN]:.0%} of RRC + flip's {cpu_med[FL_PLAIN] * 1e3:.3f} ms; "
+                  f"torch's loader with pillow-simd spends {torch_added:.3f} ms more "
                   f"wall time per image with it."]
     text = "\n".join(lines) + "\n"
     print(text, flush=True)

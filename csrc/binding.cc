@@ -547,8 +547,10 @@ struct AugArrays {
       int64_t rows_h = h, cols_w = w;
       pad_active_v = narrow<uint8_t>(int_array(t[10], "augment pad_active", &nn, 0), "augment pad_active", 0, 1);
       pad_hw_v = narrow<int32_t>(int_array(t[11], "augment pad_hw", &nn, 2), "augment pad_hw", 0, INT32_MAX);
-      pad_rows_v = narrow<int32_t>(int_array(t[12], "augment pad_rows", &nn, rows_h), "augment pad_rows", -1, INT32_MAX);
-      pad_cols_v = narrow<int32_t>(int_array(t[13], "augment pad_cols", &nn, cols_w), "augment pad_cols", -1, INT32_MAX);
+      pad_rows_v =
+          narrow<int32_t>(int_array(t[12], "augment pad_rows", &nn, rows_h), "augment pad_rows", -1, INT32_MAX);
+      pad_cols_v =
+          narrow<int32_t>(int_array(t[13], "augment pad_cols", &nn, cols_w), "augment pad_cols", -1, INT32_MAX);
       pad_fill = float_array(t[14], "augment pad_fill", n, 3);
       spec.pad_active = pad_active_v.data();
       spec.pad_hw = pad_hw_v.data();

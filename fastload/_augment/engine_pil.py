@@ -1,6 +1,6 @@
 """The PIL reference engine: executes one sample's plan with PIL, as torchvision's v1 PIL backend would.
 
-status: groundwork for issue 21, not wired into ``ds[i]`` yet.
+``ds[i]`` runs it on its natively decoded tile (``pipeline.reference``).
 
 Slow on purpose and per sample: it is the reference the batched (and later native) engines are tested
 against, and what ``ds[i]`` will use. Geometry: ``crop`` -> ``resize(BILINEAR)`` (only from a source image)

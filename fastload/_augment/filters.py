@@ -1,7 +1,5 @@
 """Gaussian blur and erasing: GaussianBlur, RandomErasing.
 
-status: groundwork for issue 21, not wired into the loader yet.
-
 Blur follows torchvision's kernel: ``exp(-x^2 / (2 sigma^2))`` sampled at ``linspace(-(k-1)/2, (k-1)/2, k)``,
 normalised, reflect padding, rounded back to uint8. torchvision's PIL backend itself converts the picture to
 a tensor and runs that kernel, so the reference kernel here is the same formula in numpy (2-D, float64); the

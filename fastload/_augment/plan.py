@@ -1,7 +1,5 @@
 """The augmentation plan: one batch's per-sample geometry and ordered pixel operations, drawn on the host.
 
-status: groundwork for issue 21, not wired into the loader or decoders yet (see ``fastload/_augment/__init__.py``).
-
 A transform never touches pixels while planning. For a batch of ``n`` samples whose output tiles are
 ``out_hw[i]`` it draws, from the batch's numpy generator, and records:
 

@@ -234,7 +234,8 @@ def test_unknown_transform_is_refused_naming_it(packed):
         def __call__(self, img):
             return img
 
-    with pytest.raises(TypeError, match=r"transforms\['image'\]: unsupported image transform .*Sepia.*TrivialAugmentWide"):
+    with pytest.raises(TypeError,
+                       match=r"transforms\['image'\]: unsupported image transform .*Sepia.*TrivialAugmentWide"):
         fastload.open(packed, transforms={"image": [T.RandomResizedCrop(32), T.TrivialAugmentWide(), Sepia()]})
 
 
