@@ -9,7 +9,6 @@ import torch
 from PIL import Image
 
 from augment_common import H, W, differences, engines, photo_tiles, smooth_tiles
-from fastload._augment import plan as plan_mod
 from fastload._augment.color import ColorJitter, Grayscale, RandomGrayscale
 from fastload._augment.combinators import RandomApply, RandomChoice, RandomOrder
 from fastload._augment.filters import GaussianBlur, RandomErasing
