@@ -27,6 +27,20 @@ void scale_nearest(const uint8_t* src, int h, int w, uint8_t* tile, ptrdiff_t st
     const int yi = coord(yo);
     uint8_t* out = tile + y * stride;
     const uint8_t* in = yi >= 0 && yi < h ? src + static_cast<ptrdiff_t>(yi) * w * 3 : nullptr;
+    if (in != nullptr && a[0] == 1.0) {  // a translation: runs of consecutive source pixels, copied whole
+      for (int x = 0; x < w;) {
+        if (xin[x] < 0 || xin[x] >= w) {
+          put_fill(out + 3 * x, fill);
+          ++x;
+          continue;
+        }
+        int end = x + 1;
+        while (end < w && xin[end] == xin[end - 1] + 1 && xin[end] < w) ++end;
+        std::memcpy(out + 3 * x, in + 3 * xin[x], static_cast<size_t>(end - x) * 3);
+        x = end;
+      }
+      continue;
+    }
     for (int x = 0; x < w; ++x) {
       const int xi = xin[x];
       if (in != nullptr && xi >= 0 && xi < w) {
