@@ -200,17 +200,25 @@ def test_recipe_resumes_mid_epoch_bit_for_bit(packed, workers_after):
     assert all(torch.equal(a, b) for a, b in zip(rest, ref[4:]))
 
 
-def test_ds_item_is_the_pil_reference_of_its_plan_and_the_loader_executes_it(packed):
+DS_CASES = {
+    "colour": ([T.RandomResizedCrop(OUT), T.RandomHorizontalFlip(), T.RandomRotation(30), T.ColorJitter(0.3, 0.3, 0.3),
+                T.RandomErasing(0.5)], 3, 0.25),
+    "padded crop": ([T.RandomCrop(OUT, padding=6, pad_if_needed=True, padding_mode="reflect"),
+                     T.RandomHorizontalFlip(), T.RandomErasing(0.5, value="random")], 0, 0.0),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DS_CASES))
+def test_ds_item_is_the_pil_reference_of_its_plan_and_the_loader_executes_it(packed, case):
     """ds[i] draws its plan as before (one seed from torch's generator) and runs the PIL reference on it; the native
     decoder given that plan agrees within ColorJitter's bounds above (its other operations are exact)."""
     from fastload.decoders._base import ImageSources
     from fastload.decoders.native import NativeDecoder
 
-    ds = fastload.open(packed, transforms={"image": [T.RandomResizedCrop(OUT), T.RandomHorizontalFlip(),
-                                                     T.RandomRotation(30), T.ColorJitter(0.3, 0.3, 0.3),
-                                                     T.RandomErasing(0.5)]})
+    transforms, max_bound, mean_bound = DS_CASES[case]
+    ds = fastload.open(packed, transforms={"image": transforms})
     pipe = ds.pipelines["image"]
-    diffs = []
+    diffs, padded = [], 0
     for i in range(0, 48, 5):
         torch.manual_seed(i)
         item = ds[i][0].permute(1, 2, 0).numpy().astype(np.int64)
@@ -220,12 +228,15 @@ def test_ds_item_is_the_pil_reference_of_its_plan_and_the_loader_executes_it(pac
         blob = bytes(seg.blob("image", local))
         h, w = (int(v) for v in seg.row("image", "meta", local)[:2])
         plan = pipe.plan(np.array([h]), np.array([w]), rng)
+        pad = plan.augment.geometry.pad
+        padded += int(pad is not None and pad.active.any())
         assert np.array_equal(item, reference_batch(ds, [i], plan)[0])  # exactly the reference
         out = np.zeros((1, *OUT, 3), np.uint8)
         assert NativeDecoder().decode(ImageSources.from_bytes([blob], [[h, w]]), plan, out) == []
         diffs.append(np.abs(out[0].astype(np.int64) - item).ravel())
     d = np.concatenate(diffs)
-    assert d.max() <= 3 and d.mean() <= 0.25
+    assert d.max() <= max_bound and d.mean() <= mean_bound
+    assert (padded > 0) == (case == "padded crop")
 
 
 def test_unknown_transform_is_refused_naming_it(packed):
