@@ -291,6 +291,31 @@ void autocontrast(uint8_t* t, int h, int w, ptrdiff_t stride) {
 // Blend with the 3x3 smoothing (1 around, 5 in the middle, over 13) on the interior; borders stay.
 // The smoothed value is round(S / 13) for the integer S: never a tie, so computed exactly in integers
 // ((2 S + 13) / 26), which is what torch's float32 convolution rounds to.
+// One interior row of sharpness (bytes 3 .. row - 3), compiled portable and for AVX2 as the luma kernels are:
+// the same integer and float32 operations in both, so the same bytes.
+__attribute__((always_inline)) inline void sharpen_body(const uint8_t* __restrict up, const uint8_t* __restrict mid,
+                                                        const uint8_t* __restrict dn, uint8_t* __restrict out,
+                                                        int64_t row, float g) {
+  for (int64_t i = 3; i < row - 3; ++i) {
+    const int sum = up[i - 3] + up[i] + up[i + 3] + mid[i - 3] + 5 * mid[i] + mid[i + 3] + dn[i - 3] + dn[i] +
+                    dn[i + 3];
+    const int blurred = (2 * sum + 13) / 26;
+    const float in = static_cast<float>(mid[i]);
+    out[i] = clamp_trunc(in + g * static_cast<float>(blurred - mid[i]));
+  }
+}
+
+void sharpen_portable(const uint8_t* up, const uint8_t* mid, const uint8_t* dn, uint8_t* out, int64_t row, float g) {
+  sharpen_body(up, mid, dn, out, row, g);
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) void sharpen_avx2(const uint8_t* up, const uint8_t* mid, const uint8_t* dn,
+                                                  uint8_t* out, int64_t row, float g) {
+  sharpen_body(up, mid, dn, out, row, g);
+}
+#endif
+
 void sharpness(uint8_t* t, int h, int w, ptrdiff_t stride, double factor, AugScratch* s) {
   if (h <= 2 || w <= 2) return;
   const int64_t row = static_cast<int64_t>(w) * 3;
@@ -299,17 +324,16 @@ void sharpness(uint8_t* t, int h, int w, ptrdiff_t stride, double factor, AugScr
   for (int y = 0; y < h; ++y) std::memcpy(src + y * row, t + y * stride, static_cast<size_t>(row));
   const float g = 1.0f - static_cast<float>(factor);
   for (int y = 1; y < h - 1; ++y) {
-    const uint8_t* __restrict up = src + (y - 1) * row;
-    const uint8_t* __restrict mid = src + y * row;
-    const uint8_t* __restrict dn = src + (y + 1) * row;
-    uint8_t* __restrict out = t + y * stride;
-    for (int64_t i = 3; i < row - 3; ++i) {
-      const int sum = up[i - 3] + up[i] + up[i + 3] + mid[i - 3] + 5 * mid[i] + mid[i + 3] + dn[i - 3] + dn[i] +
-                      dn[i + 3];
-      const int blurred = (2 * sum + 13) / 26;
-      const float in = static_cast<float>(mid[i]);
-      out[i] = clamp_trunc(in + g * static_cast<float>(blurred - mid[i]));
+    const uint8_t* up = src + (y - 1) * row;
+    const uint8_t* mid = src + y * row;
+    const uint8_t* dn = src + (y + 1) * row;
+#if defined(__x86_64__)
+    if (use_avx2()) {
+      sharpen_avx2(up, mid, dn, t + y * stride, row, g);
+      continue;
     }
+#endif
+    sharpen_portable(up, mid, dn, t + y * stride, row, g);
   }
 }
 

@@ -217,7 +217,8 @@ print(h.hexdigest())
 
 
 def test_the_avx2_and_portable_kernels_write_the_same_bytes():
-    """The luma kernels are compiled for AVX2 and portably (FASTLOAD_SIMD=scalar picks the portable one)."""
+    """The luma and sharpness kernels are compiled for AVX2 and portably (FASTLOAD_SIMD=scalar picks the portable
+    one)."""
     here = os.path.dirname(os.path.abspath(__file__))
     digests = []
     for level in (None, "scalar"):
