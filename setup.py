@@ -18,7 +18,7 @@ from setuptools.errors import CompileError, ExecError, LinkError
 
 SOURCES = [
     "csrc/binding.cc", "csrc/augment.cc", "csrc/batch.cc", "csrc/convert.cc", "csrc/gather.cc", "csrc/jpeg.cc",
-    "csrc/pool.cc", "csrc/resize.cc",
+    "csrc/pool.cc", "csrc/resize.cc", "csrc/augment_plan.cc", "csrc/warp.cc",
 ]
 
 INSTALL_COMPILER = (

@@ -34,11 +34,20 @@ inline float luma(uint8_t r, uint8_t g, uint8_t b) {
   return static_cast<float>(static_cast<double>(b) * static_cast<double>(0.114f) + static_cast<double>(ab));
 }
 
+// A per-value operation through a 256-entry table: each entry computed by the same float32 operations the
+// pixel loop would run, so the bytes are the same; one lookup a byte instead of two conversions and a multiply.
+template <typename Fn>
+void through_table(uint8_t* t, int h, int w, ptrdiff_t stride, Fn value) {
+  uint8_t lut[256];
+  for (int v = 0; v < 256; ++v) lut[v] = value(static_cast<uint8_t>(v));
+  for_rows(t, h, w, stride, [&lut](uint8_t* __restrict p, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) p[i] = lut[p[i]];
+  });
+}
+
 void brightness(uint8_t* t, int h, int w, ptrdiff_t stride, double factor) {
   const float f = static_cast<float>(factor);
-  for_rows(t, h, w, stride, [f](uint8_t* __restrict p, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) p[i] = clamp_trunc(static_cast<float>(p[i]) * f);
-  });
+  through_table(t, h, w, stride, [f](uint8_t v) { return clamp_trunc(static_cast<float>(v) * f); });
 }
 
 // torchvision's _blend(x, other, r) = x * float(r) + other * float(1 - r), the difference taken in double.
@@ -61,10 +70,11 @@ __attribute__((always_inline)) inline int64_t luma_body(uint8_t* __restrict p, i
   if (kUse == kLumaSum) {
     for (int x = 0; x < w; ++x) sum += static_cast<int32_t>(g[x]);
   } else if (kUse == kLumaSaturate) {
-    for (int x = 0; x < w; ++x) {
-      const float other = g[x] * b;
-      for (int c = 0; c < 3; ++c) p[3 * x + c] = clamp_trunc(static_cast<float>(p[3 * x + c]) * a + other);
-    }
+    // The blend's luma term spread to the row's bytes first (g[w .. 4w)), so that the blend is one contiguous
+    // loop the compiler vectorises; the same float32 products and sums as per pixel.
+    float* __restrict other = g + w;
+    for (int x = 0; x < w; ++x) other[3 * x] = other[3 * x + 1] = other[3 * x + 2] = g[x] * b;
+    for (int i = 0; i < 3 * w; ++i) p[i] = clamp_trunc(static_cast<float>(p[i]) * a + other[i]);
   } else {  // torch's cast truncates the unfloored luma: the same value
     for (int x = 0; x < w; ++x) {
       const uint8_t v = static_cast<uint8_t>(g[x]);
@@ -102,7 +112,7 @@ bool use_avx2() {
 // Runs a luma kernel over the tile's rows; returns the sum of the floored luma for kLumaSum.
 template <int kUse>
 int64_t luma_rows(uint8_t* t, int h, int w, ptrdiff_t stride, float a, float b, AugScratch* s) {
-  s->a.resize(static_cast<size_t>(w));
+  s->a.resize(static_cast<size_t>(w) * 4);  // the luma, then kLumaSaturate's per-byte term
   int64_t sum = 0;
   for (int y = 0; y < h; ++y) {
 #if defined(__x86_64__)
@@ -124,8 +134,9 @@ void contrast(uint8_t* t, int h, int w, ptrdiff_t stride, double factor, AugScra
   const BlendFactors bf(factor);
   const float other = mean * bf.b;
   const float a = bf.a;
-  for_rows(t, h, w, stride, [a, other](uint8_t* __restrict p, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) p[i] = clamp_trunc(static_cast<float>(p[i]) * a + other);
+  through_table(t, h, w, stride, [a, other](uint8_t v) {
+    const float scaled = static_cast<float>(v) * a;  // rounded before the add, as torch's separate ops
+    return clamp_trunc(scaled + other);
   });
 }
 
@@ -281,6 +292,31 @@ void autocontrast(uint8_t* t, int h, int w, ptrdiff_t stride) {
 // Blend with the 3x3 smoothing (1 around, 5 in the middle, over 13) on the interior; borders stay.
 // The smoothed value is round(S / 13) for the integer S: never a tie, so computed exactly in integers
 // ((2 S + 13) / 26), which is what torch's float32 convolution rounds to.
+// One interior row of sharpness (bytes 3 .. row - 3), compiled portable and for AVX2 as the luma kernels are:
+// the same integer and float32 operations in both, so the same bytes.
+__attribute__((always_inline)) inline void sharpen_body(const uint8_t* __restrict up, const uint8_t* __restrict mid,
+                                                        const uint8_t* __restrict dn, uint8_t* __restrict out,
+                                                        int64_t row, float g) {
+  for (int64_t i = 3; i < row - 3; ++i) {
+    const int sum = up[i - 3] + up[i] + up[i + 3] + mid[i - 3] + 5 * mid[i] + mid[i + 3] + dn[i - 3] + dn[i] +
+                    dn[i + 3];
+    const int blurred = (2 * sum + 13) / 26;
+    const float in = static_cast<float>(mid[i]);
+    out[i] = clamp_trunc(in + g * static_cast<float>(blurred - mid[i]));
+  }
+}
+
+void sharpen_portable(const uint8_t* up, const uint8_t* mid, const uint8_t* dn, uint8_t* out, int64_t row, float g) {
+  sharpen_body(up, mid, dn, out, row, g);
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) void sharpen_avx2(const uint8_t* up, const uint8_t* mid, const uint8_t* dn,
+                                                  uint8_t* out, int64_t row, float g) {
+  sharpen_body(up, mid, dn, out, row, g);
+}
+#endif
+
 void sharpness(uint8_t* t, int h, int w, ptrdiff_t stride, double factor, AugScratch* s) {
   if (h <= 2 || w <= 2) return;
   const int64_t row = static_cast<int64_t>(w) * 3;
@@ -289,17 +325,16 @@ void sharpness(uint8_t* t, int h, int w, ptrdiff_t stride, double factor, AugScr
   for (int y = 0; y < h; ++y) std::memcpy(src + y * row, t + y * stride, static_cast<size_t>(row));
   const float g = 1.0f - static_cast<float>(factor);
   for (int y = 1; y < h - 1; ++y) {
-    const uint8_t* __restrict up = src + (y - 1) * row;
-    const uint8_t* __restrict mid = src + y * row;
-    const uint8_t* __restrict dn = src + (y + 1) * row;
-    uint8_t* __restrict out = t + y * stride;
-    for (int64_t i = 3; i < row - 3; ++i) {
-      const int sum = up[i - 3] + up[i] + up[i + 3] + mid[i - 3] + 5 * mid[i] + mid[i + 3] + dn[i - 3] + dn[i] +
-                      dn[i + 3];
-      const int blurred = (2 * sum + 13) / 26;
-      const float in = static_cast<float>(mid[i]);
-      out[i] = clamp_trunc(in + g * static_cast<float>(blurred - mid[i]));
+    const uint8_t* up = src + (y - 1) * row;
+    const uint8_t* mid = src + y * row;
+    const uint8_t* dn = src + (y + 1) * row;
+#if defined(__x86_64__)
+    if (use_avx2()) {
+      sharpen_avx2(up, mid, dn, t + y * stride, row, g);
+      continue;
     }
+#endif
+    sharpen_portable(up, mid, dn, t + y * stride, row, g);
   }
 }
 
@@ -312,6 +347,20 @@ void erase(uint8_t* t, int h, int w, ptrdiff_t stride, const int64_t* box, const
     uint8_t* p = t + y * stride;
     for (int64_t x = left; x < right; ++x)
       for (int c = 0; c < 3; ++c) p[3 * x + c] = v[c];
+  }
+}
+
+void erase_random(uint8_t* t, int h, int w, ptrdiff_t stride, const int64_t* box, double seed) {
+  const int64_t top = std::max<int64_t>(box[0], 0), left = std::max<int64_t>(box[1], 0);
+  const int64_t bottom = std::min<int64_t>(box[0] + box[2], h), right = std::min<int64_t>(box[1] + box[3], w);
+  const uint64_t s = static_cast<uint64_t>(seed);
+  for (int64_t y = top; y < bottom; ++y) {
+    uint8_t* p = t + y * stride;
+    const uint64_t row = static_cast<uint64_t>((y - box[0]) * box[3]);
+    for (int64_t x = left; x < right; ++x) {
+      const uint64_t k = (row + static_cast<uint64_t>(x - box[1])) * 3;
+      for (int c = 0; c < 3; ++c) p[3 * x + c] = erase_noise(s, k + c);
+    }
   }
 }
 
@@ -373,10 +422,18 @@ std::string num(double v) {
 
 }  // namespace
 
+uint8_t erase_noise(uint64_t seed, uint64_t k) {
+  uint64_t z = seed * 0x9E3779B97F4A7C15ull + k + 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return static_cast<uint8_t>((z ^ (z >> 31)) >> 56);
+}
+
 const char* aug_op_name(int64_t op) {
   static const char* const names[kAugNumOps] = {
       "brightness", "contrast", "saturation", "hue", "grayscale", "solarize", "posterize",
-      "invert", "equalize", "autocontrast", "sharpness", "erase", "gaussian_blur"};
+      "invert", "equalize", "autocontrast", "sharpness", "erase", "gaussian_blur",
+      "erase_random"};
   return op >= 0 && op < kAugNumOps ? names[op] : "unknown";
 }
 
@@ -414,6 +471,19 @@ bool check_aug_op(const AugOpParams& p, int h, int w, std::string* err) {
                  ") is outside [0, 255], the range of uint8 tiles";
           return false;
         }
+      }
+      return true;
+    case kAugEraseRandom:
+      for (int c = 0; c < 4; ++c) {
+        if (p.i[c] < INT32_MIN || p.i[c] > INT32_MAX) {
+          *err = "box " + std::to_string(p.i[c]) + " (position " + std::to_string(c) +
+                 " of top, left, height, width) is outside the int32 range";
+          return false;
+        }
+      }
+      if (!(p.f[0] >= 0.0 && p.f[0] < 9007199254740992.0) || p.f[0] != std::floor(p.f[0])) {
+        *err = "seed " + num(p.f[0]) + " should be an integer in [0, 2^53)";
+        return false;
       }
       return true;
     case kAugGaussianBlur:
@@ -460,6 +530,7 @@ bool apply_ops(uint8_t* tile, int h, int w, ptrdiff_t stride, const AugOpParams*
       case kAugSharpness: sharpness(tile, h, w, stride, p.f[0], scratch); break;
       case kAugErase: erase(tile, h, w, stride, p.i, p.f); break;
       case kAugGaussianBlur: gaussian_blur(tile, h, w, stride, p.i, p.f, scratch); break;
+      case kAugEraseRandom: erase_random(tile, h, w, stride, p.i, p.f[0]); break;
       default: break;  // unreachable: checked above
     }
   }
@@ -467,63 +538,13 @@ bool apply_ops(uint8_t* tile, int h, int w, ptrdiff_t stride, const AugOpParams*
 }
 
 bool augment_batch(ThreadPool* pool, const AugBatchSpec& b, std::string* err) {
-  if (b.n < 0 || b.h < 1 || b.w < 1 || b.num_steps < 0 || b.num_rows < 0) {
-    *err = "bad batch shape: n=" + std::to_string(b.n) + ", h=" + std::to_string(b.h) + ", w=" + std::to_string(b.w);
-    return false;
-  }
-  if (b.offset[0] != 0 || b.offset[b.num_steps] != b.num_rows) {
-    *err = "offset should run from 0 to the number of rows " + std::to_string(b.num_rows) + ", got " +
-           std::to_string(b.offset[0]) + " to " + std::to_string(b.offset[b.num_steps]);
-    return false;
-  }
-  // Every step and row checked before any pixel is written; rows gathered per sample in step order.
-  std::vector<int64_t> count(static_cast<size_t>(b.n) + 1, 0);
-  std::vector<AugOpParams> rows(static_cast<size_t>(b.num_rows));
-  for (int64_t s = 0; s < b.num_steps; ++s) {
-    const std::string where = "step " + std::to_string(s);
-    if (b.op[s] < 0 || b.op[s] >= kAugNumOps) {
-      *err = where + ": operation id " + std::to_string(b.op[s]) + " is outside [0, " +
-             std::to_string(kAugNumOps - 1) + "]";
-      return false;
-    }
-    if (b.offset[s + 1] < b.offset[s]) {
-      *err = "offset should not decrease, but offset[" + std::to_string(s + 1) + "] = " +
-             std::to_string(b.offset[s + 1]) + " < offset[" + std::to_string(s) + "] = " + std::to_string(b.offset[s]);
-      return false;
-    }
-    for (int64_t j = b.offset[s]; j < b.offset[s + 1]; ++j) {
-      const int64_t i = b.sample[j];
-      if (i < 0 || i >= b.n) {
-        *err = where + " (" + aug_op_name(b.op[s]) + "), row " + std::to_string(j) + ": sample " + std::to_string(i) +
-               " is outside the batch of " + std::to_string(b.n) + " tiles";
-        return false;
-      }
-      AugOpParams& p = rows[static_cast<size_t>(j)];
-      p.op = static_cast<int32_t>(b.op[s]);
-      std::copy(b.fparam + j * kAugParams, b.fparam + (j + 1) * kAugParams, p.f);
-      std::copy(b.iparam + j * kAugParams, b.iparam + (j + 1) * kAugParams, p.i);
-      if (!check_aug_op(p, b.h, b.w, err)) {
-        *err = where + " (" + aug_op_name(b.op[s]) + "), row " + std::to_string(j) + ", sample " +
-               std::to_string(i) + ": " + *err;
-        return false;
-      }
-      ++count[static_cast<size_t>(i) + 1];
-    }
-  }
-  for (int64_t i = 0; i < b.n; ++i) count[i + 1] += count[i];
-  std::vector<AugOpParams> by_sample(rows.size());
-  std::vector<int64_t> fill(count.begin(), count.end() - 1);
-  for (int64_t j = 0; j < b.num_rows; ++j) by_sample[static_cast<size_t>(fill[b.sample[j]]++)] = rows[j];
-
+  AugPlan plan;
+  if (!plan.prepare(b, err)) return false;
   const ptrdiff_t stride = static_cast<ptrdiff_t>(b.w) * 3;
   const int64_t tile_bytes = static_cast<int64_t>(b.h) * stride;
   std::vector<AugScratch> scratch(static_cast<size_t>(pool->num_slots()));
   pool->run(b.n, [&](int64_t i, int worker) {
-    const int64_t first = count[i], n_ops = count[i + 1] - first;
-    if (n_ops == 0) return;
-    std::string unused;  // every operation was checked above
-    apply_ops(b.images + i * tile_bytes, b.h, b.w, stride, by_sample.data() + first, n_ops,
-              &scratch[static_cast<size_t>(worker)], &unused);
+    plan.run(i, b.images + i * tile_bytes, stride, &scratch[static_cast<size_t>(worker)]);
   });
   return true;
 }

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "pool.h"
+#include "warp.h"
 
 namespace fastload {
 
@@ -42,8 +43,14 @@ enum AugOp : int32_t {
   kAugSharpness,     // f[0] = factor
   kAugErase,         // i[0..3] = top, left, height, width (clipped to the tile); f[0..2] = value 0..255
   kAugGaussianBlur,  // i[0..1] = kernel size x, y (odd, half < the tile); f[0..1] = sigma x, y > 0
+  kAugEraseRandom,   // i[0..3] = box as kAugErase; f[0] = seed, an integer in [0, 2^53): per-pixel noise
   kAugNumOps
 };
+
+// RandomErasing(value="random")'s noise: byte k (row-major over the box, 3 per pixel) of the box seeded by
+// `seed`: the top 8 bits of splitmix64(seed * 0x9E3779B97F4A7C15 + k) (fastload/_augment/filters.py: the same
+// in numpy and torch).
+uint8_t erase_noise(uint64_t seed, uint64_t k);
 
 // Parameters per operation row: kAugParams floats and kAugParams ints (unused ones ignored).
 constexpr int kAugParams = 4;
@@ -58,7 +65,7 @@ const char* aug_op_name(int64_t op);
 
 // Per-thread buffers, grown to the largest tile seen.
 struct AugScratch {
-  std::vector<uint8_t> copy;
+  std::vector<uint8_t> copy, warp;
   std::vector<float> a, b, taps_x, taps_y;
 };
 
@@ -83,6 +90,40 @@ struct AugBatchSpec {
   const int64_t* sample = nullptr;  // num_rows, each in [0, n)
   const double* fparam = nullptr;   // num_rows x kAugParams
   const int64_t* iparam = nullptr;  // num_rows x kAugParams
+  // The plan's geometry per tile (all null: none), run before the operations (warp.h):
+  const uint8_t* vflip = nullptr;          // n
+  const uint8_t* has_affine = nullptr;     // n
+  const double* affine = nullptr;          // n x 6
+  const uint8_t* interpolation = nullptr;  // n
+  const double* fill = nullptr;            // n x 3
+  // Padded crop windows (fastload/_augment/padding.py; null: none), assembled before the geometry: tile i with
+  // pad_active[i] holds its decoded box (pad_hw[i], rows of pad_hw[i][1] * 3 bytes from the tile's start), and
+  // becomes tile[y][x] = box[pad_rows[i][y]][pad_cols[i][x mirrored if hflip[i]]], pad_fill[i] where either is -1.
+  const uint8_t* pad_active = nullptr;  // n
+  const int32_t* pad_hw = nullptr;      // n x 2, 1 <= each <= the tile's
+  const int32_t* pad_rows = nullptr;    // n x h, each in [-1, pad_hw[i][0])
+  const int32_t* pad_cols = nullptr;    // n x w, each in [-1, pad_hw[i][1])
+  const double* pad_fill = nullptr;     // n x 3, 0..255
+  const uint8_t* hflip = nullptr;       // n (required with pad_active)
+};
+
+// A batch's augmentation checked once and arranged per tile, so that whoever holds a tile (a
+// decode thread right after writing it, or augment_batch) runs that tile's part alone.
+class AugPlan {
+ public:
+  // Checks the whole spec (naming the first bad step/row/sample and the sizes); spec.images unused.
+  bool prepare(const AugBatchSpec& spec, std::string* err);
+  // Tile i's geometry, then its operations in step order.
+  void run(int64_t i, uint8_t* tile, ptrdiff_t stride, AugScratch* scratch) const;
+  int h() const { return h_; }
+  int w() const { return w_; }
+
+ private:
+  int h_ = 0, w_ = 0;
+  std::vector<int64_t> count_;  // tile i's operations are by_sample_[count_[i] .. count_[i + 1])
+  std::vector<AugOpParams> by_sample_;
+  std::vector<AugGeometry> geometry_;  // empty: none
+  const AugBatchSpec* pad_ = nullptr;  // its pad_* arrays, checked (the spec outlives the plan's use)
 };
 
 // Checks the whole spec (naming the first bad step/row and the sizes), then runs it. On error

@@ -195,4 +195,32 @@ std::vector<Failure> BatchEngine::run(const BatchSpec& b) {
   return out;
 }
 
+std::vector<Failure> BatchEngine::run(const BatchSpec& b, const AfterSample& then) {
+  std::vector<std::string> errors(static_cast<size_t>(b.n));
+  std::vector<uint8_t> failed(static_cast<size_t>(b.n), 0);
+  const size_t sample_bytes = static_cast<size_t>(b.out_h) * b.out_w * 3;
+  pool_.run(b.n, [&](int64_t k, int worker) {
+    SampleJob job;
+    std::string* err = &errors[k];
+    bool ok = make_job(b, k, &job, err);
+    if (ok && b.decode_hw != nullptr && b.decode_hw[2 * k] != 0) {
+      job.out_h = b.decode_hw[2 * k];
+      job.out_w = b.decode_hw[2 * k + 1];
+      job.flip = false;
+    }
+    ok = ok && process_sample(workers_[worker].get(), job, err);
+    if (!ok) {
+      failed[k] = 1;
+      std::memset(b.out + k * sample_bytes, 0, sample_bytes);
+    } else {
+      then(k, worker, b.out + k * sample_bytes);
+    }
+  });
+  std::vector<Failure> out;
+  for (int64_t k = 0; k < b.n; ++k) {
+    if (failed[k]) out.push_back(Failure{k, std::move(errors[k])});
+  }
+  return out;
+}
+
 }  // namespace fastload

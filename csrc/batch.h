@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -66,6 +67,9 @@ struct BatchSpec {
   uint8_t* out = nullptr;  // n x out_h x out_w x 3, contiguous
   int out_h = 0, out_w = 0;
   bool dct_scaling = true;
+  // Only for run(spec, then): sample k with decode_hw[k] != (0, 0) is decoded at that size, unflipped, into
+  // the start of its row (a padded crop window's box; `then` assembles the tile). Null: none.
+  const int32_t* decode_hw = nullptr;
 };
 
 struct Failure {
@@ -81,6 +85,10 @@ class BatchEngine {
   ThreadPool& pool() { return pool_; }
   // Fills spec.out; returns the failed samples in index order.
   std::vector<Failure> run(const BatchSpec& spec);
+  // run(), and then(k, worker, tile) for each sample written without failure, on the thread that
+  // wrote it, right after (the tile is still in that core's cache): the fused augmentation.
+  using AfterSample = std::function<void(int64_t k, int worker, uint8_t* tile)>;
+  std::vector<Failure> run(const BatchSpec& spec, const AfterSample& then);
 
  private:
   ThreadPool pool_;

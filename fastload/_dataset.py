@@ -17,6 +17,7 @@ from .formats._layout import IMAGE_JPEG, columns_of
 from .formats.reader import (Located, PackedReader, local_segments,  # noqa: F401  (read_manifest: re-exported)
                              read_manifest)
 from .formats.remote import Remote, is_url, warn_local_options
+from ._augment.pipeline import reference as augment_reference
 from ._field_transforms import check_lengths, resolve as resolve_transforms
 from ._sequences import PackSequences
 
@@ -187,10 +188,14 @@ class Dataset(torch.utils.data.Dataset):
         crop = tuple(int(v) for v in plan.crops[0])
         out_hw = tuple(int(v) for v in plan.out_hw[0])
         flip = bool(plan.flips[0])
-        if enc == IMAGE_JPEG:
-            arr = native().decode_crop_resize(blob, crop, out_hw, flip)
-        else:
-            arr = native().resize_crop(np.frombuffer(blob, dtype=np.uint8).reshape(h, w, 3), crop, out_hw, flip)
+
+        def decode(crop: tuple, out_hw: tuple, flip: bool = False) -> np.ndarray:
+            if enc == IMAGE_JPEG:
+                return native().decode_crop_resize(blob, crop, out_hw, flip)
+            return native().resize_crop(np.frombuffer(blob, dtype=np.uint8).reshape(h, w, 3), crop, out_hw, flip)
+
+        # issue 21's augmentation (and padded crops): the PIL reference engine on the decoded tile
+        arr = decode(crop, out_hw, flip) if plan.augment is None else augment_reference(decode, plan)
         image = torch.from_numpy(arr).permute(2, 0, 1)
         if pipeline.tensor:
             image = pipeline.tensor.apply(image[None])[0]

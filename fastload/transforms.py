@@ -38,25 +38,61 @@ import numpy as np
 
 from ._tensor_transforms import Normalize, TensorPipeline, TensorTransform, ToDtype  # noqa: E402
 from ._sequences import Bucket, Pad, PackSequences  # noqa: E402  (variable-length fields, see _sequences.py)
+# The augmentations (issue 21), under torchvision v2's names; planned after the crop plan (_augment/pipeline.py).
+from ._augment import pipeline as _augment  # noqa: E402
+from ._augment.color import ColorJitter, Grayscale, RandomGrayscale  # noqa: E402
+from ._augment.combinators import RandomApply, RandomChoice, RandomOrder  # noqa: E402
+from ._augment.filters import GaussianBlur, RandomErasing  # noqa: E402
+from ._augment.geometry import RandomAffine, RandomRotation, RandomVerticalFlip  # noqa: E402
+from ._augment.plan import Augment  # noqa: E402
+from ._augment.policies import AutoAugment, RandAugment, ThreeAugment, TrivialAugmentWide  # noqa: E402
+from ._augment.tone import (RandomAdjustSharpness, RandomAutocontrast, RandomEqualize, RandomInvert,  # noqa: E402
+                            RandomPosterize, RandomSolarize)
 
 __all__ = [
+    "AutoAugment",
     "Bucket",
     "CenterCrop",
+    "ColorJitter",
     "Compose",
+    "GaussianBlur",
+    "Grayscale",
     "ImagePipeline",
     "Normalize",
     "PackSequences",
     "Pad",
     "Plan",
+    "RandAugment",
+    "RandomAdjustSharpness",
+    "RandomAffine",
+    "RandomApply",
+    "RandomAutocontrast",
+    "RandomChoice",
+    "RandomCrop",
+    "RandomEqualize",
+    "RandomErasing",
+    "RandomGrayscale",
     "RandomHorizontalFlip",
+    "RandomInvert",
+    "RandomOrder",
+    "RandomPosterize",
     "RandomResizedCrop",
+    "RandomRotation",
+    "RandomSolarize",
+    "RandomVerticalFlip",
     "Resize",
+    "ThreeAugment",
     "ToDtype",
+    "TrivialAugmentWide",
     "apply_pil",
 ]
 
-_SUPPORTED = ("RandomResizedCrop, Resize, CenterCrop, RandomHorizontalFlip, then optionally ToDtype and "
-              "Normalize (in a list or Compose)")
+_SUPPORTED = ("RandomResizedCrop, Resize, CenterCrop, RandomCrop, RandomHorizontalFlip, then optionally augmentations "
+              "(TrivialAugmentWide, RandAugment, AutoAugment, ThreeAugment, ColorJitter, RandomGrayscale, Grayscale, "
+              "GaussianBlur, RandomSolarize, RandomPosterize, RandomEqualize, RandomAutocontrast, "
+              "RandomAdjustSharpness, RandomInvert, RandomErasing, RandomRotation, RandomAffine, RandomVerticalFlip, "
+              "RandomHorizontalFlip, RandomApply, RandomChoice, RandomOrder), then optionally ToDtype and Normalize "
+              "(in a list or Compose)")
 _ATTEMPTS = 10  # torchvision's RandomResizedCrop.get_params tries 10 boxes before its fallback
 
 
@@ -402,7 +438,7 @@ class Plan:
 class _State:
     """The batch's virtual images while planning (see "Composition" in the module docstring)."""
 
-    __slots__ = ("src_h", "src_w", "h", "w", "oy", "ox", "sy", "sx", "flip")
+    __slots__ = ("src_h", "src_w", "h", "w", "oy", "ox", "sy", "sx", "flip", "pad", "tile_hw")
 
     def __init__(self, heights: np.ndarray, widths: np.ndarray) -> None:
         self.src_h, self.src_w = heights, widths
@@ -410,6 +446,7 @@ class _State:
         self.oy = self.ox = np.zeros(heights.shape[0])
         self.sy = self.sx = np.ones(heights.shape[0])
         self.flip = np.zeros(heights.shape[0], dtype=bool)
+        self.pad, self.tile_hw = None, None  # a padded RandomCrop's windows (_augment/random_crop.py)
 
     def crop(self, top: np.ndarray, left: np.ndarray, h: np.ndarray, w: np.ndarray) -> None:
         left = np.where(self.flip, self.w - left - w, left)  # the crop was chosen on the mirror
@@ -433,19 +470,22 @@ class _State:
 
         top, height = edges(self.oy, self.h * self.sy, self.src_h)
         left, width = edges(self.ox, self.w * self.sx, self.src_w)
+        # a padded RandomCrop decodes its box at pad.decode_hw (self.h, self.w) into tiles of tile_hw
+        hw = (self.h, self.w) if self.tile_hw is None else (np.full_like(self.h, self.tile_hw[0]),
+                                                              np.full_like(self.w, self.tile_hw[1]))
         return Plan(
             crops=np.stack([top, left, height, width], axis=1).astype(np.int32),
             flips=self.flip.astype(np.uint8),
-            out_hw=np.stack([self.h, self.w], axis=1).astype(np.int32),
+            out_hw=np.stack(hw, axis=1).astype(np.int32),
         )
 
 
 def _flatten(transforms: Any) -> list[Transform]:
     if isinstance(transforms, ImagePipeline):
-        return list(transforms.transforms)
+        return list(transforms.transforms) + list(transforms.augment) + list(transforms.tensor.transforms)
     if isinstance(transforms, Compose):
         transforms = transforms.transforms
-    if isinstance(transforms, (Transform, TensorTransform)):
+    if isinstance(transforms, (Transform, TensorTransform, Augment)):
         return [transforms]
     if not isinstance(transforms, (list, tuple)):
         raise TypeError(f"expected a list of transforms or a Compose, got {_type_name(transforms)}: "
@@ -454,7 +494,7 @@ def _flatten(transforms: Any) -> list[Transform]:
     for t in transforms:
         if isinstance(t, (Compose, list, tuple)):
             out.extend(_flatten(t))
-        elif isinstance(t, (Transform, TensorTransform)):
+        elif isinstance(t, (Transform, TensorTransform, Augment)):
             out.append(t)
         else:
             raise TypeError(f"unsupported image transform {t!r} ({_type_name(t)}); supported: {_SUPPORTED} "
@@ -473,17 +513,20 @@ def _type_name(obj: Any) -> str:
 class ImagePipeline:
     """A list of geometric transforms folded into one crop box, output size and flip per sample.
 
-    ``ToDtype``/``Normalize`` at the end of the list are kept apart in ``tensor`` (a
-    ``TensorPipeline``): they run on whole batches, on the batch's device."""
+    Augmentations after them (``augment``, see ``_augment/pipeline.py``) are drawn after the crop plan from the
+    same generator and attached to it (``Plan.augment``). ``ToDtype``/``Normalize`` at the end of the list are
+    kept apart in ``tensor`` (a ``TensorPipeline``): they run on whole batches, on the batch's device."""
 
     def __init__(self, transforms: Any) -> None:
         items = _flatten(transforms)
         first_tensor = next((i for i, t in enumerate(items) if isinstance(t, TensorTransform)), len(items))
         if any(not isinstance(t, TensorTransform) for t in items[first_tensor:]):
-            raise ValueError("ToDtype/Normalize must come after every geometric transform (they run on the "
-                             "batch once it is on its device)")
+            raise ValueError("ToDtype/Normalize must come after every geometric transform and augmentation (they "
+                             "run on the batch once it is on its device)")
         self.tensor = TensorPipeline(items[first_tensor:])
-        self.transforms: tuple[Transform, ...] = tuple(items[:first_tensor])
+        crops, augment = _augment.split(items[:first_tensor], Transform, RandomHorizontalFlip)
+        self.transforms: tuple[Transform, ...] = tuple(crops)
+        self.augment: tuple[Augment, ...] = tuple(augment)
         hw: tuple[int, int] | None = None
         for t in self.transforms:
             hw = t._static_size(hw)
@@ -509,18 +552,19 @@ class ImagePipeline:
         state = _State(h, w)
         for t in self.transforms:
             t._apply(state, rng)
-        return state.finish()
+        plan = state.finish()
+        return _augment.plan_batch(self.augment, plan, rng, state.pad) if self.augment or state.pad else plan
 
     def describe(self) -> list[dict[str, Any]]:
-        return [t.describe() for t in self.transforms]
+        return [t.describe() for t in self.transforms + self.augment]
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, ImagePipeline) and self.transforms == other.transforms
+        return isinstance(other, ImagePipeline) and (self.transforms, self.augment) == (other.transforms, other.augment)
 
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
-        return f"ImagePipeline([{', '.join(map(repr, self.transforms))}])"
+        return f"ImagePipeline([{', '.join(map(repr, self.transforms + self.augment))}])"
 
 
 def apply_pil(pipeline: Any, image: Any, rng: np.random.Generator) -> Any:
@@ -537,6 +581,11 @@ def apply_pil(pipeline: Any, image: Any, rng: np.random.Generator) -> Any:
     top, left, h, w = (int(v) for v in p.crops[0])
     oh, ow = (int(v) for v in p.out_hw[0])
     out = image.crop((left, top, left + w, top + h)).resize((ow, oh), Image.Resampling.BILINEAR)
+    if p.augment is not None:  # flips, the affine and the pixel operations, by the PIL reference engine
+        return Image.fromarray(_augment.reference(np.asarray(out.convert("RGB")), p))
     if p.flips[0]:
         out = out.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
     return out
+
+
+from ._augment.random_crop import RandomCrop  # noqa: E402  (a crop-plan Transform: defined after its base)

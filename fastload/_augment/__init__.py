@@ -1,9 +1,13 @@
 """Augmentations as a per-batch plan executed by interchangeable engines (issue 21's groundwork).
 
-status: groundwork only. Nothing here is wired into ``fastload.open``, the loader or the native decoder yet
-(that waits for the fast path's stages, issue 20, whose decoders take the plan object), and nothing is
-exported from ``fastload/__init__.py``. Three engines: PIL (reference), batched torch, and native C++ kernels for
-the pixel operations (``engine_native.py``, csrc/augment.cc; run over a decoded batch until the decoders call them).
+status: wired into the fast path on CPU (issue 21 items 1-2 for the CPU). ``fastload.open(transforms=...)``
+takes these transforms after the crops (``pipeline.py``; exported from ``fastload.transforms`` under torchvision
+v2's names, not from ``fastload/__init__.py``); each batch's plan is drawn from the batch's generator after the crop
+plan and attached with ``Plan.with_augment``; the native decoder executes it fused with decoding (each pool thread
+decodes a sample, crops/resizes/flips it, then runs its padded-window assembly, vertical flip, affine warp and
+pixel operations on the tile, GIL released: csrc/augment_plan.cc, warp.cc, augment.cc); ``ds[i]`` runs the PIL
+reference engine on its natively decoded tile. ``RandomCrop`` with padding (``random_crop.py``, ``padding.py``) and
+``RandomErasing(value="random")`` run in all three engines.
 
 One file per concern:
 
@@ -17,16 +21,13 @@ One file per concern:
 | ``policies.py`` | TrivialAugmentWide, RandAugment, AutoAugment (ImageNet policy), ThreeAugment (DeiT III) |
 | ``combinators.py`` | RandomApply, RandomChoice, RandomOrder |
 | ``engine_pil.py`` / ``engine_torch.py`` | the two engines (images; masks follow the geometry only) |
-| ``engine_native.py`` | the plan's pixel steps as ``_C.augment_batch``'s arrays, run in place on NHWC uint8 |
+| ``engine_native.py`` | the plan as the native arrays (``_C.decode_augment_batch`` in the decoder, ``_C.augment_tiles`` on tiles) |
+| ``pipeline.py`` | the augmentations in ``fastload.open(transforms=...)``: split from the crops, planned per batch, ``ds[i]``'s reference |
+| ``random_crop.py`` / ``padding.py`` | RandomCrop (a crop-plan transform) and its padded windows: index maps, assembly |
 | ``mix.py`` | batch transforms MixUp, CutMix (and a random choice of them) |
 
-Left for the wiring (after issue 20's stages): ``fastload.open(transforms=...)`` accepting these classes
-(geometric ones folded into the crop plan, the rest into ``PlanBuilder.from_crop_plan``, attached with
-``fastload.transforms.Plan.with_augment``: the decoders already take that one object, ``decode(sources, plan,
-out)``, and refuse ``plan.augment`` in ``decoders/_base.geometry_only`` until a decoder executes it, the native
-one with C++ kernels fused on the output tile); ``ds[i]`` through ``engine_pil.run_pil(source=True)``;
-the batched engine after the device copy, erasing after Normalize where torchvision's recipes put it;
-MixUp/CutMix on the collated batch with the batch's generator; a ``mask`` field kind using the mask engines;
-torchvision objects converted by their public attributes; RandomCrop with padding (crop boxes outside the
-source); RandomErasing(value="random").
+Not wired yet: the batched torch engine on the GPU after the device copy (the GPU decoders refuse augmented plans,
+naming what they lack), MixUp/CutMix on the collated batch, the ``mask`` field kind (the mask engines exist),
+torchvision transform objects converted by their public attributes, a transform fastload does not know run per
+sample (refused at ``fastload.open`` today), ``Grayscale(num_output_channels=1)`` in a loader (rows are RGB).
 """

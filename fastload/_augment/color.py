@@ -1,7 +1,5 @@
 """Colour operations: brightness, contrast, saturation, hue, grayscale (ColorJitter, Grayscale, RandomGrayscale).
 
-status: groundwork for issue 21, not wired into the loader yet.
-
 PIL kernels are torchvision's v1 PIL backend (``ImageEnhance``, ``convert("HSV")``, ``convert("L")``); torch
 kernels follow torchvision v2's tensor kernels: blend ``x*f + other*(1-f)`` clamped then cast (a uint8 cast
 truncates, as PIL's blend does), grayscale ``0.2989 R + 0.587 G + 0.114 B`` (floored inside saturation and

@@ -1,7 +1,5 @@
 """Combinators: RandomApply, RandomChoice, RandomOrder — per sample, as torchvision v2 draws them per image.
 
-status: groundwork for issue 21, not wired into the loader yet.
-
 Each draws per sample and plans its members over the subsets that drew them, so a member's steps list only
 its samples. ``RandomChoice`` over batch transforms (MixUp, CutMix) picks one per batch instead: see mix.py.
 """

@@ -1,13 +1,16 @@
-"""The native engine: a plan's pixel steps run by C++ kernels (csrc/augment.cc) over an NHWC uint8 batch.
+"""The native engine: a plan's geometry and pixel steps run by C++ kernels over NHWC uint8 tiles.
 
-status: groundwork for issue 21, not wired into the loader yet. Later the decode threads will call the same
-per-tile kernels (``apply_ops``) on each output tile right after crop/resize/flip; until then this runs them
-over a decoded batch, in place, split over samples on a ``fastload._C.Pool``.
+The loader's native decoder runs them fused with decoding (``decoders/native.py`` ->
+``_C.decode_augment_batch``: each pool thread decodes, crops, resizes and flips a sample, then runs the sample's
+vertical flip, affine warp (csrc/warp.cc, PIL's ``Image.transform`` arithmetic) and pixel operations
+(csrc/augment.cc) on its tile while it is in cache). :func:`run_native` runs the same kernels over tiles that
+are already decoded (``_C.augment_tiles``), in place: the tests compare it with the other engines tile for tile.
 
-The kernels follow ``engine_torch.py``'s formulas and float32 roundings, so the two engines agree bit for bit
-on most operations (tests/augment/test_augment_native.py states the figures per operation). Geometry is not
-here: horizontal flips are the decoder's (this runs after it, as ``run_torch(flips=False)``); vertical flips
-and affines raise NotImplementedError, as do operations without a native kernel.
+The pixel kernels follow ``engine_torch.py``'s formulas and float32 roundings, so the two engines agree bit for
+bit on most operations (tests/augment/test_augment_native.py states the figures per operation). Horizontal
+flips are the decoder's (this runs after it, as ``run_torch(flips=False)``). Operations without a native
+kernel raise NotImplementedError; so does a one-channel plan (``Grayscale(num_output_channels=1)``) in the
+decoder, whose rows have 3 channels.
 """
 
 from __future__ import annotations
@@ -19,11 +22,11 @@ import numpy as np
 from . import color, filters, tone  # noqa: F401  (they register their operations)
 from .plan import AugmentPlan
 
-__all__ = ["NATIVE_OPS", "run_native"]
+__all__ = ["NATIVE_OPS", "augment_arrays", "native_arrays", "run_native"]
 
 # The C++ operation ids, in order (csrc/augment.h's AugOp); checked against the extension at first use.
 NATIVE_OPS = ("brightness", "contrast", "saturation", "hue", "grayscale", "solarize", "posterize", "invert",
-              "equalize", "autocontrast", "sharpness", "erase", "gaussian_blur")
+              "equalize", "autocontrast", "sharpness", "erase", "gaussian_blur", "erase_random")
 _ID = {name: k for k, name in enumerate(NATIVE_OPS)}
 _PARAMS = 4  # float and int parameter columns per row (csrc/augment.h's kAugParams)
 
@@ -38,6 +41,7 @@ _LAYOUT: dict[str, tuple[tuple[str, str, int], ...]] = {
     "posterize": (("bits", "i", 0),),
     "erase": (("box", "i", 0), ("value", "f", 0)),
     "gaussian_blur": (("ksize", "i", 0), ("sigma", "f", 0)),
+    "erase_random": (("box", "i", 0), ("seed", "f", 0)),
 }
 
 _default_pool = None
@@ -73,6 +77,22 @@ def native_arrays(plan: AugmentPlan) -> tuple[np.ndarray, ...]:
     return op, offset, sample, fparams, iparams
 
 
+def augment_arrays(plan: AugmentPlan, *, pad: bool = True) -> tuple[np.ndarray, ...]:
+    """The ``augment`` tuple of ``_C.augment_tiles`` / ``_C.decode_augment_batch``: the plan's geometry after the
+    horizontal flip (vflip, has_affine, affine (n, 6), interpolation, fill (n, 3)), then :func:`native_arrays`;
+    then, with ``pad`` and a padded RandomCrop in the plan, its windows (padding.Padding: active, decode_hw, rows,
+    cols, fill) for the decoder to assemble."""
+    g = plan.geometry
+    arrays = (g.vflip.astype(np.uint8), g.has_affine.astype(np.uint8),
+              np.ascontiguousarray(g.affine.reshape(-1, 6), dtype=np.float64), g.interpolation.astype(np.uint8),
+              np.ascontiguousarray(g.fill, dtype=np.float64), *native_arrays(plan))
+    if pad and g.pad is not None:
+        p = g.pad
+        arrays += (p.active.astype(np.uint8), p.decode_hw.astype(np.int64), p.rows.astype(np.int64),
+                   p.cols.astype(np.int64), np.ascontiguousarray(p.fill, dtype=np.float64))
+    return arrays
+
+
 def run_native(images: Any, plan: AugmentPlan, pool: Any = None) -> Any:
     """Run ``plan``'s pixel steps on ``images`` **in place** and return it (a view of its first channel when
     the plan converts to one channel).
@@ -101,17 +121,12 @@ def run_native(images: Any, plan: AugmentPlan, pool: Any = None) -> Any:
         i = int(bad[0])
         raise ValueError(f"run_native: sample {i} was planned as {tuple(int(v) for v in plan.geometry.out_hw[i])} "
                          f"(h, w) but the batch's tiles are {(h, w)}")
-    geometry = [what for what, rows in (("vertical flips", plan.geometry.vflip),
-                                        ("affine transforms", plan.geometry.has_affine)) if np.any(rows)]
-    if geometry:
-        raise NotImplementedError(f"the native augmentation engine runs pixel operations only; this plan has "
-                                  f"{' and '.join(geometry)} (run it with engine_torch.run_torch)")
     global _default_pool
     if pool is None:
         if _default_pool is None:
             _default_pool = _C.Pool(0)
         pool = _default_pool
-    _C.augment_batch(pool, arr, *native_arrays(plan))
+    _C.augment_tiles(pool, arr, augment_arrays(plan, pad=False))  # tiles: padded windows already assembled
     if plan.channels == 1:
         return images[:, :1] if nchw else images[..., :1]
     return images

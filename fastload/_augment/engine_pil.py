@@ -1,6 +1,6 @@
 """The PIL reference engine: executes one sample's plan with PIL, as torchvision's v1 PIL backend would.
 
-status: groundwork for issue 21, not wired into ``ds[i]`` yet.
+``ds[i]`` runs it on its natively decoded tile (``pipeline.reference``).
 
 Slow on purpose and per sample: it is the reference the batched (and later native) engines are tested
 against, and what ``ds[i]`` will use. Geometry: ``crop`` -> ``resize(BILINEAR)`` (only from a source image)
@@ -16,6 +16,7 @@ import numpy as np
 from PIL import Image
 
 from . import color, filters, tone  # noqa: F401  (they register their operations)
+from .padding import assemble
 from .plan import BILINEAR, OPS, AugmentPlan
 
 __all__ = ["run_pil", "run_pil_mask"]
@@ -64,7 +65,15 @@ def _geometry(img: Image.Image, plan: AugmentPlan, sample: int, source: bool, wh
         if geo.crops is None:
             raise ValueError(f"{who}(source=True) needs a plan made with crop boxes (plan_batch(..., crops=...))")
         top, left, h, w = (int(v) for v in geo.crops[sample])
-        img = img.crop((left, top, left + w, top + h)).resize((ow, oh), resize)
+        pad = geo.pad
+        if pad is not None and pad.active[sample]:  # a padded window: its decoded box, then assembled
+            dh, dw = (int(v) for v in pad.decode_hw[sample])
+            box = np.asarray(img.crop((left, top, left + w, top + h)).resize((dw, dh), resize))
+            if img.mode != "RGB":
+                raise NotImplementedError(f"{who}: masks through a padded RandomCrop are not supported yet")
+            img = Image.fromarray(assemble(box, pad.rows[sample], pad.cols[sample], pad.fill[sample], flip=False))
+        else:
+            img = img.crop((left, top, left + w, top + h)).resize((ow, oh), resize)
     elif (img.height, img.width) != (oh, ow):
         raise ValueError(f"{who}: sample {sample} was planned as {oh}x{ow} but the {what} is "
                          f"{img.height}x{img.width}")

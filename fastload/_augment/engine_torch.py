@@ -1,6 +1,6 @@
 """The batched torch engine: executes a plan over a whole NCHW batch on its device, no loop over samples.
 
-status: groundwork for issue 21, not wired into the loader yet (it will run on the GPU after the copy).
+status: not wired into the loader yet (it will run on the GPU after the copy).
 
 It receives the decoder's tiles (already cropped and resized; the native decoder also mirrors them today,
 hence ``flips=False``) and runs, per the plan: flips, the affine (``grid_sample`` with a mask channel for the

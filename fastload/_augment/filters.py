@@ -1,7 +1,5 @@
 """Gaussian blur and erasing: GaussianBlur, RandomErasing.
 
-status: groundwork for issue 21, not wired into the loader yet.
-
 Blur follows torchvision's kernel: ``exp(-x^2 / (2 sigma^2))`` sampled at ``linspace(-(k-1)/2, (k-1)/2, k)``,
 normalised, reflect padding, rounded back to uint8. torchvision's PIL backend itself converts the picture to
 a tensor and runs that kernel, so the reference kernel here is the same formula in numpy (2-D, float64); the
@@ -11,8 +9,13 @@ Erasing fills a rectangle drawn as torchvision's ``RandomErasing.get_params`` (1
 log-uniform ratio, ``h = round(sqrt(area * ratio))``, accepted when ``h < H and w < W``; no erasing when all
 10 fail). Note torchvision's recipes apply it after Normalize, where ``value=0`` is the mean colour; on the
 uint8 tiles the plan runs on, ``value`` is in pixel units (0-255). The torch kernel also runs on float
-batches, so the wiring can run erase steps after normalisation. ``value="random"`` (per-pixel noise) is not
-supported yet.
+batches, so the wiring can run erase steps after normalisation.
+
+``value="random"``: per-pixel noise, uniform over 0-255 per channel (torchvision draws normal(0, 1) values in
+the normalised space it erases after Normalize; on uint8 tiles, before Normalize, uniform bytes are the noise
+that does not depend on the dataset's statistics). It is a function of a per-sample seed drawn from the batch's
+generator, the pixel's place in the box and the channel (the top byte of splitmix64, csrc/augment.cc's
+``erase_noise``), so all three engines write the same bytes.
 """
 
 from __future__ import annotations
@@ -110,10 +113,66 @@ def _erase_torch(x: torch.Tensor, p: Any) -> torch.Tensor:
     return torch.where(inside, value.to(x.dtype), x)
 
 
+_G, _M1, _M2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+
+
+def erase_noise_np(seed: int, h: int, w: int) -> np.ndarray:
+    """(h, w, 3) uint8: the noise of a box (csrc/augment.cc ``erase_noise``), in numpy's wrapping uint64."""
+    k = np.arange(h * w * 3, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        z = np.uint64(seed) * np.uint64(_G) + k + np.uint64(_G)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(_M1)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(_M2)
+        z = z ^ (z >> np.uint64(31))
+    return (z >> np.uint64(56)).astype(np.uint8).reshape(h, w, 3)
+
+
+def _signed(v: int) -> int:
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
+def _shr(z: torch.Tensor, s: int) -> torch.Tensor:
+    """Logical right shift of int64 bit patterns (torch's >> is arithmetic)."""
+    return (z >> s) & ((1 << (64 - s)) - 1)
+
+
+def erase_noise_torch(seed: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """The same noise for int64 ``seed`` (broadcast) and byte positions ``k``: int64 multiplication wraps."""
+    z = seed * _signed(_G) + k + _signed(_G)
+    z = (z ^ _shr(z, 30)) * _signed(_M1)
+    z = (z ^ _shr(z, 27)) * _signed(_M2)
+    return _shr(z ^ _shr(z, 31), 56)
+
+
+def _erase_random_pil(img: Image.Image, p: dict[str, Any]) -> Image.Image:
+    top, left, h, w = (int(v) for v in p["box"])
+    a = np.array(img)
+    a[top:top + h, left:left + w] = erase_noise_np(int(p["seed"]), h, w)
+    return Image.fromarray(a, img.mode)
+
+
+def _erase_random_torch(x: torch.Tensor, p: Any) -> torch.Tensor:
+    if x.is_floating_point():
+        raise TypeError("RandomErasing(value='random') runs on uint8 tiles (its noise is uniform bytes)")
+    k, c, h, w = x.shape
+    box = p["box"].to(torch.int64)
+    rows = torch.arange(h, device=x.device).view(1, 1, h, 1)
+    cols = torch.arange(w, device=x.device).view(1, 1, 1, w)
+    chans = torch.arange(c, device=x.device).view(1, c, 1, 1)
+    top, left = box[:, 0].view(-1, 1, 1, 1), box[:, 1].view(-1, 1, 1, 1)
+    bh, bw = box[:, 2].view(-1, 1, 1, 1), box[:, 3].view(-1, 1, 1, 1)
+    inside = (rows >= top) & (rows < top + bh) & (cols >= left) & (cols < left + bw)
+    pos = ((rows - top) * bw + (cols - left)) * 3 + chans
+    noise = erase_noise_torch(p["seed"].to(torch.float64).to(torch.int64).view(-1, 1, 1, 1), pos)
+    return torch.where(inside, noise.to(x.dtype), x)
+
+
 define_op("gaussian_blur", {"ksize": ("int64", (2,)), "sigma": ("float64", (2,))}, pil=_blur_pil, torch=_blur_torch,
           floats=True)
 define_op("erase", {"box": ("int64", (4,)), "value": ("float64", (3,))}, pil=_erase_pil, torch=_erase_torch,
           floats=True)
+define_op("erase_random", {"box": ("int64", (4,)), "seed": ("float64", ())}, pil=_erase_random_pil,
+          torch=_erase_random_torch)
 
 
 def _pair_of(value: Any, what: str) -> tuple[float, float]:
@@ -172,10 +231,12 @@ class RandomErasing(Augment):
         if not 0.0 < self.ratio[0] <= self.ratio[1]:
             raise ValueError(f"RandomErasing: ratio={ratio!r} should be (min, max) with 0 < min <= max")
         if isinstance(value, str):
-            raise ValueError(f"RandomErasing: value={value!r} (per-pixel random noise) is not supported yet; give a "
-                             f"number or one number per channel")
-        if isinstance(value, numbers.Real) and not isinstance(value, bool):
-            self.value: tuple[float, ...] = (float(value),)
+            if value != "random":
+                raise ValueError(f"RandomErasing: value={value!r} should be a number, one number per channel or "
+                                 f"'random' (per-pixel noise)")
+            self.value: Any = "random"
+        elif isinstance(value, numbers.Real) and not isinstance(value, bool):
+            self.value = (float(value),)
         elif isinstance(value, (list, tuple)) and len(value) in (1, 3) and all(
                 isinstance(v, numbers.Real) and not isinstance(v, bool) for v in value):
             self.value = tuple(float(v) for v in value)
@@ -203,5 +264,9 @@ class RandomErasing(Augment):
         top = rng.integers(0, img_h[:, 0] - h + 1) if k else np.zeros(0, np.int64)
         left = rng.integers(0, img_w[:, 0] - w + 1) if k else np.zeros(0, np.int64)
         box = np.stack([top, left, h, w], axis=1)[found]
+        if self.value == "random":  # one seed per erasing sample (drawn for every applied one, found or not)
+            seed = rng.integers(0, 2**53, k).astype(np.float64)[found]
+            b.add("erase_random", sel[found], box=box, seed=seed)
+            return
         value = np.broadcast_to(np.asarray(self.value), (3,))
         b.add("erase", sel[found], box=box, value=value)

@@ -1,7 +1,5 @@
 """Geometry of the plan: torchvision's inverse affine matrix, flips, and the policies' affine operations.
 
-status: groundwork for issue 21, not wired into the loader yet.
-
 Matrices map output pixel coordinates to input pixel coordinates of the tile, in PIL's convention (pixel
 ``(x, y)`` covers ``[x, x+1) x [y, y+1)``, so its centre is ``(x + 0.5, y + 0.5)``) — what
 ``Image.transform(size, AFFINE, data)`` takes, and what torchvision's PIL backend builds with

@@ -1,7 +1,5 @@
 """Batch transforms MixUp and CutMix, with soft labels, drawn from the batch's generator, run on its device.
 
-status: groundwork for issue 21, not wired into the loader yet.
-
 As torchvision v2 defines them: one ``lam ~ Beta(alpha, alpha)`` per batch; each sample is mixed with its
 neighbour ``roll(1, 0)`` (sample i with sample i - 1); labels become one-hot over ``num_classes`` and are mixed
 the same way. MixUp: ``lam * x + (1 - lam) * rolled``. CutMix: a box centred on a uniformly drawn pixel with

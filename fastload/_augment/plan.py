@@ -1,7 +1,5 @@
 """The augmentation plan: one batch's per-sample geometry and ordered pixel operations, drawn on the host.
 
-status: groundwork for issue 21, not wired into the loader or decoders yet (see ``fastload/_augment/__init__.py``).
-
 A transform never touches pixels while planning. For a batch of ``n`` samples whose output tiles are
 ``out_hw[i]`` it draws, from the batch's numpy generator, and records:
 
@@ -94,6 +92,7 @@ class Geometry:
     interpolation: np.ndarray  # uint8 (n,): NEAREST or BILINEAR, for the affine
     fill: np.ndarray  # float64 (n, 3): the affine's fill per channel
     crops: np.ndarray | None = None  # int64 (n, 4): top, left, height, width in source pixels
+    pad: Any = None  # padding.Padding: crop windows reaching outside the image (RandomCrop), assembled first
 
 
 @dataclass
@@ -113,7 +112,8 @@ class AugmentPlan:
         ``fastload.transforms.Plan``'s slices)."""
         g = self.geometry
         geo = Geometry(g.out_hw[lo:hi], g.hflip[lo:hi], g.vflip[lo:hi], g.affine[lo:hi], g.has_affine[lo:hi],
-                       g.interpolation[lo:hi], g.fill[lo:hi], None if g.crops is None else g.crops[lo:hi])
+                       g.interpolation[lo:hi], g.fill[lo:hi], None if g.crops is None else g.crops[lo:hi],
+                       None if g.pad is None else g.pad.take(lo, hi))
         steps = []
         for step in self.steps:
             a, b = np.searchsorted(step.index, [lo, hi])
@@ -154,6 +154,7 @@ class PlanBuilder:
         self.fill = np.zeros((n, 3))
         self.steps: list[Step] = []
         self.channels = 3
+        self.pad: Any = None  # padding.Padding, set by the crop plan (RandomCrop with padding)
 
     @classmethod
     def from_crop_plan(cls, crop_plan: Any) -> PlanBuilder:
@@ -219,7 +220,7 @@ class PlanBuilder:
 
     def finish(self) -> AugmentPlan:
         geo = Geometry(self.out_hw, self.hflip, self.vflip, self.affine_m, self.has_affine, self.interpolation,
-                       self.fill, self._crops)
+                       self.fill, self._crops, self.pad)
         return AugmentPlan(geo, self.steps, self.channels)
 
 

@@ -1,7 +1,5 @@
 """Augmentation policies: TrivialAugmentWide, RandAugment, AutoAugment (ImageNet policy), ThreeAugment (DeiT III).
 
-status: groundwork for issue 21, not wired into the loader yet.
-
 Operation lists, magnitude bins, signs and probabilities are torchvision v2's (``_auto_augment.py``): an
 operation's magnitudes are a table of ``num_bins`` values (e.g. ``linspace(0, 0.99, 31)`` for TrivialAugmentWide's
 Brightness, whose factor is then ``1 + m``); a signed operation's magnitude is negated when a uniform draw is

@@ -1,7 +1,5 @@
 """Tone operations: solarize, posterize, equalize, autocontrast, invert, sharpness, and their Random* transforms.
 
-status: groundwork for issue 21, not wired into the loader yet.
-
 PIL kernels are ``ImageOps`` / ``ImageEnhance.Sharpness`` as torchvision's v1 PIL backend calls them; torch
 kernels follow torchvision v2's tensor kernels. Equalize is PIL's lookup table (``step = (pixels - count of the
 largest value) // 255``), computed per sample and channel from one ``scatter_add_`` histogram over the subset.

@@ -86,6 +86,8 @@ def geometry_only(plan: Any, n: int, who: str) -> None:
     extra = [what for what, rows in (("vertical flips", g.vflip), ("affine transforms", g.has_affine)) if np.any(rows)]
     if aug.steps:
         extra.append("pixel operations (" + ", ".join(dict.fromkeys(step.op for step in aug.steps)) + ")")
+    if g.pad is not None and np.any(g.pad.active):
+        extra.append("padded crop windows (RandomCrop with padding)")
     if aug.channels != 3:
         extra.append(f"{aug.channels}-channel output")
     if extra:

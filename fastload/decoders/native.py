@@ -7,6 +7,10 @@ threads of ``pool`` with the GIL released; raw (unencoded) images are cropped an
 (region, offset, length) is bounds-checked in the native code, and a sample that fails is zeroed and
 reported as ``(k, message)``. No per-sample Python: the batch's bytes are handed over as
 ``ImageSources.located()``.
+
+A plan with issue 21's augmentation (``plan.augment``) goes to ``_C.decode_augment_batch`` instead: the same
+decode, and each sample's vertical flip, affine warp and pixel operations run on its tile by the thread that
+decoded it, right after (fastload/_augment/engine_native.py).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._augment.engine_native import augment_arrays
 from .._native import native
 from ._base import DecoderContext, DecoderKind, geometry_only
 
@@ -35,7 +40,14 @@ class NativeDecoder:
     def decode(self, sources: Any, plan: Any, out: Any) -> list[tuple[int, str]]:
         """Decode ``sources`` (an ``ImageSources``) with ``plan.crops[k]`` and ``plan.flips[k]`` into ``out[k]``:
         a uint8 ``(n, H, W, 3)`` numpy array or CPU tensor. Returns the failures ``[(k, message)]``."""
-        geometry_only(plan, len(sources), "native")
+        augment = plan.augment
+        if augment is None:
+            geometry_only(plan, len(sources), "native")
+        elif plan.n != len(sources):
+            raise ValueError(f"the plan has {plan.n} samples but {len(sources)} images were given")
+        elif augment.channels != 3:
+            raise NotImplementedError("the native decoder writes 3-channel rows; Grayscale(num_output_channels=1) "
+                                      "is not supported in a loader (use num_output_channels=3)")
         if isinstance(out, torch.Tensor):
             out = out.numpy()
         regions, region, offset, length = sources.located()
@@ -45,6 +57,8 @@ class NativeDecoder:
         args = (self.pool, regions, region, offset, length, meta[:, 2].astype(np.uint8),
                 np.ascontiguousarray(meta[:, :2], dtype=np.int32), np.ascontiguousarray(plan.crops, dtype=np.int32),
                 np.ascontiguousarray(plan.flips, dtype=np.uint8), out)
+        if augment is not None:
+            return native().decode_augment_batch(*args, augment_arrays(augment), dct_scaling=self.dct_scaling)
         if self.dct_scaling:
             return native().decode_batch(*args)
         return native().decode_batch(*args, dct_scaling=False)

@@ -5,7 +5,7 @@ each op's whole range), with why:
 
 | op | max | mean | why they differ |
 |---|---|---|---|
-| brightness, invert, solarize, posterize, equalize, sharpness, erase, flips, integer translations | 0 | 0 | same formula and rounding |
+| brightness, invert, solarize, posterize, equalize, sharpness, erase, erase_random, flips, integer translations | 0 | 0 | same formula and rounding |
 | contrast, saturation | 1 | 0.35 | PIL's luma rounds (and contrast's mean is rounded to an int); torchvision floors |
 | grayscale | 1 | 0.6 | PIL rounds 0.299 R + ...; torchvision truncates 0.2989 R + ... |
 | autocontrast | 1 | 0.01 | ``x * scale + offset`` (PIL) vs ``(x - lo) / inv_scale`` (torchvision) at integer boundaries |
@@ -49,6 +49,9 @@ def _columns(name: str, rng: np.random.Generator) -> dict:
         "erase": lambda: dict(box=np.stack([rng.integers(0, H // 2, N), rng.integers(0, W // 2, N),
                                             rng.integers(0, H // 2, N), rng.integers(0, W // 2, N)], 1),
                               value=rng.uniform(0, 255, (N, 3))),
+        "erase_random": lambda: dict(box=np.stack([rng.integers(0, H // 2, N), rng.integers(0, W // 2, N),
+                                                   rng.integers(0, H // 2, N), rng.integers(0, W // 2, N)], 1),
+                                     seed=rng.integers(0, 2**53, N).astype(float)),
     }.get(name, lambda: {})()
 
 
@@ -61,6 +64,7 @@ BOUNDS = {
     "equalize": (0, 0.0),
     "sharpness": (0, 0.0),
     "erase": (0, 0.0),
+    "erase_random": (0, 0.0),
     "contrast": (1, 0.35),
     "saturation": (1, 0.35),
     "grayscale": (1, 0.6),

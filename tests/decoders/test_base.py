@@ -10,7 +10,9 @@ import torch
 
 import fastload
 from fastload._augment.color import ColorJitter
-from fastload._augment.geometry import RandomHorizontalFlip as AugmentFlip, RandomVerticalFlip
+from fastload._augment.engine_native import run_native
+from fastload._augment.filters import RandomErasing
+from fastload._augment.geometry import RandomHorizontalFlip as AugmentFlip, RandomRotation, RandomVerticalFlip
 from fastload._augment.plan import PlanBuilder
 from fastload.decoders._base import ImageSources, JpegOnly
 from fastload.decoders.hybrid import HybridDecoder, HybridSplit
@@ -54,19 +56,39 @@ def augmented(p, *transforms):
     return p.with_augment(b.finish())
 
 
-def test_plans_with_augmentations_no_decoder_executes_are_refused():
-    """A decoder never drops part of a plan: vertical flips or pixel operations are refused, naming them."""
+def test_plans_with_augmentations_a_decoder_does_not_execute_are_refused():
+    """A decoder never drops part of a plan: vertical flips or pixel operations are refused, naming them (by the
+    GPU decoders; the native decoder executes them, below)."""
     p = plan(SAMPLES, 2)
+    padded = fastload.transforms.ImagePipeline([fastload.transforms.RandomCrop(OUT_HW, padding=9)]).plan(
+        np.asarray(sizes(SAMPLES))[:, 0], np.asarray(sizes(SAMPLES))[:, 1], np.random.default_rng(1))
     for extra, words in [((RandomVerticalFlip(1.0),), "vertical flips"),
-                         ((ColorJitter(brightness=0.5),), "pixel operations (brightness)")]:
-        q = augmented(p, *extra)
+                         ((ColorJitter(brightness=0.5),), "pixel operations (brightness)"),
+                         (None, "padded crop windows (RandomCrop with padding)")]:
+        q = padded if extra is None else augmented(p, *extra)
         for dec in every_decoder():
+            if isinstance(dec, (NativeDecoder, HybridDecoder)):  # here a hybrid of two native decoders
+                continue
             out = torch.full((len(SAMPLES), *OUT_HW, 3), 77, dtype=torch.uint8)
             with pytest.raises(NotImplementedError, match=r"executes crop, resize and horizontal flip only.*"
                                                           + words.replace("(", r"\(").replace(")", r"\)")):
                 dec.decode(sources_of(SAMPLES), q, out)
             assert (out == 77).all(), dec  # nothing written
             dec.close()
+
+
+def test_the_native_decoder_executes_the_augmentation_fused_as_on_decoded_tiles():
+    """decode -> crop/resize/flip -> vertical flip, affine, pixel operations, per sample in the decode threads: the
+    same bytes as the decoded batch run through the native engine afterwards, with any thread count."""
+    p = plan(SAMPLES, 3)
+    q = augmented(p, RandomVerticalFlip(0.5), RandomRotation(30, interpolation="bilinear"),
+                  ColorJitter(0.4, 0.4, 0.4, 0.1), RandomErasing(1.0))
+    assert q.augment.geometry.has_affine.all() and q.augment.steps
+    expect = run_native(native(SAMPLES, plan_of(q.crops, q.flips), True), q.augment)
+    for threads in (0, 3):
+        out = np.zeros((len(SAMPLES), *OUT_HW, 3), np.uint8)
+        assert NativeDecoder(fastload._C.Pool(threads)).decode(sources_of(SAMPLES), q, out) == []
+        assert np.array_equal(out, expect)
 
 
 def test_a_horizontal_flip_planned_by_the_augmentation_is_the_decoders_flip():

@@ -1,0 +1,167 @@
+"""The torchvision "new recipe"'s augmentation on CPU: fastload's loader (native, fused with decoding) against torch's
+DataLoader running the same operations per sample with pillow-simd, on the same photos with the same workers.
+
+  fastload recipe            ``fastload.DataLoader``: RandomResizedCrop 224 + flip + TrivialAugmentWide +
+                             RandomErasing(0.25), planned per batch, executed by the native decoder's threads on each
+                             output tile right after decoding it
+  fastload RRC + flip        the same loader without the two augmentations: the recipe's added CPU time per image is
+                             the difference of the two rows' CPU seconds per image (the process's, threads included)
+  torch DataLoader + pillow-simd recipe
+                             worker processes: PIL open + convert, torchvision's RandomResizedCrop algorithm written out
+                             with PIL (bench/peers' torch baseline), flip, then TrivialAugmentWide + RandomErasing drawn
+                             per sample and run by fastload's PIL engine (``engine_pil.run_pil``: torchvision's v1 PIL
+                             formulas, ImageEnhance / ImageOps / Image.transform), then a uint8 tensor
+  torch DataLoader + pillow-simd RRC + flip
+                             the same without the augmentations (its own added cost, for comparison)
+
+All: batch 64, shuffle, drop_last, num_workers=2 (worker processes for torch's loader, decode threads for fastload's),
+persistent workers, uint8 batches; bench/photos.py's real photographs (1,800 files, long side 180-640), packed by
+settings_bench.build. Each configuration runs ``--epochs`` epochs per round; rounds alternate after one warm-up
+round (drift on a shared machine hits every row alike); each row is the median over rounds; ratios are within
+this run. The issue's targets: fastload recipe >= 2x torch's recipe; the added CPU time <= 25% of RRC + flip's.
+
+    python bench/augment_bench.py [--rounds 5] [--epochs 1] [--out bench/results/augment_cpu2.md] [--csv ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import fastload  # noqa: E402
+from fastload import transforms as T  # noqa: E402
+
+BATCH, WORKERS, SIZE = 64, 2, 224
+FL_RECIPE, FL_PLAIN = "fastload recipe", "fastload RRC + flip"
+PIL_RECIPE, PIL_PLAIN = "torch DataLoader + pillow-simd recipe", "torch DataLoader + pillow-simd RRC + flip"
+
+
+def recipe() -> list:
+    return [T.TrivialAugmentWide(), T.RandomErasing(0.25)]
+
+
+class PilRecipe:
+    """The torch user's per-sample transform: RandomResizedCrop (torchvision's algorithm, PIL resize) and flip, then
+    ``augment`` drawn for this one image (from Python's ``random``, which torch seeds per worker) and run by the PIL
+    reference engine; returns a uint8 (3, H, W) tensor."""
+
+    def __init__(self, augment: list):
+        self.augment = augment
+
+    def __call__(self, img):
+        from PIL import Image
+
+        from fastload._augment.engine_pil import run_pil
+        from fastload._augment.plan import plan_batch
+        from peers._common import rrc_params
+
+        top, left, h, w = rrc_params(img.width, img.height, random)
+        img = img.resize((SIZE, SIZE), Image.BILINEAR, box=(left, top, left + w, top + h))
+        if random.random() < 0.5:
+            img = img.transpose(Image.FLIP_LEFT_RIGHT)
+        if self.augment:
+            plan = plan_batch(self.augment, np.array([[SIZE, SIZE]]), np.random.default_rng(random.getrandbits(63)))
+            arr = run_pil(img, plan, 0)
+        else:
+            arr = np.asarray(img, dtype=np.uint8)
+        return torch.from_numpy(arr.copy()).permute(2, 0, 1)
+
+
+def loaders(data: Path) -> dict:
+    """name -> a loader over the same photos (see the module docstring)."""
+    from peers._torchdata import ImageFiles
+    from photos import build_photo_folder
+    from settings_bench import build
+
+    folder = data / "photos_150"
+    build_photo_folder(folder, per_class=150, seed=0, progress=False)
+    crops = [T.RandomResizedCrop(SIZE), T.RandomHorizontalFlip()]
+    common = dict(batch_size=BATCH, shuffle=True, num_workers=WORKERS, drop_last=True, persistent_workers=True)
+    augmented = build(data / "settings_photos", folder, transforms={"image": crops + recipe()})
+    plain = build(data / "settings_photos", folder, transforms={"image": crops})
+    return {FL_RECIPE: fastload.DataLoader(augmented, **common),
+            FL_PLAIN: fastload.DataLoader(plain, **common),
+            PIL_RECIPE: torch.utils.data.DataLoader(ImageFiles(str(folder), PilRecipe(recipe())), **common),
+            PIL_PLAIN: torch.utils.data.DataLoader(ImageFiles(str(folder), PilRecipe([])), **common)}
+
+
+def drain(loader, epochs: int):
+    def run() -> int:
+        n = 0
+        for _ in range(epochs):
+            for images, _labels in loader:
+                n += images.shape[0]
+        return n
+    return run
+
+
+def rounds(configs: dict, count: int) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Per configuration and round: images/s, and this process's CPU seconds per image (fastload's threads are
+    in it; torch's worker processes are not, so their CPU is not counted)."""
+    for fn in configs.values():
+        fn()  # warm-up: page cache, worker processes, native threads
+    rates: dict[str, list[float]] = {k: [] for k in configs}
+    cpu: dict[str, list[float]] = {k: [] for k in configs}
+    for _ in range(count):
+        for name, fn in configs.items():
+            t, c = time.perf_counter(), time.process_time()
+            n = fn()
+            rates[name].append(n / (time.perf_counter() - t))
+            cpu[name].append((time.process_time() - c) / n)
+    return rates, cpu
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", type=Path, default=Path("bench/data"))
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--out", type=Path, default=None, help="markdown table")
+    ap.add_argument("--csv", type=Path, default=None)
+    args = ap.parse_args()
+    configs = {name: drain(loader, args.epochs) for name, loader in loaders(args.data).items()}
+    rates, cpu = rounds(configs, args.rounds)
+    med = {k: statistics.median(v) for k, v in rates.items()}
+    cpu_med = {k: statistics.median(v) for k, v in cpu.items()}
+    added = cpu_med[FL_RECIPE] - cpu_med[FL_PLAIN]
+    cmd = "python bench/augment_bench.py " + " ".join(sys.argv[1:])
+    lines = [f"# The new recipe's augmentation on CPU ({os.cpu_count()} CPUs), {time.strftime('%Y-%m-%d')}", "",
+             (f"`{cmd.strip()}`: {args.epochs} epoch(s) of 1,800 real photos per round (batch {BATCH}, "
+              f"num_workers={WORKERS}, persistent); medians of {args.rounds} alternating rounds after a warm-up round; "
+              f"ratios within this run. torch {torch.__version__}."),
+             "", f"| loader | images/s (median) | min-max | vs {PIL_RECIPE} | CPU ms/image (this process) |",
+             "|---|---:|---:|---:|---:|"]
+    for name in configs:
+        note = "" if name.startswith("fastload") else " (workers not counted)"
+        lines.append(f"| {name} | {med[name]:,.0f} | {min(rates[name]):,.0f}-{max(rates[name]):,.0f} | "
+                     f"{med[name] / med[PIL_RECIPE]:.2f}x | {cpu_med[name] * 1e3:.2f}{note} |")
+    torch_added = 1e3 / med[PIL_RECIPE] - 1e3 / med[PIL_PLAIN]
+    lines += ["", f"fastload: the augmentation (TrivialAugmentWide + RandomErasing(0.25)) adds {added * 1e3:.3f} ms of "
+                  f"CPU per image, {added / cpu_med[FL_PLAIN]:.0%} of RRC + flip's {cpu_med[FL_PLAIN] * 1e3:.3f} ms; "
+                  f"torch's loader with pillow-simd spends {torch_added:.3f} ms more "
+                  f"wall time per image with it."]
+    text = "\n".join(lines) + "\n"
+    print(text, flush=True)
+    if args.out:
+        args.out.write_text(text)
+    if args.csv:
+        with args.csv.open("w", newline="") as fh:
+            w = csv.writer(fh)
+            w.writerow(["loader", "round", "images_per_s", "cpu_s_per_image"])
+            for name, values in rates.items():
+                w.writerows((name, r, f"{v:.1f}", f"{c:.6f}") for r, (v, c) in enumerate(zip(values, cpu[name])))
+
+
+if __name__ == "__main__":
+    main()

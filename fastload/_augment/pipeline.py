@@ -1,0 +1,92 @@
+"""The augmentations in ``fastload.open(transforms=...)``: split off an image pipeline, planned per batch.
+
+An image field's list reads as torchvision's: crops, resizes and flips first (``fastload.transforms``'
+RandomResizedCrop, Resize, CenterCrop, RandomHorizontalFlip, folded into the crop plan the decoder executes
+while decoding), then the augmentations of this package (policies, colour, tone, blur, erasing, rotations and
+affines, vertical flips, combinators), then ToDtype/Normalize. :func:`split` divides the list;
+:func:`plan_batch` draws the augmentations for a batch from the batch's generator, after the crop plan and from
+the same generator (so seed, resume and num_workers-independence hold as for the crop plan), and attaches them
+with ``Plan.with_augment``; the native decoder executes them on each output tile right after decoding it.
+:func:`reference` is ``ds[i]``'s engine for the augmentation: PIL (``engine_pil.run_pil``) on the decoded tile.
+A padded ``RandomCrop`` (``random_crop.py``) also makes an augmentation plan: its windows travel in the
+plan's geometry (``padding.Padding``).
+
+A ``RandomHorizontalFlip`` after the first augmentation is planned as this package's flip (the same draw: one
+uniform per sample, ``< p``), so that it follows a rotation as torchvision's would (composed into the matrix).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from . import color, filters, tone  # noqa: F401  (they register their operations)
+from .geometry import RandomHorizontalFlip as _TileFlip
+from .padding import assemble
+from .plan import Augment, PlanBuilder
+
+__all__ = ["check_channels", "plan_batch", "reference", "split"]
+
+
+def split(items: Sequence[Any], crop_type: type, flip_type: type) -> tuple[list, list]:
+    """``(crop-plan transforms, augmentations)`` of a flattened list without ToDtype/Normalize. ``crop_type`` is
+    ``fastload.transforms.Transform`` (the crop plan's), ``flip_type`` its RandomHorizontalFlip."""
+    first = next((i for i, t in enumerate(items) if isinstance(t, Augment)), len(items))
+    crops, augment = list(items[:first]), []
+    padded = next((t for t in crops if getattr(t, "pads", False)), None)
+    if padded is not None:
+        after = crops[crops.index(padded) + 1:]
+        bad = next((t for t in after if not isinstance(t, flip_type)), None)
+        if bad is not None:
+            raise ValueError(f"{bad!r} comes after {padded!r}: only RandomHorizontalFlip may follow a padded "
+                             f"RandomCrop among the crops and resizes (the decoder pads the window it decodes); "
+                             f"resize before the RandomCrop")
+    for t in items[first:]:
+        if isinstance(t, flip_type):
+            augment.append(_TileFlip(t.p))
+        elif isinstance(t, crop_type):
+            raise ValueError(f"{t!r} comes after {items[first]!r}: crops and resizes must come before the "
+                             f"augmentations (the decoder crops and resizes while decoding; the augmentations run "
+                             f"on the output tile), as in torchvision's recipes")
+        else:
+            augment.append(t)
+    check_channels(augment)
+    return crops, augment
+
+
+def check_channels(augment: Sequence[Any]) -> None:
+    """Refuse Grayscale(num_output_channels=1) anywhere in the augmentations: image rows have 3 channels."""
+    for t in augment:
+        if isinstance(t, color.Grayscale) and t.num_output_channels == 1:
+            raise ValueError("Grayscale(num_output_channels=1) would make the batch single-channel, but image "
+                             "fields decode to 3 channels (RGB); use Grayscale(num_output_channels=3) (three equal "
+                             "channels) or RandomGrayscale")
+        check_channels(getattr(t, "transforms", ()))
+
+
+def plan_batch(augment: Sequence[Augment], plan: Any, rng: np.random.Generator, pad: Any = None) -> Any:
+    """``plan`` (a ``fastload.transforms.Plan``) with ``augment`` drawn for its samples from ``rng``; ``pad``: the
+    crop plan's padded windows (``padding.Padding``), carried in the augmentation's geometry."""
+    b = PlanBuilder.from_crop_plan(plan)
+    b.pad = pad
+    everyone = np.arange(b.n)
+    for t in augment:
+        t.plan(b, everyone, rng)
+    return plan.with_augment(b.finish())
+
+
+def reference(decode: Any, plan: Any) -> np.ndarray:
+    """``ds[i]``: the PIL reference engine's result of a one-sample plan. ``decode(crop, out_hw)`` gives the
+    sample's crop box decoded and resized (not flipped: the reference flips it as the plan says); a padded window
+    is assembled from its decoded box first, as the native decoder does."""
+    from .engine_pil import run_pil
+
+    crop = tuple(int(v) for v in plan.crops[0])
+    pad = plan.augment.geometry.pad
+    if pad is not None and pad.active[0]:
+        box = decode(crop, tuple(int(v) for v in pad.decode_hw[0]))
+        tile = assemble(box, pad.rows[0], pad.cols[0], pad.fill[0], flip=False)
+    else:
+        tile = decode(crop, tuple(int(v) for v in plan.out_hw[0]))
+    return np.array(run_pil(tile, plan.augment, 0))  # writable: ds[i] hands it to torch

@@ -1,0 +1,90 @@
+"""``RandomCrop`` (torchvision v2's arguments), a crop-plan transform: an ordinary crop box when the window lies
+inside the image, a padded window otherwise (``padding.py`` says how the decoder executes it)."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..transforms import Transform, _setup_size
+from .padding import Padding, check_mode, fill_of, index_map, parse_padding
+
+__all__ = ["RandomCrop"]
+
+
+class RandomCrop(Transform):
+    """Crop a random ``size`` window (int or (h, w)), after padding the image by ``padding`` and, with
+    ``pad_if_needed``, by what it lacks of the crop size on both sides; the padding shows ``fill`` (``constant``)
+    or the image's ``edge``/``reflect``/``symmetric`` copy. ``ValueError`` if the (padded) image is smaller."""
+
+    def __init__(self, size: int | Sequence[int], padding: Any = None, pad_if_needed: bool = False, fill: Any = 0,
+                 padding_mode: str = "constant") -> None:
+        self.size = _setup_size(size, "RandomCrop")
+        self.padding = parse_padding(padding)
+        self.pad_if_needed = bool(pad_if_needed)
+        self.fill = fill
+        self._fill = fill_of(fill)
+        self.padding_mode = check_mode(padding_mode)
+
+    @property
+    def pads(self) -> bool:
+        """Whether a window can reach outside the image (then only flips may follow among crop transforms)."""
+        return self.pad_if_needed or (self.padding is not None and any(self.padding))
+
+    def _params(self) -> dict[str, Any]:
+        return {"size": list(self.size), "padding": None if self.padding is None else list(self.padding),
+                "pad_if_needed": self.pad_if_needed, "fill": self.fill, "padding_mode": self.padding_mode}
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(size={self.size}, padding={self.padding}, pad_if_needed={self.pad_if_needed}, "
+                f"fill={self.fill}, padding_mode={self.padding_mode!r})")
+
+    def _static_size(self, hw: tuple[int, int] | None) -> tuple[int, int] | None:
+        return self.size
+
+    def _apply(self, state: Any, rng: np.random.Generator) -> None:
+        ch, cw = self.size
+        left_pad, top_pad, right_pad, bottom_pad = self.padding or (0, 0, 0, 0)
+        pad_t = np.full_like(state.h, top_pad)
+        pad_l = np.full_like(state.w, left_pad)
+        ph, pw = state.h + top_pad + bottom_pad, state.w + left_pad + right_pad
+        if self.pad_if_needed:
+            dh, dw = np.maximum(ch - ph, 0), np.maximum(cw - pw, 0)
+            pad_t, pad_l, ph, pw = pad_t + dh, pad_l + dw, ph + 2 * dh, pw + 2 * dw
+        bad = np.flatnonzero((ph < ch) | (pw < cw))
+        if bad.size:
+            i = int(bad[0])
+            raise ValueError(f"{self!r}: the crop size {(ch, cw)} is larger than sample {i} of the batch "
+                             f"({state.describe(i)}, {int(ph[i])}x{int(pw[i])} padded); use pad_if_needed=True or "
+                             f"a Resize before it")
+        top = rng.integers(0, ph - ch + 1) - pad_t  # one draw per axis and sample (0 where nothing to choose)
+        left = rng.integers(0, pw - cw + 1) - pad_l
+        if not self.pads:
+            state.crop(top, left, np.full_like(top, ch), np.full_like(left, cw))
+            return
+        if state.pad is not None:
+            raise ValueError(f"{self!r}: only one padded RandomCrop per pipeline")
+        left_u = np.where(state.flip, state.w - left - cw, left)  # the window in the unmirrored image
+        rows = index_map(top, ch, state.h, self.padding_mode)
+        cols = index_map(left_u, cw, state.w, self.padding_mode)
+        y0, y1 = _span(rows)
+        x0, x1 = _span(cols)
+        rows = np.where(rows >= 0, rows - y0[:, None], -1).astype(np.int32)
+        cols = np.where(cols >= 0, cols - x0[:, None], -1).astype(np.int32)
+        active = ~((rows == np.arange(ch)).all(axis=1) & (cols == np.arange(cw)).all(axis=1))
+        n = state.h.shape[0]
+        state.crop(y0, np.where(state.flip, state.w - x1, x0), y1 - y0, x1 - x0)
+        state.pad = Padding(active, np.stack([y1 - y0, x1 - x0], axis=1), rows, cols, np.tile(self._fill, (n, 1)))
+        state.tile_hw = (ch, cw)
+
+
+def _span(index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row, [first, last + 1) of the valid (>= 0) indices; [0, 1) when there are none (all fill: one pixel is
+    still decoded, so that every sample's box is a real crop)."""
+    valid = index >= 0
+    big = np.iinfo(np.int64).max
+    lo = np.where(valid, index, big).min(axis=1)
+    hi = np.where(valid, index, -1).max(axis=1) + 1
+    none = ~valid.any(axis=1)
+    return np.where(none, 0, lo), np.where(none, 1, hi)
