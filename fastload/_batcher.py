@@ -265,6 +265,8 @@ class Batcher:
         for f, obj in zip(self.schema, objects):
             if f.kind == "image":
                 images = slot.tensors[f.name][:n].permute(0, 3, 1, 2)  # NCHW, channels_last
+                if self.images.device is not None:  # a GPU decoder's rows: readers wait on this on the device
+                    images._fastload_ready = self.images.ready_event(slot.tensors[f.name])
                 if tensor_transforms and self.pipelines[f.name].tensor:
                     images = self.pipelines[f.name].tensor.apply(images, self._cpu_output(f.name, images))
                 values.append(images)
