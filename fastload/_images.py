@@ -7,8 +7,12 @@ registry (``decoders/__init__.py``: native, dali, nvjpeg, auto); ``ImageDecoding
 wraps its encoded images as ``ImageSources`` and makes that one call.
 
 GPU-side decoders write into a device buffer of the slot; the hybrid's CPU share is decoded into pinned
-host rows of its own and copied into the same device buffer, on a side stream, before the batch is
-handed on (the copy completes before ``fill`` returns, so the host rows may be refilled next batch).
+host rows of its own and copied into the same device buffer on a side stream. None of it makes the
+producer thread wait for the GPU: ``fill`` returns with the work queued, and the event recorded after the
+rows' last write (the decoder's, or the ``on_error`` fix-up's) is the batch's hand-over
+(``ready_event(rows)``): whoever reads the rows (the device prefetcher's side stream) waits on it on the
+device. The rows are written again only after the copy that read them completed (the slot protocol), so the
+decoder's stream waits on the rows' allocation stream only at a buffer's first use (``fence``).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import torch
 from . import _ring, decoders
 from ._schema import Field
 from .decoders._base import DecoderContext, ImageSources
+from .decoders._staging import Uploads
 from .decoders.native import NativeDecoder
 
 
@@ -42,6 +47,8 @@ class ImageDecoding:
         self.num_threads = num_threads
         self.native = NativeDecoder()
         self._streams = None
+        self._uploads = None  # pinned staging of the fix-ups' row indices (decoders/_staging.py)
+        self._ready: dict[int, Any] = {}  # device rows (data_ptr) -> the event after their latest write
         self._decoders: dict[str, Any] = {}  # per image field, made on its first batch (GPU ones need its size)
 
     def bind_device(self) -> None:
@@ -69,15 +76,25 @@ class ImageDecoding:
             return {name: self.streams.empty(shape, torch.uint8, False)}
 
     def move_rows(self, rows: torch.Tensor, dst: list[int], src: list[int]) -> None:
-        """``rows[dst] = rows[src]`` on device rows (``on_error='skip'`` fix-ups), on a stream of our own,
-        complete when this returns: on the producer thread's default stream it was unordered with the
-        prefetcher's copy unless the training loop also ran on that stream."""
+        """``rows[dst] = rows[src]`` on device rows (``on_error='skip'`` fix-ups), on a stream of our own after
+        the decoder's writes (its ready event), handed on with an event as the decoder's: on the producer
+        thread's default stream it was unordered with the prefetcher's copy unless the training loop also
+        ran on that stream, and a synchronize here paced the producer by the GPU."""
         s = self.streams
+        if self._uploads is None:
+            self._uploads = Uploads(s)
+        key = rows.data_ptr()
         with s.side_context():
-            s.launch(lambda: rows.index_copy_(0, torch.as_tensor(dst, device=rows.device),
-                                              rows.index_select(0, torch.as_tensor(src, device=rows.device))),
-                     reads=(rows,), writes=(rows,), what="on_error fix-up")
-            s.synchronize(s.side)
+            s.wait(s.side, self._ready.get(key))
+            dst_t, src_t = self._uploads.put(dst, src)  # pinned: a pageable copy would wait for the stream
+            s.launch(lambda: rows.index_copy_(0, dst_t, rows.index_select(0, src_t)),
+                     reads=(rows, dst_t, src_t), writes=(rows,), what="on_error fix-up")
+            self._ready[key] = s.record(s.side)
+
+    def ready_event(self, rows: torch.Tensor) -> Any:
+        """The event after the latest write of device rows ``rows`` (a slot's buffer): readers wait on it on
+        the device before reading (None: host rows, complete)."""
+        return self._ready.get(rows.data_ptr()) if self.device is not None else None
 
     def close(self) -> None:
         for dec in self._decoders.values():
@@ -101,7 +118,11 @@ class ImageDecoding:
             with self.streams.side_context():  # the rows' first use: after their allocation stream's work
                 dec.fence(slot.tensors[f.name])
             slot.fenced.add(f.name)
-        return dec.decode(sources, plan, rows)
+        failures = dec.decode(sources, plan, rows)
+        if self.device is not None:  # handed on with the decoder's event, never a host wait
+            ready = getattr(dec, "ready_event", None)
+            self._ready[slot.tensors[f.name].data_ptr()] = ready() if ready is not None else None
+        return failures
 
     def _decoder(self, out_hw: tuple[int, int]) -> Any:
         """The decoder of an image field whose rows are ``out_hw`` (the registered kind's ``make``)."""
