@@ -1,18 +1,25 @@
-"""decoder='nvjpeg' inside the loader on the simulated GPU (tests/sim_streams.py): the decoder's stream,
-its row buffers and its fix-ups go through the same streams backend as the prefetcher, with PIL standing
-in for nvJPEG (tests/decoders/test_nvjpeg.py). The consumer lags; a corrupt JPEG is skipped."""
+"""GPU decoders inside the loader on the simulated GPU (tests/sim_streams.py): the decoders' streams, their
+row buffers and their fix-ups go through the same streams backend as the prefetcher. decoder='nvjpeg' runs
+with PIL standing in for nvJPEG (tests/decoders/test_nvjpeg.py); decoder='dali' with a fake DALI pipeline
+(``FakeDali``) that queues its decode and its copies late on the streams it is given, as DALI does. The
+consumer lags; a corrupt JPEG is skipped."""
 
 from __future__ import annotations
 
+import io
+
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 import fastload
 from fastload import _ring
 from fastload import transforms as T
-from fastload.decoders import nvjpeg
+from fastload.decoders import dali, nvjpeg
 from conftest import jpeg_bytes
 from decoders.conftest import pil_decode
+from sim_streams import _describe, _raw
 from test_ring import sim_cuda  # noqa: F401  (the fixture)
 
 
@@ -43,6 +50,71 @@ def nvjpeg_on_sim(sim_cuda, monkeypatch):  # noqa: F811
     return sim_cuda
 
 
+class FakeOutputs:
+    """DALI's outputs of one run (a TensorListGPU, or one sample of it): ``copy_to_external`` queues the copy
+    on the stream it is given (the default stream without one), as DALI does."""
+
+    def __init__(self, sim, t: torch.Tensor):
+        self.sim, self.t = sim, t
+
+    def shape(self) -> list:
+        return [list(self.t.shape[1:])] * len(self.t)
+
+    def __getitem__(self, j: int) -> "FakeOutputs":
+        return FakeOutputs(self.sim, self.t[j:j + 1])
+
+    def copy_to_external(self, ptr, cuda_stream=None, non_blocking=False) -> None:
+        src = self.t
+        dst = _raw((ptr.value, src.numel(), tuple(src.shape), tuple(src.stride()), torch.uint8))
+        s, d = _describe(src), _describe(dst)
+        with self.sim.stream(cuda_stream if cuda_stream is not None else self.sim.default):
+            self.sim.launch(lambda: _raw(d).copy_(_raw(s)), reads=(src,), writes=(dst,), what="dali copy")
+
+
+class FakeDali:
+    """DALI's pipeline as DaliDecoder uses it, on the simulated GPU: ``run(stream, data=, anchor=, shape=,
+    flip=)`` decodes with PIL (crop, bilinear resize, flip) now, but writes its output buffer (one, reused by
+    every run, as DALI's memory pool may) late, on ``stream``, and returns outputs on that stream."""
+
+    def __init__(self, sim, batch_size: int, out_hw: tuple[int, int]):
+        self.sim, self.batch_size, self.out_hw = sim, batch_size, out_hw
+        self.buf = None
+
+    def run(self, stream, data, anchor, shape, flip):
+        sim, (h, w) = self.sim, self.out_hw
+        if self.buf is None:
+            with sim.stream(stream):
+                self.buf = sim.alloc((self.batch_size, h, w, 3), torch.uint8)
+        res = torch.empty((len(data), h, w, 3), dtype=torch.uint8)
+        for k, d in enumerate(data):
+            try:
+                img = Image.open(io.BytesIO(d.tobytes()))
+                img.load()
+            except Exception:  # noqa: BLE001  (DALI raises RuntimeError for the whole batch)
+                raise RuntimeError(f"Error in thread 0: Failed to decode sample #{k}") from None
+            (top, left), (ch, cw) = anchor[k].tolist(), shape[k].tolist()
+            img = img.convert("RGB").crop((left, top, left + cw, top + ch)).resize((w, h), Image.BILINEAR)
+            if flip[k]:
+                img = img.transpose(Image.FLIP_LEFT_RIGHT)
+            res[k] = torch.from_numpy(np.array(img))
+        out = self.buf[:len(data)]
+        d = _describe(out)
+        with sim.stream(stream):
+            sim.launch(lambda: _raw(d).copy_(res), writes=(out,), what="dali decode")
+        return (FakeOutputs(sim, out),)
+
+
+@pytest.fixture
+def dali_on_sim(sim_cuda, monkeypatch):  # noqa: F811
+    monkeypatch.setattr(_ring, "streams_for", lambda device: sim_cuda)
+    monkeypatch.setattr(dali, "_import_dali", lambda strict=False: (None, None, None))
+    monkeypatch.setattr(dali.DaliDecoder, "_build",
+                        lambda self: setattr(self, "_pipe", FakeDali(sim_cuda, self.batch_size, self.out_hw)))
+    # the simulated device's tensors live on the CPU: the device check would refuse them
+    monkeypatch.setattr(dali.DaliDecoder, "_check_out", lambda self, out, n: out)
+    return sim_cuda
+
+
 def others(sim, consumer) -> None:
     """Run every stream but ``consumer`` as far as it can go: the decoders' and the copies' streams keep
     up while the training stream lags."""
@@ -65,17 +137,18 @@ def run(sim, loader, consumer, lag: bool) -> list:
     return seen
 
 
+@pytest.mark.parametrize("decoder", ["nvjpeg", "dali"])
 @pytest.mark.parametrize("num_workers", [0, 2])
 @pytest.mark.parametrize("stream", ["default", "user"])
-def test_gpu_decoder_under_lag_never_makes_the_training_thread_wait(nvjpeg_on_sim, one_truncated, num_workers,
+def test_gpu_decoder_under_lag_never_makes_the_training_thread_wait(request, one_truncated, decoder, num_workers,
                                                                    stream):
-    sim = nvjpeg_on_sim
+    sim = request.getfixturevalue(f"{decoder}_on_sim")
     consumer = sim.default if stream == "default" else sim.new_stream("user")
     waits_on_decoder = []
     real_wait = sim.wait
-    sim.wait = lambda s, ev: (waits_on_decoder.append(s) if s.name == "nvjpeg" else None, real_wait(s, ev))[1]
+    sim.wait = lambda s, ev: (waits_on_decoder.append(s) if s.name == decoder else None, real_wait(s, ev))[1]
     ds = fastload.open(one_truncated, transforms={"image": [T.RandomResizedCrop(16), T.RandomHorizontalFlip()]})
-    kw = dict(batch_size=4, shuffle=True, seed=3, num_workers=num_workers, decoder="nvjpeg", on_error="skip",
+    kw = dict(batch_size=4, shuffle=True, seed=3, num_workers=num_workers, decoder=decoder, on_error="skip",
               device="cuda")
     plain = fastload.DataLoader(ds, **kw)
     ref = [s for _ in range(2) for s in run(sim, plain, consumer, lag=False)]
