@@ -124,13 +124,15 @@ def others(sim, consumer) -> None:
 
 def run(sim, loader, consumer, lag: bool) -> list:
     """Iterate ``loader`` with next() and each step on ``consumer``; the consumer stream catches up only
-    every third step when ``lag`` (the other streams run after each step). Returns what each step's kernel saw."""
+    every third step when ``lag``. The other streams run after each step: the simulator frees host memory
+    at once, where torch's caching host allocator keeps a freed pinned block until its copies completed, so
+    a decoder closed at the epoch's end must not leave copies from its pinned rows queued. Returns what each
+    step's kernel saw."""
     seen: list = []
     with sim.stream(consumer):
         for k, (x, y) in enumerate(loader):
             sim.model_step([x, y], seen)
-            if lag:
-                others(sim, consumer)
+            others(sim, consumer)
             if not lag or k % 3 == 2:
                 sim.run(consumer)
     sim.run_all()
@@ -167,6 +169,30 @@ def test_gpu_decoder_under_lag_never_makes_the_training_thread_wait(request, one
     assert loader.stats()["skipped"] == 2
     # the decoder's stream waited for the rows' allocation once per row buffer, not once per batch
     assert 0 < len(waits_on_decoder) <= len(loader._ring) < 10
+
+
+def test_hybrid_under_lag_hands_its_rows_on_with_one_event(nvjpeg_on_sim, one_truncated, monkeypatch):
+    """decoder='auto' with nvjpeg: native threads decode the first half of each batch into pinned host rows,
+    copied on the hybrid's stream, nvjpeg the rest on its own. No host wait anywhere; the prefetcher waits on
+    one event recorded after the copy and after nvjpeg's writes; host rows are refilled only once their copy
+    completed. The split is held at half (timings would make it vary) so both runs cut batches alike."""
+    from fastload import decoders
+    from fastload.decoders import hybrid
+
+    sim = nvjpeg_on_sim
+    monkeypatch.setattr(hybrid, "_installed_gpu_decoder", lambda: (decoders.kind("nvjpeg"), []))
+    monkeypatch.setattr(hybrid.HybridSplit, "_update", lambda self, *a: None)
+    ds = fastload.open(one_truncated, transforms={"image": [T.RandomResizedCrop(16), T.RandomHorizontalFlip()]})
+    kw = dict(batch_size=4, shuffle=True, seed=5, num_workers=2, decoder="auto", on_error="skip", device="cuda")
+    ref = run(sim, fastload.DataLoader(ds, **kw), sim.default, lag=False)
+    del sim.host_waits[:]
+    seen = run(sim, fastload.DataLoader(ds, **kw), sim.default, lag=True)
+    assert not sim.races
+    assert not sim.waits_in() and not sim.waits_in("fastload-batcher", busy=False)
+    assert not [w for w in sim.host_waits if "hybrid" in w.thread], sim.host_waits
+    assert len(seen) == len(ref) == 5
+    for (x, y), (sx, sy) in zip(ref, seen):
+        assert torch.equal(x, sx) and torch.equal(y, sy)
 
 
 def test_skipped_rows_are_fixed_on_the_decoders_stream(nvjpeg_on_sim, one_truncated):
