@@ -196,9 +196,9 @@ def test_hybrid_under_lag_hands_its_rows_on_with_one_event(nvjpeg_on_sim, one_tr
 
 
 def test_skipped_rows_are_fixed_on_the_decoders_stream(nvjpeg_on_sim, one_truncated):
-    """on_error='skip' copies a good row over a failed one: on a stream of the decoder's, completed before
-    the batch is handed on, not on the producer thread's default stream (unordered with the prefetcher's
-    copy when the loop runs on another stream)."""
+    """on_error='skip' copies a good row over a failed one: on the rows' stream, after the decoder's event and
+    before the event the prefetcher waits on, not on the producer thread's default stream (unordered with the
+    prefetcher's copy when the loop runs on another stream)."""
     sim = nvjpeg_on_sim
     ops = []
     real_launch = sim.launch
