@@ -49,6 +49,8 @@ class ImageDecoding:
         self._streams = None
         self._uploads = None  # pinned staging of the fix-ups' row indices (decoders/_staging.py)
         self._ready: dict[int, Any] = {}  # device rows (data_ptr) -> the event after their latest write
+        self._made = 0  # decoders made so far: each one fences a row buffer at its own first use of it
+        self._fence_key: dict[str, tuple[str, int]] = {}  # field -> the key its decoder adds to Slot.fenced
         self._decoders: dict[str, Any] = {}  # per image field, made on its first batch (GPU ones need its size)
 
     def bind_device(self) -> None:
@@ -113,15 +115,24 @@ class ImageDecoding:
         self.native.pool = pool  # the batcher's, which autotuning and persistent workers swap
         dec = self._decoders.get(f.name)
         if dec is None:
+            self._made += 1  # a new decoder (a loader's decoders go at each epoch's end): a new stream
             dec = self._decoders[f.name] = self._decoder((int(rows.shape[1]), int(rows.shape[2])))
-        if self.device is not None and f.name not in slot.fenced:
-            with self.streams.side_context():  # the rows' first use: after their allocation stream's work
-                dec.fence(slot.tensors[f.name])
-            slot.fenced.add(f.name)
+            self._fence_key[f.name] = (f.name, self._made)
+        if self.device is None:
+            return dec.decode(sources, plan, rows)
+        buf = slot.tensors[f.name]
+        key = self._fence_key.get(f.name, (f.name, 0))
+        if key not in slot.fenced:  # this decoder's first use of the buffer
+            s = self.streams
+            with s.side_context():
+                # after an earlier decoder's writes still queued (an epoch left with batches decoded ahead),
+                # and after the allocation stream's work on the buffer (fence: rule 3 of _ring.py)
+                s.wait(s.side, self._ready.get(buf.data_ptr()))
+                dec.fence(buf)
+            slot.fenced.add(key)
         failures = dec.decode(sources, plan, rows)
-        if self.device is not None:  # handed on with the decoder's event, never a host wait
-            ready = getattr(dec, "ready_event", None)
-            self._ready[slot.tensors[f.name].data_ptr()] = ready() if ready is not None else None
+        ready = getattr(dec, "ready_event", None)  # handed on with the decoder's event, never a host wait
+        self._ready[buf.data_ptr()] = ready() if ready is not None else None
         return failures
 
     def _decoder(self, out_hw: tuple[int, int]) -> Any:

@@ -247,6 +247,7 @@ class DaliDecoder:
         s = self.streams
         if s is not None:
             s.wait(s.side, s.record(s.consumer()))
+            s.record_stream(out, s.side)  # freed (the ring let go of it) only once our writes have run
 
     def ready_event(self) -> Any:
         """The event after the latest ``decode``'s last write of its rows (None in CPU-only mode: complete)."""

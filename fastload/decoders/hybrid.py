@@ -118,6 +118,7 @@ class HybridDecoder:
             self.gpu.fence(out)
         s = self._streams(out)
         s.wait(s.side, s.record(s.consumer()))
+        s.record_stream(out, s.side)  # freed (the ring let go of it) only once our copies have run
 
     def _streams(self, out: torch.Tensor) -> Any:
         if self.streams is None:

@@ -130,6 +130,7 @@ class NvjpegDecoder:
         per buffer. Later batches need no wait: a slot is refilled only after the copy that read it completed."""
         s = self.streams
         s.wait(s.side, s.record(s.consumer()))
+        s.record_stream(out, s.side)  # freed (the ring let go of it) only once our writes have run
 
     def decode(self, blobs: Sequence[Any], plan: Any, out: torch.Tensor) -> list[tuple[int, str]]:
         """Decode ``blobs[k]``, crop ``plan.crops[k]`` (top, left, height, width), resize to ``out_hw``, mirror
