@@ -156,6 +156,9 @@ class NvjpegDecoder:
                 images = None
             if images is None:
                 images = self._decode_each(datas, failures)
+            for im in images:  # read below on our stream, maybe allocated on torchvision's: freed after our reads
+                if im is not None:
+                    s.record_stream(im, s.side)
             hw = np.array([[0, 0] if im is None else list(im.shape[1:]) for im in images], dtype=np.int64)
             top, left, h, w = crops.T
             outside = (top < 0) | (left < 0) | (h < 1) | (w < 1) | (top + h > hw[:, 0]) | (left + w > hw[:, 1])
