@@ -19,8 +19,8 @@ batch changes neither the batches nor their RNGs nor resume: the sequence is one
 by one thread at a time. ``num_workers`` stays the size of the native pool in both modes.
 
 GPU decoders (``decoder='nvjpeg'/'dali'/'auto'`` with ``device='cuda'``) always fill in a producer thread,
-even at ``num_workers=0``: they synchronise their own stream per batch, which in the calling thread
-would make every ``next()`` wait for the GPU.
+even at ``num_workers=0``: their calls are long host work (nvJPEG's and DALI's host phases, the plan's
+uploads) that the training thread should not pay; they hand each batch on with an event, not a host wait.
 """
 
 from __future__ import annotations
@@ -139,8 +139,8 @@ class FastIterator(_BaseDataLoaderIter):  # a torch DataLoader iterator by type 
         self.producer = None
         self._returned_at: float | None = None
         self.batcher.images.bind_device()
-        # GPU decoders synchronise their stream per batch: always in a producer thread, even at
-        # num_workers=0, so that the training thread never waits for the GPU
+        # GPU decoders: always in a producer thread, even at num_workers=0 (long host work per batch;
+        # the rows are handed on with an event, so no thread waits for the GPU)
         self.gpu_rows = self.batcher.images.device is not None
         if (loader.num_workers > 0 or self.gpu_rows) and self._threaded(True):
             self._start_producer()
