@@ -156,6 +156,8 @@ class DaliDecoder:
         self._fn, self._types, self._pipeline_def = _import_dali()
         self._lock = threading.Lock()
         self._closed = False
+        self._held: list = []  # this batch's DALI outputs (and pipelines that raised), read by queued copies
+        self._kept: list = []  # [(earlier batches' held objects, the event after their copies)]
         self.streams = None  # the ring's streams backend with the decoder's stream (GPU mode)
         self.ready = None  # the event after the latest decode's last write (GPU mode)
         if device_id is not None:
@@ -208,8 +210,10 @@ class DaliDecoder:
                                        shape=np.ascontiguousarray(crops[:, 2:]),
                                        flip=flips.astype(np.int32))
         except RuntimeError:
+            self._held.append(self._pipe)  # its earlier outputs may still be read by copies queued on our stream
             self._pipe = None  # DALI invalidates a pipeline that raised; the next run rebuilds it
             raise
+        self._held.append(images)  # read by the copy queued next: let go once that completed (a query)
         expected = [self.out_hw[0], self.out_hw[1], 3]
         shapes = images.shape()
         if len(shapes) != len(data) or any(list(s) != expected for s in shapes):
@@ -252,6 +256,13 @@ class DaliDecoder:
     def ready_event(self) -> Any:
         """The event after the latest ``decode``'s last write of its rows (None in CPU-only mode: complete)."""
         return self.ready
+
+    def _let_go(self) -> None:
+        """Drop the DALI outputs (and pipelines that raised) of earlier batches whose copies have completed:
+        they are kept referenced until then, so DALI cannot hand their memory to a later run while a copy
+        queued on our stream still reads it (we no longer wait for the stream)."""
+        s = self.streams
+        self._kept = [(objs, ev) for objs, ev in self._kept if s is not None and not s.done(ev)]
 
     # -- the decoder -----------------------------------------------------------------------------
     def _check_out(self, out: Any, n: int) -> torch.Tensor:
@@ -300,6 +311,7 @@ class DaliDecoder:
         with self._lock:
             if self._closed:
                 raise ValueError("this DaliDecoder is closed")
+            self._let_go()
             data = [np.frombuffer(b, dtype=np.uint8) for b in blobs]  # views; DALI copies them
             failures: dict[int, str] = {}
             for k, d in enumerate(data):
@@ -334,6 +346,8 @@ class DaliDecoder:
                             s.launch(lambda row=row: row.zero_(), writes=(row,), what="dali zero failed")
             if s is not None:  # handed on with an event, never a host wait
                 self.ready = s.record(s.side)
+                self._kept.append((self._held, self.ready))
+            self._held = []
         return sorted(failures.items())
 
     def close(self) -> None:
