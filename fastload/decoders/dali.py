@@ -24,8 +24,8 @@ would keep the shard's mmap exported and make it impossible to close.
 
 Streams. On the GPU the decoder's stream comes from the slot ring's streams backend (``fork``; tests/
 sim_streams.py runs it on a simulated GPU with a fake pipeline). ``run(stream)`` returns outputs on that
-stream (DALI's asynchronous outputs, whose buffers a later run on the same stream reuses only in stream
-order), the copy into ``out`` and the zeroing of failed rows are queued there too, and ``decode`` returns
+stream (DALI's asynchronous outputs, kept referenced until the event after the copies that read them has
+completed), the copy into ``out`` and the zeroing of failed rows are queued there too, and ``decode`` returns
 without waiting for any of it: it records an event after the last write (``ready_event``), which whoever
 reads ``out`` waits on on the device (``_images.ImageDecoding`` hands it on with the batch). A new row
 buffer is fenced once (``fence``: the stream waits on the stream that allocated it).
