@@ -62,7 +62,7 @@ class Batcher:
             elif f.kind == "ndarray" and not f.fixed_size and f.name not in dataset.sequences:
                 raise NotFastPath(f"ndarray field '{f.name}' has a variable shape {f.shape} and no Pad/Bucket "
                                   f"transform to batch it to a fixed shape")
-        self.collator = Collator(dataset, batch_size, self.packed)
+        self.collator = Collator(dataset, batch_size, self.packed, self.images)
         # what fill does with each field, decided once (not per batch)
         self.fields = [(f, "image" if f.kind == "image" else "sequence" if f.name in dataset.sequences
                         else "fixed" if f.fixed_size else "object") for f in self.schema]

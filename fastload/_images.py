@@ -7,8 +7,12 @@ registry (``decoders/__init__.py``: native, dali, nvjpeg, auto); ``ImageDecoding
 wraps its encoded images as ``ImageSources`` and makes that one call.
 
 GPU-side decoders write into a device buffer of the slot; the hybrid's CPU share is decoded into pinned
-host rows of its own and copied into the same device buffer, on a side stream, before the batch is
-handed on (the copy completes before ``fill`` returns, so the host rows may be refilled next batch).
+host rows of its own and copied into the same device buffer on a side stream. None of it makes the
+producer thread wait for the GPU: ``fill`` returns with the work queued, and the event recorded after the
+rows' last write (the decoder's, or the ``on_error`` fix-up's) is the batch's hand-over
+(``ready_event(rows)``): whoever reads the rows (the device prefetcher's side stream) waits on it on the
+device. The rows are written again only after the copy that read them completed (the slot protocol), so the
+decoder's stream waits on the rows' allocation stream only at a buffer's first use (``fence``).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import torch
 from . import _ring, decoders
 from ._schema import Field
 from .decoders._base import DecoderContext, ImageSources
+from .decoders._staging import Uploads
 from .decoders.native import NativeDecoder
 
 
@@ -42,6 +47,10 @@ class ImageDecoding:
         self.num_threads = num_threads
         self.native = NativeDecoder()
         self._streams = None
+        self._uploads = None  # pinned staging of the fix-ups' row indices (decoders/_staging.py)
+        self._ready: dict[int, Any] = {}  # device rows (data_ptr) -> the event after their latest write
+        self._made = 0  # decoders made so far: each one fences a row buffer at its own first use of it
+        self._fence_key: dict[str, tuple[str, int]] = {}  # field -> the key its decoder adds to Slot.fenced
         self._decoders: dict[str, Any] = {}  # per image field, made on its first batch (GPU ones need its size)
 
     def bind_device(self) -> None:
@@ -69,15 +78,25 @@ class ImageDecoding:
             return {name: self.streams.empty(shape, torch.uint8, False)}
 
     def move_rows(self, rows: torch.Tensor, dst: list[int], src: list[int]) -> None:
-        """``rows[dst] = rows[src]`` on device rows (``on_error='skip'`` fix-ups), on a stream of our own,
-        complete when this returns: on the producer thread's default stream it was unordered with the
-        prefetcher's copy unless the training loop also ran on that stream."""
+        """``rows[dst] = rows[src]`` on device rows (``on_error='skip'`` fix-ups), on a stream of our own after
+        the decoder's writes (its ready event), handed on with an event as the decoder's: on the producer
+        thread's default stream it was unordered with the prefetcher's copy unless the training loop also
+        ran on that stream, and a synchronize here paced the producer by the GPU."""
         s = self.streams
+        if self._uploads is None:
+            self._uploads = Uploads(s)
+        key = rows.data_ptr()
         with s.side_context():
-            s.launch(lambda: rows.index_copy_(0, torch.as_tensor(dst, device=rows.device),
-                                              rows.index_select(0, torch.as_tensor(src, device=rows.device))),
-                     reads=(rows,), writes=(rows,), what="on_error fix-up")
-            s.synchronize(s.side)
+            s.wait(s.side, self._ready.get(key))
+            dst_t, src_t = self._uploads.put(dst, src)  # pinned: a pageable copy would wait for the stream
+            s.launch(lambda: rows.index_copy_(0, dst_t, rows.index_select(0, src_t)),
+                     reads=(rows, dst_t, src_t), writes=(rows,), what="on_error fix-up")
+            self._ready[key] = s.record(s.side)
+
+    def ready_event(self, rows: torch.Tensor) -> Any:
+        """The event after the latest write of device rows ``rows`` (a slot's buffer): readers wait on it on
+        the device before reading (None: host rows, complete)."""
+        return self._ready.get(rows.data_ptr()) if self.device is not None else None
 
     def close(self) -> None:
         for dec in self._decoders.values():
@@ -96,12 +115,25 @@ class ImageDecoding:
         self.native.pool = pool  # the batcher's, which autotuning and persistent workers swap
         dec = self._decoders.get(f.name)
         if dec is None:
+            self._made += 1  # a new decoder (a loader's decoders go at each epoch's end): a new stream
             dec = self._decoders[f.name] = self._decoder((int(rows.shape[1]), int(rows.shape[2])))
-        if self.device is not None and f.name not in slot.fenced:
-            with self.streams.side_context():  # the rows' first use: after their allocation stream's work
-                dec.fence(slot.tensors[f.name])
-            slot.fenced.add(f.name)
-        return dec.decode(sources, plan, rows)
+            self._fence_key[f.name] = (f.name, self._made)
+        if self.device is None:
+            return dec.decode(sources, plan, rows)
+        buf = slot.tensors[f.name]
+        key = self._fence_key.get(f.name, (f.name, 0))
+        if key not in slot.fenced:  # this decoder's first use of the buffer
+            s = self.streams
+            with s.side_context():
+                # after an earlier decoder's writes still queued (an epoch left with batches decoded ahead),
+                # and after the allocation stream's work on the buffer (fence: rule 3 of _ring.py)
+                s.wait(s.side, self._ready.get(buf.data_ptr()))
+                dec.fence(buf)
+            slot.fenced.add(key)
+        failures = dec.decode(sources, plan, rows)
+        ready = getattr(dec, "ready_event", None)  # handed on with the decoder's event, never a host wait
+        self._ready[buf.data_ptr()] = ready() if ready is not None else None
+        return failures
 
     def _decoder(self, out_hw: tuple[int, int]) -> Any:
         """The decoder of an image field whose rows are ``out_hw`` (the registered kind's ``make``)."""

@@ -149,6 +149,7 @@ class DevicePrefetcher(_BaseDataLoaderIter):  # a torch DataLoader iterator by t
         slot = self.ring.acquire(ready=self.ring.ready)
         plans = []
         keep_host = False  # a copy reads the caller's memory itself (pinned, or on the device), not staging
+        ready = []  # events after device sources' last writes (a GPU decoder's rows, _images.py): waited on the device
         # allocate first, on the consumer's stream (rule 3a: the fence below is recorded after this)
         for i, leaf in enumerate(leaves):
             # tensors already on the device are copied too (device to device, cheap): the caller then
@@ -156,6 +157,7 @@ class DevicePrefetcher(_BaseDataLoaderIter):  # a torch DataLoader iterator by t
             if not isinstance(leaf, torch.Tensor):
                 plans.append(None)
                 continue
+            ready.append(getattr(leaf, "_fastload_ready", None))
             cl = _channels_last(leaf)
             staging = self._buffer(slot, (i, "in"), leaf.shape, leaf.dtype, cl)
             key = self._key(with_paths[i][0])
@@ -185,6 +187,7 @@ class DevicePrefetcher(_BaseDataLoaderIter):  # a torch DataLoader iterator by t
         fences = [s.record(consumer)]
         if slot.receiver is not None and slot.receiver is not consumer:
             fences.append(s.record(slot.receiver))
+        fences += ready
         with s.side_context():
             for fence in fences:
                 s.wait(s.side, fence)

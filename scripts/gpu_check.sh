@@ -13,7 +13,8 @@
 #   2. sim.txt          the simulated-GPU tests (stream protocol, pageable syncs, GPU decoders on the sim)
 #   3. lag.txt          tests/cuda/test_gpu_lag.py: forced lag, device-side comparison, allocator trap,
 #                       stream switch, GPU decoders with a corrupt JPEG, the configuration matrix
-#   4. sync.txt         tests/cuda/test_gpu_sync.py: next() latency with 100 ms queued, sync debug "error"
+#   4. sync.txt         tests/cuda/test_gpu_sync.py: next() latency with 100 ms queued, sync debug "error";
+#                       tests/cuda/test_gpu_decoder_streams.py: GPU decoders' decode() with their stream busy
 #   5. cuda.txt         the rest of tests/cuda (values, layouts, the ResNet-18 stress run)
 #   6. gpu_bench.md     bench/gpu_bench.py (quick sizes), written even when DALI or torchvision is missing
 #   summary.txt         one line per step with its exit status and seconds; the script exits non-zero
@@ -81,11 +82,12 @@ nvidia-smi >> "$results/env.txt" 2>&1 || true
 cuda=$("$PY" -c "import torch; print(int(torch.cuda.is_available()))" 2>/dev/null || echo 0)
 
 # -- tests, then the benchmark (quick sizes: the whole check fits in ten minutes) ----------------------
-step sim 420 "$PY" -m pytest -q -p no:cacheprovider tests/test_sim_streams.py tests/test_ring.py tests/test_gpu_decoders_sim.py
+step sim 420 "$PY" -m pytest -q -p no:cacheprovider tests/test_sim_streams.py tests/test_ring.py tests/test_gpu_decoders_sim.py \
+  tests/decoders/test_staging.py
 step lag 300 "$PY" -m pytest -q -p no:cacheprovider tests/cuda/test_gpu_lag.py
-step sync 210 "$PY" -m pytest -q -p no:cacheprovider tests/cuda/test_gpu_sync.py
+step sync 210 "$PY" -m pytest -q -p no:cacheprovider tests/cuda/test_gpu_sync.py tests/cuda/test_gpu_decoder_streams.py
 step cuda 150 "$PY" -m pytest -q -p no:cacheprovider tests/cuda --ignore=tests/cuda/test_gpu_lag.py \
-  --ignore=tests/cuda/test_gpu_sync.py
+  --ignore=tests/cuda/test_gpu_sync.py --ignore=tests/cuda/test_gpu_decoder_streams.py
 step gpu_bench 0 "$PY" bench/gpu_bench.py --per-class 40 --batch-size 128 --steps 20 --data /tmp/fastload-gpu-data \
   --out "$results/gpu_bench.md"
 

@@ -216,7 +216,9 @@ class SimGpu:
         return self.alloc(shape, dtype, channels_last)
 
     def is_pinned(self, t: torch.Tensor) -> bool:
-        return t.device.type == "cpu" and t.untyped_storage().data_ptr() in self.pinned
+        """Memory a copy reads in stream order without the host staging it: page-locked host memory, or the
+        simulated device's own (a GPU decoder's rows: device tensors here are CPU tensors over the arena)."""
+        return t.device.type == "cpu" and (t.untyped_storage().data_ptr() in self.pinned or self._in_arena(t))
 
     def host_empty(self, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
         """Page-locked host memory (``torch.empty(pin_memory=True)``): copies from it run late, as DMA."""

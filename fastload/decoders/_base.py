@@ -30,6 +30,10 @@ class ImageDecoder(Protocol):
 
     def fence(self, out: Any) -> None: ...  # GPU decoders: ``out`` is new (see decoders/nvjpeg.py)
 
+    # GPU decoders: the event after the latest decode's last write of ``out``; readers wait on it on the
+    # device (None, or no such method: complete when decode returns)
+    def ready_event(self) -> Any: ...
+
     def close(self) -> None: ...
 
 
@@ -113,6 +117,9 @@ class JpegOnly:
 
     def fence(self, out: Any) -> None:
         self.decoder.fence(out)
+
+    def ready_event(self) -> Any:
+        return self.decoder.ready_event()
 
     def close(self) -> None:
         self.decoder.close()

@@ -1,6 +1,6 @@
 """``decoder="dali"``: NVIDIA DALI executes fastload's plans (crop box, output size, flip per sample).
 
-One DALI pipeline per decoder, built once for ``batch_size`` samples and run synchronously per batch::
+One DALI pipeline per decoder, built once for ``batch_size`` samples and run once per batch::
 
     external_source (JPEG bytes, crop anchor, crop shape, flip)
       ▸ fn.decoders.image_slice  ROI decode of the planned box, RGB, EXIF orientation ignored
@@ -17,11 +17,18 @@ hardware decoder where present; ``jpeg_fancy_upsampling`` on, so chroma is upsam
 path) and resizes and flips on GPU ``k``; ``out`` must then be a CUDA tensor on that device.
 
 Copies. DALI owns its output buffers and cannot write into a caller's memory, so the result reaches
-``out`` by exactly one copy (device to device on the GPU, on a private CUDA stream that is
-synchronised before :meth:`DaliDecoder.decode` returns). The input bytes are handed to DALI as
+``out`` by exactly one copy (device to device on the GPU). The input bytes are handed to DALI as
 zero-copy numpy views of the shard memory; DALI copies them once into its own buffers
 (``no_copy=False``): with ``no_copy=True`` DALI keeps references to the last batch's inputs, which
 would keep the shard's mmap exported and make it impossible to close.
+
+Streams. On the GPU the decoder's stream comes from the slot ring's streams backend (``fork``; tests/
+sim_streams.py runs it on a simulated GPU with a fake pipeline). ``run(stream)`` returns outputs on that
+stream (DALI's asynchronous outputs, kept referenced until the event after the copies that read them has
+completed), the copy into ``out`` and the zeroing of failed rows are queued there too, and ``decode`` returns
+without waiting for any of it: it records an event after the last write (``ready_event``), which whoever
+reads ``out`` waits on on the device (``_images.ImageDecoding`` hands it on with the batch). A new row
+buffer is fenced once (``fence``: the stream waits on the stream that allocated it).
 
 Failures. A sample DALI cannot decode makes DALI raise for the whole batch and leaves the pipeline
 unusable ("Current pipeline object is no longer valid"). Cheap checks run first (empty blob, no JPEG
@@ -67,6 +74,7 @@ import numpy as np
 import torch
 
 from .._native import is_jpeg
+from .._ring import streams_for
 from ._base import DecoderContext, DecoderKind, JpegOnly, geometry_only
 
 __all__ = ["DaliDecoder", "INSTALL_HINT"]
@@ -131,7 +139,7 @@ class DaliDecoder:
     """
 
     def __init__(self, batch_size: int, out_hw: tuple[int, int], *, device_id: int | None = None,
-                 num_threads: int = 1, seed: int = 0) -> None:
+                 num_threads: int = 1, seed: int = 0, streams: Any = None) -> None:
         self.batch_size = _positive(batch_size, "batch_size")
         try:
             h, w = out_hw
@@ -147,13 +155,19 @@ class DaliDecoder:
         self.seed = int(seed)
         self._fn, self._types, self._pipeline_def = _import_dali()
         self._lock = threading.Lock()
-        self._stream = None
+        self._closed = False
+        self._held: list = []  # this batch's DALI outputs (and pipelines that raised), read by queued copies
+        self._kept: list = []  # [(earlier batches' held objects, the event after their copies)]
+        self.streams = None  # the ring's streams backend with the decoder's stream (GPU mode)
+        self.ready = None  # the event after the latest decode's last write (GPU mode)
         if device_id is not None:
-            if not torch.cuda.is_available() or device_id >= torch.cuda.device_count():
-                raise ValueError(f"device_id={device_id} but torch sees "
-                                 f"{torch.cuda.device_count() if torch.cuda.is_available() else 0} CUDA "
-                                 f"device(s); pass device_id=None for DALI's CPU-only mode")
-            self._stream = torch.cuda.Stream(device=device_id)
+            if streams is None:
+                if not torch.cuda.is_available() or device_id >= torch.cuda.device_count():
+                    raise ValueError(f"device_id={device_id} but torch sees "
+                                     f"{torch.cuda.device_count() if torch.cuda.is_available() else 0} CUDA "
+                                     f"device(s); pass device_id=None for DALI's CPU-only mode")
+                streams = streams_for(torch.device("cuda", device_id)).fork("dali")
+            self.streams = streams
         self._pipe = None
         self._build()
 
@@ -170,8 +184,8 @@ class DaliDecoder:
 
         # DALI's default (dynamic) executor, one batch in flight (prefetch_queue_depth=1, so run() takes the
         # inputs): on the GPU run() returns outputs bound to our stream ("asynchronous outputs", which the
-        # legacy synchronous executor refuses: the H100 run failed every batch with exec_async=False), and
-        # decode() synchronises that stream before returning, so it is a plain call from the producer thread.
+        # legacy synchronous executor refuses: the H100 run failed every batch with exec_async=False); decode()
+        # queues its copy there and hands the rows on with an event, without waiting for the stream.
         @self._pipeline_def(batch_size=self.batch_size, num_threads=self.num_threads, device_id=self.device_id,
                             seed=self.seed, exec_dynamic=True, prefetch_queue_depth=1)
         def graph():
@@ -192,12 +206,14 @@ class DaliDecoder:
         if self._pipe is None:
             self._build()
         try:
-            (images,) = self._pipe.run(self._stream, data=data, anchor=np.ascontiguousarray(crops[:, :2]),
+            (images,) = self._pipe.run(self._side(), data=data, anchor=np.ascontiguousarray(crops[:, :2]),
                                        shape=np.ascontiguousarray(crops[:, 2:]),
                                        flip=flips.astype(np.int32))
         except RuntimeError:
+            self._held.append(self._pipe)  # its earlier outputs may still be read by copies queued on our stream
             self._pipe = None  # DALI invalidates a pipeline that raised; the next run rebuilds it
             raise
+        self._held.append(images)  # read by the copy queued next: let go once that completed (a query)
         expected = [self.out_hw[0], self.out_hw[1], 3]
         shapes = images.shape()
         if len(shapes) != len(data) or any(list(s) != expected for s in shapes):
@@ -205,11 +221,16 @@ class DaliDecoder:
                                f"{len(data)} x {expected}")
         return images
 
+    def _side(self) -> Any:
+        """The decoder's stream (None in CPU-only mode: DALI's outputs are then host-synchronous)."""
+        return None if self.streams is None else self.streams.side
+
     def _copy_out(self, images: Any, out: torch.Tensor, positions: np.ndarray) -> None:
-        """Copy DALI's samples into out[positions] (one copy; one call when positions is 0..n-1)."""
+        """Copy DALI's samples into out[positions] (one copy; one call when positions is 0..n-1), queued on
+        the decoder's stream after the run that made them (the run returned its outputs on that stream)."""
         sample_bytes = self.out_hw[0] * self.out_hw[1] * 3
         base = out.data_ptr()
-        stream = None if self._stream is None else ctypes.c_void_p(self._stream.cuda_stream)
+        stream = _stream_handle(self._side())
 
         def copy(src: Any, ptr: int) -> None:
             if stream is None:
@@ -222,15 +243,26 @@ class DaliDecoder:
         else:
             for j, k in enumerate(positions.tolist()):
                 copy(images[j], base + k * sample_bytes)
-        if self._stream is not None:
-            self._stream.synchronize()  # DALI may reuse its buffers on the next run
 
     def fence(self, out: torch.Tensor) -> None:
         """``out`` is new: it was allocated on this thread's current stream, whose queued kernels may still
         use its memory (the slot ring's rule 3, fastload/_ring.py); our stream writes only after them. Once
         per buffer: a slot is refilled only after the copy that read it completed."""
-        if self._stream is not None:
-            self._stream.wait_stream(torch.cuda.current_stream(out.device))
+        s = self.streams
+        if s is not None:
+            s.wait(s.side, s.record(s.consumer()))
+            s.record_stream(out, s.side)  # freed (the ring let go of it) only once our writes have run
+
+    def ready_event(self) -> Any:
+        """The event after the latest ``decode``'s last write of its rows (None in CPU-only mode: complete)."""
+        return self.ready
+
+    def _let_go(self) -> None:
+        """Drop the DALI outputs (and pipelines that raised) of earlier batches whose copies have completed:
+        they are kept referenced until then, so DALI cannot hand their memory to a later run while a copy
+        queued on our stream still reads it (we no longer wait for the stream)."""
+        s = self.streams
+        self._kept = [(objs, ev) for objs, ev in self._kept if s is not None and not s.done(ev)]
 
     # -- the decoder -----------------------------------------------------------------------------
     def _check_out(self, out: Any, n: int) -> torch.Tensor:
@@ -277,8 +309,9 @@ class DaliDecoder:
             raise ValueError("plan.crops: values do not fit in int32")
         crops = crops.astype(np.int32)
         with self._lock:
-            if self._fn is None:
+            if self._closed:
                 raise ValueError("this DaliDecoder is closed")
+            self._let_go()
             data = [np.frombuffer(b, dtype=np.uint8) for b in blobs]  # views; DALI copies them
             failures: dict[int, str] = {}
             for k, d in enumerate(data):
@@ -301,22 +334,28 @@ class DaliDecoder:
                                            np.array([k]))
                         except RuntimeError as e:
                             failures[k] = _dali_message(e)
-            if failures:
-                # on our stream and complete before returning: on the producer thread's default stream
-                # the zeroing was unordered with the prefetcher's copy of these rows
-                with torch.cuda.stream(self._stream) if self._stream is not None else _Null():
-                    for k in failures:
-                        t[k].zero_()
-                if self._stream is not None:
-                    self._stream.synchronize()
+            s = self.streams
+            if failures:  # zeroed on our stream, after the copies (on the producer thread's default stream
+                # the zeroing was unordered with the prefetcher's copy of these rows)
+                with s.side_context() if s is not None else _Null():
+                    for k in sorted(failures):
+                        row = t[k]
+                        if s is None:
+                            row.zero_()
+                        else:
+                            s.launch(lambda row=row: row.zero_(), writes=(row,), what="dali zero failed")
+            if s is not None:  # handed on with an event, never a host wait
+                self.ready = s.record(s.side)
+                self._kept.append((self._held, self.ready))
+            self._held = []
         return sorted(failures.items())
 
     def close(self) -> None:
         """Release the DALI pipeline (and its GPU memory); decode() afterwards raises."""
         with self._lock:
             self._pipe = None
-            self._fn = None
-            self._stream = None
+            self._closed = True
+            self.streams = None
 
 
 def probe() -> None:
@@ -327,11 +366,21 @@ def probe() -> None:
 def _make(ctx: DecoderContext) -> JpegOnly:
     dev = ctx.device
     return JpegOnly(DaliDecoder(ctx.batch_size, ctx.out_hw, device_id=None if dev is None else dev.index,
-                                num_threads=max(1, ctx.num_threads), seed=0), ctx.option)
+                                num_threads=max(1, ctx.num_threads), seed=0,
+                                streams=None if dev is None else ctx.fork_stream("dali")), ctx.option)
 
 
 # on the GPU with device='cuda', else DALI's CPU-only mode into the host slot
 KIND = DecoderKind("dali", make=_make, probe=probe, gpu=True, pairs=True)
+
+
+def _stream_handle(stream: Any) -> Any:
+    """A stream as DALI's copy_to_external takes it: a cudaStream_t in a ctypes.c_void_p for torch's streams;
+    any other backend's stream object as it is (tests/sim_streams.py's simulated ones)."""
+    if stream is None:
+        return None
+    raw = getattr(stream, "cuda_stream", None)
+    return stream if raw is None else ctypes.c_void_p(raw)
 
 
 class _Null:

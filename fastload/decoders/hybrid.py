@@ -8,6 +8,10 @@ are then copied into ``out``, the other ``n - k`` to the GPU decoder in the call
 and ``k`` follows the ratio of the measured rates (smoothed), so both finish together: the batch takes
 about ``n / (cpu_rate + gpu_rate)``. Each side keeps at least one sample so its rate stays measured.
 
+The GPU half is timed as its call takes in this thread: its work is queued and handed on with an event
+(nothing waits for it on the host), so where the decoder's own call returns before the GPU finished (the
+resampling kernels), the measured GPU rate is what it costs this thread, not the device's throughput.
+
 Pixels: the CPU and GPU decoders agree within the tolerances stated in ``dali.py``/``nvjpeg.py``, but
 which samples each one decodes depends on timing, so with ``decoder="auto"`` batches are not bit-for-bit
 reproducible (labels, order and crops are). Use ``decoder="native"`` where bit-exact batches matter.
@@ -93,17 +97,19 @@ class HybridSplit:
 class HybridDecoder:
     """``cpu`` (the native decoder) and ``gpu`` (a GPU decoder) decoding one batch together, cut by ``split``.
 
-    The CPU share is decoded into host rows owned here (pinned where possible, ``rows`` samples, made on
-    first use) and copied into ``out`` on a side stream of ``streams`` (the ring's backend; made for
-    ``out``'s device when None) that waits on the stream ``out`` was allocated on at its first use
-    (``fence``); the copy completes before ``decode`` returns, so the host rows are free for the next
-    batch and the caller reads finished rows. One batch at a time (a lock), as the GPU decoders.
+    The CPU share is decoded into host rows owned here (pinned where possible, ``rows`` samples) and copied
+    into ``out`` on a side stream of ``streams`` (the ring's backend; made for ``out``'s device when None)
+    that waits on the stream ``out`` was allocated on at its first use (``fence``). Nothing waits on the
+    host: the copy stream also waits on the GPU decoder's event and records the batch's (``ready_event``),
+    and host rows are refilled only once the copy that read them completed (a query; while every one is
+    still being read, one more is made). One batch at a time (a lock), as the GPU decoders.
     """
 
     def __init__(self, cpu: Any, gpu: Any, split: HybridSplit, rows: int, streams: Any = None):
         self.cpu, self.gpu, self.split, self.rows = cpu, gpu, split, rows
-        self._host: torch.Tensor | None = None
+        self._hosts: list[list] = []  # [pinned host rows, event after the copy that read them]
         self.streams = streams
+        self.ready = None
         self._lock = threading.Lock()
 
     def fence(self, out: torch.Tensor) -> None:
@@ -112,6 +118,7 @@ class HybridDecoder:
             self.gpu.fence(out)
         s = self._streams(out)
         s.wait(s.side, s.record(s.consumer()))
+        s.record_stream(out, s.side)  # freed (the ring let go of it) only once our copies have run
 
     def _streams(self, out: torch.Tensor) -> Any:
         if self.streams is None:
@@ -120,34 +127,44 @@ class HybridDecoder:
 
     def decode(self, sources: Any, plan: Any, out: torch.Tensor) -> list[tuple[int, str]]:
         n = len(sources)
+        s = self._streams(out)
 
         def cpu(k: int) -> list:
-            host = self._staging(n, out.shape[1:])[:k]
+            entry = self._staging(n, out.shape[1:])
+            host = entry[0][:k]
             fails = self.cpu.decode(sources[:k], plan.take(0, k), host.numpy())
-            self._upload(out[:k], host)
+            with s.side_context():
+                s.copy(out[:k], host)
+                entry[1] = s.record(s.side)  # these host rows are refilled only once it completed
             return fails
 
         with self._lock:
-            return self.split.run(n, cpu, lambda k: self.gpu.decode(sources[k:], plan.take(k, n), out[k:]))
+            fails = self.split.run(n, cpu, lambda k: self.gpu.decode(sources[k:], plan.take(k, n), out[k:]))
+            # one event for the whole batch: after the copy and after the GPU decoder's writes
+            ready = getattr(self.gpu, "ready_event", None)  # None: a decoder complete when it returns
+            s.wait(s.side, ready() if ready is not None else None)
+            self.ready = s.record(s.side)
+        return fails
 
-    def _staging(self, n: int, row_shape: tuple) -> torch.Tensor:
-        if self._host is None or self._host.shape[0] < n or self._host.shape[1:] != row_shape:
-            self._host = host_empty((max(n, self.rows),) + tuple(row_shape), torch.uint8, pinned_memory_usable())
-        return self._host
+    def ready_event(self) -> Any:
+        """The event after the latest ``decode``'s last write (both halves)."""
+        return self.ready
 
-    def _upload(self, dst: torch.Tensor, src: torch.Tensor) -> None:
-        """The CPU rows into the device batch; complete when this returns, so the host rows may be refilled
-        by the next batch (ring rule 2) and the prefetcher reads finished rows."""
-        s = self._streams(dst)
-        with s.side_context():
-            s.copy(dst, src)
-            s.synchronize(s.side)  # the producer thread waits, never the training loop
+    def _staging(self, n: int, row_shape: tuple) -> list:
+        """Host rows whose latest copy has completed (a query, never a wait), or new ones."""
+        self._hosts = [e for e in self._hosts if e[0].shape[0] >= n and e[0].shape[1:] == row_shape]
+        for entry in self._hosts:
+            if self.streams.done(entry[1]):
+                return entry
+        entry = [host_empty((max(n, self.rows),) + tuple(row_shape), torch.uint8, pinned_memory_usable()), None]
+        self._hosts.append(entry)
+        return entry
 
     def close(self) -> None:
         """Closes the GPU decoder; the CPU decoder and the split belong to the caller."""
         if self.gpu is not None:
             self.gpu.close()
-        self._host = None
+        self._hosts = []
 
 
 # -- the registry's 'auto' ----------------------------------------------------------------------------

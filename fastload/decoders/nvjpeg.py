@@ -9,9 +9,10 @@ Streams. The work runs on the decoder's own stream, reached through the slot rin
 (``_ring.CudaStreams``; tests/sim_streams.py runs the same calls on a simulated GPU). When a row buffer is
 new, ``fence`` makes that stream wait on the stream it was allocated on (its memory may still be used by
 kernels queued there: rule 3 of fastload/_ring.py); later batches need no wait, since a slot is refilled
-only after the copy that read it completed. The stream is synchronised before ``decode`` returns, so the
-batch is complete for whoever copies it next; the loader calls it from its producer thread only
-(``fast/producer.py`` starts one for GPU decoders even at num_workers=0), never the training loop's.
+only after the copy that read it completed. ``decode`` returns with the work queued, never waiting for it:
+it records an event after its last write (``ready_event``) and whoever reads the rows waits on that event on
+the device (``_images.ImageDecoding`` hands it on with the batch). The plan's arrays reach the device
+through pinned staging (``_staging.Uploads``): a copy from pageable memory would wait for the stream.
 
 Failures. nvJPEG refuses a whole batch when one image is corrupt; the decoder then decodes the batch
 one image at a time to find the bad ones (only for batches that hold one), reports each as
@@ -40,6 +41,7 @@ import torch
 from .._ring import streams_for
 from ._base import DecoderContext, DecoderKind, JpegOnly, geometry_only
 from ._resample import MAX_PIXELS, resample
+from ._staging import Uploads
 
 INSTALL_HINT = ("decoder='nvjpeg' needs torchvision built with CUDA (pip install torchvision); decoder='dali' "
                 "or the default native decoder work without it")
@@ -102,6 +104,8 @@ class NvjpegDecoder:
         # the decoder's own stream, reached through the ring's backend (tests/sim_streams.py runs it late)
         self.streams = streams if streams is not None else streams_for(dev if dev is not None else
                                                                        torch.device("cpu")).fork("nvjpeg")
+        self._uploads = Uploads(self.streams)
+        self.ready = None
         self._lock = threading.Lock()
 
     def _check_out(self, out: torch.Tensor, n: int) -> None:
@@ -126,13 +130,14 @@ class NvjpegDecoder:
         per buffer. Later batches need no wait: a slot is refilled only after the copy that read it completed."""
         s = self.streams
         s.wait(s.side, s.record(s.consumer()))
+        s.record_stream(out, s.side)  # freed (the ring let go of it) only once our writes have run
 
     def decode(self, blobs: Sequence[Any], plan: Any, out: torch.Tensor) -> list[tuple[int, str]]:
         """Decode ``blobs[k]``, crop ``plan.crops[k]`` (top, left, height, width), resize to ``out_hw``, mirror
         where ``plan.flips[k]``, into ``out[k]`` (uint8 NHWC on this decoder's device); returns failures.
         ``blobs``: bytes-like objects, a list or an ``ImageSources`` (the interface of ``decoders/_base.py``);
         ``plan``: a ``fastload.transforms.Plan`` of as many samples.
-        Complete when it returns (the stream is synchronised: call it from a producer thread)."""
+        Queued on this decoder's stream when it returns: read ``out`` after waiting on ``ready_event()``."""
         n = len(blobs)
         geometry_only(plan, n, "nvjpeg")
         self._check_out(out, n)
@@ -151,6 +156,9 @@ class NvjpegDecoder:
                 images = None
             if images is None:
                 images = self._decode_each(datas, failures)
+            for im in images:  # read below on our stream, maybe allocated on torchvision's: freed after our reads
+                if im is not None:
+                    s.record_stream(im, s.side)
             hw = np.array([[0, 0] if im is None else list(im.shape[1:]) for im in images], dtype=np.int64)
             top, left, h, w = crops.T
             outside = (top < 0) | (left < 0) | (h < 1) | (w < 1) | (top + h > hw[:, 0]) | (left + w > hw[:, 1])
@@ -160,25 +168,32 @@ class NvjpegDecoder:
                                    f"{hw[k, 0]}x{hw[k, 1]} image")
             good = [k for k in range(n) if k not in failures]
             bad = sorted(failures)
+            # the plan's arrays reach the device through pinned staging: from pageable memory each copy
+            # would make this thread wait for the stream's queued work
+            crops_t, flips_t, good_t, bad_t = self._uploads.put(crops[good], np.asarray(flips)[good], good, bad)
             if good:
-                crops_t, flips_t = torch.from_numpy(crops[good]), torch.from_numpy(np.asarray(flips)[good])
                 todo = [images[k] for k in good]
 
-                def write(out=out, good=good, todo=todo):
-                    if len(good) == n:
+                def write(out=out, todo=todo, crops_t=crops_t, flips_t=flips_t, good_t=good_t):
+                    if len(todo) == n:
                         resample(todo, crops_t, flips_t, self.out_hw, out, self.max_pixels)
                     else:
-                        res = torch.empty((len(good),) + self.out_hw + (3,), dtype=torch.uint8, device=out.device)
+                        res = torch.empty((len(todo),) + self.out_hw + (3,), dtype=torch.uint8, device=out.device)
                         resample(todo, crops_t, flips_t, self.out_hw, res, self.max_pixels)
-                        out.index_copy_(0, torch.as_tensor(good, dtype=torch.int64).to(out.device), res)
+                        out.index_copy_(0, good_t, res)
 
-                s.launch(write, writes=(out,), what="nvjpeg resample")
+                s.launch(write, reads=(crops_t, flips_t, good_t), writes=(out,), what="nvjpeg resample")
             if bad:
-                s.launch(lambda out=out: out.index_fill_(0, torch.as_tensor(bad, dtype=torch.int64).to(out.device), 0),
-                         writes=(out,), what="nvjpeg zero failed")
+                s.launch(lambda out=out, bad_t=bad_t: out.index_fill_(0, bad_t, 0), reads=(bad_t,), writes=(out,),
+                         what="nvjpeg zero failed")
             del images
-            s.synchronize(s.side)  # complete before the prefetcher copies it (in the producer thread)
+            # handed on with an event, not a host wait: whoever reads the rows waits on it on the device
+            self.ready = s.record(s.side)
         return sorted(failures.items())
+
+    def ready_event(self) -> Any:
+        """The event after the latest ``decode``'s last write of its rows (on this decoder's stream)."""
+        return self.ready
 
     def close(self) -> None:
         self.streams = None

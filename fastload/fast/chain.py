@@ -119,8 +119,8 @@ def fast_iterator(*, plan: Any, epoch: int, start: int, batcher: Any, slots: Any
     reserved = Reservations()
     batcher.images.bind_device()
     source = Fill(source, batcher, batcher.pool, slots, reserved, policy.fills)
-    # GPU decoders synchronise their stream per batch: always in a producer thread, even at num_workers=0,
-    # so that the training thread never waits for the GPU
+    # GPU decoders: always in a producer thread, even at num_workers=0 (long host work per batch; the rows
+    # are handed on with an event, so no thread waits for the GPU)
     gpu_rows = batcher.images.device is not None
     producer = source = Produce(source, policy, stats, threads=num_workers > 0 or gpu_rows, always=gpu_rows,
                                 depth=depth, timeout=timeout, on_close=None if persistent else batcher.end_epoch,

@@ -30,8 +30,9 @@ def contiguous_images(batch: Any, keys: list) -> Any:
 class Collator:
     """How one dataset's slots become batches (fields, pipelines, packing decided once, not per batch)."""
 
-    def __init__(self, dataset: Any, batch_size: int, packed: Any):
+    def __init__(self, dataset: Any, batch_size: int, packed: Any, images: Any = None):
         self.batch_size, self.packed, self.as_dict = batch_size, packed, dataset.as_dict
+        self.images = images  # the batcher's ImageDecoding: GPU decoders' rows carry their ready event
         self.names = list(dataset.schema.names)
         fields = []  # (name, how, the CPU tensor pipeline or None, trailing shape)
         for f in dataset.schema:
@@ -75,6 +76,8 @@ class Collator:
         for (name, how, pipeline, rest), obj in zip(self.fields, objects):
             if how == "image":
                 images = tensors[name][:n].permute(0, 3, 1, 2)  # NCHW, channels_last
+                if self.images is not None and self.images.device is not None:  # a GPU decoder's rows: readers
+                    images._fastload_ready = self.images.ready_event(tensors[name])  # wait on this on the device
                 if tensor_transforms and pipeline is not None:
                     images = pipeline.apply(images, self._cpu_output(name, pipeline, images))
                 values.append(images)

@@ -19,8 +19,8 @@ batch changes neither the batches nor their RNGs nor resume: the sequence is one
 by one thread at a time. ``num_workers`` stays the size of the native pool in both modes.
 
 GPU decoders (``decoder='nvjpeg'/'dali'/'auto'`` with ``device='cuda'``) always fill in a producer thread,
-even at ``num_workers=0``: they synchronise their own stream per batch, which in the calling thread
-would make every ``next()`` wait for the GPU.
+even at ``num_workers=0``: their calls are long host work (nvJPEG's and DALI's host phases, the plan's
+uploads) that the training thread should not pay; they hand each batch on with an event, not a host wait.
 """
 
 from __future__ import annotations

@@ -3,9 +3,9 @@
 ``torch.cuda.set_sync_debug_mode("error")`` from its first batch. On the simulated GPU the same
 property is ``SimGpu.waits_in()`` (tests/test_ring.py, tests/test_gpu_decoders_sim.py).
 
-GPU decoders synchronise their own stream in the loader's producer thread (by design, off the training
-thread); ``set_sync_debug_mode`` is process-wide, so the fresh-process check covers the native decoder,
-and the latency check covers every decoder. Skipped without CUDA.
+The latency check covers every decoder; the fresh-process check here the native decoder and
+``to_device``, and tests/cuda/test_gpu_decoder_streams.py the GPU decoders (which no longer synchronise
+their stream in the producer thread: they hand each batch on with an event). Skipped without CUDA.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 
 from fastload.decoders.nvjpeg import NvjpegDecoder
-from decoders.conftest import OUT_HW, SAMPLES, mad, native, pil_decode, plan, plan_of
+from decoders.conftest import OUT_HW, SAMPLES, encode, mad, native, pil_decode, plan, plan_of
 
 TOLERANCE = 1.0  # mean absolute difference per sample vs native with dct_scaling=False (float vs int16 weights)
 
@@ -49,3 +49,31 @@ def test_out_buffer_is_checked():
     dec = NvjpegDecoder(2, OUT_HW, device="cpu", decode_fn=pil_decode)
     with pytest.raises(ValueError, match="uint8 cpu tensor of shape"):
         dec.decode(SAMPLES[:2], plan(SAMPLES[:2]), torch.empty((2, 3, 3, 3)))
+
+
+def test_one_large_photo_does_not_pad_the_batch_and_settings_do_not_change_pixels(monkeypatch):
+    """Row 7 through the decoder: a batch with one large photo is resampled in chunks sized by pixels (the
+    large one alone, not every image padded to it), and TF32/matmul precision and an enclosing autocast do
+    not change a pixel (the arithmetic sets its own precision: float64, autocast off)."""
+    from fastload.decoders import _resample
+
+    blobs = [SAMPLES[1], SAMPLES[6], encode(600, 800, 12), SAMPLES[10], SAMPLES[1]]
+    p = plan(blobs, 3)
+    ref = torch.empty((5, *OUT_HW, 3), dtype=torch.uint8)
+    assert NvjpegDecoder(5, OUT_HW, device="cpu", decode_fn=pil_decode).decode(blobs, p, ref) == []
+    padded = []
+    real = _resample.crop_resize_flip
+    monkeypatch.setattr(_resample, "crop_resize_flip", lambda images, *a, **k: (padded.append(tuple(images.shape)),
+                                                                               real(images, *a, **k))[1])
+    budget = 3 * 90 * 90 * 2
+    dec = NvjpegDecoder(5, OUT_HW, device="cpu", decode_fn=pil_decode, max_pixels=budget)
+    out = torch.empty_like(ref)
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("medium")
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert dec.decode(blobs, p, out) == []
+    finally:
+        torch.set_float32_matmul_precision(before)
+    assert torch.equal(out, ref)
+    assert (1, 3, 600, 800) in padded and all(n * c * h * w <= budget or n == 1 for n, c, h, w in padded), padded
