@@ -19,7 +19,7 @@ from ._images import ImageDecoding
 from ._native import native
 from .fast.collate import Collator
 from .fast.packing import PackJob, cu_seqlens
-from .fields import NotFastPath, codec_of
+from .fields import codec_of
 from .fields._codec import torch_dtype
 from .fields.array import gather_pieces
 from ._ring import Slot, host_empty, pinned_memory_usable

@@ -47,7 +47,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._batcher import Batcher, NotFastPath
+from ._batcher import Batcher
+from .fields import NotFastPath
 from ._errors import FastloadError, FastPathWarning
 from ._ring import SlotRing
 from ._sequences import PackSequences
