@@ -27,7 +27,8 @@ CODECS: dict[str, Codec] = {c.kind: c for c in (
 
 
 def register(codec: Codec) -> Codec:
-    """Add a field kind at run time (a plug-in's); ValueError if its name is taken."""
+    """Add a field kind at run time (a plug-in's); ValueError if its name is taken. Every process that packs or
+    reads the kind must register it (forked workers inherit it; a module the dataset's users import does it)."""
     if not isinstance(codec, Codec) or not isinstance(codec.kind, str) or not codec.kind.isidentifier():
         raise ValueError(f"register: {codec!r} should be a Codec whose kind is an identifier")
     if codec.kind in CODECS:
