@@ -161,11 +161,6 @@ class Codec:
         """This field's part of a Batcher over ``dataset``; NotFastPath when it cannot be batched."""
         raise NotFastPath(f"{self.kind} field '{field.name}' cannot be batched")
 
-    # -- helpers for read ----------------------------------------------------------------------
-    def stored(self, field: Any, reader: Any, at: Any) -> dict:
-        """The sample's column values by column name."""
-        return {c.name: reader.row(at, field.name, c.name, 0) for c in self.columns(field)}
-
 
 class Part:
     """One field's share of a batch, made once per Batcher (the module docstring). Defaults: nothing in
