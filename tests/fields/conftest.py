@@ -41,4 +41,5 @@ def pack_samples(request, tmp_path: Path):
 
 def batches(ds, batch_size: int, **options) -> list:
     """Every batch of ``ds`` through fastload's loader (the fast path, in order)."""
-    return list(fastload.DataLoader(ds, batch_size=batch_size, num_workers=0, **options))
+    options.setdefault("num_workers", 0)
+    return list(fastload.DataLoader(ds, batch_size=batch_size, **options))

@@ -69,6 +69,10 @@ def test_a_made_up_kind_packs_opens_reads_and_batches(rgb_kind, pack_samples):
     assert [b["color"].shape for b in got] == [(4, 3), (4, 3), (2, 3)]
     assert torch.cat([b["color"] for b in got]).tolist() == [list(c) for c in COLORS]
     assert torch.cat([b["label"] for b in got]).tolist() == list(range(10))
+    shuffled = batches(ds, 3, num_workers=2, shuffle=True, seed=5)  # threads, a random order
+    labels = torch.cat([b["label"] for b in shuffled]).tolist()
+    assert sorted(labels) == list(range(10)) and labels != list(range(10))
+    assert torch.cat([b["color"] for b in shuffled]).tolist() == [list(COLORS[i]) for i in labels]
     items = ds.__getitems__([9, 2])  # torch's own DataLoader: one native batch fill
     assert [x["color"].tolist() for x in items] == [list(COLORS[9]), list(COLORS[2])]
     out = CliRunner().invoke(main, ["inspect", str(path)])
