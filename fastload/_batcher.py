@@ -49,7 +49,7 @@ class Batcher:
         # each field's part of a batch, made once by its kind's codec (fields/), in schema order; NotFastPath
         # names the first field that cannot be batched. A packed batch holds the packed field only (sample_ids
         # find the rest), filled by _fill_packed.
-        self.parts = [] if self.packed is not None else [codec_of(f).batch(f, self) for f in self.schema]
+        self.parts = [] if self.packed is not None else [codec_of(f).batch(f, dataset) for f in self.schema]
         self.collator = Collator(dataset, batch_size, self.packed, self.parts)
 
     @property
@@ -85,7 +85,7 @@ class Batcher:
             return Slot(tensors)
         alloc = functools.partial(host_empty, pin=pin)
         for part in self.parts:
-            tensors.update(part.buffers(b, alloc))
+            tensors.update(part.buffers(self, b, alloc))
         return Slot(tensors)
 
     # -- filling ---------------------------------------------------------------------------------
@@ -123,7 +123,7 @@ class Batcher:
         indices = np.asarray(indices, dtype=np.int64)
         at = self.reader.locate(indices)
         failed: dict[int, str] = {}
-        objects = [part.fill(slot, at, indices, rng, pool, failed) for part in self.parts]
+        objects = [part.fill(self, slot, at, indices, rng, pool, failed) for part in self.parts]
         if failed:
             self._handle_failures(failed, slot, objects, indices, at.seg_ids, len(indices))
         return objects
@@ -139,7 +139,7 @@ class Batcher:
         bad = sorted(failed)
         sources = [good[j % len(good)] for j in range(len(bad))]  # a good sample of the same batch, counted
         for part, obj in zip(self.parts, objects):
-            part.replace(slot, n, obj, bad, sources)
+            part.replace(self, slot, n, obj, bad, sources)
         self.skipped += len(failed)
 
     # -- output ----------------------------------------------------------------------------------

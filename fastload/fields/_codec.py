@@ -157,31 +157,29 @@ class Codec:
         """``ds[i]``'s value of ``field`` for the one sample ``at`` locates (``PackedReader.locate_one``)."""
         raise NotImplementedError
 
-    def batch(self, field: Any, batcher: Any) -> "Part":
-        """This field's part of ``batcher`` (the Batcher being built: its ``ds``, ``reader`` and ``images`` are
-        what parts use); NotFastPath when the field cannot be batched."""
+    def batch(self, field: Any, dataset: Any) -> "Part":
+        """This field's part of a Batcher over ``dataset``; NotFastPath when it cannot be batched."""
         raise NotFastPath(f"{self.kind} field '{field.name}' cannot be batched")
 
 
 class Part:
-    """One field's share of a batch, made once per Batcher (the module docstring), holding what it reads
-    through (the batcher's reader, its image decoding). Defaults: nothing in the slot, nothing to fill or
-    replace, the fill's object as the batch entry."""
+    """One field's share of a batch, made once per Batcher (the module docstring). Defaults: nothing in
+    the slot, nothing to fill or replace, the fill's object as the batch entry."""
 
     def __init__(self, field: Any):
         self.field, self.name = field, field.name
 
-    def buffers(self, b: int, alloc: Callable) -> dict:
+    def buffers(self, batcher: Any, b: int, alloc: Callable) -> dict:
         """Slot tensors for ``b`` samples by name; ``alloc(shape, torch dtype)`` makes one."""
         return {}
 
-    def fill(self, slot: Any, at: Any, indices: np.ndarray, rng: Any, pool: Any, failed: dict) -> Any:
-        """Fill this field's buffers of ``slot`` with the batch ``at`` locates (samples ``indices``; ``rng`` the
-        batch's generator, ``pool`` the native threads); record bad samples in ``failed`` (k -> message naming
+    def fill(self, batcher: Any, slot: Any, at: Any, indices: np.ndarray, rng: Any, pool: Any,
+             failed: dict) -> Any:
+        """Fill this field's buffers of ``slot``; record bad samples in ``failed`` (k -> message naming
         the field). Returns what ``collate`` needs besides the slot (None, a length, a list)."""
         return None
 
-    def replace(self, slot: Any, n: int, obj: Any, bad: list, sources: list) -> None:
+    def replace(self, batcher: Any, slot: Any, n: int, obj: Any, bad: list, sources: list) -> None:
         """Samples ``bad`` take the values of samples ``sources`` (on_error='skip')."""
 
     def collate(self, tensors: dict, n: int, obj: Any, tensor_transforms: bool, cpu_output: Callable) -> Any:
@@ -197,18 +195,19 @@ class FixedPart(Part):
     """A kind stored as one fixed-size column ``values`` (``column``, the codec's): gathered by the native row
     copy into an (n, *column.shape) buffer of its dtype."""
 
-    def __init__(self, field: Any, column: Column, reader: Any):
+    def __init__(self, field: Any, column: Column):
         super().__init__(field)
-        self.column, self.reader = column, reader
+        self.column = column
 
-    def buffers(self, b: int, alloc: Callable) -> dict:
+    def buffers(self, batcher: Any, b: int, alloc: Callable) -> dict:
         return {self.name: alloc((b,) + tuple(self.column.shape), torch_dtype(self.column.dtype))}
 
-    def fill(self, slot: Any, at: Any, indices: np.ndarray, rng: Any, pool: Any, failed: dict) -> None:
+    def fill(self, batcher: Any, slot: Any, at: Any, indices: np.ndarray, rng: Any, pool: Any,
+             failed: dict) -> None:
         # the reader says where the rows lie; the native gather copies them
-        native().gather_rows(pool, *self.reader.row_sources(at, self.name), slot.arrays[self.name][: len(indices)])
+        native().gather_rows(pool, *batcher.reader.row_sources(at, self.name), slot.arrays[self.name][: len(indices)])
 
-    def replace(self, slot: Any, n: int, obj: Any, bad: list, sources: list) -> None:
+    def replace(self, batcher: Any, slot: Any, n: int, obj: Any, bad: list, sources: list) -> None:
         arr = slot.arrays[self.name]
         for k, src in zip(bad, sources):
             arr[k] = arr[src]
@@ -224,13 +223,14 @@ class ObjectPart(Part):
     """A kind read per sample into a Python object from its blob (``value(blob)``; ValueError marks the
     sample bad). Not in the slot: the batch entry is the list."""
 
-    def __init__(self, field: Any, reader: Any, value: Callable, empty: Any):
+    def __init__(self, field: Any, value: Callable, empty: Any):
         super().__init__(field)
-        self.reader, self.value, self.empty = reader, value, empty
+        self.value, self.empty = value, empty
 
-    def fill(self, slot: Any, at: Any, indices: np.ndarray, rng: Any, pool: Any, failed: dict) -> list:
+    def fill(self, batcher: Any, slot: Any, at: Any, indices: np.ndarray, rng: Any, pool: Any,
+             failed: dict) -> list:
         out = []
-        blob, value = self.reader.blob, self.value
+        blob, value = batcher.reader.blob, self.value
         for k in range(len(at)):
             try:
                 out.append(value(blob(at, self.name, k)))
@@ -239,6 +239,6 @@ class ObjectPart(Part):
                 out.append(self.empty)
         return out
 
-    def replace(self, slot: Any, n: int, obj: Any, bad: list, sources: list) -> None:
+    def replace(self, batcher: Any, slot: Any, n: int, obj: Any, bad: list, sources: list) -> None:
         for k, src in zip(bad, sources):
             obj[k] = obj[src]

@@ -136,14 +136,14 @@ class ArrayCodec(Codec):
         return torch.from_numpy(out), n
 
     # -- batches --------------------------------------------------------------------------------
-    def batch(self, field: Any, batcher: Any) -> Part:
+    def batch(self, field: Any, dataset: Any) -> Part:
         if self.fixed_size(field):
-            return FixedPart(field, self.columns(field)[0], batcher.reader)
-        seq = batcher.ds.sequences.get(field.name)
+            return FixedPart(field, self.columns(field)[0])
+        seq = dataset.sequences.get(field.name)
         if seq is None:
             raise NotFastPath(f"ndarray field '{field.name}' has a variable shape {field.shape} and no Pad/Bucket "
                               f"transform to batch it to a fixed shape")
-        return SequencePart(field, seq, batcher.reader, batcher.ds.path)
+        return SequencePart(field, seq, dataset.path)
 
 
 def gather_pieces(reader: Any, path: Any, field: Any, out: np.ndarray, at: Any, indices: np.ndarray,
@@ -166,14 +166,14 @@ class SequencePart(Part):
     """A variable-length array padded (Pad) or bucketed (Bucket) to the batch's bound: the flat buffer holds
     ``(n, bound, *rest)``, ``name:len`` each sample's kept length; the fill's object is the bound."""
 
-    def __init__(self, field: Any, seq: Any, reader: Any, path: Any):
+    def __init__(self, field: Any, seq: Any, path: Any):
         super().__init__(field)
-        self.seq, self.reader, self.path = seq, reader, path
+        self.seq, self.path = seq, path
         self.rest = tuple(field.shape[1:])
         self.rest_items = int(np.prod(self.rest, dtype=np.int64))
         self.row_bytes = np.dtype(field.dtype).itemsize * self.rest_items
 
-    def buffers(self, b: int, alloc: Callable) -> dict:
+    def buffers(self, batcher: Any, b: int, alloc: Callable) -> dict:
         size = b * self.seq.max_length * self.rest_items
         return {self.name: alloc((size,), torch_dtype(np.dtype(self.field.dtype))),
                 self.name + ":len": alloc((b,), torch.int64)}
@@ -182,9 +182,10 @@ class SequencePart(Part):
         shape = (n, bound) + self.rest
         return flat[: int(np.prod(shape, dtype=np.int64))].reshape(shape)
 
-    def fill(self, slot: Any, at: Any, indices: np.ndarray, rng: Any, pool: Any, failed: dict) -> int:
+    def fill(self, batcher: Any, slot: Any, at: Any, indices: np.ndarray, rng: Any, pool: Any,
+             failed: dict) -> int:
         """Pad/bucket the field into the slot; returns the batch's padded length."""
-        seq, reader, n = self.seq, self.reader, len(at)
+        seq, reader, n = self.seq, batcher.reader, len(at)
         lengths = reader.take(at, self.name, "shape")[:, 0].astype(np.int64)
 
         def describe(k: int) -> str:
@@ -203,7 +204,7 @@ class SequencePart(Part):
         slot.arrays[self.name + ":len"][:n] = cut
         return bound
 
-    def replace(self, slot: Any, n: int, obj: Any, bad: list, sources: list) -> None:
+    def replace(self, batcher: Any, slot: Any, n: int, obj: Any, bad: list, sources: list) -> None:
         for arr in (self._view(slot.arrays[self.name], n, obj), slot.arrays[self.name + ":len"]):
             for k, src in zip(bad, sources):
                 arr[k] = arr[src]

@@ -174,34 +174,35 @@ class ImageCodec(Codec):
             arr = np.frombuffer(blob, dtype=np.uint8).reshape(h, w, 3).copy()
         return torch.from_numpy(arr).permute(2, 0, 1)
 
-    def batch(self, field: Any, batcher: Any) -> "ImagePart":
-        p = batcher.ds.pipelines.get(field.name)
+    def batch(self, field: Any, dataset: Any) -> "ImagePart":
+        p = dataset.pipelines.get(field.name)
         if p is None or p.output_size is None:
             raise NotFastPath(f"image field '{field.name}' has no transform giving a fixed output size "
                               f"(e.g. RandomResizedCrop(224)); images of different sizes cannot be batched")
-        return ImagePart(field, p, batcher.images, batcher.reader)
+        return ImagePart(field, p)
 
 
 class ImagePart(Part):
-    """One decoder call per batch (``images``: the batcher's ``_images.ImageDecoding``) into (n, H, W, 3)
+    """One decoder call per batch (the batcher's ``images``: ``_images.ImageDecoding``) into (n, H, W, 3)
     rows, on the host or, for GPU decoders, on the device."""
 
-    def __init__(self, field: Any, pipeline: Any, images: Any, reader: Any):
+    def __init__(self, field: Any, pipeline: Any):
         super().__init__(field)
-        self.pipeline, self.images, self.reader = pipeline, images, reader
+        self.pipeline = pipeline
         self.tensor = pipeline.tensor if pipeline.tensor else None  # ToDtype/Normalize, or None
 
-    def buffers(self, b: int, alloc: Callable) -> dict:
+    def buffers(self, batcher: Any, b: int, alloc: Callable) -> dict:
         h, w = self.pipeline.output_size
-        return self.images.buffers(self.name, (b, h, w, 3), alloc)
+        return batcher.images.buffers(self.name, (b, h, w, 3), alloc)
 
-    def fill(self, slot: Any, at: Any, indices: np.ndarray, rng: Any, pool: Any, failed: dict) -> None:
-        for k, msg in self.images.fill(pool, self.pipeline, self.field, slot, self.reader, at, rng):
+    def fill(self, batcher: Any, slot: Any, at: Any, indices: np.ndarray, rng: Any, pool: Any,
+             failed: dict) -> None:
+        for k, msg in batcher.images.fill(pool, self.pipeline, self.field, slot, batcher.reader, at, rng):
             failed.setdefault(k, f"field '{self.name}': {msg}")
 
-    def replace(self, slot: Any, n: int, obj: Any, bad: list, sources: list) -> None:
-        if self.images.device is not None:  # GPU decoders' rows: on a stream of the decoders', complete on return
-            self.images.move_rows(slot.tensors[self.name], bad, sources)
+    def replace(self, batcher: Any, slot: Any, n: int, obj: Any, bad: list, sources: list) -> None:
+        if batcher.images.device is not None:  # GPU decoders' rows: on a stream of the decoders', complete on return
+            batcher.images.move_rows(slot.tensors[self.name], bad, sources)
             return
         arr = slot.arrays[self.name]
         for k, src in zip(bad, sources):

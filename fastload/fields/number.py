@@ -39,8 +39,8 @@ class NumberCodec(Codec):
     def read(self, field: Any, reader: Any, at: Any, ctx: Any) -> Any:
         return self.convert(reader.row(at, field.name, "values", 0))
 
-    def batch(self, field: Any, batcher: Any) -> NumberPart:
-        return NumberPart(field, self.columns(field)[0], batcher.reader)
+    def batch(self, field: Any, dataset: Any) -> NumberPart:
+        return NumberPart(field, self.columns(field)[0])
 
 
 class IntCodec(NumberCodec):

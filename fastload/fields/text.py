@@ -27,8 +27,8 @@ class BytesCodec(Codec):
     def read(self, field: Any, reader: Any, at: Any, ctx: Any) -> bytes:
         return bytes(reader.blob(at, field.name, 0))
 
-    def batch(self, field: Any, batcher: Any) -> ObjectPart:
-        return ObjectPart(field, batcher.reader, bytes, b"")
+    def batch(self, field: Any, dataset: Any) -> ObjectPart:
+        return ObjectPart(field, bytes, b"")
 
 
 class StrCodec(Codec):
@@ -45,8 +45,8 @@ class StrCodec(Codec):
     def read(self, field: Any, reader: Any, at: Any, ctx: Any) -> str:
         return _utf8(reader.blob(at, field.name, 0))
 
-    def batch(self, field: Any, batcher: Any) -> ObjectPart:
-        return ObjectPart(field, batcher.reader, _utf8, "")
+    def batch(self, field: Any, dataset: Any) -> ObjectPart:
+        return ObjectPart(field, _utf8, "")
 
 
 BYTES = BytesCodec()

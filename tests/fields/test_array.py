@@ -73,14 +73,10 @@ def test_a_variable_array_without_pad_has_no_batch_part():
 
     class Plain:
         sequences: dict = {}
-        path = "ds"
-
-    class Batcher:
-        def __init__(self, ds):
-            self.ds, self.reader = ds, None
     with pytest.raises(NotFastPath, match=r"ndarray field 'v' has a variable shape \(None,\) and no Pad/Bucket"):
-        NDARRAY.batch(f, Batcher(Plain()))
+        NDARRAY.batch(f, Plain())
 
-    class Padded(Plain):
+    class Padded:
         sequences = {"v": Pad(3)}
-    assert isinstance(NDARRAY.batch(f, Batcher(Padded())), SequencePart)
+        path = "ds"
+    assert isinstance(NDARRAY.batch(f, Padded()), SequencePart)

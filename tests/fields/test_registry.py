@@ -44,8 +44,8 @@ class RgbColor(Codec):
     def read(self, field, reader, at, ctx):
         return torch.from_numpy(np.array(reader.row(at, field.name, "values", 0)))
 
-    def batch(self, field, batcher):
-        return FixedPart(field, self.columns(field)[0], batcher.reader)
+    def batch(self, field, dataset):
+        return FixedPart(field, self.columns(field)[0])
 
 
 COLORS = [(i, 255 - i, (7 * i) % 256) for i in range(10)]

@@ -55,11 +55,11 @@ class _Batcher:
 
 
 def test_a_bad_utf8_sample_is_marked_failed_naming_the_field_and_replaced():
-    part = STR.batch(Field.str("s"), _Batcher([b"ok", b"\xff", b"yes"]))
+    part = STR.batch(Field.str("s"), None)
     assert isinstance(part, ObjectPart)
     failed: dict = {}
-    got = part.fill(None, [0, 1, 2], np.arange(3), None, None, failed)
+    got = part.fill(_Batcher([b"ok", b"\xff", b"yes"]), None, [0, 1, 2], np.arange(3), None, None, failed)
     assert got == ["ok", "", "yes"] and list(failed) == [1]
     assert failed[1].startswith("field 's': 'utf-8' codec can't decode byte 0xff")
-    part.replace(None, 3, got, [1], [2])
+    part.replace(None, None, 3, got, [1], [2])
     assert got == ["ok", "yes", "yes"]
