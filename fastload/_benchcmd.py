@@ -32,7 +32,8 @@ def preset_transforms(name: str, schema, size: int) -> dict:
 def run(path: Any, batch_size: int = 64, preset: str = "train", size: int = 224, max_workers: int | None = None,
         seconds: float = 1.0) -> dict:
     from ._autotune import choose, measure
-    from ._batcher import Batcher, NotFastPath
+    from ._batcher import Batcher
+    from .fields import NotFastPath
     from ._dataset import Dataset
     from .formats.reader import read_manifest
     from ._native import native

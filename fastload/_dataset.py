@@ -13,7 +13,8 @@ import torch
 from ._errors import DecodeError, FormatError, where
 from ._native import native
 from ._schema import Field, Schema
-from .formats._layout import IMAGE_JPEG, columns_of
+from .fields import ReadContext, codec_of
+from .formats._layout import IMAGE_JPEG
 from .formats.reader import (Located, PackedReader, local_segments,  # noqa: F401  (read_manifest: re-exported)
                              read_manifest)
 from .formats.remote import Remote, is_url, warn_local_options
@@ -141,44 +142,10 @@ class Dataset(torch.utils.data.Dataset):
             raise DecodeError(f"{where(self.path, self._reader.shard(at.seg_ids[0]), i, f.name)}: {e}") from None
 
     def _decode_field(self, at: Located, f: Field) -> Any:
-        reader = self._reader
-        cols = {c.name: reader.row(at, f.name, c.name, 0) for c in columns_of(f)}
-        if f.kind == "int":
-            return int(cols["values"])
-        if f.kind == "float":
-            return float(cols["values"])
-        if f.kind == "ndarray" and f.fixed_size:
-            return torch.from_numpy(np.array(cols["values"]))
-        blob = reader.blob(at, f.name, 0)
-        if f.kind == "bytes":
-            return bytes(blob)
-        if f.kind == "str":
-            return str(blob, "utf-8")
-        if f.kind == "ndarray":
-            shape = tuple(int(d) for d in cols["shape"])
-            arr = np.frombuffer(blob, dtype=f.dtype).reshape(shape)
-            seq = self.sequences.get(f.name)
-            if seq is None or isinstance(seq, PackSequences):  # a lone sample is not packed
-                return torch.from_numpy(arr.copy())
-            seq.check(np.array(shape[:1]), lambda k: "the sample")
-            bound = int(seq.bounds(np.array(shape[:1]))[0])
-            n = min(shape[0], bound)
-            out = np.full((bound,) + shape[1:], seq.value, dtype=arr.dtype)
-            out[:n] = arr[:n]
-            return torch.from_numpy(out), n
-        h, w, enc = (int(v) for v in cols["meta"])
-        if not self.decode:
-            return bytes(blob)
-        pipeline = self.pipelines.get(f.name)
-        if pipeline is not None:
-            return self._transformed_image(pipeline, blob, h, w, enc)
-        if enc == IMAGE_JPEG:
-            arr = native().decode_jpeg(blob)
-            if arr.shape[:2] != (h, w):
-                raise ValueError(f"JPEG is {arr.shape[1]}x{arr.shape[0]}, the shard records {w}x{h}")
-        else:
-            arr = np.frombuffer(blob, dtype=np.uint8).reshape(h, w, 3).copy()
-        return torch.from_numpy(arr).permute(2, 0, 1)
+        # the field kind's codec reads it (fields/); a lone sample is padded (Pad/Bucket), never packed
+        padding = {n: s for n, s in self.sequences.items() if not isinstance(s, PackSequences)}
+        ctx = ReadContext(self.decode, self.pipelines, padding, self._transformed_image)
+        return codec_of(f).read(f, self._reader, at, ctx)
 
     def _transformed_image(self, pipeline: Any, blob: memoryview, h: int, w: int, enc: int) -> torch.Tensor:
         # the same planning and native kernels as the loader; randomness from torch's generator,

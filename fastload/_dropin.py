@@ -18,7 +18,7 @@ import torch
 from torch.utils.data import BatchSampler
 from torch.utils.data._utils.collate import default_collate
 
-from ._batcher import NotFastPath
+from .fields import NotFastPath
 from ._errors import FastPathWarning
 
 MEMORY_FORMATS = (torch.channels_last, torch.contiguous_format)

@@ -47,7 +47,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._batcher import Batcher, NotFastPath
+from ._batcher import Batcher
+from .fields import NotFastPath
 from ._errors import FastloadError, FastPathWarning
 from ._ring import SlotRing
 from ._sequences import PackSequences
@@ -159,28 +160,16 @@ def get_items(ds: Any, indices: Any) -> list:
         except (FastloadError, ValueError) as e:
             failed = e
         else:
-            return _split(ds, batch, len(idx))
+            return _split(ds, batcher.parts, batch, len(idx))
     for i in idx:  # ds[i] names the bad sample (and its error has no loader-only hint)
         ds[int(i)]
     raise failed
 
 
-def _split(ds: Any, batch: Any, n: int) -> list:
-    """The collated ``batch`` as n samples, each as ds[i] gives it."""
+def _split(ds: Any, parts: list, batch: Any, n: int) -> list:
+    """The collated ``batch`` as n samples, each as ds[i] gives it (each field's part cuts its entry, fields/)."""
     values = list(batch.values()) if ds.as_dict else batch
-    columns = []
-    for f, v in zip(ds.schema, values):
-        seq = ds.sequences.get(f.name)
-        if seq is not None:  # [padded (n, bound, ...), lengths]: each sample padded to its own bound, as ds[i]
-            padded, lengths = v
-            cut = lengths.numpy()
-            columns.append([(padded[k, :b], int(c)) for k, (b, c) in enumerate(zip(seq.bounds(cut).tolist(), cut))])
-        elif f.kind in ("int", "float"):
-            columns.append(v.tolist())
-        elif f.kind in ("bytes", "str"):
-            columns.append(v)
-        else:  # images (CHW views of the NCHW batch), fixed-shape arrays
-            columns.append(list(v.unbind(0)))
+    columns = [part.split(v, n) for part, v in zip(parts, values)]
     if ds.as_dict:
         return [dict(zip(ds.schema.names, row)) for row in zip(*columns)]
     return [tuple(row) for row in zip(*columns)]

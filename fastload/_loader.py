@@ -19,7 +19,8 @@ import torch
 from torch.utils.data import IterableDataset
 from torch.utils.data.dataloader import _BaseDataLoaderIter, _DatasetKind
 
-from ._batcher import Batcher, NotFastPath
+from ._batcher import Batcher
+from .fields import NotFastPath
 from ._dataset import Dataset as PackedDataset
 from ._getitems import batch_decodable
 from ._dropin import (check_batch_sampler, check_collate, check_memory_format, check_worker_init_fn,

@@ -157,7 +157,7 @@ class DevicePrefetcher(_BaseDataLoaderIter):  # a torch DataLoader iterator by t
             if not isinstance(leaf, torch.Tensor):
                 plans.append(None)
                 continue
-            ready.append(getattr(leaf, "_fastload_ready", None))
+            ready.append(getattr(leaf, "fastload_ready", None))
             cl = _channels_last(leaf)
             staging = self._buffer(slot, (i, "in"), leaf.shape, leaf.dtype, cl)
             key = self._key(with_paths[i][0])

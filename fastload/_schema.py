@@ -1,7 +1,7 @@
 """Schema: the named, typed fields every sample of a packed dataset has.
 
 A schema is plain data (it round-trips through JSON in the manifest) and knows nothing of storage.
-Field kinds:
+Field kinds (each one codec in ``fields/``, which also holds its dtype/shape rules):
 
 ===========  ===============================================================================
 ``image``    an RGB picture; stored as JPEG bytes or raw uint8 HxWx3 (see ``--image-mode``)
@@ -24,30 +24,9 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from ._errors import SchemaError
-
-KINDS = ("image", "int", "float", "ndarray", "bytes", "str")
-
-# Numeric dtypes an ndarray field may have (numpy kind + size); always stored little-endian.
-_ALLOWED_DTYPES = {"b1", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8", "f2", "f4", "f8"}
-MAX_NDIM = 8
-
-
-def _normalize_dtype(dtype: Any) -> str:
-    """Return the little-endian numpy dtype string for ``dtype`` ('<f4', '|u1', ...)."""
-    try:
-        dt = np.dtype(dtype)
-    except TypeError as e:
-        raise SchemaError(f"dtype {dtype!r} is not a numpy dtype") from e
-    if dtype_key(dt) not in _ALLOWED_DTYPES:
-        raise SchemaError(
-            f"dtype {dt} is not supported for ndarray fields; expected one of "
-            f"bool, int8..int64, uint8..uint64, float16..float64"
-        )
-    return dt.newbyteorder("<").str
-
-
-def dtype_key(dt: np.dtype) -> str:
-    return f"{dt.kind}{dt.itemsize}"
+from .fields import codec_of
+from .fields._codec import as_array, is_pil_image
+from .fields.array import normalize_dtype
 
 
 @dataclass(frozen=True)
@@ -62,23 +41,9 @@ class Field:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.isidentifier() or keyword.iskeyword(self.name):
             raise SchemaError(f"field name {self.name!r} must be a Python identifier")
-        if self.kind not in KINDS:
-            raise SchemaError(f"field '{self.name}': kind {self.kind!r} is not one of {', '.join(KINDS)}")
-        if self.kind == "ndarray":
-            if self.dtype is None or self.shape is None:
-                raise SchemaError(f"field '{self.name}': ndarray fields need a dtype and a shape")
-            object.__setattr__(self, "dtype", _normalize_dtype(self.dtype))
-            shape = tuple(self.shape)
-            if len(shape) > MAX_NDIM:
-                raise SchemaError(f"field '{self.name}': {len(shape)} dimensions, at most {MAX_NDIM}")
-            for d in shape:
-                if d is not None and (not isinstance(d, numbers.Integral) or isinstance(d, bool) or d < 0):
-                    raise SchemaError(
-                        f"field '{self.name}': shape {shape} must hold non-negative ints or None"
-                    )
-            object.__setattr__(self, "shape", tuple(None if d is None else int(d) for d in shape))
-        elif self.dtype is not None or self.shape is not None:
-            raise SchemaError(f"field '{self.name}': dtype/shape only apply to ndarray fields")
+        dtype, shape = codec_of(self).normalize(self)  # the kind's own rules (fields/)
+        object.__setattr__(self, "dtype", dtype)
+        object.__setattr__(self, "shape", shape)
 
     # -- constructors -------------------------------------------------------------------------
     @classmethod
@@ -109,28 +74,19 @@ class Field:
     @property
     def fixed_size(self) -> bool:
         """True when every sample of this field has the same byte size (stored column-wise)."""
-        if self.kind in ("int", "float"):
-            return True
-        if self.kind == "ndarray":
-            return None not in self.shape
-        return False
+        return codec_of(self).fixed_size(self)
 
     @property
     def np_dtype(self) -> np.dtype:
         """The dtype of the stored values of a fixed-size field (int64, float64 or the array's)."""
-        if self.kind == "int":
-            return np.dtype("<i8")
-        if self.kind == "float":
-            return np.dtype("<f8")
-        if self.kind == "ndarray":
-            return np.dtype(self.dtype)
-        raise SchemaError(f"field '{self.name}' of kind {self.kind} has no fixed dtype")
+        dt = codec_of(self).np_dtype(self)
+        if dt is None:
+            raise SchemaError(f"field '{self.name}' of kind {self.kind} has no fixed dtype")
+        return dt
 
     def to_json(self) -> dict:
         d: dict[str, Any] = {"name": self.name, "kind": self.kind}
-        if self.kind == "ndarray":
-            d["dtype"] = self.dtype
-            d["shape"] = list(self.shape)
+        d.update(codec_of(self).to_json(self))
         return d
 
     @classmethod
@@ -146,9 +102,7 @@ class Field:
         return cls(d.get("name"), d.get("kind"), d.get("dtype"), None if shape is None else tuple(shape))
 
     def __repr__(self) -> str:
-        if self.kind == "ndarray":
-            return f"Field.ndarray({self.name!r}, {self.dtype!r}, {self.shape})"
-        return f"Field.{self.kind}({self.name!r})"
+        return codec_of(self).repr(self)
 
 
 class Schema:
@@ -204,22 +158,9 @@ class Schema:
 
 # -- inference ----------------------------------------------------------------------------------
 
-def _is_pil_image(v: Any) -> bool:
-    mod = type(v).__module__ or ""
-    return mod.startswith("PIL.") and hasattr(v, "convert") and hasattr(v, "size")
-
-
-def _as_array(v: Any) -> np.ndarray | None:
-    if isinstance(v, np.ndarray):
-        return v
-    if type(v).__module__.startswith("torch") and hasattr(v, "numpy") and hasattr(v, "detach"):
-        return v.detach().cpu().numpy()
-    return None
-
-
 def infer_kind(value: Any) -> tuple[str, str | None, tuple | None]:
     """Return (kind, dtype, shape) for one value, or raise SchemaError naming the type."""
-    if _is_pil_image(value):
+    if is_pil_image(value):
         return "image", None, None
     if isinstance(value, (bool, np.bool_)):
         return "int", None, None
@@ -231,11 +172,11 @@ def infer_kind(value: Any) -> tuple[str, str | None, tuple | None]:
         return "bytes", None, None
     if isinstance(value, str):
         return "str", None, None
-    arr = _as_array(value)
+    arr = as_array(value)
     if arr is not None:
         if arr.ndim == 0:
             return ("float" if arr.dtype.kind == "f" else "int"), None, None
-        return "ndarray", _normalize_dtype(arr.dtype), tuple(arr.shape)
+        return "ndarray", normalize_dtype(arr.dtype), tuple(arr.shape)
     raise SchemaError(
         f"cannot store a value of type {type(value).__name__}; supported: PIL images, numbers, "
         f"numpy arrays, torch tensors, bytes, str (or give an explicit schema)"
@@ -245,7 +186,7 @@ def infer_kind(value: Any) -> tuple[str, str | None, tuple | None]:
 def default_names(values: Sequence[Any]) -> list[str]:
     """Names for the fields of a tuple sample: ``(image, label)`` for an (image, int) pair,
     like torchvision datasets, else ``f0, f1, ...``."""
-    if len(values) == 2 and _is_pil_image(values[0]) and infer_kind(values[1])[0] == "int":
+    if len(values) == 2 and is_pil_image(values[0]) and infer_kind(values[1])[0] == "int":
         return ["image", "label"]
     return [f"f{i}" for i in range(len(values))]
 

@@ -104,6 +104,7 @@ def merge(dst, quiet) -> None:
 @click.argument("dst", type=click.Path(exists=True, path_type=Path))
 def inspect(dst) -> None:
     """Show the schema, sample counts and sizes of the dataset at DST."""
+    from .fields import codec_of
     from .formats.reader import describe_storage, read_manifest
 
     m = _run(lambda: read_manifest(dst))
@@ -114,8 +115,7 @@ def inspect(dst) -> None:
         click.echo(f"images    {m.image_mode}")
     click.echo("schema")
     for f in m.schema:
-        extra = f" {f.dtype} {list(f.shape)}" if f.kind == "ndarray" else ""
-        click.echo(f"  {f.name:<16} {f.kind}{extra}")
+        click.echo(f"  {f.name:<16} {f.kind}{codec_of(f).describe(f)}")
     for line in describe_storage(dst, m):
         click.echo(line)
     classes = m.metadata.get("classes")

@@ -31,11 +31,11 @@ from __future__ import annotations
 
 import math
 import numbers
-import operator
 from typing import Any, Sequence
 
 import numpy as np
 
+from ._transform_base import Transform, _positive_int, _setup_size
 from ._tensor_transforms import Normalize, TensorPipeline, TensorTransform, ToDtype  # noqa: E402
 from ._sequences import Bucket, Pad, PackSequences  # noqa: E402  (variable-length fields, see _sequences.py)
 # The augmentations (issue 21), under torchvision v2's names; planned after the crop plan (_augment/pipeline.py).
@@ -96,26 +96,6 @@ _SUPPORTED = ("RandomResizedCrop, Resize, CenterCrop, RandomCrop, RandomHorizont
 _ATTEMPTS = 10  # torchvision's RandomResizedCrop.get_params tries 10 boxes before its fallback
 
 
-def _positive_int(value: Any, what: str) -> int:
-    try:
-        v = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{what} must be an int, got {value!r}") from None
-    if isinstance(value, bool) or v <= 0:
-        raise ValueError(f"{what} must be a positive int, got {value!r}")
-    return v
-
-
-def _setup_size(size: Any, what: str) -> tuple[int, int]:
-    """torchvision's ``_setup_size``: int or 1-sequence -> square (h, h); 2-sequence -> (h, w)."""
-    if isinstance(size, Sequence) and not isinstance(size, str):
-        if len(size) not in (1, 2):
-            raise ValueError(f"{what} size must be an int or (h, w), got {size!r}")
-        return (_positive_int(size[0], f"{what} size"), _positive_int(size[-1], f"{what} size"))
-    s = _positive_int(size, f"{what} size")  # a str fails here with TypeError
-    return (s, s)
-
-
 def _min_max(value: Any, what: str) -> tuple[float, float]:
     """A ``(min, max)`` pair of numbers, e.g. RandomResizedCrop's ``scale``; its order is checked by the caller."""
     if isinstance(value, Sequence) and not isinstance(value, str) and len(value) == 2:
@@ -137,31 +117,6 @@ def _interpolation(interpolation: Any, antialias: Any, what: str) -> str:
     if antialias is not True:
         raise ValueError(f"{what}: antialias={antialias!r} is not supported; use antialias=True.")
     return mode
-
-
-class Transform:
-    """Base of fastload's image transforms: a declaration, compared and described by its params."""
-
-    def describe(self) -> dict[str, Any]:
-        """The transform as a plain, JSON-friendly dict: ``{"name": ..., **params}``."""
-        return {"name": type(self).__name__, **self._params()}
-
-    def _params(self) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def __eq__(self, other: object) -> bool:
-        return type(self) is type(other) and self.describe() == other.describe()  # type: ignore[attr-defined]
-
-    def __hash__(self) -> int:
-        return hash(repr(self))
-
-    # Planning hooks: `_apply` updates the batch's virtual images; `_static_size` maps a known fixed
-    # (h, w) (or None) before the step to the one after it.
-    def _apply(self, state: _State, rng: np.random.Generator) -> None:
-        raise NotImplementedError
-
-    def _static_size(self, hw: tuple[int, int] | None) -> tuple[int, int] | None:
-        return hw
 
 
 class RandomResizedCrop(Transform):

@@ -13,7 +13,8 @@ import torch
 import fastload
 from fastload import DecodeError, Field
 from fastload import transforms as T
-from fastload._batcher import Batcher, NotFastPath
+from fastload._batcher import Batcher
+from fastload.fields import NotFastPath
 
 from conftest import jpeg_bytes
 

@@ -7,7 +7,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..transforms import Transform, _setup_size
+from .._transform_base import Transform, _setup_size
 from .padding import Padding, check_mode, fill_of, index_map, parse_padding
 
 __all__ = ["RandomCrop"]

@@ -1,4 +1,5 @@
-"""The collate stage: a filled slot as the batch ``default_collate`` would give, views of the slot.
+"""The collate stage: a filled slot as the batch ``default_collate`` would give, views of the slot (each
+field's entry made by its kind's part, ``fields/``).
 
 Images come out NCHW in channels_last memory (the decoder's layout, at no cost); ToDtype/Normalize run
 here on the CPU into a small ring of reused output buffers, unless a device prefetcher runs them on the
@@ -13,7 +14,6 @@ import threading
 import time
 from typing import Any
 
-import numpy as np
 import torch
 
 from .._ring import Slot, SlotRing
@@ -30,22 +30,11 @@ def contiguous_images(batch: Any, keys: list) -> Any:
 class Collator:
     """How one dataset's slots become batches (fields, pipelines, packing decided once, not per batch)."""
 
-    def __init__(self, dataset: Any, batch_size: int, packed: Any, images: Any = None):
+    def __init__(self, dataset: Any, batch_size: int, packed: Any, parts: list):
+        """``parts``: each field's part of a batch (``fields/``, made by the Batcher), in schema order."""
         self.batch_size, self.packed, self.as_dict = batch_size, packed, dataset.as_dict
-        self.images = images  # the batcher's ImageDecoding: GPU decoders' rows carry their ready event
         self.names = list(dataset.schema.names)
-        fields = []  # (name, how, the CPU tensor pipeline or None, trailing shape)
-        for f in dataset.schema:
-            if f.kind == "image":
-                p = dataset.pipelines[f.name]
-                fields.append((f.name, "image", p.tensor if p.tensor else None, None))
-            elif f.name in dataset.sequences:
-                fields.append((f.name, "sequence", None, tuple(f.shape[1:])))
-            elif f.fixed_size:
-                fields.append((f.name, "fixed", None, None))
-            else:
-                fields.append((f.name, "object", None, None))
-        self.fields = fields
+        self.parts = parts
         self._cpu_outputs: dict[str, SlotRing] = {}  # per image field: CPU ToDtype/Normalize results
         self._cpu_outputs_lock = threading.Lock()
 
@@ -72,23 +61,8 @@ class Collator:
             return {name: tensors[name].view(self.batch_size, spec.row_length),
                     "cu_seqlens": tensors[name + ":cu"][: k + 1],
                     "sample_ids": tensors[name + ":ids"][:k]}
-        values = []
-        for (name, how, pipeline, rest), obj in zip(self.fields, objects):
-            if how == "image":
-                images = tensors[name][:n].permute(0, 3, 1, 2)  # NCHW, channels_last
-                if self.images is not None and self.images.device is not None:  # a GPU decoder's rows: readers
-                    images._fastload_ready = self.images.ready_event(tensors[name])  # wait on this on the device
-                if tensor_transforms and pipeline is not None:
-                    images = pipeline.apply(images, self._cpu_output(name, pipeline, images))
-                values.append(images)
-            elif how == "sequence":
-                shape = (n, obj) + rest
-                flat = tensors[name][: int(np.prod(shape, dtype=np.int64))]
-                values.append([flat.view(shape), tensors[name + ":len"][:n]])
-            elif how == "fixed":
-                values.append(tensors[name][:n])
-            else:
-                values.append(obj)
+        cpu_output = self._cpu_output
+        values = [part.collate(tensors, n, obj, tensor_transforms, cpu_output) for part, obj in zip(self.parts, objects)]
         if self.as_dict:
             return dict(zip(self.names, values))
         return values

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from .._schema import Schema
@@ -34,16 +33,3 @@ class Source:
     def fingerprint(self) -> str:
         """A string that changes when the source's content list changes (guards pack resume)."""
         return f"{type(self).__name__}:{len(self)}"
-
-
-class FileImage:
-    """An image file on disk, read by the worker that encodes it
-    (``pack/_encode.py``), not by the source."""
-
-    __slots__ = ("path",)
-
-    def __init__(self, path: str | os.PathLike):
-        self.path = os.fspath(path)
-
-    def __repr__(self) -> str:
-        return f"FileImage({self.path!r})"

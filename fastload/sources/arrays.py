@@ -14,7 +14,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from .._errors import SourceError
-from .._schema import Field, Schema, _as_array
+from .._schema import Field, Schema
+from ..fields._codec import as_array
 from ._base import Source
 
 
@@ -44,7 +45,7 @@ class ArraySource(Source):
             named = {"x": arrays}
         self.arrays = {}
         for k, v in named.items():
-            arr = _as_array(v)
+            arr = as_array(v)
             if arr is None:
                 arr = np.asarray(v)
             if arr.ndim == 0:

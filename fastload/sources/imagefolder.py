@@ -6,7 +6,7 @@ import hashlib
 import os
 from pathlib import Path
 
-from ._base import FileImage
+from ..fields.image import FileImage
 from .._errors import SourceError
 from .._schema import Field, Schema
 from ._base import Source

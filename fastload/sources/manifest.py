@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from ._base import FileImage
+from ..fields.image import FileImage
 from .._errors import SourceError
 from .._schema import Field, Schema
 from ._base import Source

@@ -9,7 +9,8 @@ import torch
 
 import fastload
 from fastload import Field, Schema, SchemaError, SourceError
-from fastload.pack._encode import ImageOptions, encode_image, encode_sample, encode_value
+from fastload.fields.image import encode_image
+from fastload.pack._encode import ImageOptions, encode_sample, encode_value
 from fastload.formats._layout import IMAGE_JPEG, IMAGE_RAW
 
 from conftest import jpeg_bytes, pil_rgb, png_bytes
