@@ -4,7 +4,7 @@ Every decoder is one interface (``decoders/_base.py``): ``decode(sources, plan, 
 batch's plan (``transforms.ImagePipeline.plan``: a crop box and a flip per sample, from the batch's RNG) into
 uint8 NHWC rows and reports failures per sample as ``(k, message)``. The decoder is picked by name from the
 registry (``decoders/__init__.py``: native, dali, nvjpeg, auto); ``ImageDecoding.fill`` plans the batch,
-wraps its encoded images as ``ImageSources`` and makes that one call.
+gathers its encoded images as ``ImageSources`` (one reader call, plain data) and makes that one call.
 
 GPU-side decoders write into a device buffer of the slot; the hybrid's CPU share is decoded into pinned
 host rows of its own and copied into the same device buffer on a side stream. None of it makes the
@@ -109,9 +109,9 @@ class ImageDecoding:
     def fill(self, pool, pipeline, f: Field, slot, reader, at, rng) -> list[tuple[int, str]]:
         """Decode the batch's images of field ``f`` (``at``: the batch located by ``reader``, a
         ``formats.reader.PackedReader``) into ``slot``. Returns the failures ``[(position, message)]``."""
-        sources = ImageSources.of(reader, at, f.name)
+        sources = ImageSources(*reader.image_sources(at, f.name))  # one reader call; the decoders read only this
         plan = pipeline.plan(sources.meta[:, 0], sources.meta[:, 1], rng)
-        rows = (slot.arrays if self.device is None else slot.tensors)[f.name][:len(sources)]
+        rows = (slot.arrays if self.device is None else slot.tensors)[f.name][:sources.n]
         self.native.pool = pool  # the batcher's, which autotuning and persistent workers swap
         dec = self._decoders.get(f.name)
         if dec is None:

@@ -10,9 +10,9 @@ augmentation, which no decoder executes yet: :func:`geometry_only` refuses it); 
 message)``, sorted, and zeroed; the others are written as if none failed. Positions are relative to
 ``sources``: a decoder given ``sources[k:]``, ``plan.take(k, n)`` and ``out[k:]`` reports ``(0, ...)`` for sample k.
 
-``ImageSources`` serves both kinds of reader without per-sample Python where it matters: the native
-decoder takes ``located()``, the whole batch's (regions, region, offset, length) for one native call;
-the GPU decoders iterate it as a sequence of zero-copy views, one per sample.
+``ImageSources`` is plain data serving both kinds of decoder without per-sample Python where it matters:
+the native decoder hands its ``regions, region, offset, length`` (the whole batch) to one native call; the
+GPU decoders iterate it as a sequence of zero-copy views, one per sample, computed from the same arrays.
 """
 
 from __future__ import annotations
@@ -126,26 +126,22 @@ class JpegOnly:
 
 
 class ImageSources:
-    """One batch's encoded images of one image field, positions ``0 .. n-1``.
+    """One batch's encoded images of one image field, positions ``0 .. n-1``: plain data, gathered by one reader
+    call per batch (``PackedReader.image_sources``); a decoder only reads its attributes, never the reader.
 
     ``meta``: ``(n, 3)`` int64, each sample's stored height, width and encoding (``IMAGE_JPEG`` or raw).
-    ``located()``: ``(regions, region, offset, length)`` for the native calls (computed on first use).
-    ``sources[k]`` / iteration: sample k's bytes; ``sources[lo:hi]``: those samples, sharing ``located()``.
+    ``n``: the number of samples (an attribute: the native path reads it without a call).
+    ``regions``, ``region``, ``offset``, ``length``: where sample k's bytes lie,
+    ``regions[region[k]][offset[k]:offset[k] + length[k]]``, as the native calls take them (they bounds-check).
+    ``sources[k]`` / iteration: sample k's bytes, a zero-copy view computed from those (the GPU decoders);
+    ``sources[lo:hi]``: those samples, sharing ``regions``.
     """
 
-    __slots__ = ("meta", "_locate", "_blob", "_located")
+    __slots__ = ("length", "meta", "n", "offset", "region", "regions")
 
-    def __init__(self, meta: np.ndarray, locate: Callable[[], tuple], blob: Callable[[int], Any]):
-        self.meta = meta
-        self._locate = locate
-        self._blob = blob
-        self._located: tuple | None = None
-
-    @classmethod
-    def of(cls, reader: Any, at: Any, field: str) -> "ImageSources":
-        """Field ``field`` of the batch ``at`` located by ``reader`` (a ``formats.reader.PackedReader``)."""
-        meta = reader.take(at, field, "meta").astype(np.int64)
-        return cls(meta, lambda: reader.blob_sources(at, field), lambda k: reader.blob(at, field, k))
+    def __init__(self, meta: np.ndarray, regions: list, region: np.ndarray, offset: np.ndarray, length: np.ndarray):
+        self.meta, self.n = meta, len(meta)
+        self.regions, self.region, self.offset, self.length = regions, region, offset, length
 
     @classmethod
     def from_bytes(cls, blobs: Sequence[Any], sizes: Any, encodings: Any = IMAGE_JPEG) -> "ImageSources":
@@ -155,38 +151,34 @@ class ImageSources:
         if n:
             meta[:, :2] = sizes
             meta[:, 2] = encodings
-        blobs = list(blobs)
-        located = (blobs, np.arange(n, dtype=np.int64), np.zeros(n, np.int64),
+        return cls(meta, list(blobs), np.arange(n, dtype=np.int64), np.zeros(n, np.int64),
                    np.array([len(b) for b in blobs], np.int64))
-        return cls(meta, lambda: located, blobs.__getitem__)
 
     def __len__(self) -> int:
-        return len(self.meta)
+        return self.n
 
-    def located(self) -> tuple[list, np.ndarray, np.ndarray, np.ndarray]:
-        """Where each sample's bytes lie: ``(regions, region, offset, length)`` (``PackedReader.blob_sources``)."""
-        if self._located is None:
-            self._located = self._locate()
-        return self._located
+    def view(self, k: int) -> Any:
+        """Sample k's bytes: its whole region (an LMDB value, an in-memory blob) or a view of it (a shard's
+        mapped file, whose offsets were checked when it was opened)."""
+        buf = self.regions[int(self.region[k])]
+        start, size = int(self.offset[k]), int(self.length[k])
+        if start == 0 and size == len(buf):
+            return buf
+        return memoryview(buf)[start:start + size]
 
     def __getitem__(self, k: int | slice) -> Any:
-        n = len(self.meta)
+        n = self.n
         if isinstance(k, slice):
             lo, hi, step = k.indices(n)
             if step != 1:
                 raise ValueError(f"ImageSources slices must be contiguous, got step {step}")
             hi = max(lo, hi)
-
-            def locate() -> tuple:
-                regions, region, offset, length = self.located()
-                return regions, region[lo:hi], offset[lo:hi], length[lo:hi]
-
-            blob = self._blob
-            return ImageSources(self.meta[lo:hi], locate, lambda j: blob(lo + j))
+            return ImageSources(self.meta[lo:hi], self.regions, self.region[lo:hi], self.offset[lo:hi],
+                                self.length[lo:hi])
         k = int(k)
         if not -n <= k < n:
             raise IndexError(f"sample {k} out of range for {n} images")
-        return self._blob(k % n)
+        return self.view(k % n)
 
     def __iter__(self):
-        return (self._blob(k) for k in range(len(self.meta)))
+        return iter([self.view(k) for k in range(self.n)])  # one call, not one generator step per sample

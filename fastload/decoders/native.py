@@ -6,7 +6,7 @@ resized (PIL's antialiased triangle filter), mirrored, and written into its row 
 threads of ``pool`` with the GIL released; raw (unencoded) images are cropped and resized alike. Every
 (region, offset, length) is bounds-checked in the native code, and a sample that fails is zeroed and
 reported as ``(k, message)``. No per-sample Python: the batch's bytes are handed over as
-``ImageSources.located()``.
+``ImageSources``' ``regions, region, offset, length`` (read as attributes: no call back into the reader).
 
 A plan with issue 21's augmentation (``plan.augment``) goes to ``_C.decode_augment_batch`` instead: the same
 decode, and each sample's vertical flip, affine warp and pixel operations run on its tile by the thread that
@@ -22,7 +22,7 @@ import torch
 
 from .._augment.engine_native import augment_arrays
 from .._native import native
-from ._base import DecoderContext, DecoderKind, geometry_only
+from ._base import DecoderContext, DecoderKind
 
 
 class NativeDecoder:
@@ -40,23 +40,21 @@ class NativeDecoder:
     def decode(self, sources: Any, plan: Any, out: Any) -> list[tuple[int, str]]:
         """Decode ``sources`` (an ``ImageSources``) with ``plan.crops[k]`` and ``plan.flips[k]`` into ``out[k]``:
         a uint8 ``(n, H, W, 3)`` numpy array or CPU tensor. Returns the failures ``[(k, message)]``."""
-        augment = plan.augment
-        if augment is None:
-            geometry_only(plan, len(sources), "native")
-        elif plan.n != len(sources):
-            raise ValueError(f"the plan has {plan.n} samples but {len(sources)} images were given")
-        elif augment.channels != 3:
+        augment = plan.augment  # executed here, all of it: no geometry_only refusal, only the length check
+        planned = len(plan.crops)  # plan.n, without a call into transforms per batch
+        if planned != sources.n:
+            raise ValueError(f"the plan has {planned} samples but {sources.n} images were given")
+        if augment is not None and augment.channels != 3:
             raise NotImplementedError("the native decoder writes 3-channel rows; Grayscale(num_output_channels=1) "
                                       "is not supported in a loader (use num_output_channels=3)")
         if isinstance(out, torch.Tensor):
             out = out.numpy()
-        regions, region, offset, length = sources.located()
         meta = sources.meta
         if self.pool is None:
             self.pool = native().Pool(0)
-        args = (self.pool, regions, region, offset, length, meta[:, 2].astype(np.uint8),
-                np.ascontiguousarray(meta[:, :2], dtype=np.int32), np.ascontiguousarray(plan.crops, dtype=np.int32),
-                np.ascontiguousarray(plan.flips, dtype=np.uint8), out)
+        args = (self.pool, sources.regions, sources.region, sources.offset, sources.length,
+                meta[:, 2].astype(np.uint8), np.ascontiguousarray(meta[:, :2], dtype=np.int32),
+                np.ascontiguousarray(plan.crops, dtype=np.int32), np.ascontiguousarray(plan.flips, dtype=np.uint8), out)
         if augment is not None:
             return native().decode_augment_batch(*args, augment_arrays(augment), dct_scaling=self.dct_scaling)
         if self.dct_scaling:

@@ -191,6 +191,12 @@ class PackedReader:
             regions.extend(got)
         return regions, region, offset, length
 
+    def image_sources(self, at: Located, field: str) -> tuple[np.ndarray, list, np.ndarray, np.ndarray, np.ndarray]:
+        """Everything the image decoders read of image field ``field`` for the batch, in one call (data, not
+        callbacks): ``(meta, regions, region, offset, length)``, ``meta`` the ``(n, 3)`` int64 stored height,
+        width and encoding per position, the rest ``blob_sources``' (the decoders' ``ImageSources``)."""
+        return (self.take(at, field, "meta").astype(np.int64),) + self.blob_sources(at, field)
+
     def blob(self, at: Located, field: str, position: int) -> Any:
         """One sample's value of blob ``field`` (a zero-copy view)."""
         return at.segs[int(at.seg_ids[position])].blob(field, int(at.local[position]))

@@ -154,10 +154,13 @@ def test_image_sources_read_the_packed_files_through_the_reader(packed, fmt):
     ds = fastload.open(packed / fmt, decode=False)
     idx = np.array([7, 0, 11, 3, 5])
     at = ds.reader.locate(idx)
-    src = ImageSources.of(ds.reader, at, "image")
-    assert len(src) == 5 and src.meta.dtype == np.int64 and (src.meta[:, 2] == IMAGE_JPEG).all()
+    src = ImageSources(*ds.reader.image_sources(at, "image"))
+    assert len(src) == src.n == 5 and src.meta.dtype == np.int64 and (src.meta[:, 2] == IMAGE_JPEG).all()
     assert [bytes(b) for b in src] == [ds[int(i)][0] for i in idx]
-    regions, region, offset, length = src[2:].located()
+    assert [bytes(src[k]) for k in range(-5, 5)] == [ds[int(i)][0] for i in idx] * 2
+    part = src[2:]
+    regions, region, offset, length = part.regions, part.region, part.offset, part.length
+    assert [bytes(b) for b in part] == [ds[int(i)][0] for i in idx[2:]]
     assert [bytes(memoryview(regions[r])[o:o + n]) for r, o, n in zip(region, offset, length)] == \
         [ds[int(i)][0] for i in idx[2:]]
 
