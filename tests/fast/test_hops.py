@@ -34,4 +34,5 @@ def test_one_batch_enters_each_stage_once_going_upstream():
     assert [(c, fn) for c, m, fn in hops if m == "fastload.formats.reader" and c == "fastload._images"] == \
         [("fastload._images", "image_sources")], hops
     # the whole batch made 33 calls across fastload's module boundaries before the chain, 29 with it and 23 once
-    # ImageSources became plain data (the are formats/ and decoders/: `python tests/fast/count_hops.py --verbose` lists them)
+    # ImageSources became plain data (the rest are formats/ and fields/: `python tests/fast/count_hops.py --verbose`
+    # lists them)
