@@ -24,7 +24,7 @@ from ._dataset import Dataset as PackedDataset
 from ._getitems import batch_decodable
 from ._dropin import (check_batch_sampler, check_collate, check_memory_format, check_worker_init_fn,
                       warn_accelerate_rebuild, warn_pin_memory, warn_refused)
-from ._prefetch import DevicePrefetcher, DeviceRing, check_device
+from .fast.device import DevicePrefetcher, DeviceRing, check_device
 from ._ring import SlotRing
 from ._stats import LoaderStats
 from .fast.chain import fast_iterator, for_rank, order_for
