@@ -466,7 +466,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
                              policy=self._fill_policy, stats=self._stats, length=len(self),
                              num_workers=self.num_workers, depth=self.prefetch_factor or 2, timeout=self.timeout,
                              persistent=self.persistent_workers,
-                             reading=ds._reading if getattr(ds, "remote", False) else None,  # its read plan
+                             reading=ds.read_plan if getattr(ds, "remote", False) else None,  # its read plan
                              image_keys=image_keys, device=device)
 
     def _generic_iter(self):
