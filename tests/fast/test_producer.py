@@ -162,7 +162,7 @@ def test_the_native_threads_outlive_an_epoch_and_gpu_decoders_do_not(records, mo
     pools, closes = [], []
     for _ in range(3):
         epoch(loader)
-        pools.append(loader._batcher._pool)
+        pools.append(loader._batcher.pool)  # the pool the fills used (made at the first fill)
         closes.append(len(closed))
     assert pools[0] is not None and all(p is pools[0] for p in pools)
     assert closes == [0, 0, 0] if persistent else 0 < closes[0] < closes[1] < closes[2]
