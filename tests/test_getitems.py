@@ -12,7 +12,6 @@ import pickle
 import threading
 import weakref
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,7 +19,6 @@ import torch
 from torch.utils.data import DataLoader as TorchLoader
 
 import fastload
-from fastload import Field
 from fastload import transforms as T
 from fastload._batcher import Batcher
 
@@ -49,33 +47,10 @@ def assert_same_sample(a, b) -> None:
         assert a == b
 
 
-class Samples(list):
-    """A map-style dataset of dict samples."""
-
-
-@pytest.fixture(scope="module", params=["shards", "lmdb"])
-def every_kind(tmp_path_factory, request) -> Path:
-    """Every field kind: JPEGs of different sizes, int, float, a fixed and a variable array, str, bytes."""
-    rng = np.random.default_rng(0)
-    samples = Samples({
-        "image": jpeg_bytes(int(rng.integers(30, 90)), int(rng.integers(30, 90)), seed=i),
-        "label": i * 7 - 20,
-        "score": i / 8,
-        "emb": rng.standard_normal(3).astype("<f4"),
-        "tokens": np.arange(i % 5 + 1, dtype=np.int32) + i,
-        "name": f"sample {i} é",
-        "raw": bytes([i]) * (i % 4),
-    } for i in range(13))
-    schema = {"image": Field.image("image"), "tokens": Field.ndarray("tokens", "<i4", (None,))}
-    dest = tmp_path_factory.mktemp("getitems") / "ds"
-    fastload.pack(samples, dest, schema=schema, workers=0, format=request.param, shard_size="4K")
-    return dest
-
-
 @pytest.mark.parametrize("as_dict", [False, True])
 @pytest.mark.parametrize("tokens", [T.Pad(6, value=-1), T.Bucket([2, 4, 8], value=-1)])
-def test_items_are_ds_i_exactly(every_kind, as_dict, tokens):
-    ds = fastload.open(every_kind, as_dict=as_dict, transforms={
+def test_items_are_ds_i_exactly(every_kind_each_format, as_dict, tokens):
+    ds = fastload.open(every_kind_each_format, as_dict=as_dict, transforms={
         "image": [T.Resize((24, 20)), T.ToDtype(torch.float32, scale=True), T.Normalize([0.5] * 3, [0.2] * 3)],
         "tokens": tokens})
     for idx in ([0, 5, 12, 3], [7], list(range(13)), [-1, 2, -13]):
