@@ -143,6 +143,12 @@ def packed_images(request, packed_images_by_format: Path) -> Path:
     return packed_images_by_format / request.param
 
 
+@pytest.fixture
+def image_shards(packed_images_by_format: Path) -> Path:
+    """``packed_images``' pictures in shards only, for tests about something other than the format."""
+    return packed_images_by_format / "shards"
+
+
 @pytest.fixture(scope="session")
 def pack_once(tmp_path_factory):
     """``pack_once(key, make_source, **pack_options) -> path``: the dataset ``fastload.pack(make_source(),
@@ -188,6 +194,7 @@ def every_kind_each_format(pack_once, request) -> Path:
     return pack_every_kind(pack_once, request.param)
 
 
-def packed_numbered(pack_once, n: int) -> Path:
-    """``Numbered(n)``, packed once per session."""
-    return pack_once(f"numbered_{n}", lambda: Numbered(n), workers=0)
+@pytest.fixture(scope="session")
+def numbered(pack_once):
+    """``numbered(n)``: the path of ``Numbered(n)``, packed once per session per ``n``."""
+    return lambda n: pack_once(f"numbered_{n}", lambda: Numbered(n), workers=0)
