@@ -9,7 +9,7 @@ from . import transforms
 from ._dataset import Dataset, open
 from ._doctor import doctor
 from ._loader import DataLoader
-from ._prefetch import to_device
+from .fast.device import to_device
 from ._errors import (DecodeError, FastloadError, FastPathWarning, FormatError, RemoteError, SchemaError,
                       SourceError, VersionError)
 from .pack import PackSummary, merge

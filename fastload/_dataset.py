@@ -35,6 +35,7 @@ class Dataset(torch.utils.data.Dataset):
                  as_dict: bool = False, decode: bool = True, cache_dir: str | os.PathLike | None = None,
                  cache_limit: int | str | None = None, storage_options: Mapping[str, Any] | None = None):
         self._remote: Remote | None = None
+        self._lease = None  # fastload.open's lock on a folder's cached pack (_folder_cache.py), set after this
         if is_url(path):
             from .pack import parse_size
 
@@ -96,10 +97,20 @@ class Dataset(torch.utils.data.Dataset):
         (a remote dataset; None for a local one)."""
         return None if self._remote is None else self._remote.stats.as_dict()
 
-    def _reading(self, batches: Any) -> Any:
+    def read_plan(self, batches: Any) -> Any:
         """The loader's batch iterator; for a remote dataset, wrapped in a read plan that downloads the
         coming batches' shards ahead and releases the ones no longer needed."""
         return batches if self._remote is None else self._remote.plan(batches)
+
+    @property
+    def batch_items(self) -> Any:
+        """``__getitems__``'s state in this process (``_getitems.BatchItems``: its batcher, slots and lock),
+        None before the first call; never pickled (a worker makes its own)."""
+        return self.__dict__.get("_items")
+
+    @batch_items.setter
+    def batch_items(self, state: Any) -> None:
+        self._items = state
 
     # -- access ------------------------------------------------------------------------------
     def locate(self, i: int) -> tuple[Any, int]:

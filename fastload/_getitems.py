@@ -109,10 +109,10 @@ class BatchItems:
 
 
 def _state(ds: Any) -> BatchItems:
-    state = ds.__dict__.get("_items")
+    state = ds.batch_items
     if state is None or state.pid != os.getpid():  # a forked child never uses its parent's pool or slots
         # a parent that already knew the reason said it (or had none to say): its workers stay quiet
-        state = ds._items = BatchItems(ds, quiet=state is not None and state.reason is not None)
+        state = ds.batch_items = BatchItems(ds, quiet=state is not None and state.reason is not None)
     return state
 
 
@@ -120,9 +120,9 @@ def batch_decodable(ds: Any) -> bool:
     """Whether ``__getitems__`` decodes ``ds``'s batches in one native call. A caller that asks has taken on
     saying why not (``fastload.DataLoader``'s FastPathWarning): ``__getitems__`` in this process, and in the
     workers forked from it, does not say it again."""
-    state = ds.__dict__.get("_items")
+    state = ds.batch_items
     if state is None or state.pid != os.getpid():
-        state = ds._items = BatchItems(ds, quiet=True)
+        state = ds.batch_items = BatchItems(ds, quiet=True)
     return state.reason is None
 
 

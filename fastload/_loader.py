@@ -25,7 +25,7 @@ from ._dataset import Dataset as PackedDataset
 from ._getitems import batch_decodable
 from ._dropin import (check_batch_sampler, check_collate, check_memory_format, check_worker_init_fn,
                       warn_accelerate_rebuild, warn_pin_memory, warn_refused)
-from ._prefetch import DevicePrefetcher, DeviceRing, check_device
+from .fast.device import DevicePrefetcher, DeviceRing, check_device
 from ._ring import SlotRing
 from ._stats import LoaderStats
 from .fast.chain import fast_iterator, for_rank, order_for
@@ -467,7 +467,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
                              policy=self._fill_policy, stats=self._stats, length=len(self),
                              num_workers=self.num_workers, depth=self.prefetch_factor or 2, timeout=self.timeout,
                              persistent=self.persistent_workers,
-                             reading=ds._reading if getattr(ds, "remote", False) else None,  # its read plan
+                             reading=ds.read_plan if getattr(ds, "remote", False) else None,  # its read plan
                              image_keys=image_keys, device=device)
 
     def _generic_iter(self):

@@ -2,7 +2,7 @@
 
 Every buffer fastload hands out lives in a *slot*: the fast path's host slots (``Batcher.new_slot``,
 pinned where CUDA is usable), the generic path's shared-memory slots (``_workers``, leased per batch)
-and the prefetcher's device slots (``_prefetch``). A ``SlotRing`` owns the slots of one producer and
+and the prefetcher's device slots (``fast/device.py``). A ``SlotRing`` owns the slots of one producer and
 grows instead of aliasing when every slot is busy.
 
 The protocol (docs/ARCHITECTURE.md, "Stream ordering", says it with pictures):

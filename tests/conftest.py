@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 # A shell without job control starts background commands (`make test &`) with SIGINT ignored, and Python
 # then keeps it ignored. The Ctrl-C tests need the usual KeyboardInterrupt, here and in the processes
@@ -66,6 +67,49 @@ def packed_image_folder(root: Path, classes: int = 3, per_class: int = 4, worker
     return root / "ds"
 
 
+class Samples(list):
+    """A map-style dataset of dict samples (a list already has ``__getitem__`` and ``__len__``)."""
+
+
+def every_kind_samples(n: int) -> Samples:
+    """Every field kind: JPEGs of different sizes, int, float, a fixed and a variable array (``i % 6`` long:
+    empty to 5), str and bytes (empty for every fourth). Pack with ``schema=EVERY_KIND_SCHEMA``."""
+    rng = np.random.default_rng(0)
+    return Samples({
+        "image": jpeg_bytes(int(rng.integers(30, 90)), int(rng.integers(30, 90)), seed=i),
+        "label": i * 7 - 20,
+        "score": i / 8,
+        "emb": rng.standard_normal(3).astype("<f4"),
+        "tokens": np.arange(i % 6, dtype=np.int32) + i,
+        "name": f"sample {i} é",
+        "raw": bytes([i]) * (i % 4),
+    } for i in range(n))
+
+
+def every_kind_schema() -> dict:
+    """What ``every_kind_samples`` cannot infer: the JPEG bytes are an image, the tokens of any length."""
+    from fastload import Field
+
+    return {"image": Field.image("image"), "tokens": Field.ndarray("tokens", "<i4", (None,))}
+
+
+class Numbered(torch.utils.data.Dataset):
+    """``n`` samples ``{"image": a small picture of varying size, "label": i % 4, "id": i}``, a map-style
+    dataset: the id tells which sample a rank, a process or a resumed run saw (distributed, Lightning and
+    accelerate runs)."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict:
+        from PIL import Image
+
+        return {"image": Image.open(io.BytesIO(jpeg_bytes(20 + i % 6, 26 + i % 4, seed=i))), "label": i % 4, "id": i}
+
+
 def dir_bytes(path: Path) -> dict[str, bytes]:
     """Every file of a directory by name: two packs are equal byte for byte when these are."""
     return {p.name: p.read_bytes() for p in sorted(path.iterdir())}
@@ -99,6 +143,12 @@ def packed_images(request, packed_images_by_format: Path) -> Path:
     return packed_images_by_format / request.param
 
 
+@pytest.fixture
+def image_shards(packed_images_by_format: Path) -> Path:
+    """``packed_images``' pictures in shards only, for tests about something other than the format."""
+    return packed_images_by_format / "shards"
+
+
 @pytest.fixture(scope="session")
 def pack_once(tmp_path_factory):
     """``pack_once(key, make_source, **pack_options) -> path``: the dataset ``fastload.pack(make_source(),
@@ -117,3 +167,34 @@ def pack_once(tmp_path_factory):
 
     get.root = tmp_path_factory.mktemp("pack_once_sources")
     return get
+
+
+@pytest.fixture
+def small_images(pack_once) -> Path:
+    """12 pictures (2 classes of 6) in 4KB shards (several), packed once per session: for tests that need a
+    packed image dataset and nothing particular about it. Tests must not change these files."""
+    return pack_once("small_images", lambda: make_image_folder(Path(pack_once.root) / "small_images", classes=2,
+                                                               per_class=6), workers=0, shard_size=4096)
+
+
+def pack_every_kind(pack_once, fmt: str) -> Path:
+    return pack_once(f"every_kind_{fmt}", lambda: every_kind_samples(13), schema=every_kind_schema(), workers=0,
+                     format=fmt, shard_size="4K")
+
+
+@pytest.fixture
+def every_kind(pack_once) -> Path:
+    """``every_kind_samples(13)`` in 4KB shards, packed once per session. Tests must not change these files."""
+    return pack_every_kind(pack_once, "shards")
+
+
+@pytest.fixture(params=FORMATS)
+def every_kind_each_format(pack_once, request) -> Path:
+    """The same samples in one format: a test that takes this runs once for shards and once for LMDB."""
+    return pack_every_kind(pack_once, request.param)
+
+
+@pytest.fixture(scope="session")
+def numbered(pack_once):
+    """``numbered(n)``: the path of ``Numbered(n)``, packed once per session per ``n``."""
+    return lambda n: pack_once(f"numbered_{n}", lambda: Numbered(n), workers=0)

@@ -4,7 +4,6 @@ shards, reshuffled epochs, save_state mid-epoch and load_state resuming at the n
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import shutil
@@ -19,7 +18,6 @@ import torch
 
 import fastload
 
-from conftest import jpeg_bytes
 
 pytest.importorskip("accelerate")
 pytestmark = pytest.mark.timeout(300)
@@ -49,23 +47,6 @@ dist.destroy_process_group()  # gloo's threads left to process exit can abort a 
 """
 
 
-class Numbered(torch.utils.data.Dataset):
-    def __len__(self):
-        return N
-
-    def __getitem__(self, i):
-        from PIL import Image
-
-        return {"image": Image.open(io.BytesIO(jpeg_bytes(20 + i % 6, 26 + i % 4, seed=i))), "label": i % 4, "id": i}
-
-
-@pytest.fixture(scope="module")
-def packed(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("accelerate")
-    fastload.pack(Numbered(), root / "ds", workers=0)
-    return root / "ds"
-
-
 def launch(tmp_path: Path, packed: Path, name: str, *extra: str) -> dict:
     script = tmp_path / "run.py"
     script.write_text(textwrap.dedent(RUN))
@@ -86,7 +67,8 @@ def launch(tmp_path: Path, packed: Path, name: str, *extra: str) -> dict:
 
 
 @pytest.mark.slow
-def test_accelerate_launch_keeps_the_fast_path_and_resumes_mid_epoch(tmp_path, packed):
+def test_accelerate_launch_keeps_the_fast_path_and_resumes_mid_epoch(tmp_path, numbered):
+    packed = numbered(N)
     first = launch(tmp_path, packed, "first", "--save-at", "1:2", "--state", str(tmp_path / "state"))
     per_epoch = N // 2 // BATCH
     for rows in first.values():
@@ -122,7 +104,8 @@ class FakeAccelerator:
         return args if len(args) > 1 else args[0]
 
 
-def test_prepare_reshards_fastloads_own_order_for_the_process(packed):
+def test_prepare_reshards_fastloads_own_order_for_the_process(numbered):
+    packed = numbered(N)
     from fastload.accelerate import prepare
 
     ds = fastload.open(packed, transforms={"image": [fastload.transforms.Resize((8, 8))]})
@@ -137,7 +120,8 @@ def test_prepare_reshards_fastloads_own_order_for_the_process(packed):
     assert not set(shards[0]) & set(shards[1]) and set(shards[0]) | set(shards[1]) == set(range(N))
 
 
-def test_prepare_leaves_what_it_cannot_keep_to_accelerate_with_a_warning(packed):
+def test_prepare_leaves_what_it_cannot_keep_to_accelerate_with_a_warning(numbered):
+    packed = numbered(N)
     from fastload.accelerate import prepare
 
     ds = fastload.open(packed, transforms={"image": [fastload.transforms.Resize((8, 8))]})
@@ -152,7 +136,8 @@ def test_prepare_leaves_what_it_cannot_keep_to_accelerate_with_a_warning(packed)
         assert prepare(FakeAccelerator(), model, dl) == (model, dl)  # models pass straight through
 
 
-def test_plain_accelerator_prepare_says_it_drops_the_fast_path(packed):
+def test_plain_accelerator_prepare_says_it_drops_the_fast_path(numbered):
+    packed = numbered(N)
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
 

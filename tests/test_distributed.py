@@ -15,8 +15,6 @@ import torch
 import fastload
 from fastload import transforms as T
 
-from conftest import jpeg_bytes
-
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 N = 22  # not a multiple of the world size: the last rank's share wraps around, as DistributedSampler's does
 
@@ -27,20 +25,6 @@ class Plain(torch.utils.data.Dataset):
 
     def __getitem__(self, i):
         return torch.zeros(2), i
-
-
-class Numbered(torch.utils.data.Dataset):
-    """Packed as (image, label, id): the id tells which sample a rank saw."""
-
-    def __len__(self):
-        return N
-
-    def __getitem__(self, i):
-        import io
-
-        from PIL import Image
-
-        return {"image": Image.open(io.BytesIO(jpeg_bytes(12, 14, seed=i))), "label": i % 3, "id": i}
 
 
 def by_id(samples):
@@ -91,13 +75,12 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def per_rank(tmp_path_factory):
-    root = tmp_path_factory.mktemp("dist")
-    fastload.pack(Numbered(), root / "ds", workers=0)
+def per_rank(numbered):
+    root = numbered(N)  # Numbered: (image, label, id), the id tells which sample a rank saw
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_rank, args=(r, port, str(root / "ds"), out)) for r in range(2)]
+    procs = [ctx.Process(target=_rank, args=(r, port, str(root), out)) for r in range(2)]
     for p in procs:
         p.start()
     got = dict(out.get(timeout=240) for _ in procs)

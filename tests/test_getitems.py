@@ -12,7 +12,6 @@ import pickle
 import threading
 import weakref
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,7 +19,6 @@ import torch
 from torch.utils.data import DataLoader as TorchLoader
 
 import fastload
-from fastload import Field
 from fastload import transforms as T
 from fastload._batcher import Batcher
 
@@ -49,39 +47,16 @@ def assert_same_sample(a, b) -> None:
         assert a == b
 
 
-class Samples(list):
-    """A map-style dataset of dict samples."""
-
-
-@pytest.fixture(scope="module", params=["shards", "lmdb"])
-def every_kind(tmp_path_factory, request) -> Path:
-    """Every field kind: JPEGs of different sizes, int, float, a fixed and a variable array, str, bytes."""
-    rng = np.random.default_rng(0)
-    samples = Samples({
-        "image": jpeg_bytes(int(rng.integers(30, 90)), int(rng.integers(30, 90)), seed=i),
-        "label": i * 7 - 20,
-        "score": i / 8,
-        "emb": rng.standard_normal(3).astype("<f4"),
-        "tokens": np.arange(i % 5 + 1, dtype=np.int32) + i,
-        "name": f"sample {i} é",
-        "raw": bytes([i]) * (i % 4),
-    } for i in range(13))
-    schema = {"image": Field.image("image"), "tokens": Field.ndarray("tokens", "<i4", (None,))}
-    dest = tmp_path_factory.mktemp("getitems") / "ds"
-    fastload.pack(samples, dest, schema=schema, workers=0, format=request.param, shard_size="4K")
-    return dest
-
-
 @pytest.mark.parametrize("as_dict", [False, True])
 @pytest.mark.parametrize("tokens", [T.Pad(6, value=-1), T.Bucket([2, 4, 8], value=-1)])
-def test_items_are_ds_i_exactly(every_kind, as_dict, tokens):
-    ds = fastload.open(every_kind, as_dict=as_dict, transforms={
+def test_items_are_ds_i_exactly(every_kind_each_format, as_dict, tokens):
+    ds = fastload.open(every_kind_each_format, as_dict=as_dict, transforms={
         "image": [T.Resize((24, 20)), T.ToDtype(torch.float32, scale=True), T.Normalize([0.5] * 3, [0.2] * 3)],
         "tokens": tokens})
     for idx in ([0, 5, 12, 3], [7], list(range(13)), [-1, 2, -13]):
         assert_same_sample(ds.__getitems__(idx), [ds[i] for i in idx])
     assert ds.__getitems__([]) == []
-    assert isinstance(ds._items.batcher, Batcher)  # the batch path, not ds[i] in a loop
+    assert isinstance(ds.batch_items.batcher, Batcher)  # the batch path, not ds[i] in a loop
 
 
 def test_uint8_images_and_numpy_or_tensor_indices(packed_images):
@@ -110,11 +85,11 @@ def test_a_batch_held_is_never_overwritten_and_a_dropped_one_is_reused(packed_im
     kept = [x[0].clone() for x in first]
     second = ds.__getitems__([10, 11, 12, 13])  # `first` is alive: another slot
     assert all(torch.equal(x[0], k) for x, k in zip(first, kept))
-    assert len(ds._items.ring) == 2
+    assert len(ds.batch_items.ring) == 2
     del first, second
     for start in range(0, 40, 4):
         torch.utils.data.default_collate(ds.__getitems__(list(range(start, start + 4))))  # what torch does
-    assert len(ds._items.ring) == 2
+    assert len(ds.batch_items.ring) == 2
     bigger = ds.__getitems__(list(range(9)))  # a bigger batch than the slots hold: new slots, right values
     assert_same_sample(bigger, [ds[i] for i in range(9)])
 
@@ -203,11 +178,11 @@ def test_native_threads_follow_torch_s_budget(packed_images):
     try:
         torch.set_num_threads(3)
         ds.__getitems__([0])
-        assert ds._items.batcher.num_threads == 3
+        assert ds.batch_items.batcher.num_threads == 3
         torch.set_num_threads(1)
         ds2 = fastload.open(packed_images, transforms=DETERMINISTIC)
         ds2.__getitems__([0])
-        assert ds2._items.batcher.num_threads == 0  # one thread: the caller's own, no hand-off
+        assert ds2.batch_items.batcher.num_threads == 0  # one thread: the caller's own, no hand-off
     finally:
         torch.set_num_threads(before)
 
@@ -220,10 +195,10 @@ def test_forked_workers_make_their_own_state(packed_images):
         ds.__getitems__([0, 1])  # the parent's pool (2 threads), slots and lock now exist
     finally:
         torch.set_num_threads(before)
-    parent = ds._items
+    parent = ds.batch_items
 
     def collate(items):  # runs in the worker, on its copy of the dataset
-        return torch.utils.data.default_collate(items), ds._items.pid, ds._items.batcher.num_threads
+        return torch.utils.data.default_collate(items), ds.batch_items.pid, ds.batch_items.batcher.num_threads
 
     with parent.lock:  # another thread of the parent is mid-batch when the workers fork
         batches = list(TorchLoader(ds, batch_size=8, num_workers=2, collate_fn=collate,
@@ -240,12 +215,12 @@ def test_a_forked_child_never_destroys_its_parent_s_pool(packed_images):
 
     ds = fastload.open(packed_images, transforms=DETERMINISTIC)
     ds.__getitems__([0, 1])
-    parent = ds._items.batcher
+    parent = ds.batch_items.batcher
 
     def child():
         ds.__getitems__([2, 3])  # replaces the parent's state: the parent's batcher must stay alive
-        assert ds._items.pid == os.getpid() and getitems._INHERITED == [parent]
-        del ds._items  # and a state of this process goes as usual
+        assert ds.batch_items.pid == os.getpid() and getitems._INHERITED == [parent]
+        ds.batch_items = None  # and a state of this process goes as usual
         assert getitems._INHERITED == [parent]
 
     assert in_child(child) == 0
@@ -255,7 +230,7 @@ def test_a_forked_child_never_destroys_its_parent_s_pool(packed_images):
 def test_no_cycle_keeps_a_dataset_s_slots_alive(packed_images):
     ds = fastload.open(packed_images, transforms=DETERMINISTIC)
     ds.__getitems__([0, 1])
-    slots = weakref.ref(ds._items.ring)
+    slots = weakref.ref(ds.batch_items.ring)
     gc.disable()
     try:
         del ds
@@ -268,7 +243,7 @@ def test_pickling_leaves_the_process_state_behind(packed_images):
     ds = fastload.open(packed_images, transforms=DETERMINISTIC)
     ds.__getitems__([0, 1])
     clone = pickle.loads(pickle.dumps(ds))
-    assert clone.__dict__.get("_items") is None
+    assert clone.batch_items is None
     assert_same_sample(clone.__getitems__([4, 5]), ds.__getitems__([4, 5]))
 
 

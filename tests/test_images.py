@@ -12,19 +12,10 @@ from fastload import transforms as T
 from fastload._images import ImageDecoding
 from fastload.decoders._base import DecoderKind
 from fastload.decoders.native import NativeDecoder
-from conftest import make_image_folder
 
 
-@pytest.fixture(scope="module")
-def packed(tmp_path_factory):
-    root = tmp_path_factory.mktemp("images")
-    make_image_folder(root / "src", classes=2, per_class=6)
-    fastload.pack(root / "src", root / "shards", workers=0, shard_size=4096)
-    return root / "shards"
-
-
-def test_fill_makes_one_decode_call_per_image_field(packed):
-    ds = fastload.open(packed, transforms={"image": [T.RandomResizedCrop(16), T.RandomHorizontalFlip()]})
+def test_fill_makes_one_decode_call_per_image_field(small_images):
+    ds = fastload.open(small_images, transforms={"image": [T.RandomResizedCrop(16), T.RandomHorizontalFlip()]})
     ref = [x.clone() for x, _ in fastload.DataLoader(ds, batch_size=5, seed=2)]
     calls = []
 
@@ -42,7 +33,7 @@ def test_fill_makes_one_decode_call_per_image_field(packed):
     assert calls == [(5, (5, 4), (5,), [[16, 16]], (5, 16, 16, 3))] * 2 + [(2, (2, 4), (2,), [[16, 16]], (2, 16, 16, 3))]
 
 
-def test_a_registered_decoder_is_made_through_its_kind(packed, monkeypatch):
+def test_a_registered_decoder_is_made_through_its_kind(small_images, monkeypatch):
     """A new decoder is a module with a KIND plus one registry line: the loader makes it per image field from
     a context (sizes, device, threads, the native decoder) and calls it as any other."""
     import sys
@@ -69,7 +60,7 @@ def test_a_registered_decoder_is_made_through_its_kind(packed, monkeypatch):
     module.KIND = DecoderKind("mirror", make=Mirror)
     monkeypatch.setitem(sys.modules, "fastload.decoders.mirror", module)
     monkeypatch.setitem(decoders.REGISTRY, "mirror", ".mirror")
-    ds = fastload.open(packed, transforms={"image": [T.Resize((16, 16))]})
+    ds = fastload.open(small_images, transforms={"image": [T.Resize((16, 16))]})
     ref = [x.clone() for x, _ in fastload.DataLoader(ds, batch_size=4)]
     got = [x.clone() for x, _ in fastload.DataLoader(ds, batch_size=4, decoder="mirror")]
     assert made == [("mirror", 4, (16, 16), None)]

@@ -5,7 +5,6 @@ set_epoch, see fastload/_loader.py's DataLoader docstring on resume)."""
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import shutil
@@ -20,7 +19,6 @@ import torch
 
 import fastload
 
-from conftest import jpeg_bytes
 
 pytest.importorskip("lightning")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -96,25 +94,6 @@ if __name__ == "__main__":
 """
 
 
-class Numbered(torch.utils.data.Dataset):
-    """(picture, class, sample id): the id tells which sample each rank saw."""
-
-    def __len__(self):
-        return N
-
-    def __getitem__(self, i):
-        from PIL import Image
-
-        return {"image": Image.open(io.BytesIO(jpeg_bytes(24 + i % 7, 30 + i % 5, seed=i))), "label": i % 4, "id": i}
-
-
-@pytest.fixture(scope="module")
-def packed(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("lightning")
-    fastload.pack(Numbered(), root / "ds", workers=0)
-    return root / "ds"
-
-
 def run(tmp_path: Path, packed: Path, strategy: str, name: str, resume: str = "-", mode: str = "hook") -> dict:
     script = tmp_path / "run.py"
     script.write_text(textwrap.dedent(RUN.format(data=str(packed), epochs=EPOCHS, batch=BATCH, step=CKPT_STEP, n=N)))
@@ -164,7 +143,8 @@ def check_training_run(ranks: dict, fast: bool = True, sampler: str = "Distribut
     assert order[0] != order[1]  # reshuffled each epoch
 
 
-def test_ddp_fast_path_ranks_epochs_and_mid_epoch_resume(tmp_path, packed):
+def test_ddp_fast_path_ranks_epochs_and_mid_epoch_resume(tmp_path, numbered):
+    packed = numbered(N)
     first = run(tmp_path, packed, "ddp", "first")
     check_training_run(first)
     ckpt = tmp_path / "first" / "ckpt" / f"epoch=1-step={CKPT_STEP}.ckpt"
@@ -191,8 +171,9 @@ def check_end_of_epoch_resume(tmp_path: Path, packed: Path, first: dict, strateg
         assert [(r["epoch"], r["batch"], r["ids"], r["pixels"]) for r in resumed[rank]] == want
 
 
-def test_ddp_spawn_pickles_the_loader_to_each_rank_and_resumes(tmp_path, packed):
+def test_ddp_spawn_pickles_the_loader_to_each_rank_and_resumes(tmp_path, numbered):
     # the loader is built in this process and passed to fit(): ddp_spawn pickles it to the two ranks
+    packed = numbered(N)
     first = run(tmp_path, packed, "ddp_spawn", "first", mode="direct")
     check_training_run(first)
     ckpt = tmp_path / "first" / "ckpt" / f"epoch=1-step={CKPT_STEP}.ckpt"
@@ -203,8 +184,9 @@ def test_ddp_spawn_pickles_the_loader_to_each_rank_and_resumes(tmp_path, packed)
         assert [(r["ids"], r["pixels"]) for r in resumed[rank]] == [(r["ids"], r["pixels"]) for r in want]
 
 
-def test_generic_path_loader_checkpoints_and_resumes_mid_epoch(tmp_path, packed):
+def test_generic_path_loader_checkpoints_and_resumes_mid_epoch(tmp_path, numbered):
     # a plain torch Dataset through fastload.DataLoader: Lightning saves its state_dict in each checkpoint
+    packed = numbered(N)
     first = run(tmp_path, packed, "ddp", "first", mode="generic")
     check_training_run(first, fast=False)
     ckpt = tmp_path / "first" / "ckpt" / f"epoch=1-step={CKPT_STEP}.ckpt"
@@ -216,9 +198,10 @@ def test_generic_path_loader_checkpoints_and_resumes_mid_epoch(tmp_path, packed)
     check_end_of_epoch_resume(tmp_path, packed, first, "ddp", "generic")
 
 
-def test_fastloads_own_order_under_ddp_resumes_mid_epoch_and_at_epoch_end(tmp_path, packed):
+def test_fastloads_own_order_under_ddp_resumes_mid_epoch_and_at_epoch_end(tmp_path, numbered):
     # use_distributed_sampler=False: the loader's own order (seeded, a new permutation each epoch) splits the
     # ranks; Lightning's epoch reaches it through loader.sampler.set_epoch
+    packed = numbered(N)
     first = run(tmp_path, packed, "ddp", "first", mode="own")
     check_training_run(first, sampler="EpochRandomSampler")
     ckpt = tmp_path / "first" / "ckpt" / f"epoch=1-step={CKPT_STEP}.ckpt"

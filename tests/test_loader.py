@@ -18,14 +18,7 @@ from fastload import transforms as T
 from conftest import make_image_folder
 
 
-@pytest.fixture(scope="module")
-def packed(tmp_path_factory):
-    root = tmp_path_factory.mktemp("loader")
-    folder = make_image_folder(root / "src", classes=4, per_class=10)
-    fastload.pack(folder, root / "ds", workers=2, shard_size="16K")
-    return root / "ds"
-
-
+# 103 rows of plain arrays, both formats: torch's own loader batches these too (no images), for comparisons
 @pytest.fixture(scope="module", params=["shards", "lmdb"])
 def packed_arrays(tmp_path_factory, request):
     root = tmp_path_factory.mktemp("arrays")
@@ -94,25 +87,25 @@ def test_same_batches_and_structure_as_torch(packed_arrays, drop_last, as_dict):
             assert v.dtype == b[k].dtype and torch.equal(v, b[k])
 
 
-def test_images_channels_last_and_close_to_per_sample(packed):
-    ds = open_train(packed)
+def test_images_channels_last_and_close_to_per_sample(image_shards):
+    ds = open_train(image_shards)
     batch = next(iter(fastload.DataLoader(ds, batch_size=8, num_workers=2)))
     images, labels = batch
     assert images.shape == (8, 3, 32, 32) and images.dtype == torch.uint8
     assert images.is_contiguous(memory_format=torch.channels_last)
     assert labels.dtype == torch.int64 and labels.tolist() == [ds[i][1] for i in range(8)]
     # without randomness the loader and ds[i] use the same kernels: identical pixels
-    plain = fastload.open(packed, transforms={"image": [T.Resize((24, 20))]})
+    plain = fastload.open(image_shards, transforms={"image": [T.Resize((24, 20))]})
     imgs, _ = next(iter(fastload.DataLoader(plain, batch_size=5)))
     for i in range(5):
         assert torch.equal(imgs[i], plain[i][0])
 
 
 @pytest.mark.parametrize("order", ["sequential", "random", "quasi"])
-def test_batches_independent_of_num_workers(packed, order):
+def test_batches_independent_of_num_workers(image_shards, order):
     runs = []
     for workers in (0, 1, 2):
-        dl = fastload.DataLoader(open_train(packed), batch_size=6, num_workers=workers, seed=7, order=order)
+        dl = fastload.DataLoader(open_train(image_shards), batch_size=6, num_workers=workers, seed=7, order=order)
         runs.append([(b[0].clone(), b[1].clone()) for b in dl])
     for other in runs[1:]:
         assert len(other) == len(runs[0])
@@ -131,8 +124,9 @@ def test_epochs_differ_and_set_epoch_repeats(packed_arrays):
 
 
 @pytest.mark.parametrize("workers_after", [0, 2])
-def test_resume_mid_epoch_bit_for_bit(packed, workers_after):
-    make = lambda w: fastload.DataLoader(open_train(packed), batch_size=4, shuffle=True, num_workers=w, seed=3)  # noqa
+def test_resume_mid_epoch_bit_for_bit(image_shards, workers_after):
+    make = lambda w: fastload.DataLoader(open_train(image_shards), batch_size=4, shuffle=True,  # noqa: E731
+                                         num_workers=w, seed=3)
     ref = [b[0].clone() for b in make(1)]
     dl = make(1)
     it = iter(dl)
@@ -147,15 +141,15 @@ def test_resume_mid_epoch_bit_for_bit(packed, workers_after):
     assert all(torch.equal(a, b) for a, b in zip(rest, ref[4:]))
 
 
-def test_held_batches_are_never_overwritten(packed):
-    dl = fastload.DataLoader(open_train(packed), batch_size=4, shuffle=True, num_workers=2, seed=0)
+def test_held_batches_are_never_overwritten(image_shards):
+    dl = fastload.DataLoader(open_train(image_shards), batch_size=4, shuffle=True, num_workers=2, seed=0)
     held = list(dl)  # the caller keeps every batch: the ring must grow, not alias
-    again = [b[0].clone() for b in fastload.DataLoader(open_train(packed), batch_size=4, shuffle=True,
+    again = [b[0].clone() for b in fastload.DataLoader(open_train(image_shards), batch_size=4, shuffle=True,
                                                         num_workers=2, seed=0)]
     assert all(torch.equal(h[0], a) for h, a in zip(held, again))
     assert len({h[0].data_ptr() for h in held}) == len(held)
     # a loop that drops each batch reuses a small ring
-    dl2 = fastload.DataLoader(open_train(packed), batch_size=4, num_workers=2)
+    dl2 = fastload.DataLoader(open_train(image_shards), batch_size=4, num_workers=2)
     for _ in range(3):
         for batch in dl2:
             pass
@@ -180,8 +174,8 @@ def test_corrupt_jpeg_named_or_skipped(tmp_path):
     assert images.shape[0] == 12 and dl.stats()["skipped"] == 1
 
 
-def test_generic_path_is_torch(packed):
-    plain = fastload.open(packed)  # no transforms: images differ in size, torch's path and errors
+def test_generic_path_is_torch(image_shards):
+    plain = fastload.open(image_shards)  # no transforms: images differ in size, torch's path and errors
     dl = fastload.DataLoader(plain, batch_size=1)
     assert not dl.fast_path and "fixed output size" in dl.fast_path_reason
     assert next(iter(dl))[0].shape[0] == 1
@@ -203,7 +197,7 @@ def test_distributed_ranks_partition(packed_arrays):
     assert set(seen) == set(range(103)) and len(seen) == 105  # padded to a multiple of 3, like DistributedSampler
 
 
-def test_ctrl_c_in_a_real_process_exits_promptly(packed, tmp_path):
+def test_ctrl_c_in_a_real_process_exits_promptly(image_shards, tmp_path):
     import signal
     import subprocess
     import sys
@@ -213,7 +207,7 @@ def test_ctrl_c_in_a_real_process_exits_promptly(packed, tmp_path):
     script.write_text(f"""
 import sys, time, fastload
 from fastload import transforms as T
-ds = fastload.open({str(packed)!r}, transforms={{"image": [T.RandomResizedCrop(32)]}})
+ds = fastload.open({str(image_shards)!r}, transforms={{"image": [T.RandomResizedCrop(32)]}})
 dl = fastload.DataLoader(ds, batch_size=4, num_workers=2)
 while True:
     for b in dl:
@@ -237,11 +231,11 @@ while True:
     assert proc.returncode != 0 and "KeyboardInterrupt" in err
 
 
-def test_auto_workers_measures_once_then_uses_the_cache(packed, tmp_path, monkeypatch, capsys):
+def test_auto_workers_measures_once_then_uses_the_cache(image_shards, tmp_path, monkeypatch, capsys):
     from fastload import _autotune
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    dl = fastload.DataLoader(open_train(packed), batch_size=8, num_workers="auto")
+    dl = fastload.DataLoader(open_train(image_shards), batch_size=8, num_workers="auto")
     err = capsys.readouterr().err
     assert "num_workers='auto' chose" in err and "measured" in err
     assert dl.num_workers in _autotune.candidates(os.cpu_count() or 1)
@@ -252,22 +246,22 @@ def test_auto_workers_measures_once_then_uses_the_cache(packed, tmp_path, monkey
         raise AssertionError("the cached choice should be used")
 
     monkeypatch.setattr(_autotune, "measure", no_measuring)
-    again = fastload.DataLoader(open_train(packed), batch_size=8, num_workers="auto")
+    again = fastload.DataLoader(open_train(image_shards), batch_size=8, num_workers="auto")
     assert again.num_workers == dl.num_workers and "cached" in capsys.readouterr().err
     assert _autotune.choose({0: 100.0, 1: 180.0, 2: 185.0}) == 1  # within 5%: fewer threads
 
 
-def test_stats_say_whether_the_loop_is_input_bound(packed):
+def test_stats_say_whether_the_loop_is_input_bound(image_shards):
     import time
 
-    dl = fastload.DataLoader(open_train(packed), batch_size=4, num_workers=1)
+    dl = fastload.DataLoader(open_train(image_shards), batch_size=4, num_workers=1)
     for _ in dl:
         time.sleep(0.02)  # a slow "training step": the loader keeps up
     s = dl.stats()
-    assert s["batches"] == len(dl) and s["samples"] == 40 and s["step_s"] > 0.15
+    assert s["batches"] == len(dl) and s["samples"] == 48 and s["step_s"] > 0.15
     assert s["fill_s"] > 0 and 0 <= s["wait_fraction"] < 1
     assert "not input-bound" in dl.stats_summary() or "INPUT-BOUND" in dl.stats_summary()
-    fast = fastload.DataLoader(open_train(packed), batch_size=4, num_workers=0)
+    fast = fastload.DataLoader(open_train(image_shards), batch_size=4, num_workers=0)
     for _ in fast:
         pass  # no step at all: the loop only waits for data
     assert "INPUT-BOUND" in fast.stats_summary()

@@ -13,16 +13,7 @@ from torch.utils.data import DistributedSampler
 import fastload
 from fastload import transforms as T
 
-from conftest import make_image_folder
-
 lightning_data = pytest.importorskip("lightning.fabric.utilities.data")
-
-
-@pytest.fixture(scope="module")
-def packed(tmp_path_factory):
-    root = tmp_path_factory.mktemp("epochs")
-    fastload.pack(make_image_folder(root / "src", classes=2, per_class=6), root / "ds", workers=0)
-    return root / "ds"
 
 
 class Plain(torch.utils.data.Dataset):
@@ -33,8 +24,8 @@ class Plain(torch.utils.data.Dataset):
         return i
 
 
-def fast(packed, **kw):
-    ds = fastload.open(packed, transforms={"image": [T.RandomResizedCrop(8), T.RandomHorizontalFlip()]})
+def fast(path, **kw):
+    ds = fastload.open(path, transforms={"image": [T.RandomResizedCrop(8), T.RandomHorizontalFlip()]})
     return fastload.DataLoader(ds, batch_size=4, seed=5, **kw)
 
 
@@ -64,11 +55,11 @@ def first_epoch_of_a_run(loader, epoch):
 
 
 @pytest.mark.parametrize("name", list(MAKERS))
-def test_a_new_loader_runs_the_epoch_lightning_names(packed, name):
+def test_a_new_loader_runs_the_epoch_lightning_names(small_images, name):
     make = MAKERS[name]
-    whole = make(packed)
+    whole = make(small_images)
     seen = [epoch_of(whole, e) for e in range(4)]
-    resumed = make(packed)  # a new process after an end-of-epoch checkpoint at epoch 1: nothing loaded
+    resumed = make(small_images)  # a new process after an end-of-epoch checkpoint at epoch 1: nothing loaded
     assert [first_epoch_of_a_run(resumed, 2), epoch_of(resumed, 3)] == seen[2:]
     assert resumed.state_dict() == whole.state_dict()  # what Lightning saves next is the same too
     if "sequential" not in name:
@@ -76,18 +67,18 @@ def test_a_new_loader_runs_the_epoch_lightning_names(packed, name):
 
 
 @pytest.mark.parametrize("name", list(MAKERS))
-def test_mid_epoch_state_survives_lightnings_set_epoch(packed, name):
+def test_mid_epoch_state_survives_lightnings_set_epoch(small_images, name):
     make = MAKERS[name]
-    whole = make(packed)
+    whole = make(small_images)
     want = [epoch_of(whole, e) for e in range(2)][1][1:]
-    first = make(packed)
+    first = make(small_images)
     epoch_of(first, 0)
     lightning_data._set_sampler_epoch(first, 1)
     it = iter(first)
     next(it)
     state = first.state_dict()
     del it
-    resumed = make(packed)
+    resumed = make(small_images)
     resumed.load_state_dict(state)  # Lightning loads the state, then sets the epoch, then iterates
     assert epoch_of(resumed, 1) == want
 

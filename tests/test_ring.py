@@ -18,10 +18,11 @@ import pytest
 import torch
 
 import fastload
-from fastload import _prefetch, _ring
+from fastload import _ring
+from fastload.fast import device as device_stage
 from fastload.fast import collate as _collate_stage
 from fastload import transforms as T
-from fastload._prefetch import DevicePrefetcher, DeviceRing
+from fastload.fast.device import DevicePrefetcher, DeviceRing
 from sim_streams import Race, SimGpu
 from conftest import packed_image_folder
 from forking import in_child
@@ -159,7 +160,7 @@ def sim_cuda(monkeypatch):
     sim = SimGpu()
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(_prefetch, "streams_for", lambda device: sim)
+    monkeypatch.setattr(device_stage, "streams_for", lambda device: sim)
     monkeypatch.setattr(_ring, "PINNED", SimPinning(sim))
     monkeypatch.setattr(_ring, "_pinned_by", None)
     return sim

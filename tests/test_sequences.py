@@ -9,6 +9,8 @@ import torch
 import fastload
 from fastload import transforms as T
 
+from conftest import FORMATS
+
 
 class Tokens(torch.utils.data.Dataset):
     def __init__(self, n=200, seed=0):
@@ -24,13 +26,13 @@ class Tokens(torch.utils.data.Dataset):
         return {"tokens": np.arange(L, dtype=np.int32) + 1000 * i, "label": i}
 
 
-@pytest.fixture(scope="module", params=["shards", "lmdb"])
-def packed(tmp_path_factory, request):
-    root = tmp_path_factory.mktemp("seq") / "ds"
-    src = Tokens()
-    fastload.pack(src, root, format=request.param, shard_size="8K", workers=0,
-                  schema={"tokens": fastload.Field.ndarray("tokens", np.int32, (None,))})
-    return root, src
+@pytest.fixture(params=FORMATS)
+def packed_tokens(pack_once, request):
+    """``Tokens()`` in one format (8KB shards), packed once per session; a sequence dataset, unlike conftest's
+    image and every-kind ones: Pad/Bucket/PackSequences need rows of many lengths, longer than the bounds."""
+    path = pack_once(f"tokens_{request.param}", Tokens, format=request.param, shard_size="8K", workers=0,
+                     schema={"tokens": fastload.Field.ndarray("tokens", np.int32, (None,))})
+    return path, Tokens()
 
 
 def expected_row(src, i, L):
@@ -40,8 +42,8 @@ def expected_row(src, i, L):
     return row, len(ref)
 
 
-def test_pad_in_ds_and_loader(packed):
-    path, src = packed
+def test_pad_in_ds_and_loader(packed_tokens):
+    path, src = packed_tokens
     ds = fastload.open(path, transforms={"tokens": T.Pad(128, value=-1)}, as_dict=True)
     padded, n = ds[5]["tokens"]
     row, want_n = expected_row(src, 5, 128)
@@ -64,11 +66,11 @@ def test_pad_in_ds_and_loader(packed):
     assert torch.equal(ours["tokens"][0], theirs["tokens"][0]) and torch.equal(ours["tokens"][1], theirs["tokens"][1])
 
 
-def test_too_long_samples_are_refused_when_opened_not_mid_epoch(packed):
+def test_too_long_samples_are_refused_when_opened_not_mid_epoch(packed_tokens):
     """Lengths are in the shape columns: a sample longer than Pad/Bucket allows is refused by fastload.open,
     naming the field, how many, the longest and an example, and the way out (truncate=True), instead of a
     DecodeError at whichever batch holds the first of them (issue 17, row 6)."""
-    path, src = packed
+    path, src = packed_tokens
     too_long = np.flatnonzero(src.lengths > 50)
     longest = int(np.argmax(src.lengths))
     for spec, room in ((T.Pad(50), "pad to a length of at least"), (T.Bucket([16, 50]), "add a boundary of at least")):
@@ -86,10 +88,10 @@ def test_too_long_samples_are_refused_when_opened_not_mid_epoch(packed):
     fastload.open(path, transforms={"tokens": T.Pad(int(src.lengths.max()))})  # exactly the longest fits
 
 
-def test_too_long_samples_of_a_remote_dataset(packed, tmp_path):
+def test_too_long_samples_of_a_remote_dataset(packed_tokens, tmp_path):
     """A remote dataset is not downloaded whole at open: Bucket is checked when the loader plans its buckets
     (it reads every length then anyway), Pad in ds[i] and batch by batch, with the same way out."""
-    path, src = packed
+    path, src = packed_tokens
     if not (path / "manifest.json").exists():
         pytest.skip("a dataset at a URL is shards")
     url, cache = f"file://{path}", tmp_path / "cache"
@@ -102,8 +104,8 @@ def test_too_long_samples_of_a_remote_dataset(packed, tmp_path):
         ds[long_i]
 
 
-def test_bucket_batches_have_fixed_shapes_and_cover_everything(packed):
-    path, src = packed
+def test_bucket_batches_have_fixed_shapes_and_cover_everything(packed_tokens):
+    path, src = packed_tokens
     bounds = [16, 32, 64, 128]
     ds = fastload.open(path, transforms={"tokens": T.Bucket(bounds)})
     dl = fastload.DataLoader(ds, batch_size=8, shuffle=True, seed=3, num_workers=1)
@@ -133,8 +135,8 @@ def test_bucket_batches_have_fixed_shapes_and_cover_everything(packed):
     assert all(torch.equal(x, y) for x, y in zip(rest, a[5:])) and len(rest) == len(a) - 5
 
 
-def test_bucket_distributed_equal_counts(packed):
-    path, _ = packed
+def test_bucket_distributed_equal_counts(packed_tokens):
+    path, _ = packed_tokens
     ds = fastload.open(path, transforms={"tokens": T.Bucket([32, 64, 128])})
     counts, seen = set(), []
     for rank in range(3):
@@ -146,8 +148,8 @@ def test_bucket_distributed_equal_counts(packed):
     assert len(counts) == 1 and set(seen) == set(range(200))
 
 
-def test_bad_declarations(packed):
-    path, _ = packed
+def test_bad_declarations(packed_tokens):
+    path, _ = packed_tokens
     with pytest.raises(ValueError, match="increasing"):
         T.Bucket([64, 32])
     with pytest.raises(ValueError, match="length"):
@@ -164,8 +166,8 @@ def _segments(batch, L):
     return [(int(i), toks[a:b].numpy()) for i, a, b in zip(ids.tolist(), cu[:-1].tolist(), cu[1:].tolist())]
 
 
-def test_pack_sequences_rebuilds_the_stream(packed):
-    path, src = packed
+def test_pack_sequences_rebuilds_the_stream(packed_tokens):
+    path, src = packed_tokens
     L, B = 64, 4
     ds = fastload.open(path, transforms={"tokens": T.PackSequences(L, value=-7, drop_fields=["label"])})
     assert ds[3][0].shape == (src.lengths[3],)  # ds[i] is the sample itself
@@ -192,8 +194,8 @@ def test_pack_sequences_rebuilds_the_stream(packed):
         assert np.array_equal(np.concatenate(parts), np.arange(src.lengths[i], dtype=np.int32) + 1000 * i)
 
 
-def test_pack_sequences_ranks_and_resume(packed):
-    path, src = packed
+def test_pack_sequences_ranks_and_resume(packed_tokens):
+    path, src = packed_tokens
     ds = fastload.open(path, transforms={"tokens": T.PackSequences(32, drop_fields=["label"])})
     counts, seen = set(), 0
     for rank in range(3):
@@ -217,10 +219,10 @@ def test_pack_sequences_ranks_and_resume(packed):
     assert len(rest) == len(ref) - 7 and all(torch.equal(a, b) for a, b in zip(rest, ref[7:]))
 
 
-def test_pack_sequences_never_drops_a_field_unasked(packed):
+def test_pack_sequences_never_drops_a_field_unasked(packed_tokens):
     """A packed batch holds token rows, cu_seqlens and sample_ids only: a dataset with another per-sample field
     is refused at open, naming the field and the way out, until the user drops it by name (issue 17, row 10)."""
-    path, src = packed
+    path, src = packed_tokens
     with pytest.raises(ValueError, match=r"per-sample field\(s\) \['label'\].*"
                                          r"T\.PackSequences\(32, drop_fields=\['label'\]\)"):
         fastload.open(path, transforms={"tokens": T.PackSequences(32)})

@@ -9,7 +9,7 @@ import threading
 import pytest
 import torch
 
-from fastload._prefetch import DevicePrefetcher, DeviceRing
+from fastload.fast.device import DevicePrefetcher, DeviceRing
 from sim_streams import Race, SimGpu
 
 

@@ -11,7 +11,9 @@ never the loader, and speaks ``stage.Stage``'s protocol (next, state, reset, clo
   fill.py       ``Fill``: a free host slot filled by the batcher with the pool it was given
   producer.py   ``Produce``: the calling thread or a producer thread fills, as ``FillPolicy`` measures
   collate.py    ``Collate``: the slot as default_collate's batch (``Collator``); the caller's wait and step
+  device.py     ``DevicePrefetcher`` (``device='cuda'``): side-stream copies into a ``DeviceRing``, handed
+                over by events; ``to_device``
   position.py   ``Progress`` (the position ``state_dict`` saves, one writer) and ``Count``, the last stage
   chain.py      ``order_for`` (which order a dataset takes), ``fast_iterator`` (wires the stages, with
-                ``_prefetch.DevicePrefetcher`` before ``Count`` for ``device='cuda'``), ``FastIterator``
+                ``device.DevicePrefetcher`` before ``Count`` for ``device='cuda'``), ``FastIterator``
 """

@@ -1,7 +1,7 @@
 """The fast path's chain: which order a dataset takes, and the stages wired from it to the loop.
 
     Jobs (order.py) -> [ReadAhead (readahead.py), remote datasets] -> Fill (fill.py) -> Produce (producer.py)
-        -> Collate (collate.py) -> [DevicePrefetcher (_prefetch.py), device='cuda'] -> Count (position.py)
+        -> Collate (collate.py) -> [DevicePrefetcher (device.py), device='cuda'] -> Count (position.py)
 
 Each stage takes its upstream and explicit collaborators (the order, the dataset's read plan, the batcher and
 its slot ring, the fill policy, the stats, the position), never the loader; ``DataLoader._start`` asks
@@ -15,7 +15,7 @@ from typing import Any
 
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
-from .._prefetch import DevicePrefetcher
+from .device import DevicePrefetcher
 from .._sequences import Bucket, PackSequences
 from .collate import Collate
 from .fill import Fill, Reservations

@@ -1,6 +1,6 @@
 """The read-plan stage (remote datasets): the coming batches' shards downloaded ahead and pinned in the cache.
 
-The dataset's read plan (``Dataset._reading``, ``formats/remote.py``'s ``ReadPlan``) looks ahead over a
+The dataset's read plan (``Dataset.read_plan``, ``formats/remote.py``'s ``ReadPlan``) looks ahead over a
 stream of index batches; this stage feeds it the jobs' indices and hands each job on with its generator,
 in order. A local dataset has no read plan and the chain leaves this stage out.
 """

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.utils.data import BatchSampler, DistributedSampler
 
-from fastload.fast.order import DEFAULT_BLOCK, KINDS, Order, default_seed, dist_info
+from fastload.fast.order import DEFAULT_BLOCK, KINDS, Jobs, Order, default_seed, dist_info
 
 
 def all_batches(order: Order, epoch: int) -> list[np.ndarray]:
@@ -330,3 +330,17 @@ def test_shard_split_needs_a_shard_per_rank_and_resumes_only_as_itself():
         b.load_state_dict(state)
     c = Order(20, 2, kind="random", seed=9, world_size=2, rank=0, shard_sizes=[5, 5, 5, 5], split="shards")
     assert c.load_state_dict(state) == 3
+
+
+def test_jobs_pair_each_batch_with_its_generator_and_reset_to_a_state():
+    order = Order(100, 10, kind="random", seed=3)
+    jobs = Jobs(order, epoch=2, start=0, needs_rng=True)
+    first = [next(jobs) for _ in range(4)]
+    assert jobs.state() == {"epoch": 2, "batch": 4}
+    for b, (idx, rng) in enumerate(first):
+        assert np.array_equal(idx, list(order.batches(2, 0))[b])
+        assert rng.random() == order.batch_rng(2, b).random()
+    jobs.reset({"batch": 1})
+    idx, rng = next(jobs)
+    assert np.array_equal(idx, first[1][0]) and rng.random() == order.batch_rng(2, 1).random()
+    assert next(Jobs(order, 2, 0, needs_rng=False))[1] is None

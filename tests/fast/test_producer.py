@@ -1,7 +1,7 @@
 """Inline vs producer-thread filling on the fast path (fastload/fast/producer.py): cheap batches that the caller
 waits on are filled by the calling thread whatever num_workers says, expensive ones (or ones the caller's
 own work can hide) by a producer thread, and the switch (also mid-epoch) changes neither the batches nor
-resume."""
+resume; a producer reset mid-stream lets go of every batch it had filled."""
 
 from __future__ import annotations
 
@@ -13,7 +13,13 @@ import pytest
 import torch
 
 import fastload
+from fastload._batcher import Batcher
+from fastload._ring import SlotRing
+from fastload._stats import LoaderStats
 from fastload.fast import producer as _fastiter
+from fastload.fast.fill import Fill, Reservations
+from fastload.fast.order import Jobs, Order
+from fastload.fast.producer import FillPolicy, Produce
 from fastload import transforms as T
 from conftest import jpeg_bytes
 
@@ -162,7 +168,28 @@ def test_the_native_threads_outlive_an_epoch_and_gpu_decoders_do_not(records, mo
     pools, closes = [], []
     for _ in range(3):
         epoch(loader)
-        pools.append(loader._batcher._pool)
+        pools.append(loader._batcher.pool)  # the pool the fills used (made at the first fill)
         closes.append(len(closed))
     assert pools[0] is not None and all(p is pools[0] for p in pools)
     assert closes == [0, 0, 0] if persistent else 0 < closes[0] < closes[1] < closes[2]
+
+
+def test_a_producer_reset_mid_stream_drops_its_queue_and_starts_over(records):
+    batcher = Batcher(records, 100, 0)
+    order = Order(len(records), 100, kind="random", seed=2)
+    reserved, stats, policy = Reservations(), LoaderStats(), FillPolicy()
+    fill = Fill(Jobs(order, 0, 0, needs_rng=False), batcher, batcher.pool, SlotRing(batcher.new_slot), reserved,
+                policy.fills)
+    produce = Produce(fill, policy, stats, threads=True, always=True, depth=3, timeout=0, release=reserved.release)
+    first = next(produce)  # handed on and not collated: its slot stays reserved
+    deadline = time.monotonic() + 10
+    while produce.producer.queue.qsize() < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)  # the producer thread has filled the batches it may keep ready (and one more in hand)
+    produce.reset({"source": {"source": {"batch": 17}}})  # Produce <- Fill <- Jobs
+    second = next(produce)
+    assert np.array_equal(second[0].arrays["label"][:second[1]], list(order.batches(0, 0))[17])
+    for item in produce._stop_producer():  # the new thread's queue, dropped here as reset drops one
+        if isinstance(item, tuple):  # a filled slot; the end-of-epoch marker when batches 17-19 are all done
+            reserved.release(item[0])
+    # every batch the first thread had filled, queued or in hand, was let go: only the two handed on are held
+    assert reserved.ids == {id(first[0]), id(second[0])}

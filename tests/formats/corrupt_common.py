@@ -24,13 +24,11 @@ from fastload.formats._layout import FORMAT_VERSION, section_names
 from fastload.formats._manifest import MANIFEST_NAME
 from fastload.formats.shards import file_digest
 
+from conftest import Samples
+
 U64_MAX = (1 << 64) - 1
 TABLE = 64  # the section table starts right after the 64-byte header
 FIELDS = {"var": Field.ndarray("var", "<f4", (None, 2))}  # the rest is inferred from the samples
-
-
-class Samples(list):
-    """A map-style dataset of dict samples (a list already has ``__getitem__`` and ``__len__``)."""
 
 
 def make_samples(n: int, seed: int = 0) -> Samples:

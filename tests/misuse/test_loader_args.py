@@ -10,7 +10,6 @@ from torch.utils.data import DistributedSampler, IterableDataset, RandomSampler,
 import fastload
 from fastload import transforms as T
 
-from conftest import make_image_folder
 from .conftest import unchanged, user_error
 
 PLAIN = list(range(10))
@@ -21,16 +20,9 @@ class Stream(IterableDataset):
         return iter(range(10))
 
 
-@pytest.fixture(scope="module")
-def packed(tmp_path_factory):
-    root = tmp_path_factory.mktemp("loader_args")
-    fastload.pack(make_image_folder(root / "src", classes=2, per_class=3), root / "ds", workers=0)
-    return root / "ds"
-
-
-def both(packed):
+def both(path):
     """The generic path's dataset and a fastload.Dataset on the fast path."""
-    return [PLAIN, fastload.open(packed, transforms={"image": [T.Resize(8), T.CenterCrop(8)]})]
+    return [PLAIN, fastload.open(path, transforms={"image": [T.Resize(8), T.CenterCrop(8)]})]
 
 
 @pytest.mark.parametrize("kwargs, words", [
@@ -49,9 +41,9 @@ def both(packed):
     (dict(on_error="ignore"), ["on_error='ignore'", "'skip'"]),
     (dict(shuffle=True, world_size=2, rank=1), ["world_size=2", "seed="]),
 ])
-def test_bad_arguments(packed, kwargs, words):
-    for ds in both(packed):
-        with unchanged(packed), user_error(ValueError, *words):
+def test_bad_arguments(small_images, kwargs, words):
+    for ds in both(small_images):
+        with unchanged(small_images), user_error(ValueError, *words):
             fastload.DataLoader(ds, batch_size=2, **kwargs)
 
 
@@ -64,18 +56,18 @@ def test_bad_arguments(packed, kwargs, words):
     (lambda ds: dict(batch_sampler=torch.utils.data.BatchSampler(SequentialSampler(ds), 2, False), world_size=2,
                      rank=0), ["world_size=2", "batch_sampler=BatchSampler"]),
 ])
-def test_sampler_against_fastloads_order(packed, make, words):
+def test_sampler_against_fastloads_order(small_images, make, words):
     # a sampler picks every index: fastload's order and rank split cannot apply as well, and are not dropped
-    for ds in both(packed):
+    for ds in both(small_images):
         kwargs = make(ds)
         if "batch_sampler" not in kwargs:
             kwargs["batch_size"] = 2
-        with unchanged(packed), user_error(ValueError, *words):
+        with unchanged(small_images), user_error(ValueError, *words):
             fastload.DataLoader(ds, **kwargs)
 
 
-def test_sampler_agreeing_with_rank_is_accepted(packed):
-    for ds in both(packed):
+def test_sampler_agreeing_with_rank_is_accepted(small_images):
+    for ds in both(small_images):
         dl = fastload.DataLoader(ds, batch_size=2, sampler=DistributedSampler(ds, num_replicas=2, rank=1), rank=1,
                                  world_size=2)
         assert len(dl) == -(-(-(-len(ds) // 2)) // 2)  # half the samples (rounded up), in batches of 2

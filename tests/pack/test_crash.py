@@ -32,7 +32,7 @@ from fastload.formats import _manifest as manifest_format
 from fastload.formats import lmdb as lmdb_format
 from fastload.formats import shards as shards_format
 
-from conftest import dir_bytes
+from conftest import Samples, dir_bytes
 from forking import in_child
 
 pytestmark = pytest.mark.timeout(120)
@@ -40,11 +40,8 @@ pytestmark = pytest.mark.timeout(120)
 FIELDS = {"var": Field.ndarray("var", "<f4", (None, 2))}
 
 
-class Samples(list):
-    """A map-style dataset of dict samples of every non-image kind."""
-
-
 def make_samples(n: int, seed: int = 0) -> Samples:
+    """Dict samples of every non-image kind."""
     rng = np.random.default_rng(seed)
     return Samples({
         "label": int(rng.integers(-1000, 1000)),

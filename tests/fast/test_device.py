@@ -1,4 +1,4 @@
-"""The device prefetcher's ring logic, run with the null (CPU) backend; CUDA itself: tests/cuda/."""
+"""fastload/fast/device.py: the device prefetcher's ring logic, run with the null (CPU) backend; CUDA itself: tests/cuda/."""
 
 from __future__ import annotations
 

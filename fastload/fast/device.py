@@ -25,8 +25,8 @@ import torch
 from torch.utils._pytree import tree_flatten_with_path, tree_unflatten
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
-from ._ring import Slot, SlotRing, cuda_available, streams_for
-from ._tensor_transforms import TensorPipeline
+from .._ring import Slot, SlotRing, cuda_available, streams_for
+from .._tensor_transforms import TensorPipeline
 
 
 def check_device(device: Any) -> torch.device:

@@ -1,0 +1,28 @@
+"""fastload/fast/chain.py: ``fast_iterator`` wires the stages (each built from its upstream and collaborators,
+never a loader; one file per stage beside this one) to the same batches the loader gives."""
+
+from __future__ import annotations
+
+import torch
+
+import fastload
+from fastload._batcher import Batcher
+from fastload._ring import SlotRing
+from fastload._stats import LoaderStats
+from fastload.fast.chain import fast_iterator
+from fastload.fast.order import Order
+from fastload.fast.position import Progress
+from fastload.fast.producer import FillPolicy
+
+
+def test_the_chain_gives_the_loaders_batches_without_a_loader(records):
+    ref = [[t.clone() for t in b] for b in fastload.DataLoader(records, batch_size=300, shuffle=True, seed=9)]
+    batcher = Batcher(records, 300, 0)
+    order = Order(len(records), 300, kind="random", seed=9)
+    progress = Progress(0, 2)
+    it = fast_iterator(plan=order, epoch=0, start=2, batcher=batcher, slots=SlotRing(batcher.new_slot),
+                       progress=progress, policy=FillPolicy(), stats=LoaderStats(), length=len(order),
+                       num_workers=2, depth=2, timeout=0, persistent=False)
+    got = [[t.clone() for t in b] for b in it]
+    assert len(got) == len(ref) - 2 and progress.done == len(ref)
+    assert all(torch.equal(x, y) for p, q in zip(ref[2:], got) for x, y in zip(p, q))

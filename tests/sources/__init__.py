@@ -1,0 +1,1 @@
+"""Tests of fastload/sources/, one file per module (a package: its test_dataset.py is ``sources.test_dataset``)."""
