@@ -17,7 +17,8 @@ from setuptools.command.build_ext import build_ext
 from setuptools.errors import CompileError, ExecError, LinkError
 
 SOURCES = [
-    "csrc/binding.cc", "csrc/augment.cc", "csrc/batch.cc", "csrc/convert.cc", "csrc/gather.cc", "csrc/jpeg.cc",
+    "csrc/binding.cc", "csrc/bind_augment.cc", "csrc/bind_convert.cc", "csrc/bind_decode.cc", "csrc/bind_gather.cc",
+    "csrc/augment.cc", "csrc/batch.cc", "csrc/convert.cc", "csrc/gather.cc", "csrc/jpeg.cc",
     "csrc/pool.cc", "csrc/resize.cc", "csrc/augment_plan.cc", "csrc/warp.cc",
 ]
 

@@ -2,7 +2,7 @@
 
 A restructuring must not cost throughput. This exports ``fastload/`` at each revision (``git archive``)
 into a temporary directory, gives both the native extension built in this checkout (so only the
-Python differs; it refuses a revision whose csrc/binding.cc this checkout has changed rather than only extended), and runs
+Python differs), and runs
 each case in a fresh process per revision, alternating revisions round by round so drift on a shared
 machine hits both alike. Each row is the median over rounds of samples/s.
 
@@ -14,6 +14,12 @@ machine hits both alike. Each row is the median over rounds of samples/s.
 
 The packed datasets are bench/settings_bench.py's (built there on first use).
 
+It refuses a revision whose Python this checkout's extension may not fit: every name the revision's binding
+source exports from ``_C`` (``m.def``, ``m.attr``, ``py::class_`` and their methods, read from csrc/binding.cc
+and csrc/bind_* at that revision; it may have only binding.cc) must be exported by this checkout's binding
+source too, with the same keyword arguments in the same order and the same ones defaulted; arguments added
+after them must have defaults. This checks the names and calls Python can use, not the behaviour behind them.
+
     python bench/revisions_bench.py [--base 2c9a045] [--head HEAD] [--rounds 5] [--out FILE]
 """
 
@@ -22,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import statistics
 import subprocess
@@ -68,15 +75,67 @@ print(json.dumps({"rate": statistics.median(rates), "epochs": len(rates), "fastl
 """
 
 
+BINDING = ("csrc/binding.cc", "csrc/bind_*")
+_EXPORT = re.compile(r'\bm\.(?P<kind>def|attr)\(\s*"(?P<name>\w+)"'
+                     r'|py::class_<[^>]*>\(\s*m\s*,\s*"(?P<cls>\w+)"'
+                     r'|\.(?P<method>def|def_property_readonly|def_readonly|def_readwrite|def_static)\(\s*(?:"(?P<mname>\w+)"|(?P<init>py::init))')
+_ARG = re.compile(r'py::arg\("(\w+)"\)(\s*=)?')
+
+
+def exported_api(sources: list[str]) -> dict[str, tuple[tuple[str, bool], ...]]:
+    """``_C``'s exports declared in binding sources: name (``Class.method`` for members) -> its keyword
+    arguments as (name, has a default)."""
+    api: dict[str, tuple[tuple[str, bool], ...]] = {}
+    for text in sources:
+        marks = list(_EXPORT.finditer(text))
+        cls = ""
+        for k, m in enumerate(marks):
+            end = marks[k + 1].start() if k + 1 < len(marks) else len(text)
+            args = tuple((a.group(1), bool(a.group(2))) for a in _ARG.finditer(text, m.end(), end))
+            if m.group("cls"):
+                cls, name = m.group("cls"), m.group("cls")
+            elif m.group("method"):
+                name = f"{cls}.{m.group('mname') or '__init__'}"
+            else:
+                name = m.group("name")
+            api[name] = args
+    return api
+
+
+def api_mismatch(base: dict, head: dict) -> str | None:
+    """Why code written against ``base`` may not run on ``head``, or None."""
+    for name, args in sorted(base.items()):
+        if name not in head:
+            return f"_C.{name} is no longer exported"
+        new = head[name]
+        if new[:len(args)] != args or not all(default for _, default in new[len(args):]):
+            return f"_C.{name}'s arguments changed: {[a for a, _ in args]} -> {[a for a, _ in new]}"
+    return None
+
+
+def binding_at(rev: str | None) -> list[str]:
+    """The binding sources at ``rev`` (None: this checkout's files, which its extension is built from)."""
+    if rev is None:
+        return [p.read_text() for pattern in BINDING for p in sorted(ROOT.glob(pattern))]
+    names = subprocess.run(["git", "ls-tree", "--name-only", rev, "csrc/"], cwd=ROOT, check=True,
+                           capture_output=True, text=True).stdout.split()
+    names = [n for n in names if n == BINDING[0] or n.startswith("csrc/bind_")]
+    return [subprocess.run(["git", "show", f"{rev}:{n}"], cwd=ROOT, check=True, capture_output=True,
+                           text=True).stdout for n in names]
+
+
 def export(rev: str, into: Path) -> str:
     """fastload/ at ``rev`` under ``into``, with this checkout's extension; returns the commit."""
     commit = subprocess.run(["git", "rev-parse", "--short", rev], cwd=ROOT, check=True, capture_output=True,
                             text=True).stdout.strip()
-    numstat = subprocess.run(["git", "diff", "--numstat", rev, "--", "csrc/binding.cc"], cwd=ROOT, check=True,
-                             capture_output=True, text=True).stdout.split()
-    if numstat and numstat[1] != "0":  # lines only added since rev: this extension offers all rev's calls
-        sys.exit(f"{rev}: csrc/binding.cc has lines changed or removed since then, so this checkout's "
-                 f"extension may not fit its Python; compare revisions whose binding this one only extends")
+    base, head = exported_api(binding_at(rev)), exported_api(binding_at(None))
+    if not base:
+        sys.exit(f"{rev}: found no _C exports in its {' or '.join(BINDING)}; cannot check that this "
+                 f"checkout's extension fits its Python")
+    why = api_mismatch(base, head)
+    if why:
+        sys.exit(f"{rev}: {why} in this checkout's binding sources, so its extension may not fit that "
+                 f"revision's Python; compare revisions whose _C API this one only extends")
     into.mkdir(parents=True)
     archive = subprocess.run(["git", "archive", rev, "fastload"], cwd=ROOT, check=True, capture_output=True)
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
@@ -85,8 +144,8 @@ def export(rev: str, into: Path) -> str:
     return commit
 
 
-def ensure_data() -> None:
-    missing = [d for d, *_ in CASES.values() if not (DATA / d / "manifest.json").exists()]
+def ensure_data(cases: list[str]) -> None:
+    missing = [CASES[c][0] for c in cases if not (DATA / CASES[c][0] / "manifest.json").exists()]
     if missing:
         sys.exit(f"missing packed datasets {sorted(set(missing))}: run `python bench/settings_bench.py` once "
                  f"to build them")
@@ -102,7 +161,7 @@ def main() -> None:
                     help="some of: " + "; ".join(CASES))
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
-    ensure_data()
+    ensure_data(args.cases)
     with tempfile.TemporaryDirectory() as tmp:
         revs = {name: export(rev, Path(tmp) / name) for name, rev in (("base", args.base), ("head", args.head))}
         rates: dict[tuple[str, str], list[float]] = {}

@@ -291,7 +291,7 @@ def test_wrapper_argument_errors():
         run_native(smooth_tiles(2)[0], plan)
 
 
-# ---- the binding's argument checks (csrc/binding.cc augment_batch) ----
+# ---- the binding's argument checks (csrc/bind_augment.cc augment_batch) ----
 
 def args(n=4, h=8, w=8, **over):
     """A valid call (invert then posterize on samples 1 and 3) with some arguments replaced."""

@@ -6,7 +6,7 @@ variant, PIL references, and the decode_batch argument builder. One test file pe
   test_batch.py    csrc/batch.cc    decode_batch: mixed batches, failures reported per sample
   test_gather.py   csrc/gather.cc   gather_rows and gather_pieces against numpy, bounds checks
   test_pool.py     csrc/pool.cc     the thread pool: joined on delete, shared by threads, after fork
-  test_binding.py  csrc/binding.cc  argument checking, buffer objects, the GIL released
+  test_binding.py  csrc/binding.cc, csrc/bind_*  argument checking, buffer objects, the GIL released
 
 Tolerances (mean absolute difference in gray levels against PIL's
 ``Image.open(jpeg).convert("RGB").crop(box).resize(size, Image.BILINEAR)``):

@@ -1,14 +1,30 @@
-"""csrc/binding.cc, the only file that knows about Python: argument checking with messages that give the
-value and the expectation, any contiguous bytes-like object as input, and the GIL released around the work."""
+"""The binding files (csrc/binding.cc, csrc/bind_*), the only ones that know about Python: argument checking
+with messages that give the value and the expectation, any contiguous bytes-like object as input, and the GIL
+released around the work."""
 
 import mmap
+import re
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from native_common import JPEG, _C, batch_args, run_batch
+
+CSRC = Path(__file__).resolve().parents[2] / "csrc"
+
+
+def test_only_binding_files_include_python():
+    """The native core stays plain C++ (DESIGN: one binding layer, no Python.h elsewhere), so it can be
+    tested, sanitized and reused without an interpreter; the bindings are thin and per area."""
+    binding = {"binding.cc"} | {p.name for p in CSRC.glob("bind_*")}
+    includes = re.compile(r'^\s*#\s*include\s*[<"](pybind11/|Python\.h)', re.M)
+    offenders = sorted(p.name for p in CSRC.iterdir()
+                       if p.suffix in (".cc", ".h") and p.name not in binding and includes.search(p.read_text()))
+    assert offenders == [], f"csrc files outside the binding files include Python/pybind11: {offenders}"
+    assert includes.search((CSRC / "bind_common.h").read_text()), "the pattern misses the bindings' own include"
 
 def test_decode_accepts_buffer_objects(tmp_path):
     ref = _C.decode_jpeg(JPEG)

@@ -1,0 +1,215 @@
+// The decode bindings: one JPEG (header, full decode), one sample crop/resize/flip, and decode_batch.
+#include "bind_common.h"
+
+#include <string>
+#include <vector>
+
+#include "batch.h"
+#include "jpeg.h"
+
+namespace fastload_bind {
+namespace {
+
+fastload::Worker& local_worker() {
+  // Single-sample calls from any Python thread: scratch per OS thread, kept for its lifetime.
+  static thread_local fastload::Worker worker;
+  return worker;
+}
+
+fastload::SampleJob single_job(py::handle crop, py::handle out_hw, bool flip, int img_h,
+                               int img_w) {
+  fastload::SampleJob job;
+  if (crop.is_none()) {
+    job.height = img_h;
+    job.width = img_w;
+  } else {
+    const auto c = int_tuple<4>(crop, "crop", INT32_MIN);
+    job.top = c[0];
+    job.left = c[1];
+    job.height = c[2];
+    job.width = c[3];
+  }
+  const auto hw = int_tuple<2>(out_hw, "out_hw", 1);
+  job.out_h = hw[0];
+  job.out_w = hw[1];
+  job.flip = flip;
+  return job;
+}
+
+py::tuple jpeg_info(py::handle buf) {
+  BufferView b(buf, "buf");
+  fastload::JpegHeader h;
+  std::string err;
+  bool ok;
+  {
+    py::gil_scoped_release nogil;
+    fastload::Worker& w = local_worker();
+    ok = w.jpeg.open(b.data(), static_cast<size_t>(b.size()), &h, &err);
+    w.jpeg.close();
+  }
+  if (!ok) throw py::value_error(err);
+  return py::make_tuple(h.height, h.width, h.components);
+}
+
+py::array decode_jpeg(py::handle buf) {
+  BufferView b(buf, "buf");
+  fastload::JpegHeader h;
+  std::string err;
+  bool ok;
+  fastload::Worker& w = local_worker();
+  {
+    py::gil_scoped_release nogil;
+    ok = w.jpeg.open(b.data(), static_cast<size_t>(b.size()), &h, &err);
+  }
+  if (!ok) throw py::value_error(err);
+  py::array_t<uint8_t> out({h.height, h.width, 3});
+  uint8_t* dst = out.mutable_data();
+  {
+    py::gil_scoped_release nogil;
+    ok = w.jpeg.decode_full(dst, static_cast<ptrdiff_t>(h.width) * 3, &err);
+  }
+  if (!ok) throw py::value_error(err);
+  return out;
+}
+
+// Runs one sample job into a fresh (out_h, out_w, 3) array with the GIL released.
+py::array run_single(fastload::SampleJob& job) {
+  py::array_t<uint8_t> out({job.out_h, job.out_w, 3});
+  job.out = out.mutable_data();
+  std::string err;
+  bool ok;
+  {
+    py::gil_scoped_release nogil;
+    ok = fastload::process_sample(&local_worker(), job, &err);
+  }
+  if (!ok) throw py::value_error(err);
+  return out;
+}
+
+py::array resize_crop(py::handle src, py::handle crop, py::handle out_hw, bool flip) {
+  if (!py::isinstance<py::array_t<uint8_t>>(src)) {
+    throw py::type_error("src: expected a uint8 numpy array of shape (H, W, 3), got " +
+                         describe_array(src));
+  }
+  auto img = py::array_t<uint8_t, py::array::c_style>::ensure(src);
+  if (img.ndim() != 3 || img.shape(2) != 3 || img.shape(0) < 1 || img.shape(1) < 1 ||
+      img.shape(0) > INT32_MAX || img.shape(1) > INT32_MAX) {
+    throw py::value_error("src: expected shape (H, W, 3), got " +
+                          std::string(py::str(img.attr("shape"))));
+  }
+  fastload::SampleJob job = single_job(crop, out_hw, flip, static_cast<int>(img.shape(0)),
+                                       static_cast<int>(img.shape(1)));
+  job.encoding = fastload::kEncodingRawRgb;
+  job.data = img.data();
+  job.size = static_cast<size_t>(img.size());
+  job.src_h = static_cast<int>(img.shape(0));
+  job.src_w = static_cast<int>(img.shape(1));
+  return run_single(job);
+}
+
+py::array decode_crop_resize(py::handle buf, py::handle crop, py::handle out_hw, bool flip,
+                             bool dct_scaling) {
+  BufferView b(buf, "buf");
+  int img_h = 0, img_w = 0;
+  if (crop.is_none()) {  // the crop is the whole image: read its size first
+    py::tuple info = jpeg_info(buf);
+    img_h = info[0].cast<int>();
+    img_w = info[1].cast<int>();
+  }
+  fastload::SampleJob job = single_job(crop, out_hw, flip, img_h, img_w);
+  job.encoding = fastload::kEncodingJpeg;
+  job.data = b.data();
+  job.size = static_cast<size_t>(b.size());
+  job.dct_scaling = dct_scaling;
+  return run_single(job);
+}
+
+py::list decode_batch(BatchEngine& pool, py::handle regions, py::handle region, py::handle offset,
+                      py::handle length, py::handle encoding, py::handle src_hw, py::handle crop,
+                      py::handle flip, py::handle out, bool dct_scaling) {
+  std::vector<BufferView> views;
+  std::vector<fastload::Region> regs;
+  region_views(regions, &views, &regs);
+
+  int64_t n = -1;
+  auto region_a = int_array(region, "region", &n, 0);
+  auto offset_a = int_array(offset, "offset", &n, 0);
+  auto length_a = int_array(length, "length", &n, 0);
+  auto encoding_v = narrow<uint8_t>(int_array(encoding, "encoding", &n, 0), "encoding", 0, 255);
+  auto flip_v = narrow<uint8_t>(int_array(flip, "flip", &n, 0), "flip", 0, 1);
+  auto src_hw_v = narrow<int32_t>(int_array(src_hw, "src_hw", &n, 2), "src_hw", INT32_MIN,
+                                  INT32_MAX);
+  auto crop_v = narrow<int32_t>(int_array(crop, "crop", &n, 4), "crop", INT32_MIN, INT32_MAX);
+
+  if (!py::isinstance<py::array_t<uint8_t>>(out)) {
+    throw py::type_error("out: expected a uint8 numpy array of shape (" + std::to_string(n) +
+                         ", H, W, 3), got " + describe_array(out));
+  }
+  py::array out_a = py::reinterpret_borrow<py::array>(out);
+  if (out_a.ndim() != 4 || out_a.shape(0) != n || out_a.shape(3) != 3 || out_a.shape(1) < 1 ||
+      out_a.shape(2) < 1 || out_a.shape(1) > INT32_MAX || out_a.shape(2) > INT32_MAX) {
+    throw py::value_error("out: expected shape (" + std::to_string(n) + ", H, W, 3) with H, W >= 1"
+                          ", got shape " + std::string(py::str(out_a.attr("shape"))));
+  }
+  if (!(out_a.flags() & py::array::c_style)) {
+    throw py::value_error("out: expected a C-contiguous array (NHWC memory), got strides " +
+                          std::string(py::str(out_a.attr("strides"))));
+  }
+  if (!out_a.writeable()) throw py::value_error("out: array is read-only");
+
+  fastload::BatchSpec spec;
+  set_sources(&spec, regs, n, region_a, offset_a);
+  spec.length = length_a.data();
+  spec.encoding = encoding_v.data();
+  spec.src_hw = src_hw_v.data();
+  spec.crop = crop_v.data();
+  spec.flip = flip_v.data();
+  spec.out = static_cast<uint8_t*>(out_a.mutable_data());
+  spec.out_h = static_cast<int>(out_a.shape(1));
+  spec.out_w = static_cast<int>(out_a.shape(2));
+  spec.dct_scaling = dct_scaling;
+
+  std::vector<fastload::Failure> failures;
+  {
+    py::gil_scoped_release nogil;
+    failures = pool.run(spec);
+  }
+  py::list result;
+  for (auto& f : failures) result.append(py::make_tuple(f.index, f.message));
+  return result;
+}
+
+}  // namespace
+
+void register_decode(py::module_& m) {
+  // The image encodings of the packed "meta" column, defined once (csrc/batch.h); Python reads them from
+  // here (fastload/formats/_layout.py).
+  m.attr("IMAGE_JPEG") = static_cast<int>(fastload::kEncodingJpeg);
+  m.attr("IMAGE_RAW") = static_cast<int>(fastload::kEncodingRawRgb);
+
+  m.def("jpeg_info", &jpeg_info, py::arg("buf"),
+        "jpeg_info(buf) -> (height, width, components) from the JPEG header.\n"
+        "Raises ValueError on corrupt data.");
+  m.def("decode_jpeg", &decode_jpeg, py::arg("buf"),
+        "decode_jpeg(buf) -> uint8 array (H, W, 3), full-size RGB.\n"
+        "Grayscale is replicated; CMYK/YCCK is converted like PIL's convert('RGB').");
+  m.def("resize_crop", &resize_crop, py::arg("src"), py::arg("crop"), py::arg("out_hw"),
+        py::arg("flip") = false,
+        "resize_crop(src, crop, out_hw, flip=False) -> uint8 array (out_h, out_w, 3).\n"
+        "crop = (top, left, height, width) or None for the whole image; PIL BILINEAR "
+        "(antialiased) resize, then horizontal flip if flip.");
+  m.def("decode_crop_resize", &decode_crop_resize, py::arg("buf"), py::arg("crop"),
+        py::arg("out_hw"), py::arg("flip") = false, py::arg("dct_scaling") = true,
+        "decode_crop_resize(buf, crop, out_hw, flip=False, dct_scaling=True) -> uint8 array\n"
+        "(out_h, out_w, 3): decode a JPEG, crop, resize and flip like one decode_batch sample.");
+  m.def("decode_batch", &decode_batch, py::arg("pool"), py::arg("regions"), py::arg("region"),
+        py::arg("offset"), py::arg("length"), py::arg("encoding"), py::arg("src_hw"),
+        py::arg("crop"), py::arg("flip"), py::arg("out"), py::arg("dct_scaling") = true,
+        "decode_batch(pool, regions, region, offset, length, encoding, src_hw, crop, flip, out,\n"
+        "             dct_scaling=True) -> list[(index, message)] of failed samples.\n"
+        "Sample k's bytes are regions[region[k]][offset[k]:offset[k]+length[k]]; encoding 0 = JPEG,\n"
+        "1 = raw RGB (src_hw[k] = (H, W)); crop[k] = (top, left, height, width); the result is\n"
+        "written into out[k] (out: C-contiguous uint8 (n, H, W, 3)); failed samples are zeroed.");
+}
+
+}  // namespace fastload_bind
