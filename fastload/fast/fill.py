@@ -46,6 +46,7 @@ class Fill(Stage):
             r.ids.add(id(slot))
         t = time.perf_counter()
         objects = self.batcher.fill(slot, indices, rng, self.pool)
+        slot.batch_rng = rng  # the collate stage draws the batch transform's plan from it (MixUp/CutMix)
         cost = time.perf_counter() - t
         self.fills.append(cost)  # the policy's window (a deque; appended from the filling thread)
         return slot, len(indices), objects, cost
