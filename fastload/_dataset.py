@@ -19,6 +19,7 @@ from .formats.reader import (Located, PackedReader, local_segments,  # noqa: F40
                              read_manifest)
 from .formats.remote import Remote, is_url, warn_local_options
 from ._augment.pipeline import reference as augment_reference
+from ._augment.mix import resolve_batch
 from ._field_transforms import check_lengths, resolve as resolve_transforms
 from ._sequences import PackSequences
 
@@ -33,7 +34,8 @@ class Dataset(torch.utils.data.Dataset):
 
     def __init__(self, path: str | os.PathLike, *, transforms: Mapping[str, Any] | None = None,
                  as_dict: bool = False, decode: bool = True, cache_dir: str | os.PathLike | None = None,
-                 cache_limit: int | str | None = None, storage_options: Mapping[str, Any] | None = None):
+                 cache_limit: int | str | None = None, storage_options: Mapping[str, Any] | None = None,
+                 batch_transforms: Any = None):
         self._remote: Remote | None = None
         self._lease = None  # fastload.open's lock on a folder's cached pack (_folder_cache.py), set after this
         if is_url(path):
@@ -55,6 +57,7 @@ class Dataset(torch.utils.data.Dataset):
         self.as_dict = bool(as_dict)
         self.decode = bool(decode)
         self.transforms, self.pipelines, self.sequences = resolve_transforms(transforms, self.schema)
+        self.batch_mix = resolve_batch(batch_transforms, self.schema, self.pipelines, self.as_dict)
         self._open_reader()
         check_lengths(self)  # Pad/Bucket against every sample, before any batch
 
@@ -200,7 +203,7 @@ class Dataset(torch.utils.data.Dataset):
 
 def open(path: str | os.PathLike, *, transforms: Mapping[str, Any] | None = None, as_dict: bool = False,
          decode: bool = True, cache_dir: str | os.PathLike | None = None, cache_limit: int | str | None = None,
-         storage_options: Mapping[str, Any] | None = None) -> Dataset:
+         storage_options: Mapping[str, Any] | None = None, batch_transforms: Any = None) -> Dataset:
     """Open a packed dataset (shards directory or LMDB environment) as a map-style Dataset.
 
     ``path`` may be a URL that fsspec reads (``s3://bucket/ds``, ``gs://``, ``az://``, ``https://``,
@@ -222,6 +225,12 @@ def open(path: str | os.PathLike, *, transforms: Mapping[str, Any] | None = None
     ``{"image": [RandomResizedCrop(224), RandomHorizontalFlip()]}``): ``ds[i]`` and
     ``fastload.DataLoader`` then give the same kind of sample. ``ds.schema`` is the schema;
     ``ds.classes`` the class names where the source had them.
+
+    ``batch_transforms`` is MixUp, CutMix or ``RandomChoice([CutMix(...), MixUp(...)])`` (torchvision v2's
+    names and arguments), run by ``fastload.DataLoader`` on whole batches (after collate on the CPU, on the
+    device after the copy with ``device='cuda'``): the image field's images mixed, the int label field made
+    float soft labels (N, num_classes). The fields default to the single image and single int field; name
+    them with ``{('image', 'label'): transform}``. ``ds[i]`` is one sample: batch transforms do not apply.
     """
     lease = None
     if not is_url(path):
@@ -232,7 +241,7 @@ def open(path: str | os.PathLike, *, transforms: Mapping[str, Any] | None = None
             path, cache_dir = packed, None
     try:
         ds = Dataset(path, transforms=transforms, as_dict=as_dict, decode=decode, cache_dir=cache_dir,
-                     cache_limit=cache_limit, storage_options=storage_options)
+                     cache_limit=cache_limit, storage_options=storage_options, batch_transforms=batch_transforms)
     except BaseException:
         if lease is not None:
             lease.close()

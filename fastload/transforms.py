@@ -43,6 +43,7 @@ from ._augment import pipeline as _augment  # noqa: E402
 from ._augment.color import ColorJitter, Grayscale, RandomGrayscale  # noqa: E402
 from ._augment.combinators import RandomApply, RandomChoice, RandomOrder  # noqa: E402
 from ._augment.filters import GaussianBlur, RandomErasing  # noqa: E402
+from ._augment.mix import CutMix, MixUp  # noqa: E402  (batch transforms: fastload.open(batch_transforms=...))
 from ._augment.geometry import RandomAffine, RandomRotation, RandomVerticalFlip  # noqa: E402
 from ._augment.plan import Augment  # noqa: E402
 from ._augment.policies import AutoAugment, RandAugment, ThreeAugment, TrivialAugmentWide  # noqa: E402
@@ -55,8 +56,10 @@ __all__ = [
     "CenterCrop",
     "ColorJitter",
     "Compose",
+    "CutMix",
     "GaussianBlur",
     "Grayscale",
+    "MixUp",
     "ImagePipeline",
     "Normalize",
     "PackSequences",

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["CutMix", "MixPlan", "MixUp"]
+__all__ = ["BatchMix", "CutMix", "MixPlan", "MixUp", "resolve_batch"]
 
 
 @dataclass(frozen=True)
@@ -125,3 +125,107 @@ def apply_mix(images: torch.Tensor, labels: torch.Tensor, plan: MixPlan, num_cla
         out = images.clone()
         out[..., y1:y2, x1:x2] = images.roll(1, 0)[..., y1:y2, x1:x2]
     return out, soft
+
+
+# -- in the loader: fastload.open(..., batch_transforms=...) ------------------------------------------------
+_BATCH_EXAMPLE = "batch_transforms=[T.RandomChoice([T.CutMix(num_classes=1000), T.MixUp(num_classes=1000)])]"
+
+
+class BatchMix:
+    """A dataset's batch transform in the loader: which batch entries are the images and the labels, the
+    transform (MixUp, CutMix or RandomChoice over them), and the label field's name for messages.
+
+    The fast path draws the plan in the caller's thread from the batch's own generator, after the
+    per-sample plan's draws (``plan``; the generator travels with the slot from the fill stage, so seed,
+    resume and num_workers-independence hold as for the per-sample transforms), and executes it with
+    ``apply`` on the CPU after collate or on the device after the copy and ToDtype/Normalize."""
+
+    def __init__(self, transform: Any, image: str, label: str, image_key: Any, label_key: Any) -> None:
+        self.transform, self.image, self.label = transform, image, label
+        self.image_key, self.label_key = image_key, label_key
+        self.num_classes = _members_num_classes(transform)
+
+    def plan(self, batch: Any, rng: np.random.Generator) -> MixPlan:
+        """The plan for ``batch`` (host tensors, before any copy), RandomChoice's pick included; checks the labels here, on the host, where no device would have to sync for it."""
+        images, labels = batch[self.image_key], batch[self.label_key]
+        if labels.numel():
+            lo, hi = int(labels.min()), int(labels.max())
+            if lo < 0 or hi >= self.num_classes:
+                raise ValueError(f"{type(self.transform).__name__}: label field '{self.label}' should hold class "
+                                 f"indices in [0, num_classes={self.num_classes}), got values from {lo} to {hi} in "
+                                 f"this batch; give num_classes > {hi}")
+        n, hw = images.shape[0], (images.shape[-2], images.shape[-1])
+        out = self.transform.plan_batch(n, hw, rng)
+        return out[1] if isinstance(out, tuple) else out
+
+    def apply(self, batch: Any, plan: MixPlan) -> Any:
+        """``batch`` with mixed images and float soft labels (N, num_classes), on the batch's device."""
+        images, labels = apply_mix(batch[self.image_key], batch[self.label_key], plan, self.num_classes)
+        batch[self.image_key], batch[self.label_key] = images, labels
+        return batch
+
+
+def _members_num_classes(t: Any) -> int:
+    members = getattr(t, "transforms", None) or [t]
+    ks = {m.num_classes for m in members}
+    return ks.pop() if len(ks) == 1 else None  # type: ignore[return-value]
+
+
+def resolve_batch(spec: Any, schema: Any, pipelines: dict, as_dict: bool) -> BatchMix | None:
+    """``fastload.open``'s ``batch_transforms``: one MixUp, CutMix or RandomChoice over them (alone or in a
+    one-item list), or ``{(image field, label field): that}``; None for none. Refuses, naming the field, a
+    missing num_classes, a label field that is not int, ambiguous fields and MixUp on uint8 images."""
+    if spec is None:
+        return None
+    fields = None
+    if isinstance(spec, dict):
+        if len(spec) != 1 or not isinstance(next(iter(spec)), tuple) or len(next(iter(spec))) != 2:
+            raise TypeError(f"batch_transforms as a dict maps ('image field', 'label field') to the transform, "
+                            f"e.g. {{('image', 'label'): T.MixUp(num_classes=10)}}; got {spec!r}")
+        fields, spec = next(iter(spec.items()))
+    if isinstance(spec, (list, tuple)):
+        if len(spec) != 1:
+            raise ValueError(f"batch_transforms takes one batch transform (MixUp, CutMix, or RandomChoice over them, "
+                             f"as torchvision applies one per batch), got {len(spec)}: {list(spec)!r}; e.g. "
+                             f"{_BATCH_EXAMPLE}")
+        spec = spec[0]
+    from .combinators import RandomChoice
+
+    members = spec.transforms if isinstance(spec, RandomChoice) else [spec]
+    bad = [m for m in members if not isinstance(m, _MixBase)]
+    if bad:
+        raise TypeError(f"batch_transforms: {bad[0]!r} is not a batch transform; fastload runs MixUp, CutMix and "
+                        f"RandomChoice over them there, e.g. {_BATCH_EXAMPLE}")
+    images = [f.name for f in schema if f.kind == "image"]
+    ints = [f.name for f in schema if f.kind == "int"]
+    if fields is None:
+        if len(images) != 1 or len(ints) != 1:
+            raise ValueError(f"batch_transforms: which fields to mix is ambiguous (image fields {images}, int "
+                             f"fields {ints}); name them: batch_transforms={{('<image field>', '<label field>'): "
+                             f"{spec!r}}}")
+        fields = (images[0], ints[0])
+    image, label = fields
+    for name, kinds, what in ((image, images, "an image field"), (label, ints, "an int field of class indices")):
+        if name not in schema.names:
+            raise ValueError(f"batch_transforms name field {name!r}, which this dataset does not have; its fields "
+                             f"are {list(schema.names)}")
+        if name not in kinds:
+            raise ValueError(f"batch_transforms: field '{name}' is of kind {schema[name].kind}, but it should be "
+                             f"{what} (candidates here: {kinds})")
+    missing = [m for m in members if m.num_classes is None]
+    if missing:
+        raise ValueError(f"batch_transforms: {missing[0]!r} needs num_classes: the label field '{label}' holds "
+                         f"class indices, made one-hot over num_classes (e.g. {type(missing[0]).__name__}"
+                         f"(alpha={missing[0].alpha}, num_classes=1000))")
+    ks = sorted({m.num_classes for m in members})
+    if len(ks) > 1:
+        raise ValueError(f"batch_transforms: the transforms give soft labels of different widths "
+                         f"(num_classes {ks}); give them all the same num_classes")
+    pipe = pipelines.get(image)
+    if any(isinstance(m, MixUp) for m in members) and (pipe is None or not pipe.tensor.dtype.is_floating_point):
+        raise ValueError(f"batch_transforms: MixUp blends the images of field '{image}', so they should be float "
+                         f"there: end transforms['{image}'] with T.ToDtype(torch.float32, scale=True) (and "
+                         f"Normalize); CutMix alone works on uint8")
+    names = list(schema.names)
+    keys = (image, label) if as_dict else (names.index(image), names.index(label))
+    return BatchMix(spec, image, label, *keys)

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from .._ring import Slot, SlotRing
+from .device import AfterCopy
 from .stage import Stage
 
 
@@ -35,6 +36,8 @@ class Collator:
         self.batch_size, self.packed, self.as_dict = batch_size, packed, dataset.as_dict
         self.names = list(dataset.schema.names)
         self.parts = parts
+        # fastload.open's batch_transforms (MixUp/CutMix, _augment/mix.py): run by the Collate stage
+        self.mix = getattr(dataset, "batch_mix", None) if packed is None else None
         self._cpu_outputs: dict[str, SlotRing] = {}  # per image field: CPU ToDtype/Normalize results
         self._cpu_outputs_lock = threading.Lock()
 
@@ -90,11 +93,18 @@ class Collate(Stage):
             self.steps.append(started - self._returned_at)  # the caller's own time for one batch
         slot, n, objects, fill = next(self.source)
         out = self.collator.collate(slot, n, objects, self.tensor_transforms)
+        mix = self.collator.mix
+        if mix is not None:
+            # drawn here from the batch's generator (the fill stage leaves it on the slot, after the per-sample
+            # plan's draws); run now on the CPU, or on the device after the copy and ToDtype/Normalize
+            plan = mix.plan(out, slot.batch_rng)
+            out = mix.apply(out, plan) if self.tensor_transforms else \
+                AfterCopy(out, lambda batch, m=mix, p=plan: m.apply(batch, p))
         r = self.reserved
         with r.lock:
             r.ids.discard(id(slot))
         self.stats.took(started, n, self.source.ready, fill)
         if self.contiguous is not None:
-            out = contiguous_images(out, self.contiguous)
+            out = contiguous_images(out, self.contiguous)  # (never on the device path, so never an AfterCopy)
         self._returned_at = time.perf_counter()
         return out

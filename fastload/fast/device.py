@@ -29,6 +29,16 @@ from .._ring import Slot, SlotRing, cuda_available, streams_for
 from .._tensor_transforms import TensorPipeline
 
 
+class AfterCopy:
+    """A batch with work to run on it on the device once copied (the collate stage's MixUp/CutMix plan,
+    drawn on the host): ``then(batch) -> batch``, run on the consumer's stream when the batch is handed out."""
+
+    __slots__ = ("batch", "then")
+
+    def __init__(self, batch: Any, then: Any):
+        self.batch, self.then = batch, then
+
+
 def check_device(device: Any) -> torch.device:
     """``device`` as a torch.device; a clear error for anything else. ``'cuda'`` stays without an index
     here: a loader is often built before ``torch.cuda.set_device(local_rank)``, so the index is taken at
@@ -142,8 +152,11 @@ class DevicePrefetcher(_BaseDataLoaderIter):  # a torch DataLoader iterator by t
             self.streams.record_stream(buf, self.streams.side)  # rule 4: freed only after the side stream's use
         return buf
 
-    def _enqueue(self, host: Any) -> tuple[Slot, Any]:
+    def _enqueue(self, host: Any) -> tuple[Slot, Any, Any]:
         s = self.streams
+        then = None
+        if isinstance(host, AfterCopy):
+            host, then = host.batch, host.then
         with_paths, spec = tree_flatten_with_path(host)
         leaves = [leaf for _, leaf in with_paths]
         slot = self.ring.acquire(ready=self.ring.ready)
@@ -209,7 +222,7 @@ class DevicePrefetcher(_BaseDataLoaderIter):  # a torch DataLoader iterator by t
         # referenced until the copy event has completed (rule 2); a batch copied into staging is free at once
         # (the generic path's shared-memory lease goes back to its worker now)
         slot.host = host if keep_host else None
-        return slot, tree_unflatten(result, spec)
+        return slot, tree_unflatten(result, spec), then
 
     @staticmethod
     def _key(path: tuple) -> Any:
@@ -231,7 +244,7 @@ class DevicePrefetcher(_BaseDataLoaderIter):  # a torch DataLoader iterator by t
             self._inflight.append(self._enqueue(host))
         if not self._inflight:
             raise StopIteration
-        slot, out = self._inflight.popleft()
+        slot, out, then = self._inflight.popleft()
         consumer = self.streams.consumer()
         self.streams.wait(consumer, slot.copy_event)  # rule 5
         if consumer not in slot.readers:
@@ -240,6 +253,8 @@ class DevicePrefetcher(_BaseDataLoaderIter):  # a torch DataLoader iterator by t
                 self.streams.record_stream(t, consumer)
             slot.readers.add(consumer)
         slot.receiver = consumer  # the next fence for this slot is recorded there
+        if then is not None:  # queued on the consumer's stream after the wait above: no host sync
+            out = then(out)
         if self.on_yield is not None:
             self.on_yield()
         return out

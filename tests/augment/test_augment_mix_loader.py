@@ -1,0 +1,158 @@
+"""MixUp/CutMix in the loader: fastload.open(..., batch_transforms=...), drawn from each batch's generator,
+run after collate on the CPU or on the device after the copy (here the device stage's code on HostStreams)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fastload
+import fastload.transforms as T
+from conftest import make_image_folder
+from fastload._augment.mix import BatchMix, apply_mix
+from misuse.conftest import user_error
+
+K = 4
+OUT = (40, 48)
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mix_loader")
+    make_image_folder(root / "src", classes=K, per_class=6)
+    fastload.pack(root / "src", root / "ds", workers=0)
+    return root / "ds"
+
+
+def image_tf(float_=True):
+    tail = [T.ToDtype(torch.float32, scale=True)] if float_ else []
+    return {"image": [T.RandomResizedCrop(OUT), T.RandomHorizontalFlip()] + tail}
+
+
+def mixing(alpha=1.0):
+    return [T.RandomChoice([T.CutMix(alpha=alpha, num_classes=K), T.MixUp(alpha=alpha, num_classes=K)])]
+
+
+def loader(packed, workers=0, batch=None, **kw):
+    ds = fastload.open(packed, transforms=image_tf(), batch_transforms=batch)
+    return fastload.DataLoader(ds, batch_size=5, shuffle=True, seed=7, num_workers=workers, **kw)
+
+
+def epoch(dl):
+    return [(x.clone(), y.clone()) for x, y in dl]
+
+
+def same(a, b):
+    return len(a) == len(b) and all(torch.equal(x, u) and torch.equal(y, v) for (x, y), (u, v) in zip(a, b))
+
+
+@pytest.fixture
+def plans(monkeypatch):
+    """Every plan the loader draws, in order."""
+    seen = []
+    real = BatchMix.plan
+
+    def record(self, batch, rng):
+        p = real(self, batch, rng)
+        seen.append(p)
+        return p
+
+    monkeypatch.setattr(BatchMix, "plan", record)
+    return seen
+
+
+def test_loader_mixes_as_the_reference_with_the_drawn_plans(packed, plans):
+    plain = epoch(loader(packed))
+    mixed = epoch(loader(packed, batch=mixing()))
+    assert len(plans) == len(mixed) == len(plain)
+    kinds = {p.kind for p in plans}
+    assert kinds == {"mixup", "cutmix"}  # RandomChoice picked both over the epoch
+    for (x, y), (mx, soft), plan in zip(plain, mixed, plans):
+        assert soft.shape == (x.shape[0], K) and soft.dtype == torch.float32
+        assert torch.allclose(soft.sum(1), torch.ones(x.shape[0]))
+        one_hot = torch.nn.functional.one_hot(y, K).float()
+        assert torch.allclose(soft, plan.label_lam * one_hot + (1 - plan.label_lam) * one_hot.roll(1, 0))
+        if plan.kind == "cutmix":
+            x1, y1, x2, y2 = plan.box
+            assert plan.label_lam == pytest.approx(1 - (x2 - x1) * (y2 - y1) / (OUT[0] * OUT[1]))
+        ref_x, ref_soft = apply_mix(x, y, plan, K)  # mix.py's reference on the unmixed batch
+        assert torch.equal(mx, ref_x) and torch.equal(soft, ref_soft)
+    assert not all(torch.equal(a[0], b[0]) for a, b in zip(plain, mixed))
+
+
+def test_mixing_is_deterministic_and_independent_of_num_workers(packed):
+    ref = epoch(loader(packed, batch=mixing()))
+    assert same(ref, epoch(loader(packed, batch=mixing())))
+    assert same(ref, epoch(loader(packed, 2, batch=mixing())))
+    other = epoch(fastload.DataLoader(fastload.open(packed, transforms=image_tf(), batch_transforms=mixing()),
+                                      batch_size=5, shuffle=True, seed=8))
+    assert not same(ref, other)  # the seed decides the draws
+
+
+@pytest.mark.parametrize("workers_after", [0, 2])
+def test_mixing_resumes_mid_epoch_bit_for_bit(packed, workers_after):
+    ref = epoch(loader(packed, 1, batch=mixing()))
+    dl = loader(packed, 1, batch=mixing())
+    it = iter(dl)
+    for _ in range(2):
+        next(it)
+    state = dl.state_dict()
+    del it
+    restored = loader(packed, workers_after, batch=mixing())
+    restored.load_state_dict(state)
+    assert same(epoch(restored), ref[2:])
+
+
+def test_device_stage_mixes_after_the_copy_as_the_cpu_path(packed, plans):
+    """device='cpu' runs the device prefetcher's code (HostStreams): the batch reaches it uint8 with its plan,
+    ToDtype runs there, then the mix; the result equals the CPU path's."""
+    cpu = epoch(loader(packed, batch=mixing()))
+    n = len(plans)
+    dev = epoch(loader(packed, batch=mixing(), device="cpu"))
+    assert plans[:n] == plans[n:]
+    assert same(cpu, dev)
+
+
+def test_cutmix_alone_mixes_uint8_images_exactly(packed, plans):
+    ds = fastload.open(packed, transforms=image_tf(float_=False), batch_transforms=T.CutMix(num_classes=K))
+    plain = epoch(fastload.DataLoader(fastload.open(packed, transforms=image_tf(float_=False)), batch_size=5,
+                                      shuffle=True, seed=7))
+    mixed = epoch(fastload.DataLoader(ds, batch_size=5, shuffle=True, seed=7))
+    for (x, y), (mx, soft), plan in zip(plain, mixed, plans):
+        assert mx.dtype == torch.uint8
+        assert torch.equal(mx, apply_mix(x, y, plan, K)[0])
+
+
+def test_misuse_is_refused_naming_the_field(packed, every_kind):
+    with user_error(ValueError, "needs num_classes", "'label'"):
+        fastload.open(packed, transforms=image_tf(), batch_transforms=[T.MixUp(alpha=1.0)])
+    with user_error(ValueError, "MixUp", "'image'", "float", "ToDtype"):
+        fastload.open(packed, transforms=image_tf(float_=False), batch_transforms=mixing())
+    with user_error(TypeError, "not a batch transform"):
+        fastload.open(packed, transforms=image_tf(), batch_transforms=[T.RandomHorizontalFlip()])
+    with user_error(ValueError, "one batch transform"):
+        fastload.open(packed, transforms=image_tf(), batch_transforms=[T.MixUp(num_classes=K), T.CutMix(num_classes=K)])
+    with user_error(ValueError, "different widths"):
+        fastload.open(packed, transforms=image_tf(), batch_transforms=T.RandomChoice(
+            [T.MixUp(num_classes=K), T.CutMix(num_classes=K + 1)]))
+    schema = fastload.open(every_kind).schema
+    images = [f.name for f in schema if f.kind == "image"]
+    not_int = next(f for f in schema if f.kind not in ("int", "image"))
+    with user_error(ValueError, f"'{not_int.name}'", "int field"):
+        fastload.open(every_kind, batch_transforms={(images[0], not_int.name): T.CutMix(num_classes=K)})
+    with user_error(ValueError, "does not have"):
+        fastload.open(packed, batch_transforms={("image", "lable"): T.CutMix(num_classes=K)})
+    dl = fastload.DataLoader(fastload.open(packed, transforms=image_tf(), batch_transforms=T.CutMix(num_classes=K - 1)),
+                             batch_size=24)
+    with user_error(ValueError, "label field 'label'", f"num_classes={K - 1}", f"to {K - 1}"):
+        next(iter(dl))
+
+
+def test_ambiguous_fields_are_refused_with_their_names(every_kind):
+    schema = fastload.open(every_kind).schema
+    images = [f.name for f in schema if f.kind == "image"]
+    ints = [f.name for f in schema if f.kind == "int"]
+    if len(images) == 1 and len(ints) == 1:
+        pytest.skip("every_kind has one image and one int field")
+    with user_error(ValueError, "ambiguous", *images, *ints):
+        fastload.open(every_kind, batch_transforms=T.CutMix(num_classes=K))
