@@ -103,10 +103,12 @@ def test_mixing_resumes_mid_epoch_bit_for_bit(packed, workers_after):
     assert same(epoch(restored), ref[2:])
 
 
-def test_device_stage_mixes_after_the_copy_as_the_cpu_path(packed, plans):
-    """device='cpu' runs the device prefetcher's code (HostStreams): the batch reaches it uint8 with its plan,
-    ToDtype runs there, then the mix; the result equals the CPU path's."""
+def test_device_stage_mixes_after_the_copy_as_the_cpu_path(packed, plans, monkeypatch):
+    """The loader's device chain on CPU tensors: device='cpu' with the loader told it is on a device runs the
+    device prefetcher's code on HostStreams: the batch reaches it uint8 with its plan (AfterCopy), ToDtype runs
+    there, then the mix; the result equals the CPU path's."""
     cpu = epoch(loader(packed, batch=mixing()))
+    monkeypatch.setattr(fastload.DataLoader, "_on_device", lambda self: self.device is not None)
     n = len(plans)
     dev = epoch(loader(packed, batch=mixing(), device="cpu"))
     assert plans[:n] == plans[n:]
