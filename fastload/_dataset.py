@@ -57,6 +57,9 @@ class Dataset(torch.utils.data.Dataset):
         self.as_dict = bool(as_dict)
         self.decode = bool(decode)
         self.transforms, self.pipelines, self.sequences = resolve_transforms(transforms, self.schema)
+        if batch_transforms is not None and not self.decode:
+            raise ValueError("fastload.open: batch_transforms (MixUp/CutMix) mix decoded images; with decode=False "
+                             "images come back as their stored bytes: leave decode=True or batch_transforms out")
         self.batch_mix = resolve_batch(batch_transforms, self.schema, self.pipelines, self.as_dict)
         self._open_reader()
         check_lengths(self)  # Pad/Bucket against every sample, before any batch

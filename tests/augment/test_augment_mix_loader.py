@@ -144,6 +144,11 @@ def test_misuse_is_refused_naming_the_field(packed, every_kind):
         fastload.open(every_kind, batch_transforms={(images[0], not_int.name): T.CutMix(num_classes=K)})
     with user_error(ValueError, "does not have"):
         fastload.open(packed, batch_transforms={("image", "lable"): T.CutMix(num_classes=K)})
+    with user_error(ValueError, "decode=False"):
+        fastload.open(packed, decode=False, batch_transforms=T.CutMix(num_classes=K))
+    mixed = fastload.open(packed, transforms=image_tf(), batch_transforms=T.CutMix(num_classes=K))
+    with user_error(ValueError, "batch_transforms", "CutMix", "fast path"):
+        fastload.DataLoader(mixed, batch_size=4, collate_fn=lambda samples: samples)  # the generic path: no mix
     dl = fastload.DataLoader(fastload.open(packed, transforms=image_tf(), batch_transforms=T.CutMix(num_classes=K - 1)),
                              batch_size=24)
     with user_error(ValueError, "label field 'label'", f"num_classes={K - 1}", f"to {K - 1}"):
