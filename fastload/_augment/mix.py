@@ -141,7 +141,8 @@ class BatchMix:
     transform (MixUp, CutMix or RandomChoice over them), and the label field's name for messages.
 
     The fast path draws the plan in the caller's thread from the batch's own generator, after the
-    per-sample plan's draws (``plan``; the generator travels with the slot from the fill stage, so seed,
+    per-sample plan's draws (``plan``; every image field on the fast path has a pipeline, so the batcher always
+    asks for the generator; it travels with the slot from the fill stage, so seed,
     resume and num_workers-independence hold as for the per-sample transforms), and executes it with
     ``apply`` on the CPU after collate or on the device after the copy and ToDtype/Normalize."""
 

@@ -113,8 +113,7 @@ def fast_iterator(*, plan: Any, epoch: int, start: int, batcher: Any, slots: Any
     a remote dataset's read plan (None: local); ``image_keys``: image entries to hand out in torch's
     contiguous layout (``memory_format``); ``device``: ``(ring, transforms)`` of the device prefetcher for
     ``device='cuda'`` (there ToDtype/Normalize and the contiguous copy run on the device)."""
-    # a batch transform (MixUp/CutMix) draws from the batch's generator too, with or without per-sample ones
-    source: Any = Jobs(plan, epoch, start, batcher.needs_rng or batcher.collator.mix is not None)
+    source: Any = Jobs(plan, epoch, start, batcher.needs_rng)
     if reading is not None:
         source = ReadAhead(source, reading)
     reserved = Reservations()
