@@ -80,6 +80,8 @@ def autotune(batcher, order, dataset, batch_size: int, budget_s: float = 1.5) ->
         cache = json.loads(path.read_text())
     except (OSError, ValueError):
         cache = {}
+    if not isinstance(cache, dict):  # valid JSON but not ours (a list, a number): start a fresh cache
+        cache = {}
     hit = cache.get(key)
     if isinstance(hit, dict) and isinstance(hit.get("num_workers"), int):
         chosen, how = hit["num_workers"], "cached"

@@ -92,17 +92,6 @@ def test_manifest_csv_via_cli(runner, tmp_path):
     assert [s[1] for s in fastload.open(tmp_path / "out")] == [0, 1, 2, 3]
 
 
-def test_bench_command(runner, image_folder, tmp_path):
-    dst = tmp_path / "out"
-    fastload.pack(image_folder, dst, workers=0)
-    res = runner.invoke(main, ["bench", str(dst), "--batch-size", "4", "--size", "32", "--max-workers", "1",
-                               "--seconds", "0.1"])
-    assert res.exit_code == 0, res.output
-    assert "best num_workers" in res.output and "decode, full size" in res.output and "copy to GPU" in res.output
-    res = runner.invoke(main, ["bench", str(dst), "--transforms", "none", "--seconds", "0.1"])
-    assert res.exit_code == 2 and "fast path" in res.output
-
-
 # -- issue 17 row 12: what the command line says -------------------------------------------------------------
 
 def test_ctrl_c_during_pack_prints_the_command_that_resumes_it(runner, image_folder, tmp_path, monkeypatch):

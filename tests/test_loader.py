@@ -231,42 +231,6 @@ while True:
     assert proc.returncode != 0 and "KeyboardInterrupt" in err
 
 
-def test_auto_workers_measures_once_then_uses_the_cache(image_shards, tmp_path, monkeypatch, capsys):
-    from fastload import _autotune
-
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    dl = fastload.DataLoader(open_train(image_shards), batch_size=8, num_workers="auto")
-    err = capsys.readouterr().err
-    assert "num_workers='auto' chose" in err and "measured" in err
-    assert dl.num_workers in _autotune.candidates(os.cpu_count() or 1)
-    assert _autotune.cache_path().exists()
-    assert sum(1 for _ in dl) == len(dl)
-
-    def no_measuring(*a, **k):
-        raise AssertionError("the cached choice should be used")
-
-    monkeypatch.setattr(_autotune, "measure", no_measuring)
-    again = fastload.DataLoader(open_train(image_shards), batch_size=8, num_workers="auto")
-    assert again.num_workers == dl.num_workers and "cached" in capsys.readouterr().err
-    assert _autotune.choose({0: 100.0, 1: 180.0, 2: 185.0}) == 1  # within 5%: fewer threads
-
-
-def test_stats_say_whether_the_loop_is_input_bound(image_shards):
-    import time
-
-    dl = fastload.DataLoader(open_train(image_shards), batch_size=4, num_workers=1)
-    for _ in dl:
-        time.sleep(0.02)  # a slow "training step": the loader keeps up
-    s = dl.stats()
-    assert s["batches"] == len(dl) and s["samples"] == 48 and s["step_s"] > 0.15
-    assert s["fill_s"] > 0 and 0 <= s["wait_fraction"] < 1
-    assert "not input-bound" in dl.stats_summary() or "INPUT-BOUND" in dl.stats_summary()
-    fast = fastload.DataLoader(open_train(image_shards), batch_size=4, num_workers=0)
-    for _ in fast:
-        pass  # no step at all: the loop only waits for data
-    assert "INPUT-BOUND" in fast.stats_summary()
-
-
 def _digest_rank(path: Path, rank: int, world: int) -> str:
     import hashlib
 

@@ -1,0 +1,118 @@
+"""_autotune: ``num_workers="auto"`` measures the thread counts once per dataset and machine, then caches."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+import fastload
+from fastload import _autotune
+from fastload import transforms as T
+
+
+def open_train(path, **kw):
+    return fastload.open(path, transforms={"image": [T.RandomResizedCrop(32), T.RandomHorizontalFlip()]}, **kw)
+
+
+def test_auto_workers_measures_once_then_uses_the_cache(image_shards, tmp_path, monkeypatch, capsys):
+    from fastload import _autotune
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    dl = fastload.DataLoader(open_train(image_shards), batch_size=8, num_workers="auto")
+    err = capsys.readouterr().err
+    assert "num_workers='auto' chose" in err and "measured" in err
+    assert dl.num_workers in _autotune.candidates(os.cpu_count() or 1)
+    assert _autotune.cache_path().exists()
+    assert sum(1 for _ in dl) == len(dl)
+
+    def no_measuring(*a, **k):
+        raise AssertionError("the cached choice should be used")
+
+    monkeypatch.setattr(_autotune, "measure", no_measuring)
+    again = fastload.DataLoader(open_train(image_shards), batch_size=8, num_workers="auto")
+    assert again.num_workers == dl.num_workers and "cached" in capsys.readouterr().err
+    assert _autotune.choose({0: 100.0, 1: 180.0, 2: 185.0}) == 1  # within 5%: fewer threads
+
+
+@pytest.mark.parametrize("rates, chosen", [
+    ({1: 100.0, 4: 300.0, 8: 200.0}, 4),
+    ({1: 95.0, 2: 100.0}, 1),  # exactly 95% of the best still counts as as fast
+    ({1: 94.0, 2: 100.0}, 2),
+    ({8: 100.0, 2: 100.0, 4: 100.0}, 2),
+    ({3: 10.0}, 3),
+], ids=["clear best", "at 95%", "under 95%", "a tie", "one count"])
+def test_choose_takes_the_fewest_threads_within_5_percent_of_the_best(rates, chosen):
+    assert _autotune.choose(rates) == chosen
+
+
+@pytest.mark.parametrize("cpus, counts", [(1, [0, 1]), (2, [0, 1, 2]), (6, [0, 1, 2, 4, 6]), (8, [0, 1, 2, 4, 8])])
+def test_candidates_are_no_thread_one_the_powers_of_two_and_every_cpu(cpus, counts):
+    assert _autotune.candidates(cpus) == counts
+
+
+def test_the_cache_lives_under_xdg_cache_home_else_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert _autotune.cache_path() == tmp_path / "xdg" / "fastload" / "autotune.json"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert _autotune.cache_path() == tmp_path / "home" / ".cache" / "fastload" / "autotune.json"
+
+
+@pytest.fixture
+def measured(monkeypatch):
+    """``autotune`` with a stand-in ``measure`` (no batches filled): records each call, returns fixed rates."""
+    calls = []
+
+    def measure(batcher, order, threads, budget_s):
+        calls.append(threads)
+        return {0: 50.0, 2: 190.0, 1: 120.0, 4: 200.0}
+
+    monkeypatch.setattr(_autotune, "measure", measure)
+    return calls
+
+
+def test_autotune_says_what_it_chose_with_the_rates_by_thread_count(small_images, tmp_path, monkeypatch, capsys,
+                                                                   measured):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert _autotune.autotune(None, None, fastload.open(small_images), 4) == 2
+    err = capsys.readouterr().err
+    assert err == ("fastload: num_workers='auto' chose 2 thread(s) (measured; samples/s by threads: 0: 50/s, "
+                   "1: 120/s, 2: 190/s, 4: 200/s)\n")
+    saved = json.loads(_autotune.cache_path().read_text())
+    (entry,) = saved.values()
+    assert entry["num_workers"] == 2 and entry["dataset"] == str(small_images)
+    assert _autotune.autotune(None, None, fastload.open(small_images), 4) == 2
+    assert "(cached; samples/s by threads: 0: 50/s, 1: 120/s, 2: 190/s, 4: 200/s)" in capsys.readouterr().err
+    assert len(measured) == 1
+
+
+def test_another_batch_size_or_transform_is_measured_afresh(small_images, tmp_path, monkeypatch, measured):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    _autotune.autotune(None, None, fastload.open(small_images), 4)
+    _autotune.autotune(None, None, fastload.open(small_images), 8)
+    _autotune.autotune(None, None, open_train(small_images), 8)
+    _autotune.autotune(None, None, open_train(small_images), 8)
+    assert len(measured) == 3
+    assert len(json.loads(_autotune.cache_path().read_text())) == 3
+
+
+@pytest.mark.parametrize("content", ["{not json", "[]", '{"KEY": {"num_workers": "2"}}'],
+                         ids=["broken", "a list", "a str count"])
+def test_a_damaged_cache_is_measured_over_and_rewritten(small_images, tmp_path, monkeypatch, measured, content):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    ds = fastload.open(small_images)
+    content = content.replace("KEY", _autotune._key(ds, 4))
+    _autotune.cache_path().parent.mkdir(parents=True)
+    _autotune.cache_path().write_text(content)
+    assert _autotune.autotune(None, None, ds, 4) == 2 and len(measured) == 1
+    assert json.loads(_autotune.cache_path().read_text())[_autotune._key(ds, 4)]["num_workers"] == 2
+
+
+def test_a_cache_that_cannot_be_written_does_not_stop_training(small_images, tmp_path, monkeypatch, measured,
+                                                               capsys):
+    (tmp_path / "a file").write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "a file"))  # its fastload/ folder cannot be made
+    assert _autotune.autotune(None, None, fastload.open(small_images), 4) == 2
+    assert "chose 2 thread(s) (measured" in capsys.readouterr().err
