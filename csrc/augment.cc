@@ -7,6 +7,10 @@
 #include <cstdlib>
 #include <cstring>
 
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
+
 namespace fastload {
 namespace {
 
@@ -228,15 +232,49 @@ void invert(uint8_t* t, int h, int w, ptrdiff_t stride) {
   });
 }
 
+// Three-channel lookups, one table per channel: p[3x + c] = lut[c][p[3x + c]].
+void apply_luts3(uint8_t* t, int h, int w, ptrdiff_t stride, const uint8_t (*lut)[256]) {
+  for (int y = 0; y < h; ++y) {
+    uint8_t* __restrict p = t + y * stride;
+    for (int x = 0; x < w; ++x) {
+      p[3 * x] = lut[0][p[3 * x]];
+      p[3 * x + 1] = lut[1][p[3 * x + 1]];
+      p[3 * x + 2] = lut[2][p[3 * x + 2]];
+    }
+  }
+}
+
+// Per-channel histograms of the tile. Photos repeat values between neighbours, so one table per channel would
+// make each increment wait for the previous one to the same counter; even and odd pixels count into separate
+// tables, summed at the end (a tile has far fewer than 2^32 pixels: check_aug_op's callers keep h, w in int).
+void histogram3(const uint8_t* t, int h, int w, ptrdiff_t stride, int64_t (*hist)[256]) {
+  uint32_t part[2][3][256] = {};
+  for (int y = 0; y < h; ++y) {
+    const uint8_t* __restrict p = t + y * stride;
+    int x = 0;
+    for (; x + 1 < w; x += 2, p += 6) {
+      ++part[0][0][p[0]];
+      ++part[0][1][p[1]];
+      ++part[0][2][p[2]];
+      ++part[1][0][p[3]];
+      ++part[1][1][p[4]];
+      ++part[1][2][p[5]];
+    }
+    if (x < w) {
+      ++part[0][0][p[0]];
+      ++part[0][1][p[1]];
+      ++part[0][2][p[2]];
+    }
+  }
+  for (int c = 0; c < 3; ++c)
+    for (int v = 0; v < 256; ++v) hist[c][v] = static_cast<int64_t>(part[0][c][v]) + part[1][c][v];
+}
+
 // PIL's equalize, per channel: lut[v] = (pixels below v + step / 2) / step, step = (pixels - count of
 // the largest value) / 255; a channel with step 0 (one or two values) is left as it is.
 void equalize(uint8_t* t, int h, int w, ptrdiff_t stride) {
-  int64_t hist[3][256] = {};
-  for (int y = 0; y < h; ++y) {
-    const uint8_t* p = t + y * stride;
-    for (int x = 0; x < w; ++x)
-      for (int c = 0; c < 3; ++c) ++hist[c][p[3 * x + c]];
-  }
+  int64_t hist[3][256];
+  histogram3(t, h, w, stride, hist);
   const int64_t total = static_cast<int64_t>(h) * w;
   uint8_t lut[3][256];
   bool change[3];
@@ -256,24 +294,48 @@ void equalize(uint8_t* t, int h, int w, ptrdiff_t stride) {
   for (int c = 0; c < 3; ++c)
     if (!change[c])
       for (int v = 0; v < 256; ++v) lut[c][v] = static_cast<uint8_t>(v);
-  for (int y = 0; y < h; ++y) {
-    uint8_t* p = t + y * stride;
-    for (int x = 0; x < w; ++x)
-      for (int c = 0; c < 3; ++c) p[3 * x + c] = lut[c][p[3 * x + c]];
+  apply_luts3(t, h, w, stride, lut);
+}
+
+// The per-channel minimum and maximum of one row's n = 3 w bytes, folded into lo[3], hi[3]. On x86-64, SSE2
+// (always there) keeps the running minima and maxima of 48-byte blocks in three 16-byte registers each: 48 is a
+// multiple of 3, so byte k of a block is always channel k % 3; folded per channel once per row.
+void row_minmax(const uint8_t* p, int64_t n, uint8_t* lo, uint8_t* hi) {
+  int64_t i = 0;
+#if defined(__x86_64__)
+  if (n >= 48) {
+    __m128i l0 = _mm_set1_epi8(-1), l1 = l0, l2 = l0, h0 = _mm_setzero_si128(), h1 = h0, h2 = h0;
+    for (; i + 48 <= n; i += 48) {
+      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + i));
+      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + i + 16));
+      const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + i + 32));
+      l0 = _mm_min_epu8(l0, a), l1 = _mm_min_epu8(l1, b), l2 = _mm_min_epu8(l2, c);
+      h0 = _mm_max_epu8(h0, a), h1 = _mm_max_epu8(h1, b), h2 = _mm_max_epu8(h2, c);
+    }
+    alignas(16) uint8_t vlo[48], vhi[48];
+    _mm_store_si128(reinterpret_cast<__m128i*>(vlo), l0);
+    _mm_store_si128(reinterpret_cast<__m128i*>(vlo + 16), l1);
+    _mm_store_si128(reinterpret_cast<__m128i*>(vlo + 32), l2);
+    _mm_store_si128(reinterpret_cast<__m128i*>(vhi), h0);
+    _mm_store_si128(reinterpret_cast<__m128i*>(vhi + 16), h1);
+    _mm_store_si128(reinterpret_cast<__m128i*>(vhi + 32), h2);
+    for (int k = 0; k < 48; ++k) {
+      lo[k % 3] = std::min(lo[k % 3], vlo[k]);
+      hi[k % 3] = std::max(hi[k % 3], vhi[k]);
+    }
+  }
+#endif
+  for (int c = 0; i < n; ++i, c = c == 2 ? 0 : c + 1) {  // i is a multiple of 3 here: c is the channel
+    lo[c] = std::min(lo[c], p[i]);
+    hi[c] = std::max(hi[c], p[i]);
   }
 }
 
 // Per channel (x - lo) / ((hi - lo) / 255) in float32, truncated; a flat channel stays.
 void autocontrast(uint8_t* t, int h, int w, ptrdiff_t stride) {
   uint8_t lo[3] = {255, 255, 255}, hi[3] = {0, 0, 0};
-  for (int y = 0; y < h; ++y) {
-    const uint8_t* p = t + y * stride;
-    for (int x = 0; x < w; ++x)
-      for (int c = 0; c < 3; ++c) {
-        lo[c] = std::min(lo[c], p[3 * x + c]);
-        hi[c] = std::max(hi[c], p[3 * x + c]);
-      }
-  }
+  const int64_t row = static_cast<int64_t>(w) * 3;
+  for (int y = 0; y < h; ++y) row_minmax(t + y * stride, row, lo, hi);
   uint8_t lut[3][256];
   for (int c = 0; c < 3; ++c) {
     const bool same = hi[c] == lo[c];
@@ -282,11 +344,7 @@ void autocontrast(uint8_t* t, int h, int w, ptrdiff_t stride) {
     // 256 values per channel: a table computes each division once, with the same float32 operations.
     for (int v = 0; v < 256; ++v) lut[c][v] = clamp_trunc((static_cast<float>(v) - low) / inv_scale);
   }
-  for (int y = 0; y < h; ++y) {
-    uint8_t* p = t + y * stride;
-    for (int x = 0; x < w; ++x)
-      for (int c = 0; c < 3; ++c) p[3 * x + c] = lut[c][p[3 * x + c]];
-  }
+  apply_luts3(t, h, w, stride, lut);
 }
 
 // Blend with the 3x3 smoothing (1 around, 5 in the middle, over 13) on the interior; borders stay.
