@@ -8,7 +8,7 @@
 #include <cstring>
 
 #if defined(__x86_64__)
-#include <emmintrin.h>
+#include <immintrin.h>
 #endif
 
 namespace fastload {
@@ -66,10 +66,15 @@ struct BlendFactors {
 // the same IEEE operations in both, so the same bytes.
 enum LumaUse { kLumaSum, kLumaSaturate, kLumaGray };
 
-template <int kUse>
-__attribute__((always_inline)) inline int64_t luma_body(uint8_t* __restrict p, int w, float* __restrict g,
-                                                        float a, float b) {
+// The row's floored luma into g[0..w).
+__attribute__((always_inline)) inline void luma_fill(const uint8_t* __restrict p, int w, float* __restrict g) {
   for (int x = 0; x < w; ++x) g[x] = static_cast<float>(static_cast<int>(luma(p[3 * x], p[3 * x + 1], p[3 * x + 2])));
+}
+
+// What the operation does with the row's luma g[0..w).
+template <int kUse>
+__attribute__((always_inline)) inline int64_t luma_use(uint8_t* __restrict p, int w, float* __restrict g, float a,
+                                                       float b) {
   int64_t sum = 0;
   if (kUse == kLumaSum) {
     for (int x = 0; x < w; ++x) sum += static_cast<int32_t>(g[x]);
@@ -92,13 +97,56 @@ __attribute__((always_inline)) inline int64_t luma_body(uint8_t* __restrict p, i
 
 template <int kUse>
 int64_t luma_portable(uint8_t* p, int w, float* g, float a, float b) {
-  return luma_body<kUse>(p, w, g, a, b);
+  luma_fill(p, w, g);
+  return luma_use<kUse>(p, w, g, a, b);
 }
 
 #if defined(__x86_64__)
+// The luma with FMA instructions: torch's two fused multiply-adds as they are, 8 pixels a vector instead of 4
+// doubles. The same single rounding of the exact sum as luma()'s double arithmetic, so the same floats. Only
+// this function has the fma target: elsewhere the compiler would contract the blends' separate multiply and
+// add, which round twice in torch.
+__attribute__((target("avx2,fma"))) void luma_fill_fma(const uint8_t* __restrict p, int w, float* __restrict g) {
+  // 8 pixels (24 bytes) a step: two loads, each channel's 8 bytes gathered by byte shuffles (-1: zero).
+  const __m128i r_lo = _mm_setr_epi8(0, 3, 6, 9, 12, 15, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+  const __m128i r_hi = _mm_setr_epi8(-1, -1, -1, -1, -1, -1, 2, 5, -1, -1, -1, -1, -1, -1, -1, -1);
+  const __m128i g_lo = _mm_setr_epi8(1, 4, 7, 10, 13, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+  const __m128i g_hi = _mm_setr_epi8(-1, -1, -1, -1, -1, 0, 3, 6, -1, -1, -1, -1, -1, -1, -1, -1);
+  const __m128i b_lo = _mm_setr_epi8(2, 5, 8, 11, 14, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+  const __m128i b_hi = _mm_setr_epi8(-1, -1, -1, -1, -1, 1, 4, 7, -1, -1, -1, -1, -1, -1, -1, -1);
+  const __m256 kr = _mm256_set1_ps(0.2989f), kg = _mm256_set1_ps(0.587f), kb = _mm256_set1_ps(0.114f);
+  int x = 0;
+  for (; x + 8 <= w; x += 8) {
+    const uint8_t* q = p + 3 * x;
+    const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
+    const __m128i hi = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + 16));
+    const __m256 r = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_or_si128(_mm_shuffle_epi8(lo, r_lo),
+                                                                           _mm_shuffle_epi8(hi, r_hi))));
+    const __m256 gg = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_or_si128(_mm_shuffle_epi8(lo, g_lo),
+                                                                            _mm_shuffle_epi8(hi, g_hi))));
+    const __m256 bb = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_or_si128(_mm_shuffle_epi8(lo, b_lo),
+                                                                            _mm_shuffle_epi8(hi, b_hi))));
+    const __m256 a = _mm256_mul_ps(r, kr);
+    const __m256 ab = _mm256_fmadd_ps(gg, kg, a);
+    const __m256 l = _mm256_fmadd_ps(bb, kb, ab);
+    _mm256_storeu_ps(g + x, _mm256_cvtepi32_ps(_mm256_cvttps_epi32(l)));
+  }
+  for (; x < w; ++x) {
+    const float a = static_cast<float>(p[3 * x]) * 0.2989f;
+    const float ab = __builtin_fmaf(static_cast<float>(p[3 * x + 1]), 0.587f, a);
+    g[x] = static_cast<float>(static_cast<int>(__builtin_fmaf(static_cast<float>(p[3 * x + 2]), 0.114f, ab)));
+  }
+}
+
 template <int kUse>
 __attribute__((target("avx2"))) int64_t luma_avx2(uint8_t* p, int w, float* g, float a, float b) {
-  return luma_body<kUse>(p, w, g, a, b);
+  static const bool fma = __builtin_cpu_supports("fma");
+  if (fma) {
+    luma_fill_fma(p, w, g);
+  } else {
+    luma_fill(p, w, g);
+  }
+  return luma_use<kUse>(p, w, g, a, b);
 }
 
 // AVX2 where the CPU has it, unless FASTLOAD_SIMD names a narrower set (as for resize.cc's kernels;
