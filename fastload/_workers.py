@@ -349,7 +349,7 @@ class WorkerIterator(_BaseDataLoaderIter):
         while True:
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
-                raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds")
+                raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds ({self._waiting_on()})")
             ready = connection.wait(list(who), timeout=remaining)
             for r in ready:
                 if isinstance(r, connection.Connection):
@@ -357,6 +357,14 @@ class WorkerIterator(_BaseDataLoaderIter):
             for r in ready:  # a sentinel, and nothing left to read from that worker
                 if not self._conns[who[r]].poll():
                     self._fail(who[r])
+
+    def _waiting_on(self) -> str:
+        """Which worker the main process was waiting for, so that a stuck one can be found (py-spy dump)."""
+        info = self._task_info.get(self._rcvd_idx)
+        owing = [info[0]] if info and len(info) == 1 else range(len(self._workers))
+        named = ", ".join(f"fastload worker {w} (pid {self._workers[w].pid})" for w in owing)
+        what = f"batch {self._rcvd_idx} from" if info and len(info) == 1 else "any of"
+        return f"waiting for {what} {named}; `py-spy dump --pid PID` shows where a worker is stuck"
 
     def _recv(self, w: int) -> tuple:
         with HoldCtrlC():  # the message is ready (waited for); an interrupt inside would leak its fds

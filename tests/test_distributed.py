@@ -5,8 +5,11 @@ permutation for the same seed (and a new one each epoch), and the same on both p
 
 from __future__ import annotations
 
+import faulthandler
 import multiprocessing
+import queue
 import socket
+import sys
 import warnings
 
 import pytest
@@ -16,6 +19,9 @@ import fastload
 from fastload import transforms as T
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+# seconds a rank may take (about 10 on a quiet machine, 60-90 at load 6; pytest's limit is 300), then it prints
+# its stack and exits
+RANK_LIMIT = 240
 N = 22  # not a multiple of the world size: the last rank's share wraps around, as DistributedSampler's does
 
 
@@ -38,6 +44,13 @@ def ids(loader, key) -> list[int]:
 def _rank(rank: int, port: int, root: str, out) -> None:
     import torch.distributed as dist
 
+    # A stuck rank prints every thread's stack to stderr (pytest shows it) and exits, so a hang fails here,
+    # well inside pytest's timeout, instead of leaving processes for the interpreter's exit to wait on.
+    faulthandler.dump_traceback_later(RANK_LIMIT, exit=True, file=sys.stderr)
+    # The workers fork, as they do under torchrun (whose ranks are fresh interpreters). A spawned rank would
+    # spawn its workers too: two fresh interpreters importing torch per epoch, 30 per rank here, which under
+    # load took minutes (each rank seen "waiting in _get" while its workers still imported torch).
+    multiprocessing.set_start_method("fork", force=True)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
         warnings.simplefilter("ignore", fastload.FastPathWarning)
@@ -83,10 +96,23 @@ def per_rank(numbered):
     procs = [ctx.Process(target=_rank, args=(r, port, str(root), out)) for r in range(2)]
     for p in procs:
         p.start()
-    got = dict(out.get(timeout=240) for _ in procs)
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
+    try:
+        got = {}
+        while len(got) < len(procs):
+            try:
+                got.update([out.get(timeout=1)])
+            except queue.Empty:
+                if any(p.exitcode not in (None, 0) for p in procs):
+                    codes = {r: p.exitcode for r, p in enumerate(procs)}
+                    pytest.fail(f"a rank failed (exit codes {codes}); its stack or error is in the captured stderr")
+        for p in procs:
+            p.join(timeout=60)
+            assert p.exitcode == 0
+    finally:  # never leave a rank behind: the interpreter would wait for it at exit
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
     return got
 
 

@@ -214,10 +214,12 @@ def test_timeout():
     loader = fastload.DataLoader(Slow(1.0, n=8, first_only=True), batch_size=4, num_workers=1, timeout=0.2)
     it = iter(loader)
     t0 = time.monotonic()
-    with pytest.raises(RuntimeError, match=r"DataLoader timed out after 0.2 seconds"):
+    with pytest.raises(RuntimeError, match=r"DataLoader timed out after 0.2 seconds") as e:
         next(it)
     assert time.monotonic() - t0 < 0.9
-    del it
+    # the stuck worker is named, with its pid, so that one can look at it
+    assert f"batch 0 from fastload worker 0 (pid {it._workers[0].pid})" in str(e.value)
+    del it, e  # the traceback holds the iterator
     gc.collect()
     assert multiprocessing.active_children() == []
 
