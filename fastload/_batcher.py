@@ -33,7 +33,7 @@ class Batcher:
                  decoder: str = "native", device: torch.device | None = None):
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error={on_error!r} should be 'raise' or 'skip'")
-        self.images = ImageDecoding(decoder, device, batch_size, num_threads)
+        self.images = ImageDecoding(decoder, device, batch_size, num_threads, beyond_geometry(dataset.pipelines))
         self.decoder = decoder
         self.ds = dataset
         self.reader = dataset.reader
@@ -146,3 +146,16 @@ class Batcher:
     def collate(self, slot: Slot, n: int, objects: list, tensor_transforms: bool = True) -> Any:
         """The batch as ``default_collate`` would structure it (``fast/collate.py``)."""
         return self.collator.collate(slot, n, objects, tensor_transforms)
+
+
+def beyond_geometry(pipelines: dict) -> tuple[str, ...]:
+    """What the image pipelines plan beyond crop, resize and horizontal flip (augmentations, padded crops), by
+    transform name: the decoder must execute ``Plan.augment`` (``ImageDecoding`` decides when it is made)."""
+    names: dict[str, None] = {}
+    for p in pipelines.values():
+        for t in getattr(p, "transforms", ()):
+            if getattr(t, "pads", False):
+                names["RandomCrop with padding"] = None
+        for t in getattr(p, "augment", ()):
+            names[type(t).__name__] = None
+    return tuple(names)

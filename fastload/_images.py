@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from . import _ring, decoders
+from ._ring import warn_once
 from ._schema import Field
 from .decoders._base import DecoderContext, ImageSources
 from .decoders._staging import Uploads
@@ -31,13 +32,25 @@ from .decoders.native import NativeDecoder
 class ImageDecoding:
     """Runs one loader's image plans with the decoder it asked for (see the module docstring)."""
 
-    def __init__(self, decoder: str, device: torch.device | None, batch_size: int, num_threads: int):
-        kind = decoders.kind(decoder)
+    def __init__(self, decoder: str, device: torch.device | None, batch_size: int, num_threads: int,
+                 augmented: tuple[str, ...] = ()):
+        """``augmented``: what the image pipelines plan beyond crop, resize and horizontal flip (their
+        augmentations, padded crops), by name; only a decoder whose kind ``augments`` can run them."""
+        kind = requested = decoders.kind(decoder)
         on_gpu = device is not None and device.type == "cuda"
         if kind.needs_gpu and not on_gpu:
             raise ValueError(f"decoder={decoder!r} decodes on the GPU: pass device='cuda' (or use decoder='native')")
         if kind.choose is not None:
             kind = kind.choose(on_gpu)  # 'auto': native threads alone, or with a GPU decoder (hybrid)
+        if augmented and not kind.augments:
+            what = ", ".join(augmented)
+            if requested.choose is None:  # asked for by name: refuse it now, not at the first batch
+                raise ValueError(f"decoder={decoder!r} executes crop, resize and horizontal flip only, and the image "
+                                 f"pipeline also has {what}: use decoder='native' (or 'auto')")
+            warn_once(f"auto-augment-{kind.name}", f"fastload: decoder={decoder!r} decodes with native threads only "
+                      f"(not {kind.name!r}): GPU decoders execute crop, resize and horizontal flip only, and the "
+                      f"image pipeline also has {what}")
+            kind = decoders.kind("native")
         self.decoder = decoder
         self.kind = kind
         self.hybrid = kind.split  # the hybrid's split (shared by the fields), else None

@@ -66,6 +66,9 @@ class DecoderKind:
     ``needs_gpu``: it refuses a loader without ``device='cuda'``.
     ``pairs``: ``decoder='auto'`` may pair it with native threads (tried in registry order, first usable wins).
     ``choose(on_gpu)``: for a decoder that stands for another (``'auto'``): the kind that will run.
+    ``augments``: it executes a plan's augmentation (vertical flips, affine maps, pixel operations, padded crop
+    windows: ``Plan.augment``); a loader whose pipeline has one refuses a decoder without it when it is made, and
+    ``'auto'`` then decodes with native threads only (saying so), instead of failing at the first batch.
     """
 
     name: str
@@ -74,6 +77,7 @@ class DecoderKind:
     gpu: bool = False
     needs_gpu: bool = False
     pairs: bool = False
+    augments: bool = False
     choose: Callable[[bool], "DecoderKind"] | None = None
     split: Any = None  # the hybrid's HybridSplit (decoders/hybrid.py), shared by the loader's image fields
 

@@ -69,4 +69,4 @@ def _make(ctx: DecoderContext) -> NativeDecoder:
     return ctx.native  # one per loader: the batcher gives it its pool before each batch
 
 
-KIND = DecoderKind("native", make=_make)
+KIND = DecoderKind("native", make=_make, augments=True)
