@@ -15,6 +15,7 @@ import os
 import platform
 import sys
 import time
+import warnings
 from pathlib import Path
 
 from ._version import __version__
@@ -96,8 +97,10 @@ def autotune(batcher, order, dataset, batch_size: int, budget_s: float = 1.5) ->
             tmp = path.with_suffix(".tmp")
             tmp.write_text(json.dumps(cache, indent=1))
             os.replace(tmp, path)
-        except OSError:
-            pass  # a read-only home must not stop training
+        except OSError as e:  # a read-only home must not stop training, but every loader would measure again
+            warnings.warn(f"fastload: num_workers='auto' could not save its measurement to {path} ({e}); each "
+                          f"new loader will measure again (set XDG_CACHE_HOME to a writable folder to keep it)",
+                          RuntimeWarning, stacklevel=2)
     shown = ", ".join(f"{k}: {float(v):,.0f}/s" for k, v in sorted(rates.items(), key=lambda kv: int(kv[0])))
     sys.stderr.write(f"fastload: num_workers='auto' chose {chosen} thread(s) ({how}; samples/s by threads: "
                      f"{shown})\n")
