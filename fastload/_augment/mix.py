@@ -97,9 +97,10 @@ def _check_batch(images: Any, labels: Any, name: str) -> None:
                          f"{images.shape[0]} != {labels.shape[0]}")
 
 
-def apply_mix(images: torch.Tensor, labels: torch.Tensor, plan: MixPlan, num_classes: int | None
-              ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Execute a :class:`MixPlan` on the batch's device; returns new images and float soft labels."""
+def apply_mix(images: torch.Tensor, labels: torch.Tensor, plan: MixPlan, num_classes: int | None,
+              out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Execute a :class:`MixPlan` on the batch's device; returns new images and float soft labels. ``out``: where
+    to write the images (same shape, dtype and layout as ``images``, not overlapping it); a new tensor if None."""
     if labels.ndim == 1:
         if num_classes is None:
             raise ValueError(f"{plan.kind}: labels are class indices, so num_classes must be given")
@@ -121,12 +122,14 @@ def apply_mix(images: torch.Tensor, labels: torch.Tensor, plan: MixPlan, num_cla
         if not images.is_floating_point():
             raise TypeError(f"MixUp blends images, so they should be float (after ToDtype/Normalize), "
                             f"got {images.dtype}")
-        out = images.mul(plan.lam)  # keeps the batch's memory format (channels_last)
-        out[1:].add_(images[:-1], alpha=1.0 - plan.lam)
-        out[:1].add_(images[-1:], alpha=1.0 - plan.lam)
+        if out is None:
+            out = torch.empty_like(images)  # keeps the batch's memory format (channels_last)
+        # one pass: lam * image + (1 - lam) * neighbour, as lerp(neighbour, image, lam)
+        torch.lerp(images[:-1], images[1:], plan.lam, out=out[1:])
+        torch.lerp(images[-1:], images[:1], plan.lam, out=out[:1])
     else:
         x1, y1, x2, y2 = plan.box  # type: ignore[misc]
-        out = images.clone()
+        out = images.clone() if out is None else out.copy_(images)
         out[1:, ..., y1:y2, x1:x2] = images[:-1, ..., y1:y2, x1:x2]
         out[:1, ..., y1:y2, x1:x2] = images[-1:, ..., y1:y2, x1:x2]
     return out, soft
@@ -164,9 +167,12 @@ class BatchMix:
         out = self.transform.plan_batch(n, hw, rng)
         return out[1] if isinstance(out, tuple) else out
 
-    def apply(self, batch: Any, plan: MixPlan) -> Any:
-        """``batch`` with mixed images and float soft labels (N, num_classes), on the batch's device."""
-        images, labels = apply_mix(batch[self.image_key], batch[self.label_key], plan, self.num_classes)
+    def apply(self, batch: Any, plan: MixPlan, output: Any = None) -> Any:
+        """``batch`` with mixed images and float soft labels (N, num_classes), on the batch's device. ``output(images)``
+        gives a reused buffer to write the images into (the CPU collate's), else they are a new tensor."""
+        images = batch[self.image_key]
+        into = output(images) if output is not None else None
+        images, labels = apply_mix(images, batch[self.label_key], plan, self.num_classes, into)
         batch[self.image_key], batch[self.label_key] = images, labels
         return batch
 

@@ -54,6 +54,18 @@ class Collator:
                     lambda: Slot({"out": torch.empty(shape, dtype=dtype, memory_format=torch.channels_last)}))
             return ring.acquire().tensors["out"][:images.shape[0]]
 
+    def mix_output(self, images: torch.Tensor) -> torch.Tensor:
+        """Where MixUp/CutMix on the CPU write their result: a reused buffer as ``_cpu_output``'s (a fresh 38 MB
+        batch per step costs more in page faults than the blend itself)."""
+        shape = (self.batch_size,) + tuple(images.shape[1:])
+        with self._cpu_outputs_lock:
+            key = ("mix", images.dtype)
+            ring = self._cpu_outputs.get(key)
+            if ring is None:
+                ring = self._cpu_outputs[key] = SlotRing(
+                    lambda: Slot({"out": torch.empty(shape, dtype=images.dtype, memory_format=torch.channels_last)}))
+            return ring.acquire().tensors["out"][:images.shape[0]]
+
     def collate(self, slot: Slot, n: int, objects: list, tensor_transforms: bool = True) -> Any:
         """The batch as ``default_collate`` would structure it: list for tuple samples, dict for dicts.
         ``tensor_transforms``: run ToDtype/Normalize here, on the CPU (a device prefetcher runs them instead)."""
@@ -98,7 +110,7 @@ class Collate(Stage):
             # drawn here from the batch's generator (the fill stage leaves it on the slot, after the per-sample
             # plan's draws); run now on the CPU, or on the device after the copy and ToDtype/Normalize
             plan = mix.plan(out, slot.batch_rng)
-            out = mix.apply(out, plan) if self.tensor_transforms else \
+            out = mix.apply(out, plan, self.collator.mix_output) if self.tensor_transforms else \
                 AfterCopy(out, lambda batch, m=mix, p=plan: m.apply(batch, p))
         r = self.reserved
         with r.lock:

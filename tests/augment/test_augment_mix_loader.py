@@ -163,3 +163,15 @@ def test_ambiguous_fields_are_refused_with_their_names(numbered):
                        batch_transforms={("image", "label"): T.CutMix(num_classes=K)}, as_dict=True)
     batch = next(iter(fastload.DataLoader(ds, batch_size=5)))
     assert batch["label"].shape == (5, K) and batch["id"].dtype == torch.int64  # the id is left alone
+
+
+def test_mixed_batches_the_caller_still_holds_are_never_overwritten(packed):
+    """The CPU mix writes into reused buffers (fresh 38 MB batches cost page faults): a batch is reused only once
+    nothing views it, so batches kept across the epoch equal what they were when handed out."""
+    dl = loader(packed, batch=mixing())
+    kept, copies = [], []
+    for x, y in dl:
+        kept.append((x, y))
+        copies.append((x.clone(), y.clone()))
+    assert len(kept) == 5 and same(kept, copies)
+    assert len({x.data_ptr() for x, _ in kept}) == len(kept)  # each held batch has its own buffer
