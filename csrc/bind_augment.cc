@@ -166,51 +166,17 @@ void augment_tiles(BatchEngine& pool, py::handle images, py::handle augment) {
 py::list decode_augment_batch(BatchEngine& pool, py::handle regions, py::handle region, py::handle offset,
                               py::handle length, py::handle encoding, py::handle src_hw, py::handle crop,
                               py::handle flip, py::handle out, py::handle augment, bool dct_scaling) {
-  std::vector<BufferView> views;
-  std::vector<fastload::Region> regs;
-  region_views(regions, &views, &regs);
-  int64_t n = -1;
-  auto region_a = int_array(region, "region", &n, 0);
-  auto offset_a = int_array(offset, "offset", &n, 0);
-  auto length_a = int_array(length, "length", &n, 0);
-  auto encoding_v = narrow<uint8_t>(int_array(encoding, "encoding", &n, 0), "encoding", 0, 255);
-  auto flip_v = narrow<uint8_t>(int_array(flip, "flip", &n, 0), "flip", 0, 1);
-  auto src_hw_v = narrow<int32_t>(int_array(src_hw, "src_hw", &n, 2), "src_hw", INT32_MIN, INT32_MAX);
-  auto crop_v = narrow<int32_t>(int_array(crop, "crop", &n, 4), "crop", INT32_MIN, INT32_MAX);
-  if (!py::isinstance<py::array_t<uint8_t>>(out)) {
-    throw py::type_error("out: expected a uint8 numpy array of shape (" + std::to_string(n) + ", H, W, 3), got " +
-                         describe_array(out));
-  }
-  py::array out_a = py::reinterpret_borrow<py::array>(out);
-  if (out_a.ndim() != 4 || out_a.shape(0) != n || out_a.shape(3) != 3 || out_a.shape(1) < 1 || out_a.shape(2) < 1 ||
-      out_a.shape(1) > INT32_MAX || out_a.shape(2) > INT32_MAX || !(out_a.flags() & py::array::c_style) ||
-      !out_a.writeable()) {
-    throw py::value_error("out: expected a writable C-contiguous array of shape (" + std::to_string(n) +
-                          ", H, W, 3) with H, W >= 1, got shape " + std::string(py::str(out_a.attr("shape"))));
-  }
-  fastload::BatchSpec spec;
-  set_sources(&spec, regs, n, region_a, offset_a);
-  spec.length = length_a.data();
-  spec.encoding = encoding_v.data();
-  spec.src_hw = src_hw_v.data();
-  spec.crop = crop_v.data();
-  spec.flip = flip_v.data();
-  spec.out = static_cast<uint8_t*>(out_a.mutable_data());
-  spec.out_h = static_cast<int>(out_a.shape(1));
-  spec.out_w = static_cast<int>(out_a.shape(2));
-  spec.dct_scaling = dct_scaling;
-  AugArrays a(augment, n, spec.out_h, spec.out_w);
+  DecodeBatchArgs args(regions, region, offset, length, encoding, src_hw, crop, flip, out, dct_scaling);
+  AugArrays a(augment, args.n(), args.spec.out_h, args.spec.out_w);
   std::vector<fastload::Failure> failures;
   std::string err;
   bool ok;
   {
     py::gil_scoped_release nogil;
-    ok = fastload::decode_augment_batch(&pool, spec, a.spec, &failures, &err);
+    ok = fastload::decode_augment_batch(&pool, args.spec, a.spec, &failures, &err);
   }
   if (!ok) throw py::value_error("decode_augment_batch: " + err);
-  py::list result;
-  for (auto& f : failures) result.append(py::make_tuple(f.index, f.message));
-  return result;
+  return failure_list(failures);
 }
 
 }  // namespace

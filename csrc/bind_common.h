@@ -163,4 +163,68 @@ inline py::array byte_out(py::handle out, const std::string& want) {
   return out_a;
 }
 
+// decode_batch's (and decode_augment_batch's) arguments, checked, held for as long as the batch runs (the
+// region views must be released with the GIL held), and set into ``spec``: sample k's bytes are
+// regions[region[k]][offset[k]:offset[k]+length[k]], written into out[k] (C-contiguous uint8 (n, H, W, 3)).
+class DecodeBatchArgs {
+ public:
+  DecodeBatchArgs(py::handle regions, py::handle region, py::handle offset, py::handle length,
+                  py::handle encoding, py::handle src_hw, py::handle crop, py::handle flip, py::handle out,
+                  bool dct_scaling) {
+    region_views(regions, &views_, &regs_);
+    region_ = int_array(region, "region", &n_, 0);
+    offset_ = int_array(offset, "offset", &n_, 0);
+    length_ = int_array(length, "length", &n_, 0);
+    encoding_ = narrow<uint8_t>(int_array(encoding, "encoding", &n_, 0), "encoding", 0, 255);
+    flip_ = narrow<uint8_t>(int_array(flip, "flip", &n_, 0), "flip", 0, 1);
+    src_hw_ = narrow<int32_t>(int_array(src_hw, "src_hw", &n_, 2), "src_hw", INT32_MIN, INT32_MAX);
+    crop_ = narrow<int32_t>(int_array(crop, "crop", &n_, 4), "crop", INT32_MIN, INT32_MAX);
+    if (!py::isinstance<py::array_t<uint8_t>>(out)) {
+      throw py::type_error("out: expected a uint8 numpy array of shape (" + std::to_string(n_) +
+                           ", H, W, 3), got " + describe_array(out));
+    }
+    py::array out_a = py::reinterpret_borrow<py::array>(out);
+    if (out_a.ndim() != 4 || out_a.shape(0) != n_ || out_a.shape(3) != 3 || out_a.shape(1) < 1 ||
+        out_a.shape(2) < 1 || out_a.shape(1) > INT32_MAX || out_a.shape(2) > INT32_MAX) {
+      throw py::value_error("out: expected shape (" + std::to_string(n_) + ", H, W, 3) with H, W >= 1"
+                            ", got shape " + std::string(py::str(out_a.attr("shape"))));
+    }
+    if (!(out_a.flags() & py::array::c_style)) {
+      throw py::value_error("out: expected a C-contiguous array (NHWC memory), got strides " +
+                            std::string(py::str(out_a.attr("strides"))));
+    }
+    if (!out_a.writeable()) throw py::value_error("out: array is read-only");
+    set_sources(&spec, regs_, n_, region_, offset_);
+    spec.length = length_.data();
+    spec.encoding = encoding_.data();
+    spec.src_hw = src_hw_.data();
+    spec.crop = crop_.data();
+    spec.flip = flip_.data();
+    spec.out = static_cast<uint8_t*>(out_a.mutable_data());
+    spec.out_h = static_cast<int>(out_a.shape(1));
+    spec.out_w = static_cast<int>(out_a.shape(2));
+    spec.dct_scaling = dct_scaling;
+  }
+  DecodeBatchArgs(const DecodeBatchArgs&) = delete;
+  DecodeBatchArgs& operator=(const DecodeBatchArgs&) = delete;
+
+  int64_t n() const { return n_; }
+  fastload::BatchSpec spec;
+
+ private:
+  std::vector<BufferView> views_;
+  std::vector<fastload::Region> regs_;
+  int64_t n_ = -1;
+  py::array_t<int64_t, py::array::c_style> region_, offset_, length_;
+  std::vector<uint8_t> encoding_, flip_;
+  std::vector<int32_t> src_hw_, crop_;
+};
+
+// A batch's failed samples as decode_batch returns them: [(index, message)].
+inline py::list failure_list(const std::vector<fastload::Failure>& failures) {
+  py::list result;
+  for (auto& f : failures) result.append(py::make_tuple(f.index, f.message));
+  return result;
+}
+
 }  // namespace fastload_bind
