@@ -198,3 +198,26 @@ def every_kind_each_format(pack_once, request) -> Path:
 def numbered(pack_once):
     """``numbered(n)``: the path of ``Numbered(n)``, packed once per session per ``n``."""
     return lambda n: pack_once(f"numbered_{n}", lambda: Numbered(n), workers=0)
+
+
+def open_train(path, **kw):
+    """A packed image dataset with the training crop (RandomResizedCrop 32 + flip): the loader tests' usual one."""
+    import fastload
+    from fastload import transforms as T
+
+    return fastload.open(path, transforms={"image": [T.RandomResizedCrop(32), T.RandomHorizontalFlip()]}, **kw)
+
+
+def resumed_and_reference(make, workers_after, done=4):
+    """Resume mid-epoch: the images of an uninterrupted epoch of ``make(1)`` after its first ``done`` batches,
+    and those of a loader ``make(workers_after)`` restored from the state saved after ``done`` batches."""
+    ref = [b[0].clone() for b in make(1)]
+    dl = make(1)
+    it = iter(dl)
+    for _ in range(done):
+        next(it)
+    state = dl.state_dict()
+    del it
+    restored = make(workers_after)
+    restored.load_state_dict(state)
+    return [b[0].clone() for b in restored], ref[done:]

@@ -9,11 +9,8 @@ import pytest
 
 import fastload
 from fastload import _autotune
-from fastload import transforms as T
 
-
-def open_train(path, **kw):
-    return fastload.open(path, transforms={"image": [T.RandomResizedCrop(32), T.RandomHorizontalFlip()]}, **kw)
+from conftest import open_train
 
 
 def test_auto_workers_measures_once_then_uses_the_cache(image_shards, tmp_path, monkeypatch, capsys):

@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader as TorchLoader
 import fastload
 from fastload import transforms as T
 
-from conftest import make_image_folder
+from conftest import make_image_folder, resumed_and_reference, open_train
 
 
 # 103 rows of plain arrays, both formats: torch's own loader batches these too (no images), for comparisons
@@ -36,10 +36,6 @@ def test_lmdb_and_shards_give_the_same_batches(packed_images_by_format):
         assert dl.fast_path
         runs.append([(b[0].clone(), b[1].clone()) for b in dl])
     assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(*runs))
-
-
-def open_train(path, **kw):
-    return fastload.open(path, transforms={"image": [T.RandomResizedCrop(32), T.RandomHorizontalFlip()]}, **kw)
 
 
 def test_signature_matches_torch():
@@ -127,18 +123,9 @@ def test_epochs_differ_and_set_epoch_repeats(packed_arrays):
 def test_resume_mid_epoch_bit_for_bit(image_shards, workers_after):
     make = lambda w: fastload.DataLoader(open_train(image_shards), batch_size=4, shuffle=True,  # noqa: E731
                                          num_workers=w, seed=3)
-    ref = [b[0].clone() for b in make(1)]
-    dl = make(1)
-    it = iter(dl)
-    for _ in range(4):
-        next(it)
-    state = dl.state_dict()
-    del it
-    restored = make(workers_after)
-    restored.load_state_dict(state)
-    rest = [b[0].clone() for b in restored]
-    assert len(rest) == len(ref) - 4
-    assert all(torch.equal(a, b) for a, b in zip(rest, ref[4:]))
+    rest, ref = resumed_and_reference(make, workers_after)
+    assert len(rest) == len(ref)
+    assert all(torch.equal(a, b) for a, b in zip(rest, ref))
 
 
 def test_held_batches_are_never_overwritten(image_shards):

@@ -6,12 +6,9 @@ import pytest
 
 import fastload
 from fastload import _stats
-from fastload import transforms as T
 from fastload._stats import LoaderStats
 
-
-def open_train(path, **kw):
-    return fastload.open(path, transforms={"image": [T.RandomResizedCrop(32), T.RandomHorizontalFlip()]}, **kw)
+from conftest import open_train
 
 
 def test_stats_say_whether_the_loop_is_input_bound(image_shards):

@@ -29,7 +29,7 @@ import torch
 
 import fastload
 import fastload.transforms as T
-from conftest import make_image_folder
+from conftest import make_image_folder, resumed_and_reference
 from fastload._augment.pipeline import reference
 from fastload.transforms import ImagePipeline
 
@@ -186,18 +186,9 @@ def test_recipe_is_deterministic_and_independent_of_num_workers(packed):
 def test_recipe_resumes_mid_epoch_bit_for_bit(packed, workers_after):
     make = lambda w: fastload.DataLoader(fastload.open(packed, transforms=RECIPE()), batch_size=4,  # noqa: E731
                                          shuffle=True, num_workers=w, seed=3)
-    ref = [b[0].clone() for b in make(1)]
-    dl = make(1)
-    it = iter(dl)
-    for _ in range(4):
-        next(it)
-    state = dl.state_dict()
-    del it
-    restored = make(workers_after)
-    restored.load_state_dict(state)
-    rest = [b[0].clone() for b in restored]
-    assert len(rest) == len(ref) - 4
-    assert all(torch.equal(a, b) for a, b in zip(rest, ref[4:]))
+    rest, ref = resumed_and_reference(make, workers_after)
+    assert len(rest) == len(ref)
+    assert all(torch.equal(a, b) for a, b in zip(rest, ref))
 
 
 DS_CASES = {
