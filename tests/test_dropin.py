@@ -206,3 +206,13 @@ def test_numpy_seed_untouched_by_the_fast_path(images):
     np.random.seed(0)
     list(fastload.DataLoader(train(images), batch_size=4, num_workers=2))
     assert np.random.rand() == want
+
+
+def test_any_object_as_a_dataset_as_torch_takes_it():
+    """Lightning's own test_auto_add_worker_init_fn builds DataLoader(unittest.mock.Mock()): every attribute of a
+    Mock exists, so asking it for a fastload dataset's batch_transforms found "one" and refused the loader
+    (found by scripts/upstream_suites.sh). torch's loader takes any object; so does fastload's generic path."""
+    from unittest.mock import Mock
+
+    loader = fastload.DataLoader(Mock())
+    assert loader.worker_init_fn is None and loader.fast_path_reason
