@@ -2,8 +2,9 @@
 
 Paths are relative to ``root`` (default: the manifest's directory). Files with an image extension
 become an ``image`` field named ``image``; other files a ``bytes`` field named ``data``. Other
-columns become ``int``, ``float`` or ``str`` fields: a CSV column is ``int`` when every value parses
-as an integer, else ``float`` when every value parses as a number, else ``str``. A column is never
+columns become ``int``, ``float`` or ``str`` fields: a CSV column is ``int`` when every value is an integer
+as a CSV writes one, else ``float`` when every value is a number, else ``str``. Zero-padded integers ("007")
+make a column of ids text, kept as written; "1_000", "+5" are not numbers (Python's int() would read them). A column is never
 quietly turned into text by a bad cell: a blank cell among numbers, or a value that is not a number in
 a column whose values mostly are, stops the pack naming its line and column.
 
@@ -18,6 +19,7 @@ import hashlib
 import io
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -62,18 +64,21 @@ def _blank(v: Any) -> bool:
     return v is None or (isinstance(v, str) and not v.strip())
 
 
+# Numbers as a CSV writes them. Python's int()/float() also take "1_000", "+5", full-width digits and "007";
+# reading such a cell as a number would change it ("007" -> 7 loses the zeros of an id), so they are not numbers.
+_INT = re.compile(r"\s*-?(0|[1-9][0-9]*)\s*")
+_FLOAT = re.compile(r"\s*[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?\s*|\s*[-+]?(nan|inf|infinity)\s*", re.I)
+_PADDED = re.compile(r"\s*[-+]?0[0-9]+\s*")  # "007", "0042": zero-padded ids, kept as text
+
+
 def _parse_int(v: str) -> int | None:
-    try:
-        return int(v)
-    except ValueError:
-        return None
+    return int(v) if _INT.fullmatch(v) else None
 
 
 def _parse_float(v: str) -> float | None:
-    try:
-        return float(v)
-    except ValueError:
+    if _PADDED.fullmatch(v):
         return None
+    return float(v) if _FLOAT.fullmatch(v) else None
 
 
 class ManifestSource(Source):
@@ -146,7 +151,10 @@ class ManifestSource(Source):
         """int, float or str, never a type chosen because of one bad cell (see the module docstring)."""
         where = f"manifest {self.manifest}"
         filled = [(ln, v) for ln, v in zip(self.lines, vals) if v.strip()]
-        numbers = [_parse_float(v) is not None for _, v in filled]
+        padded = [bool(_PADDED.fullmatch(v)) for _, v in filled]
+        if any(padded) and all(p or _parse_int(v) is not None for p, (_, v) in zip(padded, filled)):
+            return Field.str(safe), vals  # ids such as "007", "0042": as written, never 7 and 42
+        numbers = [p or _parse_float(v) is not None for p, (_, v) in zip(padded, filled)]
         if filled and all(numbers):
             blank = next((ln for ln, v in zip(self.lines, vals) if not v.strip()), None)
             if blank is not None:

@@ -107,3 +107,20 @@ def test_declared_missing_values_fill_blank_cells(tmp_path):
         ManifestSource(tmp_path / "m.jsonl", missing={"nope": 0})
     with pytest.raises(SourceError, match="not a manifest"):
         fastload.pack(tmp_path / "files", tmp_path / "b", missing={"label": 0})
+
+
+def test_zero_padded_ids_keep_their_zeros(tmp_path):
+    """A column of ids such as "007" was read as the int 7: the data silently changed. Zero-padded integers make
+    the column text, as written; a column of plain integers stays int; Python-only spellings are not numbers."""
+    (tmp_path / "m.csv").write_text("path,id,n\na.bin,007,7\nb.bin,0042,42\nc.bin,5,0\n")
+    src = ManifestSource(tmp_path / "m.csv")
+    assert [f.kind for f in src.schema.fields[1:]] == ["str", "int"]
+    assert [v[0] for v in src.values] == ["007", "0042", "5"] and [v[1] for v in src.values] == [7, 42, 0]
+    (tmp_path / "u.csv").write_text("path,x\na.bin,1_000\nb.bin,2\nc.bin,3\n")  # int() reads 1000: a typo?
+    with pytest.raises(SourceError, match=r"line 2, column 'x': '1_000' is not a number"):
+        ManifestSource(tmp_path / "u.csv")
+    (tmp_path / "j.jsonl").write_text('{"path": "a.bin", "zip": "02134"}\n{"path": "b.bin", "zip": "90210"}\n')
+    assert [v[0] for v in ManifestSource(tmp_path / "j.jsonl").values] == ["02134", "90210"]
+    (tmp_path / "f.csv").write_text("path,w\na.bin,0.50\nb.bin,-1e3\nc.bin,nan\n")
+    src = ManifestSource(tmp_path / "f.csv")
+    assert src.schema.fields[1].kind == "float" and src.values[1][0] == -1000.0
