@@ -174,9 +174,12 @@ def check_order_args(sampler: Any, batch_sampler: Any, order: str | None, shuffl
 
 
 def agreed_seed(seed: int, world_size: int) -> int:
-    """``seed`` (drawn by this process) as rank 0 drew it: ranks that shuffled with permutations of their own
-    would read overlapping shares. Under torch.distributed rank 0's draw is broadcast (every rank builds the
-    loader, as with DistributedSampler); without it no process can agree with the others: refused."""
+    """``seed`` (drawn by this process) in a single process; across ranks under torch.distributed, 0, the default
+    seed of torch's ``DistributedSampler``: every rank (and every run) shuffles with the same permutation per
+    epoch, so the ranks' shares are disjoint. Ranks cannot each keep a draw of their own (their shares would
+    overlap), and agreeing on one by a collective (rank 0's draw broadcast, as before) hangs every loader that
+    not all ranks build, or build in another order (a shuffled loader made on rank 0 only): no collective here.
+    Without torch.distributed nothing says the processes run together: refused, naming the fix."""
     if world_size == 1:
         return seed
     import torch.distributed as dist
@@ -184,9 +187,7 @@ def agreed_seed(seed: int, world_size: int) -> int:
     if not (dist.is_available() and dist.is_initialized()):
         raise ValueError(f"world_size={world_size} with shuffling and no seed=: each process would draw its own "
                          f"permutation and the ranks' shares would overlap; pass the same seed= on every rank")
-    box = [seed]
-    dist.broadcast_object_list(box, src=0)
-    return int(box[0])
+    return 0
 
 
 class SamplerOrder:

@@ -343,3 +343,35 @@ def test_fell_off_the_fast_path_keeps_its_order(small_images):
     next(it)
     state = slow.state_dict()
     assert state == fast.state_dict() | {"epoch": 1, "batches_done": 1}  # the fast path's state, loadable there
+
+
+class _OneOfTwoRanks:
+    """torch.distributed as rank 0 of 2 sees it, with every collective refused: a loader that only rank 0 builds
+    (or that the ranks build in another order) would wait forever in a real collective."""
+
+    def __init__(self, monkeypatch):
+        import torch.distributed as dist
+
+        def collective(*a, **k):
+            raise AssertionError("a collective call while building a loader: it hangs when only rank 0 builds it")
+
+        monkeypatch.setattr(dist, "is_initialized", lambda: True)
+        monkeypatch.setattr(dist, "get_world_size", lambda *a: 2)
+        monkeypatch.setattr(dist, "get_rank", lambda *a: 0)
+        for name in ("broadcast_object_list", "broadcast", "all_gather_object", "barrier"):
+            monkeypatch.setattr(dist, name, collective)
+
+
+@pytest.mark.parametrize("plain", [False, True])
+def test_shuffling_ranks_with_no_seed_agree_without_a_collective(arrays, monkeypatch, plain):
+    """Under torch.distributed a shuffled loader with no seed= used to broadcast rank 0's draw while being built:
+    a loader built on rank 0 only hung. Now it shuffles with DistributedSampler's default seed 0 on every rank,
+    the fast path and the generic path alike."""
+    _OneOfTwoRanks(monkeypatch)
+    ds = fastload.open(arrays) if not plain else torch.utils.data.TensorDataset(torch.arange(53))
+    # a plain dataset asked for nothing gets torch's own samplers: order= asks for fastload's split
+    shuffle = {"order": "random"} if plain else {"shuffle": True}
+    unseeded = fastload.DataLoader(ds, batch_size=4, **shuffle)
+    assert unseeded.seed == 0
+    seeded = fastload.DataLoader(ds, batch_size=4, seed=0, rank=0, world_size=2, **shuffle)
+    assert [b[-1].tolist() for b in unseeded] == [b[-1].tolist() for b in seeded]
