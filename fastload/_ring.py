@@ -3,7 +3,9 @@
 Every buffer fastload hands out lives in a *slot*: the fast path's host slots (``Batcher.new_slot``,
 pinned where CUDA is usable), the generic path's shared-memory slots (``_workers``, leased per batch)
 and the prefetcher's device slots (``fast/device.py``). A ``SlotRing`` owns the slots of one producer and
-grows instead of aliasing when every slot is busy.
+grows instead of aliasing when every slot is busy; the device ring stops growing at its bound and reuses
+a slot nobody holds in stream order instead (``fast/device.py`` ``DeviceRing``), and lets go of the slots an
+epoch did not need at the next one.
 
 The protocol (docs/ARCHITECTURE.md, "Stream ordering", says it with pictures):
 

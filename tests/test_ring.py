@@ -129,6 +129,83 @@ def test_held_batches_survive_a_lagging_gpu():
     assert len(pf.ring) >= 10
 
 
+def device_bytes(sim: SimGpu) -> int:
+    """Device memory in use (blocks allocated and not yet back in the allocator's cache)."""
+    return sum(b[0] for b in sim.blocks.values())
+
+
+def recycled_pinned(sim: SimGpu, n: int, size: int = 8):
+    """Batches in pinned host buffers that are refilled as soon as nobody references them, as the fast
+    path's host ring does: a host batch let go before its copy ran is overwritten under the DMA."""
+    ring = _ring.SlotRing(lambda: _ring.Slot({"x": sim.host_empty((size, 3, 6, 6), torch.uint8),
+                                               "y": sim.host_empty((size,), torch.int64)}))
+    for b in host_batches(n, size):
+        slot = ring.acquire()
+        slot.tensors["x"].copy_(b[0])
+        slot.tensors["y"].copy_(b[1])
+        yield [slot.tensors["x"][:], slot.tensors["y"][:]]
+
+
+@pytest.mark.parametrize("source", ["pageable", "pinned"])
+def test_a_lagging_gpu_never_grows_the_ring_past_its_bound(source):
+    """The consumer stream never catches up (the host runs 40 batches ahead) while the caller drops each
+    batch: the ring stays at depth + MARGIN slots (device memory with it), reusing slots on the device, not
+    by a host wait; every batch arrives intact, and host memory a pending copy reads is not refilled."""
+    sim = SimGpu()
+    src = host_batches(40)
+    ring = DeviceRing("cpu", streams=sim)
+    it = DevicePrefetcher(recycled_pinned(sim, 40) if source == "pinned" else src, depth=2, ring=ring)
+    seen: list = []
+    sizes, used = [], []
+    for batch in it:
+        sim.model_step(list(batch), seen, scratch=False)
+        del batch
+        sim.run(sim.side)  # the copy engine goes as far as it may; the consumer stream lags all along
+        sizes.append(len(ring))
+        used.append(device_bytes(sim))
+    assert max(sizes) == 2 + DeviceRing.MARGIN, sizes
+    assert max(used) == used[4]  # no growth once the ring is full
+    assert ring.parked  # copies still queued: their host memory is kept
+    sim.run_all()
+    ring.reclaim()
+    assert not ring.parked
+    assert not sim.races and not sim.waits_in(busy=False) and sim.syncs == 0
+    assert len(seen) == 40
+    for (x, y), (sx, sy) in zip(src, seen):
+        assert torch.equal(x, sx) and torch.equal(y, sy)
+
+
+def test_the_ring_shrinks_after_a_quick_epoch_that_followed_a_lagging_one():
+    """A lagging epoch fills the ring to its bound; a quick one needs fewer slots; the next pass lets the
+    others go, and their device memory goes back to the allocator once their queued work ran."""
+    sim = SimGpu()
+    src = host_batches(12)
+    ring = DeviceRing("cpu", streams=sim)
+    seen: list = []
+    for batch in DevicePrefetcher(src, depth=2, ring=ring):  # lagging
+        sim.model_step(list(batch), seen, scratch=False)
+        sim.run(sim.side)
+    del batch
+    sim.run_all()
+    grown, before = len(ring), device_bytes(sim)
+    assert grown == 2 + DeviceRing.MARGIN
+    for batch in DevicePrefetcher(src, depth=2, ring=ring):  # quick: the GPU keeps up every step
+        sim.model_step(list(batch), seen, scratch=False)
+        sim.run_all()
+    del batch
+    it = DevicePrefetcher(src, depth=2, ring=ring)
+    assert len(ring) == 3 < grown  # the quick epoch's batch in use + the two prefetched
+    sim.run_all()
+    assert device_bytes(sim) == before * 3 // grown
+    for batch in it:  # the ring still serves the next epoch intact
+        sim.model_step(list(batch), seen, scratch=False)
+    del batch, it
+    sim.run_all()
+    assert not sim.races and len(seen) == 36
+    for (x, y), (sx, sy) in zip(src * 3, seen):
+        assert torch.equal(x, sx) and torch.equal(y, sy)
+
+
 # -- the whole loader on the simulated GPU ----------------------------------------------------------------
 class _NoPinning:
     @staticmethod
