@@ -483,6 +483,18 @@ def test_cuda_is_resolved_at_the_first_iteration(sim_cuda, monkeypatch, photos):
     assert loader._batcher.images.device is None  # native decoding: no device rows
 
 
+def test_to_device_resolves_cuda_at_the_first_pass(sim_cuda, monkeypatch):
+    """to_device(loader, 'cuda') wrapped before torch.cuda.set_device(local_rank): the rank's GPU, not cuda:0."""
+    current = [0]
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current[0])
+    src = host_batches(3)
+    d = fastload.to_device(src, "cuda")
+    current[0] = 3  # torch.cuda.set_device(3)
+    seen = lagging_loop(sim_cuda, d)
+    assert d.device == d.ring.device == torch.device("cuda", 3)
+    assert all(torch.equal(x, s[0]) for (x, _), s in zip(src, seen)) and not sim_cuda.races
+
+
 def test_cuda_availability_is_asked_through_nvml(monkeypatch):
     """torch.cuda.is_available() initialises the CUDA runtime unless asked through NVML; a process forked
     after that (DataLoader workers) cannot use CUDA and may hang. A user's own setting is kept."""

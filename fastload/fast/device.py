@@ -323,8 +323,8 @@ class DeviceLoader:
     def __init__(self, source: Iterable, device: Any, depth: int, transforms: Mapping[Any, TensorPipeline]):
         _check_depth(depth)
         self.source = source
-        self.ring = DeviceRing(device)
-        self.device = self.ring.device
+        self._device = check_device(device)
+        self.ring: DeviceRing | None = None  # made at the first pass: 'cuda' is the device current then
         self.depth = depth
         self.transforms = transforms
         self._passes = 0
@@ -336,7 +336,14 @@ class DeviceLoader:
                             f"earlier pass has consumed; pass a re-iterable source (a DataLoader, a list of "
                             f"batches) to iterate more than once")
         self._passes += 1
+        if self.ring is None:  # a loader wrapped before torch.cuda.set_device(local_rank) uses the rank's GPU
+            self.ring = DeviceRing(self._device)
         return DevicePrefetcher(it, depth=self.depth, transforms=self.transforms, ring=self.ring)
+
+    @property
+    def device(self) -> torch.device:
+        """The device batches go to (``'cuda'`` gets its index at the first pass)."""
+        return self.ring.device if self.ring is not None else self._device
 
     def __len__(self) -> int:
         return len(self.source)
