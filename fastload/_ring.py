@@ -43,6 +43,7 @@ fails on any unordered pair of accesses to one buffer (tests/sim_streams.py).
 from __future__ import annotations
 
 import os
+import time
 import warnings
 from typing import Any, Callable, Iterable
 
@@ -230,8 +231,9 @@ class HostStreams:
     def launch(self, fn: Callable[[], Any], reads: tuple = (), writes: tuple = (), what: str = "") -> Any:
         return fn()
 
-    def record(self, stream):
-        return None
+    def record(self, stream, timing: bool = False):
+        """No event (everything has run); a timing one is the host's clock: the work ran when it was called."""
+        return time.perf_counter() if timing else None
 
     def wait(self, stream, event) -> None:
         pass
@@ -239,6 +241,10 @@ class HostStreams:
     @staticmethod
     def done(event) -> bool:
         return True
+
+    @staticmethod
+    def elapsed(start, end) -> float:
+        return end - start
 
     def synchronize(self, stream) -> None:
         pass
@@ -285,8 +291,9 @@ class CudaStreams:
     def launch(self, fn: Callable[[], Any], reads: tuple = (), writes: tuple = (), what: str = "") -> Any:
         return fn()  # torch queues the kernels on the current stream
 
-    def record(self, stream) -> torch.cuda.Event:
-        ev = torch.cuda.Event()
+    def record(self, stream, timing: bool = False) -> torch.cuda.Event:
+        """An event on ``stream``; ``timing``: one whose time ``elapsed`` reads once it completed."""
+        ev = torch.cuda.Event(enable_timing=timing)
         ev.record(stream)
         return ev
 
@@ -297,6 +304,12 @@ class CudaStreams:
     @staticmethod
     def done(event) -> bool:
         return event is None or event.query()
+
+    @staticmethod
+    def elapsed(start: torch.cuda.Event, end: torch.cuda.Event) -> float:
+        """Device seconds between two timing events; only once ``done(end)`` (``elapsed_time`` of an event not
+        yet complete raises, and nothing here synchronises to make it so)."""
+        return start.elapsed_time(end) / 1000.0
 
     @staticmethod
     def synchronize(stream) -> None:
