@@ -199,6 +199,6 @@ def test_prepare_places_batches_on_the_accelerators_gpu_with_a_gpu_decoder(nvjpe
     seen = run(nvjpeg_on_sim, loader, nvjpeg_on_sim.default, lag=True)
     assert loader._device_ring.device == torch.device("cuda", 1)
     assert not nvjpeg_on_sim.races and not nvjpeg_on_sim.waits_in()
-    assert len(seen) == len(ref) and images.hybrid.gpu_rate  # the GPU decoder decoded its share
+    assert len(seen) == len(ref) and images.hybrid.stats()["gpu_rate"]  # the GPU decoder decoded its share
     for (x, y), (sx, sy) in zip(ref, seen):
         assert torch.equal(y, sy) and x.shape == sx.shape
