@@ -270,6 +270,24 @@ def test_loader_on_a_lagging_gpu_hands_out_the_cpu_loaders_batches(sim_cuda, pho
     assert len(gpu._device_ring) <= 6  # the device ring is kept across epochs, not made again
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_the_loaders_device_ring_stays_bounded_when_the_gpu_never_catches_up(sim_cuda, photos, num_workers):
+    """A whole epoch with the consumer stream never run until its end: the loader's device slots stay at
+    prefetch depth + MARGIN (one per batch before), and the batches are the CPU loader's. Its pinned host
+    slots are kept until their copies ran (host memory grows with the lag: bounding them would need a host
+    wait, which the training thread must not do)."""
+    ds = fastload.open(photos, transforms={"image": [T.RandomResizedCrop(16)]})
+    kw = dict(batch_size=2, shuffle=True, seed=3, num_workers=num_workers)
+    ref = [(x.clone(), y.clone()) for x, y in fastload.DataLoader(ds, **kw)]
+    gpu = fastload.DataLoader(ds, device="cuda", **kw)
+    seen = lagging_loop(sim_cuda, gpu, lag_every=len(ref) + 1)
+    assert len(gpu._device_ring) == 2 + DeviceRing.MARGIN < len(ref)
+    assert not sim_cuda.races and not sim_cuda.waits_in()
+    assert len(seen) == len(ref) == 18
+    for (x, y), (sx, sy) in zip(ref, seen):
+        assert torch.equal(x, sx) and torch.equal(y, sy)
+
+
 def test_host_slot_is_not_refilled_under_its_copy(sim_cuda, photos):
     """The copy engine runs late (only every fifth step) while the producer thread refills host slots as
     soon as it may: every batch must still arrive intact."""
