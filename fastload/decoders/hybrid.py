@@ -12,8 +12,10 @@ The GPU half is timed on the device: its work is queued and handed on with an ev
 on the host), so the time its call takes in this thread is how fast work is queued, not decoded (a slow GPU
 would be handed ever more). Timing events recorded on the GPU decoder's stream before and after its half
 (``DeviceTimer``) give the device time; it is read only once the end event has completed (a query, a batch
-or a few later, never a synchronize), so the split follows the GPU's rate with that delay. A GPU decoder
-without a stream of its own (complete when its call returns) is timed on the host.
+or a few later, never a synchronize), so the split follows the GPU's rate with that delay. The span runs
+from the stream reaching the start event to its end, so where the GPU waits for this thread to queue the
+work, that wait counts too: the rate is the lower of queuing and decoding. A GPU decoder without a stream of
+its own (complete when its call returns) is timed on the host.
 
 Pixels: the CPU and GPU decoders agree within the tolerances stated in ``dali.py``/``nvjpeg.py``, but
 which samples each one decodes depends on timing, so with ``decoder="auto"`` batches are not bit-for-bit
