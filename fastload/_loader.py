@@ -537,6 +537,15 @@ def mark_prepared(loader: DataLoader) -> None:
     loader._is_accelerate_prepared = True
 
 
+def place_on(loader: DataLoader, device: torch.device) -> None:
+    """Batches on ``device`` for a loader made without one: the batcher is made again, so its decoder is chosen
+    for the device (decoder='auto' pairs a GPU decoder only with device='cuda'); slots made before go with it."""
+    loader.device = check_device(device)
+    if loader._batcher is not None:
+        loader._batcher, loader._ring = loader._new_batcher(), None
+    loader._device_ring = None
+
+
 def sampler_replicas(loader: DataLoader) -> tuple[str, Any] | None:
     """(type name, ``num_replicas``) of the user's sampler driving the fast path; None with fastload's order."""
     if loader._sampled is None:

@@ -3,7 +3,9 @@
 Every buffer fastload hands out lives in a *slot*: the fast path's host slots (``Batcher.new_slot``,
 pinned where CUDA is usable), the generic path's shared-memory slots (``_workers``, leased per batch)
 and the prefetcher's device slots (``fast/device.py``). A ``SlotRing`` owns the slots of one producer and
-grows instead of aliasing when every slot is busy.
+grows instead of aliasing when every slot is busy; the device ring stops growing at its bound and reuses
+a slot nobody holds in stream order instead (``fast/device.py`` ``DeviceRing``), and lets go of the slots an
+epoch did not need at the next one.
 
 The protocol (docs/ARCHITECTURE.md, "Stream ordering", says it with pictures):
 
@@ -41,6 +43,7 @@ fails on any unordered pair of accesses to one buffer (tests/sim_streams.py).
 from __future__ import annotations
 
 import os
+import time
 import warnings
 from typing import Any, Callable, Iterable
 
@@ -228,8 +231,9 @@ class HostStreams:
     def launch(self, fn: Callable[[], Any], reads: tuple = (), writes: tuple = (), what: str = "") -> Any:
         return fn()
 
-    def record(self, stream):
-        return None
+    def record(self, stream, timing: bool = False):
+        """No event (everything has run); a timing one is the host's clock: the work ran when it was called."""
+        return time.perf_counter() if timing else None
 
     def wait(self, stream, event) -> None:
         pass
@@ -237,6 +241,10 @@ class HostStreams:
     @staticmethod
     def done(event) -> bool:
         return True
+
+    @staticmethod
+    def elapsed(start, end) -> float:
+        return end - start
 
     def synchronize(self, stream) -> None:
         pass
@@ -283,8 +291,9 @@ class CudaStreams:
     def launch(self, fn: Callable[[], Any], reads: tuple = (), writes: tuple = (), what: str = "") -> Any:
         return fn()  # torch queues the kernels on the current stream
 
-    def record(self, stream) -> torch.cuda.Event:
-        ev = torch.cuda.Event()
+    def record(self, stream, timing: bool = False) -> torch.cuda.Event:
+        """An event on ``stream``; ``timing``: one whose time ``elapsed`` reads once it completed."""
+        ev = torch.cuda.Event(enable_timing=timing)
         ev.record(stream)
         return ev
 
@@ -295,6 +304,12 @@ class CudaStreams:
     @staticmethod
     def done(event) -> bool:
         return event is None or event.query()
+
+    @staticmethod
+    def elapsed(start: torch.cuda.Event, end: torch.cuda.Event) -> float:
+        """Device seconds between two timing events; only once ``done(end)`` (``elapsed_time`` of an event not
+        yet complete raises, and nothing here synchronises to make it so)."""
+        return start.elapsed_time(end) / 1000.0
 
     @staticmethod
     def synchronize(stream) -> None:

@@ -13,7 +13,7 @@ drop-in for that one call::
 
 Each fastload loader on the fast path is set up for the accelerator's process (rank = ``process_index``,
 world size = ``num_processes``: disjoint, equally long shards, like ``DistributedSampler``; batches
-placed on ``accelerator.device`` when that is a GPU), marked as prepared and registered with the
+placed on ``accelerator.device`` when that is a GPU, with the decoder chosen for it), marked as prepared and registered with the
 accelerator, so ``accelerator.save_state`` / ``load_state`` save and restore its exact position (a
 mid-epoch ``load_state`` resumes at the next batch). Everything else goes to ``accelerator.prepare``.
 
@@ -31,7 +31,8 @@ import warnings
 from typing import Any
 
 from ._errors import FastPathWarning
-from ._loader import DataLoader, accelerate_ready, mark_prepared, retarget, sampler_replicas, warned_of_rebuild
+from ._loader import (DataLoader, accelerate_ready, mark_prepared, place_on, retarget, sampler_replicas,
+                      warned_of_rebuild)
 
 __all__ = ["prepare"]
 
@@ -74,6 +75,8 @@ def _prepare_loader(accelerator: Any, loader: DataLoader, place: bool) -> None:
     retarget(loader, accelerator.process_index, accelerator.num_processes)
     device = accelerator.device
     if place and device.type == "cuda" and loader.device is None:
-        loader.device = device  # the loader's own prefetch: side-stream copies, no host sync
+        # the loader's own prefetch (side-stream copies, no host sync), with its decoder chosen for the GPU:
+        # setting loader.device alone left decoder='auto' with the CPU-only choice made at construction
+        place_on(loader, device)
     mark_prepared(loader)  # accelerator.prepare returns it as it is, and registers it
     loader.use_stateful_dataloader = True  # accelerator.save_state / load_state call state_dict / load_state_dict

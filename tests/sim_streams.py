@@ -10,6 +10,11 @@
   later allocations on *that* stream, although kernels queued on it may still use it (stream order makes
   that safe on that stream only). ``record_stream`` defers reuse until the recorded stream's work done
   at free time has run.
+- **Device time.** Each stream has a simulated clock: a kernel or copy advances it by ``cost(what, bytes
+  written)`` seconds when it *runs* (late), a wait moves it to the awaited event's time, and every event
+  carries the time its stream reached it, so ``elapsed(start, end)`` between two events reports the simulated
+  execution time, as ``torch.cuda.Event(enable_timing=True).elapsed_time`` does, and raises while either has
+  not completed (CUDA's cudaErrorNotReady). A test makes one stream's kernels slow with ``cost``.
 - **A happens-before checker.** Every queued op reads and writes byte ranges; vector clocks follow
   stream order, event waits and host queries (``done``). Two accesses to overlapping bytes, at least one
   a write, that are not ordered are recorded in ``races`` (and by default raise at once).
@@ -88,6 +93,7 @@ class SimStream:
         self.clock: dict[str, int] = {}
         self.queued = 0  # ops ever queued (positions)
         self.ran = 0  # ops ever run
+        self.time = 0.0  # simulated device seconds this stream has reached
 
     def __repr__(self) -> str:
         return f"<stream {self.name}>"
@@ -97,6 +103,7 @@ class SimEvent:
     def __init__(self, stream: SimStream, position: int):
         self.stream, self.position = stream, position
         self.clock: dict | None = None  # set when the stream runs past it
+        self.time: float | None = None  # the stream's simulated time then
 
     @property
     def complete(self) -> bool:
@@ -173,6 +180,8 @@ class SimGpu:
         self.host_waits: list[HostWait] = []
         self.pinned: set[int] = set()  # storage addresses of page-locked host memory
         self._drained: set[str] = set()
+        # simulated seconds an op takes when it runs: a launch, plus a byte rate (a test slows one kernel down)
+        self.cost: Callable[[str, int], float] = lambda what, nbytes: 1e-6 + nbytes * 1e-9
 
     # -- per-thread current stream -----------------------------------------------------------------------
     @property
@@ -241,10 +250,18 @@ class SimGpu:
     def launch(self, fn: Callable[[], Any], reads: tuple = (), writes: tuple = (), what: str = "kernel") -> None:
         self._enqueue(self._current, ("kernel", fn, [_span(t) for t in reads], [_span(t) for t in writes], what))
 
-    def record(self, stream: SimStream) -> SimEvent:
+    def record(self, stream: SimStream, timing: bool = False) -> SimEvent:
+        """An event on ``stream`` (every one carries its simulated time, timing or not)."""
         ev = SimEvent(stream, stream.queued)
         self._enqueue(stream, ("record", ev))
         return ev
+
+    @staticmethod
+    def elapsed(start: SimEvent, end: SimEvent) -> float:
+        """Simulated device seconds from ``start`` to ``end`` (``Event.elapsed_time``, in seconds)."""
+        if not (start.complete and end.complete):
+            raise RuntimeError("elapsed_time of an event that has not completed (cudaErrorNotReady)")
+        return end.time - start.time
 
     def wait(self, stream: SimStream, event: SimEvent | None) -> None:
         if event is not None:
@@ -401,8 +418,10 @@ class SimGpu:
             stream.clock[stream.name] = stream.clock.get(stream.name, 0) + 1
             if kind == "wait":
                 stream.clock = _join(stream.clock, op[1].clock)
+                stream.time = max(stream.time, op[1].time)
             elif kind == "record":
                 op[1].clock = dict(stream.clock)
+                op[1].time = stream.time
             else:
                 _, fn, reads, writes, what = op
                 for lo, hi in reads:
@@ -410,6 +429,7 @@ class SimGpu:
                 for lo, hi in writes:
                     self._access(lo, hi, True, stream, what)
                 fn()
+                stream.time += self.cost(what, sum(hi - lo for lo, hi in writes))
             ran += 1
         return ran
 

@@ -17,6 +17,8 @@ import pytest
 import torch
 
 import fastload
+from test_gpu_decoders_sim import nvjpeg_on_sim, one_truncated, run  # noqa: F401  (fixtures)
+from test_ring import sim_cuda  # noqa: F401  (the fixture)
 
 
 pytest.importorskip("accelerate")
@@ -173,3 +175,30 @@ def test_plain_accelerator_prepare_says_it_drops_fastloads_order_on_the_generic_
             accelerator.prepare(fastload.DataLoader(list(range(8)), batch_size=4, shuffle=True))
     finally:
         AcceleratorState._reset_state(reset_partial_state=True)
+
+
+def test_prepare_places_batches_on_the_accelerators_gpu_with_a_gpu_decoder(nvjpeg_on_sim, one_truncated, monkeypatch):
+    """A loader made before the Accelerator (no device, decoder='auto': native threads alone then) is placed on
+    accelerator.device by prepare, which chooses its decoder again: 'auto' pairs the GPU decoder, on the
+    accelerator's GPU (simulated: tests/sim_streams.py). Setting loader.device alone kept the CPU choice."""
+    from fastload import decoders
+    from fastload.accelerate import prepare
+    from fastload.decoders import hybrid
+
+    monkeypatch.setattr(hybrid, "_installed_gpu_decoder", lambda: (decoders.kind("nvjpeg"), []))
+    ds = fastload.open(one_truncated, transforms={"image": [fastload.transforms.RandomResizedCrop(16)]})
+    kw = dict(batch_size=4, shuffle=True, seed=2, on_error="skip")
+    ref = [(x.clone(), y.clone()) for x, y in fastload.DataLoader(ds, **kw)]
+    loader = fastload.DataLoader(ds, decoder="auto", **kw)
+    assert loader._batcher.images.hybrid is None  # no device yet: native threads
+    acc = FakeAccelerator()
+    acc.device = torch.device("cuda", 1)
+    assert prepare(acc, loader) is loader
+    images = loader._batcher.images
+    assert images.hybrid is not None and images.device == torch.device("cuda", 1)
+    seen = run(nvjpeg_on_sim, loader, nvjpeg_on_sim.default, lag=True)
+    assert loader._device_ring.device == torch.device("cuda", 1)
+    assert not nvjpeg_on_sim.races and not nvjpeg_on_sim.waits_in()
+    assert len(seen) == len(ref) and images.hybrid.stats()["gpu_rate"]  # the GPU decoder decoded its share
+    for (x, y), (sx, sy) in zip(ref, seen):
+        assert torch.equal(y, sy) and x.shape == sx.shape

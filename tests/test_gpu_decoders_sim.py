@@ -22,7 +22,7 @@ from fastload.decoders import dali, nvjpeg
 from conftest import jpeg_bytes
 from decoders.conftest import pil_decode
 from sim_streams import _describe, _raw
-from test_ring import sim_cuda  # noqa: F401  (the fixture)
+from test_ring import photos, sim_cuda  # noqa: F401  (fixtures)
 
 
 @pytest.fixture(scope="module")
@@ -200,6 +200,28 @@ def test_hybrid_under_lag_hands_its_rows_on_with_one_event(nvjpeg_on_sim, one_tr
     assert len(seen) == len(ref) == 5
     for (x, y), (sx, sy) in zip(ref, seen):
         assert torch.equal(x, sx) and torch.equal(y, sy)
+
+
+def test_the_hybrid_split_follows_the_gpus_device_time(nvjpeg_on_sim, photos, monkeypatch):
+    """A slow GPU (its resampling kernel takes ~77 simulated ms a sample when it runs): the GPU half's rate is
+    read from timing events on nvjpeg's stream once they completed, so the CPU threads take nearly every
+    sample. Timed on the host, the GPU half took what queuing it (and PIL standing in for nvJPEG) cost this
+    thread, and the split stayed near half, feeding the slow GPU as much as the threads."""
+    from fastload import decoders
+    from fastload.decoders import hybrid
+
+    sim = nvjpeg_on_sim
+    monkeypatch.setattr(hybrid, "_installed_gpu_decoder", lambda: (decoders.kind("nvjpeg"), []))
+    sim.cost = lambda what, nbytes: nbytes * 1e-4 if what == "nvjpeg resample" else 1e-6
+    ds = fastload.open(photos, transforms={"image": [T.RandomResizedCrop(16)]})
+    loader = fastload.DataLoader(ds, batch_size=4, shuffle=True, seed=1, num_workers=2, decoder="auto",
+                                 device="cuda", persistent_workers=True)
+    for _ in range(3):
+        run(sim, loader, sim.default, lag=False)
+    split = loader._batcher.images.hybrid.stats()
+    assert split["gpu_rate"] < 20  # samples per simulated second: 1 / 77 ms is 13
+    assert split["cpu_share"] > 0.9, split
+    assert not sim.races and not sim.waits_in() and not sim.waits_in("fastload-batcher", busy=False)
 
 
 def test_skipped_rows_are_fixed_on_the_decoders_stream(nvjpeg_on_sim, one_truncated):

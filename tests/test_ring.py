@@ -129,6 +129,83 @@ def test_held_batches_survive_a_lagging_gpu():
     assert len(pf.ring) >= 10
 
 
+def device_bytes(sim: SimGpu) -> int:
+    """Device memory in use (blocks allocated and not yet back in the allocator's cache)."""
+    return sum(b[0] for b in sim.blocks.values())
+
+
+def recycled_pinned(sim: SimGpu, n: int, size: int = 8):
+    """Batches in pinned host buffers that are refilled as soon as nobody references them, as the fast
+    path's host ring does: a host batch let go before its copy ran is overwritten under the DMA."""
+    ring = _ring.SlotRing(lambda: _ring.Slot({"x": sim.host_empty((size, 3, 6, 6), torch.uint8),
+                                               "y": sim.host_empty((size,), torch.int64)}))
+    for b in host_batches(n, size):
+        slot = ring.acquire()
+        slot.tensors["x"].copy_(b[0])
+        slot.tensors["y"].copy_(b[1])
+        yield [slot.tensors["x"][:], slot.tensors["y"][:]]
+
+
+@pytest.mark.parametrize("source", ["pageable", "pinned"])
+def test_a_lagging_gpu_never_grows_the_ring_past_its_bound(source):
+    """The consumer stream never catches up (the host runs 40 batches ahead) while the caller drops each
+    batch: the ring stays at depth + MARGIN slots (device memory with it), reusing slots on the device, not
+    by a host wait; every batch arrives intact, and host memory a pending copy reads is not refilled."""
+    sim = SimGpu()
+    src = host_batches(40)
+    ring = DeviceRing("cpu", streams=sim)
+    it = DevicePrefetcher(recycled_pinned(sim, 40) if source == "pinned" else src, depth=2, ring=ring)
+    seen: list = []
+    sizes, used = [], []
+    for batch in it:
+        sim.model_step(list(batch), seen, scratch=False)
+        del batch
+        sim.run(sim.side)  # the copy engine goes as far as it may; the consumer stream lags all along
+        sizes.append(len(ring))
+        used.append(device_bytes(sim))
+    assert max(sizes) == 2 + DeviceRing.MARGIN, sizes
+    assert max(used) == used[4]  # no growth once the ring is full
+    assert ring.parked  # copies still queued: their host memory is kept
+    sim.run_all()
+    ring.reclaim()
+    assert not ring.parked
+    assert not sim.races and not sim.waits_in(busy=False) and sim.syncs == 0
+    assert len(seen) == 40
+    for (x, y), (sx, sy) in zip(src, seen):
+        assert torch.equal(x, sx) and torch.equal(y, sy)
+
+
+def test_the_ring_shrinks_after_a_quick_epoch_that_followed_a_lagging_one():
+    """A lagging epoch fills the ring to its bound; a quick one needs fewer slots; the next pass lets the
+    others go, and their device memory goes back to the allocator once their queued work ran."""
+    sim = SimGpu()
+    src = host_batches(12)
+    ring = DeviceRing("cpu", streams=sim)
+    seen: list = []
+    for batch in DevicePrefetcher(src, depth=2, ring=ring):  # lagging
+        sim.model_step(list(batch), seen, scratch=False)
+        sim.run(sim.side)
+    del batch
+    sim.run_all()
+    grown, before = len(ring), device_bytes(sim)
+    assert grown == 2 + DeviceRing.MARGIN
+    for batch in DevicePrefetcher(src, depth=2, ring=ring):  # quick: the GPU keeps up every step
+        sim.model_step(list(batch), seen, scratch=False)
+        sim.run_all()
+    del batch
+    it = DevicePrefetcher(src, depth=2, ring=ring)
+    assert len(ring) == 3 < grown  # the quick epoch's batch in use + the two prefetched
+    sim.run_all()
+    assert device_bytes(sim) == before * 3 // grown
+    for batch in it:  # the ring still serves the next epoch intact
+        sim.model_step(list(batch), seen, scratch=False)
+    del batch, it
+    sim.run_all()
+    assert not sim.races and len(seen) == 36
+    for (x, y), (sx, sy) in zip(src * 3, seen):
+        assert torch.equal(x, sx) and torch.equal(y, sy)
+
+
 # -- the whole loader on the simulated GPU ----------------------------------------------------------------
 class _NoPinning:
     @staticmethod
@@ -191,6 +268,24 @@ def test_loader_on_a_lagging_gpu_hands_out_the_cpu_loaders_batches(sim_cuda, pho
     assert not sim_cuda.races and sim_cuda.syncs == 0
     assert not sim_cuda.waits_in()  # the training thread never waited for the GPU
     assert len(gpu._device_ring) <= 6  # the device ring is kept across epochs, not made again
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_the_loaders_device_ring_stays_bounded_when_the_gpu_never_catches_up(sim_cuda, photos, num_workers):
+    """A whole epoch with the consumer stream never run until its end: the loader's device slots stay at
+    prefetch depth + MARGIN (one per batch before), and the batches are the CPU loader's. Its pinned host
+    slots are kept until their copies ran (host memory grows with the lag: bounding them would need a host
+    wait, which the training thread must not do)."""
+    ds = fastload.open(photos, transforms={"image": [T.RandomResizedCrop(16)]})
+    kw = dict(batch_size=2, shuffle=True, seed=3, num_workers=num_workers)
+    ref = [(x.clone(), y.clone()) for x, y in fastload.DataLoader(ds, **kw)]
+    gpu = fastload.DataLoader(ds, device="cuda", **kw)
+    seen = lagging_loop(sim_cuda, gpu, lag_every=len(ref) + 1)
+    assert len(gpu._device_ring) == 2 + DeviceRing.MARGIN < len(ref)
+    assert not sim_cuda.races and not sim_cuda.waits_in()
+    assert len(seen) == len(ref) == 18
+    for (x, y), (sx, sy) in zip(ref, seen):
+        assert torch.equal(x, sx) and torch.equal(y, sy)
 
 
 def test_host_slot_is_not_refilled_under_its_copy(sim_cuda, photos):
@@ -404,6 +499,18 @@ def test_cuda_is_resolved_at_the_first_iteration(sim_cuda, monkeypatch, photos):
     next(iter(loader))
     assert loader._device_ring.device == torch.device("cuda", 3)
     assert loader._batcher.images.device is None  # native decoding: no device rows
+
+
+def test_to_device_resolves_cuda_at_the_first_pass(sim_cuda, monkeypatch):
+    """to_device(loader, 'cuda') wrapped before torch.cuda.set_device(local_rank): the rank's GPU, not cuda:0."""
+    current = [0]
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current[0])
+    src = host_batches(3)
+    d = fastload.to_device(src, "cuda")
+    current[0] = 3  # torch.cuda.set_device(3)
+    seen = lagging_loop(sim_cuda, d)
+    assert d.device == d.ring.device == torch.device("cuda", 3)
+    assert all(torch.equal(x, s[0]) for (x, _), s in zip(src, seen)) and not sim_cuda.races
 
 
 def test_cuda_availability_is_asked_through_nvml(monkeypatch):

@@ -154,3 +154,28 @@ def test_a_freed_block_of_another_size_still_traps_an_unfenced_slot(monkeypatch)
             with pytest.raises(Race, match="model step"):
                 sim.run_all()
         monkeypatch.undo()
+
+
+def test_timing_events_report_the_simulated_time_of_late_execution():
+    """Kernels advance their stream's simulated clock when they run, not when queued; a wait moves the clock
+    to the awaited event's time; elapsed() between two events reads it, and refuses while one has not
+    completed (as CUDA's elapsed_time does), so a test can make a GPU slow and code must query first."""
+    sim = SimGpu()
+    sim.cost = lambda what, nbytes: {"slow": 0.5}.get(what, 0.0)
+    s, other = sim.new_stream("s"), sim.new_stream("other")
+    start = sim.record(s, timing=True)
+    with sim.stream(s):
+        for _ in range(2):
+            sim.launch(lambda: None, what="slow")
+    end = sim.record(s, timing=True)
+    with sim.stream(other):
+        for _ in range(4):
+            sim.launch(lambda: None, what="slow")
+    sim.wait(s, sim.record(other))
+    after = sim.record(s, timing=True)
+    with pytest.raises(RuntimeError, match="not completed"):
+        sim.elapsed(start, end)  # queued, not run: no time yet
+    sim.run(s)  # runs up to the wait on the other stream
+    assert sim.elapsed(start, end) == pytest.approx(1.0) and not after.complete
+    sim.run_all()
+    assert sim.elapsed(end, after) == pytest.approx(1.0)  # waited until the other stream's 2 s

@@ -8,9 +8,14 @@ are then copied into ``out``, the other ``n - k`` to the GPU decoder in the call
 and ``k`` follows the ratio of the measured rates (smoothed), so both finish together: the batch takes
 about ``n / (cpu_rate + gpu_rate)``. Each side keeps at least one sample so its rate stays measured.
 
-The GPU half is timed as its call takes in this thread: its work is queued and handed on with an event
-(nothing waits for it on the host), so where the decoder's own call returns before the GPU finished (the
-resampling kernels), the measured GPU rate is what it costs this thread, not the device's throughput.
+The GPU half is timed on the device: its work is queued and handed on with an event (nothing waits for it
+on the host), so the time its call takes in this thread is how fast work is queued, not decoded (a slow GPU
+would be handed ever more). Timing events recorded on the GPU decoder's stream before and after its half
+(``DeviceTimer``) give the device time; it is read only once the end event has completed (a query, a batch
+or a few later, never a synchronize), so the split follows the GPU's rate with that delay. The span runs
+from the stream reaching the start event to its end, so where the GPU waits for this thread to queue the
+work, that wait counts too: the rate is the lower of queuing and decoding. A GPU decoder without a stream of
+its own (complete when its call returns) is timed on the host.
 
 Pixels: the CPU and GPU decoders agree within the tolerances stated in ``dali.py``/``nvjpeg.py``, but
 which samples each one decodes depends on timing, so with ``decoder="auto"`` batches are not bit-for-bit
@@ -22,6 +27,7 @@ usable GPU decoder: said in a warning) or the hybrid with the first usable GPU d
 
 from __future__ import annotations
 
+import collections
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -33,8 +39,28 @@ from .._ring import host_empty, pinned_memory_usable, streams_for, warn_once
 from ._base import DecoderContext, DecoderKind
 
 
+class DeviceTimer:
+    """Times work queued on ``stream`` (of the ring's streams backend ``streams``) with timing events."""
+
+    def __init__(self, streams: Any, stream: Any):
+        self.streams, self.stream = streams, stream
+
+    def start(self) -> Any:
+        return self.streams.record(self.stream, timing=True)
+
+    def stop(self, start: Any) -> tuple[Any, Any]:
+        return start, self.streams.record(self.stream, timing=True)
+
+    def seconds(self, mark: tuple[Any, Any]) -> float | None:
+        """The device time between ``start`` and ``stop``; None while the end has not completed (a query)."""
+        start, end = mark
+        return self.streams.elapsed(start, end) if self.streams.done(end) else None
+
+
 class HybridSplit:
     """Where to cut the next batch, from the rates measured so far; runs the two halves concurrently."""
+
+    PENDING = 8  # GPU halves whose device time is awaited at most; later ones go untimed until those complete
 
     def __init__(self, smoothing: float = 0.3, cpu_share: float = 0.5):
         if not 0.0 < smoothing <= 1.0:
@@ -45,6 +71,8 @@ class HybridSplit:
         self.cpu_only = False  # no usable GPU decoder (decoder='auto' fell back): every sample to the CPU
         self.gpu_rate: float | None = None
         self._pool: ThreadPoolExecutor | None = None
+        self._pending: collections.deque = collections.deque()  # (samples, timer, mark) of GPU halves queued
+        self._timing = threading.Lock()
 
     def split(self, n: int) -> int:
         """How many of ``n`` samples the CPU decodes (the first ones)."""
@@ -63,10 +91,28 @@ class HybridSplit:
         if self.cpu_rate and self.gpu_rate:
             self.cpu_share = self.cpu_rate / (self.cpu_rate + self.gpu_rate)
 
-    def run(self, n: int, cpu: Callable[[int], list], gpu: Callable[[int], list]) -> list[tuple[int, str]]:
+    def _collect(self) -> None:
+        """GPU rates from the halves whose end event has completed, oldest first (``stats`` may ask from
+        another thread than the producer's)."""
+        with self._timing:
+            while self._pending:
+                m, timer, mark = self._pending[0]
+                seconds = timer.seconds(mark)
+                if seconds is None:
+                    return
+                self._pending.popleft()
+                self._update(0, 0.0, m, seconds)
+
+    def run(self, n: int, cpu: Callable[[int], list], gpu: Callable[[int], list],
+            timer: DeviceTimer | None = None) -> list[tuple[int, str]]:
         """``cpu(k)`` decodes samples ``[0, k)``, ``gpu(k)`` samples ``[k, n)`` (positions relative to ``k``
-        in its failures); both return ``[(position, message)]``. Returns the batch's failures."""
+        in its failures); both return ``[(position, message)]``. Returns the batch's failures. ``timer``: the
+        GPU half's work is queued on its stream and timed there (None: it is complete when ``gpu`` returns)."""
+        self._collect()
         k = self.split(n)
+        on_device = timer is not None
+        if on_device and len(self._pending) >= self.PENDING:
+            timer = None  # the device has not finished the halves awaited: this one is not timed (host time is not its)
 
         def timed_cpu():
             t = time.perf_counter()
@@ -77,15 +123,20 @@ class HybridSplit:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="fastload-hybrid-cpu")
         future = self._pool.submit(timed_cpu) if k > 0 else None
         t = time.perf_counter()
+        mark = timer.start() if timer is not None and k < n else None
         try:
             gpu_fails = gpu(k) if k < n else []
         finally:
             t_gpu = time.perf_counter() - t
             cpu_fails, t_cpu = future.result() if future is not None else ([], 0.0)
-        self._update(k, t_cpu, n - k, t_gpu)
+        with self._timing:
+            if mark is not None:
+                self._pending.append((n - k, timer, timer.stop(mark)))
+            self._update(k, t_cpu, 0 if on_device else n - k, t_gpu)
         return sorted(list(cpu_fails) + [(k + j, msg) for j, msg in gpu_fails])
 
     def stats(self) -> dict:
+        self._collect()  # halves completed since the latest batch (a query)
         return {"cpu_share": self.cpu_share, "cpu_rate": self.cpu_rate, "gpu_rate": self.gpu_rate}
 
     def close(self) -> None:
@@ -120,6 +171,13 @@ class HybridDecoder:
         s.wait(s.side, s.record(s.consumer()))
         s.record_stream(out, s.side)  # freed (the ring let go of it) only once our copies have run
 
+    def _timer(self) -> DeviceTimer | None:
+        """Timing on the GPU decoder's stream (its own ``streams``, or those of the decoder a ``JpegOnly``
+        wraps); None for a decoder without one, complete when its call returns."""
+        gs = getattr(getattr(self.gpu, "decoder", self.gpu), "streams", None)
+        side = getattr(gs, "side", None)
+        return DeviceTimer(gs, side) if side is not None and hasattr(gs, "elapsed") else None
+
     def _streams(self, out: torch.Tensor) -> Any:
         if self.streams is None:
             self.streams = streams_for(out.device).fork("hybrid copy")
@@ -139,7 +197,8 @@ class HybridDecoder:
             return fails
 
         with self._lock:
-            fails = self.split.run(n, cpu, lambda k: self.gpu.decode(sources[k:], plan.take(k, n), out[k:]))
+            fails = self.split.run(n, cpu, lambda k: self.gpu.decode(sources[k:], plan.take(k, n), out[k:]),
+                                   self._timer())
             # one event for the whole batch: after the copy and after the GPU decoder's writes
             ready = getattr(self.gpu, "ready_event", None)  # None: a decoder complete when it returns
             s.wait(s.side, ready() if ready is not None else None)

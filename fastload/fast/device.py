@@ -19,6 +19,7 @@ it on a simulated GPU whose queued work runs late (tests/sim_streams.py); tests/
 from __future__ import annotations
 
 import collections
+import os
 from typing import Any, Iterable, Iterator, Mapping
 
 import torch
@@ -62,35 +63,84 @@ def resolve_device(device: Any) -> torch.device:
 
 
 class DeviceRing(SlotRing):
-    """Device slots and the streams that fill them; one per loader, kept across epochs."""
+    """Device slots and the streams that fill them; one per loader, kept across epochs.
+
+    Bounded: once it has ``limit`` slots (the prefetcher sets its depth + ``MARGIN``), a lagging GPU does not
+    make it grow. A slot nobody holds is then reused although its latest copy has not completed, ordered *on
+    the device*, never by a host wait (this runs in the training thread): its previous copy was queued
+    earlier on the same side stream, and the side stream waits on the consumer's fence recorded after the
+    slot was acquired, so after the reads of its previous batch (rule 3 of ``_ring.py``). The host memory
+    that copy still reads (the host batch, the slot's pinned staging) is parked until its event completed
+    (rule 2, a query), and the slot gets new staging. Slots the caller holds are never reused: a caller that
+    keeps many batches still grows the ring."""
+
+    MARGIN = 2  # slots beyond the prefetch depth: the batch the caller is using, and one to spare
 
     def __init__(self, device: Any, streams=None):
         super().__init__(Slot)
         self.device = resolve_device(device)  # made at the first iteration: after set_device(local_rank)
         self.streams = streams if streams is not None else streams_for(self.device)
         self.used: set[int] = set()  # slots acquired since the latest pass began
+        self.limit: int | None = None  # slots beyond which busy free slots are reused (None: grow)
+        self.parked: list[tuple[Any, list]] = []  # (copy event, host memory that copy still reads)
+        self._last: dict[int, int] = {}  # slot id -> when it was last acquired (the oldest is reused)
+        self._acquired = 0
 
     def reclaim(self) -> None:
         """Let go of host batches whose copies have completed (their pinned slots may be refilled)."""
         for slot in self.slots:
             if slot.host is not None and self.streams.done(slot.copy_event):
                 slot.host = None
+        self.parked = [(ev, keep) for ev, keep in self.parked if not self.streams.done(ev)]
 
     def ready(self, slot: Slot) -> bool:
         """Whether the slot's latest copy has completed: its pinned staging may be refilled (a query)."""
         return self.streams.done(slot.copy_event)
 
     def acquire(self, skip=(), ready=None) -> Slot:
-        slot = super().acquire(skip, ready)
+        if self.pid != os.getpid():  # rule 6: a forked child starts empty
+            return self._take(super().acquire(skip, ready))
+        free = [s for s in self.slots if id(s) not in skip and not s.held()]
+        slot = next((s for s in free if ready is None or ready(s)), None)
+        if slot is None and free and self.limit is not None and len(self.slots) >= self.limit:
+            slot = min(free, key=lambda s: self._last.get(id(s), -1))  # the oldest: its copy is the likeliest done
+            self._park(slot)
+        if slot is None:
+            slot = self.make()
+            self.slots.append(slot)
+        return self._take(slot)
+
+    def _take(self, slot: Slot) -> Slot:
         self.used.add(id(slot))
+        self._acquired += 1
+        self._last[id(slot)] = self._acquired
         return slot
 
+    def _park(self, slot: Slot) -> None:
+        """The slot's host memory stays referenced until its latest copy completed; the slot then has none."""
+        if self.streams.done(slot.copy_event):
+            slot.host = None
+            return
+        staging = [k for k in slot.tensors if isinstance(k, tuple) and k[-1] == "pin"]
+        keep = [slot.host] + [slot.tensors.pop(k) for k in staging]
+        for k in staging:
+            slot.arrays.pop(k, None)
+            slot.baseline.pop(k, None)
+        self.parked.append((slot.copy_event, keep))
+        slot.host = None
+
     def begin_pass(self) -> None:
-        """A new pass over the source: let go of the slots the previous pass never needed (an epoch that
-        held many batches grew the ring; at batch 256 float32 a slot is ~190 MB of device memory). Their
-        memory returns to the allocator once the side stream's work on it completed (rule 4)."""
+        """A new pass over the source: let go of the slots the previous pass never needed (an epoch whose
+        caller held many batches grew the ring; at batch 256 float32 a slot is ~190 MB of device memory).
+        Their memory returns to the allocator once the side stream's and the readers' work on it completed
+        (rule 4); host memory their copies still read is parked until then."""
         if self.used:
-            self.slots = [s for s in self.slots if id(s) in self.used or s.held()]
+            keep = [s for s in self.slots if id(s) in self.used or s.held()]
+            for s in self.slots:
+                if not any(s is k for k in keep):
+                    self._park(s)
+                    self._last.pop(id(s), None)
+            self.slots = keep
         self.used = set()
 
 
@@ -124,6 +174,7 @@ class DevicePrefetcher(_BaseDataLoaderIter):  # a torch DataLoader iterator by t
         _check_depth(depth)
         self.ring = ring if ring is not None else DeviceRing(device)
         self.ring.begin_pass()
+        self.ring.limit = depth + DeviceRing.MARGIN
         self.device = self.ring.device
         self.streams = self.ring.streams
         self.source = source
@@ -272,8 +323,8 @@ class DeviceLoader:
     def __init__(self, source: Iterable, device: Any, depth: int, transforms: Mapping[Any, TensorPipeline]):
         _check_depth(depth)
         self.source = source
-        self.ring = DeviceRing(device)
-        self.device = self.ring.device
+        self._device = check_device(device)
+        self.ring: DeviceRing | None = None  # made at the first pass: 'cuda' is the device current then
         self.depth = depth
         self.transforms = transforms
         self._passes = 0
@@ -285,7 +336,14 @@ class DeviceLoader:
                             f"earlier pass has consumed; pass a re-iterable source (a DataLoader, a list of "
                             f"batches) to iterate more than once")
         self._passes += 1
+        if self.ring is None:  # a loader wrapped before torch.cuda.set_device(local_rank) uses the rank's GPU
+            self.ring = DeviceRing(self._device)
         return DevicePrefetcher(it, depth=self.depth, transforms=self.transforms, ring=self.ring)
+
+    @property
+    def device(self) -> torch.device:
+        """The device batches go to (``'cuda'`` gets its index at the first pass)."""
+        return self.ring.device if self.ring is not None else self._device
 
     def __len__(self) -> int:
         return len(self.source)
