@@ -46,8 +46,9 @@ class ImageDecoding:
         if why is not None:
             if requested.choose is None:  # asked for by name: refuse it now, not at the first batch
                 raise ValueError(f"decoder={decoder!r} {why}: use decoder='native' (or 'auto')")
-            warn_once(f"auto-augment-{kind.name}", f"fastload: decoder={decoder!r} decodes with native threads only "
-                      f"(not {kind.name!r}): {kind.name!r} {why}")
+            who = f" (not {kind.name!r}): {kind.name!r}" if kind.name != decoder else ": its GPU decoder"  # the hybrid
+            warn_once(f"auto-augment-{kind.name}", f"fastload: decoder={decoder!r} decodes with native threads only"
+                      f"{who} {why}")
             kind = decoders.kind("native")
         self.decoder = decoder
         self.kind = kind
