@@ -66,7 +66,7 @@ def test_gpu_decoders_run_the_augmentation_on_their_rows_with_the_torch_engine()
     """nvjpeg and DALI execute the whole plan: their crop/resize/flip, then the batched torch engine on their rows
     (vertical flips, affine maps, pixel operations), byte for byte what run_torch gives on the rows they decode
     for the plan's geometry alone (flips=False: the decoder mirrored already). Fails with the engine not called,
-    called with the plan's flips again, or run after the failed rows are zeroed (test_augment_sim.py)."""
+    called with the plan's flips again."""
     p = plan(SAMPLES, 3)
     q = augmented(p, RandomVerticalFlip(0.5), RandomRotation(30, interpolation="bilinear"),
                   ColorJitter(0.4, 0.4, 0.4, 0.1), RandomErasing(1.0))
@@ -78,6 +78,21 @@ def test_gpu_decoders_run_the_augmentation_on_their_rows_with_the_torch_engine()
         out = torch.full((len(SAMPLES), *OUT_HW, 3), 77, dtype=torch.uint8)
         assert dec.decode(sources_of(SAMPLES), q, out) == [], dec
         assert torch.equal(out, expect), dec
+        dec.close()
+
+
+def test_gpu_decoders_zero_failed_rows_after_the_augmentation():
+    """A failed sample's row is zero, as without augmentation: the engine runs before the zeroing (an inversion
+    run after it turned the row white). Fails with the augmentation moved after the zeroing."""
+    from fastload._augment.tone import RandomInvert
+
+    blobs = list(SAMPLES)
+    blobs[2] = blobs[2][:2] + bytes(40) + blobs[2][42:]  # corrupt
+    q = augmented(plan(SAMPLES, 4), RandomInvert(1.0))
+    for dec in gpu_decoders():
+        out = torch.full((len(SAMPLES), *OUT_HW, 3), 77, dtype=torch.uint8)
+        assert [k for k, _ in dec.decode(sources_of(blobs), q, out)] == [2], dec
+        assert not out[2].any(), dec
         dec.close()
 
 
