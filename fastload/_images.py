@@ -42,14 +42,13 @@ class ImageDecoding:
             raise ValueError(f"decoder={decoder!r} decodes on the GPU: pass device='cuda' (or use decoder='native')")
         if kind.choose is not None:
             kind = kind.choose(on_gpu)  # 'auto': native threads alone, or with a GPU decoder (hybrid)
-        if augmented and not kind.augments:
-            what = ", ".join(augmented)
+        why = kind.refusal(augmented)  # None: it runs the whole pipeline
+        if why is not None:
             if requested.choose is None:  # asked for by name: refuse it now, not at the first batch
-                raise ValueError(f"decoder={decoder!r} executes crop, resize and horizontal flip only, and the image "
-                                 f"pipeline also has {what}: use decoder='native' (or 'auto')")
-            warn_once(f"auto-augment-{kind.name}", f"fastload: decoder={decoder!r} decodes with native threads only "
-                      f"(not {kind.name!r}): GPU decoders execute crop, resize and horizontal flip only, and the "
-                      f"image pipeline also has {what}")
+                raise ValueError(f"decoder={decoder!r} {why}: use decoder='native' (or 'auto')")
+            who = f" (not {kind.name!r}): {kind.name!r}" if kind.name != decoder else ": its GPU decoder"  # the hybrid
+            warn_once(f"auto-augment-{kind.name}", f"fastload: decoder={decoder!r} decodes with native threads only"
+                      f"{who} {why}")
             kind = decoders.kind("native")
         self.decoder = decoder
         self.kind = kind

@@ -16,7 +16,8 @@
 #   4. sync.txt         tests/cuda/test_gpu_sync.py: next() latency with 100 ms queued, sync debug "error";
 #                       tests/cuda/test_gpu_decoder_streams.py: GPU decoders' decode() with their stream busy
 #   5. cuda.txt         the rest of tests/cuda (values, layouts, the ResNet-18 stress run)
-#   6. gpu_bench.md     bench/gpu_bench.py (quick sizes), written even when DALI or torchvision is missing
+#   6. augment_gpu_bench.md  bench/augment_gpu_bench.py --engine-only: the batched augmentation engine per batch
+#   7. gpu_bench.md     bench/gpu_bench.py (quick sizes), written even when DALI or torchvision is missing
 #   summary.txt         one line per step with its exit status and seconds; the script exits non-zero
 #                       when any step failed or no CUDA device was found
 # GPU_CHECK_SECONDS (default 570) is the whole budget; each step gets what is left, less a reserve for
@@ -83,11 +84,13 @@ cuda=$("$PY" -c "import torch; print(int(torch.cuda.is_available()))" 2>/dev/nul
 
 # -- tests, then the benchmark (quick sizes: the whole check fits in ten minutes) ----------------------
 step sim 420 "$PY" -m pytest -q -p no:cacheprovider tests/test_sim_streams.py tests/test_ring.py tests/test_gpu_decoders_sim.py \
-  tests/decoders/test_staging.py
+  tests/decoders/test_staging.py tests/decoders/test_augment_sim.py
 step lag 300 "$PY" -m pytest -q -p no:cacheprovider tests/cuda/test_gpu_lag.py
 step sync 210 "$PY" -m pytest -q -p no:cacheprovider tests/cuda/test_gpu_sync.py tests/cuda/test_gpu_decoder_streams.py
-step cuda 150 "$PY" -m pytest -q -p no:cacheprovider tests/cuda --ignore=tests/cuda/test_gpu_lag.py \
+step cuda 180 "$PY" -m pytest -q -p no:cacheprovider tests/cuda --ignore=tests/cuda/test_gpu_lag.py \
   --ignore=tests/cuda/test_gpu_sync.py --ignore=tests/cuda/test_gpu_decoder_streams.py
+step augment_bench 150 "$PY" bench/augment_gpu_bench.py --engine-only --batch-size 128 --rounds 10 \
+  --out "$results/augment_gpu_bench.md"
 step gpu_bench 0 "$PY" bench/gpu_bench.py --per-class 40 --batch-size 128 --steps 20 --data /tmp/fastload-gpu-data \
   --out "$results/gpu_bench.md"
 

@@ -1,12 +1,16 @@
 """The batched torch engine: executes a plan over a whole NCHW batch on its device, no loop over samples.
 
-status: not wired into the loader yet (it will run on the GPU after the copy).
+The GPU decoders (``decoders/nvjpeg.py``, ``decoders/dali.py``, the GPU half of ``decoders/hybrid.py``) run it on
+their decoded rows (:func:`augment_rows`), on the stream they decode on, before the event the batch is handed on
+with; DALI's CPU-only mode runs it on the host rows. The tests also run it on CPU tensors against the native
+and PIL engines.
 
-It receives the decoder's tiles (already cropped and resized; the native decoder also mirrors them today,
-hence ``flips=False``) and runs, per the plan: flips, the affine (``grid_sample`` with a mask channel for the
-fill, as torchvision's ``_apply_grid_transform``), then each step over its subset (``index_select`` ->
-kernel -> ``index_copy_``). All host columns travel to the device in one packed copy per plan, and the
-kernels build their constants on the device, so nothing waits on the device's queue.
+It receives the decoder's tiles (already cropped, resized and mirrored by every decoder, hence ``flips=False``
+there) and runs, per the plan: flips, the affine (``grid_sample`` with a mask channel for the fill, as
+torchvision's ``_apply_grid_transform``), then each step over its subset (``index_select`` -> kernel ->
+``index_copy_``). All host columns travel to the device in one packed copy per plan (:func:`host_columns`; a
+decoder uploads them through its pinned staging, ``decoders/_staging.py``), and the kernels build their
+constants on the device, so nothing waits on the device's queue.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import torch.nn.functional as F
 from . import color, filters, tone  # noqa: F401  (they register their operations)
 from .plan import BILINEAR, OPS, AugmentPlan
 
-__all__ = ["run_torch", "run_torch_mask"]
+__all__ = ["augment_rows", "host_columns", "run_torch", "run_torch_mask"]
 
 
 class Columns(dict):
@@ -30,35 +34,68 @@ class Columns(dict):
     host: dict[str, np.ndarray]
 
 
-def run_torch(images: torch.Tensor, plan: AugmentPlan, *, flips: bool = True) -> torch.Tensor:
+def run_torch(images: torch.Tensor, plan: AugmentPlan, *, flips: bool = True,
+              columns: list[torch.Tensor] | None = None) -> torch.Tensor:
     """Execute ``plan`` on ``images`` (N, C, H, W), uint8 (or float in [0, 1] for the operations that allow it).
 
     Returns a new tensor (N, plan.channels, H, W) of the same dtype; ``images`` is left unchanged.
-    ``flips=False`` when the decoder has already applied the plan's horizontal flips."""
+    ``flips=False`` when the decoder has already applied the plan's horizontal flips. ``columns``: the arrays of
+    :func:`host_columns` (same ``flips``) already on the batch's device (None: uploaded here, :func:`upload`)."""
     _check(images, plan)
-    x = images.clone()
-    dev = x.device
+    return _execute(images.clone(), plan, flips, columns)
+
+
+def augment_rows(rows: torch.Tensor, plan: AugmentPlan, *, flips: bool = False,
+                 columns: list[torch.Tensor] | None = None) -> None:
+    """Execute ``plan`` on a decoder's uint8 rows (N, H, W, 3) **in place** (the GPU decoders' rows, DALI's host
+    rows in its CPU-only mode): the batch is run as an NCHW tensor and written back into ``rows``. ``flips``:
+    False, the decoders mirror while resizing. ``columns`` as for :func:`run_torch`."""
+    if not isinstance(rows, torch.Tensor) or rows.ndim != 4 or rows.shape[3] != 3 or rows.dtype != torch.uint8:
+        raise TypeError(f"augment_rows: rows should be uint8 (N, H, W, 3), got {getattr(rows, 'dtype', type(rows))} "
+                        f"{tuple(getattr(rows, 'shape', ()))}")
+    if plan.channels != 3:
+        raise ValueError("augment_rows: image rows keep 3 channels; Grayscale(num_output_channels=1) is not "
+                         "supported in a loader (use num_output_channels=3)")
+    x = rows.permute(0, 3, 1, 2)
+    _check(x, plan)
+    # contiguous NCHW, as the kernels are tested; one copy in and one back, on the rows' device and stream
+    rows.copy_(_execute(x.contiguous(), plan, flips, columns).permute(0, 2, 3, 1))
+
+
+def host_columns(plan: AugmentPlan, flips: bool = True) -> list[np.ndarray]:
+    """Everything the engine needs from the host for ``plan``, in the order it reads them: the flipped rows, each
+    affine mode's rows, matrices and fills, each step's index and parameter columns. A caller that uploads them
+    itself (a decoder's pinned staging) passes the device copies to :func:`run_torch`/:func:`augment_rows`."""
     geo = plan.geometry
+    host: list[np.ndarray] = [np.flatnonzero(geo.hflip) if flips else np.zeros(0, np.int64),
+                              np.flatnonzero(geo.vflip)]
+    for mode in (0, 1):
+        rows = np.flatnonzero(geo.has_affine & (geo.interpolation == mode))
+        host += [rows, geo.affine[rows], geo.fill[rows]]
+    for step in plan.steps:
+        host += [step.index, *step.params.values()]
+    return host
+
+
+def _execute(x: torch.Tensor, plan: AugmentPlan, flips: bool, columns: list[torch.Tensor] | None) -> torch.Tensor:
+    """Run the plan on ``x`` (N, C, H, W), which it may write in place; returns the result."""
     for step in plan.steps:
         if x.is_floating_point() and not OPS[step.op].floats:
             raise TypeError(f"the {step.op} operation runs on uint8 images only, got a {x.dtype} batch; "
                             f"run the augmentations before converting to float")
+    host = host_columns(plan, flips)
     # Everything the device needs from the host, uploaded at once (one copy, no wait on the device's queue).
-    rows = {"hflip": np.flatnonzero(geo.hflip) if flips else np.zeros(0, np.int64), "vflip": np.flatnonzero(geo.vflip)}
-    for mode in (0, 1):
-        rows[mode] = np.flatnonzero(geo.has_affine & (geo.interpolation == mode))
-    host: list[np.ndarray] = [rows["hflip"], rows["vflip"]]
-    for mode in (0, 1):
-        host += [rows[mode], geo.affine[rows[mode]], geo.fill[rows[mode]]]
-    for step in plan.steps:
-        host += [step.index, *step.params.values()]
-    dev_arrays = iter(upload(host, dev))
+    dev_arrays = iter(upload(host, x.device) if columns is None else columns)
+    rows = iter(host)
 
-    _subset(x, rows["hflip"], next(dev_arrays), lambda t: t.flip(-1))
-    _subset(x, rows["vflip"], next(dev_arrays), lambda t: t.flip(-2))
+    for axis in (-1, -2):  # horizontal, vertical
+        sel = next(dev_arrays)
+        _subset(x, next(rows), sel, lambda t, axis=axis: t.flip(axis))
     for mode in (0, 1):
         sel, m, fill = next(dev_arrays), next(dev_arrays), next(dev_arrays)
-        _subset(x, rows[mode], sel, lambda t: _affine(t, m, mode, fill))
+        sel_rows = next(rows)
+        next(rows), next(rows)
+        _subset(x, sel_rows, sel, lambda t: _affine(t, m, mode, fill))
     for step in plan.steps:
         sel = next(dev_arrays)
         cols = Columns({k: next(dev_arrays) for k in step.params})

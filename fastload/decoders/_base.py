@@ -5,7 +5,9 @@ registry (``decoders/__init__.py``) knows of each decoder: a :class:`DecoderKind
 sequence of bytes-like objects); ``plan`` is the batch's ``fastload.transforms.Plan`` for that field, made by
 ``transforms.ImagePipeline.plan`` (per sample: ``plan.crops`` the box (top, left, height, width in source
 pixels), ``plan.flips`` the mirror, ``plan.out_hw`` the output size; ``plan.augment`` issue 21's
-augmentation, which no decoder executes yet: :func:`geometry_only` refuses it); ``out`` the uint8
+augmentation: the native decoder runs it fused with decoding, the GPU decoders with the batched torch engine
+on their rows (:func:`check_augment` refuses what they cannot run), a decoder that cannot run it refuses it
+with :func:`geometry_only`); ``out`` the uint8
 ``(n, H, W, 3)`` rows to write, on the decoder's device. Failed samples are reported as ``(position,
 message)``, sorted, and zeroed; the others are written as if none failed. Positions are relative to
 ``sources``: a decoder given ``sources[k:]``, ``plan.take(k, n)`` and ``out[k:]`` reports ``(0, ...)`` for sample k.
@@ -69,6 +71,9 @@ class DecoderKind:
     ``augments``: it executes a plan's augmentation (vertical flips, affine maps, pixel operations, padded crop
     windows: ``Plan.augment``); a loader whose pipeline has one refuses a decoder without it when it is made, and
     ``'auto'`` then decodes with native threads only (saying so), instead of failing at the first batch.
+    ``refuses``: ``(name, why)`` for what of the augmentation it still cannot run although it ``augments``, by the
+    names ``_batcher.beyond_geometry`` gives (e.g. :data:`PADDED_CROP`); refused (or avoided by ``'auto'``) the
+    same way. :meth:`refusal` says why a pipeline cannot run on it.
     """
 
     name: str
@@ -80,6 +85,26 @@ class DecoderKind:
     augments: bool = False
     choose: Callable[[bool], "DecoderKind"] | None = None
     split: Any = None  # the hybrid's HybridSplit (decoders/hybrid.py), shared by the loader's image fields
+    refuses: tuple[tuple[str, str], ...] = ()
+
+    def refusal(self, augmented: Sequence[str]) -> str | None:
+        """Why this decoder cannot run a pipeline that plans ``augmented`` beyond crop, resize and horizontal flip
+        (names, ``_batcher.beyond_geometry``), or None when it can."""
+        if not augmented:
+            return None
+        if not self.augments:
+            return (f"executes crop, resize and horizontal flip only, and the image pipeline also has "
+                    f"{', '.join(augmented)}")
+        why = [f"{name} ({reason})" for name, reason in self.refuses if name in augmented]
+        return f"cannot run {'; '.join(why)}" if why else None
+
+
+# What _batcher.beyond_geometry calls a padded RandomCrop (a decoder's ``refuses`` names it).
+PADDED_CROP = "RandomCrop with padding"
+# Why the GPU decoders refuse it: they decode a crop box inside the image straight to the output size, while a
+# padded window is a box decoded at its own size and then placed on the fill (the native decoder does that).
+GPU_PADDED = ("the GPU decoders decode crop windows inside the image only; a window reaching into the padding "
+              "is assembled by the native decoder")
 
 
 def geometry_only(plan: Any, n: int, who: str) -> None:
@@ -101,6 +126,21 @@ def geometry_only(plan: Any, n: int, who: str) -> None:
     if extra:
         raise NotImplementedError(f"the {who} decoder executes crop, resize and horizontal flip only; this plan "
                                   f"also has {' and '.join(extra)}")
+
+
+def check_augment(plan: Any, n: int, who: str) -> None:
+    """What a decoder running ``plan.augment`` with the batched torch engine on its rows cannot run: a plan of
+    another length, padded crop windows that reach outside the image (:data:`GPU_PADDED`), one channel."""
+    if plan.n != n:
+        raise ValueError(f"the plan has {plan.n} samples but {n} images were given")
+    aug = plan.augment
+    if aug is None:
+        return
+    if aug.geometry.pad is not None and np.any(aug.geometry.pad.active):
+        raise NotImplementedError(f"the {who} decoder cannot run {PADDED_CROP}: {GPU_PADDED}; use decoder='native'")
+    if aug.channels != 3:
+        raise NotImplementedError(f"the {who} decoder writes 3-channel rows; Grayscale(num_output_channels=1) is not "
+                                  f"supported in a loader (use num_output_channels=3)")
 
 
 class JpegOnly:

@@ -1,4 +1,5 @@
-"""Small per-batch host arrays (crop boxes, flips, row indices) to the device without a host wait.
+"""Small per-batch host arrays (crop boxes, flips, row indices, an augmentation's columns) to the device without
+a host wait.
 
 A copy from pageable host memory makes the host wait for the stream it is queued on (CUDA's copy from
 pageable memory stages the bytes synchronously behind the stream's queued work), so ``torch.as_tensor(x)
@@ -54,3 +55,51 @@ class Uploads:
             out.append(dev[at:at + a.size].view(np.shape(src)))
             at += a.size
         return out
+
+    def put_packed(self, arrays: list) -> list[torch.Tensor]:
+        """Arrays of any dtype (an augmentation plan's columns, ``engine_torch.host_columns``) as device tensors of
+        their dtype and shape, through the same pinned buffers: their bytes packed at 8-byte aligned offsets (so
+        every dtype can view its slice), one memcpy and one asynchronous copy for all of them."""
+        flat = [np.ascontiguousarray(a) for a in arrays]
+        offsets, total = [], 0
+        for a in flat:
+            offsets.append(total)
+            total += -(-a.nbytes // 8) * 8
+        s = self.streams
+        entry = self._buffer(total // 8)
+        host = entry[0][:total // 8]
+        raw = host.numpy().view(np.uint8)
+        for a, off in zip(flat, offsets):
+            raw[off:off + a.nbytes] = a.reshape(-1).view(np.uint8)
+        dev = s.empty((total // 8,), torch.int64, False)
+        s.copy(dev, host)
+        entry[1] = s.record(s.side)
+        dev_bytes = dev.view(torch.uint8)
+        return [dev_bytes[off:off + a.nbytes].view(_TORCH_DTYPES[a.dtype.str[1:]]).view(a.shape)
+                for a, off in zip(flat, offsets)]
+
+
+def augment_queued(s: Any, uploads: Uploads, aug: Any, out: torch.Tensor, what: str) -> None:
+    """Queue ``aug`` (the plan's ``AugmentPlan``, or None) on the rows ``out`` on the current stream of ``s`` (the
+    decoder's, inside its ``side_context``): the batched torch engine, after the decode's writes and before the
+    event the rows are handed on with. Its host columns go up in one packed copy from pinned staging (a copy
+    from pageable memory would make this thread wait for the stream); flips are the decoder's already."""
+    if not beyond_flips(aug):
+        return
+    from .._augment.engine_torch import augment_rows, host_columns  # loaded with the first augmented batch
+
+    cols = uploads.put_packed(host_columns(aug, flips=False))
+    s.launch(lambda: augment_rows(out, aug, flips=False, columns=cols), reads=(out, *cols), writes=(out,), what=what)
+
+
+def beyond_flips(aug: Any) -> bool:
+    """Whether an ``AugmentPlan`` (or None) has anything for the engine to run on rows the decoder already
+    cropped, resized and mirrored: vertical flips, affine maps or pixel operations."""
+    if aug is None:
+        return False
+    geo = aug.geometry
+    return bool(aug.steps) or bool(geo.vflip.any()) or bool(geo.has_affine.any())
+
+
+_TORCH_DTYPES = {"b1": torch.bool, "u1": torch.uint8, "i1": torch.int8, "i2": torch.int16, "i4": torch.int32,
+                 "i8": torch.int64, "f2": torch.float16, "f4": torch.float32, "f8": torch.float64}

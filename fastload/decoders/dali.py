@@ -30,6 +30,12 @@ without waiting for any of it: it records an event after the last write (``ready
 reads ``out`` waits on on the device (``_images.ImageDecoding`` hands it on with the batch). A new row
 buffer is fenced once (``fence``: the stream waits on the stream that allocated it).
 
+Augmentation. A plan with issue 21's augmentation (``plan.augment``) runs with the batched torch engine
+(``_augment/engine_torch.py``) on the rows after the copy into ``out``: on the GPU queued on the decoder's
+stream before the ready event (its columns through pinned staging), in CPU-only mode on the host rows at once.
+DALI applied the crops, sizes and horizontal flips (``flips=False``); failed rows are zeroed after it. A padded
+RandomCrop window is refused (``_base.GPU_PADDED``).
+
 Failures. A sample DALI cannot decode makes DALI raise for the whole batch and leaves the pipeline
 unusable ("Current pipeline object is no longer valid"). Cheap checks run first (empty blob, no JPEG
 signature, crop box with a negative corner or an empty side) and fail only their sample. If DALI
@@ -75,7 +81,9 @@ import torch
 
 from .._native import is_jpeg
 from .._ring import streams_for
-from ._base import DecoderContext, DecoderKind, JpegOnly, geometry_only
+from .._augment.engine_torch import augment_rows
+from ._base import GPU_PADDED, PADDED_CROP, DecoderContext, DecoderKind, JpegOnly, check_augment
+from ._staging import Uploads, augment_queued, beyond_flips
 
 __all__ = ["DaliDecoder", "INSTALL_HINT"]
 
@@ -160,6 +168,7 @@ class DaliDecoder:
         self._kept: list = []  # [(earlier batches' held objects, the event after their copies)]
         self.streams = None  # the ring's streams backend with the decoder's stream (GPU mode)
         self.ready = None  # the event after the latest decode's last write (GPU mode)
+        self._uploads = None  # pinned staging of the augmentation's columns (GPU mode, decoders/_staging.py)
         if device_id is not None:
             if streams is None:
                 if not torch.cuda.is_available() or device_id >= torch.cuda.device_count():
@@ -293,7 +302,7 @@ class DaliDecoder:
         this decoder's device. Failed samples are zeroed; the others are written as if none failed.
         """
         n = len(blobs)
-        geometry_only(plan, n, "dali")
+        check_augment(plan, n, "dali")
         crops = np.asarray(plan.crops)
         flips = np.asarray(plan.flips)
         if n > self.batch_size:
@@ -335,6 +344,14 @@ class DaliDecoder:
                         except RuntimeError as e:
                             failures[k] = _dali_message(e)
             s = self.streams
+            if beyond_flips(plan.augment):  # the batched torch engine on the rows, before failed rows are zeroed
+                if s is None:  # CPU-only mode: DALI's outputs were copied synchronously into the host rows
+                    augment_rows(t, plan.augment, flips=False)
+                else:
+                    if self._uploads is None:
+                        self._uploads = Uploads(s)
+                    with s.side_context():
+                        augment_queued(s, self._uploads, plan.augment, t, "dali augment")
             if failures:  # zeroed on our stream, after the copies (on the producer thread's default stream
                 # the zeroing was unordered with the prefetcher's copy of these rows)
                 with s.side_context() if s is not None else _Null():
@@ -371,7 +388,8 @@ def _make(ctx: DecoderContext) -> JpegOnly:
 
 
 # on the GPU with device='cuda', else DALI's CPU-only mode into the host slot
-KIND = DecoderKind("dali", make=_make, probe=probe, gpu=True, pairs=True)
+KIND = DecoderKind("dali", make=_make, probe=probe, gpu=True, pairs=True, augments=True,
+                  refuses=((PADDED_CROP, GPU_PADDED),))
 
 
 def _stream_handle(stream: Any) -> Any:

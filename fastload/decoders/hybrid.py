@@ -281,7 +281,8 @@ def _choose(on_gpu: bool) -> DecoderKind:
             gpu = None
         return HybridDecoder(ctx.native, gpu, split, ctx.batch_size, ctx.fork_stream("hybrid copy"))
 
-    return DecoderKind("auto", make=make, gpu=True, split=split)
+    # the native half runs the augmentation fused with decoding, the GPU half as its decoder does
+    return DecoderKind("auto", make=make, gpu=True, split=split, augments=partner.augments, refuses=partner.refuses)
 
 
 def _unchosen(ctx: DecoderContext) -> Any:

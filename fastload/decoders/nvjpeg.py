@@ -14,6 +14,11 @@ it records an event after its last write (``ready_event``) and whoever reads the
 the device (``_images.ImageDecoding`` hands it on with the batch). The plan's arrays reach the device
 through pinned staging (``_staging.Uploads``): a copy from pageable memory would wait for the stream.
 
+Augmentation. A plan with issue 21's augmentation (``plan.augment``: vertical flips, affine maps, pixel
+operations) runs with the batched torch engine (``_augment/engine_torch.py``) on the rows, queued on the same
+stream after the resampling (which applied the crops, sizes and horizontal flips) and before the ready event;
+failed rows are zeroed after it. A padded RandomCrop window is refused (``_base.GPU_PADDED``).
+
 Failures. nvJPEG refuses a whole batch when one image is corrupt; the decoder then decodes the batch
 one image at a time to find the bad ones (only for batches that hold one), reports each as
 ``(k, message)`` and zeroes it, as the native ``decode_batch`` does. A crop outside its image fails its
@@ -39,9 +44,9 @@ import numpy as np
 import torch
 
 from .._ring import streams_for
-from ._base import DecoderContext, DecoderKind, JpegOnly, geometry_only
+from ._base import GPU_PADDED, PADDED_CROP, DecoderContext, DecoderKind, JpegOnly, check_augment
 from ._resample import MAX_PIXELS, resample
-from ._staging import Uploads
+from ._staging import Uploads, augment_queued
 
 INSTALL_HINT = ("decoder='nvjpeg' needs torchvision built with CUDA (pip install torchvision); decoder='dali' "
                 "or the default native decoder work without it")
@@ -139,7 +144,7 @@ class NvjpegDecoder:
         ``plan``: a ``fastload.transforms.Plan`` of as many samples.
         Queued on this decoder's stream when it returns: read ``out`` after waiting on ``ready_event()``."""
         n = len(blobs)
-        geometry_only(plan, n, "nvjpeg")
+        check_augment(plan, n, "nvjpeg")
         self._check_out(out, n)
         if n == 0:
             return []
@@ -183,7 +188,8 @@ class NvjpegDecoder:
                         out.index_copy_(0, good_t, res)
 
                 s.launch(write, reads=(crops_t, flips_t, good_t), writes=(out,), what="nvjpeg resample")
-            if bad:
+            augment_queued(s, self._uploads, plan.augment, out, "nvjpeg augment")
+            if bad:  # after the augmentation, so that failed rows stay zero
                 s.launch(lambda out=out, bad_t=bad_t: out.index_fill_(0, bad_t, 0), reads=(bad_t,), writes=(out,),
                          what="nvjpeg zero failed")
             del images
@@ -209,4 +215,5 @@ def _make(ctx: DecoderContext) -> JpegOnly:
                     ctx.option)
 
 
-KIND = DecoderKind("nvjpeg", make=_make, probe=probe, gpu=True, needs_gpu=True, pairs=True)
+KIND = DecoderKind("nvjpeg", make=_make, probe=probe, gpu=True, needs_gpu=True, pairs=True, augments=True,
+                  refuses=((PADDED_CROP, GPU_PADDED),))

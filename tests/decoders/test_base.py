@@ -11,10 +11,11 @@ import torch
 import fastload
 from fastload._augment.color import ColorJitter
 from fastload._augment.engine_native import run_native
+from fastload._augment.engine_torch import run_torch
 from fastload._augment.filters import RandomErasing
 from fastload._augment.geometry import RandomHorizontalFlip as AugmentFlip, RandomRotation, RandomVerticalFlip
 from fastload._augment.plan import PlanBuilder
-from fastload.decoders._base import ImageSources, JpegOnly
+from fastload.decoders._base import ImageSources, JpegOnly, geometry_only
 from fastload.decoders.hybrid import HybridDecoder, HybridSplit
 from fastload.decoders.native import NativeDecoder
 from fastload.decoders.nvjpeg import NvjpegDecoder
@@ -56,25 +57,70 @@ def augmented(p, *transforms):
     return p.with_augment(b.finish())
 
 
-def test_plans_with_augmentations_a_decoder_does_not_execute_are_refused():
-    """A decoder never drops part of a plan: vertical flips or pixel operations are refused, naming them (by the
-    GPU decoders; the native decoder executes them, below)."""
-    p = plan(SAMPLES, 2)
+def gpu_decoders():
+    """The GPU decoders as the CPU runs them: nvjpeg with PIL decoding, DALI's CPU-only mode."""
+    return [dec for dec in every_decoder() if not isinstance(dec, (NativeDecoder, HybridDecoder))]
+
+
+def test_gpu_decoders_run_the_augmentation_on_their_rows_with_the_torch_engine():
+    """nvjpeg and DALI execute the whole plan: their crop/resize/flip, then the batched torch engine on their rows
+    (vertical flips, affine maps, pixel operations), byte for byte what run_torch gives on the rows they decode
+    for the plan's geometry alone (flips=False: the decoder mirrored already). Fails with the engine not called,
+    called with the plan's flips again."""
+    p = plan(SAMPLES, 3)
+    q = augmented(p, RandomVerticalFlip(0.5), RandomRotation(30, interpolation="bilinear"),
+                  ColorJitter(0.4, 0.4, 0.4, 0.1), RandomErasing(1.0))
+    assert q.augment.geometry.vflip.any() and q.augment.steps and q.flips.any()
+    for dec in gpu_decoders():
+        tiles = torch.full((len(SAMPLES), *OUT_HW, 3), 77, dtype=torch.uint8)
+        assert dec.decode(sources_of(SAMPLES), plan_of(q.crops, q.flips), tiles) == [], dec
+        expect = run_torch(tiles.permute(0, 3, 1, 2).contiguous(), q.augment, flips=False).permute(0, 2, 3, 1)
+        out = torch.full((len(SAMPLES), *OUT_HW, 3), 77, dtype=torch.uint8)
+        assert dec.decode(sources_of(SAMPLES), q, out) == [], dec
+        assert torch.equal(out, expect), dec
+        dec.close()
+
+
+def test_gpu_decoders_zero_failed_rows_after_the_augmentation():
+    """A failed sample's row is zero, as without augmentation: the engine runs before the zeroing (an inversion
+    run after it turned the row white). Fails with the augmentation moved after the zeroing."""
+    from fastload._augment.tone import RandomInvert
+
+    blobs = list(SAMPLES)
+    blobs[2] = blobs[2][:2] + bytes(40) + blobs[2][42:]  # corrupt
+    q = augmented(plan(SAMPLES, 4), RandomInvert(1.0))
+    for dec in gpu_decoders():
+        out = torch.full((len(SAMPLES), *OUT_HW, 3), 77, dtype=torch.uint8)
+        assert [k for k, _ in dec.decode(sources_of(blobs), q, out)] == [2], dec
+        assert not out[2].any(), dec
+        dec.close()
+
+
+def test_padded_crop_windows_are_refused_by_the_gpu_decoders():
+    """A decoder never drops part of a plan: a padded RandomCrop window (a box decoded at its own size, then
+    placed on the fill: the native decoder's) is refused by the GPU decoders, naming it, and nothing written."""
     padded = fastload.transforms.ImagePipeline([fastload.transforms.RandomCrop(OUT_HW, padding=9)]).plan(
         np.asarray(sizes(SAMPLES))[:, 0], np.asarray(sizes(SAMPLES))[:, 1], np.random.default_rng(1))
+    assert padded.augment.geometry.pad.active.any()
+    for dec in gpu_decoders():
+        out = torch.full((len(SAMPLES), *OUT_HW, 3), 77, dtype=torch.uint8)
+        with pytest.raises(NotImplementedError, match=r"decoder cannot run RandomCrop with padding: the GPU decoders "
+                                                      r"decode crop windows inside the image only"):
+            dec.decode(sources_of(SAMPLES), padded, out)
+        assert (out == 77).all(), dec  # nothing written
+        dec.close()
+
+
+def test_geometry_only_refuses_what_a_crop_only_decoder_cannot_run():
+    """geometry_only, for a decoder that executes crop/resize/flip only (a new decoder before it augments):
+    vertical flips, pixel operations and padded windows are refused by name."""
+    p = plan(SAMPLES, 2)
     for extra, words in [((RandomVerticalFlip(1.0),), "vertical flips"),
-                         ((ColorJitter(brightness=0.5),), "pixel operations (brightness)"),
-                         (None, "padded crop windows (RandomCrop with padding)")]:
-        q = padded if extra is None else augmented(p, *extra)
-        for dec in every_decoder():
-            if isinstance(dec, (NativeDecoder, HybridDecoder)):  # here a hybrid of two native decoders
-                continue
-            out = torch.full((len(SAMPLES), *OUT_HW, 3), 77, dtype=torch.uint8)
-            with pytest.raises(NotImplementedError, match=r"executes crop, resize and horizontal flip only.*"
-                                                          + words.replace("(", r"\(").replace(")", r"\)")):
-                dec.decode(sources_of(SAMPLES), q, out)
-            assert (out == 77).all(), dec  # nothing written
-            dec.close()
+                         ((ColorJitter(brightness=0.5),), "pixel operations (brightness)")]:
+        with pytest.raises(NotImplementedError, match=r"executes crop, resize and horizontal flip only.*"
+                                                      + words.replace("(", r"\(").replace(")", r"\)")):
+            geometry_only(augmented(p, *extra), len(SAMPLES), "croponly")
+    geometry_only(p, len(SAMPLES), "croponly")
 
 
 def test_the_native_decoder_executes_the_augmentation_fused_as_on_decoded_tiles():

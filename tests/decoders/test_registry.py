@@ -28,3 +28,22 @@ def test_looking_up_native_loads_no_gpu_decoder():
             "and 'fastload.decoders.nvjpeg' not in sys.modules, sorted(m for m in sys.modules if 'decoders' in m)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_what_each_decoder_kind_runs_of_an_augmented_pipeline():
+    """native runs everything; nvjpeg and DALI run the augmentations (the batched torch engine on their rows) but
+    not a padded RandomCrop window, which they name; a kind that does not augment names all of it. Fails with the
+    GPU kinds' augments or refuses taken out."""
+    from fastload.decoders._base import PADDED_CROP
+
+    augmented = ("TrivialAugmentWide", "RandomErasing")
+    assert decoders.kind("native").refusal(augmented + (PADDED_CROP,)) is None
+    for name in ("nvjpeg", "dali"):
+        k = decoders.kind(name)
+        assert k.refusal(()) is None and k.refusal(augmented) is None
+        why = k.refusal(augmented + (PADDED_CROP,))
+        assert why is not None and why.startswith("cannot run RandomCrop with padding (the GPU decoders decode crop "
+                                                  "windows inside the image only")
+    crop_only = DecoderKind("croponly", make=lambda ctx: None)
+    assert crop_only.refusal(augmented) == ("executes crop, resize and horizontal flip only, and the image pipeline "
+                                            "also has TrivialAugmentWide, RandomErasing")

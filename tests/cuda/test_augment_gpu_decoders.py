@@ -1,0 +1,140 @@
+"""GPU decoders run the plan's augmentation on hardware (skipped without CUDA; per decoder without torchvision /
+DALI): TrivialAugmentWide + RandomErasing with the batched torch engine on the decoder's rows, on its stream,
+without a host sync (``torch.cuda.set_sync_debug_mode("error")`` during ``decode()`` and, in a fresh process,
+over whole epochs of the loader with nvjpeg, dali and auto), agreeing with the native engine on the same rows.
+
+Bounds (not yet measured on a GPU: no GPU was lent when this was written):
+- the decoder's augmented rows vs ``run_torch`` on its own geometry-only rows, on the GPU: equal (same engine,
+  same device);
+- vs the native engine on those rows (copied to the host): values more than 1 level apart <= 0.5% (nearest
+  affine edge ties, tests/decoders/test_dali_augment.py measured <= 0.16% on the CPU; CUDA may fuse
+  multiply-adds: 1 level), mean <= 0.1;
+- the loader vs the native decoder's loader: labels equal, mean absolute difference per batch <= 6.0 (the GPU
+  decoders' 4.0 vs DCT-scaled native, gpu_common.MAD_TOLERANCE, plus what equalize/autocontrast stretch).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from gpu_common import NEEDS_CUDA, decoder_param, lag
+from conftest import packed_image_folder  # noqa: E402 (gpu_common puts tests/ on sys.path)
+from decoders.conftest import OUT_HW, SAMPLES, plan, plan_of
+from fastload._augment.engine_native import run_native
+from fastload._augment.engine_torch import run_torch
+from fastload._augment.plan import PlanBuilder
+from fastload import transforms as T
+
+pytestmark = NEEDS_CUDA
+
+ROOT = Path(__file__).resolve().parents[2]
+QUEUED_MS = 200
+LIMIT_S = 0.080  # decode() + the augmentation's launches for a dozen small JPEGs; a wait takes ~200 ms
+
+
+def augmented_plan(seed: int):
+    p = plan(SAMPLES, seed)
+    b = PlanBuilder.from_crop_plan(p)
+    rng = np.random.default_rng(seed)
+    for t in (T.TrivialAugmentWide(), T.RandomErasing(0.5)):
+        t.plan(b, np.arange(p.n), rng)
+    return p.with_augment(b.finish())
+
+
+def make(decoder: str, n: int):
+    if decoder == "nvjpeg":
+        from fastload.decoders.nvjpeg import NvjpegDecoder
+
+        return NvjpegDecoder(n, OUT_HW, device=torch.device("cuda", torch.cuda.current_device()))
+    from fastload.decoders.dali import DaliDecoder
+
+    return DaliDecoder(n, OUT_HW, device_id=torch.cuda.current_device())
+
+
+@pytest.mark.parametrize("decoder", [decoder_param("nvjpeg"), decoder_param("dali")])
+def test_gpu_decoder_augments_on_its_stream_without_a_host_sync(decoder):
+    import time
+
+    n = len(SAMPLES)
+    dec = make(decoder, n)
+    rows = torch.empty((n, *OUT_HW, 3), dtype=torch.uint8, device="cuda")
+    dec.fence(rows)
+    for seed in range(4):
+        q = augmented_plan(seed)
+        assert dec.decode(SAMPLES, plan_of(q.crops, q.flips), rows) == []  # geometry only (and the warm-up)
+        torch.cuda.current_stream().wait_event(dec.ready_event())
+        tiles = rows.clone()
+        expect = run_torch(tiles.permute(0, 3, 1, 2).contiguous(), q.augment, flips=False).permute(0, 2, 3, 1)
+        native = run_native(tiles.cpu().numpy().copy(), q.augment)
+        torch.cuda.synchronize()
+        with torch.cuda.stream(dec.streams.side):
+            lag(QUEUED_MS)  # the decoder's stream is busy: a decode that waits for it takes that long
+        torch.cuda.set_sync_debug_mode("error")  # a synchronize or a blocking (pageable) copy raises
+        try:
+            t = time.perf_counter()
+            fails = dec.decode(SAMPLES, q, rows)
+            took = time.perf_counter() - t
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        assert fails == []
+        torch.cuda.current_stream().wait_event(dec.ready_event())  # the hand-over, on the device
+        assert torch.equal(rows, expect), seed
+        d = (rows.cpu().numpy().astype(np.int64) - native.astype(np.int64))
+        d = np.abs(d)
+        assert (d > 1).mean() <= 0.005 and d.mean() <= 0.1, (seed, (d > 1).mean(), d.mean())
+        assert took < LIMIT_S, f"decode() took {took * 1e3:.0f} ms with {QUEUED_MS} ms queued: it waited for the GPU"
+    dec.close()
+
+
+FRESH = textwrap.dedent("""
+    import sys, torch, fastload
+    from fastload import transforms as T
+    path, decoder, workers = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    recipe = [T.RandomResizedCrop(48), T.RandomHorizontalFlip(), T.TrivialAugmentWide(), T.RandomErasing(0.5)]
+    ds = fastload.open(path, transforms={"image": recipe})
+    kw = dict(batch_size=4, shuffle=True, seed=1, num_workers=workers)
+    native = fastload.DataLoader(ds, **kw)  # the native decoder and engine, the same two epochs
+    refs = []
+    for epoch in range(2):
+        native.set_epoch(epoch)
+        refs.append([(x.cuda(), y.cuda()) for x, y in native])
+    loader = fastload.DataLoader(ds, decoder=decoder, device="cuda", **kw)
+    worst = torch.zeros((), device="cuda")
+    bad_labels = torch.zeros((), dtype=torch.int64, device="cuda")
+    next(iter(loader))  # the decoders made (torchvision's probe decode, DALI's pipeline) before the mode
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")  # process-wide: the producer thread's decode and augmentation too
+    for epoch in range(2):
+        loader.set_epoch(epoch)  # the warm-up's abandoned iteration aside: the reference's epochs
+        for (x, y), (rx, ry) in zip(loader, refs[epoch]):
+            worst = torch.maximum(worst, (x.float() - rx.float()).abs().mean())
+            bad_labels += (y != ry).sum()
+    torch.cuda.set_sync_debug_mode(0)
+    print("ok", float(worst), int(bad_labels))
+""")
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory):
+    return packed_image_folder(tmp_path_factory.mktemp("augment-gpu"), classes=3, per_class=10, workers=2)
+
+
+# a fresh process each (CUDA, torchvision, DALI start-up: tens of seconds): num_workers=0 once, GPU decoders run in
+# a producer thread either way
+@pytest.mark.parametrize("decoder,num_workers", [(decoder_param("nvjpeg"), 0), (decoder_param("nvjpeg"), 2),
+                                                 (decoder_param("dali"), 2), (decoder_param("auto"), 2)])
+def test_loader_with_augmentations_on_gpu_decoders_under_sync_debug_error(packed, decoder, num_workers):
+    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    r = subprocess.run([sys.executable, "-c", FRESH, str(packed), decoder, str(num_workers)], capture_output=True,
+                       text=True, timeout=240, env=env)
+    assert r.returncode == 0 and r.stdout.split()[:1] == ["ok"], r.stderr[-3000:]
+    _, worst, bad_labels = r.stdout.split()
+    assert int(bad_labels) == 0 and float(worst) <= 6.0, r.stdout
