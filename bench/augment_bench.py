@@ -13,12 +13,19 @@ DataLoader running the same operations per sample with pillow-simd, on the same 
                              formulas, ImageEnhance / ImageOps / Image.transform), then a uint8 tensor
   torch DataLoader + pillow-simd RRC + flip
                              the same without the augmentations (its own added cost, for comparison)
+  torch DataLoader + albumentations (OpenCV)
+                             bench/peers/albu_augment.py in its own venv (``bash bench/setup_peers.sh albumentations``),
+                             a subprocess that runs one round per request: cv2.imread, A.RandomResizedCrop + flip +
+                             albumentations' closest equivalent of TrivialAugmentWide (it has none: an A.OneOf over its
+                             versions of the 14 operations with TrivialAugmentWide's ranges; see that file) +
+                             A.Erasing(p=0.25); skipped, saying why, when the venv is missing
 
 All: batch 64, shuffle, drop_last, num_workers=2 (worker processes for torch's loader, decode threads for fastload's),
 persistent workers, uint8 batches; bench/photos.py's real photographs (1,800 files, long side 180-640), packed by
 settings_bench.build. Each configuration runs ``--epochs`` epochs per round; rounds alternate after one warm-up
 round (drift on a shared machine hits every row alike); each row is the median over rounds; ratios are within
-this run. The issue's targets: fastload recipe >= 2x torch's recipe; the added CPU time <= 25% of RRC + flip's.
+this run. The issue's targets: fastload recipe >= 2x torch's recipe with pillow-simd and >= 1.5x torch's DataLoader
++ albumentations; the added CPU time <= 25% of RRC + flip's.
 
     python bench/augment_bench.py [--rounds 5] [--epochs 1] [--out bench/results/augment_cpu2.md] [--csv ...]
 """
@@ -27,9 +34,11 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import os
 import random
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -45,6 +54,9 @@ from fastload import transforms as T  # noqa: E402
 BATCH, WORKERS, SIZE = 64, 2, 224
 FL_RECIPE, FL_PLAIN = "fastload recipe", "fastload RRC + flip"
 PIL_RECIPE, PIL_PLAIN = "torch DataLoader + pillow-simd recipe", "torch DataLoader + pillow-simd RRC + flip"
+ALBU = "torch DataLoader + albumentations (OpenCV)"
+BENCH = Path(__file__).resolve().parent
+ALBU_VENV = BENCH / ".venvs" / "albumentations"
 
 
 def recipe() -> list:
@@ -96,6 +108,56 @@ def loaders(data: Path) -> dict:
             PIL_PLAIN: torch.utils.data.DataLoader(ImageFiles(str(folder), PilRecipe([])), **common)}
 
 
+class AlbuPeer:
+    """bench/peers/albu_augment.py --serve in the albumentations venv: each call runs one round there (``epochs``
+    epochs of its own persistent loader) and returns the images it loaded."""
+
+    def __init__(self, folder: Path, epochs: int, python: Path = ALBU_VENV / "bin" / "python"):
+        self.proc = subprocess.Popen([str(python), str(BENCH / "peers" / "albu_augment.py"), "--data", str(folder),
+                                      "--epochs", str(epochs), "--serve"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.versions = self._reply("ready")["versions"]
+
+    def _reply(self, key: str) -> dict:
+        for line in self.proc.stdout:  # JSON lines; anything else a library prints is passed on
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                msg = None
+            if isinstance(msg, dict) and key in msg:
+                return msg
+            print(f"[{ALBU}] {line.rstrip()}", flush=True)
+        raise RuntimeError(f"{ALBU}: the peer exited (status {self.proc.wait()}) before answering {key!r}; "
+                           f"its error is above")
+
+    def __call__(self) -> int:
+        self.proc.stdin.write("round\n")
+        self.proc.stdin.flush()
+        return int(self._reply("round")["images"])
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.write("quit\n")
+            self.proc.stdin.close()
+            self.proc.wait(timeout=60)
+
+
+def albu_peer(folder: Path, epochs: int) -> AlbuPeer | None:
+    """The albumentations row, or None with the reason printed (no venv, or it does not start)."""
+    python = ALBU_VENV / "bin" / "python"
+    if not python.exists():
+        skip = ALBU_VENV.with_suffix(".skip")
+        why = skip.read_text().strip() if skip.exists() else "no venv"
+        print(f"skipping {ALBU!r}: {why} ({python} missing; run `bash bench/setup_peers.sh albumentations`)",
+              flush=True)
+        return None
+    try:
+        return AlbuPeer(folder, epochs, python)
+    except (OSError, RuntimeError) as e:
+        print(f"skipping {ALBU!r}: {e}", flush=True)
+        return None
+
+
 def drain(loader, epochs: int):
     def run() -> int:
         n = 0
@@ -131,7 +193,14 @@ def main() -> None:
     ap.add_argument("--csv", type=Path, default=None)
     args = ap.parse_args()
     configs = {name: drain(loader, args.epochs) for name, loader in loaders(args.data).items()}
-    rates, cpu = rounds(configs, args.rounds)
+    albu = albu_peer(args.data / "photos_150", args.epochs)
+    if albu is not None:
+        configs[ALBU] = albu
+    try:
+        rates, cpu = rounds(configs, args.rounds)
+    finally:
+        if albu is not None:
+            albu.close()
     med = {k: statistics.median(v) for k, v in rates.items()}
     cpu_med = {k: statistics.median(v) for k, v in cpu.items()}
     added = cpu_med[FL_RECIPE] - cpu_med[FL_PLAIN]
@@ -143,14 +212,22 @@ def main() -> None:
              "", f"| loader | images/s (median) | min-max | vs {PIL_RECIPE} | CPU ms/image (this process) |",
              "|---|---:|---:|---:|---:|"]
     for name in configs:
-        note = "" if name.startswith("fastload") else " (workers not counted)"
+        note = ("" if name.startswith("fastload") else " (another process: not counted)" if name == ALBU
+                else " (workers not counted)")
         lines.append(f"| {name} | {med[name]:,.0f} | {min(rates[name]):,.0f}-{max(rates[name]):,.0f} | "
                      f"{med[name] / med[PIL_RECIPE]:.2f}x | {cpu_med[name] * 1e3:.2f}{note} |")
     torch_added = 1e3 / med[PIL_RECIPE] - 1e3 / med[PIL_PLAIN]
     lines += ["", f"fastload: the augmentation (TrivialAugmentWide + RandomErasing(0.25)) adds {added * 1e3:.3f} ms of "
                   f"CPU per image, {added / cpu_med[FL_PLAIN]:.0%} of RRC + flip's {cpu_med[FL_PLAIN] * 1e3:.3f} ms; "
                   f"torch's loader with pillow-simd spends {torch_added:.3f} ms more "
-                  f"wall time per image with it."]
+                  f"wall time per image with it.",
+              "", f"fastload recipe / {PIL_RECIPE}: {med[FL_RECIPE] / med[PIL_RECIPE]:.2f}x (target >= 2x)"]
+    if ALBU in med:
+        lines += ["", f"fastload recipe / {ALBU}: {med[FL_RECIPE] / med[ALBU]:.2f}x (target >= 1.5x); albumentations "
+                      f"has no TrivialAugmentWide: its row runs the closest equivalent (bench/peers/albu_augment.py). "
+                      + ", ".join(f"{k} {v}" for k, v in albu.versions.items())]
+    else:
+        lines += ["", f"{ALBU}: not measured (its venv is missing: `bash bench/setup_peers.sh albumentations`)"]
     text = "\n".join(lines) + "\n"
     print(text, flush=True)
     if args.out:

@@ -15,6 +15,8 @@
 #         ffcv          FFCV 1.0.2 (built from source against Debian's libopencv-dev + libturbojpeg)
 #         wds           WebDataset (tar shards) + torchvision transforms + pillow-simd
 #         litdata       Lightning's LitData (optimize + StreamingDataset)
+#         albumentations  torch DataLoader + albumentations (OpenCV decode and augmentations) for
+#                       bench/augment_bench.py's row (bench/peers/albu_augment.py; not a suite peer)
 #         plot          matplotlib for bench/plot.py (never installed into .venv: it pulls plain pillow)
 set -u
 cd "$(dirname "$0")/.."
@@ -22,7 +24,8 @@ PYTHON=${PYTHON:-python3}
 VENVS=bench/.venvs
 LOGS=$VENVS/logs
 TORCH="torch==2.13.0"   # pip takes the CPU wheel from find-links (as the Makefile does)
-ALL="torch-simd torch-pillow dali ffcv wds litdata plot"
+ALBU="albumentations==2.0.8 opencv-python-headless==4.11.0.86"  # the last albumentations (MIT); AlbumentationsX continues it
+ALL="torch-simd torch-pillow dali ffcv wds litdata albumentations plot"
 mkdir -p "$LOGS"
 
 say() { printf '[setup_peers] %s\n' "$*"; }
@@ -36,6 +39,7 @@ recipe() {
         ffcv)         echo "apt:libopencv-dev,libturbojpeg0-dev,pkg-config,g++ | $TORCH numpy pillow ffcv==1.0.2" ;;
         wds)          echo "$TORCH torchvision numpy webdataset | pillow-simd" ;;
         litdata)      echo "$TORCH numpy litdata" ;;
+        albumentations) echo "$TORCH numpy | $ALBU" ;;
         plot)         echo "matplotlib" ;;
         *)            return 1 ;;
     esac
@@ -98,6 +102,10 @@ install_peer() {
             swap_to_simd "$peer" || { skip "$peer" "pillow-simd did not build: $(last_error "$peer")"; return; } ;;
         litdata)
             pip_in "$peer" "$TORCH" numpy litdata || { skip "$peer" "pip could not install litdata: $(last_error "$peer")"; return; } ;;
+        albumentations)
+            # torch first (the CPU wheel), then albumentations with the OpenCV it runs on, pinned
+            pip_in "$peer" "$TORCH" numpy || { skip "$peer" "pip could not install torch: $(last_error "$peer")"; return; }
+            pip_in "$peer" $ALBU || { skip "$peer" "pip could not install $ALBU: $(last_error "$peer")"; return; } ;;
         plot)
             pip_in "$peer" matplotlib || { skip "$peer" "pip could not install matplotlib: $(last_error "$peer")"; return; } ;;
     esac
@@ -105,6 +113,8 @@ install_peer() {
     local check
     if [ "$peer" = plot ]; then
         check=$("$VENVS/$peer/bin/python" -c "import matplotlib; print('matplotlib', matplotlib.__version__)" 2>&1)
+    elif [ "$peer" = albumentations ]; then
+        check=$("$VENVS/$peer/bin/python" bench/peers/albu_augment.py --check 2>&1)
     else
         check=$(PYTHONPATH=bench "$VENVS/$peer/bin/python" -m peers check "$peer" 2>&1)
     fi

@@ -21,6 +21,13 @@ is shared, so the two runs see statistically identical, not identical, augmentat
 Both yield uint8 (B, 3, S, S) images; the loop converts to float channels_last and normalizes.
 Validation uses ``[T.Resize(S / 0.875), T.CenterCrop(S)]``.
 
+``--augment`` adds the torchvision "new recipe"'s augmentations after the crop and flip:
+``T.TrivialAugmentWide()`` and ``T.RandomErasing(0.25)`` (issue 21's CPU benchmark recipe). fastload
+runs them natively in its decode threads; the torch loader's Dataset runs them per sample through
+``apply_pil`` too, which executes the same drawn plan with fastload's PIL reference engine
+(torchvision's v1 PIL formulas: ImageEnhance / ImageOps / Image.transform). The comparison then asks
+whether the native engine trains a model as well as the reference formulas do.
+
 The model gets ``--threads`` intra-op threads, by default the cores the ``--workers`` leave free (at
 least one): on a small machine torch's default (all cores) makes OpenMP's spinning threads fight the
 loader's workers for the same cores, and the measured throughput then mostly measures that fight.
@@ -30,6 +37,7 @@ first, with the share of it spent waiting for the next batch.
     python examples/train.py --loader fastload              # one run
     python examples/train.py --loader torch --seed 1
     python examples/train.py --seeds 0,1,2                  # both loaders per seed, summary table
+    python examples/train.py --seeds 0,1,2 --augment        # the same with TrivialAugmentWide + RandomErasing
 
 ``--out`` (default ``bench/data/train_example``, git-ignored) holds the photo folders, the packed
 datasets and ``results.csv`` (one row per run). ``--train-folder``/``--val-folder`` use existing
@@ -66,8 +74,13 @@ MEAN = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1) * 255
 STD = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1) * 255
 
 
-def train_transforms(size: int) -> list:
-    return [T.RandomResizedCrop(size), T.RandomHorizontalFlip()]
+def augment_transforms() -> list:
+    """The augmentations ``--augment`` adds after the crop and flip (both loaders)."""
+    return [T.TrivialAugmentWide(), T.RandomErasing(0.25)]
+
+
+def train_transforms(size: int, augment: bool = False) -> list:
+    return [T.RandomResizedCrop(size), T.RandomHorizontalFlip()] + (augment_transforms() if augment else [])
 
 
 def val_transforms(size: int) -> list:
@@ -128,7 +141,8 @@ def prepare_data(out: Path, per_class: int, val_per_class: int, train_folder: Pa
 
 
 class PilImageFolder(torch.utils.data.Dataset):
-    """ImageFolder over JPEG files, decoded with PIL, transformed with ``fastload.transforms.apply_pil``.
+    """ImageFolder over JPEG files, decoded with PIL, transformed with ``fastload.transforms.apply_pil``
+    (augmentations included: the PIL reference engine runs the sample's drawn operations).
 
     Augmentation randomness comes from a numpy Generator seeded with ``torch.initial_seed()`` of the
     process using it: the loader's seed in the main process, torch's per-worker seed in a worker. So
@@ -162,10 +176,12 @@ class PilImageFolder(torch.utils.data.Dataset):
         return torch.from_numpy(np.array(out)).permute(2, 0, 1), self.labels[i]
 
 
-def make_loaders(kind: str, splits: Splits, size: int, batch_size: int, workers: int, seed: int):
-    """(train loader, validation loader) of one kind; both yield uint8 (B, 3, size, size) and int64 labels."""
+def make_loaders(kind: str, splits: Splits, size: int, batch_size: int, workers: int, seed: int,
+                 augment: bool = False):
+    """(train loader, validation loader) of one kind; both yield uint8 (B, 3, size, size) and int64 labels.
+    ``augment``: the training split also gets ``augment_transforms()``."""
     if kind == "fastload":
-        train = fastload.open(splits.train_packed, transforms={"image": train_transforms(size)})
+        train = fastload.open(splits.train_packed, transforms={"image": train_transforms(size, augment)})
         val = fastload.open(splits.val_packed, transforms={"image": val_transforms(size)})
         if list(train.classes) != splits.classes:
             raise ValueError(f"{splits.train_packed} has classes {train.classes}, the folder {splits.classes}: "
@@ -176,7 +192,7 @@ def make_loaders(kind: str, splits: Splits, size: int, batch_size: int, workers:
     if kind == "torch":
         extra = {"persistent_workers": True} if workers > 0 else {}
         generator = torch.Generator().manual_seed(seed)
-        return (torch.utils.data.DataLoader(PilImageFolder(splits.train_folder, train_transforms(size)),
+        return (torch.utils.data.DataLoader(PilImageFolder(splits.train_folder, train_transforms(size, augment)),
                                             batch_size=batch_size, shuffle=True, num_workers=workers,
                                             drop_last=True, generator=generator, **extra),
                 torch.utils.data.DataLoader(PilImageFolder(splits.val_folder, val_transforms(size)),
@@ -237,7 +253,8 @@ def evaluate(model: nn.Module, loader) -> float:
 def train_run(kind: str, seed: int, splits: Splits, args: argparse.Namespace) -> RunResult:
     torch.manual_seed(seed)
     model = SmallCNN(len(splits.classes)).to(memory_format=torch.channels_last)
-    train_loader, val_loader = make_loaders(kind, splits, args.image_size, args.batch_size, args.workers, seed)
+    train_loader, val_loader = make_loaders(kind, splits, args.image_size, args.batch_size, args.workers, seed,
+                                            args.augment)
     steps = len(train_loader) * args.epochs
     if steps == 0:
         raise ValueError(f"no training batches: {len(train_loader.dataset)} samples < batch_size={args.batch_size}")
@@ -246,7 +263,8 @@ def train_run(kind: str, seed: int, splits: Splits, args: argparse.Namespace) ->
     loss_fn = nn.CrossEntropyLoss()
     print(f"-- {kind} loader, seed {seed}: {len(train_loader.dataset)} train / {len(val_loader.dataset)} val "
           f"images, {len(splits.classes)} classes, {args.image_size}px, batch {args.batch_size}, "
-          f"{args.workers} workers", flush=True)
+          f"{args.workers} workers{', TrivialAugmentWide + RandomErasing(0.25)' if args.augment else ''}",
+          flush=True)
     start = time.perf_counter()
     rates, waits, walls, images_seen = [], [], [], []
     acc = 0.0
@@ -335,6 +353,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--per-class", type=int, default=100, help="training images per class (photo dataset)")
     ap.add_argument("--val-per-class", type=int, default=50, help="validation images per class (photo dataset)")
     ap.add_argument("--workers", type=int, default=2, help="num_workers of both loaders")
+    ap.add_argument("--augment", action="store_true",
+                    help="train with TrivialAugmentWide + RandomErasing(0.25) after the crop and flip")
     ap.add_argument("--threads", type=int, default=None,
                     help="torch.set_num_threads for the model (default: the cores left after --workers, at least 1)")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="data and results.csv go here")
@@ -371,7 +391,9 @@ def main(argv: list[str] | None = None) -> list[RunResult]:
     write_csv(args.out / "results.csv", results)
     if args.seeds is not None:
         print(f"\n== summary: {args.epochs} epochs, {args.image_size}px, {args.workers} workers, "
-              f"torch threads {torch.get_num_threads()}; img/s = training loop (model included), epochs 2+")
+              f"torch threads {torch.get_num_threads()}"
+              f"{', augment: TrivialAugmentWide + RandomErasing(0.25)' if args.augment else ''}; "
+              f"img/s = training loop (model included), epochs 2+")
         print(summary_table(results), flush=True)
     return results
 

@@ -540,7 +540,9 @@ def apply_pil(pipeline: Any, image: Any, rng: np.random.Generator) -> Any:
     oh, ow = (int(v) for v in p.out_hw[0])
     out = image.crop((left, top, left + w, top + h)).resize((ow, oh), Image.Resampling.BILINEAR)
     if p.augment is not None:  # flips, the affine and the pixel operations, by the PIL reference engine
-        return Image.fromarray(_augment.reference(np.asarray(out.convert("RGB")), p))
+        return Image.fromarray(_augment.reference(  # it decodes the box (a padded window's too) from the source
+            lambda box, hw: np.asarray(image.crop((box[1], box[0], box[1] + box[3], box[0] + box[2])).resize(
+                (hw[1], hw[0]), Image.Resampling.BILINEAR).convert("RGB")), p))
     if p.flips[0]:
         out = out.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
     return out

@@ -55,8 +55,7 @@ def test_both_loaders_train_one_epoch(tmp_path: Path) -> None:
     assert all(float(r["img_per_s"]) > 0 for r in rows)
 
 
-def test_validation_pixels_agree_between_loaders(tmp_path: Path) -> None:
-    """The deterministic validation pipeline gives nearly the same pixels through PIL and through fastload."""
+def load_script():
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("example_train", SCRIPT)
@@ -66,6 +65,47 @@ def test_validation_pixels_agree_between_loaders(tmp_path: Path) -> None:
         spec.loader.exec_module(train)
     finally:
         del sys.modules[spec.name]
+    return train
+
+
+def test_augment_trains_both_loaders(tmp_path: Path) -> None:
+    """--augment: both loaders train with TrivialAugmentWide + RandomErasing and the summary says so."""
+    train = tiny_folder(tmp_path / "train", per_class=8, seed=0)
+    val = tiny_folder(tmp_path / "val", per_class=4, seed=1)
+    cmd = [sys.executable, str(SCRIPT), "--seeds", "0", "--epochs", "1", "--image-size", "32", "--batch-size", "8",
+           "--workers", "1", "--threads", "1", "--train-folder", str(train), "--val-folder", str(val),
+           "--out", str(tmp_path / "out"), "--augment"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=100, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert sorted(re.findall(r"final val accuracy [\d.]+% +\((\w+), seed 0", proc.stdout)) == ["fastload", "torch"]
+    assert proc.stdout.count("workers, TrivialAugmentWide + RandomErasing(0.25)") == 2, proc.stdout
+    assert "augment: TrivialAugmentWide + RandomErasing(0.25)" in proc.stdout.split("== summary")[1]
+
+
+@pytest.mark.parametrize("kind", ["torch", "fastload"])
+def test_augment_changes_the_training_images(tmp_path: Path, kind: str) -> None:
+    """The same seed with and without augment: the same order (and fastload's same crops), other pixels. Fails
+    when either loader drops the augmentations."""
+    import torch
+
+    train = load_script()
+    splits = train.prepare_data(tmp_path / "out", 1, 1, tiny_folder(tmp_path / "train", 8, seed=0),
+                                tiny_folder(tmp_path / "val", 2, seed=1))
+    batches = {}
+    for augment in (False, True):
+        torch.manual_seed(0)  # the torch Dataset's generator in the main process (num_workers=0)
+        loader, _ = train.make_loaders(kind, splits, 32, 24, 0, seed=0, augment=augment)
+        batches[augment] = next(iter(loader))
+    (plain, la), (aug, lb) = batches[False], batches[True]
+    assert la.tolist() == lb.tolist()
+    assert plain.shape == aug.shape == (24, 3, 32, 32)
+    changed = [not torch.equal(x, y) for x, y in zip(plain, aug)]
+    assert sum(changed) >= 8, changed
+
+
+def test_validation_pixels_agree_between_loaders(tmp_path: Path) -> None:
+    """The deterministic validation pipeline gives nearly the same pixels through PIL and through fastload."""
+    train = load_script()
     splits = train.prepare_data(tmp_path / "out", 1, 1, tiny_folder(tmp_path / "train", 4, seed=0),
                                 tiny_folder(tmp_path / "val", 4, seed=1))
     _, torch_val = train.make_loaders("torch", splits, 32, 64, 0, seed=0)

@@ -8,11 +8,17 @@ each operation is planned over the samples that chose it, so the plan has at mos
 and slot. Magnitude tables are built with torch exactly as torchvision builds them (float32 ``linspace``), so
 they are equal bit for bit. ShearX/Y, TranslateX/Y and Rotate become the sample's affine (see plan.py for the
 order this implies).
+
+RandAugment also takes timm's magnitude noise (``magnitude_std``, ``magnitude_max``: timm's ``mstd`` / ``mmax``,
+``timm/data/auto_augment.py`` ``AugmentOp``), which torchvision's RandAugment does not have: each operation of
+each sample then gets its own magnitude, a fractional bin, and the tables are read on the line through their bins.
 """
 
 from __future__ import annotations
 
 import functools
+import math
+import numbers
 from typing import Any, Callable
 
 import numpy as np
@@ -38,8 +44,16 @@ def _linspace(start: float, end: float, num: int) -> np.ndarray:
     return torch.linspace(start, end, num).double().numpy()
 
 
+def _at(start: float, end: float, num: int, bins: np.ndarray) -> np.ndarray:
+    """The table ``linspace(start, end, num)`` at ``bins``: torchvision's float32 entries at integer bins; at
+    fractional bins (RandAugment's magnitude noise) the line through them, in float64."""
+    if bins.dtype.kind in "iu":
+        return _linspace(start, end, num)[bins]
+    return start + (end - start) * bins / (num - 1)
+
+
 def _linear(end: float, start: float = 0.0) -> Table:
-    return lambda bins, num, hw: _linspace(start, end, num)[bins]
+    return lambda bins, num, hw: _at(start, end, num, bins)
 
 
 def _linear_of_size(fraction: float, axis: int) -> Table:
@@ -49,7 +63,7 @@ def _linear_of_size(fraction: float, axis: int) -> Table:
         out = np.empty(bins.size)
         for size in np.unique(sizes):  # one table per tile size (one per batch in practice)
             sel = sizes == size
-            out[sel] = _linspace(0.0, fraction * float(size), num)[bins[sel]]
+            out[sel] = _at(0.0, fraction * float(size), num, bins[sel])
         return out
     return table
 
@@ -60,8 +74,13 @@ def _posterize_bits(num: int, span: float) -> np.ndarray:
 
 
 def _posterize(span: float) -> Table:
-    """torchvision's ``(8 - arange(num) / ((num - 1) / span)).round().int()``: bits."""
-    return lambda bins, num, hw: _posterize_bits(num, span)[bins]
+    """torchvision's ``(8 - arange(num) / ((num - 1) / span)).round().int()``: bits (at a fractional bin, the same
+    formula rounded there)."""
+    def table(bins: np.ndarray, num: int, hw: np.ndarray) -> np.ndarray:
+        if bins.dtype.kind in "iu":
+            return _posterize_bits(num, span)[bins]
+        return np.round(8 - bins / ((num - 1) / span))
+    return table
 
 
 def _space(shear_max: float, translate: Table, translate_y: Table, rotate_max: float, enhance_max: float,
@@ -200,12 +219,22 @@ class TrivialAugmentWide(_Policy):
 
 
 class RandAugment(_Policy):
-    """``num_ops`` operations per sample, each uniformly from 14, all at bin ``magnitude`` of ``num_magnitude_bins``."""
+    """``num_ops`` operations per sample, each uniformly from 14, all at bin ``magnitude`` of ``num_magnitude_bins``.
+
+    Keyword-only, timm's magnitude noise (torchvision has none; not given, the draws are torchvision's, unchanged):
+    ``magnitude_std`` > 0 draws each operation's magnitude per sample from ``normal(magnitude, magnitude_std)``,
+    ``inf`` from ``uniform(0, magnitude)``; the magnitude is then clipped to ``[0, magnitude_max]`` (default
+    ``num_magnitude_bins - 1``, the table's end). Magnitudes are in bins, as ``magnitude``: timm's scale is 0-10,
+    so timm's ``rand-m9-mstd0.5`` is ``RandAugment(magnitude=9, num_magnitude_bins=11, magnitude_std=0.5)``
+    (its operations' ranges at bin 10 equal torchvision's RandAugment's; timm's own differences, such as applying
+    each operation with probability 0.5 and its operation list, are not taken). ``magnitude_max`` beyond the
+    table (timm's M > 10) is refused: torchvision's tables end there."""
 
     _space = _RAND_SPACE
 
     def __init__(self, num_ops: int = 2, magnitude: int = 9, num_magnitude_bins: int = 31,
-                 interpolation: Any = "nearest", fill: Any = None) -> None:
+                 interpolation: Any = "nearest", fill: Any = None, *, magnitude_std: float = 0.0,
+                 magnitude_max: float | None = None) -> None:
         super().__init__(interpolation, fill)
         if isinstance(num_ops, bool) or not isinstance(num_ops, (int, np.integer)) or num_ops < 0:
             raise ValueError(f"RandAugment: num_ops={num_ops!r} should be a non-negative integer")
@@ -216,18 +245,48 @@ class RandAugment(_Policy):
             raise ValueError(f"RandAugment: magnitude={magnitude!r} should be an integer in "
                              f"[0, num_magnitude_bins - 1 = {self.num_magnitude_bins - 1}]")
         self.magnitude = int(magnitude)
+        if isinstance(magnitude_std, bool) or not isinstance(magnitude_std, numbers.Real) or \
+                math.isnan(magnitude_std) or magnitude_std < 0:
+            raise ValueError(f"RandAugment: magnitude_std={magnitude_std!r} should be a number >= 0 (0: a fixed "
+                             f"magnitude; inf: uniform in [0, magnitude])")
+        self.magnitude_std = float(magnitude_std)
+        top = self.num_magnitude_bins - 1
+        if magnitude_max is not None and (isinstance(magnitude_max, bool) or
+                                          not isinstance(magnitude_max, numbers.Real) or not 0 <= magnitude_max <= top):
+            raise ValueError(f"RandAugment: magnitude_max={magnitude_max!r} should be None or a number in "
+                             f"[0, num_magnitude_bins - 1 = {top}] (the magnitude table ends there)")
+        self.magnitude_max = None if magnitude_max is None else float(magnitude_max)
 
     def _params(self) -> dict[str, Any]:
-        return {"num_ops": self.num_ops, "magnitude": self.magnitude, "num_magnitude_bins": self.num_magnitude_bins,
-                "interpolation": self.interpolation, "fill": self.fill}
+        params = {"num_ops": self.num_ops, "magnitude": self.magnitude, "num_magnitude_bins": self.num_magnitude_bins,
+                  "interpolation": self.interpolation, "fill": self.fill}
+        if self.magnitude_std:  # only when given: torchvision's RandAugment has neither
+            params["magnitude_std"] = self.magnitude_std
+        if self.magnitude_max is not None:
+            params["magnitude_max"] = self.magnitude_max
+        return params
+
+    def _magnitudes(self, k: int, rng: np.random.Generator) -> np.ndarray:
+        """One slot's magnitudes (bins) for ``k`` samples, as timm's ``AugmentOp``: the fixed bin (integer: the
+        table's own entries), or noise around it, then clipped to [0, magnitude_max]."""
+        top = self.num_magnitude_bins - 1 if self.magnitude_max is None else self.magnitude_max
+        if self.magnitude_std == 0:
+            if self.magnitude <= top:
+                return np.full(k, self.magnitude)
+            return np.full(k, top, dtype=np.float64)
+        if math.isinf(self.magnitude_std):
+            m = rng.uniform(0.0, self.magnitude, k)
+        else:
+            m = rng.normal(self.magnitude, self.magnitude_std, k)
+        return np.clip(m, 0.0, top)
 
     def plan(self, b: PlanBuilder, index: np.ndarray, rng: np.random.Generator) -> None:
         k = index.size
-        bins = np.full(k, self.magnitude)
         for _ in range(self.num_ops):
             choice = rng.integers(0, len(self._space), k)
             negate = rng.random(k) <= 0.5
-            self._slot(b, index, choice, bins, negate, self.num_magnitude_bins)
+            # drawn after torchvision's two draws of the slot: without noise the stream is torchvision's
+            self._slot(b, index, choice, self._magnitudes(k, rng), negate, self.num_magnitude_bins)
 
 
 class AutoAugment(_Policy):
