@@ -61,7 +61,20 @@ class ReadContext(NamedTuple):
     decode: bool  # False: images come back as their stored bytes
     pipelines: dict  # image field -> its transforms.ImagePipeline
     padding: dict  # variable-length field -> its Pad/Bucket (PackSequences excluded: a lone sample is not packed)
-    transformed_image: Callable  # (pipeline, blob, h, w, encoding) -> CHW tensor, the loader's kernels
+    transformed_image: Callable  # (pipeline, blob, h, w, encoding, plan) -> CHW tensor, the loader's kernels
+    plans: dict | None = None  # image field -> this sample's plan, shared with its masks (``draw_plan``)
+
+
+def draw_plan(ctx: ReadContext, image: str, reader: Any, at: Any) -> Any:
+    """``ds[i]``'s one-sample plan of image field ``image``, shared by the image and its masks (fields/mask.py)
+    through ``ctx.plans``: drawn by whichever reads first, from one seed of torch's generator, so
+    ``torch.manual_seed`` makes ``ds[i]`` reproducible as with torchvision transforms."""
+    plan = ctx.plans.get(image)
+    if plan is None:
+        h, w = (int(v) for v in reader.row(at, image, "meta", 0)[:2])
+        rng = np.random.default_rng(int(torch.randint(0, 2**62, ()).item()))
+        plan = ctx.plans[image] = ctx.pipelines[image].plan(np.array([h]), np.array([w]), rng)
+    return plan
 
 
 MAX_BLOB_BYTES = 1 << 62

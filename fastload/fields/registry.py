@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._errors import SchemaError
-from . import array, image, number, text
+from . import array, image, mask, number, text
 from ._codec import Codec
 
 # Order: the order ``Field``'s error message lists the kinds in.
@@ -23,6 +23,7 @@ CODECS: dict[str, Codec] = {c.kind: c for c in (
     array.NDARRAY,
     text.BYTES,
     text.STR,
+    mask.MASK,
 )}
 
 
