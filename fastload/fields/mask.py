@@ -11,8 +11,9 @@ resize, flips, a padded RandomCrop's window, the affine) is executed on the mask
 and the mask's own fill (``MASK_FILL``, 255: torchvision's segmentation reference), skipping pixel operations.
 A mask must have its image's size. ``ds[i]`` shares the plan through ``ReadContext.plans`` (whichever of the
 image and its mask reads first draws it); a batch through the batcher's ``plans`` (the image part records
-its plan, mask parts fill after the image parts). Both run the PIL reference engine
-(``_augment.engine_pil.run_pil_mask``) per sample, so the loader's masks equal ``ds[i]``'s exactly.
+its plan, mask parts fill after the image parts). ``ds[i]`` runs the PIL reference engine
+(``_augment.engine_pil.run_pil_mask``); a batch is one native call (csrc/mask.cc: libpng decode and Pillow's
+nearest arithmetic on the pool's threads, GIL released) whose masks equal the reference's exactly.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import numpy as np
 import torch
 
 from .._errors import SchemaError
+from .._native import native
 from ._codec import Codec, Column, NotFastPath, Part, as_array, draw_plan, is_pil_image
 from .image import FileImage
 
@@ -90,20 +92,9 @@ def encode_png(arr: np.ndarray) -> bytes:
 
 
 def decode_png(blob: Any, h: int, w: int) -> np.ndarray:
-    """The stored PNG as an (h, w) uint8 array; ValueError (the sample's failure) when it does not decode to
-    that size as 8-bit grayscale."""
-    from PIL import Image
-
-    try:
-        img = Image.open(io.BytesIO(bytes(blob)))
-        img.load()
-    except Exception as e:
-        raise ValueError(f"mask PNG does not decode ({type(e).__name__}: {e})") from None
-    if img.mode != "L":
-        raise ValueError(f"mask PNG is mode {img.mode!r}, not 8-bit grayscale")
-    if (img.height, img.width) != (h, w):
-        raise ValueError(f"mask PNG is {img.width}x{img.height}, the shard records {w}x{h}")
-    return np.asarray(img)
+    """The stored PNG as an (h, w) uint8 array (natively, libpng); ValueError (the sample's failure) when it
+    is not an 8-bit grayscale PNG of that size or does not decode."""
+    return native().decode_mask(blob, h, w)
 
 
 # -- following the image --------------------------------------------------------------------------
@@ -133,9 +124,35 @@ def move_mask(mask: np.ndarray, geometry: Any, k: int, image_hw: tuple[int, int]
     from .._augment.engine_pil import run_pil_mask
 
     if tuple(mask.shape) != tuple(image_hw):
-        raise ValueError(f"mask is {mask.shape[0]}x{mask.shape[1]} but its image is {image_hw[0]}x{image_hw[1]}: "
-                         f"a mask must have its image's size to follow its geometry")
+        raise ValueError(size_mismatch(mask.shape, image_hw))
     return run_pil_mask(mask, geometry, k, fill=fill, source=True)
+
+
+def size_mismatch(mask_hw: Any, image_hw: Any) -> str:
+    return (f"mask is {int(mask_hw[0])}x{int(mask_hw[1])} but its image is {int(image_hw[0])}x{int(image_hw[1])}: "
+            f"a mask must have its image's size to follow its geometry")
+
+
+def decode_masks(pool: Any, sources: tuple, meta: np.ndarray, plan: Any, out: np.ndarray,
+                 fill: int = MASK_FILL) -> list:
+    """The batch's masks (``sources``: ``(regions, region, offset, length)``, ``meta``: (n, 2) stored sizes) moved
+    with ``plan`` (a ``transforms.Plan``) into ``out`` (n, H, W) uint8, natively on ``pool`` (csrc/mask.cc, equal
+    to ``move_mask``'s PIL reference). Returns the failures ``[(k, message)]``."""
+    geo = geometry_of(plan).geometry
+    n, (oh, ow) = len(meta), out.shape[1:]
+    pad = geo.pad
+    if pad is None:
+        padded = np.zeros(n, np.uint8)
+        box_hw = geo.out_hw
+        rows, cols = np.zeros((n, oh), np.int32), np.zeros((n, ow), np.int32)
+    else:
+        padded = pad.active.astype(np.uint8)
+        box_hw = np.where(pad.active[:, None], pad.decode_hw, geo.out_hw)
+        rows, cols = pad.rows, pad.cols
+    regions, region, offset, length = sources
+    return native().decode_mask_batch(pool, regions, region, offset, length, meta, plan.crops, box_hw, padded, rows,
+                                      cols, geo.hflip.astype(np.uint8), geo.vflip.astype(np.uint8),
+                                      geo.has_affine.astype(np.uint8), geo.affine.reshape(n, 6), fill, out)
 
 
 # -- the codec ------------------------------------------------------------------------------------
@@ -192,7 +209,7 @@ class MaskCodec(Codec):
 
 class MaskPart(Part):
     """(n, H, W) uint8 rows, each mask moved with its image's plan of this batch (the batcher's ``plans``, which
-    the image part fills first: ``after_images``). Per sample through the PIL reference engine."""
+    the image part fills first: ``after_images``), in one native call (``decode_masks``)."""
 
     after_images = True
 
@@ -208,18 +225,16 @@ class MaskPart(Part):
         plan = batcher.plans.get(self.image)
         if plan is None:
             raise RuntimeError(f"mask field '{self.name}': its image '{self.image}' was not planned before it")
-        geometry = geometry_of(plan)
-        meta = batcher.reader.take(at, self.name, "meta").astype(np.int64)
-        image_hw = batcher.reader.take(at, self.image, "meta")[:, :2].astype(np.int64)
-        rows = slot.arrays[self.name]
-        for k in range(len(indices)):
-            if k in failed:  # its image failed: the row is replaced anyway
-                continue
-            try:
-                arr = decode_png(batcher.reader.blob(at, self.name, k), int(meta[k, 0]), int(meta[k, 1]))
-                rows[k] = move_mask(arr, geometry, k, (int(image_hw[k, 0]), int(image_hw[k, 1])))
-            except ValueError as e:
-                failed.setdefault(k, f"field '{self.name}': {e}")
+        n = len(indices)
+        reader = batcher.reader
+        meta = reader.take(at, self.name, "meta").astype(np.int64)
+        image_hw = reader.take(at, self.image, "meta")[:, :2].astype(np.int64)
+        for k in np.flatnonzero((meta != image_hw).any(axis=1)):
+            failed.setdefault(int(k), f"field '{self.name}': {size_mismatch(meta[k], image_hw[k])}")
+        regions, region, offset, length = reader.blob_sources(at, self.name)
+        rows = slot.arrays[self.name][:n]
+        for k, msg in decode_masks(pool, (regions, region, offset, length), meta, plan, rows):
+            failed.setdefault(int(k), f"field '{self.name}': {msg}")
 
     def replace(self, batcher: Any, slot: Any, n: int, obj: Any, bad: list, sources: list) -> None:
         arr = slot.arrays[self.name]
