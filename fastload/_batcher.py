@@ -52,7 +52,7 @@ class Batcher:
         self.parts = [] if self.packed is not None else [codec_of(f).batch(f, dataset) for f in self.schema]
         # fill order: parts that follow an image's plan (masks, ``after_images``) after every other part, so the
         # image parts have recorded this batch's plans (``plans``, image field -> transforms.Plan) by then
-        self._order = sorted(range(len(self.parts)), key=lambda j: getattr(self.parts[j], "after_images", False))
+        self._order = sorted(range(len(self.parts)), key=lambda j: self.parts[j].after_images)
         self.plans: dict = {}
         self.collator = Collator(dataset, batch_size, self.packed, self.parts)
 

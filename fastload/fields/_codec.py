@@ -179,6 +179,10 @@ class Part:
     """One field's share of a batch, made once per Batcher (the module docstring). Defaults: nothing in
     the slot, nothing to fill or replace, the fill's object as the batch entry."""
 
+    # True: filled after every other part, once the image parts have put this batch's plans in
+    # ``batcher.plans`` (image field -> ``transforms.Plan``): a mask follows its image's plan (fields/mask.py)
+    after_images = False
+
     def __init__(self, field: Any):
         self.field, self.name = field, field.name
 
