@@ -176,7 +176,7 @@ class MaskCodec(Codec):
         return (np.array(arr.shape, dtype="<u4"),), encode_png(arr)
 
     def describe(self, field: Any) -> str:
-        return "uint8 class ids, PNG"
+        return " uint8 class ids, PNG"  # after the kind, as ndarray's dtype
 
     def repr(self, field: Any) -> str:
         return f"Field({field.name!r}, 'mask')"  # Field has no ``mask`` constructor

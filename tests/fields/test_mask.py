@@ -53,6 +53,7 @@ def test_layout_and_column_checks():
     f = Field("m", "mask")
     assert MASK.columns(f) == (Column("meta", np.dtype("<u4"), (2,)),) and MASK.has_blob(f)
     assert repr(f) == "Field('m', 'mask')" and Field.from_json(f.to_json()) == f
+    assert MASK.describe(f) == " uint8 class ids, PNG"  # fastload inspect: "mask uint8 class ids, PNG"
     assert MASK.check_columns(f, {"meta": np.array([[4, 5]], dtype="<u4")}) is None
     assert MASK.check_columns(f, {"meta": np.array([[4, 5], [0, 5]], dtype="<u4")}, first=3) == \
         "sample 4: mask size 0x5 is impossible (each side must be 1..2147483647)"
@@ -231,3 +232,26 @@ def test_which_image_a_mask_follows_is_never_guessed(pack_samples):
         ds[0]
     with pytest.raises(NotFastPath, match="mask field 'mask' follows its image's transforms, but 2 fields"):
         MASK.batch(ds.schema["mask"], ds)
+
+
+def test_a_corrupt_mask_png_in_a_shard_fails_its_sample(tmp_path):
+    """The native decoder's failure reaches the user as ds[i]'s and the loader's DecodeError naming the sample and
+    field; on_error='skip' replaces the sample."""
+    path = tmp_path / "ds"
+    fastload.pack(Samples(segmentation_samples(6)), path, schema=SCHEMA, image_mode="raw", workers=0)
+    png = fastload.open(path, as_dict=True, decode=False)[2]["mask"]
+    shard = next(path.glob("*.fls"))
+    data = bytearray(shard.read_bytes())
+    at = data.find(png) + png.index(b"IDAT") + 8
+    data[at + 2: at + 6] = b"\xff\xff\xff\xff"  # inside the zlib stream
+    shard.write_bytes(bytes(data))
+    ds = fastload.open(path, as_dict=True, transforms={"image": RECIPE})
+    with user_error(fastload.DecodeError, "sample 2", "field 'mask'", "does not decode"):
+        ds[2]
+    with user_error(fastload.DecodeError, "sample 2", "field 'mask'", "does not decode"):
+        batches(ds, 3)
+    got = batches(ds, 3, on_error="skip")
+    assert sum(len(b["mask"]) for b in got) == 6
+    for b in got:
+        for k in range(len(b["mask"])):
+            assert_aligned(b["image"][k], b["mask"][k])  # the replacement moved with its own image
