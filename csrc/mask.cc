@@ -12,7 +12,8 @@
 namespace fastload {
 namespace {
 
-constexpr int64_t kMaxMaskPixels = int64_t{1} << 31;  // the batch indexes with int32; a crafted meta can't allocate more
+// a crafted meta (matching a crafted IHDR) cannot make a thread allocate more than this
+constexpr int64_t kMaxMaskPixels = int64_t{1} << 31;
 
 inline int coord(double v) { return v < 0.0 ? -1 : static_cast<int>(v); }
 
@@ -81,7 +82,8 @@ void warp(const uint8_t* in, int h, int w, const double* a, uint8_t fill, uint8_
   if (fits(0, 0) && fits(w, h) && fits(0, h) && fits(w, 0)) {
     const auto fix = [](double v) -> int64_t {
       v = v * 65536.0 + 0.5;
-      return v < 0.0 ? static_cast<int64_t>(static_cast<int>(std::floor(v))) : static_cast<int64_t>(static_cast<int>(v));
+      const int fixed = v < 0.0 ? static_cast<int>(std::floor(v)) : static_cast<int>(v);  // Pillow's FLOOR
+      return static_cast<int64_t>(fixed);
     };
     const int64_t a0 = fix(a[0]), a1 = fix(a[1]), a3 = fix(a[3]), a4 = fix(a[4]);
     int64_t a2 = fix(a[2] + a[0] * 0.5 + a[1] * 0.5), a5 = fix(a[5] + a[3] * 0.5 + a[4] * 0.5);
