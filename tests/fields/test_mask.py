@@ -17,6 +17,7 @@ from fastload.fields import Column, NotFastPath
 from fastload.fields.image import FileImage
 from fastload.fields.mask import MASK
 
+from conftest import resumed_and_reference
 from misuse.conftest import user_error
 from .conftest import Samples, batches
 
@@ -189,25 +190,20 @@ def test_loader_masks_are_the_image_exactly_under_nearest_geometry(segmentation)
         assert np.mean(im[filled] == 0) > 0.995
 
 
-def test_workers_and_resume_give_the_same_masks(segmentation):
-    path, _ = segmentation
+def test_workers_and_resume_give_the_same_masks(pack_samples):
+    """num_workers 0 vs 2, and a mid-epoch resume (conftest's ``resumed_and_reference``, which compares each
+    batch's first entry: here the mask, packed first)."""
+    samples = [{"mask": s["mask"], "image": s["image"]} for s in segmentation_samples()]
+    path = pack_samples(samples, schema=SCHEMA, image_mode="raw")
 
     def make(workers):
-        ds = fastload.open(path, as_dict=True, transforms={"image": ROTATED})
+        ds = fastload.open(path, transforms={"image": ROTATED + [T.ColorJitter(0.3)]})
         return fastload.DataLoader(ds, batch_size=2, shuffle=True, seed=3, num_workers=workers)
 
-    ref = [b["mask"].clone() for b in make(0)]
-    assert all(torch.equal(a, b["mask"]) for a, b in zip(ref, make(2)))
-    dl = make(0)
-    it = iter(dl)
-    for _ in range(3):
-        next(it)
-    state = dl.state_dict()
-    del it
-    restored = make(2)
-    restored.load_state_dict(state)
-    rest = [b["mask"].clone() for b in restored]
-    assert len(rest) == len(ref) - 3 and all(torch.equal(a, b) for a, b in zip(rest, ref[3:]))
+    ref = [b[0].clone() for b in make(0)]
+    assert ref[0].shape == (2, 32, 32) and all(torch.equal(a, b[0]) for a, b in zip(ref, make(2)))
+    got, want = resumed_and_reference(make, 2, done=3)
+    assert len(got) == len(want) == len(ref) - 3 and all(torch.equal(a, b) for a, b in zip(got, want))
 
 
 def test_a_mask_of_another_size_than_its_image_fails_its_sample(pack_samples):
