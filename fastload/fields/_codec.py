@@ -166,6 +166,11 @@ class Codec:
         SchemaError saying what was expected (the caller names the field and sample)."""
         raise NotImplementedError
 
+    def check_blob(self, field: Any, blob: Any, row: Callable) -> str | None:
+        """What ``verify`` finds wrong with one stored value beyond its layout (e.g. a mask's PNG that does not
+        decode), or None; ``row(column)`` is the sample's row of a column. Default: nothing to check."""
+        return None
+
     def read(self, field: Any, reader: Any, at: Any, ctx: ReadContext) -> Any:
         """``ds[i]``'s value of ``field`` for the one sample ``at`` locates (``PackedReader.locate_one``)."""
         raise NotImplementedError
@@ -173,6 +178,20 @@ class Codec:
     def batch(self, field: Any, dataset: Any) -> "Part":
         """This field's part of a Batcher over ``dataset``; NotFastPath when it cannot be batched."""
         raise NotFastPath(f"{self.kind} field '{field.name}' cannot be batched")
+
+
+def blob_problem(schema: Any, segment: Any, indices: Any, first: int = 0) -> str | None:
+    """The first stored value of ``segment`` (a format's segment: ``row``, ``blob``) at ``indices`` that its kind's
+    ``Codec.check_blob`` refuses, as ``sample N: field 'x': why``; None when all pass (the formats' verify)."""
+    from .registry import codec_of  # the registry imports this module
+
+    checked = [(f, codec_of(f)) for f in schema if type(codec_of(f)).check_blob is not Codec.check_blob]
+    for i in indices if checked else ():
+        for f, codec in checked:
+            msg = codec.check_blob(f, segment.blob(f.name, i), lambda col: segment.row(f.name, col, i))
+            if msg is not None:
+                return f"sample {first + i}: field '{f.name}': {msg}"
+    return None
 
 
 class Part:

@@ -175,6 +175,14 @@ class MaskCodec(Codec):
         arr = mask_array(value)
         return (np.array(arr.shape, dtype="<u4"),), encode_png(arr)
 
+    def check_blob(self, field: Any, blob: Any, row: Callable) -> str | None:
+        h, w = (int(v) for v in row("meta"))
+        try:
+            decode_png(blob, h, w)
+        except ValueError as e:
+            return str(e)
+        return None
+
     def describe(self, field: Any) -> str:
         return " uint8 class ids, PNG"  # after the kind, as ndarray's dtype
 
