@@ -251,3 +251,33 @@ def test_a_corrupt_mask_png_in_a_shard_fails_its_sample(tmp_path):
     for b in got:
         for k in range(len(b["mask"])):
             assert_aligned(b["image"][k], b["mask"][k])  # the replacement moved with its own image
+
+
+def test_verify_decodes_every_mask(tmp_path, pack_samples):
+    """A shard whose checksum agrees (a packer bug, a crafted file) but whose mask PNG does not decode fails
+    ``fastload verify``, naming the sample and field; sound datasets in both formats pass."""
+    import json
+
+    from fastload.formats.shards import file_digest
+
+    good = pack_samples(segmentation_samples(4), schema=SCHEMA, image_mode="raw")
+    assert _verify(good) == []
+    path = tmp_path / "ds"
+    fastload.pack(Samples(segmentation_samples(4)), path, schema=SCHEMA, image_mode="raw", workers=0)
+    png = fastload.open(path, as_dict=True, decode=False)[3]["mask"]
+    shard = next(path.glob("*.fls"))
+    data = bytearray(shard.read_bytes())
+    at = data.find(png) + png.index(b"IDAT") + 8
+    data[at + 2: at + 6] = b"\xff\xff\xff\xff"
+    shard.write_bytes(bytes(data))
+    manifest = json.loads((path / "manifest.json").read_text())
+    manifest["shards"][0]["xxh3_64"] = file_digest(shard)[1]
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    found = _verify(path)
+    assert len(found) == 1 and "sample 3: field 'mask': mask PNG does not decode" in found[0], found
+
+
+def _verify(path):
+    from fastload.formats.reader import read_manifest, verify
+
+    return verify(path, read_manifest(path))
