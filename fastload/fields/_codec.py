@@ -180,20 +180,6 @@ class Codec:
         raise NotFastPath(f"{self.kind} field '{field.name}' cannot be batched")
 
 
-def blob_problem(schema: Any, segment: Any, indices: Any, first: int = 0) -> str | None:
-    """The first stored value of ``segment`` (a format's segment: ``row``, ``blob``) at ``indices`` that its kind's
-    ``Codec.check_blob`` refuses, as ``sample N: field 'x': why``; None when all pass (the formats' verify)."""
-    from .registry import codec_of  # the registry imports this module
-
-    checked = [(f, codec_of(f)) for f in schema if type(codec_of(f)).check_blob is not Codec.check_blob]
-    for i in indices if checked else ():
-        for f, codec in checked:
-            msg = codec.check_blob(f, segment.blob(f.name, i), lambda col: segment.row(f.name, col, i))
-            if msg is not None:
-                return f"sample {first + i}: field '{f.name}': {msg}"
-    return None
-
-
 class Part:
     """One field's share of a batch, made once per Batcher (the module docstring). Defaults: nothing in
     the slot, nothing to fill or replace, the fill's object as the batch entry."""
