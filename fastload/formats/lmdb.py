@@ -31,7 +31,7 @@ from .._errors import FastloadError, FormatError
 from .._schema import Schema
 from ._layout import check_columns, columns_of, expected_blob_length, has_blob, min_bytes
 from .._version import __version__
-from ..fields._codec import blob_problem
+from ..fields.registry import blob_problem
 from ._format import Format
 from ._manifest import Manifest
 

@@ -31,7 +31,7 @@ import xxhash
 from .._errors import FormatError, SourceError, VersionError
 from .._schema import Field, Schema
 from .._version import __version__
-from ..fields._codec import blob_problem
+from ..fields.registry import blob_problem
 from ._format import Format
 from ._layout import (FORMAT_VERSION, check_columns, columns_of, expected_blob_length, has_blob, min_bytes,
                       section_names)
