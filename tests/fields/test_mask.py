@@ -175,6 +175,9 @@ def test_loader_batches_move_masks_with_their_images(segmentation, recipe):
         assert b["mask"].dtype == torch.uint8
         for k in range(len(b["mask"])):
             assert_aligned(b["image"][k], b["mask"][k])
+    for s in ds.__getitems__([0, 3, 7]):  # torch's DataLoader's batch call: the same native batch
+        assert s["mask"].shape == s["image"].shape[1:]
+        assert_aligned(s["image"], s["mask"])
 
 
 def test_loader_masks_are_the_image_exactly_under_nearest_geometry(segmentation):
