@@ -18,7 +18,8 @@ from setuptools.errors import CompileError, ExecError, LinkError
 
 SOURCES = [
     "csrc/binding.cc", "csrc/bind_augment.cc", "csrc/bind_convert.cc", "csrc/bind_decode.cc", "csrc/bind_gather.cc",
-    "csrc/augment.cc", "csrc/batch.cc", "csrc/convert.cc", "csrc/gather.cc", "csrc/jpeg.cc",
+    "csrc/bind_mask.cc", "csrc/mask.cc", "csrc/augment.cc", "csrc/batch.cc", "csrc/convert.cc", "csrc/gather.cc",
+    "csrc/jpeg.cc",
     "csrc/pool.cc", "csrc/resize.cc", "csrc/augment_plan.cc", "csrc/warp.cc",
 ]
 
@@ -32,7 +33,19 @@ INSTALL_JPEG = (
     "macOS `brew install jpeg-turbo`; or point FASTLOAD_JPEG_PREFIX at its install prefix."
 )
 
+INSTALL_PNG = (
+    "Install the libpng development files (mask fields decode PNG): Debian/Ubuntu `apt-get install libpng-dev`, "
+    "Fedora `dnf install libpng-devel`, macOS `brew install libpng`."
+)
+
 PROBE_CXX = "#include <vector>\nint main() { std::vector<int> v{1}; return v[0] - 1; }\n"
+PROBE_PNG = """#include <png.h>
+int main() {  // libpng >= 1.6: the simplified png_image API
+  png_image image{};
+  image.version = PNG_IMAGE_VERSION;
+  return png_image_begin_read_from_memory(&image, "", 0) != 0;
+}
+"""
 PROBE_JPEG = """#include <cstdio>
 #include <jpeglib.h>
 int main() {
@@ -72,12 +85,13 @@ def _jpeg_dirs():
 
 
 class BuildExt(build_ext):
-    """Checks the compiler and libjpeg-turbo up front, with an install hint instead of a wall of
+    """Checks the compiler, libjpeg-turbo and libpng up front, with an install hint instead of a wall of
     compiler errors."""
 
     def build_extensions(self):
         self._probe("a C++17 compiler", PROBE_CXX, [], INSTALL_COMPILER)
         self._probe("libjpeg-turbo (jpeglib.h, -ljpeg)", PROBE_JPEG, ["jpeg"], INSTALL_JPEG)
+        self._probe("libpng >= 1.6 (png.h, -lpng)", PROBE_PNG, ["png"], INSTALL_PNG)
         super().build_extensions()
 
     def _probe(self, what, source, libraries, hint):
@@ -114,7 +128,7 @@ setup(
             cxx_std=17,
             include_dirs=["csrc"] + _include_dirs,
             library_dirs=_library_dirs,
-            libraries=["jpeg"],
+            libraries=["jpeg", "png"],  # png: mask fields (csrc/mask.cc, libpng's simplified API)
             extra_compile_args=_compile_args,
             extra_link_args=_link_args,
         )

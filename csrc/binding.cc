@@ -7,6 +7,10 @@
 
 using fastload_bind::BatchEngine;
 
+namespace fastload_bind {
+void register_mask(py::module_& m);  // bind_mask.cc
+}
+
 PYBIND11_MODULE(_C, m) {
   m.doc() =
       "fastload native core: JPEG decode, crop/resize/flip, batched decoding and row gathers.";
@@ -21,4 +25,5 @@ PYBIND11_MODULE(_C, m) {
   fastload_bind::register_convert(m);
   fastload_bind::register_augment(m);
   fastload_bind::register_gather(m);
+  fastload_bind::register_mask(m);
 }

@@ -50,6 +50,10 @@ class Batcher:
         # names the first field that cannot be batched. A packed batch holds the packed field only (sample_ids
         # find the rest), filled by _fill_packed.
         self.parts = [] if self.packed is not None else [codec_of(f).batch(f, dataset) for f in self.schema]
+        # fill order: parts that follow an image's plan (masks, ``after_images``) after every other part, so the
+        # image parts have recorded this batch's plans (``plans``, image field -> transforms.Plan) by then
+        self._order = sorted(range(len(self.parts)), key=lambda j: self.parts[j].after_images)
+        self.plans: dict = {}
         self.collator = Collator(dataset, batch_size, self.packed, self.parts)
 
     @property
@@ -123,7 +127,10 @@ class Batcher:
         indices = np.asarray(indices, dtype=np.int64)
         at = self.reader.locate(indices)
         failed: dict[int, str] = {}
-        objects = [part.fill(self, slot, at, indices, rng, pool, failed) for part in self.parts]
+        self.plans = {}
+        objects: list = [None] * len(self.parts)
+        for j in self._order:
+            objects[j] = self.parts[j].fill(self, slot, at, indices, rng, pool, failed)
         if failed:
             self._handle_failures(failed, slot, objects, indices, at.seg_ids, len(indices))
         return objects

@@ -133,7 +133,8 @@ class Dataset(torch.utils.data.Dataset):
         if not 0 <= i < n:
             raise IndexError(f"sample index {asked} out of range for a dataset of {n} samples")
         at = self._reader.locate_one(i)
-        values = [self._field_value(at, i, f) for f in self.schema]
+        plans: dict = {}  # one plan per image field for the whole sample: its masks follow it (fields/mask.py)
+        values = [self._field_value(at, i, f, plans) for f in self.schema]
         if self.as_dict:
             return dict(zip(self.schema.names, values))
         return tuple(values)
@@ -150,25 +151,27 @@ class Dataset(torch.utils.data.Dataset):
 
         return get_items(self, indices)
 
-    def _field_value(self, at: Located, i: int, f: Field) -> Any:
+    def _field_value(self, at: Located, i: int, f: Field, plans: dict | None = None) -> Any:
         try:
-            return self._decode_field(at, f)
+            return self._decode_field(at, f, plans)
         except (ValueError, UnicodeDecodeError) as e:
             if isinstance(e, FormatError):
                 raise
             raise DecodeError(f"{where(self.path, self._reader.shard(at.seg_ids[0]), i, f.name)}: {e}") from None
 
-    def _decode_field(self, at: Located, f: Field) -> Any:
+    def _decode_field(self, at: Located, f: Field, plans: dict | None = None) -> Any:
         # the field kind's codec reads it (fields/); a lone sample is padded (Pad/Bucket), never packed
         padding = {n: s for n, s in self.sequences.items() if not isinstance(s, PackSequences)}
-        ctx = ReadContext(self.decode, self.pipelines, padding, self._transformed_image)
+        ctx = ReadContext(self.decode, self.pipelines, padding, self._transformed_image, {} if plans is None else plans)
         return codec_of(f).read(f, self._reader, at, ctx)
 
-    def _transformed_image(self, pipeline: Any, blob: memoryview, h: int, w: int, enc: int) -> torch.Tensor:
+    def _transformed_image(self, pipeline: Any, blob: memoryview, h: int, w: int, enc: int,
+                           plan: Any = None) -> torch.Tensor:
         # the same planning and native kernels as the loader; randomness from torch's generator,
-        # so torch.manual_seed makes ds[i] reproducible as with torchvision transforms
-        rng = np.random.default_rng(int(torch.randint(0, 2**62, ()).item()))
-        plan = pipeline.plan(np.array([h]), np.array([w]), rng)
+        # so torch.manual_seed makes ds[i] reproducible as with torchvision transforms (``plan``: drawn so)
+        if plan is None:
+            rng = np.random.default_rng(int(torch.randint(0, 2**62, ()).item()))
+            plan = pipeline.plan(np.array([h]), np.array([w]), rng)
         crop = tuple(int(v) for v in plan.crops[0])
         out_hw = tuple(int(v) for v in plan.out_hw[0])
         flip = bool(plan.flips[0])

@@ -118,11 +118,14 @@ class ImageDecoding:
             self.hybrid.close()
 
     # -- filling -------------------------------------------------------------------------------------
-    def fill(self, pool, pipeline, f: Field, slot, reader, at, rng) -> list[tuple[int, str]]:
+    def fill(self, pool, pipeline, f: Field, slot, reader, at, rng, plans: dict | None = None) -> list[tuple[int, str]]:
         """Decode the batch's images of field ``f`` (``at``: the batch located by ``reader``, a
-        ``formats.reader.PackedReader``) into ``slot``. Returns the failures ``[(position, message)]``."""
+        ``formats.reader.PackedReader``) into ``slot``. Returns the failures ``[(position, message)]``.
+        ``plans``: gets the batch's plan under ``f.name`` (the field's masks follow it)."""
         sources = ImageSources(*reader.image_sources(at, f.name))  # one reader call; the decoders read only this
         plan = pipeline.plan(sources.meta[:, 0], sources.meta[:, 1], rng)
+        if plans is not None:
+            plans[f.name] = plan
         rows = (slot.arrays if self.device is None else slot.tensors)[f.name][:sources.n]
         self.native.pool = pool  # the batcher's, which autotuning and persistent workers swap
         dec = self._decoders.get(f.name)

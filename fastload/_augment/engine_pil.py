@@ -45,8 +45,9 @@ def run_pil(image: Any, plan: AugmentPlan, sample: int, *, source: bool = False)
 
 
 def run_pil_mask(mask: Any, plan: AugmentPlan, sample: int, *, fill: int = 255, source: bool = False) -> np.ndarray:
-    """Move one segmentation mask (H, W) uint8 with its image's geometry: crop and resize NEAREST (``source``),
-    flips, the affine always NEAREST with ``fill`` outside; pixel operations skip masks."""
+    """Move one segmentation mask (H, W) uint8 with its image's geometry: crop and resize NEAREST (``source``; a
+    padded RandomCrop's window padded with ``fill``), flips, the affine always NEAREST with ``fill`` outside;
+    pixel operations skip masks."""
     m = np.asarray(mask)
     if m.dtype != np.uint8 or m.ndim != 2:
         raise TypeError(f"run_pil_mask: mask should be an (H, W) uint8 array, got {m.dtype} {m.shape}")
@@ -69,9 +70,9 @@ def _geometry(img: Image.Image, plan: AugmentPlan, sample: int, source: bool, wh
         if pad is not None and pad.active[sample]:  # a padded window: its decoded box, then assembled
             dh, dw = (int(v) for v in pad.decode_hw[sample])
             box = np.asarray(img.crop((left, top, left + w, top + h)).resize((dw, dh), resize))
-            if img.mode != "RGB":
-                raise NotImplementedError(f"{who}: masks through a padded RandomCrop are not supported yet")
-            img = Image.fromarray(assemble(box, pad.rows[sample], pad.cols[sample], pad.fill[sample], flip=False))
+            # the same window for a mask, padded with the mask's own fill (not the image's colour)
+            pad_fill = pad.fill[sample] if img.mode == "RGB" else np.asarray(fill)
+            img = Image.fromarray(assemble(box, pad.rows[sample], pad.cols[sample], pad_fill, flip=False))
         else:
             img = img.crop((left, top, left + w, top + h)).resize((ow, oh), resize)
     elif (img.height, img.width) != (oh, ow):

@@ -2,7 +2,8 @@
 
 ``_codec.py``: the interface (:class:`Codec`, a batcher's :class:`Part`, ``Column``) and shared helpers.
 ``number.py`` (int, float), ``array.py`` (ndarray, fixed or variable shape; Pad/Bucket batches),
-``image.py`` (image: JPEG or raw, the packer's image encoding), ``text.py`` (bytes, str).
+``image.py`` (image: JPEG or raw, the packer's image encoding), ``text.py`` (bytes, str), ``mask.py`` (mask:
+uint8 class ids as PNG, moved with its image's plan).
 ``registry.py``: the kinds, listed once; ``codec_of(field)``, ``register(codec)``.
 """
 

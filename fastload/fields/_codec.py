@@ -61,7 +61,20 @@ class ReadContext(NamedTuple):
     decode: bool  # False: images come back as their stored bytes
     pipelines: dict  # image field -> its transforms.ImagePipeline
     padding: dict  # variable-length field -> its Pad/Bucket (PackSequences excluded: a lone sample is not packed)
-    transformed_image: Callable  # (pipeline, blob, h, w, encoding) -> CHW tensor, the loader's kernels
+    transformed_image: Callable  # (pipeline, blob, h, w, encoding, plan) -> CHW tensor, the loader's kernels
+    plans: dict | None = None  # image field -> this sample's plan, shared with its masks (``draw_plan``)
+
+
+def draw_plan(ctx: ReadContext, image: str, reader: Any, at: Any) -> Any:
+    """``ds[i]``'s one-sample plan of image field ``image``, shared by the image and its masks (fields/mask.py)
+    through ``ctx.plans``: drawn by whichever reads first, from one seed of torch's generator, so
+    ``torch.manual_seed`` makes ``ds[i]`` reproducible as with torchvision transforms."""
+    plan = ctx.plans.get(image)
+    if plan is None:
+        h, w = (int(v) for v in reader.row(at, image, "meta", 0)[:2])
+        rng = np.random.default_rng(int(torch.randint(0, 2**62, ()).item()))
+        plan = ctx.plans[image] = ctx.pipelines[image].plan(np.array([h]), np.array([w]), rng)
+    return plan
 
 
 MAX_BLOB_BYTES = 1 << 62
@@ -153,6 +166,11 @@ class Codec:
         SchemaError saying what was expected (the caller names the field and sample)."""
         raise NotImplementedError
 
+    def check_blob(self, field: Any, blob: Any, row: Callable) -> str | None:
+        """What ``verify`` finds wrong with one stored value beyond its layout (e.g. a mask's PNG that does not
+        decode), or None; ``row(column)`` is the sample's row of a column. Default: nothing to check."""
+        return None
+
     def read(self, field: Any, reader: Any, at: Any, ctx: ReadContext) -> Any:
         """``ds[i]``'s value of ``field`` for the one sample ``at`` locates (``PackedReader.locate_one``)."""
         raise NotImplementedError
@@ -165,6 +183,10 @@ class Codec:
 class Part:
     """One field's share of a batch, made once per Batcher (the module docstring). Defaults: nothing in
     the slot, nothing to fill or replace, the fill's object as the batch entry."""
+
+    # True: filled after every other part, once the image parts have put this batch's plans in
+    # ``batcher.plans`` (image field -> ``transforms.Plan``): a mask follows its image's plan (fields/mask.py)
+    after_images = False
 
     def __init__(self, field: Any):
         self.field, self.name = field, field.name

@@ -19,7 +19,7 @@ import torch
 
 from .._errors import SchemaError
 from .._native import is_jpeg, native
-from ._codec import Codec, Column, NotFastPath, Part, as_array, exact_or_bad, is_pil_image
+from ._codec import Codec, Column, NotFastPath, Part, as_array, draw_plan, exact_or_bad, is_pil_image
 
 IMAGE_JPEG = int(native().IMAGE_JPEG)
 IMAGE_RAW = int(native().IMAGE_RAW)
@@ -164,8 +164,9 @@ class ImageCodec(Codec):
         if not ctx.decode:
             return bytes(blob)
         pipeline = ctx.pipelines.get(field.name)
-        if pipeline is not None:
-            return ctx.transformed_image(pipeline, blob, h, w, enc)
+        if pipeline is not None:  # its plan drawn once per ds[i], shared with the masks that follow it
+            plan = None if ctx.plans is None else draw_plan(ctx, field.name, reader, at)
+            return ctx.transformed_image(pipeline, blob, h, w, enc, plan)
         if enc == IMAGE_JPEG:
             arr = native().decode_jpeg(blob)
             if arr.shape[:2] != (h, w):
@@ -200,7 +201,7 @@ class ImagePart(Part):
         """Decodes the batch; for a GPU decoder's rows returns ``[event]``, the event after its last write of
         them (``replace`` renews it after fix-ups), which the batch's tensor carries to the device prefetcher."""
         images = batcher.images
-        for k, msg in images.fill(pool, self.pipeline, self.field, slot, batcher.reader, at, rng):
+        for k, msg in images.fill(pool, self.pipeline, self.field, slot, batcher.reader, at, rng, batcher.plans):
             failed.setdefault(k, f"field '{self.name}': {msg}")
         return None if images.device is None else [images.ready_event(slot.tensors[self.name])]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._errors import SchemaError
-from . import array, image, number, text
+from . import array, image, mask, number, text
 from ._codec import Codec
 
 # Order: the order ``Field``'s error message lists the kinds in.
@@ -23,6 +23,7 @@ CODECS: dict[str, Codec] = {c.kind: c for c in (
     array.NDARRAY,
     text.BYTES,
     text.STR,
+    mask.MASK,
 )}
 
 
@@ -48,3 +49,15 @@ def codec_of(field: Any) -> Codec:
     if codec is None:
         raise SchemaError(f"field '{field.name}': kind {field.kind!r} is not one of {', '.join(CODECS)}")
     return codec
+
+
+def blob_problem(schema: Any, segment: Any, indices: Any, first: int = 0) -> str | None:
+    """The first stored value of ``segment`` (a format's segment: ``row``, ``blob``) at ``indices`` that its kind's
+    ``Codec.check_blob`` refuses, as ``sample N: field 'x': why``; None when all pass (the formats' verify)."""
+    checked = [(f, codec_of(f)) for f in schema if type(codec_of(f)).check_blob is not Codec.check_blob]
+    for i in indices if checked else ():
+        for f, codec in checked:
+            msg = codec.check_blob(f, segment.blob(f.name, i), lambda col, f=f, i=i: segment.row(f.name, col, i))
+            if msg is not None:
+                return f"sample {first + i}: field '{f.name}': {msg}"
+    return None

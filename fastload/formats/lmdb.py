@@ -31,6 +31,7 @@ from .._errors import FastloadError, FormatError
 from .._schema import Schema
 from ._layout import check_columns, columns_of, expected_blob_length, has_blob, min_bytes
 from .._version import __version__
+from ..fields.registry import blob_problem
 from ._format import Format
 from ._manifest import Manifest
 
@@ -387,6 +388,9 @@ def verify_lmdb(path: Path, manifest: Manifest, progress: Callable[[int], None] 
                 for i in range(lo, hi):
                     for name in seg.blob_fields:
                         seg.blob(name, i)
+                bad = blob_problem(seg.schema, seg, range(lo, hi))  # e.g. masks' PNGs decode
+                if bad is not None:
+                    problems.append(f"chunk {c} (samples {lo}..{hi - 1}): {bad}")
             except FormatError as e:
                 problems.append(f"chunk {c} (samples {lo}..{hi - 1}): {e}")
                 continue

@@ -31,6 +31,7 @@ import xxhash
 from .._errors import FormatError, SourceError, VersionError
 from .._schema import Field, Schema
 from .._version import __version__
+from ..fields.registry import blob_problem
 from ._format import Format
 from ._layout import (FORMAT_VERSION, check_columns, columns_of, expected_blob_length, has_blob, min_bytes,
                       section_names)
@@ -340,6 +341,9 @@ def verify_shards(root: Path, manifest: Manifest, progress: Callable[[int], None
         seg = ShardSegment(path, e, manifest.schema, str(root), start)
         try:
             seg.open()
+            bad = blob_problem(manifest.schema, seg, range(seg.count), start)  # e.g. masks' PNGs decode
+            if bad is not None:
+                problems.append(f"{e.file}: {bad}")
         except FormatError as err:
             problems.append(f"{e.file}: {err}")
         finally:

@@ -92,7 +92,7 @@ def test_a_dataset_of_an_unregistered_kind_is_refused_naming_the_kind(rgb_kind, 
 
 
 def test_the_built_in_kinds_are_listed_once_in_order():
-    assert kinds() == ("image", "int", "float", "ndarray", "bytes", "str")
+    assert kinds() == ("image", "int", "float", "ndarray", "bytes", "str", "mask")
     assert all(codec.kind == name for name, codec in CODECS.items())
     assert codec_of(Field.int("x")) is CODECS["int"]
 

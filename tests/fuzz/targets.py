@@ -11,6 +11,8 @@ reader, runs that reader the way training would, and checks the outcome.
                record), the rest is that key's new value; then open, read, fast path and verify
 ``jpeg``       the bytes are a JPEG: header, full decode, cropped/DCT-scaled decode, and a batch on a 2-thread
                native pool, as JPEG and as raw RGB
+``mask``       the bytes are a mask field's PNG: ``decode_mask`` at its header's size (and another), and a batch
+               on a 2-thread native pool moved by a padded crop, flips and a rotation (csrc/mask.cc)
 ``all``        byte 0 picks one of the above, the rest is its input (one process fuzzes everything)
 =============  ===============================================================================================
 
@@ -399,6 +401,80 @@ class JpegTarget:
         return " | ".join(sig) or "ok"
 
 
+def mask_seeds() -> list[bytes]:
+    """Mask PNGs as the packer writes them (8-bit grayscale), and the other PNG kinds a file may hold."""
+    from fastload.fields.mask import encode_png
+
+    labels = (_picture(20, 28, 3)[..., 0] // 50).astype(np.uint8)
+    out = [encode_png(labels), encode_png(np.zeros((1, 1), np.uint8)), encode_png(labels[:, :5])]
+    for mode in ("RGB", "P", "1", "I;16"):
+        buf = io.BytesIO()
+        from PIL import Image
+
+        Image.fromarray(labels).convert(mode).save(buf, format="PNG")
+        out.append(buf.getvalue())
+    return out
+
+
+class MaskTarget:
+    name = "mask"
+
+    def __init__(self, seeds: Seeds | None = None):
+        from fastload import _C
+
+        self.C = _C
+        self.pool = _C.Pool(2)
+
+    def seeds(self) -> list[bytes]:
+        return mask_seeds()
+
+    def __call__(self, data: bytes) -> None:
+        C = self.C
+        sig = []
+        h = hashlib.blake2b(data, digest_size=16).digest()
+        # the header's size most of the time (so the bytes reach libpng), sometimes any size
+        hh, ww = (struct.unpack(">II", data[16:24])[::-1] if len(data) >= 24 and h[0] % 8 else
+                  (1 + h[1] % 64, 1 + h[2] % 64))
+        hh, ww = min(int(hh), 1 << 31), min(int(ww), 1 << 31)
+        if 1 <= hh and 1 <= ww and hh * ww <= MAX_FULL_DECODE_PIXELS:
+            try:
+                arr = C.decode_mask(data, hh, ww)
+            except ValueError as e:
+                sig.append(shape(e))
+            else:
+                if arr.shape != (hh, ww):
+                    raise Finding(f"decode_mask gave shape {arr.shape}, asked for {hh}x{ww}")
+        if not (1 <= hh <= 4096 and 1 <= ww <= 4096):
+            return " | ".join(sig) or "ok"
+        # one batch: the bytes whole and cut, a padded window (-1 = fill), flips and a rotation
+        n = len(data)
+        oh, ow = 1 + h[3] % 24, 1 + h[4] % 24
+        top, left = h[5] % hh, h[6] % ww
+        crop = (top, left, 1 + h[7] % (hh - top), 1 + h[8] % (ww - left))
+        rows = np.where(np.arange(oh) % 5 == 4, -1, np.arange(oh) % min(oh, 1 + h[9] % oh)).astype(np.int32)
+        cols = np.where(np.arange(ow) % 7 == 6, -1, np.arange(ow) % min(ow, 1 + h[10] % ow)).astype(np.int32)
+        angle = np.deg2rad(h[11] * 360 / 256)
+        c, s = np.cos(angle), np.sin(angle)
+        affine = np.array([c, -s, ow / 2 * (1 - c) + oh / 2 * s, s, c, oh / 2 * (1 - c) - ow / 2 * s])
+        region = np.frombuffer(data, np.uint8) if n else np.zeros(0, np.uint8)
+        cut = h[12] % (n + 1)
+        out = np.full((2, oh, ow), 7, np.uint8)
+        fails = C.decode_mask_batch(
+            self.pool, [region], np.zeros(2, np.int64), np.array([0, cut], np.int64), np.array([n, n - cut], np.int64),
+            np.array([[hh, ww]] * 2, np.int32), np.array([crop] * 2, np.int32),
+            np.array([[1 + h[9] % oh, 1 + h[10] % ow], [oh, ow]], np.int32), np.array([1, 0], np.uint8),
+            np.stack([rows, rows]), np.stack([cols, cols]), np.array([h[13] & 1, h[13] & 2 > 0], np.uint8),
+            np.array([h[13] & 4 > 0, 1], np.uint8), np.array([h[13] & 8 > 0, h[13] & 16 > 0], np.uint8),
+            np.stack([affine, affine]), int(h[14]), out)
+        for k, msg in fails:
+            if not 0 <= k < 2 or not isinstance(msg, str) or not msg:
+                raise Finding(f"decode_mask_batch reported failure {k!r}: {msg!r}")
+            if out[k].any():
+                raise Finding(f"decode_mask_batch left failed sample {k} not zeroed ({msg})")
+            sig.append(f"batch {k}: " + re.sub(r"-?\d+", "#", msg)[:80])
+        return " | ".join(sig) or "ok"
+
+
 class AllTarget:
     """Every target behind one selector byte: one process (one atheris run) fuzzes them all."""
 
@@ -416,14 +492,14 @@ class AllTarget:
             return f"{k}: {self.targets[k](data[1:])}"
 
 
-TARGETS = {t.name: t for t in (ShardTarget, ManifestTarget, LmdbTarget, JpegTarget, AllTarget)}
+TARGETS = {t.name: t for t in (ShardTarget, ManifestTarget, LmdbTarget, JpegTarget, MaskTarget, AllTarget)}
 
 
 def make(name: str, seeds: Seeds | None = None):
     """The target called ``name`` (see TARGETS), with the seed datasets it needs."""
     if name not in TARGETS:
         raise ValueError(f"unknown fuzz target {name!r}; choose from {', '.join(TARGETS)}")
-    return TARGETS[name](seeds if seeds is not None or name == "jpeg" else Seeds())
+    return TARGETS[name](seeds if seeds is not None or name in ("jpeg", "mask") else Seeds())
 
 
 def allowed(e: BaseException) -> bool:

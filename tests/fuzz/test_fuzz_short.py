@@ -21,7 +21,7 @@ from run import OUT, run_random
 HERE = Path(__file__).resolve().parent
 
 # inputs per target: about 1.5 s each on one core
-RUNS = {"shard": 300, "manifest": 600, "lmdb": 120, "jpeg": 1500}
+RUNS = {"shard": 300, "manifest": 600, "lmdb": 120, "jpeg": 1500, "mask": 1500}
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,259 @@
+"""``mask`` fields: a segmentation mask, one uint8 class id per pixel, moved with its image's geometry.
+
+Column ``meta`` ('<u4', (2,)): height and width; the blob is an 8-bit grayscale PNG (lossless: a class id
+must come back as itself, which JPEG would not do). Packing takes a PNG file (``FileImage``) or PNG bytes, a
+PIL image or an (H, W) uint8 array: a PIL ``P`` image (VOC's palette PNGs) keeps its palette *indices*, the
+class ids, never the colours they are drawn in; any other mode or shape is refused, naming the field and
+sample.
+
+A mask follows the dataset's one image field with transforms (``follows``): the image's plan (crop box,
+resize, flips, a padded RandomCrop's window, the affine) is executed on the mask with NEAREST interpolation
+and the mask's own fill (``MASK_FILL``, 255: torchvision's segmentation reference), skipping pixel operations.
+A mask must have its image's size. ``ds[i]`` shares the plan through ``ReadContext.plans`` (whichever of the
+image and its mask reads first draws it); a batch through the batcher's ``plans`` (the image part records
+its plan, mask parts fill after the image parts). ``ds[i]`` runs the PIL reference engine
+(``_augment.engine_pil.run_pil_mask``); a batch is one native call (csrc/mask.cc: libpng decode and Pillow's
+nearest arithmetic on the pool's threads, GIL released) whose masks equal the reference's exactly.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from .._errors import SchemaError
+from .._native import native
+from ._codec import Codec, Column, NotFastPath, Part, as_array, draw_plan, is_pil_image
+from .image import FileImage
+
+MASK_FILL = 255  # torchvision's segmentation reference pads and rotates masks with 255 ("ignore")
+MAX_SIDE = (1 << 31) - 1  # PNG's own limit
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+# -- encoding -------------------------------------------------------------------------------------
+
+def _pil_mask(img: Any) -> np.ndarray:
+    """A PIL image as its (H, W) class ids: ``L`` as it is, ``P`` by its palette indices."""
+    if img.mode not in ("L", "P"):
+        raise SchemaError(f"a mask must be single-channel (PIL mode 'L', or 'P' whose palette indices are kept), "
+                          f"got mode {img.mode!r}; convert it to class ids first")
+    if img.mode == "P":
+        img = img.copy()
+        img.info.pop("transparency", None)
+    return np.asarray(img, dtype=np.uint8)  # a P image's array is its indices
+
+
+def mask_array(value: Any) -> np.ndarray:
+    """``value`` (PNG file or bytes, PIL image, (H, W) uint8 array or tensor) as an (H, W) uint8 array, or
+    SchemaError saying what was expected (the caller names the field and sample)."""
+    from PIL import Image
+
+    data = None
+    if isinstance(value, FileImage):
+        with open(value.path, "rb") as fh:
+            data = fh.read()
+    elif isinstance(value, (bytes, bytearray, memoryview)):
+        data = bytes(value)
+    if data is not None:
+        if not data.startswith(PNG_SIGNATURE):
+            raise SchemaError("a mask file must be a PNG (lossless, 8-bit: L or palette P), this is not one")
+        try:
+            img = Image.open(io.BytesIO(data))
+            img.load()
+        except Exception as e:  # PIL's errors for a broken PNG vary (OSError, SyntaxError, ValueError...)
+            raise SchemaError(f"the mask PNG does not decode ({type(e).__name__}: {e})") from None
+        arr = _pil_mask(img)
+    elif is_pil_image(value):
+        arr = _pil_mask(value)
+    else:
+        arr = as_array(value)
+        if arr is None:
+            raise SchemaError(f"a mask field needs an (H, W) uint8 array, a PIL image (mode L or P) or a PNG file, "
+                              f"got {type(value).__name__}")
+        if arr.dtype != np.uint8:
+            raise SchemaError(f"a mask array must be uint8 class ids, got {arr.dtype}")
+        if arr.ndim != 2:
+            raise SchemaError(f"a mask array must be (H, W), got shape {arr.shape}")
+    if not arr.shape[0] or not arr.shape[1]:
+        raise SchemaError(f"mask is empty (height {arr.shape[0]}, width {arr.shape[1]})")
+    return np.ascontiguousarray(arr)
+
+
+def encode_png(arr: np.ndarray) -> bytes:
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.fromarray(arr, "L").save(out, format="PNG")
+    return out.getvalue()
+
+
+def decode_png(blob: Any, h: int, w: int) -> np.ndarray:
+    """The stored PNG as an (h, w) uint8 array (natively, libpng); ValueError (the sample's failure) when it
+    is not an 8-bit grayscale PNG of that size or does not decode."""
+    return native().decode_mask(blob, h, w)
+
+
+# -- following the image --------------------------------------------------------------------------
+
+def follows(field: Any, pipelines: dict) -> str | None:
+    """The image field whose plan mask ``field`` follows: the one image field with transforms; None when no
+    image has any (the mask comes back as stored). ValueError when several could be meant."""
+    if len(pipelines) > 1:
+        raise ValueError(f"mask field '{field.name}' follows its image's transforms, but {len(pipelines)} fields "
+                         f"have transforms ({', '.join(sorted(pipelines))}): a dataset with masks can transform "
+                         f"one image field")
+    return next(iter(pipelines), None)
+
+
+def geometry_of(plan: Any) -> Any:
+    """The ``AugmentPlan`` whose geometry a mask executes, crop boxes included, for a ``transforms.Plan``."""
+    if plan.augment is not None:
+        return plan.augment  # begun from the crop plan (``Plan.with_augment``): its crop boxes are there
+    from .._augment.plan import PlanBuilder
+
+    return PlanBuilder.from_crop_plan(plan).finish()
+
+
+def move_mask(mask: np.ndarray, geometry: Any, k: int, image_hw: tuple[int, int], fill: int = MASK_FILL) -> np.ndarray:
+    """Sample ``k``'s mask (the source's size) moved by the plan ``geometry`` (``geometry_of``); ValueError when
+    the mask's size is not its image's."""
+    from .._augment.engine_pil import run_pil_mask
+
+    if tuple(mask.shape) != tuple(image_hw):
+        raise ValueError(size_mismatch(mask.shape, image_hw))
+    return run_pil_mask(mask, geometry, k, fill=fill, source=True)
+
+
+def size_mismatch(mask_hw: Any, image_hw: Any) -> str:
+    return (f"mask is {int(mask_hw[0])}x{int(mask_hw[1])} but its image is {int(image_hw[0])}x{int(image_hw[1])}: "
+            f"a mask must have its image's size to follow its geometry")
+
+
+def decode_masks(pool: Any, sources: tuple, meta: np.ndarray, plan: Any, out: np.ndarray,
+                 fill: int = MASK_FILL) -> list:
+    """The batch's masks (``sources``: ``(regions, region, offset, length)``, ``meta``: (n, 2) stored sizes) moved
+    with ``plan`` (a ``transforms.Plan``) into ``out`` (n, H, W) uint8, natively on ``pool`` (csrc/mask.cc, equal
+    to ``move_mask``'s PIL reference). Returns the failures ``[(k, message)]``."""
+    geo = geometry_of(plan).geometry
+    n, (oh, ow) = len(meta), out.shape[1:]
+    pad = geo.pad
+    if pad is None:
+        padded = np.zeros(n, np.uint8)
+        box_hw = geo.out_hw
+        rows, cols = np.zeros((n, oh), np.int32), np.zeros((n, ow), np.int32)
+    else:
+        padded = pad.active.astype(np.uint8)
+        box_hw = np.where(pad.active[:, None], pad.decode_hw, geo.out_hw)
+        rows, cols = pad.rows, pad.cols
+    regions, region, offset, length = sources
+    return native().decode_mask_batch(pool, regions, region, offset, length, meta, plan.crops, box_hw, padded, rows,
+                                      cols, geo.hflip.astype(np.uint8), geo.vflip.astype(np.uint8),
+                                      geo.has_affine.astype(np.uint8), geo.affine.reshape(n, 6), fill, out)
+
+
+# -- the codec ------------------------------------------------------------------------------------
+
+class MaskCodec(Codec):
+    kind = "mask"
+
+    def columns(self, field: Any) -> tuple[Column, ...]:
+        return (Column("meta", np.dtype("<u4"), (2,)),)
+
+    def check_columns(self, field: Any, columns: dict, first: int = 0) -> str | None:
+        meta = columns["meta"]
+        bad = np.nonzero((meta == 0).any(axis=1) | (meta > MAX_SIDE).any(axis=1))[0]
+        if bad.size:
+            h, w = (int(v) for v in meta[bad[0]])
+            return f"sample {first + int(bad[0])}: mask size {h}x{w} is impossible (each side must be 1..{MAX_SIDE})"
+        return None
+
+    def encode(self, field: Any, value: Any, opts: Any) -> tuple[tuple, bytes]:
+        arr = mask_array(value)
+        return (np.array(arr.shape, dtype="<u4"),), encode_png(arr)
+
+    def check_blob(self, field: Any, blob: Any, row: Callable) -> str | None:
+        h, w = (int(v) for v in row("meta"))
+        try:
+            decode_png(blob, h, w)
+        except ValueError as e:
+            return str(e)
+        return None
+
+    def describe(self, field: Any) -> str:
+        return " uint8 class ids, PNG"  # after the kind, as ndarray's dtype
+
+    def repr(self, field: Any) -> str:
+        return f"Field({field.name!r}, 'mask')"  # Field has no ``mask`` constructor
+
+    def read(self, field: Any, reader: Any, at: Any, ctx: Any) -> Any:
+        h, w = (int(v) for v in reader.row(at, field.name, "meta", 0))
+        blob = reader.blob(at, field.name, 0)
+        if not ctx.decode:
+            return bytes(blob)
+        arr = decode_png(blob, h, w)
+        image = follows(field, ctx.pipelines)
+        if image is not None:
+            if ctx.plans is None:
+                raise ValueError(f"mask field '{field.name}' needs its image's plan, which this reader does not share")
+            image_hw = tuple(int(v) for v in reader.row(at, image, "meta", 0)[:2])
+            arr = move_mask(arr, geometry_of(draw_plan(ctx, image, reader, at)), 0, image_hw)
+        return torch.from_numpy(np.array(arr))  # writable: torch shares it
+
+    def batch(self, field: Any, dataset: Any) -> "MaskPart":
+        try:
+            image = follows(field, dataset.pipelines)
+        except ValueError as e:
+            raise NotFastPath(str(e)) from None
+        p = None if image is None else dataset.pipelines[image]
+        if p is None or p.output_size is None:
+            raise NotFastPath(f"mask field '{field.name}' follows an image with no transform giving a fixed output "
+                              f"size (e.g. RandomResizedCrop(224)); masks of different sizes cannot be batched")
+        return MaskPart(field, image, p.output_size)
+
+
+class MaskPart(Part):
+    """(n, H, W) uint8 rows, each mask moved with its image's plan of this batch (the batcher's ``plans``, which
+    the image part fills first: ``after_images``), in one native call (``decode_masks``)."""
+
+    after_images = True
+
+    def __init__(self, field: Any, image: str, out_hw: tuple[int, int]):
+        super().__init__(field)
+        self.image, self.out_hw = image, out_hw
+
+    def buffers(self, batcher: Any, b: int, alloc: Callable) -> dict:
+        return {self.name: alloc((b,) + tuple(self.out_hw), torch.uint8)}
+
+    def fill(self, batcher: Any, slot: Any, at: Any, indices: np.ndarray, rng: Any, pool: Any,
+             failed: dict) -> None:
+        plan = batcher.plans.get(self.image)
+        if plan is None:
+            raise RuntimeError(f"mask field '{self.name}': its image '{self.image}' was not planned before it")
+        n = len(indices)
+        reader = batcher.reader
+        meta = reader.take(at, self.name, "meta").astype(np.int64)
+        image_hw = reader.take(at, self.image, "meta")[:, :2].astype(np.int64)
+        for k in np.flatnonzero((meta != image_hw).any(axis=1)):
+            failed.setdefault(int(k), f"field '{self.name}': {size_mismatch(meta[k], image_hw[k])}")
+        regions, region, offset, length = reader.blob_sources(at, self.name)
+        rows = slot.arrays[self.name][:n]
+        for k, msg in decode_masks(pool, (regions, region, offset, length), meta, plan, rows):
+            failed.setdefault(int(k), f"field '{self.name}': {msg}")
+
+    def replace(self, batcher: Any, slot: Any, n: int, obj: Any, bad: list, sources: list) -> None:
+        arr = slot.arrays[self.name]
+        for k, src in zip(bad, sources):
+            arr[k] = arr[src]
+
+    def collate(self, tensors: dict, n: int, obj: Any, tensor_transforms: bool, cpu_output: Callable) -> Any:
+        return tensors[self.name][:n]
+
+    def split(self, value: Any, n: int) -> list:
+        return list(value.unbind(0))
+
+
+MASK = MaskCodec()
