@@ -11,6 +11,8 @@ Field kinds (each one codec in ``fields/``, which also holds its dtype/shape rul
              dimensions that vary per sample (the number of dimensions is always fixed)
 ``bytes``    an opaque byte string
 ``str``      a unicode string (stored as UTF-8)
+``mask``     a segmentation mask: (H, W) uint8 class ids, stored as an 8-bit grayscale PNG; follows its
+             image's geometry (nearest, fill 255) and skips pixel operations
 ===========  ===============================================================================
 """
 
@@ -49,6 +51,10 @@ class Field:
     @classmethod
     def image(cls, name: str) -> "Field":
         return cls(name, "image")
+
+    @classmethod
+    def mask(cls, name: str) -> "Field":
+        return cls(name, "mask")
 
     @classmethod
     def int(cls, name: str) -> "Field":

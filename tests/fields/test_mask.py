@@ -284,3 +284,7 @@ def _verify(path):
     from fastload.formats.reader import read_manifest, verify
 
     return verify(path, read_manifest(path))
+
+
+def test_field_mask_is_the_mask_kind():
+    assert Field.mask("m") == Field("m", "mask") and Field.mask("m").kind == "mask"
