@@ -2,17 +2,19 @@
 (``Collator.collate_mixed``, ``_C.mix_affine_u8_f32``): the loader's batches equal torchvision v2's formulas
 in float64 on the same uint8 pixels within float32 rounding (``mix_common.bound``), for MixUp, CutMix and a
 RandomChoice of them, full and partial batches and batches of one; no pass of its own over the float
-batch; and where the kernel cannot run (float16) the mix still runs after the pipeline."""
+batch; and where the kernel cannot run (float16) the mix still runs after the pipeline. The soft labels are
+made in numpy on the CPU, the same bits as torch's formula."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 import fastload
 import fastload.transforms as T
 from conftest import make_image_folder
-from fastload._augment.mix import BatchMix, apply_mix
+from fastload._augment.mix import BatchMix, MixPlan, apply_mix, mix_labels
 from fastload.fast.collate import Collator
 from mix_common import bound, max_error, normalized64, soft_labels64, torchvision_mix
 
@@ -133,3 +135,19 @@ def test_batches_the_caller_holds_are_never_overwritten(packed, tail):
     assert len(kept) == 5
     assert all(torch.equal(x, u) and torch.equal(y, v) for (x, y), (u, v) in zip(kept, copies))
     assert len({x.data_ptr() for x, _ in kept}) == len(kept)
+
+
+def test_cpu_soft_labels_are_torchs_formula_bit_for_bit():
+    """mix_labels builds CPU soft labels in numpy (torch's ops on (64, 1000) floats woke its spinning intra-op
+    threads); the bits equal torchvision's ``one_hot.roll(1, 0).mul(1 - lam).add_(one_hot.mul(lam))``, the
+    device path's, for any lam, neighbours with the same class, batches of one."""
+    rng = np.random.default_rng(0)
+    for k in range(500):
+        n, classes = int(rng.integers(1, 40)), int(rng.integers(1, 12))
+        labels = torch.from_numpy(rng.integers(0, classes, n))
+        lam = float(rng.beta(0.2, 0.2)) if k % 2 else float(rng.random())
+        plan = MixPlan("mixup" if k % 3 else "cutmix", lam, lam if k % 3 else 1 - lam, None)
+        one_hot = torch.nn.functional.one_hot(labels, classes).to(torch.float32)
+        ref = one_hot.roll(1, 0).mul(1.0 - plan.label_lam).add_(one_hot.mul(plan.label_lam))
+        for dtype in (torch.int64, torch.int32):
+            assert torch.equal(mix_labels(labels.to(dtype), plan, classes), ref), (n, classes, lam)
