@@ -92,9 +92,9 @@ class Collator:
         """``collate`` with MixUp/CutMix on the CPU, their plan drawn from the batch's generator (the fill stage
         leaves it on the slot, after the per-sample plan's draws). The blend (or CutMix's box) rides in the
         images' native uint8 -> float32 ToDtype/Normalize pass, reading each sample and its neighbour from the
-        slot: a pass of its own over the float batch (38 MB at 64x3x224x224) cost 80% of a CPU loop's time per
-        batch. Elsewhere (float16/bfloat16, ...) the mix runs after the pipeline into reused buffers
-        (``mix_output``); CutMix on uint8 images pastes the boxes in the slot itself (a batch's slot is only
+        slot: a pass of its own over the float batch (38 MB at 64x3x224x224) cost about as much as the
+        conversion itself (the soft labels: ``mix.mix_labels``, in numpy). Elsewhere (float16/bfloat16, ...)
+        the mix runs after the pipeline into reused buffers (``mix_output``); CutMix on uint8 images pastes the boxes in the slot itself (a batch's slot is only
         refilled once nothing views it, and nothing has viewed it yet)."""
         mix, pipeline = self.mix, self._mix_pipeline
         batch = self.collate(slot, n, objects, True, raw=mix.image)

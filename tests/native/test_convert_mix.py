@@ -49,9 +49,10 @@ def run(x, scale, shift, kind, lam, box=None, avx2=True):
 @pytest.mark.parametrize("channels", [1, 3, 4])
 @pytest.mark.parametrize("n", [1, 2, 5])
 @pytest.mark.parametrize("lam", [0.0, 0.03, 0.5, 0.97, 1.0])
-def test_mixup_is_torchvisions_blend_of_the_normalized_neighbours(channels, n, lam):
+@pytest.mark.parametrize("width", [1, 2, 11, 16])  # RGB samples of 21, 42, 231, 336 values: every remainder path
+def test_mixup_is_torchvisions_blend_of_the_normalized_neighbours(channels, n, lam, width):
     scale, shift = constants(channels)
-    x = np.random.default_rng(n).integers(0, 256, (n, 7, 11, channels), np.uint8)
+    x = np.random.default_rng(n).integers(0, 256, (n, 7, width, channels), np.uint8)
     outs = [run(x, scale, shift, "mixup", lam, avx2=avx2) for avx2 in (True, False)]
     assert np.array_equal(outs[0], outs[1])  # the same bits with and without AVX2
     ref = torchvision(x, scale, shift, "mixup", lam)
