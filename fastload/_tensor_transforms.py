@@ -6,7 +6,9 @@ kernels writing into a preallocated buffer (a type conversion, then one multiply
 per-channel constants), keeping the channels_last layout. On a CPU-only machine the same
 declarations run on the CPU, so one training script works everywhere: float32 from a channels_last
 batch in one native pass (``_C.affine_u8_f32``, a multiply then an add per element, the GIL released
-and no torch intra-op threads), other dtypes and layouts with torch's ops.
+and no torch intra-op threads), other dtypes and layouts with torch's ops. MixUp/CutMix on the CPU
+(``_augment/mix.py``) ride in that same pass (``apply(..., mix=plan)``, ``_C.mix_affine_u8_f32``): a pass of
+their own over the float batch cost as much as the conversion itself.
 """
 
 from __future__ import annotations
@@ -134,13 +136,30 @@ class TensorPipeline:
             else torch.contiguous_format
         return torch.empty(x.shape, dtype=self.dtype, device=x.device, memory_format=fmt)
 
-    def apply(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """Run the pipeline on an NCHW batch ``x``, into ``out`` when given."""
+    def fuses_mix(self, x: torch.Tensor, out: torch.Tensor) -> bool:
+        """Whether ``apply(x, out, mix=...)`` can run: the native one-pass kernel's case (uint8 to float32 on
+        the CPU, channels_last); elsewhere the mix runs after the pipeline, on its result."""
+        return bool(self.transforms) and _one_pass_on_cpu(x, out)
+
+    def apply(self, x: torch.Tensor, out: torch.Tensor | None = None, mix: Any = None) -> torch.Tensor:
+        """Run the pipeline on an NCHW batch ``x``, into ``out`` when given. ``mix``: a MixUp/CutMix plan
+        (``_augment.mix.MixPlan``: ``kind``, ``lam``, ``box``) fused into the same native pass, each sample
+        mixed with the original pixels of the one before it (torchvision's roll(1, 0)); only where
+        ``fuses_mix(x, out)``."""
         if not self.transforms:
             return x
         if out is None:
             out = self.output_like(x)
         consts = self._constants(x.shape[1], x.device)
+        if mix is not None:
+            if not self.fuses_mix(x, out):
+                raise ValueError(f"{mix.kind} fused into {self!r} needs a uint8 channels_last batch converted to "
+                                 f"float32 on the CPU, got {x.dtype} {tuple(x.shape)} on {x.device} into {out.dtype}")
+            scale, shift = ([c.flatten().tolist() for c in consts] if consts is not None
+                            else ([1.0] * x.shape[1], [0.0] * x.shape[1]))
+            native().mix_affine_u8_f32(x.permute(0, 2, 3, 1).numpy(), out.permute(0, 2, 3, 1).numpy(), scale, shift,
+                                       mix.kind, mix.lam, mix.box)
+            return out
         if consts is not None and _one_pass_on_cpu(x, out):
             a, b = consts
             native().affine_u8_f32(x.permute(0, 2, 3, 1).numpy(), out.permute(0, 2, 3, 1).numpy(),

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["BatchMix", "CutMix", "MixPlan", "MixUp", "resolve_batch"]
+__all__ = ["BatchMix", "CutMix", "MixPlan", "MixUp", "mix_labels", "resolve_batch"]
 
 
 @dataclass(frozen=True)
@@ -97,10 +97,9 @@ def _check_batch(images: Any, labels: Any, name: str) -> None:
                          f"{images.shape[0]} != {labels.shape[0]}")
 
 
-def apply_mix(images: torch.Tensor, labels: torch.Tensor, plan: MixPlan, num_classes: int | None,
-              out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Execute a :class:`MixPlan` on the batch's device; returns new images and float soft labels. ``out``: where
-    to write the images (same shape, dtype and layout as ``images``, not overlapping it); a new tensor if None."""
+def mix_labels(labels: torch.Tensor, plan: MixPlan, num_classes: int | None) -> torch.Tensor:
+    """The float soft labels (N, classes) of a :class:`MixPlan`: one-hot class indices (or soft labels as
+    given) mixed with their neighbour's as the images are, by ``label_lam``."""
     if labels.ndim == 1:
         if num_classes is None:
             raise ValueError(f"{plan.kind}: labels are class indices, so num_classes must be given")
@@ -112,10 +111,29 @@ def apply_mix(images: torch.Tensor, labels: torch.Tensor, plan: MixPlan, num_cla
                                                                int(labels.max()) >= num_classes):
             raise ValueError(f"{plan.kind}: labels should be in [0, num_classes={num_classes}), got values from "
                              f"{int(labels.min())} to {int(labels.max())}")
+        if labels.device.type == "cpu":
+            # numpy, writing 2 values a row: torch's one_hot, roll, mul and add on (64, 1000) floats each
+            # woke its intra-op threads, whose spinning against the decode threads cost about 3x the whole batch's
+            # ToDtype/Normalize pass in CPU time. The same bits: rolled * (1 - lam) + own * lam in float32, where
+            # each term is 0 or the float32 weight
+            y = labels.numpy().astype(np.int64, copy=False)
+            rows = np.arange(y.shape[0])
+            out = np.zeros((y.shape[0], num_classes), np.float32)
+            out[rows, np.roll(y, 1)] = np.float32(1.0 - plan.label_lam)
+            out[rows, y] += np.float32(plan.label_lam)
+            return torch.from_numpy(out)
         soft = torch.nn.functional.one_hot(labels.to(torch.int64), num_classes).to(torch.float32)
     else:
         soft = labels if labels.is_floating_point() else labels.to(torch.float32)
-    soft = soft.roll(1, 0).mul(1.0 - plan.label_lam).add_(soft.mul(plan.label_lam))
+    return soft.roll(1, 0).mul(1.0 - plan.label_lam).add_(soft.mul(plan.label_lam))
+
+
+def apply_mix(images: torch.Tensor, labels: torch.Tensor, plan: MixPlan, num_classes: int | None,
+              out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Execute a :class:`MixPlan` on the batch's device; returns new images and float soft labels. ``out``: where
+    to write the images (same shape, dtype and layout as ``images``, not overlapping it); a new tensor if None;
+    ``images`` itself for CutMix in place (only the box is read and written)."""
+    soft = mix_labels(labels, plan, num_classes)
     # The neighbour roll(1, 0) is read through two slices (sample i from i - 1, sample 0 from the last) rather
     # than made: a rolled copy of the batch would be one more pass over its memory (the loop's 2% budget).
     if plan.kind == "mixup":
@@ -124,9 +142,17 @@ def apply_mix(images: torch.Tensor, labels: torch.Tensor, plan: MixPlan, num_cla
                             f"got {images.dtype}")
         if out is None:
             out = torch.empty_like(images)  # keeps the batch's memory format (channels_last)
+        elif out is images:
+            raise ValueError("MixUp cannot blend in place: each sample reads its neighbour's original pixels")
         # one pass: lam * image + (1 - lam) * neighbour, as lerp(neighbour, image, lam)
         torch.lerp(images[:-1], images[1:], plan.lam, out=out[1:])
         torch.lerp(images[-1:], images[:1], plan.lam, out=out[:1])
+    elif out is images:
+        # in place: each sample takes its neighbour's original box, so the boxes are rolled through a copy of
+        # them (never sample by sample in place, which would hand sample 0's box on down the batch)
+        x1, y1, x2, y2 = plan.box  # type: ignore[misc]
+        box = images[..., y1:y2, x1:x2]
+        box.copy_(box.roll(1, 0))
     else:
         x1, y1, x2, y2 = plan.box  # type: ignore[misc]
         out = images.clone() if out is None else out.copy_(images)
@@ -146,8 +172,10 @@ class BatchMix:
     The fast path draws the plan in the caller's thread from the batch's own generator, after the
     per-sample plan's draws (``plan``; every image field on the fast path has a pipeline, so the batcher always
     asks for the generator; it travels with the slot from the fill stage, so seed,
-    resume and num_workers-independence hold as for the per-sample transforms), and executes it with
-    ``apply`` on the CPU after collate or on the device after the copy and ToDtype/Normalize."""
+    resume and num_workers-independence hold as for the per-sample transforms), and executes it on the CPU
+    fused into the images' native ToDtype/Normalize pass (``apply_fused``: the blend costs no pass of its own),
+    else with ``apply`` after it (other dtypes; CutMix on uint8 images in place), or on the device after the
+    copy and ToDtype/Normalize."""
 
     def __init__(self, transform: Any, image: str, label: str, image_key: Any, label_key: Any) -> None:
         self.transform, self.image, self.label = transform, image, label
@@ -174,6 +202,16 @@ class BatchMix:
         into = output(images) if output is not None else None
         images, labels = apply_mix(images, batch[self.label_key], plan, self.num_classes, into)
         batch[self.image_key], batch[self.label_key] = images, labels
+        return batch
+
+    def apply_fused(self, batch: Any, plan: MixPlan, pipeline: Any, out: torch.Tensor) -> Any:
+        """``batch`` with its uint8 images converted by ``pipeline`` (their ToDtype/Normalize,
+        ``_tensor_transforms.TensorPipeline``) into ``out`` with the mix in the same native pass (where
+        ``pipeline.fuses_mix``), and float soft labels: what ``apply`` gives after the pipeline, within float32
+        rounding for MixUp (it blends the uint8 values, scaled once: the affine is linear) and bit for bit for
+        CutMix."""
+        batch[self.image_key] = pipeline.apply(batch[self.image_key], out, mix=plan)
+        batch[self.label_key] = mix_labels(batch[self.label_key], plan, self.num_classes)
         return batch
 
 

@@ -3,7 +3,8 @@ field's entry made by its kind's part, ``fields/``).
 
 Images come out NCHW in channels_last memory (the decoder's layout, at no cost); ToDtype/Normalize run
 here on the CPU into a small ring of reused output buffers, unless a device prefetcher runs them on the
-device (``tensor_transforms=False``); ``contiguous`` lists the image entries to copy into torch's
+device (``tensor_transforms=False``). MixUp/CutMix (``batch_transforms``) run here too on the CPU, fused into
+the images' native ToDtype/Normalize pass (``Collator.collate_mixed``); ``contiguous`` lists the image entries to copy into torch's
 default layout (``memory_format=torch.contiguous_format``). ``Collator`` is also what
 ``Batcher.collate`` (``ds.__getitems__``) uses.
 """
@@ -38,6 +39,9 @@ class Collator:
         self.parts = parts
         # fastload.open's batch_transforms (MixUp/CutMix, _augment/mix.py): run by the Collate stage
         self.mix = getattr(dataset, "batch_mix", None) if packed is None else None
+        # the mixed image field's ToDtype/Normalize (or None), which collate_mixed runs with the mix fused in
+        self._mix_pipeline = next((getattr(p, "tensor", None) for p in parts
+                                   if self.mix is not None and p.name == self.mix.image), None)
         self._cpu_outputs: dict[str, SlotRing] = {}  # per image field: CPU ToDtype/Normalize results
         self._cpu_outputs_lock = threading.Lock()
 
@@ -66,9 +70,10 @@ class Collator:
                     lambda: Slot({"out": torch.empty(shape, dtype=images.dtype, memory_format=torch.channels_last)}))
             return ring.acquire().tensors["out"][:images.shape[0]]
 
-    def collate(self, slot: Slot, n: int, objects: list, tensor_transforms: bool = True) -> Any:
+    def collate(self, slot: Slot, n: int, objects: list, tensor_transforms: bool = True, raw: str | None = None) -> Any:
         """The batch as ``default_collate`` would structure it: list for tuple samples, dict for dicts.
-        ``tensor_transforms``: run ToDtype/Normalize here, on the CPU (a device prefetcher runs them instead)."""
+        ``tensor_transforms``: run ToDtype/Normalize here, on the CPU (a device prefetcher runs them instead);
+        except on the image field named ``raw``, left as the slot's uint8 view."""
         tensors = slot.tensors
         if self.packed is not None:
             name, spec = self.packed
@@ -77,10 +82,32 @@ class Collator:
                     "cu_seqlens": tensors[name + ":cu"][: k + 1],
                     "sample_ids": tensors[name + ":ids"][:k]}
         cpu_output = self._cpu_output
-        values = [part.collate(tensors, n, obj, tensor_transforms, cpu_output) for part, obj in zip(self.parts, objects)]
+        values = [part.collate(tensors, n, obj, tensor_transforms and part.name != raw, cpu_output)
+                  for part, obj in zip(self.parts, objects)]
         if self.as_dict:
             return dict(zip(self.names, values))
         return values
+
+    def collate_mixed(self, slot: Slot, n: int, objects: list) -> Any:
+        """``collate`` with MixUp/CutMix on the CPU, their plan drawn from the batch's generator (the fill stage
+        leaves it on the slot, after the per-sample plan's draws). The blend (or CutMix's box) rides in the
+        images' native uint8 -> float32 ToDtype/Normalize pass, reading each sample and its neighbour from the
+        slot: a pass of its own over the float batch (38 MB at 64x3x224x224) cost about as much as the
+        conversion itself (the soft labels: ``mix.mix_labels``, in numpy). Elsewhere (float16/bfloat16, ...)
+        the mix runs after the pipeline into reused buffers (``mix_output``); CutMix on uint8 images pastes the boxes in the slot itself (a batch's slot is only
+        refilled once nothing views it, and nothing has viewed it yet)."""
+        mix, pipeline = self.mix, self._mix_pipeline
+        batch = self.collate(slot, n, objects, True, raw=mix.image)
+        plan = mix.plan(batch, slot.batch_rng)
+        images = batch[mix.image_key]
+        if pipeline is None:  # uint8 images: CutMix only (resolve_batch refuses MixUp there)
+            in_place = plan.kind == "cutmix" and images.device.type == "cpu"
+            return mix.apply(batch, plan, (lambda x: x) if in_place else self.mix_output)
+        out = self._cpu_output(mix.image, pipeline, images)
+        if pipeline.fuses_mix(images, out):
+            return mix.apply_fused(batch, plan, pipeline, out)
+        batch[mix.image_key] = pipeline.apply(images, out)
+        return mix.apply(batch, plan, self.mix_output)
 
 
 class Collate(Stage):
@@ -104,14 +131,16 @@ class Collate(Stage):
         if self._returned_at is not None:
             self.steps.append(started - self._returned_at)  # the caller's own time for one batch
         slot, n, objects, fill = next(self.source)
-        out = self.collator.collate(slot, n, objects, self.tensor_transforms)
         mix = self.collator.mix
-        if mix is not None:
+        if mix is not None and self.tensor_transforms:  # on the CPU, fused into ToDtype/Normalize
+            out = self.collator.collate_mixed(slot, n, objects)
+        else:
+            out = self.collator.collate(slot, n, objects, self.tensor_transforms)
+        if mix is not None and not self.tensor_transforms:
             # drawn here from the batch's generator (the fill stage leaves it on the slot, after the per-sample
-            # plan's draws); run now on the CPU, or on the device after the copy and ToDtype/Normalize
+            # plan's draws); run on the device after the copy and ToDtype/Normalize
             plan = mix.plan(out, slot.batch_rng)
-            out = mix.apply(out, plan, self.collator.mix_output) if self.tensor_transforms else \
-                AfterCopy(out, lambda batch, m=mix, p=plan: m.apply(batch, p))
+            out = AfterCopy(out, lambda batch, m=mix, p=plan: m.apply(batch, p))
         r = self.reserved
         with r.lock:
             r.ids.discard(id(slot))
