@@ -512,7 +512,8 @@ class ImagePipeline:
         after = next((t for t in native[first_user:] if not isinstance(t, UserTransform)), None)
         if after is not None:
             u = native[first_user]
-            raise ValueError(f"{after!r} comes after {u.name}, which fastload runs per sample on the decoded image "
+            why = f" ({u.reason})" if u.reason else ""
+            raise ValueError(f"{after!r} comes after {u.name}{why}, which fastload runs per sample on the decoded image "
                              f"after the native part (decode, crop, resize, flip and fastload's augmentations); "
                              f"move {u.name} after {after!r} (only ToDtype/Normalize may follow it)")
         #: transforms fastload does not know, run per sample on the rows after the decoder (_augment/fallback.py)
