@@ -171,25 +171,28 @@ class FallbackPool:
     def _collect(self, out: dict, times: SampleTimes) -> list:
         """Wait for every worker given a share; the errors they sent, in row order. A dead worker raises."""
         errors: list = []
-        sentinels = {self.workers[w].sentinel: w for w in out.values()}
         while out:
+            sentinels = {self.workers[w].sentinel: w for w in out.values()}
             ready = connection.wait(list(out) + list(sentinels))
             for r in ready:
                 if r in out:
+                    w = out.pop(r)
                     try:
                         kind, value = r.recv()
-                    except (EOFError, OSError):
-                        continue  # its sentinel tells
-                    (times.add(value) if kind == OK else errors.append((out[r], value)))
-                    sentinels = {s: w for s, w in sentinels.items() if w != out[r]}
-                    del out[r]
+                    except (EOFError, OSError):  # it died before answering
+                        self._died(w)
+                    (times.add(value) if kind == OK else errors.append((w, value)))
             for r in ready:
-                if r in sentinels and not any(c.poll() for c in out if out[c] == sentinels[r]):
-                    p = self.workers[sentinels[r]]
-                    p.join(timeout=1.0)
-                    raise RuntimeError(_death_message(sentinels[r], p.pid, p.exitcode) + " (a per-sample image "
-                                       "transform worker: the transform crashed the process)")
+                w = sentinels.get(r)
+                if w is not None and w in out.values() and not self.conns[w].poll():
+                    self._died(w)
         return [e for _, e in sorted(errors, key=lambda x: x[0])]
+
+    def _died(self, w: int) -> None:
+        p = self.workers[w]
+        p.join(timeout=1.0)
+        raise RuntimeError(_death_message(w, p.pid, p.exitcode) + " (a per-sample image transform worker: the "
+                           "transform ended the process)")
 
 
 class FallbackRunner:
