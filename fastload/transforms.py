@@ -501,7 +501,7 @@ class ImagePipeline:
     kept apart in ``tensor`` (a ``TensorPipeline``): they run on whole batches, on the batch's device."""
 
     def __init__(self, transforms: Any) -> None:
-        items = _flatten(transforms)
+        items = _augment.lift_erasing(_flatten(transforms))  # torchvision's recipes erase after Normalize
         first_tensor = next((i for i, t in enumerate(items) if isinstance(t, TensorTransform)), len(items))
         if any(not isinstance(t, TensorTransform) for t in items[first_tensor:]):
             raise ValueError("ToDtype/Normalize must come after every geometric transform and augmentation (they "

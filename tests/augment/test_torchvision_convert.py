@@ -268,3 +268,39 @@ def test_real_torchvision_transforms_run_per_sample(image_shards):
         warnings.simplefilter("ignore", fastload.FastPathWarning)
         (batch, _) = next(iter(fastload.DataLoader(ds, batch_size=4, num_workers=2)))
     assert batch.shape == (4, 3, 24, 24) and batch.dtype == torch.uint8
+
+
+# -- RandomErasing after Normalize (torchvision's recipes) -------------------------------------------------
+
+MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+
+
+def test_erasing_after_normalize_is_planned_before_it_with_its_value_in_pixels():
+    """torchvision's classification recipe erases the normalized tensor with 0: the mean colour in pixels,
+    (0.485, 0.456, 0.406) * 255 rounded = (124, 116, 104), which normalizes to within half a level of 0."""
+    recipe = tv(V2["container"], "Compose", transforms=[
+        tv(V2["types"], "ToImage"), rrc(V2["geometry"], (176, 176)), tv(V2["geometry"], "RandomHorizontalFlip", p=0.5),
+        tv(V2["auto"], "TrivialAugmentWide", num_magnitude_bins=31, interpolation=BILINEAR, fill=None,
+           _fill={"Image": None}),
+        tv(V2["misc"], "ToDtype", dtype=torch.float32, scale=True), tv(V2["misc"], "Normalize", mean=MEAN, std=STD,
+                                                                     inplace=False),
+        tv(V2["augment"], "RandomErasing", p=0.1, scale=(0.02, 0.33), ratio=(0.3, 3.3), value=[0.0], inplace=False),
+        tv(V2["types"], "ToPureTensor")])
+    p = T.ImagePipeline(recipe)
+    assert same(p.augment, [T.TrivialAugmentWide(interpolation="bilinear"), T.RandomErasing(0.1, value=(124, 116, 104))])
+    assert same(p.tensor.transforms, [T.ToDtype(torch.float32, scale=True), T.Normalize(MEAN, STD)])
+    assert not p.fallback
+    normalized = (torch.tensor([124, 116, 104]) / 255 - torch.tensor(MEAN)) / torch.tensor(STD)
+    assert normalized.abs().max() < 0.5 / 255 / min(STD)
+    # without scaling, values are in pixel units already: v * std + mean
+    p = T.ImagePipeline([T.CenterCrop(8), T.ToDtype(torch.float32), T.Normalize([100.0] * 3, [2.0] * 3),
+                         T.RandomErasing(1.0, value=(1, 2, 3))])
+    assert same(p.augment, [T.RandomErasing(1.0, value=(102, 104, 106))])
+
+
+def test_erasing_with_noise_after_normalize_is_refused_with_the_order_to_use():
+    with pytest.raises(ValueError, match=r"RandomErasing.*value='random'.*after Normalize.*put RandomErasing before"):
+        T.ImagePipeline([T.CenterCrop(8), T.ToDtype(torch.float32, scale=True), T.Normalize(MEAN, STD),
+                         T.RandomErasing(value="random")])
+    with pytest.raises(ValueError, match="ToDtype/Normalize must come after"):  # other augmentations still are
+        T.ImagePipeline([T.CenterCrop(8), T.ToDtype(torch.float32, scale=True), T.RandomInvert()])
