@@ -68,6 +68,9 @@ class ImageDecoding:
         self._fence_key: dict[str, tuple[str, int]] = {}  # field -> the key its decoder adds to Slot.fenced
         self._decoders: dict[str, Any] = {}  # per image field, made on its first batch (GPU ones need its size)
         self._fallbacks: dict[str, FallbackRunner] = {}  # per image field with transforms fastload does not know
+        #: run those in worker processes (num_workers of them); False: in the calling thread, as ds.__getitems__
+        #: does (torch's DataLoader: its own worker processes are the parallelism, and its num_workers=0 is asked for)
+        self.fallback_processes = True
 
     def bind_device(self) -> None:
         """Called at each iteration's start in the training thread: ``'cuda'`` becomes the device current
@@ -167,7 +170,8 @@ class ImageDecoding:
             seg = int(at.seg_ids[k])
             return where(reader.path, reader.shard(seg), int(reader.starts[seg] + at.local[k]), f.name)
 
-        runner.run(rows, [k for k in range(len(rows)) if k not in bad], plan.seeds, where_k, self.native.pool)
+        runner.run(rows, [k for k in range(len(rows)) if k not in bad], plan.seeds, where_k,
+                   self.native.pool if self.fallback_processes else None)
 
     def _decoder(self, out_hw: tuple[int, int]) -> Any:
         """The decoder of an image field whose rows are ``out_hw`` (the registered kind's ``make``)."""

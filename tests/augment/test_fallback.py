@@ -257,3 +257,33 @@ def test_a_worker_that_dies_is_reported_and_the_workers_stopped(image_shards):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", fastload.FastPathWarning)
         assert len(list(fastload.DataLoader(ok, batch_size=8, num_workers=2))) == 6
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_torchs_dataloader_over_getitems_runs_them_in_its_own_processes(image_shards, num_workers):
+    """torch's DataLoader calls ds.__getitems__: the transforms run in the process that calls it (torch's
+    workers are daemonic and may not have children; at num_workers=0 the user asked for no processes)."""
+    ds = fastload.open(image_shards, transforms={"image": [T.CenterCrop(24), invert]})
+    plain = fastload.open(image_shards, transforms={"image": [T.CenterCrop(24)]})
+    torch_loader = torch.utils.data.DataLoader(ds, batch_size=8, num_workers=num_workers)
+    for (got, _), (ref, _) in zip(torch_loader, torch.utils.data.DataLoader(plain, batch_size=8)):
+        assert torch.equal(got, 255 - ref)
+        assert multiprocessing.active_children() == [] or num_workers
+    assert multiprocessing.active_children() == []
+
+
+def _report_can_fork(conn):
+    from fastload._augment.fallback_workers import can_fork
+
+    conn.send(can_fork())
+
+
+def test_a_daemonic_process_runs_them_in_its_own_thread():
+    """multiprocessing forbids a daemonic process (a DataLoader worker) children: no pool is tried there."""
+    from fastload._augment.fallback_workers import can_fork
+
+    ours, theirs = multiprocessing.get_context("fork").Pipe()
+    p = multiprocessing.get_context("fork").Process(target=_report_can_fork, args=(theirs,), daemon=True)
+    p.start()
+    assert ours.recv() is False and can_fork() is True
+    p.join()
