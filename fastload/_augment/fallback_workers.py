@@ -94,21 +94,23 @@ def _stop(workers: list, conns: list) -> None:
         except OSError:
             pass
     with HoldCtrlC():  # an interrupt inside a join can lose a worker's exit status (see _workers.py)
-        live = {p.sentinel for p in workers if p.is_alive()}
-        if live:
-            connection.wait(list(live), timeout=_tutils.MP_STATUS_CHECK_INTERVAL)
-        for p in workers:
-            if p.is_alive():
-                p.terminate()
-        while workers:
-            p = workers[0]
-            p.join(timeout=1.0)
-            if p.is_alive():
-                p.kill()
-                p.join()
-            workers.pop(0)
-        while conns:
-            conns.pop().close()
+        try:
+            live = {p.sentinel for p in workers if p.is_alive()}
+            if live:
+                connection.wait(list(live), timeout=_tutils.MP_STATUS_CHECK_INTERVAL)
+        finally:  # whatever cut the polite wait short, the workers are reaped
+            for p in workers:
+                if p.is_alive():
+                    p.terminate()
+            while workers:
+                p = workers[0]
+                p.join(timeout=1.0)
+                if p.is_alive():
+                    p.kill()
+                    p.join()
+                workers.pop(0)
+            while conns:
+                conns.pop().close()
 
 
 class FallbackPool:

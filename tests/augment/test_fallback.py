@@ -22,7 +22,7 @@ from PIL import Image
 import fastload
 import fastload.transforms as T
 from fastload._batcher import beyond_geometry
-from test_shutdown import left_behind, resources
+from test_shutdown import CTRL_C_NOISE, _run_until_interrupted, left_behind, resources
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -240,6 +240,26 @@ def test_workers_go_at_the_end_of_a_non_persistent_epoch_and_with_the_loader(ima
     assert not left_behind(before, image_shards)
 
 
+@CTRL_C_NOISE
+def test_ctrl_c_at_random_moments_leaves_no_worker_behind(image_shards):
+    gc.collect()
+    before = resources(image_shards)
+    ds = fastload.open(image_shards, transforms={"image": [*CROP, invert]})
+    loader = fastload.DataLoader(ds, batch_size=4, shuffle=True, seed=0, num_workers=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", fastload.FastPathWarning)
+        reference = fastload.DataLoader(ds, batch_size=4, shuffle=True, seed=0, num_workers=2)
+        reference.set_epoch(7)
+        expected = [b[0].clone() for b in reference]
+        for delay in (0.0, 0.02, 0.05, 0.1, 0.2):
+            _run_until_interrupted(loader, delay)
+        loader.set_epoch(7)  # the workers' answers to interrupted batches must not land in later ones
+        got = [b[0].clone() for b in loader]
+        assert len(got) == len(expected) and all(torch.equal(a, b) for a, b in zip(got, expected))
+    del loader, ds, reference
+    assert not left_behind(before, image_shards)
+
+
 def crash_in_a_worker(img):
     if multiprocessing.current_process().name.startswith("fastload-transform"):
         os._exit(3)
@@ -287,3 +307,25 @@ def test_a_daemonic_process_runs_them_in_its_own_thread():
     p.start()
     assert ours.recv() is False and can_fork() is True
     p.join()
+
+
+def test_an_interrupted_batch_closes_the_pool(monkeypatch):
+    """Ctrl-C while the caller waits for the workers: their answers to that batch would be read as the next
+    batch's, so the pool is closed (the runner makes a new one) and its workers reaped."""
+    from fastload._augment import fallback_workers
+    from fastload._augment.fallback import SampleTimes, UserTransform
+
+    pool = fallback_workers.FallbackPool([UserTransform(invert)], 2, 8, (4, 4, 3))
+    rows = np.arange(8 * 48, dtype=np.uint8).reshape(8, 4, 4, 3)
+
+    real_wait = fallback_workers.connection.wait
+
+    def interrupted(*args, **kwargs):  # the first wait (for the batch) is interrupted
+        monkeypatch.setattr(fallback_workers.connection, "wait", real_wait)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(fallback_workers.connection, "wait", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        pool.run(rows, range(8), np.arange(8, dtype=np.uint64), str, SampleTimes(1))
+    assert pool.closed and multiprocessing.active_children() == []
+    assert np.array_equal(rows, np.arange(8 * 48, dtype=np.uint8).reshape(8, 4, 4, 3))  # rows untouched
