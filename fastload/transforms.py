@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import sys
 from typing import Any, Sequence
 
 import numpy as np
@@ -479,7 +480,7 @@ def _flatten(transforms: Any) -> list[Any]:
 
 def _foreign(t: Any) -> list[Any]:
     """A callable that is not fastload's: its fastload equivalent (a torchvision transform), else run per sample."""
-    converted = _torchvision.convert(t)
+    converted = _torchvision.convert(t, sys.modules[__name__])  # this module's classes, by name
     if converted is None:
         return [UserTransform(t)]
     return [x for c in converted for x in (_flatten(c) if isinstance(c, (list, Compose)) else [c])]

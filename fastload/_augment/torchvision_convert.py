@@ -17,6 +17,7 @@ RandomChoice, RandomOrder) convert when all their members do, else run per sampl
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import torch
@@ -31,13 +32,15 @@ def is_torchvision(t: Any) -> bool:
     return mod == "torchvision" or mod.startswith("torchvision.transforms")
 
 
-def convert(t: Any) -> list | None:
+def convert(t: Any, classes: Any) -> list | None:
     """``t``'s fastload equivalents (a nested list for a Compose: its members, converted in turn), a
-    ``UserTransform`` with the reason when it has none, or None when ``t`` is not a torchvision transform."""
+    ``UserTransform`` with the reason when it has none, or None when ``t`` is not a torchvision transform.
+    ``classes``: where fastload's transform classes are, by name (the ``fastload.transforms`` module, which
+    calls this: importing it here would make the two modules import each other)."""
     if not is_torchvision(t):
         return None
     name = type(t).__name__
-    rule = _RULES.get(name)
+    rule = _rules(classes).get(name)
     if rule is None:
         return [UserTransform(t, f"torchvision's {name} has no fastload equivalent")]
     try:
@@ -58,11 +61,11 @@ def _fill(t: Any) -> Any:
     return fill
 
 
-def _members(t: Any, what: str) -> list:
+def _members(t: Any, what: str, classes: Any) -> list:
     """A container's members, converted; a member with no native equivalent makes the container run per sample."""
     out = []
     for m in list(t.transforms):
-        converted = convert(m)
+        converted = convert(m, classes)
         if converted is None and callable(m) and type(m).__module__.startswith("fastload"):
             converted = [m]
         if converted is None or any(isinstance(c, (UserTransform, list)) for c in converted):
@@ -71,8 +74,9 @@ def _members(t: Any, what: str) -> list:
     return out
 
 
-def _rules() -> dict[str, Callable[[Any], list]]:
-    from .. import transforms as T  # the fastload classes (imported here: transforms.py imports this module)
+@functools.lru_cache(maxsize=None)
+def _rules(T: Any) -> dict[str, Callable[[Any], list]]:
+    """The conversion of each torchvision class with an equivalent, by class name; ``T``: fastload's classes."""
 
     def dtype_of(t: Any) -> Any:
         dtype = t.dtype
@@ -112,9 +116,9 @@ def _rules() -> dict[str, Callable[[Any], list]]:
         "RandomAdjustSharpness": lambda t: [T.RandomAdjustSharpness(t.sharpness_factor, t.p)],
         "RandomInvert": lambda t: [T.RandomInvert(t.p)],
         "RandomErasing": lambda t: [T.RandomErasing(t.p, t.scale, t.ratio, t.value)],
-        "RandomApply": lambda t: [T.RandomApply(_members(t, "RandomApply"), t.p)],
-        "RandomChoice": lambda t: [T.RandomChoice(_members(t, "RandomChoice"), choice_p(t))],
-        "RandomOrder": lambda t: [T.RandomOrder(_members(t, "RandomOrder"))],
+        "RandomApply": lambda t: [T.RandomApply(_members(t, "RandomApply", T), t.p)],
+        "RandomChoice": lambda t: [T.RandomChoice(_members(t, "RandomChoice", T), choice_p(t))],
+        "RandomOrder": lambda t: [T.RandomOrder(_members(t, "RandomOrder", T))],
         "RandAugment": lambda t: [T.RandAugment(t.num_ops, t.magnitude, t.num_magnitude_bins, t.interpolation,
                                                 _fill(t))],
         "TrivialAugmentWide": lambda t: [T.TrivialAugmentWide(t.num_magnitude_bins, t.interpolation, _fill(t))],
@@ -129,15 +133,3 @@ def _rules() -> dict[str, Callable[[Any], list]]:
         "ToImageTensor": lambda t: [],
         "ToPureTensor": lambda t: [],
     }
-
-
-class _Rules(dict):
-    """The rules by class name, made at first use (they need ``fastload.transforms``, which imports this)."""
-
-    def get(self, key: str, default: Any = None) -> Any:
-        if not self:
-            self.update(_rules())
-        return super().get(key, default)
-
-
-_RULES = _Rules()

@@ -128,15 +128,15 @@ CASES = {
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_a_torchvision_transform_with_an_equivalent_converts_with_its_parameters(case):
     given, expected = CASES[case]
-    got = convert(given)
+    got = convert(given, T)
     assert same(got, expected), (case, got)
     assert not any(isinstance(t, UserTransform) for t in got)
 
 
 def test_not_torchvision_is_not_converted():
-    assert convert(lambda img: img) is None
-    assert convert(tv("albumentations.core.composition", "Compose", transforms=[])) is None
-    assert convert(tv("mylib.torchvision.transforms", "RandomInvert", p=1.0)) is None
+    assert convert(lambda img: img, T) is None
+    assert convert(tv("albumentations.core.composition", "Compose", transforms=[]), T) is None
+    assert convert(tv("mylib.torchvision.transforms", "RandomInvert", p=1.0), T) is None
 
 
 @pytest.mark.parametrize("given, words", [
@@ -149,7 +149,7 @@ def test_not_torchvision_is_not_converted():
      ["ElasticTransform", "has no fastload equivalent, so the whole RandomApply runs per sample"]),
 ], ids=["no equivalent", "AutoAugment CIFAR10", "bicubic RandomResizedCrop", "RandomApply of an unknown"])
 def test_without_an_equivalent_it_runs_per_sample_saying_why(given, words):
-    (got,) = convert(given)
+    (got,) = convert(given, T)
     assert isinstance(got, UserTransform) and got.fn is given
     for w in words:
         assert w in got.reason, (w, got.reason)
@@ -243,14 +243,14 @@ def test_real_torchvision_objects_convert():
     tvt = pytest.importorskip("torchvision.transforms")
     v2 = pytest.importorskip("torchvision.transforms.v2")
     for given, expected in _real_cases(tvt, v2):
-        assert same(convert(given), [expected]), (given, convert(given))
+        assert same(convert(given, T), [expected]), (given, convert(given, T))
     for noop in (tvt.PILToTensor(), v2.PILToTensor(), v2.ToImage(), v2.ToPureTensor()):
-        assert convert(noop) == [], noop
+        assert convert(noop, T) == [], noop
     for unconvertible, why in ((tvt.AutoAugment(tvt.AutoAugmentPolicy.CIFAR10), "ImageNet"),
                                (v2.ElasticTransform(), "no fastload equivalent"),
                                (tvt.RandomResizedCrop(224, interpolation=tvt.InterpolationMode.BICUBIC), "bilinear"),
                                (tvt.RandomApply([v2.ElasticTransform()]), "whole RandomApply")):
-        (got,) = convert(unconvertible)
+        (got,) = convert(unconvertible, T)
         assert isinstance(got, UserTransform) and why in got.reason, (unconvertible, got.reason)
     pipe = T.ImagePipeline(tvt.Compose([tvt.RandomResizedCrop(224), tvt.RandomHorizontalFlip(), tvt.ToTensor(),
                                         tvt.Normalize([0.5] * 3, [0.2] * 3)]))
