@@ -556,9 +556,7 @@ class ImagePipeline:
 
     def run_fallback(self, image: np.ndarray, plan: Plan, k: int = 0) -> np.ndarray:
         """``ds[i]``: the per-sample transforms on sample ``k``'s decoded HWC uint8 ``image`` (in place)."""
-        if self.fallback:
-            run_sample(self.fallback, image, int(plan.seeds[k]))
-        return image
+        return run_sample(self.fallback, image, int(plan.seeds[k])) if self.fallback else image
 
     def describe(self) -> list[dict[str, Any]]:
         return [t.describe() for t in self.transforms + self.augment + self.fallback]
@@ -584,11 +582,14 @@ def apply_pil(pipeline: Any, image: Any, rng: np.random.Generator) -> Any:
         raise ImportError("apply_pil needs Pillow. Run `pip install pillow-simd` (or pillow)") from None
     pipe = pipeline if isinstance(pipeline, ImagePipeline) else ImagePipeline(pipeline)
     p = pipe.plan(np.array([image.height]), np.array([image.width]), rng)
-    top, left, h, w = (int(v) for v in p.crops[0])
-    oh, ow = (int(v) for v in p.out_hw[0])
-    out = image.crop((left, top, left + w, top + h)).resize((ow, oh), Image.Resampling.BILINEAR)
-    if p.augment is not None:  # flips, the affine and the pixel operations, by the PIL reference engine
-        out = Image.fromarray(_augment.reference(np.asarray(out.convert("RGB")), p))
+    def decode(crop: Sequence[int], out_hw: Sequence[int]) -> Any:
+        top, left, h, w = (int(v) for v in crop)
+        return image.crop((left, top, left + w, top + h)).resize((int(out_hw[1]), int(out_hw[0])),
+                                                                  Image.Resampling.BILINEAR)
+
+    out = decode(p.crops[0], p.out_hw[0])
+    if p.augment is not None:  # padded windows, flips, the affine and the pixel operations: the PIL reference engine
+        out = Image.fromarray(_augment.reference(lambda crop, hw: np.asarray(decode(crop, hw).convert("RGB")), p))
     elif p.flips[0]:
         out = out.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
     if pipe.fallback:  # the transforms fastload does not know, per sample as the loader runs them

@@ -157,8 +157,10 @@ class _Seeded:
         torch.set_rng_state(self.saved[2])
 
 
-def run_sample(transforms: Sequence[UserTransform], img: np.ndarray, seed: int, times: SampleTimes | None = None) -> None:
-    """Run ``transforms`` in order on ``img`` (an HWC uint8 row, written in place), seeded with ``seed``."""
+def run_sample(transforms: Sequence[UserTransform], img: np.ndarray, seed: int,
+               times: SampleTimes | None = None) -> np.ndarray:
+    """Run ``transforms`` in order on ``img`` (an HWC uint8 row, written in place and returned), seeded with
+    ``seed``."""
     cur = img
     with _Seeded(seed):
         for k, t in enumerate(transforms):
@@ -170,6 +172,7 @@ def run_sample(transforms: Sequence[UserTransform], img: np.ndarray, seed: int, 
         img[...] = cur
     if times is not None:
         times.images += 1
+    return img
 
 
 def run_rows(transforms: Sequence[UserTransform], rows: np.ndarray, ks: Sequence[int], seeds: np.ndarray,

@@ -329,3 +329,13 @@ def test_an_interrupted_batch_closes_the_pool(monkeypatch):
         pool.run(rows, range(8), np.arange(8, dtype=np.uint64), str, SampleTimes(1))
     assert pool.closed and multiprocessing.active_children() == []
     assert np.array_equal(rows, np.arange(8 * 48, dtype=np.uint8).reshape(8, 4, 4, 3))  # rows untouched
+
+
+def test_apply_pil_runs_the_augmentations_and_the_per_sample_transforms():
+    """The PIL reference engine of a whole pipeline (it handed the augmentation engine an array where a decode
+    function was due, so any augmentation raised TypeError)."""
+    img = Image.fromarray(np.random.default_rng(0).integers(0, 256, (40, 50, 3), dtype=np.uint8))
+    plain = np.asarray(T.apply_pil([T.RandomResizedCrop(16)], img, np.random.default_rng(1)))
+    augmented = T.apply_pil([T.RandomResizedCrop(16), T.RandomInvert(1.0)], img, np.random.default_rng(1))
+    both = T.apply_pil([T.RandomResizedCrop(16), T.RandomInvert(1.0), invert], img, np.random.default_rng(1))
+    assert np.array_equal(np.asarray(augmented), 255 - plain) and np.array_equal(np.asarray(both), plain)
