@@ -4,7 +4,9 @@
 transform without a fastload equivalent (or with parameters fastload cannot reproduce, see
 ``torchvision_convert.py``), an albumentations pipeline. Each becomes a :class:`UserTransform` at the end of
 the image pipeline: the decoder runs the native part (crop, resize, flip and fastload's augmentations) into the
-batch's rows, then these run per sample on each row, in list order, before ToDtype/Normalize.
+batch's rows, then these run per sample on each row, in list order, before ToDtype/Normalize. One placed
+before a native transform is refused (``ImagePipeline``, naming both and the order to use): it would have to
+run before the decoder, on source images of every size, and everything after it per sample too.
 
 Calling convention (what torchvision v2 would hand a per-sample transform): ``t(img)`` with ``img`` a
 contiguous uint8 CHW ``torch.Tensor``; an albumentations-like object (its class's module starts with
