@@ -183,7 +183,10 @@ class FallbackPool:
                         kind, value = r.recv()
                     except (EOFError, OSError):  # it died before answering
                         self._died(w)
-                    (times.add(value) if kind == OK else errors.append((w, value)))
+                    if kind == OK:
+                        times.add(value)
+                    else:
+                        errors.append((w, value))
             for r in ready:
                 w = sentinels.get(r)
                 if w is not None and w in out.values() and not self.conns[w].poll():
@@ -210,10 +213,14 @@ class FallbackRunner:
         self.warned = False
 
     def run(self, rows: np.ndarray, ks: Sequence[int], seeds: np.ndarray, where: Any, native_pool: Any) -> None:
-        n = int(getattr(native_pool, "size", 0) or 0)
+        """Transform rows ``ks`` of ``rows`` in place; ``native_pool``: the loader's decode threads (as many
+        worker processes; None or 0 threads: in this thread)."""
+        n = int(getattr(native_pool, "size", 0) or 0) if can_fork() else 0
         times = SampleTimes(len(self.transforms))
-        if n > 0 and can_fork():
-            if self.pool is None or self.pool.closed or self.pool.n != n:
+        if n > 0:
+            pool = self.pool
+            if pool is None or pool.closed or pool.n != n or pool.staging.shape[1:] != rows.shape[1:] \
+                    or len(pool.staging) < len(ks):
                 self.close()
                 self.pool = FallbackPool(self.transforms, n, max(self.batch_size, len(rows)), tuple(rows.shape[1:]))
             self.pool.run(rows, ks, seeds, where, times)
@@ -221,7 +228,7 @@ class FallbackRunner:
             run_rows(self.transforms, rows, ks, seeds, where, times)
         if not self.warned and times.images:
             self.warned = True
-            warnings.warn(self._cost(times, n if n > 0 and can_fork() else 0), FastPathWarning, stacklevel=2)
+            warnings.warn(self._cost(times, n), FastPathWarning, stacklevel=2)
 
     def _cost(self, times: SampleTimes, workers: int) -> str:
         each = "; ".join(f"{t.name}: {ms:.2f} ms per image" + (f" ({t.reason})" if t.reason else "")
