@@ -22,6 +22,7 @@ from PIL import Image
 import fastload
 import fastload.transforms as T
 from fastload._batcher import beyond_geometry
+from test_batcher import one_corrupt  # noqa: F401  (a fixture: a pack with a corrupt JPEG)
 from test_shutdown import CTRL_C_NOISE, _run_until_interrupted, left_behind, resources
 
 pytestmark = pytest.mark.timeout(120)
@@ -339,3 +340,23 @@ def test_apply_pil_runs_the_augmentations_and_the_per_sample_transforms():
     augmented = T.apply_pil([T.RandomResizedCrop(16), T.RandomInvert(1.0)], img, np.random.default_rng(1))
     both = T.apply_pil([T.RandomResizedCrop(16), T.RandomInvert(1.0), invert], img, np.random.default_rng(1))
     assert np.array_equal(np.asarray(augmented), 255 - plain) and np.array_equal(np.asarray(both), plain)
+
+
+def test_samples_that_failed_to_decode_are_not_transformed_and_are_replaced_after(one_corrupt):
+    """on_error='skip': a sample the decoder failed on is not handed to the transform; the good sample that
+    replaces it is the transformed one."""
+    from fastload._batcher import Batcher
+    from test_batcher import batch_of
+
+    seen = []
+
+    def count(img):
+        seen.append(img.clone())
+        return 255 - img
+
+    ds = fastload.open(one_corrupt, transforms={"image": [T.Resize((16, 16)), count]})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", fastload.FastPathWarning)
+        images, _ = batch_of(Batcher(ds, batch_size=4, num_threads=0, on_error="skip"), [1, 2, 3, 0])
+    assert len(seen) == 3
+    assert torch.equal(images[1], images[0]) and torch.equal(images[0], 255 - seen[0])
