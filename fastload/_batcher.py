@@ -165,4 +165,6 @@ def beyond_geometry(pipelines: dict) -> tuple[str, ...]:
                 names["RandomCrop with padding"] = None
         for t in getattr(p, "augment", ()):
             names[type(t).__name__] = None
+        for t in getattr(p, "fallback", ()):  # run per sample on host rows after the native decoder
+            names[f"{t.name} (a transform run per sample)"] = None
     return tuple(names)

@@ -183,6 +183,7 @@ class Dataset(torch.utils.data.Dataset):
 
         # issue 21's augmentation (and padded crops): the PIL reference engine on the decoded tile
         arr = decode(crop, out_hw, flip) if plan.augment is None else augment_reference(decode, plan)
+        arr = pipeline.run_fallback(arr, plan)  # transforms fastload does not know, per sample (the loader's too)
         image = torch.from_numpy(arr).permute(2, 0, 1)
         if pipeline.tensor:
             image = pipeline.tensor.apply(image[None])[0]

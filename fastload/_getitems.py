@@ -90,6 +90,7 @@ class BatchItems:
         if threads is None:
             threads = torch.get_num_threads()
         self.batcher = Batcher(ds, size, threads if threads > 1 else 0)
+        self.batcher.images.fallback_processes = False  # per-sample transforms here: in the caller's process
         self.ring = SlotRing(functools.partial(self.batcher.new_slot, pin=False))
 
     def batcher_for(self, size: int) -> Batcher:

@@ -22,6 +22,8 @@ from typing import Any
 import torch
 
 from . import _ring, decoders
+from ._augment.fallback_workers import FallbackRunner
+from ._errors import where
 from ._ring import warn_once
 from ._schema import Field
 from .decoders._base import DecoderContext, ImageSources
@@ -64,6 +66,10 @@ class ImageDecoding:
         self._made = 0  # decoders made so far: each one fences a row buffer at its own first use of it
         self._fence_key: dict[str, tuple[str, int]] = {}  # field -> the key its decoder adds to Slot.fenced
         self._decoders: dict[str, Any] = {}  # per image field, made on its first batch (GPU ones need its size)
+        self._fallbacks: dict[str, FallbackRunner] = {}  # per image field with transforms fastload does not know
+        #: run those in worker processes (num_workers of them); False: in the calling thread, as ds.__getitems__
+        #: does (torch's DataLoader: its own worker processes are the parallelism, and its num_workers=0 is asked for)
+        self.fallback_processes = True
 
     def bind_device(self) -> None:
         """Called at each iteration's start in the training thread: ``'cuda'`` becomes the device current
@@ -114,6 +120,8 @@ class ImageDecoding:
         for dec in self._decoders.values():
             dec.close()
         self._decoders = {}
+        for runner in self._fallbacks.values():
+            runner.close()  # their worker processes go as torch's would at an epoch's end; made again when needed
         if self.hybrid is not None:
             self.hybrid.close()
 
@@ -134,7 +142,10 @@ class ImageDecoding:
             dec = self._decoders[f.name] = self._decoder((int(rows.shape[1]), int(rows.shape[2])))
             self._fence_key[f.name] = (f.name, self._made)
         if self.device is None:
-            return dec.decode(sources, plan, rows)
+            failures = dec.decode(sources, plan, rows)
+            if pipeline.fallback:
+                self._fallback(f, pipeline, rows, plan, reader, at, failures)
+            return failures
         buf = slot.tensors[f.name]
         key = self._fence_key.get(f.name, (f.name, 0))
         if key not in slot.fenced:  # this decoder's first use of the buffer
@@ -149,6 +160,20 @@ class ImageDecoding:
         ready = getattr(dec, "ready_event", None)  # handed on with the decoder's event, never a host wait
         self._ready[buf.data_ptr()] = ready() if ready is not None else None
         return failures
+
+    def _fallback(self, f: Field, pipeline: Any, rows: Any, plan: Any, reader: Any, at: Any, failures: list) -> None:
+        """The transforms fastload does not know (``pipeline.fallback``), per sample on the decoded rows."""
+        runner = self._fallbacks.get(f.name)
+        if runner is None:
+            runner = self._fallbacks[f.name] = FallbackRunner(f.name, pipeline.fallback, self.batch_size)
+        bad = {k for k, _ in failures}
+
+        def where_k(k: int) -> str:
+            seg = int(at.seg_ids[k])
+            return where(reader.path, reader.shard(seg), int(reader.starts[seg] + at.local[k]), f.name)
+
+        runner.run(rows, [k for k in range(len(rows)) if k not in bad], plan.seeds, where_k,
+                   self.native.pool if self.fallback_processes else None)
 
     def _decoder(self, out_hw: tuple[int, int]) -> Any:
         """The decoder of an image field whose rows are ``out_hw`` (the registered kind's ``make``)."""

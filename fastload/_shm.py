@@ -54,6 +54,18 @@ def _dense_strides(t: torch.Tensor) -> tuple | None:
     return t.stride()
 
 
+def shared_buffer(cap: int) -> tuple[int, mmap.mmap]:
+    """``cap`` bytes of anonymous shared memory: ``(fd, mapping)``; the caller closes ``fd`` (the mapping stays).
+    Also the per-sample transforms' staging rows (``_augment/fallback_workers.py``), shared with forked workers."""
+    fd = os.memfd_create("fastload-slot", os.MFD_CLOEXEC)
+    try:
+        os.ftruncate(fd, cap)
+        return fd, mmap.mmap(fd, cap)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 # -- worker side -----------------------------------------------------------------------------------
 class Arena:
     """The slots one worker owns, and a bump allocator for the batch being built.
@@ -74,13 +86,7 @@ class Arena:
         self.begin(pick=False)
 
     def _create(self, cap: int) -> int:
-        fd = os.memfd_create("fastload-slot", os.MFD_CLOEXEC)
-        try:
-            os.ftruncate(fd, cap)
-            mm = mmap.mmap(fd, cap)
-        except BaseException:
-            os.close(fd)
-            raise
+        fd, mm = shared_buffer(cap)
         sid, self.next_sid = self.next_sid, self.next_sid + 1
         self.slots[sid] = (cap, torch.frombuffer(mm, dtype=torch.uint8))  # keeps mm alive; never close() it
         self.unannounced.append((sid, cap, fd))

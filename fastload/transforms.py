@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import sys
 from typing import Any, Sequence
 
 import numpy as np
@@ -40,6 +41,8 @@ from ._tensor_transforms import Normalize, TensorPipeline, TensorTransform, ToDt
 from ._sequences import Bucket, Pad, PackSequences  # noqa: E402  (variable-length fields, see _sequences.py)
 # The augmentations (issue 21), under torchvision v2's names; planned after the crop plan (_augment/pipeline.py).
 from ._augment import pipeline as _augment  # noqa: E402
+from ._augment import torchvision_convert as _torchvision  # noqa: E402
+from ._augment.fallback import UserTransform, run_sample  # noqa: E402  (transforms fastload does not know)
 from ._augment.color import ColorJitter, Grayscale, RandomGrayscale  # noqa: E402
 from ._augment.combinators import RandomApply, RandomChoice, RandomOrder  # noqa: E402
 from ._augment.filters import GaussianBlur, RandomErasing  # noqa: E402
@@ -355,13 +358,18 @@ class Plan:
     the plan through this one object, so adding a kind of operation extends the plan, not their signature;
     a decoder that cannot execute part of a plan refuses it (``decoders/_base.py`` ``geometry_only``).
 
+    ``seeds``: None, or uint64 ``(n,)``: each sample's seed for the transforms fastload does not know
+    (``ImagePipeline.fallback``, run per sample after the decoder; ``_augment/fallback.py``).
+
     ``plan.take(lo, hi)``: the plan of samples ``lo .. hi-1``; ``plan.n``: how many samples.
     """
 
-    __slots__ = ("crops", "flips", "out_hw", "augment")
+    __slots__ = ("crops", "flips", "out_hw", "augment", "seeds")
 
-    def __init__(self, crops: np.ndarray, flips: np.ndarray, out_hw: np.ndarray, augment: Any = None) -> None:
+    def __init__(self, crops: np.ndarray, flips: np.ndarray, out_hw: np.ndarray, augment: Any = None,
+                 seeds: np.ndarray | None = None) -> None:
         self.crops, self.flips, self.out_hw, self.augment = crops, flips, out_hw, augment
+        self.seeds = seeds
 
     @property
     def n(self) -> int:
@@ -377,7 +385,8 @@ class Plan:
         lo, hi, _ = slice(lo, hi).indices(self.n)
         hi = max(lo, hi)
         augment = None if self.augment is None else self.augment.take(lo, hi)
-        return Plan(self.crops[lo:hi], self.flips[lo:hi], self.out_hw[lo:hi], augment)
+        seeds = None if self.seeds is None else self.seeds[lo:hi]
+        return Plan(self.crops[lo:hi], self.flips[lo:hi], self.out_hw[lo:hi], augment, seeds)
 
     def with_augment(self, augment: Any) -> Plan:
         """This plan extended by ``augment`` (an ``AugmentPlan`` begun with ``PlanBuilder.from_crop_plan(self)``):
@@ -386,7 +395,7 @@ class Plan:
         if augment.n != self.n or (geo.crops is not None and not np.array_equal(geo.crops, self.crops)):
             raise ValueError(f"the augmentation plan ({augment.n} samples) was not made from this plan "
                              f"({self.n} samples): begin it with PlanBuilder.from_crop_plan(plan)")
-        return Plan(self.crops, geo.hflip.astype(np.uint8), geo.out_hw.astype(np.int32), augment)
+        return Plan(self.crops, geo.hflip.astype(np.uint8), geo.out_hw.astype(np.int32), augment, self.seeds)
 
     def __repr__(self) -> str:
         extra = "" if self.augment is None else f", augment={len(self.augment.steps)} steps"
@@ -438,26 +447,43 @@ class _State:
         )
 
 
-def _flatten(transforms: Any) -> list[Transform]:
+def _flatten(transforms: Any) -> list[Any]:
+    """The pipeline's transforms in order: fastload's own, torchvision objects converted to fastload's
+    (``_augment/torchvision_convert.py``), and any other callable as a ``UserTransform`` (run per sample)."""
     if isinstance(transforms, ImagePipeline):
-        return list(transforms.transforms) + list(transforms.augment) + list(transforms.tensor.transforms)
+        return (list(transforms.transforms) + list(transforms.augment) + list(transforms.fallback)
+                + list(transforms.tensor.transforms))
     if isinstance(transforms, Compose):
         transforms = transforms.transforms
-    if isinstance(transforms, (Transform, TensorTransform, Augment)):
+    if isinstance(transforms, (Transform, TensorTransform, Augment, UserTransform)):
         return [transforms]
     if not isinstance(transforms, (list, tuple)):
+        if callable(transforms):
+            return _foreign(transforms)
         raise TypeError(f"expected a list of transforms or a Compose, got {_type_name(transforms)}: "
-                        f"{transforms!r}. Supported: {_SUPPORTED} from fastload.transforms")
-    out: list[Transform] = []
+                        f"{transforms!r}. Supported: {_SUPPORTED} from fastload.transforms, or any callable "
+                        f"(run per sample)")
+    out: list[Any] = []
     for t in transforms:
         if isinstance(t, (Compose, list, tuple)):
             out.extend(_flatten(t))
-        elif isinstance(t, (Transform, TensorTransform, Augment)):
+        elif isinstance(t, (Transform, TensorTransform, Augment, UserTransform)):
             out.append(t)
+        elif callable(t):
+            out.extend(_foreign(t))
         else:
-            raise TypeError(f"unsupported image transform {t!r} ({_type_name(t)}); supported: {_SUPPORTED} "
-                            f"from fastload.transforms")
+            raise TypeError(f"unsupported image transform {t!r} ({_type_name(t)}): not callable; supported: "
+                            f"{_SUPPORTED} from fastload.transforms, or any callable taking and returning a uint8 "
+                            f"CHW tensor (run per sample after the native part)")
     return out
+
+
+def _foreign(t: Any) -> list[Any]:
+    """A callable that is not fastload's: its fastload equivalent (a torchvision transform), else run per sample."""
+    converted = _torchvision.convert(t, sys.modules[__name__])  # this module's classes, by name
+    if converted is None:
+        return [UserTransform(t)]
+    return [x for c in converted for x in (_flatten(c) if isinstance(c, (list, Compose)) else [c])]
 
 
 def _type_name(obj: Any) -> str:
@@ -476,13 +502,24 @@ class ImagePipeline:
     kept apart in ``tensor`` (a ``TensorPipeline``): they run on whole batches, on the batch's device."""
 
     def __init__(self, transforms: Any) -> None:
-        items = _flatten(transforms)
+        items = _augment.lift_erasing(_flatten(transforms))  # torchvision's recipes erase after Normalize
         first_tensor = next((i for i, t in enumerate(items) if isinstance(t, TensorTransform)), len(items))
         if any(not isinstance(t, TensorTransform) for t in items[first_tensor:]):
             raise ValueError("ToDtype/Normalize must come after every geometric transform and augmentation (they "
                              "run on the batch once it is on its device)")
         self.tensor = TensorPipeline(items[first_tensor:])
-        crops, augment = _augment.split(items[:first_tensor], Transform, RandomHorizontalFlip)
+        native = items[:first_tensor]
+        first_user = next((i for i, t in enumerate(native) if isinstance(t, UserTransform)), len(native))
+        after = next((t for t in native[first_user:] if not isinstance(t, UserTransform)), None)
+        if after is not None:
+            u = native[first_user]
+            why = f" ({u.reason})" if u.reason else ""
+            raise ValueError(f"{after!r} comes after {u.name}{why}, which fastload runs per sample on the decoded image "
+                             f"after the native part (decode, crop, resize, flip and fastload's augmentations); "
+                             f"move {u.name} after {after!r} (only ToDtype/Normalize may follow it)")
+        #: transforms fastload does not know, run per sample on the rows after the decoder (_augment/fallback.py)
+        self.fallback: tuple[UserTransform, ...] = tuple(native[first_user:])
+        crops, augment = _augment.split(native[:first_user], Transform, RandomHorizontalFlip)
         self.transforms: tuple[Transform, ...] = tuple(crops)
         self.augment: tuple[Augment, ...] = tuple(augment)
         hw: tuple[int, int] | None = None
@@ -511,18 +548,27 @@ class ImagePipeline:
         for t in self.transforms:
             t._apply(state, rng)
         plan = state.finish()
-        return _augment.plan_batch(self.augment, plan, rng, state.pad) if self.augment or state.pad else plan
+        if self.augment or state.pad:
+            plan = _augment.plan_batch(self.augment, plan, rng, state.pad)
+        if self.fallback:  # drawn last: a pipeline without them draws exactly as before
+            plan.seeds = rng.integers(0, 2**63, size=plan.n, dtype=np.uint64)
+        return plan
+
+    def run_fallback(self, image: np.ndarray, plan: Plan, k: int = 0) -> np.ndarray:
+        """``ds[i]``: the per-sample transforms on sample ``k``'s decoded HWC uint8 ``image`` (in place)."""
+        return run_sample(self.fallback, image, int(plan.seeds[k])) if self.fallback else image
 
     def describe(self) -> list[dict[str, Any]]:
-        return [t.describe() for t in self.transforms + self.augment]
+        return [t.describe() for t in self.transforms + self.augment + self.fallback]
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, ImagePipeline) and (self.transforms, self.augment) == (other.transforms, other.augment)
+        return isinstance(other, ImagePipeline) and \
+            (self.transforms, self.augment, self.fallback) == (other.transforms, other.augment, other.fallback)
 
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
-        return f"ImagePipeline([{', '.join(map(repr, self.transforms + self.augment))}])"
+        return f"ImagePipeline([{', '.join(map(repr, self.transforms + self.augment + self.fallback))}])"
 
 
 def apply_pil(pipeline: Any, image: Any, rng: np.random.Generator) -> Any:
@@ -536,15 +582,18 @@ def apply_pil(pipeline: Any, image: Any, rng: np.random.Generator) -> Any:
         raise ImportError("apply_pil needs Pillow. Run `pip install pillow-simd` (or pillow)") from None
     pipe = pipeline if isinstance(pipeline, ImagePipeline) else ImagePipeline(pipeline)
     p = pipe.plan(np.array([image.height]), np.array([image.width]), rng)
-    top, left, h, w = (int(v) for v in p.crops[0])
-    oh, ow = (int(v) for v in p.out_hw[0])
-    out = image.crop((left, top, left + w, top + h)).resize((ow, oh), Image.Resampling.BILINEAR)
-    if p.augment is not None:  # flips, the affine and the pixel operations, by the PIL reference engine
-        return Image.fromarray(_augment.reference(  # it decodes the box (a padded window's too) from the source
-            lambda box, hw: np.asarray(image.crop((box[1], box[0], box[1] + box[3], box[0] + box[2])).resize(
-                (hw[1], hw[0]), Image.Resampling.BILINEAR).convert("RGB")), p))
-    if p.flips[0]:
+    def decode(crop: Sequence[int], out_hw: Sequence[int]) -> Any:
+        top, left, h, w = (int(v) for v in crop)
+        return image.crop((left, top, left + w, top + h)).resize((int(out_hw[1]), int(out_hw[0])),
+                                                                  Image.Resampling.BILINEAR)
+
+    out = decode(p.crops[0], p.out_hw[0])
+    if p.augment is not None:  # padded windows, flips, the affine and the pixel operations: the PIL reference engine
+        out = Image.fromarray(_augment.reference(lambda crop, hw: np.asarray(decode(crop, hw).convert("RGB")), p))
+    elif p.flips[0]:
         out = out.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    if pipe.fallback:  # the transforms fastload does not know, per sample as the loader runs them
+        out = Image.fromarray(pipe.run_fallback(np.array(out.convert("RGB")), p))
     return out
 
 

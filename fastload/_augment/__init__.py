@@ -25,9 +25,10 @@ One file per concern:
 | ``pipeline.py`` | the augmentations in ``fastload.open(transforms=...)``: split from the crops, planned per batch, ``ds[i]``'s reference |
 | ``random_crop.py`` / ``padding.py`` | RandomCrop (a crop-plan transform) and its padded windows: index maps, assembly |
 | ``mix.py`` | batch transforms MixUp, CutMix (and a random choice of them) |
+| ``fallback.py`` / ``fallback_workers.py`` | transforms fastload does not know, run per sample on the decoded rows (in forked workers over shared-memory staging rows, or in the calling thread) |
+| ``torchvision_convert.py`` | torchvision transform objects rebuilt as fastload's from their public attributes |
 
 Not wired yet: the batched torch engine on the GPU after the device copy (the GPU decoders refuse augmented plans,
 naming what they lack), MixUp/CutMix on the collated batch, the ``mask`` field kind (the mask engines exist),
-torchvision transform objects converted by their public attributes, a transform fastload does not know run per
-sample (refused at ``fastload.open`` today), ``Grayscale(num_output_channels=1)`` in a loader (rows are RGB).
+``Grayscale(num_output_channels=1)`` in a loader (rows are RGB).
 """

@@ -26,7 +26,42 @@ from .geometry import RandomHorizontalFlip as _TileFlip
 from .padding import assemble
 from .plan import Augment, PlanBuilder
 
-__all__ = ["check_channels", "plan_batch", "reference", "split"]
+__all__ = ["check_channels", "lift_erasing", "plan_batch", "reference", "split"]
+
+
+def lift_erasing(items: Sequence[Any]) -> list:
+    """``items`` with each ``RandomErasing`` that follows ToDtype/Normalize planned before them instead.
+
+    torchvision's recipes erase last, on the normalized float tensor (``..., ToTensor(), Normalize(...),
+    RandomErasing(p)``): the erased pixels hold ``value`` in normalized units. fastload erases on the uint8 tile,
+    so the value is mapped back through the ToDtype/Normalize before it (``v * std + mean``, times 255 after a
+    scaling ToDtype) and rounded to a pixel level: the erased area then normalizes to within half a level of
+    ``value`` (0.5 / 255 / std). ``value="random"`` (normal noise in normalized units) has no such mapping and
+    is refused with the order to use; anything else after ToDtype/Normalize is left for the caller to refuse."""
+    from .._tensor_transforms import Normalize, TensorTransform, ToDtype
+
+    first = next((i for i, t in enumerate(items) if isinstance(t, TensorTransform)), len(items))
+    head, tail, before = list(items[:first]), [], []
+    for t in items[first:]:
+        if isinstance(t, TensorTransform):
+            before.append(t)
+            tail.append(t)
+            continue
+        if not isinstance(t, filters.RandomErasing):
+            tail.append(t)
+            continue
+        if t.value == "random":
+            raise ValueError(f"{t!r} after {before[-1]!r} draws noise in normalized units, which fastload cannot erase "
+                             f"with on the uint8 image: put RandomErasing before ToDtype/Normalize")
+        v = np.broadcast_to(np.asarray(t.value, dtype=np.float64), (3,)).copy()
+        for tt in reversed(before):
+            if isinstance(tt, Normalize):
+                v = v * np.asarray(tt.std) + np.asarray(tt.mean)
+            elif isinstance(tt, ToDtype) and tt.scale and tt.dtype.is_floating_point:
+                v = v * 255.0
+        pixels = tuple(int(x) for x in np.clip(np.rint(v), 0, 255))
+        head.append(filters.RandomErasing(t.p, t.scale, t.ratio, value=pixels))
+    return head + tail
 
 
 def split(items: Sequence[Any], crop_type: type, flip_type: type) -> tuple[list, list]:

@@ -1,0 +1,246 @@
+"""A batch's per-sample transforms (``fallback.py``) in forked worker processes, over shared-memory rows.
+
+The host slot's rows may be pinned memory, which a forked child must not touch (``_ring.py``), so the rows go
+through a staging area of anonymous shared memory (``_shm.shared_buffer``, one per pool, sized for a whole
+batch and mapped before the fork): the caller copies the rows to transform into it, each worker transforms
+its contiguous share of them in place (``fallback.run_rows``, seeded per sample from ``Plan.seeds``: the result
+never depends on how the batch was split), and the caller copies them back.
+
+One duplex pipe per worker, no threads on either side:
+  main -> worker  ``(first, stop, seeds, labels)``: transform staging rows ``first .. stop-1``; ``None`` stops.
+  worker -> main  ``(OK, SampleTimes)`` or ``(ERROR, ExceptionWrapper)`` (the transform's exception, re-raised in
+                  the caller with the worker's traceback, as torch's workers do).
+
+Lifetime: the pool is made at a loader's first batch that needs it and closed with its ``ImageDecoding``
+(each epoch's end for a non-persistent loader, as torch's worker processes; the loader's collection
+otherwise, through a finalizer). Closing asks each worker to stop, then terminates and joins as the generic
+path's workers (``_workers.py``) do; a worker that dies mid-batch is reported in torch's words
+(``_workers._death_message``) and the pool is closed. Forked children inherit the transforms as they are
+(nothing is pickled: a lambda works); they run with one torch thread and the generic path's signal handling.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import warnings
+import weakref
+from multiprocessing import connection
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from torch._utils import ExceptionWrapper
+from torch.utils.data import _utils as _tutils
+
+from .._errors import FastPathWarning
+from .._shm import shared_buffer
+from .._worker_proc import HoldCtrlC
+from .._workers import _death_message
+from .fallback import SampleTimes, run_rows
+
+OK, ERROR = range(2)
+
+__all__ = ["FallbackPool", "FallbackRunner", "can_fork"]
+
+
+def can_fork() -> bool:
+    """Whether this process may start worker processes: not a daemonic one (a torch DataLoader worker calling
+    ``ds.__getitems__``: multiprocessing forbids it children), and ``fork`` and memfd exist here."""
+    return (not multiprocessing.current_process().daemon and hasattr(os, "memfd_create")
+            and "fork" in multiprocessing.get_all_start_methods())
+
+
+def _serve(conn: Any, transforms: Sequence[Any], staging: np.ndarray, wid: int, close_fds: list) -> None:
+    """One worker: transform the staging rows it is told to, until told to stop or orphaned."""
+    for fd in close_fds:  # the main process's ends of the pipes, so that EOF means it is gone
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    held = getattr(signal.getsignal(signal.SIGINT), "__self__", None)
+    if isinstance(held, HoldCtrlC) and held.previous is not None:  # forked while main held Ctrl-C back
+        signal.signal(signal.SIGINT, held.previous)
+    try:
+        _tutils.signal_handling._set_worker_signal_handlers()
+        torch.set_num_threads(1)
+        parent = os.getppid()
+        while True:
+            if not conn.poll(_tutils.MP_STATUS_CHECK_INTERVAL):
+                if os.getppid() != parent:
+                    return
+                continue
+            msg = conn.recv()
+            if msg is None:
+                return
+            first, stop, seeds, labels = msg
+            times = SampleTimes(len(transforms))
+            try:
+                run_rows(transforms, staging[first:stop], range(stop - first), seeds, labels.__getitem__, times)
+            except Exception:
+                conn.send((ERROR, ExceptionWrapper(where=f"in fastload's per-sample transform worker {wid}")))
+                continue
+            conn.send((OK, times))
+    except (KeyboardInterrupt, BrokenPipeError, ConnectionResetError, EOFError):
+        pass  # Ctrl-C or the main process went away
+
+
+def _stop(workers: list, conns: list) -> None:
+    """Ask every worker to stop, then terminate and join them (bounded: about a second a worker)."""
+    for c in conns:
+        try:
+            c.send(None)
+        except OSError:
+            pass
+    with HoldCtrlC():  # an interrupt inside a join can lose a worker's exit status (see _workers.py)
+        try:
+            live = {p.sentinel for p in workers if p.is_alive()}
+            if live:
+                connection.wait(list(live), timeout=_tutils.MP_STATUS_CHECK_INTERVAL)
+        finally:  # whatever cut the polite wait short, the workers are reaped
+            for p in workers:
+                if p.is_alive():
+                    p.terminate()
+            while workers:
+                p = workers[0]
+                p.join(timeout=1.0)
+                if p.is_alive():
+                    p.kill()
+                    p.join()
+                workers.pop(0)
+            while conns:
+                conns.pop().close()
+
+
+class FallbackPool:
+    """``n`` forked workers running ``transforms`` on up to ``rows`` staging rows of shape ``row_shape``."""
+
+    def __init__(self, transforms: Sequence[Any], n: int, rows: int, row_shape: tuple[int, ...]) -> None:
+        self.n = n
+        fd, mm = shared_buffer(max(1, rows * int(np.prod(row_shape))))
+        os.close(fd)  # the mapping stays; the children inherit it, not the descriptor
+        self.staging = np.frombuffer(mm, np.uint8, rows * int(np.prod(row_shape))).reshape(rows, *row_shape)
+        self.workers: list = []
+        self.conns: list = []
+        self._stopper = weakref.finalize(self, _stop, self.workers, self.conns)
+        ctx = multiprocessing.get_context("fork")
+        try:
+            for wid in range(n):
+                ours, theirs = ctx.Pipe(duplex=True)
+                close = [c.fileno() for c in self.conns] + [ours.fileno()]
+                p = ctx.Process(target=_serve, args=(theirs, tuple(transforms), self.staging, wid, close),
+                                daemon=True, name=f"fastload-transform-{wid}")
+                self.conns.append(ours)
+                with HoldCtrlC():  # a started worker is always in self.workers, where _stop finds it
+                    try:
+                        p.start()
+                    finally:
+                        theirs.close()
+                    self.workers.append(p)
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def closed(self) -> bool:
+        return not self._stopper.alive
+
+    def close(self) -> None:
+        self._stopper()
+
+    def run(self, rows: np.ndarray, ks: Sequence[int], seeds: np.ndarray, where: Any, times: SampleTimes) -> None:
+        """Transform rows ``ks`` of ``rows`` (e.g. a pinned host slot's) through the staging area, in place.
+        On any error or interrupt the pool is closed (a later batch makes a new one) and the error raised."""
+        ks = list(ks)
+        m = len(ks)
+        try:
+            self.staging[:m] = rows[ks]
+            bounds = np.linspace(0, m, min(self.n, m) + 1).round().astype(int)
+            out = {}
+            for w, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])):
+                if hi > lo:
+                    self.conns[w].send((int(lo), int(hi), seeds[ks[lo:hi]], [where(k) for k in ks[lo:hi]]))
+                    out[self.conns[w]] = w
+            errors = self._collect(out, times)
+            if errors:
+                errors[0].reraise()
+            rows[ks] = self.staging[:m]
+        except BaseException:
+            self.close()
+            raise
+
+    def _collect(self, out: dict, times: SampleTimes) -> list:
+        """Wait for every worker given a share; the errors they sent, in row order. A dead worker raises."""
+        errors: list = []
+        while out:
+            sentinels = {self.workers[w].sentinel: w for w in out.values()}
+            ready = connection.wait(list(out) + list(sentinels))
+            for r in ready:
+                if r in out:
+                    w = out.pop(r)
+                    try:
+                        kind, value = r.recv()
+                    except (EOFError, OSError):  # it died before answering
+                        self._died(w)
+                    if kind == OK:
+                        times.add(value)
+                    else:
+                        errors.append((w, value))
+            for r in ready:
+                w = sentinels.get(r)
+                if w is not None and w in out.values() and not self.conns[w].poll():
+                    self._died(w)
+        return [e for _, e in sorted(errors, key=lambda x: x[0])]
+
+    def _died(self, w: int) -> None:
+        p = self.workers[w]
+        p.join(timeout=1.0)
+        raise RuntimeError(_death_message(w, p.pid, p.exitcode) + " (a per-sample image transform worker: the "
+                           "transform ended the process)")
+
+
+class FallbackRunner:
+    """One image field's per-sample transforms in a loader: in worker processes (as many as the loader's native
+    threads, ``num_workers``) or, at ``num_workers=0`` (or where this process may not fork), in the calling
+    thread. Says once, after its first batch, what they cost (a ``FastPathWarning``)."""
+
+    def __init__(self, field: str, transforms: Sequence[Any], batch_size: int) -> None:
+        self.field = field
+        self.transforms = tuple(transforms)
+        self.batch_size = batch_size
+        self.pool: FallbackPool | None = None
+        self.warned = False
+
+    def run(self, rows: np.ndarray, ks: Sequence[int], seeds: np.ndarray, where: Any, native_pool: Any) -> None:
+        """Transform rows ``ks`` of ``rows`` in place; ``native_pool``: the loader's decode threads (as many
+        worker processes; None or 0 threads: in this thread)."""
+        n = int(getattr(native_pool, "size", 0) or 0) if can_fork() else 0
+        times = SampleTimes(len(self.transforms))
+        if n > 0:
+            pool = self.pool
+            if pool is None or pool.closed or pool.n != n or pool.staging.shape[1:] != rows.shape[1:] \
+                    or len(pool.staging) < len(ks):
+                self.close()
+                self.pool = FallbackPool(self.transforms, n, max(self.batch_size, len(rows)), tuple(rows.shape[1:]))
+            self.pool.run(rows, ks, seeds, where, times)
+        else:
+            run_rows(self.transforms, rows, ks, seeds, where, times)
+        if not self.warned and times.images:
+            self.warned = True
+            warnings.warn(self._cost(times, n), FastPathWarning, stacklevel=2)
+
+    def _cost(self, times: SampleTimes, workers: int) -> str:
+        each = "; ".join(f"{t.name}: {ms:.2f} ms per image" + (f" ({t.reason})" if t.reason else "")
+                         for t, ms in zip(self.transforms, times.per_image_ms()))
+        place = (f"in {workers} worker process{'es' if workers != 1 else ''}" if workers
+                 else "in the calling thread (num_workers=0)")
+        return (f"fastload: transforms['{self.field}'] has {len(self.transforms)} transform(s) fastload does not run "
+                f"natively; they run per sample in Python after the native decode, {place}: {each} (measured over "
+                f"the first batch, {times.images} images). Use fastload.transforms' equivalents to keep the whole "
+                f"pipeline in the native decoder.")
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None  # its staging mapping goes with it

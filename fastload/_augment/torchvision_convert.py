@@ -1,0 +1,135 @@
+"""torchvision transform objects in ``fastload.open(transforms=...)``, converted to fastload's (issue 21 item 4).
+
+A torchvision transform (``torchvision.transforms`` v1 or ``torchvision.transforms.v2``) with a fastload
+equivalent is rebuilt as fastload's from its public attributes, so ``transforms={"image": tv_transforms}`` runs
+in the native decoder. Classes are matched by their module and name; torchvision is never imported here (a
+stand-in with torchvision's module, name and attributes converts the same, which is how the tests run without
+it). The attribute names are torchvision 0.29's (``torchvision/transforms/transforms.py``, ``v2/_geometry.py``,
+``v2/_color.py``, ``v2/_augment.py``, ``v2/_auto_augment.py``, ``v2/_container.py``, ``v2/_misc.py``,
+``v2/_type_conversion.py``): v1 and v2 keep the same public names for what is converted here.
+
+:func:`convert` returns None for an object that is not torchvision's; for one that is, its fastload
+equivalents, or a ``UserTransform`` (run per sample, ``fallback.py``) whose ``reason`` says why it was not
+converted: no fastload equivalent, or parameters fastload cannot reproduce (an AutoAugment policy other than
+ImageNet, a bicubic RandomResizedCrop, ...: fastload's constructor's own error). Containers (RandomApply,
+RandomChoice, RandomOrder) convert when all their members do, else run per sample whole.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import torch
+
+from .fallback import UserTransform
+
+__all__ = ["convert", "is_torchvision"]
+
+
+def is_torchvision(t: Any) -> bool:
+    mod = type(t).__module__
+    return mod == "torchvision" or mod.startswith("torchvision.transforms")
+
+
+def convert(t: Any, classes: Any) -> list | None:
+    """``t``'s fastload equivalents (a nested list for a Compose: its members, converted in turn), a
+    ``UserTransform`` with the reason when it has none, or None when ``t`` is not a torchvision transform.
+    ``classes``: where fastload's transform classes are, by name (the ``fastload.transforms`` module, which
+    calls this: importing it here would make the two modules import each other)."""
+    if not is_torchvision(t):
+        return None
+    name = type(t).__name__
+    rule = _rules(classes).get(name)
+    if rule is None:
+        return [UserTransform(t, f"torchvision's {name} has no fastload equivalent")]
+    try:
+        return rule(t)
+    except (TypeError, ValueError) as e:  # fastload's constructor refused a parameter: say which, run it as is
+        return [UserTransform(t, f"not converted: {e}")]
+
+
+def _interp(t: Any) -> Any:
+    return getattr(t, "interpolation", "nearest")
+
+
+def _fill(t: Any) -> Any:
+    """torchvision's ``fill`` as given (v2 also keeps ``_fill``, per image type; the public one is the user's)."""
+    fill = getattr(t, "fill", None)
+    if isinstance(fill, dict):  # v2: a fill per tv_tensor type
+        fill = next(iter(fill.values()), None) if len(set(map(repr, fill.values()))) <= 1 else fill
+    return fill
+
+
+def _members(t: Any, what: str, classes: Any) -> list:
+    """A container's members, converted; a member with no native equivalent makes the container run per sample."""
+    out = []
+    for m in list(t.transforms):
+        converted = convert(m, classes)
+        if converted is None and callable(m) and type(m).__module__.startswith("fastload"):
+            converted = [m]
+        if converted is None or any(isinstance(c, (UserTransform, list)) for c in converted):
+            raise ValueError(f"its member {m!r} has no fastload equivalent, so the whole {what} runs per sample")
+        out.extend(converted)
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _rules(T: Any) -> dict[str, Callable[[Any], list]]:
+    """The conversion of each torchvision class with an equivalent, by class name; ``T``: fastload's classes."""
+
+    def dtype_of(t: Any) -> Any:
+        dtype = t.dtype
+        if isinstance(dtype, dict):  # v2.ToDtype({tv_tensors.Image: torch.float32, ...})
+            images = [v for k, v in dtype.items() if getattr(k, "__name__", str(k)) in ("Image", "Tensor", "others")]
+            if len(images) != 1:
+                raise ValueError(f"ToDtype(dtype={dtype!r}): give one dtype for images")
+            dtype = images[0]
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(f"dtype={dtype!r} is not a torch.dtype")
+        return dtype
+
+    def choice_p(t: Any) -> Any:
+        p = getattr(t, "p", None)
+        return None if p is None else list(p)
+
+    return {
+        "Compose": lambda t: [list(t.transforms)],
+        "RandomResizedCrop": lambda t: [T.RandomResizedCrop(t.size, t.scale, t.ratio, t.interpolation,
+                                                            getattr(t, "antialias", True))],
+        "Resize": lambda t: [T.Resize(t.size, t.interpolation, t.max_size, getattr(t, "antialias", True))],
+        "CenterCrop": lambda t: [T.CenterCrop(t.size)],
+        "RandomCrop": lambda t: [T.RandomCrop(t.size, t.padding, t.pad_if_needed, _fill(t), t.padding_mode)],
+        "RandomHorizontalFlip": lambda t: [T.RandomHorizontalFlip(t.p)],
+        "RandomVerticalFlip": lambda t: [T.RandomVerticalFlip(t.p)],
+        "RandomRotation": lambda t: [T.RandomRotation(t.degrees, _interp(t), t.expand, t.center, _fill(t))],
+        "RandomAffine": lambda t: [T.RandomAffine(t.degrees, t.translate, t.scale, t.shear, _interp(t), _fill(t),
+                                                  t.center)],
+        "ColorJitter": lambda t: [T.ColorJitter(t.brightness, t.contrast, t.saturation, t.hue)],
+        "Grayscale": lambda t: [T.Grayscale(t.num_output_channels)],
+        "RandomGrayscale": lambda t: [T.RandomGrayscale(t.p)],
+        "GaussianBlur": lambda t: [T.GaussianBlur(t.kernel_size, t.sigma)],
+        "RandomSolarize": lambda t: [T.RandomSolarize(t.threshold, t.p)],
+        "RandomPosterize": lambda t: [T.RandomPosterize(t.bits, t.p)],
+        "RandomEqualize": lambda t: [T.RandomEqualize(t.p)],
+        "RandomAutocontrast": lambda t: [T.RandomAutocontrast(t.p)],
+        "RandomAdjustSharpness": lambda t: [T.RandomAdjustSharpness(t.sharpness_factor, t.p)],
+        "RandomInvert": lambda t: [T.RandomInvert(t.p)],
+        "RandomErasing": lambda t: [T.RandomErasing(t.p, t.scale, t.ratio, t.value)],
+        "RandomApply": lambda t: [T.RandomApply(_members(t, "RandomApply", T), t.p)],
+        "RandomChoice": lambda t: [T.RandomChoice(_members(t, "RandomChoice", T), choice_p(t))],
+        "RandomOrder": lambda t: [T.RandomOrder(_members(t, "RandomOrder", T))],
+        "RandAugment": lambda t: [T.RandAugment(t.num_ops, t.magnitude, t.num_magnitude_bins, t.interpolation,
+                                                _fill(t))],
+        "TrivialAugmentWide": lambda t: [T.TrivialAugmentWide(t.num_magnitude_bins, t.interpolation, _fill(t))],
+        "AutoAugment": lambda t: [T.AutoAugment(t.policy, t.interpolation, _fill(t))],
+        "Normalize": lambda t: [T.Normalize(list(t.mean), list(t.std))],
+        # dtype conversions: images leave fastload's decoder as uint8 CHW, what PILToTensor/ToImage make
+        "ToDtype": lambda t: [T.ToDtype(dtype_of(t), bool(getattr(t, "scale", False)))],
+        "ConvertImageDtype": lambda t: [T.ToDtype(dtype_of(t), scale=True)],
+        "ToTensor": lambda t: [T.ToDtype(torch.float32, scale=True)],  # uint8 -> float in [0, 1], as ToTensor
+        "PILToTensor": lambda t: [],
+        "ToImage": lambda t: [],
+        "ToImageTensor": lambda t: [],
+        "ToPureTensor": lambda t: [],
+    }
