@@ -364,9 +364,11 @@ class CudaStreams:
 
     @staticmethod
     def wait_host(event) -> None:
-        """The host waits for ``event`` (``Event.synchronize``): only in a producer thread, never the loop's."""
-        if event is not None:
-            event.synchronize()
+        """The host waits for ``event``: only in a producer thread, never the loop's. Polled with short sleeps
+        rather than ``Event.synchronize``: an event made without ``blocking=True`` is waited for by spinning a
+        core (CUDA's default schedule with fewer contexts than cores), the decode threads' core here."""
+        while event is not None and not event.query():
+            time.sleep(2e-4)
 
     @staticmethod
     def done(event) -> bool:
