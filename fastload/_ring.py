@@ -5,7 +5,9 @@ pinned where CUDA is usable), the generic path's shared-memory slots (``_workers
 and the prefetcher's device slots (``fast/device.py``). A ``SlotRing`` owns the slots of one producer and
 grows instead of aliasing when every slot is busy; the device ring stops growing at its bound and reuses
 a slot nobody holds in stream order instead (``fast/device.py`` ``DeviceRing``), and lets go of the slots an
-epoch did not need at the next one.
+epoch did not need at the next one. The fast path's host ring, when a device prefetcher reads it, stops
+growing at its ``limit`` too: its producer thread waits for the oldest pending copy instead (``CopyHolds``,
+``fast/fill.py``), a host wait that never happens in the training thread.
 
 The protocol (docs/ARCHITECTURE.md, "Stream ordering", says it with pictures):
 
@@ -42,7 +44,9 @@ fails on any unordered pair of accesses to one buffer (tests/sim_streams.py).
 
 from __future__ import annotations
 
+import collections
 import os
+import threading
 import time
 import warnings
 from typing import Any, Callable, Iterable
@@ -58,16 +62,15 @@ def use_count(t: torch.Tensor) -> int:
 class Slot:
     """Named buffers for one batch, with the use counts they have while nobody else views them.
 
-    ``arrays`` holds numpy views of the CPU buffers (what the native calls write into). ``copy_event``
-    and ``host`` are the device slot's: the event after the side stream's last work on the slot, and
-    the host batch that work reads, kept referenced until the event has completed (rules 2 and 4)."""
+    ``arrays`` holds numpy views of the CPU buffers (what the native calls write into). ``copy_event`` is
+    the device slot's: the event after the side stream's last work on the slot (the host memory that work
+    reads is kept referenced until then by the ring's ``CopyHolds``, rules 2 and 4)."""
 
     def __init__(self, tensors: dict[Any, torch.Tensor] | None = None):
         self.tensors: dict[Any, torch.Tensor] = {}
         self.arrays: dict[Any, Any] = {}
         self.baseline: dict[Any, int] = {}
         self.copy_event = None
-        self.host = None
         self.receiver = None  # the stream the slot's latest batch was handed to (its reads are queued there)
         self.readers: set = set()  # streams the buffers were recorded for (record_stream)
         self.fenced: set = set()  # device rows a GPU decoder's stream has waited for (their allocation)
@@ -93,23 +96,78 @@ class Slot:
         return sum(t.numel() * t.element_size() for t in self.tensors.values())
 
 
+class CopyHolds:
+    """Host memory that queued copies still read, each kept referenced until its copy's event completed
+    (rule 2): the host batches and parked pinned staging of a device ring.
+
+    Shared by two threads: the one queueing the copies (the training thread: ``keep``, ``release``, both
+    queries) and the producer thread filling the host slots those batches view, which may ``wait_oldest``
+    when its ring is full. The lock guards the list only and is never held across a wait, so the training
+    thread never waits for the GPU through it."""
+
+    def __init__(self, streams):
+        self.streams = streams
+        self.items: collections.deque = collections.deque()  # (event, what it reads), oldest first
+        self.lock = threading.Lock()
+
+    def keep(self, event, obj) -> None:
+        with self.lock:
+            self.items.append((event, obj))
+
+    def release(self) -> None:
+        """Drop what completed copies read (a query per entry; a host slot nobody else views is free again)."""
+        done: list = []
+        with self.lock:
+            pending: collections.deque = collections.deque()
+            for item in self.items:
+                (done if self.streams.done(item[0]) else pending).append(item)
+            self.items = pending
+        del done  # the references go here, outside the lock (freeing a batch may run finalisers)
+
+    def wait_oldest(self) -> bool:
+        """The host waits for the oldest pending copy, then drops what completed; False when none was pending.
+        Only in a producer thread (``fast/fill.py``): the copies are queued on one side stream, so waiting
+        for the oldest frees at least its batch and is the shortest wait that frees anything."""
+        with self.lock:
+            if not self.items:
+                return False
+            event = self.items[0][0]
+        self.streams.wait_host(event)
+        self.release()
+        return True
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+
 class SlotRing:
     """The slots of one producer: ``acquire`` returns one nobody holds (or a new one from ``make``).
 
     ``skip`` names slots (by ``id``) that are reserved although not held yet (filled, queued, not yet
-    handed out). A ring made in another process (before a ``fork``) starts empty here (rule 6)."""
+    handed out). A ring made in another process (before a ``fork``) starts empty here (rule 6).
+
+    ``pending`` (a device ring's ``CopyHolds``, set when a device prefetcher reads this ring's batches) and
+    ``acquire(bound=n)``: with ``n`` slots or more and copies still pending, ``acquire`` returns None instead
+    of growing; the caller waits for the oldest copy (``pending.wait_oldest``), outside its own locks, and
+    asks again (``fast/fill.py``). Without pending copies the ring grows: slots the caller itself holds are
+    never reused."""
 
     def __init__(self, make: Callable[[], Slot]):
         self.make = make
         self.slots: list[Slot] = []
         self.pid = os.getpid()
+        self.pending: CopyHolds | None = None
+        self.limit: int | None = None  # the bound a producer thread fills under (None: grow), ``fast/fill.py``
 
-    def acquire(self, skip: Iterable[int] = (), ready: Callable[[Slot], bool] | None = None) -> Slot:
+    def acquire(self, skip: Iterable[int] = (), ready: Callable[[Slot], bool] | None = None,
+                bound: int | None = None) -> Slot | None:
         if self.pid != os.getpid():
             self.slots, self.pid = [], os.getpid()  # the parent's memory may be shared with it: never reuse
         for slot in self.slots:
             if id(slot) not in skip and not slot.held() and (ready is None or ready(slot)):
                 return slot
+        if bound is not None and len(self.slots) >= bound and self.pending is not None and len(self.pending):
+            return None
         slot = self.make()
         self.slots.append(slot)
         return slot
@@ -238,6 +296,9 @@ class HostStreams:
     def wait(self, stream, event) -> None:
         pass
 
+    def wait_host(self, event) -> None:
+        pass
+
     @staticmethod
     def done(event) -> bool:
         return True
@@ -300,6 +361,14 @@ class CudaStreams:
     def wait(self, stream, event) -> None:
         if event is not None:
             stream.wait_event(event)
+
+    @staticmethod
+    def wait_host(event) -> None:
+        """The host waits for ``event``: only in a producer thread, never the loop's. Polled with short sleeps
+        rather than ``Event.synchronize``: an event made without ``blocking=True`` is waited for by spinning a
+        core (CUDA's default schedule with fewer contexts than cores), the decode threads' core here."""
+        while event is not None and not event.query():
+            time.sleep(2e-4)
 
     @staticmethod
     def done(event) -> bool:

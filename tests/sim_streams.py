@@ -267,6 +267,18 @@ class SimGpu:
         if event is not None:
             self._enqueue(stream, ("wait", event))
 
+    def wait_host(self, event: SimEvent | None) -> None:
+        """``Event.synchronize()``: the host blocks until ``event``'s stream ran past it (here: its work, and
+        what its waits need, runs now, in the waiting thread), recorded in ``host_waits``."""
+        if event is None:
+            return
+        with self._lock:
+            self._drained = set()
+            ran = self._drain(event.stream, event.position + 1)
+            self.host_clock = _join(self.host_clock, event.clock)
+            self.host_waits.append(HostWait(threading.current_thread().name, event.stream.name,
+                                            "event synchronize", ran, frozenset(self._drained)))
+
     def done(self, event: SimEvent | None) -> bool:
         if event is None:
             return True
@@ -392,6 +404,10 @@ class SimGpu:
 
     def _host_wait(self, stream: SimStream, why: str) -> None:
         """The host blocks until ``stream``'s queued work has run (``cudaStreamSynchronize``)."""
+        with self._lock:
+            self._wait_stream(stream, why)
+
+    def _wait_stream(self, stream: SimStream, why: str) -> None:
         self._drained = set()
         ran = self._drain(stream, stream.queued)
         self.host_clock = _join(self.host_clock, stream.clock)
@@ -406,7 +422,10 @@ class SimGpu:
     def run(self, stream: SimStream | None = None, ops: int | None = None) -> int:
         """Run up to ``ops`` queued ops of ``stream`` (default: the consumer), stopping at a wait on an
         event that has not completed. Returns how many ran."""
-        stream = stream or self.default
+        with self._lock:  # a producer thread's host wait runs queued work too (wait_host)
+            return self._run(stream or self.default, ops)
+
+    def _run(self, stream: SimStream, ops: int | None) -> int:
         ran = 0
         while stream.ops and (ops is None or ran < ops):
             (op, host), kind = stream.ops[0], stream.ops[0][0][0]

@@ -21,6 +21,8 @@ import fastload
 from fastload import _ring
 from fastload.fast import device as device_stage
 from fastload.fast import collate as _collate_stage
+from fastload.fast import fill as fill_stage
+from fastload.fast import producer as producer_stage
 from fastload import transforms as T
 from fastload.fast.device import DevicePrefetcher, DeviceRing
 from sim_streams import Race, SimGpu
@@ -165,10 +167,10 @@ def test_a_lagging_gpu_never_grows_the_ring_past_its_bound(source):
         used.append(device_bytes(sim))
     assert max(sizes) == 2 + DeviceRing.MARGIN, sizes
     assert max(used) == used[4]  # no growth once the ring is full
-    assert ring.parked  # copies still queued: their host memory is kept
+    assert len(ring.holds)  # copies still queued: their host memory is kept
     sim.run_all()
     ring.reclaim()
-    assert not ring.parked
+    assert not len(ring.holds)
     assert not sim.races and not sim.waits_in(busy=False) and sim.syncs == 0
     assert len(seen) == 40
     for (x, y), (sx, sy) in zip(src, seen):
@@ -273,9 +275,8 @@ def test_loader_on_a_lagging_gpu_hands_out_the_cpu_loaders_batches(sim_cuda, pho
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_the_loaders_device_ring_stays_bounded_when_the_gpu_never_catches_up(sim_cuda, photos, num_workers):
     """A whole epoch with the consumer stream never run until its end: the loader's device slots stay at
-    prefetch depth + MARGIN (one per batch before), and the batches are the CPU loader's. Its pinned host
-    slots are kept until their copies ran (host memory grows with the lag: bounding them would need a host
-    wait, which the training thread must not do)."""
+    prefetch depth + MARGIN (one per batch before), and the batches are the CPU loader's. (Its pinned host
+    slots are bounded by the producer thread: the next test.)"""
     ds = fastload.open(photos, transforms={"image": [T.RandomResizedCrop(16)]})
     kw = dict(batch_size=2, shuffle=True, seed=3, num_workers=num_workers)
     ref = [(x.clone(), y.clone()) for x, y in fastload.DataLoader(ds, **kw)]
@@ -284,6 +285,44 @@ def test_the_loaders_device_ring_stays_bounded_when_the_gpu_never_catches_up(sim
     assert len(gpu._device_ring) == 2 + DeviceRing.MARGIN < len(ref)
     assert not sim_cuda.races and not sim_cuda.waits_in()
     assert len(seen) == len(ref) == 18
+    for (x, y), (sx, sy) in zip(ref, seen):
+        assert torch.equal(x, sx) and torch.equal(y, sy)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_the_loaders_host_ring_stays_bounded_when_the_gpu_never_catches_up(sim_cuda, monkeypatch, photos,
+                                                                         num_workers):
+    """36 batches, the consumer stream never run by the loop: each host batch is kept until its copy ran, so
+    without a bound every batch took a new pinned slot (36). With a producer thread (num_workers=2, made to
+    fill every batch there) the host ring stops at ``host_limit(depth)`` slots: the producer waits for the
+    oldest pending copy (a host wait in that thread, which runs the queued GPU work in the simulator) and the
+    training thread never waits. A fill in the calling thread (num_workers=0) must not block the loop as
+    early: it grows up to INLINE_FACTOR times the limit, and only then waits there (fill.py's decision,
+    documented there). Batches are the CPU loader's either way."""
+    monkeypatch.setattr(producer_stage, "INLINE_BELOW", 0.0)  # num_workers=2: every fill in the producer thread
+    ds = fastload.open(photos, transforms={"image": [T.RandomResizedCrop(16)]})
+    kw = dict(batch_size=1, shuffle=True, seed=5, num_workers=num_workers)
+    ref = [(x.clone(), y.clone()) for x, y in fastload.DataLoader(ds, **kw)]
+    gpu = fastload.DataLoader(ds, device="cuda", **kw)
+    sizes: list = []
+    seen: list = []
+    for x, y in gpu:
+        sim_cuda.model_step([x, y], seen)
+        sim_cuda.run(sim_cuda.side)  # the copy engine runs ahead; the consumer stream never catches up
+        sizes.append(len(gpu._ring))
+    sim_cuda.run_all()
+    limit = fill_stage.host_limit(2)
+    in_loop, in_producer = sim_cuda.waits_in(), sim_cuda.waits_in("fastload-batcher")
+    if num_workers:
+        assert max(sizes) <= limit < len(ref) == 36, sizes
+        assert not in_loop, in_loop  # the training thread never waited for the GPU
+        assert in_producer and all(w.why == "event synchronize" for w in in_producer)
+    else:
+        assert max(sizes) == limit * fill_stage.INLINE_FACTOR < len(ref), sizes
+        assert in_loop and not in_producer  # past the larger cap the calling thread waits
+        assert sizes.index(max(sizes)) >= limit * fill_stage.INLINE_FACTOR - 3  # not before the ring got there
+    assert not sim_cuda.races
+    assert len(seen) == len(ref)
     for (x, y), (sx, sy) in zip(ref, seen):
         assert torch.equal(x, sx) and torch.equal(y, sy)
 
@@ -552,7 +591,7 @@ def test_staged_batches_are_let_go_at_once_and_staging_waits_for_its_copy():
     pf = DevicePrefetcher(src, depth=2, ring=DeviceRing("cpu", streams=sim))
     seen: list = []
     for k, batch in enumerate(pf):
-        assert all(slot.host is None for slot in pf.ring.slots)
+        assert not len(pf.ring.holds)
         sim.model_step(list(batch), seen, scratch=False)
         del batch
         if k % 3 == 2:
@@ -562,4 +601,4 @@ def test_staged_batches_are_let_go_at_once_and_staging_waits_for_its_copy():
     pinned = [[sim.host_empty(t.shape, t.dtype).copy_(t) for t in b] for b in host_batches(2)]
     pf = DevicePrefetcher(pinned, depth=2, ring=DeviceRing("cpu", streams=sim))
     next(pf)
-    assert all(slot.host is not None for slot in pf.ring.slots)  # DMA reads them: kept until it ran
+    assert len(pf.ring.holds) == 2  # DMA reads them: kept until it ran

@@ -58,12 +58,19 @@ def _blur_torch(x: torch.Tensor, p: Any) -> torch.Tensor:
     k, c, h, w = x.shape
     out = torch.empty_like(x)
     sizes = p.host["ksize"]
-    groups = np.unique(sizes, axis=0)
-    for kx, ky in groups:  # one group per kernel size: in practice one (then no index to copy to the device)
-        rows = np.flatnonzero((sizes[:, 0] == kx) & (sizes[:, 1] == ky))
-        sel = None if len(groups) == 1 else torch.from_numpy(rows).to(x.device)
+    groups, counts = np.unique(sizes, axis=0, return_counts=True)  # sorted by (kx, ky)
+    if len(groups) > 1:
+        # Each kernel size's rows, found on the device: a stable sort of the device's own ksize column by a key
+        # ordered as ``groups`` puts each group's rows, ascending, at offsets the host's counts give. A slice at
+        # host-known offsets needs no sync, and no index array copied from (pageable) host memory, which on a
+        # GPU would make the host wait for everything queued on the stream first.
+        ks = p["ksize"].to(torch.int64)
+        order = torch.argsort(ks[:, 0] * (int(sizes[:, 1].max()) + 1) + ks[:, 1], stable=True)
+        starts = np.concatenate([[0], np.cumsum(counts)]).tolist()
+    for g, (kx, ky) in enumerate(groups):  # one group per kernel size: in practice one (then no index at all)
+        sel = None if len(groups) == 1 else order[starts[g]:starts[g + 1]]
         xs = (x if sel is None else x.index_select(0, sel)).to(torch.float32)
-        m = rows.size
+        m = int(counts[g])
         sig = (p["sigma"] if sel is None else p["sigma"].index_select(0, sel)).to(torch.float32)
 
         def kernels(size: int, s: torch.Tensor) -> torch.Tensor:

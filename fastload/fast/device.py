@@ -26,7 +26,7 @@ import torch
 from torch.utils._pytree import tree_flatten_with_path, tree_unflatten
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
-from .._ring import Slot, SlotRing, cuda_available, streams_for
+from .._ring import CopyHolds, Slot, SlotRing, cuda_available, streams_for
 from .._tensor_transforms import TensorPipeline
 
 
@@ -70,9 +70,13 @@ class DeviceRing(SlotRing):
     the device*, never by a host wait (this runs in the training thread): its previous copy was queued
     earlier on the same side stream, and the side stream waits on the consumer's fence recorded after the
     slot was acquired, so after the reads of its previous batch (rule 3 of ``_ring.py``). The host memory
-    that copy still reads (the host batch, the slot's pinned staging) is parked until its event completed
+    that copy still reads (the slot's pinned staging) is parked in ``holds`` until its event completed
     (rule 2, a query), and the slot gets new staging. Slots the caller holds are never reused: a caller that
-    keeps many batches still grows the ring."""
+    keeps many batches still grows the ring.
+
+    ``holds`` keeps every host batch a queued copy reads (and parked staging) until the copy completed; the
+    fast path's host ring shares it, so that its producer thread can wait for the oldest copy instead of
+    growing (``_ring.CopyHolds``, ``fill.py``)."""
 
     MARGIN = 2  # slots beyond the prefetch depth: the batch the caller is using, and one to spare
 
@@ -82,16 +86,13 @@ class DeviceRing(SlotRing):
         self.streams = streams if streams is not None else streams_for(self.device)
         self.used: set[int] = set()  # slots acquired since the latest pass began
         self.limit: int | None = None  # slots beyond which busy free slots are reused (None: grow)
-        self.parked: list[tuple[Any, list]] = []  # (copy event, host memory that copy still reads)
+        self.holds = CopyHolds(self.streams)  # host memory queued copies still read, until their events
         self._last: dict[int, int] = {}  # slot id -> when it was last acquired (the oldest is reused)
         self._acquired = 0
 
     def reclaim(self) -> None:
         """Let go of host batches whose copies have completed (their pinned slots may be refilled)."""
-        for slot in self.slots:
-            if slot.host is not None and self.streams.done(slot.copy_event):
-                slot.host = None
-        self.parked = [(ev, keep) for ev, keep in self.parked if not self.streams.done(ev)]
+        self.holds.release()
 
     def ready(self, slot: Slot) -> bool:
         """Whether the slot's latest copy has completed: its pinned staging may be refilled (a query)."""
@@ -117,17 +118,17 @@ class DeviceRing(SlotRing):
         return slot
 
     def _park(self, slot: Slot) -> None:
-        """The slot's host memory stays referenced until its latest copy completed; the slot then has none."""
+        """The slot's pinned staging stays referenced until its latest copy completed; the slot gets new
+        staging (its host batch is in ``holds`` already)."""
         if self.streams.done(slot.copy_event):
-            slot.host = None
             return
         staging = [k for k in slot.tensors if isinstance(k, tuple) and k[-1] == "pin"]
-        keep = [slot.host] + [slot.tensors.pop(k) for k in staging]
+        keep = [slot.tensors.pop(k) for k in staging]
         for k in staging:
             slot.arrays.pop(k, None)
             slot.baseline.pop(k, None)
-        self.parked.append((slot.copy_event, keep))
-        slot.host = None
+        if keep:
+            self.holds.keep(slot.copy_event, keep)
 
     def begin_pass(self) -> None:
         """A new pass over the source: let go of the slots the previous pass never needed (an epoch whose
@@ -272,7 +273,8 @@ class DevicePrefetcher(_BaseDataLoaderIter):  # a torch DataLoader iterator by t
             slot.copy_event = s.record(s.side)
         # referenced until the copy event has completed (rule 2); a batch copied into staging is free at once
         # (the generic path's shared-memory lease goes back to its worker now)
-        slot.host = host if keep_host else None
+        if keep_host:
+            self.ring.holds.keep(slot.copy_event, host)
         return slot, tree_unflatten(result, spec), then
 
     @staticmethod

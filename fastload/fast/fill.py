@@ -5,6 +5,15 @@ takes slots from and the reservations it shares with ``Collate`` (a slot filled 
 collated batch must not be handed out again: its use count does not show it yet). Each fill's time goes
 into the fill policy's window (``producer.FillPolicy``) and, with the batch, to ``Collate``, which adds it
 to the loader's stats in the caller's thread (one visit to the stats per batch, no lock).
+
+Bounded host memory under a lagging GPU: a device prefetcher keeps each host batch referenced until its copy
+ran (``_ring.CopyHolds``), so with the consumer stream far behind, every batch would need a new pinned slot.
+When the ring has its ``limit`` of slots (set by the chain when a device prefetcher follows) and copies are
+still pending, a fill in a producer thread waits for the oldest copy's event (a host wait off the training
+thread) and takes the slot it frees. A fill in the *calling* thread (``num_workers=0``, or the fill policy
+filling inline) must not wait for the GPU: it grows the ring up to ``INLINE_FACTOR`` times the limit first,
+and only then waits. A loop that runs that many batches ahead of its GPU is throttled anyway (CUDA's launch
+queue is bounded too); unbounded pinned memory would be worse (it is page-locked: the OS cannot page it).
 """
 
 from __future__ import annotations
@@ -14,6 +23,26 @@ import time
 from typing import Any
 
 from .stage import Stage
+
+INLINE_FACTOR = 3  # a fill in the calling thread grows the host ring up to this many times its limit
+
+_PRODUCER = threading.local()  # ``active`` in a producer thread (producer.py): there a fill may wait for the GPU
+
+
+def host_limit(depth: int) -> int:
+    """The host ring's bound with a device prefetcher of ``depth``: the producer's queue (``depth``), the batch
+    it fills and the one it is handing on, the prefetcher's batches in flight (``depth``), and one whose copy
+    completed but which the training thread has not let go of yet. A GPU that keeps up never reaches it."""
+    return 2 * depth + 3
+
+
+def in_producer() -> bool:
+    return getattr(_PRODUCER, "active", False)
+
+
+def mark_producer() -> None:
+    """Called by a producer thread when it starts: fills in this thread may wait for pending copies."""
+    _PRODUCER.active = True
 
 
 class Reservations:
@@ -40,13 +69,24 @@ class Fill(Stage):
 
     def __next__(self) -> tuple[Any, int, list, float]:
         indices, rng = next(self.source)
-        r = self.reserved
-        with r.lock:
-            slot = self.slots.acquire(r.ids)
-            r.ids.add(id(slot))
+        slot = self._acquire()
         t = time.perf_counter()
         objects = self.batcher.fill(slot, indices, rng, self.pool)
         slot.batch_rng = rng  # the collate stage draws the batch transform's plan from it (MixUp/CutMix)
         cost = time.perf_counter() - t
         self.fills.append(cost)  # the policy's window (a deque; appended from the filling thread)
         return slot, len(indices), objects, cost
+
+    def _acquire(self) -> Any:
+        """A free slot, reserved; at the ring's bound, after waiting for the oldest pending copy (module
+        docstring). The wait is outside the reservations' lock: ``Collate`` takes it in the training thread."""
+        r, ring = self.reserved, self.slots
+        limit = getattr(ring, "limit", None)
+        bound = None if limit is None else limit if in_producer() else limit * INLINE_FACTOR
+        while True:
+            with r.lock:
+                slot = ring.acquire(r.ids, bound=bound) if bound is not None else ring.acquire(r.ids)
+                if slot is not None:
+                    r.ids.add(id(slot))
+                    return slot
+            ring.pending.wait_oldest()  # False when the copies completed meanwhile: the next acquire grows

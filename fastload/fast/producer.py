@@ -21,6 +21,9 @@ by one thread at a time. ``num_workers`` stays the size of the native pool in bo
 GPU decoders (``decoder='nvjpeg'/'dali'/'auto'`` with ``device='cuda'``) always fill in a producer thread,
 even at ``num_workers=0``: their calls are long host work (nvJPEG's and DALI's host phases, the plan's
 uploads) that the training thread should not pay; they hand each batch on with an event, not a host wait.
+
+With ``device='cuda'`` the producer thread is also where the host ring's bound is kept: at its limit a fill
+waits for the oldest pending copy there (``fill.py``); a fill in the calling thread grows further first.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import threading
 import weakref
 from typing import Any
 
+from .fill import mark_producer
 from .stage import Stage
 
 INLINE_BELOW = 1e-3  # seconds per batch fill from which a producer thread always fills
@@ -235,6 +239,7 @@ class Produce(Stage):
 
 
 def _produce(p: _Producer, source, release=None) -> None:
+    mark_producer()  # a fill here may wait for the GPU's pending copies (fill.py); the training thread never does
     try:
         while not p.stop.is_set():
             if p.handback.is_set():

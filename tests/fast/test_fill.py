@@ -38,3 +38,60 @@ def test_a_filled_slot_is_not_handed_out_again_until_collated(records):
     tokens, labels = next(collate)
     assert torch.equal(labels, torch.arange(16)) and len(reserved.ids) == 1
     assert stats.batches == 1 and stats.fill_s == a[3]
+
+
+class _Pending:
+    """Stands in for a device ring's CopyHolds: each wait lets go of one host batch (its copy completed)."""
+
+    def __init__(self, reserved, batches):
+        self.reserved, self.batches, self.waits, self.locked = reserved, batches, 0, []
+
+    def __len__(self):
+        return len(self.batches)
+
+    def wait_oldest(self):
+        self.locked.append(self.reserved.lock.locked())  # the training thread's Collate takes this lock
+        self.waits += 1
+        self.batches.pop(0)
+        return True
+
+
+def test_at_its_limit_a_producer_fill_waits_for_a_pending_copy_outside_the_reservations_lock(records):
+    """The host ring at its limit, every slot's batch still read by a pending copy: a fill in a producer thread
+    waits for the oldest copy (not growing the ring), outside the reservations' lock, which the training
+    thread's Collate takes; a fill in the calling thread grows up to INLINE_FACTOR times the limit first.
+    Fails with the wait under the lock, and with the ring growing past its limit."""
+    import threading
+
+    from fastload.fast import fill as fill_stage
+
+    batcher = Batcher(records, 16, 0)
+    order = Order(len(records), 16, kind="sequential")
+    reserved = Reservations()
+    ring = SlotRing(batcher.new_slot)
+    held: list = []  # the host batches the "copies" read
+
+    def run(in_producer: bool, n: int) -> None:
+        fill = Fill(Jobs(order, 0, 0, needs_rng=False), batcher, batcher.pool, ring, reserved, FillPolicy().fills)
+
+        def body():
+            if in_producer:
+                fill_stage.mark_producer()
+            for _ in range(n):
+                slot, *_ = next(fill)
+                reserved.release(slot)  # collated: now only the pending copy holds it
+                held.append([t[:] for t in slot.tensors.values()])
+
+        t = threading.Thread(target=body)
+        t.start()
+        t.join()
+
+    ring.limit = 2
+    ring.pending = pending = _Pending(reserved, held)
+    run(True, 5)
+    assert len(ring) == 2 and pending.waits == 3 and pending.locked == [False] * 3
+    held.clear()
+    ring.slots.clear()
+    pending.waits = 0
+    run(False, 8)  # the calling thread (not marked): grows to 3 x the limit before it waits
+    assert len(ring) == 2 * fill_stage.INLINE_FACTOR and pending.waits == 2
