@@ -181,18 +181,19 @@ class DaliDecoder:
                 streams = streams_for(torch.device("cuda", device_id)).fork("dali")
             self.streams = streams
         self._pipe = None
-        self._padded = False  # whether self._pipe takes per-sample sizes (padded crop windows)
-        self._build(False)
+        self._padded = False  # whether _build makes (and self._pipe is) the graph with per-sample sizes
+        self._build()
 
     def __repr__(self) -> str:
         return (f"DaliDecoder(batch_size={self.batch_size}, out_hw={self.out_hw}, device_id={self.device_id}, "
                 f"num_threads={self.num_threads})")
 
     # -- pipeline --------------------------------------------------------------------------------
-    def _build(self, padded: bool) -> None:
-        """The pipeline; ``padded``: with a per-sample ``size`` (each box's own, <= ``out_hw``) and ``fn.pad`` to
-        ``out_hw`` (bottom and right, zeros), for the padded crop windows."""
+    def _build(self) -> None:
+        """The pipeline; with ``self._padded`` a per-sample ``size`` (each box's own, <= ``out_hw``) and ``fn.pad``
+        to ``out_hw`` (bottom and right, zeros), for the padded crop windows."""
         fn, types = self._fn, self._types
+        padded = self._padded
         mixed = self.device_id is not None
         decode_kw = {"device": "mixed", "jpeg_fancy_upsampling": True} if mixed else {"device": "cpu"}
         out_h, out_w = self.out_hw
@@ -217,12 +218,13 @@ class DaliDecoder:
 
         pipe = graph()
         pipe.build()
-        self._pipe, self._padded = pipe, padded
+        self._pipe = pipe
 
     def _run(self, data: list, crops: np.ndarray, flips: np.ndarray, sizes: np.ndarray | None = None) -> Any:
         """Run the pipeline on one batch (``sizes``: each sample's resized size, with padded windows)."""
         if self._pipe is None or self._padded != (sizes is not None):
-            self._build(sizes is not None)
+            self._padded = sizes is not None
+            self._build()
         extra = {} if sizes is None else {"size": sizes.astype(np.float32)}
         try:
             (images,) = self._pipe.run(self._side(), data=data, anchor=np.ascontiguousarray(crops[:, :2]),
