@@ -73,7 +73,8 @@ def padding_columns(plan: AugmentPlan) -> list[np.ndarray]:
     Empty when nothing is padded."""
     pad = plan.geometry.pad
     if pad is None:
-        return [np.zeros(0, np.int64), np.zeros((0, 0), np.int64), np.zeros((0, 0), np.int64), np.zeros((0, 3), np.uint8)]
+        none = np.zeros((0, 0), np.int64)
+        return [np.zeros(0, np.int64), none, none, np.zeros((0, 3), np.uint8)]
     sel = np.flatnonzero(pad.active)
     cols = pad.cols[sel].astype(np.int64)
     flip = plan.geometry.hflip[sel].astype(bool)
