@@ -37,7 +37,8 @@ DALI applied the crops, sizes and horizontal flips (``flips=False``); failed row
 RandomCrop window (``_augment/padding.py``): its box is resized to its own size (``Padding.decode_hw``, a per-sample
 ``size`` input of ``fn.resize``), not flipped, and ``fn.pad`` places it at the top left of a full row; the engine
 then assembles the window there (``engine_torch.assemble_rows``), as the native decoder does. That graph
-(``padded``) is built on the first such batch: a pipeline without padding keeps the plain one.
+(``_padded``) is built on the first batch of a pipeline with a padded RandomCrop and kept for all its batches (a
+batch without a padded window has every sample's size ``out_hw``); other pipelines keep the plain one.
 
 Failures. A sample DALI cannot decode makes DALI raise for the whole batch and leaves the pipeline
 unusable ("Current pipeline object is no longer valid"). Cheap checks run first (empty blob, no JPEG
@@ -223,6 +224,8 @@ class DaliDecoder:
     def _run(self, data: list, crops: np.ndarray, flips: np.ndarray, sizes: np.ndarray | None = None) -> Any:
         """Run the pipeline on one batch (``sizes``: each sample's resized size, with padded windows)."""
         if self._pipe is None or self._padded != (sizes is not None):
+            if self._pipe is not None:  # its earlier outputs may still be read by copies queued on our stream
+                self._held.append(self._pipe)
             self._padded = sizes is not None
             self._build()
         extra = {} if sizes is None else {"size": sizes.astype(np.float32)}

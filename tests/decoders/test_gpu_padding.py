@@ -162,3 +162,28 @@ def test_a_loader_with_a_padded_random_crop_runs_on_dali_as_on_native(small_imag
         fill = (a == torch.tensor(FILL, dtype=torch.uint8)).all(dim=-1)  # some border in every batch
         assert fill.any() and torch.equal(b[fill], a[fill])
         assert (a.float() - b.float()).abs().mean() < 2.0
+
+
+@needs_dali
+def test_dali_keeps_one_graph_for_a_padded_pipelines_batches_with_and_without_padded_windows(monkeypatch):
+    """A batch of a padded pipeline none of whose windows leaves its image runs on the padded graph too (sizes all
+    out_hw): built once, not rebuilt whenever a batch (or the hybrid's GPU share) has no padded window; every batch
+    as the native decoder's. Fails with decode_sizes giving None for such a batch (4 builds instead of 2)."""
+    from fastload.decoders.dali import DaliDecoder
+
+    builds = []
+    real = DaliDecoder._build
+    monkeypatch.setattr(DaliDecoder, "_build", lambda self: (builds.append(self._padded), real(self))[1])
+    hw = sizes(SAMPLES)
+    pipe = T.ImagePipeline([T.Resize((40, 50)), T.RandomCrop(OUT_HW, padding=1, fill=FILL)])
+    plans = [pipe.plan(hw[:, 0], hw[:, 1], np.random.default_rng(seed)) for seed in range(40)]
+    some = next(p for p in plans if p.augment.geometry.pad.active.any())
+    none = next(p for p in plans if not p.augment.geometry.pad.active.any())
+    dec = DaliDecoder(len(SAMPLES), OUT_HW)
+    for p in (some, none, some):
+        out = torch.zeros((len(SAMPLES), *OUT_HW, 3), dtype=torch.uint8)
+        assert dec.decode(ImageSources.from_bytes(SAMPLES, hw), p, out) == []
+        d = np.abs(out.numpy().astype(np.int64) - native_of(p).astype(np.int64)).mean(axis=(1, 2, 3))
+        assert d.max() <= MEAN, d
+    assert builds == [False, True], builds
+    dec.close()
