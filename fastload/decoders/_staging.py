@@ -112,13 +112,15 @@ def needs_padding(aug: Any) -> bool:
 
 def decode_sizes(plan: Any, out_hw: tuple[int, int]) -> tuple[np.ndarray | None, np.ndarray]:
     """What a GPU decoder resamples each sample to, and whether it mirrors it: ``(sizes, flips)``, ``sizes``
-    ``(n, 2)`` int64 (None when nothing is padded: every sample at ``out_hw``). A padded window's box is decoded
-    at its ``Padding.decode_hw`` and not mirrored (the assembly mirrors the window, as the native decoder does)."""
+    ``(n, 2)`` int64 (None when the pipeline has no padded RandomCrop: every sample at ``out_hw``). A padded
+    window's box is decoded at its ``Padding.decode_hw`` and not mirrored (the assembly mirrors the window, as the
+    native decoder does). Sizes also for a batch none of whose windows leaves its image: DALI keeps one graph
+    (a graph per batch kind would be rebuilt whenever a batch, or the hybrid's GPU share, has no padded window)."""
     flips = np.asarray(plan.flips).astype(bool)
     aug = plan.augment
-    if not needs_padding(aug):
+    pad = None if aug is None else aug.geometry.pad
+    if pad is None:
         return None, flips
-    pad = aug.geometry.pad
     sizes = np.tile(np.asarray(out_hw, np.int64), (len(flips), 1))
     sizes[pad.active] = pad.decode_hw[pad.active]
     return sizes, flips & ~pad.active.astype(bool)
