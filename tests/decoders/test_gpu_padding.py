@@ -187,3 +187,25 @@ def test_dali_keeps_one_graph_for_a_padded_pipelines_batches_with_and_without_pa
         assert d.max() <= MEAN, d
     assert builds == [False, True], builds
     dec.close()
+
+
+def test_resampling_to_per_sample_sizes_puts_each_box_at_the_top_left_of_a_zero_row():
+    """crop_resize_flip with ``sizes``: sample k equals its crop resampled to ``sizes[k]`` alone, at the top left,
+    zeros elsewhere (what the DALI graph's fn.pad gives). Fails with the rows past a sample's size not zeroed."""
+    from fastload.decoders._resample import crop_resize_flip
+
+    rng = np.random.default_rng(0)
+    images = torch.from_numpy(rng.integers(0, 256, (4, 3, 40, 50), dtype=np.uint8))
+    crops = torch.tensor([[0, 0, 40, 50], [3, 5, 20, 30], [10, 2, 7, 9], [0, 0, 1, 1]])
+    sizes_ = torch.tensor([[24, 32], [20, 28], [5, 31], [1, 1]])
+    flips = torch.zeros(4, dtype=torch.bool)
+    out = torch.full((4, 24, 32, 3), 77, dtype=torch.uint8)
+    crop_resize_flip(images, crops, flips, (24, 32), out, sizes=sizes_)
+    for k in range(4):
+        h, w = sizes_[k].tolist()
+        alone = torch.empty((1, h, w, 3), dtype=torch.uint8)
+        crop_resize_flip(images[k:k + 1], crops[k:k + 1], flips[k:k + 1], (h, w), alone)
+        assert torch.equal(out[k, :h, :w], alone[0]), k
+        rest = torch.ones((24, 32), dtype=torch.bool)
+        rest[:h, :w] = False
+        assert not out[k][rest].any(), k
