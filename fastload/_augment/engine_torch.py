@@ -8,7 +8,10 @@ and PIL engines.
 It receives the decoder's tiles (already cropped, resized and mirrored by every decoder, hence ``flips=False``
 there) and runs, per the plan: flips, the affine (``grid_sample`` with a mask channel for the fill, as
 torchvision's ``_apply_grid_transform``), then each step over its subset (``index_select`` -> kernel ->
-``index_copy_``). All host columns travel to the device in one packed copy per plan (:func:`host_columns`; a
+``index_copy_``). A padded RandomCrop's windows (``padding.py``) are assembled first by
+:func:`assemble_rows` on rows where the decoder wrote each window's box, decoded at its own size, at the top left
+(one gather through the host's index maps, which already say edge/reflect/symmetric, and the fill where they say
+-1). All host columns travel to the device in one packed copy per plan (:func:`host_columns`; a
 decoder uploads them through its pinned staging, ``decoders/_staging.py``), and the kernels build their
 constants on the device, so nothing waits on the device's queue.
 """
@@ -24,7 +27,8 @@ import torch.nn.functional as F
 from . import color, filters, tone  # noqa: F401  (they register their operations)
 from .plan import BILINEAR, OPS, AugmentPlan
 
-__all__ = ["augment_rows", "host_columns", "run_torch", "run_torch_mask"]
+__all__ = ["assemble_rows", "augment_rows", "host_columns", "padding_columns", "run_torch",
+           "run_torch_mask"]
 
 
 class Columns(dict):
@@ -60,6 +64,40 @@ def augment_rows(rows: torch.Tensor, plan: AugmentPlan, *, flips: bool = False,
     _check(x, plan)
     # contiguous NCHW, as the kernels are tested; one copy in and one back, on the rows' device and stream
     rows.copy_(_execute(x.contiguous(), plan, flips, columns).permute(0, 2, 3, 1))
+
+
+def padding_columns(plan: AugmentPlan) -> list[np.ndarray]:
+    """What :func:`assemble_rows` needs from the host: the padded samples (int64), their tile rows' and columns'
+    box indices (int64 (m, H), (m, W); the columns already mirrored where the sample is flipped, as the native
+    decoder reads them, -1 = fill) and their fill colours (uint8 (m, 3), truncated as ``padding.assemble`` does).
+    Empty when nothing is padded."""
+    pad = plan.geometry.pad
+    if pad is None:
+        none = np.zeros((0, 0), np.int64)
+        return [np.zeros(0, np.int64), none, none, np.zeros((0, 3), np.uint8)]
+    sel = np.flatnonzero(pad.active)
+    cols = pad.cols[sel].astype(np.int64)
+    flip = plan.geometry.hflip[sel].astype(bool)
+    cols[flip] = cols[flip, ::-1]
+    return [sel.astype(np.int64), pad.rows[sel].astype(np.int64), cols, pad.fill[sel].astype(np.uint8)]
+
+
+def assemble_rows(rows: torch.Tensor, columns: list[torch.Tensor]) -> None:
+    """Assemble padded crop windows **in place** in a decoder's uint8 rows (N, H, W, 3): row ``sel[j]`` holds
+    sample ``sel[j]``'s box (its decoded size, unflipped) at its top left; it becomes ``box[r[y], c[x]]``, the fill
+    where either index is -1 (``padding.assemble``, ``csrc/augment_plan.cc`` ``assemble``). ``columns``: the
+    arrays of :func:`padding_columns` on the rows' device. One gather for all padded samples, whatever their
+    padding mode (the index maps encode it), and no host sync."""
+    sel, r, c, fill = columns
+    m = sel.shape[0]
+    if m == 0:
+        return
+    _, h, w, _ = rows.shape
+    boxes = rows.index_select(0, sel).view(m, h * w, 3)
+    idx = (r.clamp(min=0) * w).unsqueeze(2) + c.clamp(min=0).unsqueeze(1)  # (m, H, W) into the box's row-major pixels
+    got = torch.gather(boxes, 1, idx.view(m, h * w, 1).expand(m, h * w, 3)).view(m, h, w, 3)
+    hole = ((r < 0).unsqueeze(2) | (c < 0).unsqueeze(1)).unsqueeze(3)
+    rows.index_copy_(0, sel, torch.where(hole, fill.view(m, 1, 1, 3), got))
 
 
 def host_columns(plan: AugmentPlan, flips: bool = True) -> list[np.ndarray]:

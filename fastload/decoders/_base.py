@@ -99,12 +99,9 @@ class DecoderKind:
         return f"cannot run {'; '.join(why)}" if why else None
 
 
-# What _batcher.beyond_geometry calls a padded RandomCrop (a decoder's ``refuses`` names it).
+# What _batcher.beyond_geometry calls a padded RandomCrop (a decoder's ``refuses`` could name it; every decoder
+# that ``augments`` assembles padded windows now: the GPU ones with ``engine_torch.assemble_rows``).
 PADDED_CROP = "RandomCrop with padding"
-# Why the GPU decoders refuse it: they decode a crop box inside the image straight to the output size, while a
-# padded window is a box decoded at its own size and then placed on the fill (the native decoder does that).
-GPU_PADDED = ("the GPU decoders decode crop windows inside the image only; a window reaching into the padding "
-              "is assembled by the native decoder")
 
 
 def geometry_only(plan: Any, n: int, who: str) -> None:
@@ -130,14 +127,12 @@ def geometry_only(plan: Any, n: int, who: str) -> None:
 
 def check_augment(plan: Any, n: int, who: str) -> None:
     """What a decoder running ``plan.augment`` with the batched torch engine on its rows cannot run: a plan of
-    another length, padded crop windows that reach outside the image (:data:`GPU_PADDED`), one channel."""
+    another length, one channel. (Padded crop windows it runs: ``_staging.decode_sizes`` and ``augment_queued``.)"""
     if plan.n != n:
         raise ValueError(f"the plan has {plan.n} samples but {n} images were given")
     aug = plan.augment
     if aug is None:
         return
-    if aug.geometry.pad is not None and np.any(aug.geometry.pad.active):
-        raise NotImplementedError(f"the {who} decoder cannot run {PADDED_CROP}: {GPU_PADDED}; use decoder='native'")
     if aug.channels != 3:
         raise NotImplementedError(f"the {who} decoder writes 3-channel rows; Grayscale(num_output_channels=1) is not "
                                   f"supported in a loader (use num_output_channels=3)")

@@ -28,13 +28,16 @@ import torch
 MAX_PIXELS = 1 << 24  # elements (padded H x W x C, summed over a chunk) resampled at once: 128 MB in float64
 
 
-def axis_weights(start: torch.Tensor, length: torch.Tensor, out: int, size: int) -> torch.Tensor:
+def axis_weights(start: torch.Tensor, length: torch.Tensor, out: int, size: int,
+                 used: torch.Tensor | None = None) -> torch.Tensor:
     """``(n, out, size)`` float64 weights resampling ``[start, start + length)`` of an axis of ``size``
-    source pixels to ``out`` pixels with PIL's antialiased triangle (bilinear) filter."""
+    source pixels to ``out`` pixels with PIL's antialiased triangle (bilinear) filter. ``used`` (n,): to that
+    many pixels per sample instead (<= ``out``; a padded crop's box at its own size), the rows past it zero."""
     start = start.to(torch.float64).view(-1, 1, 1)
     length = length.to(torch.float64).view(-1, 1, 1)
     dev = start.device
-    scale = length / out
+    n_out = torch.full_like(length, float(out)) if used is None else used.to(torch.float64).view(-1, 1, 1)
+    scale = length / n_out
     filterscale = torch.clamp(scale, min=1.0)
     support = filterscale  # the triangle's support is 1, widened when shrinking
     center = (torch.arange(out, device=dev, dtype=torch.float64).view(1, -1, 1) + 0.5) * scale
@@ -42,16 +45,21 @@ def axis_weights(start: torch.Tensor, length: torch.Tensor, out: int, size: int)
     xmin = torch.clamp(torch.trunc(center - support + 0.5), min=0.0)
     xmax = torch.minimum(torch.trunc(center + support + 0.5), length)
     w = torch.clamp(1.0 - ((x - center + 0.5) / filterscale).abs(), min=0.0)
-    w = torch.where((x >= xmin) & (x < xmax), w, torch.zeros((), dtype=w.dtype, device=dev))
+    inside = (x >= xmin) & (x < xmax)
+    if used is not None:
+        inside &= torch.arange(out, device=dev).view(1, -1, 1) < n_out
+    w = torch.where(inside, w, torch.zeros((), dtype=w.dtype, device=dev))
     total = w.sum(dim=2, keepdim=True)
     return torch.where(total > 0, w / torch.where(total > 0, total, torch.ones_like(total)), w)
 
 
 def crop_resize_flip(images: torch.Tensor, crops: torch.Tensor, flips: torch.Tensor, out_hw: tuple[int, int],
-                     out: torch.Tensor, chunk: int = 32) -> None:
+                     out: torch.Tensor, chunk: int = 32, sizes: torch.Tensor | None = None) -> None:
     """Write ``images`` (``(n, C, H, W)`` uint8, padded), each cropped to ``crops[k]`` = (top, left,
     height, width), resized to ``out_hw`` and mirrored where ``flips[k]``, into ``out`` (``(n, oh, ow, C)``
-    uint8). ``crops`` and ``flips`` may be CPU tensors; they are moved to the images' device once."""
+    uint8). ``crops`` and ``flips`` may be CPU tensors; they are moved to the images' device once.
+    ``sizes`` (n, 2): sample k resized to ``sizes[k]`` (<= ``out_hw``) instead, at the top left of its row, the
+    rest zero (a padded crop's box, ``engine_torch.assemble_rows``); such a sample must not be flipped."""
     n, _, h, w = images.shape
     oh, ow = out_hw
     crops = crops.to(images.device, torch.int64)
@@ -60,8 +68,9 @@ def crop_resize_flip(images: torch.Tensor, crops: torch.Tensor, flips: torch.Ten
         for lo in range(0, n, chunk):
             hi = min(n, lo + chunk)
             c = crops[lo:hi]
-            wy = axis_weights(c[:, 0], c[:, 2], oh, h)
-            wx = axis_weights(c[:, 1], c[:, 3], ow, w)
+            sz = None if sizes is None else sizes[lo:hi].to(images.device)
+            wy = axis_weights(c[:, 0], c[:, 2], oh, h, None if sz is None else sz[:, 0])
+            wx = axis_weights(c[:, 1], c[:, 3], ow, w, None if sz is None else sz[:, 1])
             wx = torch.where(flips[lo:hi].view(-1, 1, 1), wx.flip(1), wx)
             x = images[lo:hi].to(torch.float64)
             rows = torch.matmul(wy.unsqueeze(1), x)  # (k, C, oh, W)
@@ -86,11 +95,12 @@ def chunks(sizes: Sequence[tuple[int, int, int]], max_pixels: int = MAX_PIXELS) 
 
 
 def resample(images: Sequence[torch.Tensor], crops: torch.Tensor, flips: torch.Tensor, out_hw: tuple[int, int],
-             out: torch.Tensor, max_pixels: int = MAX_PIXELS) -> None:
+             out: torch.Tensor, max_pixels: int = MAX_PIXELS, sizes: torch.Tensor | None = None) -> None:
     """``crop_resize_flip`` over decoded images of any sizes (``(C, H, W)`` uint8 each) into ``out``
-    (``(n, oh, ow, C)``), padded chunk by chunk with chunks sized by ``max_pixels``."""
+    (``(n, oh, ow, C)``), padded chunk by chunk with chunks sized by ``max_pixels``; ``sizes`` as there."""
     for lo, hi in chunks([tuple(im.shape) for im in images], max_pixels):
         with warnings.catch_warnings():  # strided nested tensors are 'prototype'; padding is all we use
             warnings.filterwarnings("ignore", message="The PyTorch API of nested tensors")
             padded = torch.nested.as_nested_tensor(list(images[lo:hi])).to_padded_tensor(0)
-        crop_resize_flip(padded, crops[lo:hi], flips[lo:hi], out_hw, out[lo:hi], chunk=hi - lo)
+        crop_resize_flip(padded, crops[lo:hi], flips[lo:hi], out_hw, out[lo:hi], chunk=hi - lo,
+                         sizes=None if sizes is None else sizes[lo:hi])

@@ -82,14 +82,48 @@ class Uploads:
 def augment_queued(s: Any, uploads: Uploads, aug: Any, out: torch.Tensor, what: str) -> None:
     """Queue ``aug`` (the plan's ``AugmentPlan``, or None) on the rows ``out`` on the current stream of ``s`` (the
     decoder's, inside its ``side_context``): the batched torch engine, after the decode's writes and before the
-    event the rows are handed on with. Its host columns go up in one packed copy from pinned staging (a copy
-    from pageable memory would make this thread wait for the stream); flips are the decoder's already."""
-    if not beyond_flips(aug):
+    event the rows are handed on with; padded crop windows first (``engine_torch.assemble_rows``: the decoder
+    wrote their boxes at their ``decode_hw``, unflipped, :func:`decode_sizes`). Its host columns go up in one
+    packed copy from pinned staging (a copy from pageable memory would make this thread wait for the stream);
+    flips are the decoder's already."""
+    pad, more = needs_padding(aug), beyond_flips(aug)
+    if not (pad or more):
         return
-    from .._augment.engine_torch import augment_rows, host_columns  # loaded with the first augmented batch
+    from .._augment.engine_torch import assemble_rows, augment_rows, host_columns, padding_columns
 
-    cols = uploads.put_packed(host_columns(aug, flips=False))
-    s.launch(lambda: augment_rows(out, aug, flips=False, columns=cols), reads=(out, *cols), writes=(out,), what=what)
+    host = (padding_columns(aug) if pad else []) + (host_columns(aug, flips=False) if more else [])
+    cols = uploads.put_packed(host)
+    pad_cols, aug_cols = (cols[:4], cols[4:]) if pad else ([], cols)
+
+    def run() -> None:
+        if pad:
+            assemble_rows(out, pad_cols)
+        if more:
+            augment_rows(out, aug, flips=False, columns=aug_cols)
+
+    s.launch(run, reads=(out, *cols), writes=(out,), what=what)
+
+
+def needs_padding(aug: Any) -> bool:
+    """Whether an ``AugmentPlan`` (or None) has padded crop windows to assemble (``engine_torch.padded``)."""
+    pad = None if aug is None else aug.geometry.pad
+    return pad is not None and bool(pad.active.any())
+
+
+def decode_sizes(plan: Any, out_hw: tuple[int, int]) -> tuple[np.ndarray | None, np.ndarray]:
+    """What a GPU decoder resamples each sample to, and whether it mirrors it: ``(sizes, flips)``, ``sizes``
+    ``(n, 2)`` int64 (None when the pipeline has no padded RandomCrop: every sample at ``out_hw``). A padded
+    window's box is decoded at its ``Padding.decode_hw`` and not mirrored (the assembly mirrors the window, as the
+    native decoder does). Sizes also for a batch none of whose windows leaves its image: DALI keeps one graph
+    (a graph per batch kind would be rebuilt whenever a batch, or the hybrid's GPU share, has no padded window)."""
+    flips = np.asarray(plan.flips).astype(bool)
+    aug = plan.augment
+    pad = None if aug is None else aug.geometry.pad
+    if pad is None:
+        return None, flips
+    sizes = np.tile(np.asarray(out_hw, np.int64), (len(flips), 1))
+    sizes[pad.active] = pad.decode_hw[pad.active]
+    return sizes, flips & ~pad.active.astype(bool)
 
 
 def beyond_flips(aug: Any) -> bool:

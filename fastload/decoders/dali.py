@@ -34,7 +34,11 @@ Augmentation. A plan with issue 21's augmentation (``plan.augment``) runs with t
 (``_augment/engine_torch.py``) on the rows after the copy into ``out``: on the GPU queued on the decoder's
 stream before the ready event (its columns through pinned staging), in CPU-only mode on the host rows at once.
 DALI applied the crops, sizes and horizontal flips (``flips=False``); failed rows are zeroed after it. A padded
-RandomCrop window is refused (``_base.GPU_PADDED``).
+RandomCrop window (``_augment/padding.py``): its box is resized to its own size (``Padding.decode_hw``, a per-sample
+``size`` input of ``fn.resize``), not flipped, and ``fn.pad`` places it at the top left of a full row; the engine
+then assembles the window there (``engine_torch.assemble_rows``), as the native decoder does. That graph
+(``_padded``) is built on the first batch of a pipeline with a padded RandomCrop and kept for all its batches (a
+batch without a padded window has every sample's size ``out_hw``); other pipelines keep the plain one.
 
 Failures. A sample DALI cannot decode makes DALI raise for the whole batch and leaves the pipeline
 unusable ("Current pipeline object is no longer valid"). Cheap checks run first (empty blob, no JPEG
@@ -81,9 +85,9 @@ import torch
 
 from .._native import is_jpeg
 from .._ring import streams_for
-from .._augment.engine_torch import augment_rows
-from ._base import GPU_PADDED, PADDED_CROP, DecoderContext, DecoderKind, JpegOnly, check_augment
-from ._staging import Uploads, augment_queued, beyond_flips
+from .._augment.engine_torch import assemble_rows, augment_rows, padding_columns
+from ._base import DecoderContext, DecoderKind, JpegOnly, check_augment
+from ._staging import Uploads, augment_queued, beyond_flips, decode_sizes
 
 __all__ = ["DaliDecoder", "INSTALL_HINT"]
 
@@ -178,6 +182,7 @@ class DaliDecoder:
                 streams = streams_for(torch.device("cuda", device_id)).fork("dali")
             self.streams = streams
         self._pipe = None
+        self._padded = False  # whether _build makes (and self._pipe is) the graph with per-sample sizes
         self._build()
 
     def __repr__(self) -> str:
@@ -186,7 +191,10 @@ class DaliDecoder:
 
     # -- pipeline --------------------------------------------------------------------------------
     def _build(self) -> None:
+        """The pipeline; with ``self._padded`` a per-sample ``size`` (each box's own, <= ``out_hw``) and ``fn.pad``
+        to ``out_hw`` (bottom and right, zeros), for the padded crop windows."""
         fn, types = self._fn, self._types
+        padded = self._padded
         mixed = self.device_id is not None
         decode_kw = {"device": "mixed", "jpeg_fancy_upsampling": True} if mixed else {"device": "cpu"}
         out_h, out_w = self.out_hw
@@ -204,20 +212,27 @@ class DaliDecoder:
             flip = fn.external_source(name="flip", dtype=types.INT32, ndim=0)
             img = fn.decoders.image_slice(data, anchor, shape, axis_names="HW", output_type=types.RGB,
                                           adjust_orientation=False, **decode_kw)
-            img = fn.resize(img, size=[out_h, out_w], interp_type=types.INTERP_LINEAR, antialias=True)
-            return fn.flip(img, horizontal=flip)
+            size = fn.external_source(name="size", dtype=types.FLOAT, ndim=1) if padded else [out_h, out_w]
+            img = fn.resize(img, size=size, interp_type=types.INTERP_LINEAR, antialias=True)
+            img = fn.flip(img, horizontal=flip)
+            return fn.pad(img, axis_names="HW", shape=[out_h, out_w], fill_value=0) if padded else img
 
         pipe = graph()
         pipe.build()
         self._pipe = pipe
 
-    def _run(self, data: list, crops: np.ndarray, flips: np.ndarray) -> Any:
-        if self._pipe is None:
+    def _run(self, data: list, crops: np.ndarray, flips: np.ndarray, sizes: np.ndarray | None = None) -> Any:
+        """Run the pipeline on one batch (``sizes``: each sample's resized size, with padded windows)."""
+        if self._pipe is None or self._padded != (sizes is not None):
+            if self._pipe is not None:  # its earlier outputs may still be read by copies queued on our stream
+                self._held.append(self._pipe)
+            self._padded = sizes is not None
             self._build()
+        extra = {} if sizes is None else {"size": sizes.astype(np.float32)}
         try:
             (images,) = self._pipe.run(self._side(), data=data, anchor=np.ascontiguousarray(crops[:, :2]),
                                        shape=np.ascontiguousarray(crops[:, 2:]),
-                                       flip=flips.astype(np.int32))
+                                       flip=flips.astype(np.int32), **extra)
         except RuntimeError:
             self._held.append(self._pipe)  # its earlier outputs may still be read by copies queued on our stream
             self._pipe = None  # DALI invalidates a pipeline that raised; the next run rebuilds it
@@ -317,6 +332,7 @@ class DaliDecoder:
         if crops.min() < np.iinfo(np.int32).min or crops.max() > np.iinfo(np.int32).max:
             raise ValueError("plan.crops: values do not fit in int32")
         crops = crops.astype(np.int32)
+        sizes, flips = decode_sizes(plan, self.out_hw)  # padded windows: their boxes, at their size, unflipped
         with self._lock:
             if self._closed:
                 raise ValueError("this DaliDecoder is closed")
@@ -334,19 +350,24 @@ class DaliDecoder:
             good = np.array([k for k in range(n) if k not in failures], dtype=np.int64)
             if good.size:
                 try:
-                    images = self._run([data[k] for k in good.tolist()], crops[good], flips[good])
+                    images = self._run([data[k] for k in good.tolist()], crops[good], flips[good],
+                                       None if sizes is None else sizes[good])
                     self._copy_out(images, t, good)
                 except RuntimeError:
                     for k in good.tolist():  # find the bad samples; keep the good ones
                         try:
-                            self._copy_out(self._run([data[k]], crops[k:k + 1], flips[k:k + 1]), t,
-                                           np.array([k]))
+                            self._copy_out(self._run([data[k]], crops[k:k + 1], flips[k:k + 1],
+                                                     None if sizes is None else sizes[k:k + 1]), t, np.array([k]))
                         except RuntimeError as e:
                             failures[k] = _dali_message(e)
             s = self.streams
-            if beyond_flips(plan.augment):  # the batched torch engine on the rows, before failed rows are zeroed
+            aug = plan.augment
+            if beyond_flips(aug) or sizes is not None:  # the torch engine on the rows, before failed rows are zeroed
                 if s is None:  # CPU-only mode: DALI's outputs were copied synchronously into the host rows
-                    augment_rows(t, plan.augment, flips=False)
+                    if sizes is not None:
+                        assemble_rows(t, [torch.from_numpy(a) for a in padding_columns(aug)])
+                    if beyond_flips(aug):
+                        augment_rows(t, aug, flips=False)
                 else:
                     if self._uploads is None:
                         self._uploads = Uploads(s)
@@ -388,8 +409,7 @@ def _make(ctx: DecoderContext) -> JpegOnly:
 
 
 # on the GPU with device='cuda', else DALI's CPU-only mode into the host slot
-KIND = DecoderKind("dali", make=_make, probe=probe, gpu=True, pairs=True, augments=True,
-                  refuses=((PADDED_CROP, GPU_PADDED),))
+KIND = DecoderKind("dali", make=_make, probe=probe, gpu=True, pairs=True, augments=True)
 
 
 def _stream_handle(stream: Any) -> Any:

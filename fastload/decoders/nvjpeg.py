@@ -17,7 +17,9 @@ through pinned staging (``_staging.Uploads``): a copy from pageable memory would
 Augmentation. A plan with issue 21's augmentation (``plan.augment``: vertical flips, affine maps, pixel
 operations) runs with the batched torch engine (``_augment/engine_torch.py``) on the rows, queued on the same
 stream after the resampling (which applied the crops, sizes and horizontal flips) and before the ready event;
-failed rows are zeroed after it. A padded RandomCrop window is refused (``_base.GPU_PADDED``).
+failed rows are zeroed after it. A padded RandomCrop window (``_augment/padding.py``) is resampled as its box at
+its own size (``Padding.decode_hw``, unflipped) to the top left of its row, and assembled there by the engine
+(``engine_torch.assemble_rows``) before the augmentation, as the native decoder does.
 
 Failures. nvJPEG refuses a whole batch when one image is corrupt; the decoder then decodes the batch
 one image at a time to find the bad ones (only for batches that hold one), reports each as
@@ -44,9 +46,9 @@ import numpy as np
 import torch
 
 from .._ring import streams_for
-from ._base import GPU_PADDED, PADDED_CROP, DecoderContext, DecoderKind, JpegOnly, check_augment
+from ._base import DecoderContext, DecoderKind, JpegOnly, check_augment
 from ._resample import MAX_PIXELS, resample
-from ._staging import Uploads, augment_queued
+from ._staging import Uploads, augment_queued, decode_sizes
 
 INSTALL_HINT = ("decoder='nvjpeg' needs torchvision built with CUDA (pip install torchvision); decoder='dali' "
                 "or the default native decoder work without it")
@@ -149,7 +151,7 @@ class NvjpegDecoder:
         if n == 0:
             return []
         crops = np.asarray(plan.crops, dtype=np.int64).reshape(n, 4)
-        flips = plan.flips
+        sizes, flips = decode_sizes(plan, self.out_hw)  # padded windows: their boxes, at their size, unflipped
         datas = [torch.frombuffer(bytearray(b), dtype=torch.uint8) if len(b) else torch.empty(0, dtype=torch.uint8)
                  for b in blobs]
         failures: dict[int, str] = {k: "empty image data" for k, d in enumerate(datas) if d.numel() == 0}
@@ -175,19 +177,22 @@ class NvjpegDecoder:
             bad = sorted(failures)
             # the plan's arrays reach the device through pinned staging: from pageable memory each copy
             # would make this thread wait for the stream's queued work
-            crops_t, flips_t, good_t, bad_t = self._uploads.put(crops[good], np.asarray(flips)[good], good, bad)
+            crops_t, flips_t, good_t, bad_t, *sizes_t = self._uploads.put(
+                crops[good], flips[good], good, bad, *([] if sizes is None else [sizes[good]]))
+            sizes_t = sizes_t[0] if sizes_t else None
             if good:
                 todo = [images[k] for k in good]
 
-                def write(out=out, todo=todo, crops_t=crops_t, flips_t=flips_t, good_t=good_t):
+                def write(out=out, todo=todo, crops_t=crops_t, flips_t=flips_t, good_t=good_t, sizes_t=sizes_t):
                     if len(todo) == n:
-                        resample(todo, crops_t, flips_t, self.out_hw, out, self.max_pixels)
+                        resample(todo, crops_t, flips_t, self.out_hw, out, self.max_pixels, sizes_t)
                     else:
                         res = torch.empty((len(todo),) + self.out_hw + (3,), dtype=torch.uint8, device=out.device)
-                        resample(todo, crops_t, flips_t, self.out_hw, res, self.max_pixels)
+                        resample(todo, crops_t, flips_t, self.out_hw, res, self.max_pixels, sizes_t)
                         out.index_copy_(0, good_t, res)
 
-                s.launch(write, reads=(crops_t, flips_t, good_t), writes=(out,), what="nvjpeg resample")
+                reads = (crops_t, flips_t, good_t) + (() if sizes_t is None else (sizes_t,))
+                s.launch(write, reads=reads, writes=(out,), what="nvjpeg resample")
             augment_queued(s, self._uploads, plan.augment, out, "nvjpeg augment")
             if bad:  # after the augmentation, so that failed rows stay zero
                 s.launch(lambda out=out, bad_t=bad_t: out.index_fill_(0, bad_t, 0), reads=(bad_t,), writes=(out,),
@@ -215,5 +220,4 @@ def _make(ctx: DecoderContext) -> JpegOnly:
                     ctx.option)
 
 
-KIND = DecoderKind("nvjpeg", make=_make, probe=probe, gpu=True, needs_gpu=True, pairs=True, augments=True,
-                  refuses=((PADDED_CROP, GPU_PADDED),))
+KIND = DecoderKind("nvjpeg", make=_make, probe=probe, gpu=True, needs_gpu=True, pairs=True, augments=True)

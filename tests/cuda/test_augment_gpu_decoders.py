@@ -10,7 +10,10 @@ Bounds (not yet measured on a GPU: no GPU was lent when this was written):
   affine edge ties, tests/decoders/test_dali_augment.py measured <= 0.16% on the CPU; CUDA may fuse
   multiply-adds: 1 level), mean <= 0.1;
 - the loader vs the native decoder's loader: labels equal, mean absolute difference per batch <= 6.0 (the GPU
-  decoders' 4.0 vs DCT-scaled native, gpu_common.MAD_TOLERANCE, plus what equalize/autocontrast stretch).
+  decoders' 4.0 vs DCT-scaled native, gpu_common.MAD_TOLERANCE, plus what equalize/autocontrast stretch);
+- a padded RandomCrop (every padding mode, then flips and a vertical flip: the engine after the assembly) vs the
+  native decoder without DCT scaling on the same plan: the constant fill equal exactly, mean absolute difference
+  per sample <= gpu_common.MAD_TOLERANCE (on the CPU, tests/decoders/test_gpu_padding.py measured <= 0.76).
 """
 
 from __future__ import annotations
@@ -25,9 +28,9 @@ import numpy as np
 import pytest
 import torch
 
-from gpu_common import NEEDS_CUDA, decoder_param, lag
+from gpu_common import MAD_TOLERANCE, NEEDS_CUDA, decoder_param, lag
 from conftest import packed_image_folder  # noqa: E402 (gpu_common puts tests/ on sys.path)
-from decoders.conftest import OUT_HW, SAMPLES, plan, plan_of
+from decoders.conftest import OUT_HW, SAMPLES, plan, plan_of, sizes
 from fastload._augment.engine_native import run_native
 from fastload._augment.engine_torch import run_torch
 from fastload._augment.plan import PlanBuilder
@@ -94,11 +97,53 @@ def test_gpu_decoder_augments_on_its_stream_without_a_host_sync(decoder):
     dec.close()
 
 
+@pytest.mark.parametrize("mode", ["constant", "edge", "reflect", "symmetric"])
+@pytest.mark.parametrize("decoder", [decoder_param("nvjpeg"), decoder_param("dali")])
+def test_gpu_decoder_assembles_a_padded_random_crop_as_the_native_decoder_without_a_host_sync(decoder, mode):
+    """Each padded window's box decoded at its own size and assembled on the decoder's stream: no synchronize or
+    pageable copy during decode(), the constant fill exactly the native decoder's, the rest within the GPU
+    decoders' tolerance."""
+    from fastload.decoders._base import ImageSources
+    from fastload.decoders.native import NativeDecoder
+
+    n, fill = len(SAMPLES), (10, 200, 30)
+    hw = sizes(SAMPLES)
+    pipe = T.ImagePipeline([T.Resize((20, 28)), T.RandomCrop(OUT_HW, padding=(5, 3, 7, 2), padding_mode=mode,
+                                                             fill=fill), T.RandomHorizontalFlip(),
+                            T.RandomVerticalFlip()])
+    dec = make(decoder, n)
+    rows = torch.empty((n, *OUT_HW, 3), dtype=torch.uint8, device="cuda")
+    dec.fence(rows)
+    for seed in range(3):
+        p = pipe.plan(hw[:, 0], hw[:, 1], np.random.default_rng(seed))
+        ref = np.zeros((n, *OUT_HW, 3), np.uint8)
+        assert NativeDecoder(dct_scaling=False).decode(ImageSources.from_bytes(SAMPLES, hw), p, ref) == []
+        if seed:  # the first decode builds the padded graph (DALI) and warms up
+            torch.cuda.set_sync_debug_mode("error")
+        try:
+            fails = dec.decode(SAMPLES, p, rows)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        assert fails == []
+        torch.cuda.current_stream().wait_event(dec.ready_event())
+        got = rows.cpu().numpy()
+        pad, g = p.augment.geometry.pad, p.augment.geometry
+        cols = np.where(g.hflip[:, None], pad.cols[:, ::-1], pad.cols)
+        hole = (pad.rows < 0)[:, :, None] | (cols < 0)[:, None, :]
+        hole = np.where(g.vflip[:, None, None], hole[:, ::-1], hole)
+        assert np.array_equal(got[hole], ref[hole]), (mode, seed)
+        d = np.abs(got.astype(np.int64) - ref.astype(np.int64)).mean(axis=(1, 2, 3))
+        assert d.max() <= MAD_TOLERANCE, (mode, seed, d)
+    dec.close()
+
+
 FRESH = textwrap.dedent("""
     import sys, torch, fastload
     from fastload import transforms as T
-    path, decoder, workers = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    recipe = [T.RandomResizedCrop(48), T.RandomHorizontalFlip(), T.TrivialAugmentWide(), T.RandomErasing(0.5)]
+    path, decoder, workers, padded = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "padded"
+    first = (T.RandomCrop(48, padding=6, pad_if_needed=True, padding_mode="reflect") if padded
+             else T.RandomResizedCrop(48))
+    recipe = [first, T.RandomHorizontalFlip(), T.TrivialAugmentWide(), T.RandomErasing(0.5)]
     ds = fastload.open(path, transforms={"image": recipe})
     kw = dict(batch_size=4, shuffle=True, seed=1, num_workers=workers)
     native = fastload.DataLoader(ds, **kw)  # the native decoder and engine, the same two epochs
@@ -129,12 +174,14 @@ def packed(tmp_path_factory):
 
 # a fresh process each (CUDA, torchvision, DALI start-up: tens of seconds): num_workers=0 once, GPU decoders run in
 # a producer thread either way
-@pytest.mark.parametrize("decoder,num_workers", [(decoder_param("nvjpeg"), 0), (decoder_param("nvjpeg"), 2),
-                                                 (decoder_param("dali"), 2), (decoder_param("auto"), 2)])
-def test_loader_with_augmentations_on_gpu_decoders_under_sync_debug_error(packed, decoder, num_workers):
+# "padded": RandomCrop(48, padding=6, pad_if_needed=True, padding_mode="reflect") instead of RandomResizedCrop
+@pytest.mark.parametrize("decoder,num_workers,crop", [
+    (decoder_param("nvjpeg"), 0, "rrc"), (decoder_param("nvjpeg"), 2, "rrc"), (decoder_param("dali"), 2, "rrc"),
+    (decoder_param("auto"), 2, "rrc"), (decoder_param("nvjpeg"), 2, "padded"), (decoder_param("dali"), 2, "padded")])
+def test_loader_with_augmentations_on_gpu_decoders_under_sync_debug_error(packed, decoder, num_workers, crop):
     env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    r = subprocess.run([sys.executable, "-c", FRESH, str(packed), decoder, str(num_workers)], capture_output=True,
-                       text=True, timeout=240, env=env)
+    r = subprocess.run([sys.executable, "-c", FRESH, str(packed), decoder, str(num_workers), crop],
+                       capture_output=True, text=True, timeout=240, env=env)
     assert r.returncode == 0 and r.stdout.split()[:1] == ["ok"], r.stderr[-3000:]
     _, worst, bad_labels = r.stdout.split()
     assert int(bad_labels) == 0 and float(worst) <= 6.0, r.stdout

@@ -3,7 +3,7 @@ tests/test_gpu_decoders_sim.py runs them: nvjpeg with PIL decoding, DALI's fake 
 engine runs on the decoder's own stream, after the decode's writes and before the event the rows are handed on
 with; its columns go up from pinned staging (no host wait in any thread); a lagging consumer sees the batches a
 keeping-up one does; decoder='auto' pairs native threads (fused native engine) with the GPU decoder (torch
-engine) instead of falling back to native threads, except for a padded RandomCrop."""
+engine) instead of falling back to native threads, a padded RandomCrop included."""
 
 from __future__ import annotations
 
@@ -117,19 +117,23 @@ def test_auto_pairs_native_threads_with_the_gpu_decoder_for_augmented_pipelines(
         assert torch.equal(y, sy) and (x.float() - sx.float()).abs().mean() < 2.0
 
 
-def test_auto_with_a_padded_random_crop_decodes_with_native_threads_and_says_why(nvjpeg_on_sim, one_truncated,
-                                                                                monkeypatch):
-    """The hybrid's GPU half cannot decode a padded window: 'auto' decodes with native threads only, saying why
-    (not a NotImplementedError at the first batch). Fails with the hybrid's kind not passing on ``refuses``."""
+def test_auto_pairs_native_threads_with_the_gpu_decoder_for_a_padded_random_crop(nvjpeg_on_sim, one_truncated,
+                                                                                 monkeypatch):
+    """A padded RandomCrop no longer sends 'auto' to native threads only (it did, saying the GPU decoders decode
+    windows inside the image only): the hybrid, no warning, the GPU half assembling the windows on nvjpeg's
+    stream. Fails with the GPU decoder's kind refusing the padded crop again."""
+    import warnings
+
     from fastload import decoders
     from fastload.decoders import hybrid
 
     monkeypatch.setattr(hybrid, "_installed_gpu_decoder", lambda: (decoders.kind("nvjpeg"), []))
+    monkeypatch.setattr(hybrid.HybridSplit, "_update", lambda self, *a: None)  # half and half
     monkeypatch.setattr(_ring, "_warned", set())
     ds = fastload.open(one_truncated, transforms={"image": [T.RandomCrop(16, padding=4), T.TrivialAugmentWide()]})
-    with pytest.warns(RuntimeWarning, match=r"decoder='auto' decodes with native threads only: its GPU decoder "
-                                            r"cannot run RandomCrop with padding \(the GPU decoders decode crop "
-                                            r"windows inside the image only"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
         loader = fastload.DataLoader(ds, batch_size=6, decoder="auto", device="cuda", on_error="skip")
-    assert loader._batcher.images.hybrid is None and loader._batcher.images.kind.name == "native"
+    assert loader._batcher.images.hybrid is not None
     assert len(run(nvjpeg_on_sim, loader, nvjpeg_on_sim.default, lag=False)) == 3
+    assert not nvjpeg_on_sim.races and not nvjpeg_on_sim.waits_in()

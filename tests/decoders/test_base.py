@@ -96,18 +96,19 @@ def test_gpu_decoders_zero_failed_rows_after_the_augmentation():
         dec.close()
 
 
-def test_padded_crop_windows_are_refused_by_the_gpu_decoders():
+def test_padded_crop_windows_run_on_the_gpu_decoders():
     """A decoder never drops part of a plan: a padded RandomCrop window (a box decoded at its own size, then
-    placed on the fill: the native decoder's) is refused by the GPU decoders, naming it, and nothing written."""
+    placed on the fill) is no longer refused by the GPU decoders; they write it as the native decoder does
+    (tests/decoders/test_gpu_padding.py compares the pixels), the fill (0) around the image."""
     padded = fastload.transforms.ImagePipeline([fastload.transforms.RandomCrop(OUT_HW, padding=9)]).plan(
         np.asarray(sizes(SAMPLES))[:, 0], np.asarray(sizes(SAMPLES))[:, 1], np.random.default_rng(1))
-    assert padded.augment.geometry.pad.active.any()
+    pad = padded.augment.geometry.pad
+    assert pad.active.any()
     for dec in gpu_decoders():
         out = torch.full((len(SAMPLES), *OUT_HW, 3), 77, dtype=torch.uint8)
-        with pytest.raises(NotImplementedError, match=r"decoder cannot run RandomCrop with padding: the GPU decoders "
-                                                      r"decode crop windows inside the image only"):
-            dec.decode(sources_of(SAMPLES), padded, out)
-        assert (out == 77).all(), dec  # nothing written
+        assert dec.decode(sources_of(SAMPLES), padded, out) == [], dec
+        hole = (pad.rows < 0)[:, :, None] | (pad.cols < 0)[:, None, :]
+        assert hole.any() and (out.numpy()[hole] == 0).all(), dec
         dec.close()
 
 

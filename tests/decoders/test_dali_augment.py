@@ -108,10 +108,9 @@ def test_loader_with_dali_resumes_mid_epoch(augmented_ds):
     assert all(torch.equal(a, b) for a, b in zip(resumed, ref))
 
 
-def test_a_padded_random_crop_is_still_refused_by_name(small_images):
-    """The GPU decoders decode windows inside the image only: decoder='dali' with a padded RandomCrop is refused
-    when the loader is made, saying why (the other augmentations no longer are)."""
+def test_a_padded_random_crop_is_no_longer_refused(small_images):
+    """decoder='dali' runs a padded RandomCrop with the other augmentations (it was refused by name when the loader
+    was made; tests/decoders/test_gpu_padding.py compares its pixels with the native decoder's)."""
     padded = fastload.open(small_images, transforms={"image": [T.RandomCrop(32, padding=4), *RECIPE]})
-    with pytest.raises(ValueError, match=r"decoder='dali' cannot run RandomCrop with padding \(the GPU decoders "
-                                         r"decode crop windows inside the image only.*use decoder='native'"):
-        fastload.DataLoader(padded, batch_size=4, decoder="dali")
+    x, _ = next(iter(fastload.DataLoader(padded, batch_size=4, decoder="dali")))
+    assert x.shape == (4, 3, 32, 32)
