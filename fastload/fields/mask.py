@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from .._errors import SchemaError
-from .._augment.type_fill import MASK_FILL  # noqa: F401  (the default mask fill, re-exported)
+from .._augment.type_fill import MASK_FILL  # the default mask fill (255)
 from .._native import native
 from ._codec import Codec, Column, NotFastPath, Part, as_array, draw_plan, is_pil_image
 from .image import FileImage
