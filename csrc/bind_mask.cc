@@ -72,8 +72,11 @@ py::list decode_mask_batch(BatchEngine& pool, py::handle regions, py::handle reg
   // fill: one value for every sample's window and affine, or n x 2 (window, affine) per sample
   std::vector<uint8_t> fill_v;
   if (py::isinstance<py::int_>(fill)) {
-    const int64_t f = fill.cast<int64_t>();
-    if (f < 0 || f > 255) throw py::value_error("fill: " + std::to_string(f) + " is outside [0, 255]");
+    int overflow = 0;
+    const long long f = PyLong_AsLongLongAndOverflow(fill.ptr(), &overflow);
+    if (overflow != 0 || f < 0 || f > 255) {
+      throw py::value_error("fill: " + std::string(py::str(fill)) + " is outside [0, 255]");
+    }
     fill_v.assign(static_cast<size_t>(2 * n), static_cast<uint8_t>(f));
   } else {
     fill_v = column<uint8_t>(fill, "fill", n, 2, 0, 255);
