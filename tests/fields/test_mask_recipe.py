@@ -217,3 +217,19 @@ def test_torchvision_fills_keep_their_meaning():
     assert rotation("torchvision.transforms.transforms", 7).fill == 7  # v1: the image's; the mask keeps 255
     kept = rotation(V2, {Image: 3, Video: 1})
     assert "fills images and masks only" in kept.reason  # runs per sample, saying why
+
+
+@pytest.mark.parametrize("fill, words", [
+    (256, "fill: 256 is outside"), (-1, "fill: -1 is outside"), (1 << 70, "fill: 1180591620717411303424 is outside"),
+    (np.full((1, 2), 300), "fill: value 300 at flat position 0 is outside"),
+    (np.zeros((1, 3), np.uint8), r"fill: expected shape \(1, 2\)"), (np.zeros(2, np.uint8), r"fill: expected shape"),
+])
+def test_the_native_call_refuses_a_bad_fill_by_name(fill, words):
+    """csrc/bind_mask.cc: one int in [0, 255], or (n, 2) per sample (the window's, the affine's)."""
+    png = encode_png(blobs(8, 8, 0))
+    one = np.ones(1, np.uint8)
+    with pytest.raises(ValueError, match=words):
+        _C.decode_mask_batch(_C.Pool(0), [png], np.zeros(1, np.int64), np.zeros(1, np.int64), np.array([len(png)]),
+                             np.array([[8, 8]]), np.array([[0, 0, 8, 8]]), np.array([[8, 8]]), one * 0,
+                             np.zeros((1, 8), np.int32), np.zeros((1, 8), np.int32), one * 0, one * 0, one * 0,
+                             np.zeros((1, 6)), fill, np.zeros((1, 8, 8), np.uint8))
