@@ -233,3 +233,16 @@ def test_the_native_call_refuses_a_bad_fill_by_name(fill, words):
                              np.array([[8, 8]]), np.array([[0, 0, 8, 8]]), np.array([[8, 8]]), one * 0,
                              np.zeros((1, 8), np.int32), np.zeros((1, 8), np.int32), one * 0, one * 0, one * 0,
                              np.zeros((1, 6)), fill, np.zeros((1, 8, 8), np.uint8))
+
+
+def test_a_v2_policy_with_a_fill_per_type_converts_with_the_images():
+    """torchvision's auto-augment policies fill the image only: a v2 TrivialAugmentWide with {Image: 4, Mask: 255}
+    converts with 4 (it ran per sample before, its dict refused as the image's fill)."""
+    Image = type("Image", (), {})
+    Mask = type("Mask", (), {})
+    got = convert(tv("torchvision.transforms.v2._auto_augment", "TrivialAugmentWide", num_magnitude_bins=31,
+                     interpolation=Mode("nearest"), fill={Image: 4, Mask: 255}), T)
+    assert len(got) == 1 and got[0] == T.TrivialAugmentWide(fill=4)
+    got = convert(tv("torchvision.transforms.v2._auto_augment", "TrivialAugmentWide", num_magnitude_bins=31,
+                     interpolation=Mode("nearest"), fill={Mask: 255, "others": 6}), T)
+    assert got[0] == T.TrivialAugmentWide(fill=6)
