@@ -34,7 +34,7 @@ py::array decode_mask(py::handle data, int h, int w) {
 py::list decode_mask_batch(BatchEngine& pool, py::handle regions, py::handle region, py::handle offset,
                            py::handle length, py::handle src_hw, py::handle crop, py::handle box_hw,
                            py::handle padded, py::handle rows, py::handle cols, py::handle hflip, py::handle vflip,
-                           py::handle has_affine, py::handle affine, int fill, py::handle out) {
+                           py::handle has_affine, py::handle affine, py::handle fill, py::handle out) {
   std::vector<BufferView> views;
   std::vector<fastload::Region> regs;
   region_views(regions, &views, &regs);
@@ -55,7 +55,6 @@ py::list decode_mask_batch(BatchEngine& pool, py::handle regions, py::handle reg
   if (!(out_a.flags() & py::array::c_style) || !out_a.writeable()) {
     throw py::value_error("out: expected a writable C-contiguous array");
   }
-  if (fill < 0 || fill > 255) throw py::value_error("fill: " + std::to_string(fill) + " is outside [0, 255]");
   const int64_t oh = out_a.shape(1), ow = out_a.shape(2);
   auto src_hw_v = column<int32_t>(src_hw, "src_hw", n, 2, INT32_MIN, INT32_MAX);
   auto crop_v = column<int32_t>(crop, "crop", n, 4, INT32_MIN, INT32_MAX);
@@ -70,6 +69,18 @@ py::list decode_mask_batch(BatchEngine& pool, py::handle regions, py::handle reg
   if (!affine_a || affine_a.size() != n * 6) {
     throw py::value_error("affine: expected " + std::to_string(n) + " x 6 floats, got " + describe_array(affine));
   }
+  // fill: one value for every sample's window and affine, or n x 2 (window, affine) per sample
+  std::vector<uint8_t> fill_v;
+  if (py::isinstance<py::int_>(fill)) {
+    int overflow = 0;
+    const long long f = PyLong_AsLongLongAndOverflow(fill.ptr(), &overflow);
+    if (overflow != 0 || f < 0 || f > 255) {
+      throw py::value_error("fill: " + std::string(py::str(fill)) + " is outside [0, 255]");
+    }
+    fill_v.assign(static_cast<size_t>(2 * n), static_cast<uint8_t>(f));
+  } else {
+    fill_v = column<uint8_t>(fill, "fill", n, 2, 0, 255);
+  }
   fastload::MaskBatchSpec spec;
   set_sources(&spec, regs, n, region_a, offset_a);
   spec.length = length_a.data();
@@ -83,7 +94,7 @@ py::list decode_mask_batch(BatchEngine& pool, py::handle regions, py::handle reg
   spec.vflip = vflip_v.data();
   spec.has_affine = affine_flag.data();
   spec.affine = affine_a.data();
-  spec.fill = static_cast<uint8_t>(fill);
+  spec.fill = fill_v.data();
   spec.out = static_cast<uint8_t*>(out_a.mutable_data());
   spec.out_h = static_cast<int>(oh);
   spec.out_w = static_cast<int>(ow);
@@ -110,7 +121,8 @@ void register_mask(py::module_& m) {
         "decode_mask_batch(pool, regions, region, offset, length, src_hw, crop, box_hw, padded, rows, cols, hflip,\n"
         "                  vflip, has_affine, affine, fill, out) -> [(index, message)]\n\n"
         "Decode each PNG mask and move it as PIL moves it (fields/mask.py): crop, NEAREST resize to box_hw, a\n"
-        "padded window (rows/cols, -1 = fill), flips, the affine NEAREST with fill; failures zero their row.");
+        "padded window (rows/cols, -1 = fill), flips, the affine NEAREST with fill; failures zero their row.\n"
+        "fill: an int in [0, 255] for every sample, or (n, 2) per sample: the window's fill, the affine's.");
 }
 
 }  // namespace fastload_bind

@@ -158,7 +158,7 @@ bool one_mask(const MaskBatchSpec& s, int64_t k, Scratch* sc, std::string* err) 
         return false;
       }
       if (rows[y] < 0) {
-        std::memset(o, s.fill, static_cast<size_t>(ow));
+        std::memset(o, s.fill[2 * k], static_cast<size_t>(ow));
         continue;
       }
       const uint8_t* in = sc->box.data() + static_cast<size_t>(rows[y]) * bw;
@@ -167,7 +167,7 @@ bool one_mask(const MaskBatchSpec& s, int64_t k, Scratch* sc, std::string* err) 
           *err = "padded window column index " + std::to_string(cols[x]) + " is outside the decoded box";
           return false;
         }
-        o[x] = cols[x] < 0 ? s.fill : in[cols[x]];
+        o[x] = cols[x] < 0 ? s.fill[2 * k] : in[cols[x]];
       }
     }
   } else {
@@ -185,7 +185,7 @@ bool one_mask(const MaskBatchSpec& s, int64_t k, Scratch* sc, std::string* err) 
   }
   uint8_t* dst = s.out + static_cast<size_t>(k) * tile_bytes;
   if (s.has_affine[k]) {
-    warp(t, oh, ow, s.affine + 6 * k, s.fill, dst, &sc->xtab);
+    warp(t, oh, ow, s.affine + 6 * k, s.fill[2 * k + 1], dst, &sc->xtab);
   } else {
     std::memcpy(dst, t, tile_bytes);
   }

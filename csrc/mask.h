@@ -21,7 +21,7 @@ namespace fastload {
 bool decode_mask_png(const uint8_t* data, size_t size, int h, int w, std::vector<uint8_t>* out, std::string* err);
 
 // One batch of masks: all arrays of length n (src_hw n x 2, crop n x 4, box_hw n x 2, rows n x out_h, cols
-// n x out_w, affine n x 6); sample k's PNG is regions[region[k]][offset[k]:offset[k]+length[k]].
+// n x out_w, affine n x 6, fill n x 2); sample k's PNG is regions[region[k]][offset[k]:offset[k]+length[k]].
 struct MaskBatchSpec {
   const Region* regions = nullptr;
   int64_t num_regions = 0;
@@ -39,7 +39,7 @@ struct MaskBatchSpec {
   const uint8_t* vflip = nullptr;
   const uint8_t* has_affine = nullptr;
   const double* affine = nullptr;  // output pixel -> tile coordinates, PIL's AFFINE data
-  uint8_t fill = 255;
+  const uint8_t* fill = nullptr;  // n x 2: a padded window's fill, the affine's fill (each transform's mask fill)
   uint8_t* out = nullptr;  // n x out_h x out_w
   int out_h = 0, out_w = 0;
 };

@@ -49,6 +49,7 @@ from ._augment.filters import GaussianBlur, RandomErasing  # noqa: E402
 from ._augment.mix import CutMix, MixUp  # noqa: E402  (batch transforms: fastload.open(batch_transforms=...))
 from ._augment.geometry import RandomAffine, RandomRotation, RandomVerticalFlip  # noqa: E402
 from ._augment.plan import Augment  # noqa: E402
+from ._augment.random_resize import RandomResize, check_bilinear as _interpolation  # noqa: E402  (crop plan)
 from ._augment.policies import AutoAugment, RandAugment, ThreeAugment, TrivialAugmentWide  # noqa: E402
 from ._augment.tone import (RandomAdjustSharpness, RandomAutocontrast, RandomEqualize, RandomInvert,  # noqa: E402
                             RandomPosterize, RandomSolarize)
@@ -82,6 +83,7 @@ __all__ = [
     "RandomInvert",
     "RandomOrder",
     "RandomPosterize",
+    "RandomResize",
     "RandomResizedCrop",
     "RandomRotation",
     "RandomSolarize",
@@ -93,12 +95,12 @@ __all__ = [
     "apply_pil",
 ]
 
-_SUPPORTED = ("RandomResizedCrop, Resize, CenterCrop, RandomCrop, RandomHorizontalFlip, then optionally augmentations "
-              "(TrivialAugmentWide, RandAugment, AutoAugment, ThreeAugment, ColorJitter, RandomGrayscale, Grayscale, "
-              "GaussianBlur, RandomSolarize, RandomPosterize, RandomEqualize, RandomAutocontrast, "
-              "RandomAdjustSharpness, RandomInvert, RandomErasing, RandomRotation, RandomAffine, RandomVerticalFlip, "
-              "RandomHorizontalFlip, RandomApply, RandomChoice, RandomOrder), then optionally ToDtype and Normalize "
-              "(in a list or Compose)")
+_SUPPORTED = ("RandomResizedCrop, Resize, CenterCrop, RandomResize, RandomCrop, RandomHorizontalFlip, then optionally "
+              "augmentations (TrivialAugmentWide, RandAugment, AutoAugment, ThreeAugment, ColorJitter, "
+              "RandomGrayscale, Grayscale, GaussianBlur, RandomSolarize, RandomPosterize, RandomEqualize, "
+              "RandomAutocontrast, RandomAdjustSharpness, RandomInvert, RandomErasing, RandomRotation, RandomAffine, "
+              "RandomVerticalFlip, RandomHorizontalFlip, RandomApply, RandomChoice, RandomOrder), then optionally "
+              "ToDtype and Normalize (in a list or Compose)")
 _ATTEMPTS = 10  # torchvision's RandomResizedCrop.get_params tries 10 boxes before its fallback
 
 
@@ -110,19 +112,6 @@ def _min_max(value: Any, what: str) -> tuple[float, float]:
         except (TypeError, ValueError):
             pass
     raise TypeError(f"{what}={value!r} should be a (min, max) pair of numbers")
-
-
-def _interpolation(interpolation: Any, antialias: Any, what: str) -> str:
-    # Accepts "bilinear" or torchvision's InterpolationMode.BILINEAR (whose .value is "bilinear").
-    mode = getattr(interpolation, "value", interpolation)
-    if mode != "bilinear":
-        raise ValueError(
-            f"{what}: interpolation={interpolation!r} is not supported; the native engine resizes "
-            "with antialiased bilinear only. Use interpolation='bilinear'."
-        )
-    if antialias is not True:
-        raise ValueError(f"{what}: antialias={antialias!r} is not supported; use antialias=True.")
-    return mode
 
 
 class RandomResizedCrop(Transform):

@@ -19,7 +19,7 @@ from . import color, filters, tone  # noqa: F401  (they register their operation
 from .padding import assemble
 from .plan import BILINEAR, OPS, AugmentPlan
 
-__all__ = ["run_pil", "run_pil_mask"]
+__all__ = ["mask_fills", "run_pil", "run_pil_mask"]
 
 
 def run_pil(image: Any, plan: AugmentPlan, sample: int, *, source: bool = False) -> np.ndarray:
@@ -44,20 +44,30 @@ def run_pil(image: Any, plan: AugmentPlan, sample: int, *, source: bool = False)
     return out[:, :, :1].copy() if plan.channels == 1 else out
 
 
-def run_pil_mask(mask: Any, plan: AugmentPlan, sample: int, *, fill: int = 255, source: bool = False) -> np.ndarray:
+def run_pil_mask(mask: Any, plan: AugmentPlan, sample: int, *, fill: int | None = None,
+                 source: bool = False) -> np.ndarray:
     """Move one segmentation mask (H, W) uint8 with its image's geometry: crop and resize NEAREST (``source``; a
     padded RandomCrop's window padded with ``fill``), flips, the affine always NEAREST with ``fill`` outside;
-    pixel operations skip masks."""
+    pixel operations skip masks. ``fill`` None: each transform's own mask fill, from the plan (``mask_fills``)."""
     m = np.asarray(mask)
     if m.dtype != np.uint8 or m.ndim != 2:
         raise TypeError(f"run_pil_mask: mask should be an (H, W) uint8 array, got {m.dtype} {m.shape}")
+    pad_fill, affine_fill = mask_fills(plan, sample) if fill is None else (int(fill), int(fill))
     img = _geometry(Image.fromarray(m, "L"), plan, sample, source, "run_pil_mask", "mask", Image.Resampling.NEAREST,
-                    Image.Resampling.NEAREST, int(fill))
+                    Image.Resampling.NEAREST, affine_fill, pad_fill)
     return np.asarray(img)
 
 
+def mask_fills(plan: AugmentPlan, sample: int) -> tuple[int, int]:
+    """Sample ``sample``'s mask fills: a padded RandomCrop's window's, the affine's (255 where a plan has none)."""
+    geo = plan.geometry
+    pad = geo.pad
+    pad_fill = 255 if pad is None or pad.mask_fill is None else int(pad.mask_fill[sample])
+    return pad_fill, 255 if geo.mask_fill is None else int(geo.mask_fill[sample])
+
+
 def _geometry(img: Image.Image, plan: AugmentPlan, sample: int, source: bool, who: str, what: str,
-              resize: Image.Resampling, resample: Image.Resampling, fill: Any) -> Image.Image:
+              resize: Image.Resampling, resample: Image.Resampling, fill: Any, pad_fill: Any = None) -> Image.Image:
     """The sample's geometry, the same for an image and its mask but for the resampling and the fill: crop and
     ``resize`` (from a source picture), or a check of the tile's size; flips; the affine with ``resample``."""
     geo = plan.geometry
@@ -71,8 +81,8 @@ def _geometry(img: Image.Image, plan: AugmentPlan, sample: int, source: bool, wh
             dh, dw = (int(v) for v in pad.decode_hw[sample])
             box = np.asarray(img.crop((left, top, left + w, top + h)).resize((dw, dh), resize))
             # the same window for a mask, padded with the mask's own fill (not the image's colour)
-            pad_fill = pad.fill[sample] if img.mode == "RGB" else np.asarray(fill)
-            img = Image.fromarray(assemble(box, pad.rows[sample], pad.cols[sample], pad_fill, flip=False))
+            colour = pad.fill[sample] if pad_fill is None else np.asarray(pad_fill)
+            img = Image.fromarray(assemble(box, pad.rows[sample], pad.cols[sample], colour, flip=False))
         else:
             img = img.crop((left, top, left + w, top + h)).resize((ow, oh), resize)
     elif (img.height, img.width) != (oh, ow):

@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from .plan import Augment, PlanBuilder, check_fill, check_interpolation, check_p
+from .plan import Augment, PlanBuilder, check_interpolation, check_p
+from .type_fill import split_fill
 
 __all__ = ["RandomAffine", "RandomHorizontalFlip", "RandomRotation", "RandomVerticalFlip", "inverse_affine", "rotate",
            "shear", "translate"]
@@ -132,7 +133,7 @@ class _RandomGeometric(Augment):
         self._interp = check_interpolation(interpolation, name)
         self.interpolation = "nearest" if self._interp == 0 else "bilinear"
         self.fill = fill
-        self._fill = check_fill(fill, name)
+        self._fill, self._mask_fill = split_fill(fill, name)  # the image's, a mask's (type_fill.py)
         self.center = _center(center, name)
 
 
@@ -158,7 +159,7 @@ class RandomRotation(_RandomGeometric):
         hw = b.out_hw[index]
         k = index.size
         m = inverse_affine(_centers_or(self.center, hw), -angle, _zeros2(k), np.ones(k), _zeros2(k))
-        b.affine(index, m, self._interp, self._fill)
+        b.affine(index, m, self._interp, self._fill, self._mask_fill)
 
 
 class RandomAffine(_RandomGeometric):
@@ -203,4 +204,4 @@ class RandomAffine(_RandomGeometric):
             if len(self.shear) == 4:
                 sh[:, 1] = rng.uniform(self.shear[2], self.shear[3], k)
         m = inverse_affine(_centers_or(self.center, b.out_hw[index]), angle, tr, scale, sh)
-        b.affine(index, m, self._interp, self._fill)
+        b.affine(index, m, self._interp, self._fill, self._mask_fill)

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from .plan import check_fill
+from .type_fill import split_fill
 
 __all__ = ["Padding", "assemble", "index_map"]
 
@@ -42,10 +42,11 @@ class Padding:
     rows: np.ndarray  # int32 (n, H): decoded row per tile row, -1 = fill
     cols: np.ndarray  # int32 (n, W): decoded column per tile column (unmirrored), -1 = fill
     fill: np.ndarray  # float64 (n, 3)
+    mask_fill: np.ndarray | None = None  # uint8 (n,): a mask field's fill (type_fill.py; None: 255)
 
     def take(self, lo: int, hi: int) -> Padding:
         return Padding(self.active[lo:hi], self.decode_hw[lo:hi], self.rows[lo:hi], self.cols[lo:hi],
-                       self.fill[lo:hi])
+                       self.fill[lo:hi], None if self.mask_fill is None else self.mask_fill[lo:hi])
 
 
 def index_map(start: np.ndarray, length: int, size: np.ndarray, mode: str) -> np.ndarray:
@@ -102,8 +103,9 @@ def check_mode(mode: Any) -> str:
     return mode
 
 
-def fill_of(fill: Any) -> np.ndarray:
-    f = check_fill(fill, "RandomCrop")
+def fill_of(fill: Any) -> tuple[np.ndarray, int]:
+    """RandomCrop's ``fill``: the image's (3,) and a mask's, per kind as ``type_fill.split_fill`` reads it."""
+    f, mask = split_fill(fill, "RandomCrop")
     if np.any((f < 0) | (f > 255)):
         raise ValueError(f"RandomCrop: fill={fill!r} should be in [0, 255] (uint8 images)")
-    return f
+    return f, mask

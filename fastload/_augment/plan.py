@@ -93,6 +93,7 @@ class Geometry:
     fill: np.ndarray  # float64 (n, 3): the affine's fill per channel
     crops: np.ndarray | None = None  # int64 (n, 4): top, left, height, width in source pixels
     pad: Any = None  # padding.Padding: crop windows reaching outside the image (RandomCrop), assembled first
+    mask_fill: np.ndarray | None = None  # uint8 (n,): the affine's fill on a mask field (None: 255)
 
 
 @dataclass
@@ -113,7 +114,8 @@ class AugmentPlan:
         g = self.geometry
         geo = Geometry(g.out_hw[lo:hi], g.hflip[lo:hi], g.vflip[lo:hi], g.affine[lo:hi], g.has_affine[lo:hi],
                        g.interpolation[lo:hi], g.fill[lo:hi], None if g.crops is None else g.crops[lo:hi],
-                       None if g.pad is None else g.pad.take(lo, hi))
+                       None if g.pad is None else g.pad.take(lo, hi),
+                       None if g.mask_fill is None else g.mask_fill[lo:hi])
         steps = []
         for step in self.steps:
             a, b = np.searchsorted(step.index, [lo, hi])
@@ -152,6 +154,7 @@ class PlanBuilder:
         self.has_affine = np.zeros(n, dtype=bool)
         self.interpolation = np.zeros(n, dtype=np.uint8)
         self.fill = np.zeros((n, 3))
+        self.mask_fill = np.full(n, 255, np.uint8)  # a mask field's fill for the affine (fields/mask.py)
         self.steps: list[Step] = []
         self.channels = 3
         self.pad: Any = None  # padding.Padding, set by the crop plan (RandomCrop with padding)
@@ -186,9 +189,11 @@ class PlanBuilder:
             params[name] = np.ascontiguousarray(col[order])
         self.steps.append(Step(op, ordered, params))
 
-    def affine(self, index: np.ndarray, matrix: np.ndarray, interpolation: int, fill: np.ndarray) -> None:
+    def affine(self, index: np.ndarray, matrix: np.ndarray, interpolation: int, fill: np.ndarray,
+               mask_fill: int = 255) -> None:
         """Compose an inverse affine (k, 2, 3) after the samples' current geometry. Composed maps resample once,
-        with the latest interpolation and fill (torchvision would resample, and fill, once per transform)."""
+        with the latest interpolation and fill (torchvision would resample, and fill, once per transform);
+        ``mask_fill``: what a mask following the image shows outside."""
         index = np.asarray(index, dtype=np.int64)
         if index.size == 0:
             return
@@ -199,6 +204,7 @@ class PlanBuilder:
         self.has_affine[index] = True
         self.interpolation[index] = interpolation
         self.fill[index] = fill
+        self.mask_fill[index] = mask_fill
 
     def flip(self, index: np.ndarray, horizontal: bool) -> None:
         """Mirror the samples ``index``; after an affine the mirror is composed into its matrix."""
@@ -220,7 +226,7 @@ class PlanBuilder:
 
     def finish(self) -> AugmentPlan:
         geo = Geometry(self.out_hw, self.hflip, self.vflip, self.affine_m, self.has_affine, self.interpolation,
-                       self.fill, self._crops, self.pad)
+                       self.fill, self._crops, self.pad, self.mask_fill)
         return AugmentPlan(geo, self.steps, self.channels)
 
 

@@ -16,7 +16,9 @@ __all__ = ["RandomCrop"]
 class RandomCrop(Transform):
     """Crop a random ``size`` window (int or (h, w)), after padding the image by ``padding`` and, with
     ``pad_if_needed``, by what it lacks of the crop size on both sides; the padding shows ``fill`` (``constant``)
-    or the image's ``edge``/``reflect``/``symmetric`` copy. ``ValueError`` if the (padded) image is smaller."""
+    or the image's ``edge``/``reflect``/``symmetric`` copy. ``ValueError`` if the (padded) image is smaller.
+    ``fill={"image": 0, "mask": 255}`` gives a mask field its own (``type_fill.py``; a plain fill is the image's,
+    masks keeping 255)."""
 
     def __init__(self, size: int | Sequence[int], padding: Any = None, pad_if_needed: bool = False, fill: Any = 0,
                  padding_mode: str = "constant") -> None:
@@ -24,7 +26,7 @@ class RandomCrop(Transform):
         self.padding = parse_padding(padding)
         self.pad_if_needed = bool(pad_if_needed)
         self.fill = fill
-        self._fill = fill_of(fill)
+        self._fill, self._mask_fill = fill_of(fill)  # the image's, a mask's (type_fill.py)
         self.padding_mode = check_mode(padding_mode)
 
     @property
@@ -75,7 +77,8 @@ class RandomCrop(Transform):
         active = ~((rows == np.arange(ch)).all(axis=1) & (cols == np.arange(cw)).all(axis=1))
         n = state.h.shape[0]
         state.crop(y0, np.where(state.flip, state.w - x1, x0), y1 - y0, x1 - x0)
-        state.pad = Padding(active, np.stack([y1 - y0, x1 - x0], axis=1), rows, cols, np.tile(self._fill, (n, 1)))
+        state.pad = Padding(active, np.stack([y1 - y0, x1 - x0], axis=1), rows, cols, np.tile(self._fill, (n, 1)),
+                            np.full(n, self._mask_fill, np.uint8))
         state.tile_hw = (ch, cw)
 
 

@@ -53,12 +53,46 @@ def _interp(t: Any) -> Any:
     return getattr(t, "interpolation", "nearest")
 
 
+def _is_v2(t: Any) -> bool:
+    return type(t).__module__.startswith("torchvision.transforms.v2")
+
+
+def _v2_fill(fill: dict, kind: str) -> Any:
+    """torchvision v2's ``_get_fill`` for the image (``tv_tensors.Image``) or a mask (``tv_tensors.Mask``): the
+    kind's own entry (keys matched by class name), else ``"others"``, else None (zeros)."""
+    for k, v in fill.items():
+        if getattr(k, "__name__", None) == kind:
+            return v
+    return fill.get("others")
+
+
 def _fill(t: Any) -> Any:
-    """torchvision's ``fill`` as given (v2 also keeps ``_fill``, per image type; the public one is the user's)."""
+    """The image's ``fill`` (the policies: torchvision's auto-augment transforms fill the image only). v2 keeps the
+    user's ``fill`` (a dict per tv_tensor type, or one value), v1 one value."""
     fill = getattr(t, "fill", None)
-    if isinstance(fill, dict):  # v2: a fill per tv_tensor type
-        fill = next(iter(fill.values()), None) if len(set(map(repr, fill.values()))) <= 1 else fill
-    return fill
+    return _v2_fill(fill, "Image") if isinstance(fill, dict) else fill
+
+
+def _typed_fill(t: Any) -> Any:
+    """RandomCrop's, RandomRotation's and RandomAffine's ``fill`` in fastload's per-kind spelling (``type_fill.py``),
+    with torchvision's meaning: v2 fills every type with a plain value (``{"others": fill}``) and a dict's missing
+    types with ``"others"`` or zeros, so a converted v2 transform fills a mask as torchvision would (a per-channel
+    fill, which torchvision cannot apply to a mask, leaves the mask fastload's 255); v1 transforms never see masks,
+    so their plain fill stays the image's."""
+    fill = getattr(t, "fill", None)
+    if not _is_v2(t):
+        return fill
+    if isinstance(fill, dict):
+        bad = [k for k in fill if k != "others" and getattr(k, "__name__", None) not in ("Image", "Mask")]
+        if bad:
+            raise ValueError(f"fill={fill!r} has a fill for {bad[0]!r}; fastload fills images and masks only "
+                             f"(tv_tensors.Image, tv_tensors.Mask, 'others')")
+        image, mask = _v2_fill(fill, "Image"), _v2_fill(fill, "Mask")
+    else:
+        image = mask = fill
+    if isinstance(mask, (list, tuple)) and len(mask) != 1:
+        return image
+    return {"image": image, "mask": 0 if mask is None else mask}
 
 
 def _members(t: Any, what: str, classes: Any) -> list:
@@ -99,12 +133,14 @@ def _rules(T: Any) -> dict[str, Callable[[Any], list]]:
                                                             getattr(t, "antialias", True))],
         "Resize": lambda t: [T.Resize(t.size, t.interpolation, t.max_size, getattr(t, "antialias", True))],
         "CenterCrop": lambda t: [T.CenterCrop(t.size)],
-        "RandomCrop": lambda t: [T.RandomCrop(t.size, t.padding, t.pad_if_needed, _fill(t), t.padding_mode)],
+        "RandomResize": lambda t: [T.RandomResize(t.min_size, t.max_size, t.interpolation,
+                                                  getattr(t, "antialias", True))],
+        "RandomCrop": lambda t: [T.RandomCrop(t.size, t.padding, t.pad_if_needed, _typed_fill(t), t.padding_mode)],
         "RandomHorizontalFlip": lambda t: [T.RandomHorizontalFlip(t.p)],
         "RandomVerticalFlip": lambda t: [T.RandomVerticalFlip(t.p)],
-        "RandomRotation": lambda t: [T.RandomRotation(t.degrees, _interp(t), t.expand, t.center, _fill(t))],
-        "RandomAffine": lambda t: [T.RandomAffine(t.degrees, t.translate, t.scale, t.shear, _interp(t), _fill(t),
-                                                  t.center)],
+        "RandomRotation": lambda t: [T.RandomRotation(t.degrees, _interp(t), t.expand, t.center, _typed_fill(t))],
+        "RandomAffine": lambda t: [T.RandomAffine(t.degrees, t.translate, t.scale, t.shear, _interp(t),
+                                                  _typed_fill(t), t.center)],
         "ColorJitter": lambda t: [T.ColorJitter(t.brightness, t.contrast, t.saturation, t.hue)],
         "Grayscale": lambda t: [T.Grayscale(t.num_output_channels)],
         "RandomGrayscale": lambda t: [T.RandomGrayscale(t.p)],

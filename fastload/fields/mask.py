@@ -8,7 +8,9 @@ sample.
 
 A mask follows the dataset's one image field with transforms (``follows``): the image's plan (crop box,
 resize, flips, a padded RandomCrop's window, the affine) is executed on the mask with NEAREST interpolation
-and the mask's own fill (``MASK_FILL``, 255: torchvision's segmentation reference), skipping pixel operations.
+and the mask's own fill, skipping pixel operations. Each transform gives it (``fill={"image": 0, "mask": 255}``,
+``_augment/type_fill.py``); a plain fill is the image's and the mask's stays ``MASK_FILL``, 255: torchvision's
+segmentation reference's "ignore".
 A mask must have its image's size. ``ds[i]`` shares the plan through ``ReadContext.plans`` (whichever of the
 image and its mask reads first draws it); a batch through the batcher's ``plans`` (the image part records
 its plan, mask parts fill after the image parts). ``ds[i]`` runs the PIL reference engine
@@ -25,11 +27,11 @@ import numpy as np
 import torch
 
 from .._errors import SchemaError
+from .._augment.type_fill import MASK_FILL  # the default mask fill (255)
 from .._native import native
 from ._codec import Codec, Column, NotFastPath, Part, as_array, draw_plan, is_pil_image
 from .image import FileImage
 
-MASK_FILL = 255  # torchvision's segmentation reference pads and rotates masks with 255 ("ignore")
 MAX_SIDE = (1 << 31) - 1  # PNG's own limit
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -118,9 +120,10 @@ def geometry_of(plan: Any) -> Any:
     return PlanBuilder.from_crop_plan(plan).finish()
 
 
-def move_mask(mask: np.ndarray, geometry: Any, k: int, image_hw: tuple[int, int], fill: int = MASK_FILL) -> np.ndarray:
+def move_mask(mask: np.ndarray, geometry: Any, k: int, image_hw: tuple[int, int],
+              fill: int | None = None) -> np.ndarray:
     """Sample ``k``'s mask (the source's size) moved by the plan ``geometry`` (``geometry_of``); ValueError when
-    the mask's size is not its image's."""
+    the mask's size is not its image's. ``fill`` None: each transform's mask fill, from the plan."""
     from .._augment.engine_pil import run_pil_mask
 
     if tuple(mask.shape) != tuple(image_hw):
@@ -134,13 +137,17 @@ def size_mismatch(mask_hw: Any, image_hw: Any) -> str:
 
 
 def decode_masks(pool: Any, sources: tuple, meta: np.ndarray, plan: Any, out: np.ndarray,
-                 fill: int = MASK_FILL) -> list:
+                 fill: int | None = None) -> list:
     """The batch's masks (``sources``: ``(regions, region, offset, length)``, ``meta``: (n, 2) stored sizes) moved
     with ``plan`` (a ``transforms.Plan``) into ``out`` (n, H, W) uint8, natively on ``pool`` (csrc/mask.cc, equal
-    to ``move_mask``'s PIL reference). Returns the failures ``[(k, message)]``."""
+    to ``move_mask``'s PIL reference). ``fill`` None: each transform's mask fill, from the plan. Returns the
+    failures ``[(k, message)]``."""
     geo = geometry_of(plan).geometry
     n, (oh, ow) = len(meta), out.shape[1:]
     pad = geo.pad
+    if fill is None:  # per sample: the padded window's fill, the affine's (csrc/mask.cc reads both)
+        fill = np.stack([np.full(n, MASK_FILL) if pad is None or pad.mask_fill is None else pad.mask_fill,
+                         np.full(n, MASK_FILL) if geo.mask_fill is None else geo.mask_fill], axis=1).astype(np.uint8)
     if pad is None:
         padded = np.zeros(n, np.uint8)
         box_hw = geo.out_hw
