@@ -11,8 +11,9 @@ reader, runs that reader the way training would, and checks the outcome.
                record), the rest is that key's new value; then open, read, fast path and verify
 ``jpeg``       the bytes are a JPEG: header, full decode, cropped/DCT-scaled decode, and a batch on a 2-thread
                native pool, as JPEG and as raw RGB
-``mask``       the bytes are a mask field's PNG: ``decode_mask`` at its header's size (and another), and a batch
-               on a 2-thread native pool moved by a padded crop, flips and a rotation (csrc/mask.cc)
+``mask``       the bytes are a mask field's PNG: ``decode_mask`` at its header's size (and another), equal to
+               Pillow's decode where Pillow reads an 8-bit grayscale image, and a batch on a 2-thread native pool
+               moved by a padded crop, flips and a rotation (csrc/mask.cc)
 ``all``        byte 0 picks one of the above, the rest is its input (one process fuzzes everything)
 =============  ===============================================================================================
 
