@@ -3,6 +3,7 @@
 #include "bind_common.h"
 
 #include <cmath>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -53,6 +54,13 @@ AffineArgs affine_args(py::handle src, py::handle out, py::handle scale_seq, py:
     throw py::type_error("out: expected a float32 numpy array, got " + describe_array(out));
   }
   r.out = byte_out(out, "float32");
+  // numpy allows a float32 array at any byte address (np.frombuffer(..., offset=1)); the kernels store floats
+  // through float pointers, which must be aligned (undefined behaviour otherwise; UBSan stops on it)
+  if (reinterpret_cast<uintptr_t>(r.out.data()) % alignof(float) != 0) {
+    throw py::value_error("out: expected a float32 array aligned to 4 bytes (as np.empty gives), got one at an "
+                          "address " + std::to_string(reinterpret_cast<uintptr_t>(r.out.data()) % alignof(float)) +
+                          " bytes past that; copy it into np.empty(...) first");
+  }
   if (r.out.size() != r.src.size()) {
     throw py::value_error("out: has " + std::to_string(r.out.size()) + " elements (" + describe_array(out) +
                           "), src has " + std::to_string(r.src.size()));

@@ -12,8 +12,12 @@
 namespace fastload {
 namespace {
 
-// a crafted meta (matching a crafted IHDR) cannot make a thread allocate more than this
-constexpr int64_t kMaxMaskPixels = int64_t{1} << 31;
+// a crafted meta (matching a crafted IHDR) cannot make a thread allocate more than this: the images' limit
+// (jpeg.h kMaxPixels), as a mask has its image's size
+constexpr int64_t kMaxMaskPixels = int64_t{1} << 28;
+// deflate shrinks data at most 1032 times (a 258-byte match in two 1-bit codes), so a PNG of `size` bytes holds
+// at most this many times as many pixels: a header claiming more is refused before its pixels are allocated
+constexpr int64_t kMaxDeflateRatio = 1032;
 
 inline int coord(double v) { return v < 0.0 ? -1 : static_cast<int>(v); }
 
@@ -117,6 +121,26 @@ void warp(const uint8_t* in, int h, int w, const double* a, uint8_t fill, uint8_
   }
 }
 
+// The first chunk before the pixels (IDAT) that would make the simplified API change the gray values it returns
+// (gAMA: converted to sRGB; tRNS: composited onto whatever the output buffer held, another sample's pixels here;
+// the colour-space chunks: gamma in newer libpngs), or nullptr. fastload's packer writes none of them (Pillow's
+// plain "L" PNG), so one in a shard is crafted or foreign: refused, since a class id must come back as itself.
+const char* converting_chunk(const uint8_t* data, size_t size) {
+  static const char* const kConverting[] = {"gAMA", "tRNS", "sRGB", "iCCP", "cHRM", "cICP"};
+  size_t at = 8;
+  while (size - at >= 8) {  // at <= size throughout
+    const uint8_t* type = data + at + 4;
+    if (std::memcmp(type, "IDAT", 4) == 0) return nullptr;
+    for (const char* kind : kConverting) {
+      if (std::memcmp(type, kind, 4) == 0) return kind;
+    }
+    const size_t len = be32(data + at);
+    if (len > size - at - 8 || size - at - 8 - len < 4) return nullptr;  // truncated: libpng says so
+    at += 12 + len;
+  }
+  return nullptr;
+}
+
 struct Scratch {
   std::vector<uint8_t> mask, box, tile;
   std::vector<int> xtab;
@@ -213,8 +237,20 @@ bool decode_mask_png(const uint8_t* data, size_t size, int h, int w, std::vector
            std::to_string(w) + "x" + std::to_string(h);
     return false;
   }
-  if (static_cast<int64_t>(h) * w > kMaxMaskPixels) {
-    *err = "mask of " + std::to_string(h) + "x" + std::to_string(w) + " pixels is too large";
+  const int64_t pixels = static_cast<int64_t>(h) * w;
+  if (pixels > kMaxMaskPixels) {
+    *err = "mask of " + std::to_string(w) + "x" + std::to_string(h) + " pixels is more than fastload decodes (2^28 "
+           "pixels, as for images)";
+    return false;
+  }
+  if (pixels > kMaxDeflateRatio * static_cast<int64_t>(size)) {
+    *err = "mask PNG of " + std::to_string(size) + " bytes cannot hold " + std::to_string(w) + "x" +
+           std::to_string(h) + " pixels (deflate shrinks data at most 1032 times)";
+    return false;
+  }
+  if (const char* kind = converting_chunk(data, size)) {
+    *err = std::string("mask PNG has a ") + kind + " chunk (gamma, transparency or colour space), which would "
+           "change its class ids in decoding; a packed mask has none";
     return false;
   }
   png_image image;

@@ -11,8 +11,9 @@ reader, runs that reader the way training would, and checks the outcome.
                record), the rest is that key's new value; then open, read, fast path and verify
 ``jpeg``       the bytes are a JPEG: header, full decode, cropped/DCT-scaled decode, and a batch on a 2-thread
                native pool, as JPEG and as raw RGB
-``mask``       the bytes are a mask field's PNG: ``decode_mask`` at its header's size (and another), and a batch
-               on a 2-thread native pool moved by a padded crop, flips and a rotation (csrc/mask.cc)
+``mask``       the bytes are a mask field's PNG: ``decode_mask`` at its header's size (and another), equal to
+               Pillow's decode where Pillow reads an 8-bit grayscale image, and a batch on a 2-thread native pool
+               moved by a padded crop, flips and a rotation (csrc/mask.cc)
 ``all``        byte 0 picks one of the above, the rest is its input (one process fuzzes everything)
 =============  ===============================================================================================
 
@@ -34,6 +35,7 @@ import re
 import shutil
 import struct
 import tempfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -413,7 +415,25 @@ def mask_seeds() -> list[bytes]:
 
         Image.fromarray(labels).convert(mode).save(buf, format="PNG")
         out.append(buf.getvalue())
+    # chunks that would make libpng convert the gray values (refused), and harmless ones (decoded as Pillow does)
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    for extra in (chunk(b"gAMA", struct.pack(">I", 100000)), chunk(b"tRNS", b"\x00\x03"), chunk(b"sBIT", b"\x04")
+                  + chunk(b"tEXt", b"k\x00v")):
+        out.append(out[0][:33] + extra + out[0][33:])
     return out
+
+
+def _pil_gray(data: bytes) -> np.ndarray | None:
+    """Pillow's 8-bit grayscale decode of ``data``, or None where Pillow does not read it as one."""
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            return np.asarray(img) if img.mode == "L" else None
+    except Exception:  # noqa: BLE001 - any refusal by Pillow just leaves nothing to compare with
+        return None
 
 
 class MaskTarget:
@@ -444,6 +464,9 @@ class MaskTarget:
             else:
                 if arr.shape != (hh, ww):
                     raise Finding(f"decode_mask gave shape {arr.shape}, asked for {hh}x{ww}")
+                ref = _pil_gray(data)  # a class id must come back as itself: what Pillow reads, where it reads one
+                if ref is not None and ref.shape == arr.shape and not np.array_equal(ref, arr):
+                    raise Finding(f"decode_mask differs from Pillow's decode in {int((ref != arr).sum())} pixels")
         if not (1 <= hh <= 4096 and 1 <= ww <= 4096):
             return " | ".join(sig) or "ok"
         # one batch: the bytes whole and cut, a padded window (-1 = fill), flips and a rotation

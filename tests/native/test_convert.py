@@ -75,3 +75,16 @@ def test_every_bad_argument_is_a_clear_error():
     with pytest.raises(ValueError, match="overlaps src"):
         _C.affine_u8_f32(shared[: x.size].reshape(x.shape), shared[4:4 + 4 * x.size].view(np.float32).reshape(x.shape),
                          s3, s3)
+
+
+@pytest.mark.parametrize("avx2", [True, False])
+def test_an_unaligned_out_is_refused(avx2):
+    # numpy puts a float32 array at any byte address; the kernels store through float pointers (UB unaligned)
+    x = np.arange(2 * 5 * 7 * 3, dtype=np.uint8).reshape(2, 5, 7, 3)
+    out = np.frombuffer(bytearray(4 * x.size + 1), np.float32, count=x.size, offset=1).reshape(x.shape)
+    assert out.flags.writeable and out.flags.c_contiguous and not out.flags.aligned
+    with pytest.raises(ValueError, match="aligned to 4 bytes"):
+        _C.affine_u8_f32(x, out, [0.5] * 3, [0.0] * 3, avx2=avx2)
+    with pytest.raises(ValueError, match="aligned to 4 bytes"):
+        _C.mix_affine_u8_f32(x, out, [0.5] * 3, [0.0] * 3, "mixup", 0.5, avx2=avx2)
+    assert not out.any()  # untouched
