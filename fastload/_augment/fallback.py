@@ -142,7 +142,9 @@ class SampleTimes:
 
 
 class _Seeded:
-    """``random``, ``numpy.random`` and ``torch``'s CPU generator seeded for one sample, restored afterwards."""
+    """``random``, ``numpy.random`` and ``torch``'s CPU generator seeded for one sample, restored afterwards.
+    Only the CPU generator: ``torch.manual_seed`` would also seed every CUDA generator (which is not restored,
+    and, before CUDA starts, is queued with a stack trace: ~0.2 ms a sample)."""
 
     def __init__(self, seed: int) -> None:
         self.seed = int(seed)
@@ -151,7 +153,7 @@ class _Seeded:
         self.saved = (random.getstate(), np.random.get_state(), torch.get_rng_state())
         random.seed(self.seed)
         np.random.seed(self.seed & 0xFFFFFFFF)
-        torch.manual_seed(self.seed)
+        torch.default_generator.manual_seed(self.seed)
 
     def __exit__(self, *exc: Any) -> None:
         random.setstate(self.saved[0])

@@ -1,0 +1,117 @@
+"""Per-sample transforms (``_augment/fallback*.py``) where their worker processes meet trouble: a worker that
+died between batches, a transform that never returns under the loader's ``timeout=``, and the caller's
+generators (CUDA's too) after the transforms ran in the caller's process. Each ends in a clear error naming
+the worker, in bounded time, with nothing left behind (tests/test_shutdown.py's checks)."""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing
+import os
+import signal
+import time
+import warnings
+
+import pytest
+import torch
+
+import fastload
+import fastload.transforms as T
+from test_shutdown import left_behind, resources
+
+pytestmark = pytest.mark.timeout(120)
+
+CROP = [T.RandomResizedCrop(24), T.RandomHorizontalFlip()]
+
+
+def invert(img: torch.Tensor) -> torch.Tensor:
+    return 255 - img
+
+
+def hang_in_a_worker(img: torch.Tensor) -> torch.Tensor:
+    if multiprocessing.current_process().name.startswith("fastload-transform"):
+        time.sleep(600)
+    return img
+
+
+def _workers() -> list:
+    return [p for p in multiprocessing.active_children() if p.name.startswith("fastload-transform")]
+
+
+def test_a_worker_killed_between_batches_is_named_at_the_next_batch(image_shards):
+    """The out-of-memory killer may take an idle worker of a persistent loader: the next batch says which worker
+    died and how (it raised a bare ``BrokenPipeError: [Errno 32] Broken pipe`` when the batch was sent to it),
+    and the epoch after that runs on a new pool."""
+    gc.collect()
+    before = resources(image_shards)
+    ds = fastload.open(image_shards, transforms={"image": [*CROP, invert]})
+    loader = fastload.DataLoader(ds, batch_size=8, shuffle=True, seed=0, num_workers=2, persistent_workers=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", fastload.FastPathWarning)
+        expected = [b[0].clone() for b in loader]
+        victim = _workers()[0]
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.join(5)
+        with pytest.raises(RuntimeError, match=rf"DataLoader worker \(pid {victim.pid}\) is killed by signal: Killed.*"
+                                               r"fastload worker \d.*per-sample image transform"):
+            list(loader)
+        assert _workers() == []
+        again = [b[0].clone() for b in loader]
+    assert len(again) == len(expected) and all(torch.equal(a, b) for a, b in zip(again, expected))
+    del loader, ds
+    assert not left_behind(before, image_shards)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_transform_that_never_returns_ends_in_the_loaders_timeout(image_shards, persistent):
+    """``timeout=2``: the loader gave up waiting, then joined its producer thread, which waited for the workers
+    without a limit: the loop hung for good. Now the workers' wait is bounded by the same timeout, the stuck
+    workers are ended, and the loop gets torch's timeout error."""
+    gc.collect()
+    before = resources(image_shards)
+    ds = fastload.open(image_shards, transforms={"image": [*CROP, hang_in_a_worker]})
+    loader = fastload.DataLoader(ds, batch_size=8, num_workers=2, timeout=2, persistent_workers=persistent)
+    start = time.monotonic()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", fastload.FastPathWarning)
+        with pytest.raises(RuntimeError, match=r"timed out after 2 seconds"):
+            list(loader)
+    assert time.monotonic() - start < 20
+    assert _workers() == []
+    del loader, ds
+    assert not left_behind(before, image_shards)
+
+
+def test_the_pools_own_wait_names_the_worker_that_did_not_answer():
+    """The pool's error when nobody else times out first (the calling thread filled the batch itself)."""
+    import numpy as np
+
+    from fastload._augment.fallback import SampleTimes, UserTransform
+    from fastload._augment.fallback_workers import FallbackPool
+
+    pool = FallbackPool([UserTransform(hang_in_a_worker)], 2, 4, (2, 2, 3))
+    rows = np.zeros((4, 2, 2, 3), np.uint8)
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"timed out after 1(\.0)? seconds.*per-sample image transform worker 0 "
+                                           r"\(pid \d+\).*sample <0>"):
+        pool.run(rows, range(4), np.arange(4, dtype=np.uint64), lambda k: f"sample <{k}>", SampleTimes(1), timeout=1)
+    assert time.monotonic() - start < 10 and pool.closed and _workers() == []
+
+
+@pytest.mark.parametrize("where", ["loader", "ds[i]"])
+def test_the_callers_cuda_generators_are_not_reseeded(image_shards, monkeypatch, where):
+    """In the caller's process (num_workers=0, ds[i]) each sample was seeded with ``torch.manual_seed``, which
+    also seeds every CUDA generator (queued until CUDA starts when it has not): only the CPU generator is
+    restored afterwards, so the training loop's CUDA randomness became the last sample's. And it cost ~0.2 ms a
+    sample (the queued seeding records a stack trace)."""
+    calls = []
+    monkeypatch.setattr(torch.cuda, "manual_seed_all", lambda seed: calls.append(seed))
+    ds = fastload.open(image_shards, transforms={"image": [*CROP, invert]})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", fastload.FastPathWarning)
+        if where == "loader":
+            assert len(list(fastload.DataLoader(ds, batch_size=8, num_workers=0))) == 6
+        else:
+            ds[3]
+    assert calls == []
