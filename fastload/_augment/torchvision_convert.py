@@ -61,6 +61,16 @@ def _fill(t: Any) -> Any:
     return fill
 
 
+def _padding(t: Any) -> Any:
+    """RandomCrop's padding as its argument's [left, top, right, bottom]: v2 keeps [left, right, top, bottom]
+    (``_parse_pad_padding``); v1 keeps the argument."""
+    pad = t.padding
+    if pad is not None and type(t).__module__.startswith("torchvision.transforms.v2"):
+        left, right, top, bottom = pad
+        pad = [left, top, right, bottom]
+    return pad
+
+
 def _members(t: Any, what: str, classes: Any) -> list:
     """A container's members, converted; a member with no native equivalent makes the container run per sample."""
     out = []
@@ -99,7 +109,7 @@ def _rules(T: Any) -> dict[str, Callable[[Any], list]]:
                                                             getattr(t, "antialias", True))],
         "Resize": lambda t: [T.Resize(t.size, t.interpolation, t.max_size, getattr(t, "antialias", True))],
         "CenterCrop": lambda t: [T.CenterCrop(t.size)],
-        "RandomCrop": lambda t: [T.RandomCrop(t.size, t.padding, t.pad_if_needed, _fill(t), t.padding_mode)],
+        "RandomCrop": lambda t: [T.RandomCrop(t.size, _padding(t), t.pad_if_needed, _fill(t), t.padding_mode)],
         "RandomHorizontalFlip": lambda t: [T.RandomHorizontalFlip(t.p)],
         "RandomVerticalFlip": lambda t: [T.RandomVerticalFlip(t.p)],
         "RandomRotation": lambda t: [T.RandomRotation(t.degrees, _interp(t), t.expand, t.center, _fill(t))],
