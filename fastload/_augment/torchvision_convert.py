@@ -125,7 +125,8 @@ def _rules(T: Any) -> dict[str, Callable[[Any], list]]:
         "RandomAutocontrast": lambda t: [T.RandomAutocontrast(t.p)],
         "RandomAdjustSharpness": lambda t: [T.RandomAdjustSharpness(t.sharpness_factor, t.p)],
         "RandomInvert": lambda t: [T.RandomInvert(t.p)],
-        "RandomErasing": lambda t: [T.RandomErasing(t.p, t.scale, t.ratio, t.value)],
+        # v2 keeps value="random" as None
+        "RandomErasing": lambda t: [T.RandomErasing(t.p, t.scale, t.ratio, "random" if t.value is None else t.value)],
         "RandomApply": lambda t: [T.RandomApply(_members(t, "RandomApply", T), t.p)],
         "RandomChoice": lambda t: [T.RandomChoice(_members(t, "RandomChoice", T), choice_p(t))],
         "RandomOrder": lambda t: [T.RandomOrder(_members(t, "RandomOrder", T))],
