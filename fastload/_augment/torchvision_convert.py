@@ -90,11 +90,13 @@ def _rules(T: Any) -> dict[str, Callable[[Any], list]]:
 
     def dtype_of(t: Any) -> Any:
         dtype = t.dtype
-        if isinstance(dtype, dict):  # v2.ToDtype({tv_tensors.Image: torch.float32, ...})
-            images = [v for k, v in dtype.items() if getattr(k, "__name__", str(k)) in ("Image", "Tensor", "others")]
-            if len(images) != 1:
-                raise ValueError(f"ToDtype(dtype={dtype!r}): give one dtype for images")
-            dtype = images[0]
+        if isinstance(dtype, dict):  # v2.ToDtype({tv_tensors.Image: torch.float32, "others": None, ...})
+            # what v2 applies to an image: its Image entry, else a plain tensor's, else "others" (None: unchanged)
+            by_name = {getattr(k, "__name__", str(k)): v for k, v in dtype.items()}
+            image = next((by_name[n] for n in ("Image", "Tensor", "others") if n in by_name), None)
+            if image is None:
+                raise ValueError(f"ToDtype(dtype={dtype!r}): give a dtype for images")
+            dtype = image
         if not isinstance(dtype, torch.dtype):
             raise ValueError(f"dtype={dtype!r} is not a torch.dtype")
         return dtype
