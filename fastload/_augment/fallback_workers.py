@@ -80,7 +80,12 @@ def _serve(conn: Any, transforms: Sequence[Any], staging: np.ndarray, wid: int, 
             try:
                 run_rows(transforms, staging[first:stop], range(stop - first), seeds, labels.__getitem__, times)
             except Exception:
-                conn.send((ERROR, ExceptionWrapper(where=f"in fastload's per-sample transform worker {wid}")))
+                wrapped = ExceptionWrapper(where=f"in fastload's per-sample transform worker {wid}")
+                try:
+                    conn.send((ERROR, wrapped))
+                except Exception:  # its class does not pickle (defined in a function): its traceback, as torch's
+                    wrapped.exc_type = RuntimeError  # RuntimeError, rather than the worker dying without it
+                    conn.send((ERROR, wrapped))
                 continue
             conn.send((OK, times))
     except (KeyboardInterrupt, BrokenPipeError, ConnectionResetError, EOFError):

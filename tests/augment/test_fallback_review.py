@@ -117,3 +117,27 @@ def test_the_callers_cuda_generators_are_not_reseeded(image_shards, monkeypatch,
         else:
             ds[3]
     assert calls == []
+
+
+def _raises_a_local_exception():
+    class Local(Exception):  # defined in a function: its class does not pickle
+        pass
+
+    def fail(img):
+        raise Local("no such colour")
+
+    return fail
+
+
+def test_an_exception_whose_class_does_not_pickle_still_names_the_sample(image_shards):
+    """The worker could not send it back and died ('exited unexpectedly with exit code 1. Details are lost'):
+    now its traceback comes back as torch's RuntimeError, with the sample's note."""
+    ds = fastload.open(image_shards, transforms={"image": [*CROP, _raises_a_local_exception()]})
+    loader = fastload.DataLoader(ds, batch_size=8, shuffle=False, num_workers=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", fastload.FastPathWarning)
+        with pytest.raises(RuntimeError) as info:
+            next(iter(loader))
+    text = str(info.value)
+    assert "Local: no such colour" in text and "sample 0, field 'image'" in text and "exited" not in text
+    assert _workers() == []
