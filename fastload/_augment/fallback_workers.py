@@ -253,6 +253,7 @@ class FallbackRunner:
                 self.pool = FallbackPool(self.transforms, n, max(self.batch_size, len(rows)), tuple(rows.shape[1:]))
             self.pool.run(rows, ks, seeds, where, times, timeout)
         else:
+            self.close()  # a pool made at another thread count (num_workers='auto' measured it) is not kept idle
             run_rows(self.transforms, rows, ks, seeds, where, times)
         if not self.warned and times.images:
             self.warned = True

@@ -141,3 +141,22 @@ def test_an_exception_whose_class_does_not_pickle_still_names_the_sample(image_s
     text = str(info.value)
     assert "Local: no such colour" in text and "sample 0, field 'image'" in text and "exited" not in text
     assert _workers() == []
+
+
+def test_a_pool_is_not_kept_once_the_transforms_run_in_the_calling_thread():
+    """num_workers='auto' fills batches with 1, 2, ... threads to measure them, which made a pool of that many
+    workers; when it chose 0 threads, those processes stayed idle for the loader's life (persistent_workers)."""
+    import numpy as np
+
+    from fastload._augment.fallback import UserTransform
+    from fastload._augment.fallback_workers import FallbackRunner
+
+    runner = FallbackRunner("image", [UserTransform(invert)], 4)
+    rows = np.zeros((4, 2, 2, 3), np.uint8)
+    seeds = np.arange(4, dtype=np.uint64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", fastload.FastPathWarning)
+        runner.run(rows, range(4), seeds, str, type("Pool", (), {"size": 2})())
+        assert len(_workers()) == 2 and (rows == 255).all()
+        runner.run(rows, range(4), seeds, str, None)
+    assert _workers() == [] and (rows == 0).all() and runner.pool is None
