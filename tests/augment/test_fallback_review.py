@@ -160,3 +160,35 @@ def test_a_pool_is_not_kept_once_the_transforms_run_in_the_calling_thread():
         assert len(_workers()) == 2 and (rows == 255).all()
         runner.run(rows, range(4), seeds, str, None)
     assert _workers() == [] and (rows == 0).all() and runner.pool is None
+
+
+def draw_from_every_generator(img: torch.Tensor) -> torch.Tensor:
+    """Draws from Python's, numpy's and torch's global generators, as user transforms do."""
+    import random
+
+    import numpy as np
+
+    img[0, 0, 0] = random.randint(0, 255)
+    img[1, 0, 0] = int(np.random.randint(0, 256))
+    img[:, 1, :] = torch.randint(0, 256, (3, img.shape[2]), dtype=torch.uint8)
+    return img
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # 3 threads on a 2-CPU machine
+def test_resume_mid_epoch_and_three_workers_give_the_same_images(image_shards):
+    """A checked property (it held): the per-sample seeds come from the batch's generator, so neither the number
+    of worker processes (0 to 3) nor a resume with another number changes a sample."""
+    from conftest import resumed_and_reference
+
+    ds = fastload.open(image_shards, transforms={"image": [*CROP, draw_from_every_generator]})
+
+    def make(num_workers):
+        return fastload.DataLoader(ds, batch_size=4, shuffle=True, seed=11, num_workers=num_workers)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", fastload.FastPathWarning)
+        reference = [b[0].clone() for b in make(0)]
+        assert all(torch.equal(a, b) for a, b in zip(reference, [b[0].clone() for b in make(3)]))
+        for workers_after in (0, 3):
+            got, expected = resumed_and_reference(make, workers_after, done=5)
+            assert len(got) == len(expected) == 7 and all(torch.equal(a, b) for a, b in zip(got, expected))
