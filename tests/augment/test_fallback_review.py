@@ -192,3 +192,22 @@ def test_resume_mid_epoch_and_three_workers_give_the_same_images(image_shards):
         for workers_after in (0, 3):
             got, expected = resumed_and_reference(make, workers_after, done=5)
             assert len(got) == len(expected) == 7 and all(torch.equal(a, b) for a, b in zip(got, expected))
+
+
+def test_a_mask_that_does_not_follow_the_per_sample_transforms_is_said(tmp_path):
+    """A mask follows its image's native plan; a per-sample transform changes the image alone, so a geometric
+    one (an ElasticTransform, a user's warp) left the mask misaligned without a word."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    samples = [{"image": rng.integers(0, 256, (20, 24, 3), dtype=np.uint8),
+                "mask": rng.integers(0, 4, (20, 24), dtype=np.uint8)} for _ in range(4)]
+    schema = {"image": fastload.Field.image("image"), "mask": fastload.Field.mask("mask")}
+    fastload.pack(samples, tmp_path / "seg", workers=0, schema=schema, image_mode="raw")
+    ds = fastload.open(tmp_path / "seg", transforms={"image": [T.RandomResizedCrop(16), invert]})
+    with pytest.warns(UserWarning, match=r"mask field 'mask' follows the native transforms of image 'image' only; "
+                                         r".*invert run per sample on the image alone"):
+        loader = fastload.DataLoader(ds, batch_size=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", fastload.FastPathWarning)
+        assert next(iter(loader))[1].shape == (4, 16, 16)  # (image, mask)
