@@ -152,7 +152,9 @@ class _Seeded:
     def __enter__(self) -> None:
         self.saved = (random.getstate(), np.random.get_state(), torch.get_rng_state())
         random.seed(self.seed)
-        np.random.seed(self.seed & 0xFFFFFFFF)
+        # a hash of the seed, as torch's DataLoader seeds its workers' numpy: numpy and torch expand a 32-bit seed
+        # alike (MT19937's init_genrand), so the same one gave torch numpy's numbers again
+        np.random.seed(int(np.random.SeedSequence(self.seed).generate_state(1)[0]))
         torch.default_generator.manual_seed(self.seed)
 
     def __exit__(self, *exc: Any) -> None:

@@ -211,3 +211,24 @@ def test_a_mask_that_does_not_follow_the_per_sample_transforms_is_said(tmp_path)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", fastload.FastPathWarning)
         assert next(iter(loader))[1].shape == (4, 16, 16)  # (image, mask)
+
+
+def test_numpys_and_torchs_streams_are_not_the_same_numbers():
+    """Both were seeded with the sample's seed's low 32 bits, which both expand the same way (MT19937's
+    init_genrand): torch's draws were numpy's raw numbers again (torch.randint(0, 2**32) gave numpy's 2nd, 4th,
+    ...), so a transform mixing numpy (albumentations) and torch (torchvision) decisions got correlated ones.
+    torch's DataLoader seeds numpy with a hash of the seed for this reason."""
+    import numpy as np
+
+    from fastload._augment.fallback import UserTransform, run_sample
+
+    drawn = {}
+
+    def draw(img):
+        drawn["numpy"] = set(np.random.randint(0, 2**32, size=16, dtype=np.uint64).tolist())
+        drawn["torch"] = set(torch.randint(0, 2**32, (8,)).tolist())
+        return img
+
+    for seed in (1, 2**40 + 7, 123456789):
+        run_sample([UserTransform(draw)], np.zeros((2, 2, 3), np.uint8), seed)
+        assert not drawn["numpy"] & drawn["torch"], seed
