@@ -14,9 +14,13 @@ One duplex pipe per worker, no threads on either side:
 Lifetime: the pool is made at a loader's first batch that needs it and closed with its ``ImageDecoding``
 (each epoch's end for a non-persistent loader, as torch's worker processes; the loader's collection
 otherwise, through a finalizer). Closing asks each worker to stop, then terminates and joins as the generic
-path's workers (``_workers.py``) do; a worker that dies mid-batch is reported in torch's words
-(``_workers._death_message``) and the pool is closed. Forked children inherit the transforms as they are
-(nothing is pickled: a lambda works); they run with one torch thread and the generic path's signal handling.
+path's workers (``_workers.py``) do; a worker that dies mid-batch, or since the last batch, is reported in
+torch's words (``_workers._death_message``) and the pool is closed. The wait for a batch's answers ends at the
+loader's ``timeout=`` (``ImageDecoding.fallback_timeout``): the late workers are ended and named, as torch's
+"DataLoader timed out"; without it a stuck transform hung the producer thread, which the loader joins.
+Forked children inherit the transforms as they are (nothing is pickled: a lambda works); they run with one
+torch thread and the generic path's signal handling. An exception whose class does not pickle comes back as
+a RuntimeError with its traceback.
 """
 
 from __future__ import annotations
