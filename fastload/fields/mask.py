@@ -215,10 +215,10 @@ class MaskCodec(Codec):
         if p.fallback:  # run on the image alone: a geometric one would move the image and not its mask
             import warnings
 
-            warnings.warn(f"fastload: mask field '{field.name}' follows the native transforms of image '{image}' only; "
-                          f"{', '.join(t.name for t in p.fallback)} run per sample on the image alone, so a geometric one "
-                          f"moves the image and not its mask (use fastload.transforms' equivalents for geometry)",
-                          UserWarning, stacklevel=2)
+            warnings.warn(f"fastload: mask field '{field.name}' follows the native transforms of image '{image}' "
+                          f"only; {', '.join(t.name for t in p.fallback)} run per sample on the image alone, so a "
+                          f"geometric one moves the image and not its mask (use fastload.transforms' equivalents "
+                          f"for geometry)", UserWarning, stacklevel=2)
         return MaskPart(field, image, p.output_size)
 
 
