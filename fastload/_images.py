@@ -70,6 +70,9 @@ class ImageDecoding:
         #: run those in worker processes (num_workers of them); False: in the calling thread, as ds.__getitems__
         #: does (torch's DataLoader: its own worker processes are the parallelism, and its num_workers=0 is asked for)
         self.fallback_processes = True
+        #: the loader's ``timeout=`` (seconds, 0: none), for those workers' answers: its producer thread waits for
+        #: them, and the loader joins that thread before it raises its own timeout error
+        self.fallback_timeout = 0.0
 
     def bind_device(self) -> None:
         """Called at each iteration's start in the training thread: ``'cuda'`` becomes the device current
@@ -173,7 +176,7 @@ class ImageDecoding:
             return where(reader.path, reader.shard(seg), int(reader.starts[seg] + at.local[k]), f.name)
 
         runner.run(rows, [k for k in range(len(rows)) if k not in bad], plan.seeds, where_k,
-                   self.native.pool if self.fallback_processes else None)
+                   self.native.pool if self.fallback_processes else None, self.fallback_timeout)
 
     def _decoder(self, out_hw: tuple[int, int]) -> Any:
         """The decoder of an image field whose rows are ``out_hw`` (the registered kind's ``make``)."""

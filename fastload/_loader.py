@@ -459,6 +459,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         self._progress = progress = Progress(epoch, start)
         if self._ring is None:
             self._ring = SlotRing(self._batcher.new_slot)
+        self._batcher.images.fallback_timeout = self.timeout  # per-sample transform workers' answers (_images.py)
         ds = self.dataset
         image_keys = [] if self.memory_format == torch.channels_last else \
             [(f.name if ds.as_dict else i) for i, f in enumerate(ds.schema) if f.kind == "image"]

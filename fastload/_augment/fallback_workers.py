@@ -14,9 +14,13 @@ One duplex pipe per worker, no threads on either side:
 Lifetime: the pool is made at a loader's first batch that needs it and closed with its ``ImageDecoding``
 (each epoch's end for a non-persistent loader, as torch's worker processes; the loader's collection
 otherwise, through a finalizer). Closing asks each worker to stop, then terminates and joins as the generic
-path's workers (``_workers.py``) do; a worker that dies mid-batch is reported in torch's words
-(``_workers._death_message``) and the pool is closed. Forked children inherit the transforms as they are
-(nothing is pickled: a lambda works); they run with one torch thread and the generic path's signal handling.
+path's workers (``_workers.py``) do; a worker that dies mid-batch, or since the last batch, is reported in
+torch's words (``_workers._death_message``) and the pool is closed. The wait for a batch's answers ends at the
+loader's ``timeout=`` (``ImageDecoding.fallback_timeout``): the late workers are ended and named, as torch's
+"DataLoader timed out"; without it a stuck transform hung the producer thread, which the loader joins.
+Forked children inherit the transforms as they are (nothing is pickled: a lambda works); they run with one
+torch thread and the generic path's signal handling. An exception whose class does not pickle comes back as
+a RuntimeError with its traceback.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import time
 import warnings
 import weakref
 from multiprocessing import connection
@@ -79,7 +84,12 @@ def _serve(conn: Any, transforms: Sequence[Any], staging: np.ndarray, wid: int, 
             try:
                 run_rows(transforms, staging[first:stop], range(stop - first), seeds, labels.__getitem__, times)
             except Exception:
-                conn.send((ERROR, ExceptionWrapper(where=f"in fastload's per-sample transform worker {wid}")))
+                wrapped = ExceptionWrapper(where=f"in fastload's per-sample transform worker {wid}")
+                try:
+                    conn.send((ERROR, wrapped))
+                except Exception:  # its class does not pickle (defined in a function): its traceback, as torch's
+                    wrapped.exc_type = RuntimeError  # RuntimeError, rather than the worker dying without it
+                    conn.send((ERROR, wrapped))
                 continue
             conn.send((OK, times))
     except (KeyboardInterrupt, BrokenPipeError, ConnectionResetError, EOFError):
@@ -149,20 +159,27 @@ class FallbackPool:
     def close(self) -> None:
         self._stopper()
 
-    def run(self, rows: np.ndarray, ks: Sequence[int], seeds: np.ndarray, where: Any, times: SampleTimes) -> None:
+    def run(self, rows: np.ndarray, ks: Sequence[int], seeds: np.ndarray, where: Any, times: SampleTimes,
+            timeout: float = 0) -> None:
         """Transform rows ``ks`` of ``rows`` (e.g. a pinned host slot's) through the staging area, in place.
-        On any error or interrupt the pool is closed (a later batch makes a new one) and the error raised."""
+        ``timeout``: the loader's (seconds; 0 waits as long as the workers live). On any error or interrupt the
+        pool is closed (a later batch makes a new one) and the error raised."""
         ks = list(ks)
         m = len(ks)
         try:
             self.staging[:m] = rows[ks]
             bounds = np.linspace(0, m, min(self.n, m) + 1).round().astype(int)
-            out = {}
+            out, first = {}, {}
             for w, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])):
                 if hi > lo:
-                    self.conns[w].send((int(lo), int(hi), seeds[ks[lo:hi]], [where(k) for k in ks[lo:hi]]))
+                    labels = [where(k) for k in ks[lo:hi]]
+                    try:
+                        self.conns[w].send((int(lo), int(hi), seeds[ks[lo:hi]], labels))
+                    except OSError:  # it died since the last batch (the OOM killer, say): which one, as mid-batch
+                        self._died(w)
                     out[self.conns[w]] = w
-            errors = self._collect(out, times)
+                    first[w] = labels[0]
+            errors = self._collect(out, times, timeout, first)
             if errors:
                 errors[0].reraise()
             rows[ks] = self.staging[:m]
@@ -170,12 +187,17 @@ class FallbackPool:
             self.close()
             raise
 
-    def _collect(self, out: dict, times: SampleTimes) -> list:
-        """Wait for every worker given a share; the errors they sent, in row order. A dead worker raises."""
+    def _collect(self, out: dict, times: SampleTimes, timeout: float = 0, first: dict | None = None) -> list:
+        """Wait for every worker given a share; the errors they sent, in row order. A dead worker raises, and
+        so does one still owing its share after ``timeout`` seconds (``first``: where its share starts)."""
         errors: list = []
+        deadline = time.monotonic() + timeout if timeout > 0 else None
         while out:
             sentinels = {self.workers[w].sentinel: w for w in out.values()}
-            ready = connection.wait(list(out) + list(sentinels))
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready = connection.wait(list(out) + list(sentinels), timeout=left)
+            if not ready and deadline is not None and time.monotonic() >= deadline:
+                self._late(sorted(out.values()), timeout, first or {})
             for r in ready:
                 if r in out:
                     w = out.pop(r)
@@ -193,11 +215,20 @@ class FallbackPool:
                     self._died(w)
         return [e for _, e in sorted(errors, key=lambda x: x[0])]
 
+    def _late(self, owed: list, timeout: float, first: dict) -> None:
+        """Workers ``owed`` did not answer within the loader's ``timeout``: end them (the pool closes) and say so
+        in torch's words, naming each and where its share starts."""
+        late = "; ".join(f"per-sample image transform worker {w} (pid {self.workers[w].pid}) still had its share "
+                         f"from {first.get(w, '?')}" for w in owed)
+        for w in owed:
+            self.workers[w].terminate()
+        raise RuntimeError(f"DataLoader timed out after {timeout} seconds: {late}")
+
     def _died(self, w: int) -> None:
         p = self.workers[w]
         p.join(timeout=1.0)
         raise RuntimeError(_death_message(w, p.pid, p.exitcode) + " (a per-sample image transform worker: the "
-                           "transform ended the process)")
+                           "transform ended the process)") from None  # not the pipe's error that showed it
 
 
 class FallbackRunner:
@@ -212,9 +243,10 @@ class FallbackRunner:
         self.pool: FallbackPool | None = None
         self.warned = False
 
-    def run(self, rows: np.ndarray, ks: Sequence[int], seeds: np.ndarray, where: Any, native_pool: Any) -> None:
+    def run(self, rows: np.ndarray, ks: Sequence[int], seeds: np.ndarray, where: Any, native_pool: Any,
+            timeout: float = 0) -> None:
         """Transform rows ``ks`` of ``rows`` in place; ``native_pool``: the loader's decode threads (as many
-        worker processes; None or 0 threads: in this thread)."""
+        worker processes; None or 0 threads: in this thread); ``timeout``: the loader's, for the workers' answers."""
         n = int(getattr(native_pool, "size", 0) or 0) if can_fork() else 0
         times = SampleTimes(len(self.transforms))
         if n > 0:
@@ -223,8 +255,9 @@ class FallbackRunner:
                     or len(pool.staging) < len(ks):
                 self.close()
                 self.pool = FallbackPool(self.transforms, n, max(self.batch_size, len(rows)), tuple(rows.shape[1:]))
-            self.pool.run(rows, ks, seeds, where, times)
+            self.pool.run(rows, ks, seeds, where, times, timeout)
         else:
+            self.close()  # a pool made at another thread count (num_workers='auto' measured it) is not kept idle
             run_rows(self.transforms, rows, ks, seeds, where, times)
         if not self.warned and times.images:
             self.warned = True

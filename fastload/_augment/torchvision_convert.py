@@ -95,6 +95,16 @@ def _typed_fill(t: Any) -> Any:
     return {"image": image, "mask": 0 if mask is None else mask}
 
 
+def _padding(t: Any) -> Any:
+    """RandomCrop's padding as its argument's [left, top, right, bottom]: v2 keeps [left, right, top, bottom]
+    (``_parse_pad_padding``); v1 keeps the argument."""
+    pad = t.padding
+    if pad is not None and type(t).__module__.startswith("torchvision.transforms.v2"):
+        left, right, top, bottom = pad
+        pad = [left, top, right, bottom]
+    return pad
+
+
 def _members(t: Any, what: str, classes: Any) -> list:
     """A container's members, converted; a member with no native equivalent makes the container run per sample."""
     out = []
@@ -114,11 +124,13 @@ def _rules(T: Any) -> dict[str, Callable[[Any], list]]:
 
     def dtype_of(t: Any) -> Any:
         dtype = t.dtype
-        if isinstance(dtype, dict):  # v2.ToDtype({tv_tensors.Image: torch.float32, ...})
-            images = [v for k, v in dtype.items() if getattr(k, "__name__", str(k)) in ("Image", "Tensor", "others")]
-            if len(images) != 1:
-                raise ValueError(f"ToDtype(dtype={dtype!r}): give one dtype for images")
-            dtype = images[0]
+        if isinstance(dtype, dict):  # v2.ToDtype({tv_tensors.Image: torch.float32, "others": None, ...})
+            # what v2 applies to an image: its Image entry, else a plain tensor's, else "others" (None: unchanged)
+            by_name = {getattr(k, "__name__", str(k)): v for k, v in dtype.items()}
+            image = next((by_name[n] for n in ("Image", "Tensor", "others") if n in by_name), None)
+            if image is None:
+                raise ValueError(f"ToDtype(dtype={dtype!r}): give a dtype for images")
+            dtype = image
         if not isinstance(dtype, torch.dtype):
             raise ValueError(f"dtype={dtype!r} is not a torch.dtype")
         return dtype
@@ -135,7 +147,7 @@ def _rules(T: Any) -> dict[str, Callable[[Any], list]]:
         "CenterCrop": lambda t: [T.CenterCrop(t.size)],
         "RandomResize": lambda t: [T.RandomResize(t.min_size, t.max_size, t.interpolation,
                                                   getattr(t, "antialias", True))],
-        "RandomCrop": lambda t: [T.RandomCrop(t.size, t.padding, t.pad_if_needed, _typed_fill(t), t.padding_mode)],
+        "RandomCrop": lambda t: [T.RandomCrop(t.size, _padding(t), t.pad_if_needed, _typed_fill(t), t.padding_mode)],
         "RandomHorizontalFlip": lambda t: [T.RandomHorizontalFlip(t.p)],
         "RandomVerticalFlip": lambda t: [T.RandomVerticalFlip(t.p)],
         "RandomRotation": lambda t: [T.RandomRotation(t.degrees, _interp(t), t.expand, t.center, _typed_fill(t))],
@@ -151,7 +163,8 @@ def _rules(T: Any) -> dict[str, Callable[[Any], list]]:
         "RandomAutocontrast": lambda t: [T.RandomAutocontrast(t.p)],
         "RandomAdjustSharpness": lambda t: [T.RandomAdjustSharpness(t.sharpness_factor, t.p)],
         "RandomInvert": lambda t: [T.RandomInvert(t.p)],
-        "RandomErasing": lambda t: [T.RandomErasing(t.p, t.scale, t.ratio, t.value)],
+        # v2 keeps value="random" as None
+        "RandomErasing": lambda t: [T.RandomErasing(t.p, t.scale, t.ratio, "random" if t.value is None else t.value)],
         "RandomApply": lambda t: [T.RandomApply(_members(t, "RandomApply", T), t.p)],
         "RandomChoice": lambda t: [T.RandomChoice(_members(t, "RandomChoice", T), choice_p(t))],
         "RandomOrder": lambda t: [T.RandomOrder(_members(t, "RandomOrder", T))],
