@@ -9,8 +9,8 @@ uint8 class ids as PNG, moved with its image's plan).
 
 from __future__ import annotations
 
-from ._codec import Codec, Column, FixedPart, NotFastPath, ObjectPart, Part, ReadContext
+from ._codec import Codec, Column, FixedPart, NotFastPath, ObjectPart, Part, ReadContext, RowsPart
 from .registry import CODECS, codec_of, kinds, register
 
-__all__ = ["CODECS", "Codec", "Column", "FixedPart", "NotFastPath", "ObjectPart", "Part", "ReadContext",
+__all__ = ["CODECS", "Codec", "Column", "FixedPart", "NotFastPath", "ObjectPart", "Part", "ReadContext", "RowsPart",
            "codec_of", "kinds", "register"]

@@ -213,7 +213,23 @@ class Part:
         return list(value)
 
 
-class FixedPart(Part):
+class RowsPart(Part):
+    """A field whose slot buffer is one tensor of ``n`` equal rows named after the field: a bad sample takes
+    another's row, the batch entry is the first ``n`` rows, and a sample is its row."""
+
+    def replace(self, batcher: Any, slot: Any, n: int, obj: Any, bad: list, sources: list) -> None:
+        arr = slot.arrays[self.name]
+        for k, src in zip(bad, sources):
+            arr[k] = arr[src]
+
+    def collate(self, tensors: dict, n: int, obj: Any, tensor_transforms: bool, cpu_output: Callable) -> Any:
+        return tensors[self.name][:n]
+
+    def split(self, value: Any, n: int) -> list:
+        return list(value.unbind(0))
+
+
+class FixedPart(RowsPart):
     """A kind stored as one fixed-size column ``values`` (``column``, the codec's): gathered by the native row
     copy into an (n, *column.shape) buffer of its dtype."""
 
@@ -229,16 +245,6 @@ class FixedPart(Part):
         # the reader says where the rows lie; the native gather copies them
         native().gather_rows(pool, *batcher.reader.row_sources(at, self.name), slot.arrays[self.name][: len(indices)])
 
-    def replace(self, batcher: Any, slot: Any, n: int, obj: Any, bad: list, sources: list) -> None:
-        arr = slot.arrays[self.name]
-        for k, src in zip(bad, sources):
-            arr[k] = arr[src]
-
-    def collate(self, tensors: dict, n: int, obj: Any, tensor_transforms: bool, cpu_output: Callable) -> Any:
-        return tensors[self.name][:n]
-
-    def split(self, value: Any, n: int) -> list:
-        return list(value.unbind(0))
 
 
 class ObjectPart(Part):

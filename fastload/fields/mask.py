@@ -29,7 +29,7 @@ import torch
 from .._errors import SchemaError
 from .._augment.type_fill import MASK_FILL  # the default mask fill (255)
 from .._native import native
-from ._codec import Codec, Column, NotFastPath, Part, as_array, draw_plan, is_pil_image
+from ._codec import Codec, Column, NotFastPath, RowsPart, as_array, draw_plan, is_pil_image
 from .image import FileImage
 
 MAX_SIDE = (1 << 31) - 1  # PNG's own limit
@@ -229,7 +229,7 @@ class MaskCodec(Codec):
         return MaskPart(field, image, p.output_size)
 
 
-class MaskPart(Part):
+class MaskPart(RowsPart):
     """(n, H, W) uint8 rows, each mask moved with its image's plan of this batch (the batcher's ``plans``, which
     the image part fills first: ``after_images``), in one native call (``decode_masks``)."""
 
@@ -257,17 +257,6 @@ class MaskPart(Part):
         rows = slot.arrays[self.name][:n]
         for k, msg in decode_masks(pool, (regions, region, offset, length), meta, plan, rows):
             failed.setdefault(int(k), f"field '{self.name}': {msg}")
-
-    def replace(self, batcher: Any, slot: Any, n: int, obj: Any, bad: list, sources: list) -> None:
-        arr = slot.arrays[self.name]
-        for k, src in zip(bad, sources):
-            arr[k] = arr[src]
-
-    def collate(self, tensors: dict, n: int, obj: Any, tensor_transforms: bool, cpu_output: Callable) -> Any:
-        return tensors[self.name][:n]
-
-    def split(self, value: Any, n: int) -> list:
-        return list(value.unbind(0))
 
 
 MASK = MaskCodec()
