@@ -76,20 +76,27 @@ def _send_error(conn, idx: int, wid: int) -> None:
         conn.send((ERROR, idx, err))
 
 
-def worker_loop(conn, kind, dataset, auto_collation, collate_fn, drop_last, base_seed, init_fn, wid,
-                 num_workers, close_fds) -> None:
-    """One worker process. ``collate_fn`` None means default_collate into the slots."""
-    for fd in close_fds:  # fork: the main process's ends of the pipes, so that EOF means it is gone
+def worker_start(close_fds: list) -> None:
+    """What every forked worker does first (the generic path's and the per-sample transforms'): close the main
+    process's ends of the pipes (so that EOF means it is gone), give Ctrl-C back its handler when forked while the
+    main process held it back, torch's worker signal handlers, one intra-op thread."""
+    for fd in close_fds:
         try:
             os.close(fd)
         except OSError:
             pass
     held = getattr(signal.getsignal(signal.SIGINT), "__self__", None)
-    if isinstance(held, HoldCtrlC) and held.previous is not None:  # forked while main held Ctrl-C back
+    if isinstance(held, HoldCtrlC) and held.previous is not None:
         signal.signal(signal.SIGINT, held.previous)
+    _tutils.signal_handling._set_worker_signal_handlers()
+    torch.set_num_threads(1)
+
+
+def worker_loop(conn, kind, dataset, auto_collation, collate_fn, drop_last, base_seed, init_fn, wid,
+                 num_workers, close_fds) -> None:
+    """One worker process. ``collate_fn`` None means default_collate into the slots."""
     try:
-        _tutils.signal_handling._set_worker_signal_handlers()
-        torch.set_num_threads(1)
+        worker_start(close_fds)
         seed = base_seed + wid
         random.seed(seed)
         torch.manual_seed(seed)

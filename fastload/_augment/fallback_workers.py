@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import signal
 import time
 import warnings
 import weakref
@@ -35,13 +34,12 @@ from multiprocessing import connection
 from typing import Any, Sequence
 
 import numpy as np
-import torch
 from torch._utils import ExceptionWrapper
 from torch.utils.data import _utils as _tutils
 
 from .._errors import FastPathWarning
 from .._shm import shared_buffer
-from .._worker_proc import HoldCtrlC
+from .._worker_proc import HoldCtrlC, worker_start
 from .._workers import _death_message
 from .fallback import SampleTimes, run_rows
 
@@ -59,17 +57,8 @@ def can_fork() -> bool:
 
 def _serve(conn: Any, transforms: Sequence[Any], staging: np.ndarray, wid: int, close_fds: list) -> None:
     """One worker: transform the staging rows it is told to, until told to stop or orphaned."""
-    for fd in close_fds:  # the main process's ends of the pipes, so that EOF means it is gone
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-    held = getattr(signal.getsignal(signal.SIGINT), "__self__", None)
-    if isinstance(held, HoldCtrlC) and held.previous is not None:  # forked while main held Ctrl-C back
-        signal.signal(signal.SIGINT, held.previous)
     try:
-        _tutils.signal_handling._set_worker_signal_handlers()
-        torch.set_num_threads(1)
+        worker_start(close_fds)
         parent = os.getppid()
         while True:
             if not conn.poll(_tutils.MP_STATUS_CHECK_INTERVAL):
