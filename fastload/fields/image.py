@@ -84,14 +84,19 @@ def _to_pil(value: Any):
     return Image.fromarray(np.ascontiguousarray(arr))
 
 
-def encode_image(value: Any, opts: Any) -> tuple[tuple, bytes]:
-    """``(meta,), blob`` for one image; ``opts``: the packer's ``ImageOptions`` (mode, max_side, quality, check)."""
-    data = None
+def file_bytes(value: Any) -> bytes | None:
+    """The encoded bytes a source value stands for (a ``FileImage``'s file, or bytes as given), else None."""
     if isinstance(value, FileImage):
         with open(value.path, "rb") as fh:
-            data = fh.read()
-    elif isinstance(value, (bytes, bytearray, memoryview)):
-        data = bytes(value)
+            return fh.read()
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    return None
+
+
+def encode_image(value: Any, opts: Any) -> tuple[tuple, bytes]:
+    """``(meta,), blob`` for one image; ``opts``: the packer's ``ImageOptions`` (mode, max_side, quality, check)."""
+    data = file_bytes(value)
     if data is not None and is_jpeg(data):
         h, w = check_jpeg(data, opts.check)
         if opts.mode == "passthrough" or (opts.mode == "auto" and _fit((w, h), opts.max_side) is None):

@@ -30,7 +30,7 @@ from .._errors import SchemaError
 from .._augment.type_fill import MASK_FILL  # the default mask fill (255)
 from .._native import native
 from ._codec import Codec, Column, NotFastPath, RowsPart, as_array, draw_plan, is_pil_image
-from .image import FileImage
+from .image import file_bytes
 
 MAX_SIDE = (1 << 31) - 1  # PNG's own limit
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -54,12 +54,7 @@ def mask_array(value: Any) -> np.ndarray:
     SchemaError saying what was expected (the caller names the field and sample)."""
     from PIL import Image
 
-    data = None
-    if isinstance(value, FileImage):
-        with open(value.path, "rb") as fh:
-            data = fh.read()
-    elif isinstance(value, (bytes, bytearray, memoryview)):
-        data = bytes(value)
+    data = file_bytes(value)
     if data is not None:
         if not data.startswith(PNG_SIGNATURE):
             raise SchemaError("a mask file must be a PNG (lossless, 8-bit: L or palette P), this is not one")
