@@ -178,6 +178,10 @@ class ImageDecoding:
         runner.run(rows, [k for k in range(len(rows)) if k not in bad], plan.seeds, where_k,
                    self.native.pool if self.fallback_processes else None, self.fallback_timeout)
 
+    def split_stats(self) -> dict | None:
+        """The hybrid split's share and measured rates (``HybridSplit.stats``), or None without one."""
+        return None if self.hybrid is None else self.hybrid.stats()
+
     def _decoder(self, out_hw: tuple[int, int]) -> Any:
         """The decoder of an image field whose rows are ``out_hw`` (the registered kind's ``make``)."""
         return self.kind.make(DecoderContext(self.decoder, self.batch_size, out_hw, self.device, self.num_threads,

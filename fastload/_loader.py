@@ -502,12 +502,15 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
 
     def stats(self) -> dict:
         """Counters since the loader was made: batches, time the loop waited for data, time filling
-        batches, queue depth, slots in the ring, skipped samples (see ``stats_summary()``)."""
+        batches, queue depth, slots in the ring, skipped samples (see ``stats_summary()``); with
+        ``decoder="auto"`` pairing a GPU decoder, ``hybrid``: the CPU threads' share of each batch and the two
+        halves' measured rates (samples/s; the GPU's from device timing events)."""
         return self._stats.as_dict() | {
             "slots": len(self._ring or ()), "slot_bytes": self._ring.nbytes if self._ring else 0,
             "skipped": self._batcher.skipped if self._batcher else 0, "fast_path": self.fast_path,
             "fast_path_reason": self.fast_path_reason, "num_workers": self.num_workers,
-            "remote": getattr(self.dataset, "remote_stats", lambda: None)()}
+            "remote": getattr(self.dataset, "remote_stats", lambda: None)(),
+            "hybrid": self._batcher.images.split_stats() if self._batcher else None}
 
     def stats_summary(self) -> str:
         """One line: throughput, the share of time the loop waited for data, whether it is input-bound."""

@@ -218,7 +218,8 @@ def test_the_hybrid_split_follows_the_gpus_device_time(nvjpeg_on_sim, photos, mo
                                  device="cuda", persistent_workers=True)
     for _ in range(3):
         run(sim, loader, sim.default, lag=False)
-    split = loader._batcher.images.hybrid.stats()
+    split = loader.stats()["hybrid"]  # what a user reads: the split's share and its measured rates
+    assert split == loader._batcher.images.hybrid.stats()
     assert split["gpu_rate"] < 20  # samples per simulated second: 1 / 77 ms is 13
     assert split["cpu_share"] > 0.9, split
     assert not sim.races and not sim.waits_in() and not sim.waits_in("fastload-batcher", busy=False)

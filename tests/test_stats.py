@@ -20,6 +20,7 @@ def test_stats_say_whether_the_loop_is_input_bound(image_shards):
     s = dl.stats()
     assert s["batches"] == len(dl) and s["samples"] == 48 and s["step_s"] > 0.15
     assert s["fill_s"] > 0 and 0 <= s["wait_fraction"] < 1
+    assert s["hybrid"] is None  # native threads alone: no CPU/GPU split to report (tests/test_gpu_decoders_sim.py)
     assert "not input-bound" in dl.stats_summary() or "INPUT-BOUND" in dl.stats_summary()
     fast = fastload.DataLoader(open_train(image_shards), batch_size=4, num_workers=0)
     for _ in fast:
