@@ -103,9 +103,10 @@ def check_mode(mode: Any) -> str:
     return mode
 
 
-def fill_of(fill: Any) -> tuple[np.ndarray, int]:
-    """RandomCrop's ``fill``: the image's (3,) and a mask's, per kind as ``type_fill.split_fill`` reads it."""
-    f, mask = split_fill(fill, "RandomCrop")
+def fill_of(fill: Any, what: str = "RandomCrop") -> tuple[np.ndarray, int]:
+    """RandomCrop's (or PadIfSmaller's) ``fill``: the image's (3,) and a mask's, per kind as
+    ``type_fill.split_fill`` reads it."""
+    f, mask = split_fill(fill, what)
     if np.any((f < 0) | (f > 255)):
-        raise ValueError(f"RandomCrop: fill={fill!r} should be in [0, 255] (uint8 images)")
+        raise ValueError(f"{what}: fill={fill!r} should be in [0, 255] (uint8 images)")
     return f, mask
