@@ -13,11 +13,12 @@ from PIL import Image
 import fastload
 from conftest import resumed_and_reference
 from fastload import transforms as T
+from fastload._augment.torchvision_convert import convert
 from fastload.fields.mask import geometry_of, move_mask
 from fastload.transforms import ImagePipeline, apply_pil
 
 from .test_mask import SCHEMA, segmentation_samples
-from .test_mask_recipe import LABELS, assert_aligned, native_sample, recorded_plans
+from .test_mask_recipe import LABELS, V2, Mode, assert_aligned, native_sample, recorded_plans, tv
 
 BASE, CROP = 40, 48
 FILL = {"image": 0, "mask": 255}
@@ -161,3 +162,20 @@ def test_a_misplaced_pad_if_smaller_is_refused_by_name(pipeline, words):
 def test_bad_arguments_are_refused_by_name(args, exc, words):
     with pytest.raises(exc, match=words):
         T.PadIfSmaller(*args)
+
+
+def test_the_reference_scripts_preset_converts_to_the_same_pipeline():
+    """The preset as references/segmentation/presets.py builds it (v2 stand-ins with torchvision's modules, names and
+    attributes; its script module's PadIfSmaller, whose fill v2's _setup_fill_arg made a dict per type) becomes
+    PRESET; a PadIfSmaller of another module runs per sample as any callable."""
+    Mask = type("Mask", (), {"__module__": "torchvision.tv_tensors._mask"})
+    v2 = tv("torchvision.transforms.v2._container", "Compose", transforms=[
+        tv(V2, "RandomResize", min_size=20, max_size=80, interpolation=Mode("bilinear"), antialias=True),
+        tv(V2, "RandomHorizontalFlip", p=0.5),
+        tv("v2_extras", "PadIfSmaller", size=CROP, fill={Mask: 255, "others": 0}),
+        tv(V2, "RandomCrop", size=(CROP, CROP), padding=None, pad_if_needed=False, fill={"others": 0},
+           padding_mode="constant")])
+    assert ImagePipeline(v2) == ImagePipeline(PRESET[:3] + [T.RandomCrop(CROP, fill={"image": 0, "mask": 0})])
+    assert convert(tv("v2_extras", "PadIfSmaller", size=8, fill={"others": 3}), T) == [
+        T.PadIfSmaller(8, fill={"image": 3, "mask": 3})]  # v2: a plain fill fills masks too
+    assert convert(tv("mine", "PadIfSmaller", size=8, fill=0), T) is None
