@@ -15,6 +15,8 @@ then the tile is assembled from the decoded box (mirrored if the sample is flipp
 geometry and operations. ``reflect`` and ``symmetric`` reflect repeatedly where the padding exceeds the image
 (numpy's ``np.pad``; torch refuses such padding). Only horizontal flips may follow a padded RandomCrop among the
 crop-plan transforms (a resize of the padded window would resample the fill): the pipeline says so at open.
+A ``PadIfSmaller`` (``pad_if_smaller.py``) before the RandomCrop makes its window one of the right/bottom-padded
+image: the index maps run over that image, its padding being fill.
 """
 
 from __future__ import annotations
