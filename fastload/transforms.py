@@ -68,6 +68,7 @@ __all__ = [
     "Normalize",
     "PackSequences",
     "Pad",
+    "PadIfSmaller",
     "Plan",
     "RandAugment",
     "RandomAdjustSharpness",
@@ -587,3 +588,4 @@ def apply_pil(pipeline: Any, image: Any, rng: np.random.Generator) -> Any:
 
 
 from ._augment.random_crop import RandomCrop  # noqa: E402  (a crop-plan Transform: defined after its base)
+from ._augment.pad_if_smaller import PadIfSmaller  # noqa: E402  (the same)

@@ -15,6 +15,8 @@ then the tile is assembled from the decoded box (mirrored if the sample is flipp
 geometry and operations. ``reflect`` and ``symmetric`` reflect repeatedly where the padding exceeds the image
 (numpy's ``np.pad``; torch refuses such padding). Only horizontal flips may follow a padded RandomCrop among the
 crop-plan transforms (a resize of the padded window would resample the fill): the pipeline says so at open.
+A ``PadIfSmaller`` (``pad_if_smaller.py``) before the RandomCrop makes its window one of the right/bottom-padded
+image: the index maps run over that image, its padding being fill.
 """
 
 from __future__ import annotations
@@ -103,9 +105,10 @@ def check_mode(mode: Any) -> str:
     return mode
 
 
-def fill_of(fill: Any) -> tuple[np.ndarray, int]:
-    """RandomCrop's ``fill``: the image's (3,) and a mask's, per kind as ``type_fill.split_fill`` reads it."""
-    f, mask = split_fill(fill, "RandomCrop")
+def fill_of(fill: Any, what: str = "RandomCrop") -> tuple[np.ndarray, int]:
+    """RandomCrop's (or PadIfSmaller's) ``fill``: the image's (3,) and a mask's, per kind as
+    ``type_fill.split_fill`` reads it."""
+    f, mask = split_fill(fill, what)
     if np.any((f < 0) | (f > 255)):
-        raise ValueError(f"RandomCrop: fill={fill!r} should be in [0, 255] (uint8 images)")
+        raise ValueError(f"{what}: fill={fill!r} should be in [0, 255] (uint8 images)")
     return f, mask

@@ -8,8 +8,9 @@ affines, vertical flips, combinators), then ToDtype/Normalize. :func:`split` div
 the same generator (so seed, resume and num_workers-independence hold as for the crop plan), and attaches them
 with ``Plan.with_augment``; the native decoder executes them on each output tile right after decoding it.
 :func:`reference` is ``ds[i]``'s engine for the augmentation: PIL (``engine_pil.run_pil``) on the decoded tile.
-A padded ``RandomCrop`` (``random_crop.py``) also makes an augmentation plan: its windows travel in the
-plan's geometry (``padding.Padding``).
+A padded ``RandomCrop`` (``random_crop.py``; or any RandomCrop right after a ``PadIfSmaller``,
+``pad_if_smaller.py``) also makes an augmentation plan: its windows travel in the plan's geometry
+(``padding.Padding``).
 
 A ``RandomHorizontalFlip`` after the first augmentation is planned as this package's flip (the same draw: one
 uniform per sample, ``< p``), so that it follows a rotation as torchvision's would (composed into the matrix).
@@ -24,7 +25,9 @@ import numpy as np
 from . import color, filters, tone  # noqa: F401  (they register their operations)
 from .geometry import RandomHorizontalFlip as _TileFlip
 from .padding import assemble
+from .pad_if_smaller import PadIfSmaller
 from .plan import Augment, PlanBuilder
+from .random_crop import RandomCrop
 
 __all__ = ["check_channels", "lift_erasing", "plan_batch", "reference", "split"]
 
@@ -72,6 +75,8 @@ def split(items: Sequence[Any], crop_type: type, flip_type: type) -> tuple[list,
     padded = next((t for t in crops if getattr(t, "pads", False)), None)
     if padded is not None:
         after = crops[crops.index(padded) + 1:]
+        if isinstance(padded, PadIfSmaller):
+            padded, after = _crop_after(padded, after)
         bad = next((t for t in after if not isinstance(t, flip_type)), None)
         if bad is not None:
             raise ValueError(f"{bad!r} comes after {padded!r}: only RandomHorizontalFlip may follow a padded "
@@ -88,6 +93,21 @@ def split(items: Sequence[Any], crop_type: type, flip_type: type) -> tuple[list,
             augment.append(t)
     check_channels(augment)
     return crops, augment
+
+
+def _crop_after(pad: PadIfSmaller, after: list) -> tuple[Any, list]:
+    """The RandomCrop that must come right after a PadIfSmaller (it executes the padding as its window) and what
+    follows that crop."""
+    crop = after[0] if after else None
+    if not isinstance(crop, RandomCrop):
+        why = "nothing" if crop is None else repr(crop)
+        raise ValueError(f"{pad!r} is followed by {why}: a RandomCrop must come right after it (the decoder pads only "
+                         f"the window a RandomCrop cuts from the padded image, as torchvision's segmentation "
+                         f"reference uses it)")
+    if crop.pads and (not np.array_equal(crop._fill, pad._fill) or crop._mask_fill != pad._mask_fill):
+        raise ValueError(f"{crop!r} pads with another fill than {pad!r} before it: give both the same fill (one "
+                         f"fill per padded window)")
+    return crop, after[1:]
 
 
 def check_channels(augment: Sequence[Any]) -> None:

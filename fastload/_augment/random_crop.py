@@ -8,6 +8,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .._transform_base import Transform, _setup_size
+from .pad_if_smaller import Pending
 from .padding import Padding, check_mode, fill_of, index_map, parse_padding
 
 __all__ = ["RandomCrop"]
@@ -18,7 +19,8 @@ class RandomCrop(Transform):
     ``pad_if_needed``, by what it lacks of the crop size on both sides; the padding shows ``fill`` (``constant``)
     or the image's ``edge``/``reflect``/``symmetric`` copy. ``ValueError`` if the (padded) image is smaller.
     ``fill={"image": 0, "mask": 255}`` gives a mask field its own (``type_fill.py``; a plain fill is the image's,
-    masks keeping 255)."""
+    masks keeping 255). After a ``PadIfSmaller`` (``pad_if_smaller.py``) the window is drawn over its padded
+    image."""
 
     def __init__(self, size: int | Sequence[int], padding: Any = None, pad_if_needed: bool = False, fill: Any = 0,
                  padding_mode: str = "constant") -> None:
@@ -47,10 +49,14 @@ class RandomCrop(Transform):
 
     def _apply(self, state: Any, rng: np.random.Generator) -> None:
         ch, cw = self.size
+        pre = state.pad if isinstance(state.pad, Pending) else None  # a PadIfSmaller's right/bottom padding
+        if pre is not None:
+            state.pad = None
+        ih, iw = (state.h, state.w) if pre is None else (state.h + pre.bottom, state.w + pre.right)
         left_pad, top_pad, right_pad, bottom_pad = self.padding or (0, 0, 0, 0)
         pad_t = np.full_like(state.h, top_pad)
         pad_l = np.full_like(state.w, left_pad)
-        ph, pw = state.h + top_pad + bottom_pad, state.w + left_pad + right_pad
+        ph, pw = ih + top_pad + bottom_pad, iw + left_pad + right_pad
         if self.pad_if_needed:
             dh, dw = np.maximum(ch - ph, 0), np.maximum(cw - pw, 0)
             pad_t, pad_l, ph, pw = pad_t + dh, pad_l + dw, ph + 2 * dh, pw + 2 * dw
@@ -62,23 +68,29 @@ class RandomCrop(Transform):
                              f"a Resize before it")
         top = rng.integers(0, ph - ch + 1) - pad_t  # one draw per axis and sample (0 where nothing to choose)
         left = rng.integers(0, pw - cw + 1) - pad_l
-        if not self.pads:
+        if not self.pads and pre is None:
             state.crop(top, left, np.full_like(top, ch), np.full_like(left, cw))
             return
         if state.pad is not None:
             raise ValueError(f"{self!r}: only one padded RandomCrop per pipeline")
-        left_u = np.where(state.flip, state.w - left - cw, left)  # the window in the unmirrored image
-        rows = index_map(top, ch, state.h, self.padding_mode)
-        cols = index_map(left_u, cw, state.w, self.padding_mode)
+        # index maps over the (PadIfSmaller-padded) image as shown, the flip included; its padding is fill (-1)
+        rows = index_map(top, ch, ih, self.padding_mode)
+        cols = index_map(left, cw, iw, self.padding_mode)
+        rows = np.where(rows >= state.h[:, None], -1, rows)
+        cols = np.where(cols >= state.w[:, None], -1, cols)
+        # a flipped sample's columns in the unmirrored image, in unmirrored order (the assembly mirrors them back)
+        unmirrored = np.where(cols >= 0, state.w[:, None] - 1 - cols, -1)[:, ::-1]
+        cols = np.where(state.flip[:, None], unmirrored, cols)
         y0, y1 = _span(rows)
         x0, x1 = _span(cols)
         rows = np.where(rows >= 0, rows - y0[:, None], -1).astype(np.int32)
         cols = np.where(cols >= 0, cols - x0[:, None], -1).astype(np.int32)
         active = ~((rows == np.arange(ch)).all(axis=1) & (cols == np.arange(cw)).all(axis=1))
         n = state.h.shape[0]
+        fill, mask_fill = (self._fill, self._mask_fill) if pre is None or self.pads else (pre.fill, pre.mask_fill)
         state.crop(y0, np.where(state.flip, state.w - x1, x0), y1 - y0, x1 - x0)
-        state.pad = Padding(active, np.stack([y1 - y0, x1 - x0], axis=1), rows, cols, np.tile(self._fill, (n, 1)),
-                            np.full(n, self._mask_fill, np.uint8))
+        state.pad = Padding(active, np.stack([y1 - y0, x1 - x0], axis=1), rows, cols, np.tile(fill, (n, 1)),
+                            np.full(n, mask_fill, np.uint8))
         state.tile_hw = (ch, cw)
 
 

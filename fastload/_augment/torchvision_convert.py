@@ -37,6 +37,11 @@ def convert(t: Any, classes: Any) -> list | None:
     ``UserTransform`` with the reason when it has none, or None when ``t`` is not a torchvision transform.
     ``classes``: where fastload's transform classes are, by name (the ``fastload.transforms`` module, which
     calls this: importing it here would make the two modules import each other)."""
+    if _is_reference_pad(t):  # its fill went through v2's _setup_fill_arg: a dict per type
+        try:
+            return [classes.PadIfSmaller(t.size, _per_kind(t.fill))]
+        except (TypeError, ValueError) as e:
+            return [UserTransform(t, f"not converted: {e}")]
     if not is_torchvision(t):
         return None
     name = type(t).__name__
@@ -47,6 +52,12 @@ def convert(t: Any, classes: Any) -> list | None:
         return rule(t)
     except (TypeError, ValueError) as e:  # fastload's constructor refused a parameter: say which, run it as is
         return [UserTransform(t, f"not converted: {e}")]
+
+
+def _is_reference_pad(t: Any) -> bool:
+    """torchvision's segmentation reference's ``PadIfSmaller`` (``references/segmentation/v2_extras.py``, a module
+    of its scripts, not of the package): matched by its class's and module's names."""
+    return type(t).__name__ == "PadIfSmaller" and type(t).__module__.rsplit(".", 1)[-1] == "v2_extras"
 
 
 def _interp(t: Any) -> Any:
@@ -80,8 +91,11 @@ def _typed_fill(t: Any) -> Any:
     fill, which torchvision cannot apply to a mask, leaves the mask fastload's 255); v1 transforms never see masks,
     so their plain fill stays the image's."""
     fill = getattr(t, "fill", None)
-    if not _is_v2(t):
-        return fill
+    return _per_kind(fill) if _is_v2(t) else fill
+
+
+def _per_kind(fill: Any) -> Any:
+    """A v2 ``fill`` (one value, or a dict per tv_tensor type) in fastload's per-kind spelling."""
     if isinstance(fill, dict):
         bad = [k for k in fill if k != "others" and getattr(k, "__name__", None) not in ("Image", "Mask")]
         if bad:
