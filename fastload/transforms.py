@@ -96,8 +96,8 @@ __all__ = [
     "apply_pil",
 ]
 
-_SUPPORTED = ("RandomResizedCrop, Resize, CenterCrop, RandomResize, RandomCrop, RandomHorizontalFlip, then optionally "
-              "augmentations (TrivialAugmentWide, RandAugment, AutoAugment, ThreeAugment, ColorJitter, "
+_SUPPORTED = ("RandomResizedCrop, Resize, CenterCrop, RandomResize, PadIfSmaller, RandomCrop, RandomHorizontalFlip, "
+              "then optionally augmentations (TrivialAugmentWide, RandAugment, AutoAugment, ThreeAugment, ColorJitter, "
               "RandomGrayscale, Grayscale, GaussianBlur, RandomSolarize, RandomPosterize, RandomEqualize, "
               "RandomAutocontrast, RandomAdjustSharpness, RandomInvert, RandomErasing, RandomRotation, RandomAffine, "
               "RandomVerticalFlip, RandomHorizontalFlip, RandomApply, RandomChoice, RandomOrder), then optionally "

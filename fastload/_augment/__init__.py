@@ -1,6 +1,6 @@
-"""Augmentations as a per-batch plan executed by interchangeable engines (issue 21's groundwork).
+"""Augmentations as a per-batch plan executed by interchangeable engines (issue 21).
 
-status: wired into the fast path on CPU (issue 21 items 1-2 for the CPU). ``fastload.open(transforms=...)``
+status: wired into the fast path, on CPU threads and on the GPU decoders. ``fastload.open(transforms=...)``
 takes these transforms after the crops (``pipeline.py``; exported from ``fastload.transforms`` under torchvision
 v2's names, not from ``fastload/__init__.py``); each batch's plan is drawn from the batch's generator after the crop
 plan and attached with ``Plan.with_augment``; the native decoder executes it fused with decoding (each pool thread
@@ -24,11 +24,14 @@ One file per concern:
 | ``engine_native.py`` | the plan as the native arrays (``_C.decode_augment_batch`` in the decoder, ``_C.augment_tiles`` on tiles) |
 | ``pipeline.py`` | the augmentations in ``fastload.open(transforms=...)``: split from the crops, planned per batch, ``ds[i]``'s reference |
 | ``random_crop.py`` / ``padding.py`` | RandomCrop (a crop-plan transform) and its padded windows: index maps, assembly |
+| ``random_resize.py`` / ``pad_if_smaller.py`` | RandomResize and PadIfSmaller (torchvision's segmentation preset; crop-plan transforms) |
+| ``type_fill.py`` | a fill per kind (``{"image": 0, "mask": 255}``) for RandomCrop, PadIfSmaller, RandomRotation, RandomAffine |
 | ``mix.py`` | batch transforms MixUp, CutMix (and a random choice of them) |
 | ``fallback.py`` / ``fallback_workers.py`` | transforms fastload does not know, run per sample on the decoded rows (in forked workers over shared-memory staging rows, or in the calling thread) |
 | ``torchvision_convert.py`` | torchvision transform objects rebuilt as fastload's from their public attributes |
 
-Not wired yet: the batched torch engine on the GPU after the device copy (the GPU decoders refuse augmented plans,
-naming what they lack), MixUp/CutMix on the collated batch, the ``mask`` field kind (the mask engines exist),
-``Grayscale(num_output_channels=1)`` in a loader (rows are RGB).
+Not wired: ``Grayscale(num_output_channels=1)`` in a loader (rows are RGB). The batched torch engine runs on the
+GPU decoders' rows (``decoders/_staging.py`` ``augment_queued``); MixUp/CutMix on the collated batch (the Collate
+stage, fused into the CPU Normalize pass, or after the device copy); masks follow their image's plan
+(``fields/mask.py``, natively in ``csrc/mask.cc``).
 """
