@@ -164,11 +164,26 @@ class ImageDecoding:
         self._ready[buf.data_ptr()] = ready() if ready is not None else None
         return failures
 
+    def start_fallbacks(self, pool: Any, pipelines: dict) -> None:
+        """Start the worker processes of the image fields' per-sample transforms (``pipelines``: image field ->
+        its pipeline) now, in the calling thread, as many as ``pool``'s threads: called where an iteration is
+        made, before its producer thread runs (``_augment/fallback_workers.py``: no fork while threads run)."""
+        if self.device is not None or not self.fallback_processes:
+            return
+        for name, pipeline in pipelines.items():
+            if pipeline.fallback and pipeline.output_size is not None:
+                h, w = pipeline.output_size
+                self._fallback_runner(name, pipeline).start(int(getattr(pool, "size", 0) or 0), (h, w, 3))
+
+    def _fallback_runner(self, name: str, pipeline: Any) -> FallbackRunner:
+        runner = self._fallbacks.get(name)
+        if runner is None:
+            runner = self._fallbacks[name] = FallbackRunner(name, pipeline.fallback, self.batch_size)
+        return runner
+
     def _fallback(self, f: Field, pipeline: Any, rows: Any, plan: Any, reader: Any, at: Any, failures: list) -> None:
         """The transforms fastload does not know (``pipeline.fallback``), per sample on the decoded rows."""
-        runner = self._fallbacks.get(f.name)
-        if runner is None:
-            runner = self._fallbacks[f.name] = FallbackRunner(f.name, pipeline.fallback, self.batch_size)
+        runner = self._fallback_runner(f.name, pipeline)
         bad = {k for k, _ in failures}
 
         def where_k(k: int) -> str:

@@ -11,7 +11,15 @@ One duplex pipe per worker, no threads on either side:
   worker -> main  ``(OK, SampleTimes)`` or ``(ERROR, ExceptionWrapper)`` (the transform's exception, re-raised in
                   the caller with the worker's traceback, as torch's workers do).
 
-Lifetime: the pool is made at a loader's first batch that needs it and closed with its ``ImageDecoding``
+Lifetime: the pool is made when a loader's iteration starts (``FallbackRunner.start``, from ``fast_iterator``),
+in the thread that makes the iterator, before its producer thread runs -- where torch's DataLoader starts its
+workers: forking while other Python threads run (the producer thread fills batches, the training thread
+waits) can leave the child a lock another thread held at the fork (Python 3.12 warns "This process is
+multi-threaded, use of fork() may lead to deadlocks in the child"). A pool is made later, at a batch, only in
+the main thread (``may_fork_here``: the loader's ``num_workers='auto'`` measurement, at other thread counts);
+a producer thread uses the pool ``start`` made, and where none is left (an error closed it) runs the rest of
+the iteration's transforms itself, with a warning; the next iteration starts a pool again. It is closed with
+its ``ImageDecoding``
 (each epoch's end for a non-persistent loader, as torch's worker processes; the loader's collection
 otherwise, through a finalizer). Closing asks each worker to stop, then terminates and joins as the generic
 path's workers (``_workers.py``) do; a worker that dies mid-batch, or since the last batch, is reported in
@@ -27,6 +35,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import threading
 import time
 import warnings
 import weakref
@@ -53,6 +62,13 @@ def can_fork() -> bool:
     ``ds.__getitems__``: multiprocessing forbids it children), and ``fork`` and memfd exist here."""
     return (not multiprocessing.current_process().daemon and hasattr(os, "memfd_create")
             and "fork" in multiprocessing.get_all_start_methods())
+
+
+def may_fork_here() -> bool:
+    """Whether a pool may be made lazily in this thread: the main thread (where a loader's iterator is made, and
+    where torch forks its workers whatever other threads run), or the process's only thread; never a loader's
+    producer thread, which fills batches while the training thread and others run."""
+    return threading.current_thread() is threading.main_thread() or threading.active_count() == 1
 
 
 def _serve(conn: Any, transforms: Sequence[Any], staging: np.ndarray, wid: int, close_fds: list) -> None:
@@ -231,19 +247,47 @@ class FallbackRunner:
         self.batch_size = batch_size
         self.pool: FallbackPool | None = None
         self.warned = False
+        self.degraded = False  # said that this iteration runs them in its own thread (``_degrade``)
+
+    def start(self, n: int, row_shape: tuple[int, ...]) -> None:
+        """Have a pool of ``n`` workers for rows of ``row_shape`` ready now, before any batch: called in the thread
+        that makes the loader's iterator, before its producer thread starts (the module docstring). A pool that
+        fits (a persistent loader's) is kept."""
+        n = n if can_fork() else 0
+        self.degraded = False
+        if n <= 0:
+            self.close()
+            return
+        if not self._fits(self.pool, row_shape, self.batch_size) or self.pool.n != n:
+            self.close()
+            self.pool = FallbackPool(self.transforms, n, self.batch_size, tuple(row_shape))
+
+    @staticmethod
+    def _fits(pool: FallbackPool | None, row_shape: tuple, rows: int) -> bool:
+        return pool is not None and not pool.closed and pool.staging.shape[1:] == tuple(row_shape) \
+            and len(pool.staging) >= rows
 
     def run(self, rows: np.ndarray, ks: Sequence[int], seeds: np.ndarray, where: Any, native_pool: Any,
             timeout: float = 0) -> None:
         """Transform rows ``ks`` of ``rows`` in place; ``native_pool``: the loader's decode threads (as many
-        worker processes; None or 0 threads: in this thread); ``timeout``: the loader's, for the workers' answers."""
+        worker processes; None or 0 threads: in this thread); ``timeout``: the loader's, for the workers' answers.
+        A pool is made here only where ``may_fork_here``; elsewhere the pool made by ``start`` is used (even if
+        the thread count changed since), or none (``_degrade``)."""
         n = int(getattr(native_pool, "size", 0) or 0) if can_fork() else 0
         times = SampleTimes(len(self.transforms))
         if n > 0:
-            pool = self.pool
-            if pool is None or pool.closed or pool.n != n or pool.staging.shape[1:] != rows.shape[1:] \
-                    or len(pool.staging) < len(ks):
+            fits = self._fits(self.pool, rows.shape[1:], len(ks))
+            here = may_fork_here()
+            if not (fits and self.pool.n == n) and (here or not fits):
                 self.close()
-                self.pool = FallbackPool(self.transforms, n, max(self.batch_size, len(rows)), tuple(rows.shape[1:]))
+                if here:
+                    self.pool = FallbackPool(self.transforms, n, max(self.batch_size, len(rows)),
+                                             tuple(rows.shape[1:]))
+                else:
+                    n = 0
+                    self._degrade()
+        if n > 0:
+            n = self.pool.n
             self.pool.run(rows, ks, seeds, where, times, timeout)
         else:
             self.close()  # a pool made at another thread count (num_workers='auto' measured it) is not kept idle
@@ -251,6 +295,15 @@ class FallbackRunner:
         if not self.warned and times.images:
             self.warned = True
             warnings.warn(self._cost(times, n), FastPathWarning, stacklevel=2)
+
+    def _degrade(self) -> None:
+        if not self.degraded:
+            self.degraded = True
+            warnings.warn(f"fastload: transforms['{self.field}']: no per-sample transform worker is running (an "
+                          f"error closed them, or the iteration did not start them) and none is forked from this "
+                          f"thread, which runs beside others (forking a multi-threaded process can deadlock the "
+                          f"child): this iteration runs the transforms in this thread from here on; the next one "
+                          f"starts workers again", FastPathWarning, stacklevel=3)
 
     def _cost(self, times: SampleTimes, workers: int) -> str:
         each = "; ".join(f"{t.name}: {ms:.2f} ms per image" + (f" ({t.reason})" if t.reason else "")

@@ -17,6 +17,7 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from .device import DevicePrefetcher
 from .._sequences import Bucket, PackSequences
+from ..fields.image import ImagePart
 from .collate import Collate
 from .fill import Fill, Reservations, host_limit
 from .order import Jobs, Order
@@ -119,6 +120,9 @@ def fast_iterator(*, plan: Any, epoch: int, start: int, batcher: Any, slots: Any
     reserved = Reservations()
     batcher.images.bind_device()
     source = Fill(source, batcher, batcher.pool, slots, reserved, policy.fills)
+    # per-sample transform workers: forked here, in the caller's thread, before the producer thread runs
+    images = {p.name: p.pipeline for p in batcher.parts if isinstance(p, ImagePart)}
+    batcher.images.start_fallbacks(batcher.pool, images)
     # GPU decoders: always in a producer thread, even at num_workers=0 (long host work per batch; the rows
     # are handed on with an event, so no thread waits for the GPU)
     gpu_rows = batcher.images.device is not None
