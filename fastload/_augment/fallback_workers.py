@@ -133,8 +133,9 @@ class FallbackPool:
 
     def __init__(self, transforms: Sequence[Any], n: int, rows: int, row_shape: tuple[int, ...]) -> None:
         self.n = n
-        fd, mm = shared_buffer(max(1, rows * int(np.prod(row_shape))))
-        os.close(fd)  # the mapping stays; the children inherit it, not the descriptor
+        with HoldCtrlC():  # an interrupt between the two would leak the descriptor (pools start in the caller's thread)
+            fd, mm = shared_buffer(max(1, rows * int(np.prod(row_shape))))
+            os.close(fd)  # the mapping stays; the children inherit it, not the descriptor
         self.staging = np.frombuffer(mm, np.uint8, rows * int(np.prod(row_shape))).reshape(rows, *row_shape)
         self.workers: list = []
         self.conns: list = []
