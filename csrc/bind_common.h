@@ -131,17 +131,36 @@ std::array<int, N> int_tuple(py::handle obj, const char* name, int64_t lo) {
   return out;
 }
 
-// The fields every batch spec shares: item k reads region[k] of regs, from byte offset[k].
-template <typename Spec>
-void set_sources(Spec* spec, const std::vector<fastload::Region>& regs, int64_t n,
-                 const py::array_t<int64_t, py::array::c_style>& region,
-                 const py::array_t<int64_t, py::array::c_style>& offset) {
-  spec->regions = regs.data();
-  spec->num_regions = static_cast<int64_t>(regs.size());
-  spec->n = n;
-  spec->region = region.data();
-  spec->offset = offset.data();
-}
+// A batch's sources, checked and held for as long as the batch runs (the region views must be released with the
+// GIL held): item k reads regions[region[k]] from byte offset[k]; n() is their common length, which the callers'
+// further per-item arrays must match. set(spec) fills the fields every batch spec shares.
+class Sources {
+ public:
+  Sources(py::handle regions, py::handle region, py::handle offset) {
+    region_views(regions, &views_, &regs_);
+    region_ = int_array(region, "region", &n_, 0);
+    offset_ = int_array(offset, "offset", &n_, 0);
+  }
+  Sources(const Sources&) = delete;
+  Sources& operator=(const Sources&) = delete;
+
+  int64_t n() const { return n_; }
+
+  template <typename Spec>
+  void set(Spec* spec) const {
+    spec->regions = regs_.data();
+    spec->num_regions = static_cast<int64_t>(regs_.size());
+    spec->n = n_;
+    spec->region = region_.data();
+    spec->offset = offset_.data();
+  }
+
+ private:
+  std::vector<BufferView> views_;
+  std::vector<fastload::Region> regs_;
+  int64_t n_ = -1;
+  py::array_t<int64_t, py::array::c_style> region_, offset_;
+};
 
 // The output of a raw-byte copy: a writable C-contiguous numpy array of a numeric dtype.
 inline py::array byte_out(py::handle out, const std::string& want) {
@@ -170,10 +189,8 @@ class DecodeBatchArgs {
  public:
   DecodeBatchArgs(py::handle regions, py::handle region, py::handle offset, py::handle length,
                   py::handle encoding, py::handle src_hw, py::handle crop, py::handle flip, py::handle out,
-                  bool dct_scaling) {
-    region_views(regions, &views_, &regs_);
-    region_ = int_array(region, "region", &n_, 0);
-    offset_ = int_array(offset, "offset", &n_, 0);
+                  bool dct_scaling)
+      : sources_(regions, region, offset), n_(sources_.n()) {
     length_ = int_array(length, "length", &n_, 0);
     encoding_ = narrow<uint8_t>(int_array(encoding, "encoding", &n_, 0), "encoding", 0, 255);
     flip_ = narrow<uint8_t>(int_array(flip, "flip", &n_, 0), "flip", 0, 1);
@@ -194,7 +211,7 @@ class DecodeBatchArgs {
                             std::string(py::str(out_a.attr("strides"))));
     }
     if (!out_a.writeable()) throw py::value_error("out: array is read-only");
-    set_sources(&spec, regs_, n_, region_, offset_);
+    sources_.set(&spec);
     spec.length = length_.data();
     spec.encoding = encoding_.data();
     spec.src_hw = src_hw_.data();
@@ -212,10 +229,9 @@ class DecodeBatchArgs {
   fastload::BatchSpec spec;
 
  private:
-  std::vector<BufferView> views_;
-  std::vector<fastload::Region> regs_;
-  int64_t n_ = -1;
-  py::array_t<int64_t, py::array::c_style> region_, offset_, length_;
+  Sources sources_;
+  int64_t n_;
+  py::array_t<int64_t, py::array::c_style> length_;
   std::vector<uint8_t> encoding_, flip_;
   std::vector<int32_t> src_hw_, crop_;
 };

@@ -11,12 +11,8 @@ namespace {
 
 void gather_rows(BatchEngine& pool, py::handle regions, py::handle region, py::handle offset,
                  int64_t row_bytes, py::handle out) {
-  std::vector<BufferView> views;
-  std::vector<fastload::Region> regs;
-  region_views(regions, &views, &regs);
-  int64_t n = -1;
-  auto region_a = int_array(region, "region", &n, 0);
-  auto offset_a = int_array(offset, "offset", &n, 0);
+  const Sources sources(regions, region, offset);
+  int64_t n = sources.n();
   if (row_bytes < 0) {
     throw py::value_error("row_bytes must be >= 0, got " + std::to_string(row_bytes));
   }
@@ -34,7 +30,7 @@ void gather_rows(BatchEngine& pool, py::handle regions, py::handle region, py::h
   }
 
   fastload::GatherSpec spec;
-  set_sources(&spec, regs, n, region_a, offset_a);
+  sources.set(&spec);
   spec.row_bytes = row_bytes;
   spec.out = static_cast<uint8_t*>(out_a.mutable_data());
   std::string err;
@@ -48,17 +44,13 @@ void gather_rows(BatchEngine& pool, py::handle regions, py::handle region, py::h
 
 void gather_pieces(BatchEngine& pool, py::handle regions, py::handle region, py::handle offset,
                    py::handle length, py::handle dst, py::handle out) {
-  std::vector<BufferView> views;
-  std::vector<fastload::Region> regs;
-  region_views(regions, &views, &regs);
-  int64_t n = -1;
-  auto region_a = int_array(region, "region", &n, 0);
-  auto offset_a = int_array(offset, "offset", &n, 0);
+  const Sources sources(regions, region, offset);
+  int64_t n = sources.n();
   auto length_a = int_array(length, "length", &n, 0);
   auto dst_a = int_array(dst, "dst", &n, 0);
   py::array out_a = byte_out(out, "any size");
   fastload::PieceSpec spec;
-  set_sources(&spec, regs, n, region_a, offset_a);
+  sources.set(&spec);
   spec.length = length_a.data();
   spec.dst = dst_a.data();
   spec.out = static_cast<uint8_t*>(out_a.mutable_data());

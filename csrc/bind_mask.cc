@@ -35,12 +35,8 @@ py::list decode_mask_batch(BatchEngine& pool, py::handle regions, py::handle reg
                            py::handle length, py::handle src_hw, py::handle crop, py::handle box_hw,
                            py::handle padded, py::handle rows, py::handle cols, py::handle hflip, py::handle vflip,
                            py::handle has_affine, py::handle affine, py::handle fill, py::handle out) {
-  std::vector<BufferView> views;
-  std::vector<fastload::Region> regs;
-  region_views(regions, &views, &regs);
-  int64_t n = -1;
-  auto region_a = int_array(region, "region", &n, 0);
-  auto offset_a = int_array(offset, "offset", &n, 0);
+  const Sources sources(regions, region, offset);
+  int64_t n = sources.n();
   auto length_a = int_array(length, "length", &n, 0);
   if (!py::isinstance<py::array_t<uint8_t>>(out)) {
     throw py::type_error("out: expected a uint8 numpy array of shape (" + std::to_string(n) + ", H, W), got " +
@@ -82,7 +78,7 @@ py::list decode_mask_batch(BatchEngine& pool, py::handle regions, py::handle reg
     fill_v = column<uint8_t>(fill, "fill", n, 2, 0, 255);
   }
   fastload::MaskBatchSpec spec;
-  set_sources(&spec, regs, n, region_a, offset_a);
+  sources.set(&spec);
   spec.length = length_a.data();
   spec.src_hw = src_hw_v.data();
   spec.crop = crop_v.data();
