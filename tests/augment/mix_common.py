@@ -1,9 +1,13 @@
 """What the MixUp/CutMix loader tests share: torchvision v2's formulas in float64 on the batch's uint8 pixels
-(the reference the CPU path's fused blend is held to) and its tolerance."""
+(the reference the CPU path's fused blend is held to), its tolerance, and the ``plans`` fixture (every plan a loader
+draws)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
+
+from fastload._augment.mix import BatchMix
 
 EPS = float(torch.finfo(torch.float32).eps)
 
@@ -65,3 +69,18 @@ def close_batches(a: list, b: list, plans: list, mean=None, std=None) -> bool:
 
 
 __all__ = ["EPS", "bound", "close_batches", "max_error", "normalized64", "soft_labels64", "torchvision_mix"]
+
+
+@pytest.fixture
+def plans(monkeypatch):
+    """Every plan the loader draws, in order."""
+    seen = []
+    real = BatchMix.plan
+
+    def record(self, batch, rng):
+        p = real(self, batch, rng)
+        seen.append(p)
+        return p
+
+    monkeypatch.setattr(BatchMix, "plan", record)
+    return seen

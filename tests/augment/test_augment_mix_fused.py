@@ -14,9 +14,9 @@ import torch
 import fastload
 import fastload.transforms as T
 from conftest import make_image_folder
-from fastload._augment.mix import BatchMix, MixPlan, apply_mix, mix_labels
+from fastload._augment.mix import MixPlan, apply_mix, mix_labels
 from fastload.fast.collate import Collator
-from mix_common import bound, max_error, normalized64, soft_labels64, torchvision_mix
+from mix_common import bound, max_error, normalized64, plans, soft_labels64, torchvision_mix  # noqa: F401 (plans: a fixture)
 
 K = 4
 OUT = (40, 48)
@@ -42,21 +42,6 @@ def epoch(packed, transforms, batch=None, batch_size=5, **kw):
     ds = fastload.open(packed, transforms=transforms, batch_transforms=batch)
     dl = fastload.DataLoader(ds, batch_size=batch_size, shuffle=True, seed=7, **kw)
     return [(x.clone(), y.clone()) for x, y in dl]
-
-
-@pytest.fixture
-def plans(monkeypatch):
-    """Every plan the loader draws, in order."""
-    seen = []
-    real = BatchMix.plan
-
-    def record(self, batch, rng):
-        p = real(self, batch, rng)
-        seen.append(p)
-        return p
-
-    monkeypatch.setattr(BatchMix, "plan", record)
-    return seen
 
 
 MIXES = {

@@ -10,9 +10,9 @@ import torch
 import fastload
 import fastload.transforms as T
 from conftest import make_image_folder
-from fastload._augment.mix import BatchMix, apply_mix
+from fastload._augment.mix import apply_mix
 from misuse.conftest import user_error
-from mix_common import bound, close_batches, max_error, torchvision_mix
+from mix_common import bound, close_batches, max_error, plans, torchvision_mix  # noqa: F401 (plans: a fixture)
 
 K = 4
 OUT = (40, 48)
@@ -46,21 +46,6 @@ def epoch(dl):
 
 def same(a, b):
     return len(a) == len(b) and all(torch.equal(x, u) and torch.equal(y, v) for (x, y), (u, v) in zip(a, b))
-
-
-@pytest.fixture
-def plans(monkeypatch):
-    """Every plan the loader draws, in order."""
-    seen = []
-    real = BatchMix.plan
-
-    def record(self, batch, rng):
-        p = real(self, batch, rng)
-        seen.append(p)
-        return p
-
-    monkeypatch.setattr(BatchMix, "plan", record)
-    return seen
 
 
 def test_loader_mixes_as_the_reference_with_the_drawn_plans(packed, plans):
