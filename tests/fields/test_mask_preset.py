@@ -18,7 +18,7 @@ from fastload.fields.mask import geometry_of, move_mask
 from fastload.transforms import ImagePipeline, apply_pil
 
 from .test_mask import SCHEMA, segmentation_samples
-from .test_mask_recipe import LABELS, V2, Mode, assert_aligned, native_sample, recorded_plans, tv
+from .test_mask_recipe import V2, Mode, assert_aligned, ds_i_equals_the_native_engines, recorded_plans, tv
 
 BASE, CROP = 40, 48
 FILL = {"image": 0, "mask": 255}
@@ -48,22 +48,8 @@ def test_ds_i_is_the_native_engines_result_of_the_preset(segmentation):
     bit for bit, images within the padded crop's bound (0), aligned, padded on the right and at the bottom only, for
     flipped samples too (torchvision flips before padding)."""
     path, _ = segmentation
-    ds = fastload.open(path, as_dict=True, transforms={"image": PRESET})
-    pipe = ds.pipelines["image"]
     seen = set()
-    for i in range(len(ds)):
-        torch.manual_seed(i)
-        s = ds[i]
-        torch.manual_seed(i)  # ds[i]'s plan: one seed of torch's generator (fields/_codec.py draw_plan)
-        rng = np.random.default_rng(int(torch.randint(0, 2**62, ()).item()))
-        seg, local = ds.locate(i)
-        h, w = (int(v) for v in seg.row("image", "meta", local)[:2])
-        plan = pipe.plan(np.array([h]), np.array([w]), rng)
-        image, mask = native_sample(ds, i, plan)
-        assert np.array_equal(mask, s["mask"].numpy()), i
-        assert np.abs(image.astype(int) - s["image"].permute(1, 2, 0).numpy().astype(int)).max() == 0, i
-        assert set(np.unique(mask)) <= LABELS | {255}
-        assert_aligned(s["image"], s["mask"])
+    for plan, mask in ds_i_equals_the_native_engines(path, PRESET):
         padded = assert_right_bottom(mask)
         seen.add((bool(plan.flips[0]), any(padded)))
     assert seen == {(False, False), (False, True), (True, False), (True, True)}  # every case met
