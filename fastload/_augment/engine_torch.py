@@ -18,6 +18,7 @@ constants on the device, so nothing waits on the device's queue.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -47,6 +48,18 @@ def run_torch(images: torch.Tensor, plan: AugmentPlan, *, flips: bool = True,
     :func:`host_columns` (same ``flips``) already on the batch's device (None: uploaded here, :func:`upload`)."""
     _check(images, plan)
     return _execute(images.clone(), plan, flips, columns)
+
+
+def _own_precision(fn):
+    """Run ``fn`` with autocast off: an enclosing ``torch.autocast`` (a training step's, when the engine runs in
+    the training thread) would run any operation on autocast's lists in float16/bfloat16 and change the pixels.
+    The kernels also use no convolution or matmul (those follow TF32 and matmul-precision globals on a GPU), so
+    their arithmetic is the same whatever the user set (tests/augment/test_engine_precision.py)."""
+    @functools.wraps(fn)
+    def wrapped(x, *args, **kwargs):
+        with torch.autocast(x.device.type, enabled=False):
+            return fn(x, *args, **kwargs)
+    return wrapped
 
 
 def augment_rows(rows: torch.Tensor, plan: AugmentPlan, *, flips: bool = False,
@@ -115,6 +128,7 @@ def host_columns(plan: AugmentPlan, flips: bool = True) -> list[np.ndarray]:
     return host
 
 
+@_own_precision
 def _execute(x: torch.Tensor, plan: AugmentPlan, flips: bool, columns: list[torch.Tensor] | None) -> torch.Tensor:
     """Run the plan on ``x`` (N, C, H, W), which it may write in place; returns the result."""
     for step in plan.steps:
@@ -146,6 +160,7 @@ def _execute(x: torch.Tensor, plan: AugmentPlan, flips: bool, columns: list[torc
     return x[:, :1].contiguous() if plan.channels == 1 else x
 
 
+@_own_precision
 def run_torch_mask(masks: torch.Tensor, plan: AugmentPlan, *, fill: int = 255, flips: bool = True) -> torch.Tensor:
     """Move segmentation masks (N, H, W) or (N, 1, H, W), uint8, with their images' geometry: the same flips
     and affine, always nearest, outside filled with ``fill`` (255: torchvision's segmentation "ignore" label);

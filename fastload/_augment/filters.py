@@ -3,7 +3,7 @@
 Blur follows torchvision's kernel: ``exp(-x^2 / (2 sigma^2))`` sampled at ``linspace(-(k-1)/2, (k-1)/2, k)``,
 normalised, reflect padding, rounded back to uint8. torchvision's PIL backend itself converts the picture to
 a tensor and runs that kernel, so the reference kernel here is the same formula in numpy (2-D, float64); the
-batched engine runs it separably with one kernel per sample (grouped convolutions over the subset).
+batched engine runs it separably with one kernel per sample (multiply-adds of shifted views over the subset).
 
 Erasing fills a rectangle drawn as torchvision's ``RandomErasing.get_params`` (10 attempts of a scale and a
 log-uniform ratio, ``h = round(sqrt(area * ratio))``, accepted when ``h < H and w < W``; no erasing when all
@@ -80,15 +80,28 @@ def _blur_torch(x: torch.Tensor, p: Any) -> torch.Tensor:
             return (pdf / pdf.sum(1, keepdim=True)).repeat_interleave(c, dim=0)  # (m*c, size)
 
         ky_, kx_ = int(ky), int(kx)
-        xp = F.pad(xs, (kx_ // 2, kx_ // 2, ky_ // 2, ky_ // 2), mode="reflect").reshape(1, m * c, h + ky_ - 1,
+        xp = F.pad(xs, (kx_ // 2, kx_ // 2, ky_ // 2, ky_ // 2), mode="reflect").reshape(m * c, h + ky_ - 1,
                                                                                           w + kx_ - 1)
-        xp = F.conv2d(xp, kernels(ky_, sig[:, 1]).view(m * c, 1, ky_, 1), groups=m * c)
-        xp = F.conv2d(xp, kernels(kx_, sig[:, 0]).view(m * c, 1, 1, kx_), groups=m * c)
+        xp = _shifted_sum(xp, kernels(ky_, sig[:, 1]), axis=1)
+        xp = _shifted_sum(xp, kernels(kx_, sig[:, 0]), axis=2)
         y = xp.view(m, c, h, w)
         y = y if x.is_floating_point() else y.round_().clamp_(0, 255).to(x.dtype)
         if sel is None:
             return y
         out.index_copy_(0, sel, y)
+    return out
+
+
+def _shifted_sum(x: torch.Tensor, weights: torch.Tensor, axis: int) -> torch.Tensor:
+    """A valid 1-D correlation of each plane of ``x`` (P, H, W) with its own kernel ``weights`` (P, k) along
+    ``axis``, as k multiply-adds of shifted views. Elementwise float32 arithmetic on purpose: a convolution on a
+    GPU follows global settings (cuDNN's TF32, on by default on Ampere and later, rounds the operands to 10
+    bits), so the pixels would depend on the user's flags and differ from the CPU's; these do not."""
+    k = weights.shape[1]
+    n = x.shape[axis] - k + 1
+    out = x.narrow(axis, 0, n) * weights[:, 0].view(-1, 1, 1)
+    for i in range(1, k):
+        out.addcmul_(x.narrow(axis, i, n), weights[:, i].view(-1, 1, 1))
     return out
 
 

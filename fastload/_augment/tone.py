@@ -13,7 +13,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from PIL import ImageEnhance, ImageOps
 
 from .color import bound_of, finish, per_sample
@@ -68,14 +67,17 @@ def _sharpness_torch(x: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Tenso
     k, c, h, w = x.shape
     if h <= 2 or w <= 2:
         return x
-    a, b = 1.0 / 13.0, 5.0 / 13.0
-    kernel = torch.full((3, 3), a, dtype=torch.float32, device=x.device)  # made on the device: no host copy
-    kernel[1, 1] = b
     out = x.to(torch.float32)
-    blurred = F.conv2d(out.reshape(k * c, 1, h, w), kernel.view(1, 1, 3, 3)).view(k, c, h - 2, w - 2)
+    # PIL's SMOOTH kernel ([1 1 1; 1 5 1; 1 1 1] / 13) as nine shifted adds: exact on uint8 (integer sums below
+    # 2^24), and elementwise, so no convolution's global settings (cuDNN's TF32 on a GPU) change the pixels.
+    inner = out[:, :, 1:-1, 1:-1]
+    total = inner * 4.0
+    for dy in range(3):
+        for dx in range(3):
+            total += out[:, :, dy:dy + h - 2, dx:dx + w - 2]
+    blurred = total / 13.0
     if not x.is_floating_point():
         blurred = blurred.round_()
-    inner = out[:, :, 1:-1, 1:-1]
     f = per_sample(p["factor"], x)
     out[:, :, 1:-1, 1:-1] = inner + (1.0 - f) * (blurred - inner)
     return finish(out, x)
