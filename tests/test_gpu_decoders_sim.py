@@ -76,18 +76,20 @@ class FakeOutputs:
 class FakeDali:
     """DALI's pipeline as DaliDecoder uses it, on the simulated GPU: ``run(stream, data=, anchor=, shape=,
     flip=)`` decodes with PIL (crop, bilinear resize, flip) now, but writes its output buffer (one, reused by
-    every run, as DALI's memory pool may) late, on ``stream``, and returns outputs on that stream."""
+    every run, as DALI's memory pool may) late, on ``stream``, and returns outputs on that stream. The padded
+    graph's ``size=`` input (a padded RandomCrop): each sample resized to its own size and placed at the top left
+    of a zero row, as ``fn.pad`` to ``out_hw`` does."""
 
     def __init__(self, sim, batch_size: int, out_hw: tuple[int, int]):
         self.sim, self.batch_size, self.out_hw = sim, batch_size, out_hw
         self.buf = None
 
-    def run(self, stream, data, anchor, shape, flip):
+    def run(self, stream, data, anchor, shape, flip, size=None):
         sim, (h, w) = self.sim, self.out_hw
         if self.buf is None:
             with sim.stream(stream):
                 self.buf = sim.alloc((self.batch_size, h, w, 3), torch.uint8)
-        res = torch.empty((len(data), h, w, 3), dtype=torch.uint8)
+        res = torch.zeros((len(data), h, w, 3), dtype=torch.uint8)
         for k, d in enumerate(data):
             try:
                 img = Image.open(io.BytesIO(d.tobytes()))
@@ -95,10 +97,11 @@ class FakeDali:
             except Exception:  # noqa: BLE001  (DALI raises RuntimeError for the whole batch)
                 raise RuntimeError(f"Error in thread 0: Failed to decode sample #{k}") from None
             (top, left), (ch, cw) = anchor[k].tolist(), shape[k].tolist()
-            img = img.convert("RGB").crop((left, top, left + cw, top + ch)).resize((w, h), Image.BILINEAR)
+            sh, sw = (h, w) if size is None else size[k].astype(int).tolist()
+            img = img.convert("RGB").crop((left, top, left + cw, top + ch)).resize((sw, sh), Image.BILINEAR)
             if flip[k]:
                 img = img.transpose(Image.FLIP_LEFT_RIGHT)
-            res[k] = torch.from_numpy(np.array(img))
+            res[k, :sh, :sw] = torch.from_numpy(np.array(img))
         out = self.buf[:len(data)]
         d = _describe(out)
         with sim.stream(stream):
