@@ -2,6 +2,7 @@
 // fused with decoding (decode_augment_batch).
 #include "bind_common.h"
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,35 @@ py::array_t<double, py::array::c_style> float_array(py::handle obj, const char* 
   return arr;
 }
 
+// A plan's pixel steps: op (steps,), offset (steps + 1,) into the rows, and per row its sample and parameters
+// (sample (rows,), fparams/iparams (rows, kAugParams)); converted, checked against each other and kept alive
+// as long as this object. ``prefix`` names the arrays in errors ("augment " inside a plan tuple).
+struct PixelSteps {
+  py::array_t<int64_t, py::array::c_style> op, offset, sample, iparams;
+  py::array_t<double, py::array::c_style> fparams;
+  int64_t steps = -1, rows = -1;
+
+  PixelSteps(py::handle op_h, py::handle offset_h, py::handle sample_h, py::handle fparams_h, py::handle iparams_h,
+             const std::string& prefix) {
+    op = int_array(op_h, (prefix + "op").c_str(), &steps, 0);
+    int64_t bounds = steps + 1;
+    offset = int_array(offset_h, (prefix + "offset").c_str(), &bounds, 0);
+    sample = int_array(sample_h, (prefix + "sample").c_str(), &rows, 0);
+    iparams = int_array(iparams_h, (prefix + "iparams").c_str(), &rows, fastload::kAugParams);
+    fparams = float_array(fparams_h, (prefix + "fparams").c_str(), rows, fastload::kAugParams);
+  }
+
+  void into(fastload::AugBatchSpec* spec) const {
+    spec->num_steps = steps;
+    spec->op = op.data();
+    spec->offset = offset.data();
+    spec->num_rows = rows;
+    spec->sample = sample.data();
+    spec->fparam = fparams.data();
+    spec->iparam = iparams.data();
+  }
+};
+
 void augment_batch(BatchEngine& pool, py::handle images, py::handle op, py::handle offset, py::handle sample,
                    py::handle fparams, py::handle iparams) {
   if (!py::isinstance<py::array_t<uint8_t>>(images)) {
@@ -43,26 +73,14 @@ void augment_batch(BatchEngine& pool, py::handle images, py::handle op, py::hand
                           std::string(py::str(img.attr("shape"))));
   }
   if (!img.writeable()) throw py::value_error("images: array is read-only (the operations run in place)");
-  int64_t steps = -1, rows = -1;
-  auto op_a = int_array(op, "op", &steps, 0);
-  int64_t bounds = steps + 1;
-  auto offset_a = int_array(offset, "offset", &bounds, 0);
-  auto sample_a = int_array(sample, "sample", &rows, 0);
-  auto iparams_a = int_array(iparams, "iparams", &rows, fastload::kAugParams);
-  auto fparams_a = float_array(fparams, "fparams", rows, fastload::kAugParams);
+  PixelSteps pixel(op, offset, sample, fparams, iparams, "");
 
   fastload::AugBatchSpec spec;
   spec.images = static_cast<uint8_t*>(img.mutable_data());
   spec.n = img.shape(0);
   spec.h = static_cast<int>(img.shape(1));
   spec.w = static_cast<int>(img.shape(2));
-  spec.num_steps = steps;
-  spec.op = op_a.data();
-  spec.offset = offset_a.data();
-  spec.num_rows = rows;
-  spec.sample = sample_a.data();
-  spec.fparam = fparams_a.data();
-  spec.iparam = iparams_a.data();
+  pixel.into(&spec);
   std::string err;
   bool ok;
   {
@@ -75,8 +93,8 @@ void augment_batch(BatchEngine& pool, py::handle images, py::handle op, py::hand
 // An augmentation plan's arrays (fastload/_augment/engine_native.py native_arrays + geometry_arrays) for n
 // tiles of h x w, converted and kept alive as long as this object (its spec points into them).
 struct AugArrays {
-  py::array_t<int64_t, py::array::c_style> op, offset, sample, iparams, vflip, has_affine, interpolation;
-  py::array_t<double, py::array::c_style> fparams, affine, fill;
+  py::array_t<double, py::array::c_style> affine, fill;
+  std::optional<PixelSteps> pixel;
   std::vector<uint8_t> vflip_v, has_affine_v, interpolation_v, pad_active_v;
   std::vector<int32_t> pad_hw_v, pad_rows_v, pad_cols_v;
   py::array_t<double, py::array::c_style> pad_fill;
@@ -96,23 +114,11 @@ struct AugArrays {
     affine = float_array(t[2], "augment affine", n, 6);
     interpolation_v = narrow<uint8_t>(int_array(t[3], "augment interpolation", &nn, 0), "augment interpolation", 0, 1);
     fill = float_array(t[4], "augment fill", n, 3);
-    int64_t steps = -1, rows = -1;
-    op = int_array(t[5], "augment op", &steps, 0);
-    int64_t bounds = steps + 1;
-    offset = int_array(t[6], "augment offset", &bounds, 0);
-    sample = int_array(t[7], "augment sample", &rows, 0);
-    fparams = float_array(t[8], "augment fparams", rows, fastload::kAugParams);
-    iparams = int_array(t[9], "augment iparams", &rows, fastload::kAugParams);
+    pixel.emplace(t[5], t[6], t[7], t[8], t[9], "augment ");
     spec.n = n;
     spec.h = h;
     spec.w = w;
-    spec.num_steps = steps;
-    spec.op = op.data();
-    spec.offset = offset.data();
-    spec.num_rows = rows;
-    spec.sample = sample.data();
-    spec.fparam = fparams.data();
-    spec.iparam = iparams.data();
+    pixel->into(&spec);
     spec.vflip = vflip_v.data();
     spec.has_affine = has_affine_v.data();
     spec.affine = affine.data();
