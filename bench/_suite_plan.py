@@ -97,6 +97,19 @@ def pack_jobs(quick: bool) -> list[tuple[str, dict]]:
     return jobs
 
 
+def packs_needed(cases: list[str], quick: bool) -> set[tuple[str, str]]:
+    """(peer, dataset) of every packed copy that the loader cases among ``cases`` read."""
+    return {(peer, DATASET_OF[case]) for case in cases if case != "pack" for peer, _ in loader_jobs(case, quick)
+            if DATASET_OF[case] in PACKS.get(peer, ())}
+
+
+def prepare_jobs(needed: set[tuple[str, str]]) -> list[tuple[str, dict]]:
+    """The pack jobs that make the ``needed`` copies, at each writer's default settings. Taken from the full run's
+    list: --quick leaves raw and varlen out of its pack *case*, not out of the loader cases that read them."""
+    return [(peer, cfg) for peer, cfg in pack_jobs(quick=False)
+            if cfg.get("mode", "") in ("", "passthrough") and (peer, cfg["dataset"]) in needed]
+
+
 def config_text(peer: str, cfg: dict) -> str:
     parts = []
     for k, v in cfg.items():

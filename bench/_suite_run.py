@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from _suite_plan import (BATCH, BATCH_QUICK, BENCH, DATASET_OF, GENERATOR, PACKS, ROOT, VENVS, config_text,
-                         loader_jobs, pack_jobs, packed_path, source_bytes)
+                         loader_jobs, pack_jobs, packed_path, prepare_jobs, source_bytes)
 from peers import PEERS
 
 # --------------------------------------------------------------------------------------- machine
@@ -200,10 +200,10 @@ def source_sig(args, dataset: str, sizes: dict) -> dict:
 
 
 def run_pack(runner: Runner, sizes: dict, quick: bool, *, prepare_only=False, needed=None) -> list[dict]:
-    """The pack case (timed), or with prepare_only the packs the loader cases need that are missing."""
+    """The pack case (timed), or with prepare_only the packs the loader cases need (``needed``) that are missing."""
     args = runner.args
     rows = []
-    for peer, cfg in pack_jobs(quick):
+    for peer, cfg in prepare_jobs(needed) if prepare_only else pack_jobs(quick):
         dataset, mode = cfg["dataset"], cfg.get("mode", "")
         canonical = mode in ("", "passthrough")
         if peer not in runner.available:
@@ -212,9 +212,8 @@ def run_pack(runner: Runner, sizes: dict, quick: bool, *, prepare_only=False, ne
             continue
         out = packed_path(Path(args.data), peer, dataset, "" if canonical else mode)
         sig = source_sig(args, dataset, sizes)
-        if prepare_only:
-            if not canonical or (peer, dataset) not in needed or packed_ok(out, sig):
-                continue
+        if prepare_only and packed_ok(out, sig):
+            continue
         out.parent.mkdir(parents=True, exist_ok=True)
         stamp_of(out).unlink(missing_ok=True)
         spec = runner.spec(peer, "pack", cfg, out=str(out))

@@ -45,8 +45,7 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
-from _suite_plan import BATCH, BATCH_QUICK, CASES, DATASET_OF, PACKS, SIZES, generate, loader_jobs  # noqa: E402
-from _suite_plan import source_bytes  # noqa: E402
+from _suite_plan import BATCH, BATCH_QUICK, CASES, SIZES, generate, packs_needed, source_bytes  # noqa: E402
 from _suite_report import contexts, overlap_context, plot, write_case, write_machine, write_summary  # noqa: E402
 from _suite_run import Runner, calibrate_compute, check_peers, machine, machine_line, run_loader_case  # noqa: E402
 from _suite_run import run_pack  # noqa: E402
@@ -110,12 +109,7 @@ def main() -> int:
         print("case pack:", flush=True)
         rows = run_pack(runner, sizes, args.quick)
         all_md.append(write_case("pack", rows, out_dir, m, context, batch))
-    needed = set()
-    for case in args.cases:
-        if case != "pack":
-            for peer, _ in loader_jobs(case, args.quick):
-                if peer in PACKS and DATASET_OF[case] in PACKS[peer]:
-                    needed.add((peer, DATASET_OF[case]))
+    needed = packs_needed(args.cases, args.quick)
     if needed:
         run_pack(runner, sizes, args.quick, prepare_only=True, needed=needed)
 
