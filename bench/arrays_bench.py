@@ -8,11 +8,8 @@ One run, medians over repetitions; random order everywhere.
 
 from __future__ import annotations
 
-import argparse
-import csv
 import os
 import shutil
-import statistics
 import sys
 import threading
 import time
@@ -24,16 +21,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import fastload  # noqa: E402
+from _common import median_seconds, parser, write_csv  # noqa: E402
 
 
 def median_rate(fn, n_samples: int, repeat: int) -> float:
     fn()  # warm-up: page cache, buffers, threads
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return n_samples / statistics.median(times)
+    return n_samples / median_seconds(fn, repeat)
 
 
 def drain(loader) -> None:
@@ -118,12 +111,9 @@ def case(name, arrays, packed, batch, repeat, cores, rows, tiny: bool):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", type=Path, default=Path("bench/data"))
+    ap = parser(__doc__, repeat=5, csv=True)
     ap.add_argument("--raw", type=int, default=4096, help="raw 3x224x224 uint8 samples")
     ap.add_argument("--tiny", type=int, default=2_000_000, help="tiny records (48 int32 tokens + label)")
-    ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--csv", type=Path, default=None)
     args = ap.parse_args()
     cores = os.cpu_count() or 1
     rng = np.random.default_rng(0)
@@ -143,12 +133,7 @@ def main() -> None:
         nbytes = sum(a.nbytes for a in arrays.values())
         print(f"\npacked {name.split(',')[0]}: {nbytes / 1e6:,.0f} MB in {time.perf_counter() - t:.2f} s")
         case(name, arrays, packed, batch, args.repeat, cores, rows, is_tiny)
-    if args.csv:
-        args.csv.parent.mkdir(parents=True, exist_ok=True)
-        with open(args.csv, "w", newline="") as fh:
-            w = csv.writer(fh)
-            w.writerow(["case", "reader", "samples_per_s"])
-            w.writerows(rows)
+    write_csv(args.csv, rows, ["case", "reader", "samples_per_s"])
 
 
 if __name__ == "__main__":

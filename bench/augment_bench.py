@@ -21,26 +21,21 @@ DataLoader running the same operations per sample with pillow-simd, on the same 
                              A.Erasing(p=0.25); skipped, saying why, when the venv is missing
 
 All: batch 64, shuffle, drop_last, num_workers=2 (worker processes for torch's loader, decode threads for fastload's),
-persistent workers, uint8 batches; bench/photos.py's real photographs (1,800 files, long side 180-640), packed by
-settings_bench.build. Each configuration runs ``--epochs`` epochs per round; rounds alternate after one warm-up
-round (drift on a shared machine hits every row alike); each row is the median over rounds; ratios are within
-this run. The issue's targets: fastload recipe >= 2x torch's recipe with pillow-simd and >= 1.5x torch's DataLoader
-+ albumentations; the added CPU time <= 25% of RRC + flip's.
+persistent workers, uint8 batches; bench/photos.py's real photographs (1,800 files, long side 180-640), packed once
+into bench/data/settings_photos (_common.packed_photos). Each configuration runs ``--epochs`` epochs per round;
+rounds alternate after one warm-up round (drift on a shared machine hits every row alike); each row is the median
+over rounds; ratios are within this run. The issue's targets: fastload recipe >= 2x torch's recipe with pillow-simd
+and >= 1.5x torch's DataLoader + albumentations; the added CPU time <= 25% of RRC + flip's.
 
     python bench/augment_bench.py [--rounds 5] [--epochs 1] [--out bench/results/augment_cpu2.md] [--csv ...]
 """
 
 from __future__ import annotations
 
-import argparse
-import csv
 import json
-import os
 import random
-import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -49,9 +44,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import fastload  # noqa: E402
+from _common import (BATCH, LOADER_OPTIONS, SIZE, WORKERS, command, crop_flip, drain, heading,  # noqa: E402
+                     image_rounds, medians, packed_photos, parser, photo_folder, publish, spread, write_csv)
 from fastload import transforms as T  # noqa: E402
 
-BATCH, WORKERS, SIZE = 64, 2, 224
 FL_RECIPE, FL_PLAIN = "fastload recipe", "fastload RRC + flip"
 PIL_RECIPE, PIL_PLAIN = "torch DataLoader + pillow-simd recipe", "torch DataLoader + pillow-simd RRC + flip"
 ALBU = "torch DataLoader + albumentations (OpenCV)"
@@ -93,19 +89,14 @@ class PilRecipe:
 def loaders(data: Path) -> dict:
     """name -> a loader over the same photos (see the module docstring)."""
     from peers._torchdata import ImageFiles
-    from photos import build_photo_folder
-    from settings_bench import build
 
-    folder = data / "photos_150"
-    build_photo_folder(folder, per_class=150, seed=0, progress=False)
-    crops = [T.RandomResizedCrop(SIZE), T.RandomHorizontalFlip()]
-    common = dict(batch_size=BATCH, shuffle=True, num_workers=WORKERS, drop_last=True, persistent_workers=True)
-    augmented = build(data / "settings_photos", folder, transforms={"image": crops + recipe()})
-    plain = build(data / "settings_photos", folder, transforms={"image": crops})
-    return {FL_RECIPE: fastload.DataLoader(augmented, **common),
-            FL_PLAIN: fastload.DataLoader(plain, **common),
-            PIL_RECIPE: torch.utils.data.DataLoader(ImageFiles(str(folder), PilRecipe(recipe())), **common),
-            PIL_PLAIN: torch.utils.data.DataLoader(ImageFiles(str(folder), PilRecipe([])), **common)}
+    folder = photo_folder(data)
+    augmented = packed_photos(data, folder, crop_flip() + recipe())
+    plain = packed_photos(data, folder, crop_flip())
+    return {FL_RECIPE: fastload.DataLoader(augmented, **LOADER_OPTIONS),
+            FL_PLAIN: fastload.DataLoader(plain, **LOADER_OPTIONS),
+            PIL_RECIPE: torch.utils.data.DataLoader(ImageFiles(str(folder), PilRecipe(recipe())), **LOADER_OPTIONS),
+            PIL_PLAIN: torch.utils.data.DataLoader(ImageFiles(str(folder), PilRecipe([])), **LOADER_OPTIONS)}
 
 
 class AlbuPeer:
@@ -158,55 +149,21 @@ def albu_peer(folder: Path, epochs: int) -> AlbuPeer | None:
         return None
 
 
-def drain(loader, epochs: int):
-    def run() -> int:
-        n = 0
-        for _ in range(epochs):
-            for images, _labels in loader:
-                n += images.shape[0]
-        return n
-    return run
-
-
-def rounds(configs: dict, count: int) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
-    """Per configuration and round: images/s, and this process's CPU seconds per image (fastload's threads are
-    in it; torch's worker processes are not, so their CPU is not counted)."""
-    for fn in configs.values():
-        fn()  # warm-up: page cache, worker processes, native threads
-    rates: dict[str, list[float]] = {k: [] for k in configs}
-    cpu: dict[str, list[float]] = {k: [] for k in configs}
-    for _ in range(count):
-        for name, fn in configs.items():
-            t, c = time.perf_counter(), time.process_time()
-            n = fn()
-            rates[name].append(n / (time.perf_counter() - t))
-            cpu[name].append((time.process_time() - c) / n)
-    return rates, cpu
-
-
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", type=Path, default=Path("bench/data"))
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--epochs", type=int, default=1)
-    ap.add_argument("--out", type=Path, default=None, help="markdown table")
-    ap.add_argument("--csv", type=Path, default=None)
-    args = ap.parse_args()
+    args = parser(__doc__, rounds=5, epochs=1, out=True, csv=True).parse_args()
     configs = {name: drain(loader, args.epochs) for name, loader in loaders(args.data).items()}
     albu = albu_peer(args.data / "photos_150", args.epochs)
     if albu is not None:
         configs[ALBU] = albu
     try:
-        rates, cpu = rounds(configs, args.rounds)
+        rates, cpu = image_rounds(configs, args.rounds)
     finally:
         if albu is not None:
             albu.close()
-    med = {k: statistics.median(v) for k, v in rates.items()}
-    cpu_med = {k: statistics.median(v) for k, v in cpu.items()}
+    med, cpu_med = medians(rates), medians(cpu)
     added = cpu_med[FL_RECIPE] - cpu_med[FL_PLAIN]
-    cmd = "python bench/augment_bench.py " + " ".join(sys.argv[1:])
-    lines = [f"# The new recipe's augmentation on CPU ({os.cpu_count()} CPUs), {time.strftime('%Y-%m-%d')}", "",
-             (f"`{cmd.strip()}`: {args.epochs} epoch(s) of 1,800 real photos per round (batch {BATCH}, "
+    lines = [heading("The new recipe's augmentation on CPU"), "",
+             (f"`{command()}`: {args.epochs} epoch(s) of 1,800 real photos per round (batch {BATCH}, "
               f"num_workers={WORKERS}, persistent); medians of {args.rounds} alternating rounds after a warm-up round; "
               f"ratios within this run. torch {torch.__version__}."),
              "", f"| loader | images/s (median) | min-max | vs {PIL_RECIPE} | CPU ms/image (this process) |",
@@ -214,8 +171,8 @@ def main() -> None:
     for name in configs:
         note = ("" if name.startswith("fastload") else " (another process: not counted)" if name == ALBU
                 else " (workers not counted)")
-        lines.append(f"| {name} | {med[name]:,.0f} | {min(rates[name]):,.0f}-{max(rates[name]):,.0f} | "
-                     f"{med[name] / med[PIL_RECIPE]:.2f}x | {cpu_med[name] * 1e3:.2f}{note} |")
+        lines.append(f"| {name} | {spread(rates[name])} | {med[name] / med[PIL_RECIPE]:.2f}x | "
+                     f"{cpu_med[name] * 1e3:.2f}{note} |")
     torch_added = 1e3 / med[PIL_RECIPE] - 1e3 / med[PIL_PLAIN]
     lines += ["", f"fastload: the augmentation (TrivialAugmentWide + RandomErasing(0.25)) adds {added * 1e3:.3f} ms of "
                   f"CPU per image, {added / cpu_med[FL_PLAIN]:.0%} of RRC + flip's {cpu_med[FL_PLAIN] * 1e3:.3f} ms; "
@@ -228,16 +185,10 @@ def main() -> None:
                       + ", ".join(f"{k} {v}" for k, v in albu.versions.items())]
     else:
         lines += ["", f"{ALBU}: not measured (its venv is missing: `bash bench/setup_peers.sh albumentations`)"]
-    text = "\n".join(lines) + "\n"
-    print(text, flush=True)
-    if args.out:
-        args.out.write_text(text)
-    if args.csv:
-        with args.csv.open("w", newline="") as fh:
-            w = csv.writer(fh)
-            w.writerow(["loader", "round", "images_per_s", "cpu_s_per_image"])
-            for name, values in rates.items():
-                w.writerows((name, r, f"{v:.1f}", f"{c:.6f}") for r, (v, c) in enumerate(zip(values, cpu[name])))
+    publish(lines, args.out)
+    write_csv(args.csv, ((name, r, f"{v:.1f}", f"{c:.6f}") for name, values in rates.items()
+                         for r, (v, c) in enumerate(zip(values, cpu[name]))),
+              ["loader", "round", "images_per_s", "cpu_s_per_image"])
 
 
 if __name__ == "__main__":

@@ -31,11 +31,8 @@ loader the framework actually iterated reports (``loader.fast_path``).
 
 from __future__ import annotations
 
-import argparse
 import logging
 import math
-import os
-import statistics
 import sys
 import time
 import warnings
@@ -47,9 +44,10 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import fastload
-from fastload import transforms as T
+from _common import (BATCH, SIZE, WORKERS, alternate, command, crop_flip, heading, medians, packed_photos, parser,
+                     photo_folder, publish, spread)
 
-BATCH, WORKERS, SIZE, CLASSES, STRIDE = 64, 2, 224, 12, 32
+CLASSES, STRIDE = 12, 32
 
 
 class Tiny(torch.nn.Module):
@@ -139,16 +137,12 @@ def loaders(data: Path) -> dict:
     """name -> a function making a fresh loader (each way gets its own: prepare marks a loader)."""
     from peers._common import pil_train_transform
     from peers._torchdata import ImageFiles
-    from photos import build_photo_folder
-    from settings_bench import build
 
-    folder = data / "photos_150"
-    build_photo_folder(folder, per_class=150, seed=0, progress=False)
+    folder = photo_folder(data)
     transform, _ = pil_train_transform(SIZE, use_torchvision=False)
 
-    def fast():  # settings_bench.py's pack of the same files
-        ds = build(data / "settings_photos", folder,
-                   transforms={"image": [T.RandomResizedCrop(SIZE), T.RandomHorizontalFlip()]})
+    def fast():  # the packed copy of the same files that settings_bench and the other photo scripts read
+        ds = packed_photos(data, folder, crop_flip())
         return fastload.DataLoader(ds, batch_size=BATCH, shuffle=True, num_workers=WORKERS, drop_last=True)
 
     def plain_torch():
@@ -158,12 +152,7 @@ def loaders(data: Path) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", type=Path, default=Path("bench/data"))
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--epochs", type=int, default=2)
-    ap.add_argument("--out", type=Path, default=None)
-    args = ap.parse_args()
+    args = parser(__doc__, rounds=5, epochs=2, out=True).parse_args()
     torch.set_num_threads(1)  # see the docstring: the tiny step's OpenMP threads would compete with the loader
     import lightning  # noqa: F401  (it sets its loggers up on import; quieten them after)
     from accelerate import Accelerator
@@ -177,20 +166,15 @@ def main() -> None:
             "accelerate": lambda loader, e: in_accelerate(loader, e, accelerator)}
     configs = {(way, name): make_way(make(), args.epochs)
                for name, make in loaders(args.data).items() for way, make_way in ways.items()}
-    for fn in configs.values():
-        fn()  # warm-up: page cache, worker processes, native threads
-    rates: dict[tuple, list[float]] = {k: [] for k in configs}
-    fast: dict[tuple, set] = {k: set() for k in configs}
-    for _ in range(args.rounds):
-        for key, fn in configs.items():
-            seconds, n, on_fast_path = fn()
-            rates[key].append(n / seconds)
-            fast[key].add(on_fast_path)
-    med = {k: statistics.median(v) for k, v in rates.items()}
-    cmd = "python bench/frameworks_bench.py " + " ".join(sys.argv[1:])
+    # each way times itself (Lightning's from its first epoch's start): a round's result is (seconds, images,
+    # whether the loader it iterated was on the fast path)
+    timings = alternate(configs, args.rounds)
+    rates = {k: [r.result[1] / r.result[0] for r in v] for k, v in timings.items()}
+    fast = {k: {r.result[2] for r in v} for k, v in timings.items()}
+    med = medians(rates)
     names = list(dict.fromkeys(name for _, name in configs))  # fastload first, then torch
-    lines = [f"# fastload inside Lightning and accelerate ({os.cpu_count()} CPUs), {time.strftime('%Y-%m-%d')}", "",
-             (f"`{cmd.strip()}`: {args.epochs} epochs of 1,800 real photos per round (RandomResizedCrop 224 + "
+    lines = [heading("fastload inside Lightning and accelerate"), "",
+             (f"`{command()}`: {args.epochs} epochs of 1,800 real photos per round (RandomResizedCrop 224 + "
               f"flip, batch {BATCH}, num_workers={WORKERS}); medians of {args.rounds} alternating rounds after a "
               f"warm-up round; ratios within this run. torch {torch.__version__}; the step runs on 1 torch thread."),
              "",
@@ -201,13 +185,10 @@ def main() -> None:
         for name in names:
             k = (way, name)
             vs_torch = f"{med[k] / torch_rate:.2f}x" if name == names[0] else ""
-            lines.append(f"| {way} | {name} | {med[k]:,.0f} | {min(rates[k]):,.0f}-{max(rates[k]):,.0f} | "
+            lines.append(f"| {way} | {name} | {spread(rates[k])} | "
                          f"{med[k] / med[('plain loop', name)]:.2f} | {vs_torch} | "
                          f"{'/'.join(sorted(map(str, fast[k]))) if name == names[0] else 'n/a'} |")
-    text = "\n".join(lines) + "\n"
-    print(text, flush=True)
-    if args.out:
-        args.out.write_text(text)
+    publish(lines, args.out)
 
 
 if __name__ == "__main__":

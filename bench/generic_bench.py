@@ -20,8 +20,6 @@ epochs alternate, so load from elsewhere on the machine falls on both alike.
 
 from __future__ import annotations
 
-import argparse
-import csv
 import statistics
 import sys
 import time
@@ -31,8 +29,10 @@ import torch
 
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH.parent))
+sys.path.insert(0, str(BENCH))
 
 import fastload  # noqa: E402
+from _common import parser, write_csv  # noqa: E402
 
 CASES = {
     "small": ((3, 32, 32), torch.float32, 8192),
@@ -77,13 +77,10 @@ def measure(ds, workers: int, batch_size: int, repeat: int) -> tuple[float, floa
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--batch-size", type=int, default=64)
+    ap = parser(__doc__, repeat=5, batch_size=64, data=False, csv=True)
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--cases", nargs="+", default=list(CASES), choices=[*CASES, "photos"])
     ap.add_argument("--photos", type=Path, help="a JPEG ImageFolder for the photos case")
-    ap.add_argument("--csv", type=Path)
     args = ap.parse_args()
     rows = []
     print(f"{'case':<10} {'workers':>7} {'torch samples/s':>16} {'fastload samples/s':>19} {'ratio':>7}")
@@ -91,7 +88,6 @@ def main() -> None:
         ap.error("the photos case needs --photos DIR (e.g. bench/data/photos_200, made by bench/photos.py)")
     for case in args.cases:
         if case == "photos":
-            sys.path.insert(0, str(BENCH))
             from peers._common import pil_train_transform
             from peers._torchdata import ImageFiles
 
@@ -106,11 +102,7 @@ def main() -> None:
                          "workers": w, "batch_size": args.batch_size, "torch_samples_s": round(t, 1),
                          "fastload_samples_s": round(f, 1), "ratio": round(f / t, 3)})
             print(f"{case:<10} {w:>7} {t:>16,.0f} {f:>19,.0f} {f / t:>6.2f}x", flush=True)
-    if args.csv:
-        with open(args.csv, "w", newline="") as fh:
-            writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
+    write_csv(args.csv, rows)
 
 
 if __name__ == "__main__":

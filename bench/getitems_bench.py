@@ -17,7 +17,8 @@ native batch decode per batch in each worker (``fastload/_getitems.py``). This m
 
 All: RandomResizedCrop 224 + horizontal flip, batch 64, shuffle, drop_last, num_workers=2 (worker processes
 for torch's loaders and accelerate's, decode threads for fastload's own), persistent workers, uint8 batches;
-bench/photos.py's real photographs (1,800 files, long side 180-640), packed by settings_bench.build.
+bench/photos.py's real photographs (1,800 files, long side 180-640), packed once into bench/data/settings_photos
+(_common.packed_photos).
 
 Each configuration runs ``--epochs`` epochs per round (the loop only takes the batches); rounds alternate
 after one warm-up round (so drift on a shared machine hits every row alike), each row is the median over
@@ -28,12 +29,7 @@ rounds, and ratios are within this run.
 
 from __future__ import annotations
 
-import argparse
-import csv
-import os
-import statistics
 import sys
-import time
 import warnings
 from pathlib import Path
 
@@ -42,22 +38,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import fastload  # noqa: E402
-from fastload import transforms as T  # noqa: E402
+from _common import (BATCH, LOADER_OPTIONS, SIZE, WORKERS, command, crop_flip, drain, heading,  # noqa: E402
+                     image_rounds, medians, packed_photos, parser, photo_folder, publish, spread, write_csv)
 
-BATCH, WORKERS, SIZE = 64, 2, 224
 TORCH_FASTLOAD = "torch DataLoader + fastload dataset"
 TORCH_PIL = "torch DataLoader + pillow-simd"
 CEILING = "torch DataLoader, batches decoded once up front (its own per-batch cost: the ceiling of any dataset)"
-
-
-def drain(loader, epochs: int):
-    def run() -> int:
-        n = 0
-        for _ in range(epochs):
-            for images, _labels in loader:
-                n += images.shape[0]
-        return n
-    return run
 
 
 class Predecoded(torch.utils.data.Dataset):
@@ -82,68 +68,35 @@ def loaders(data: Path) -> dict:
     from accelerate import Accelerator
     from peers._common import pil_train_transform
     from peers._torchdata import ImageFiles
-    from photos import build_photo_folder
-    from settings_bench import build
 
-    folder = data / "photos_150"
-    build_photo_folder(folder, per_class=150, seed=0, progress=False)
+    folder = photo_folder(data)
     transform, _ = pil_train_transform(SIZE, use_torchvision=False)
-    ds = build(data / "settings_photos", folder,
-               transforms={"image": [T.RandomResizedCrop(SIZE), T.RandomHorizontalFlip()]})
-    common = dict(batch_size=BATCH, shuffle=True, num_workers=WORKERS, drop_last=True, persistent_workers=True)
+    ds = packed_photos(data, folder, crop_flip())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", fastload.FastPathWarning)  # the rebuild warning: that is the point here
-        prepared = Accelerator(cpu=True).prepare(fastload.DataLoader(ds, **common))
-    return {TORCH_FASTLOAD: torch.utils.data.DataLoader(ds, **common),
-            TORCH_PIL: torch.utils.data.DataLoader(ImageFiles(str(folder), transform), **common),
+        prepared = Accelerator(cpu=True).prepare(fastload.DataLoader(ds, **LOADER_OPTIONS))
+    return {TORCH_FASTLOAD: torch.utils.data.DataLoader(ds, **LOADER_OPTIONS),
+            TORCH_PIL: torch.utils.data.DataLoader(ImageFiles(str(folder), transform), **LOADER_OPTIONS),
             "accelerator.prepare(fastload.DataLoader)": prepared,
-            "fastload.DataLoader (fast path)": fastload.DataLoader(ds, **common),
-            CEILING: torch.utils.data.DataLoader(Predecoded(ds), **common)}
-
-
-def rounds(configs: dict, count: int) -> dict[str, list[float]]:
-    """images/s of each configuration per round: one warm-up round, then ``count`` alternating rounds."""
-    for fn in configs.values():
-        fn()  # warm-up: page cache, worker processes, native threads
-    rates: dict[str, list[float]] = {k: [] for k in configs}
-    for _ in range(count):
-        for name, fn in configs.items():
-            t = time.perf_counter()
-            n = fn()
-            rates[name].append(n / (time.perf_counter() - t))
-    return rates
+            "fastload.DataLoader (fast path)": fastload.DataLoader(ds, **LOADER_OPTIONS),
+            CEILING: torch.utils.data.DataLoader(Predecoded(ds), **LOADER_OPTIONS)}
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", type=Path, default=Path("bench/data"))
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--epochs", type=int, default=2)
-    ap.add_argument("--out", type=Path, default=None, help="markdown table")
-    ap.add_argument("--csv", type=Path, default=None)
-    args = ap.parse_args()
+    args = parser(__doc__, rounds=5, epochs=2, out=True, csv=True).parse_args()
     configs = {name: drain(loader, args.epochs) for name, loader in loaders(args.data).items()}
-    rates = rounds(configs, args.rounds)
-    med = {k: statistics.median(v) for k, v in rates.items()}
-    cmd = "python bench/getitems_bench.py " + " ".join(sys.argv[1:])
-    lines = [f"# A fastload dataset under torch's DataLoader ({os.cpu_count()} CPUs), {time.strftime('%Y-%m-%d')}", "",
-             (f"`{cmd.strip()}`: {args.epochs} epochs of 1,800 real photos per round (RandomResizedCrop {SIZE} + "
+    rates, _ = image_rounds(configs, args.rounds)
+    med = medians(rates)
+    lines = [heading("A fastload dataset under torch's DataLoader"), "",
+             (f"`{command()}`: {args.epochs} epochs of 1,800 real photos per round (RandomResizedCrop {SIZE} + "
               f"flip, batch {BATCH}, num_workers={WORKERS}, persistent); medians of {args.rounds} alternating "
               f"rounds after a warm-up round; ratios within this run. torch {torch.__version__}."),
              "", f"| loader | images/s (median) | min-max | vs {TORCH_PIL} |", "|---|---:|---:|---:|"]
     for name in configs:
-        lines.append(f"| {name} | {med[name]:,.0f} | {min(rates[name]):,.0f}-{max(rates[name]):,.0f} | "
-                     f"{med[name] / med[TORCH_PIL]:.2f}x |")
-    text = "\n".join(lines) + "\n"
-    print(text, flush=True)
-    if args.out:
-        args.out.write_text(text)
-    if args.csv:
-        with args.csv.open("w", newline="") as fh:
-            w = csv.writer(fh)
-            w.writerow(["loader", "round", "images_per_s"])
-            for name, values in rates.items():
-                w.writerows((name, r, f"{v:.1f}") for r, v in enumerate(values))
+        lines.append(f"| {name} | {spread(rates[name])} | {med[name] / med[TORCH_PIL]:.2f}x |")
+    publish(lines, args.out)
+    write_csv(args.csv, ((name, r, f"{v:.1f}") for name, values in rates.items() for r, v in enumerate(values)),
+              ["loader", "round", "images_per_s"])
 
 
 if __name__ == "__main__":

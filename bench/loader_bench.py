@@ -12,8 +12,6 @@ torchvision's formulas).
 
 from __future__ import annotations
 
-import argparse
-import csv
 import os
 import statistics
 import sys
@@ -27,11 +25,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import fastload  # noqa: E402
+from _common import crop_flip, pack_once, parser, photo_folder, write_csv  # noqa: E402
 from fastload import transforms as T  # noqa: E402
 from fastload._native import native  # noqa: E402
-from photos import build_photo_folder  # noqa: E402
 
-PIPELINE = [T.RandomResizedCrop(224), T.RandomHorizontalFlip()]
+PIPELINE = crop_flip(224)
 
 
 class PilFolder(torch.utils.data.Dataset):
@@ -92,19 +90,10 @@ def decode_ceiling(blobs: list[bytes], threads: int, repeat: int) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", type=Path, default=Path("bench/data"))
-    ap.add_argument("--per-class", type=int, default=200)
-    ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument("--csv", type=Path, default=None)
-    args = ap.parse_args()
+    args = parser(__doc__, per_class=200, repeat=5, batch_size=64, csv=True).parse_args()
     cores = os.cpu_count() or 1
-    photos = args.data / f"photos_{args.per_class}"
-    packed = args.data / f"photos_{args.per_class}.fastload"
-    build_photo_folder(photos, per_class=args.per_class, seed=0, progress=False)
-    if not (packed / "manifest.json").exists():
-        fastload.pack(photos, packed, overwrite=True)
+    photos = photo_folder(args.data, args.per_class)
+    packed = pack_once(photos, args.data / f"photos_{args.per_class}.fastload")
     n = len(fastload.open(packed))
     print(f"photo dataset: {n} JPEGs, {cores} cores, batch {args.batch_size}, {args.repeat} epochs after warm-up")
 
@@ -135,12 +124,7 @@ def main() -> None:
         print(f"| {name} | {cfg} | {r:,.0f} | {c * 1e3:.2f} | {f:.3f} | {fl / r:.2f}x |")
     print(f"\nfastload best vs DataLoader best: {fl / best['torch DataLoader + pillow-simd']:.2f}x; "
           f"fastload best / decode ceiling: {fl / ceiling:.0%}")
-    if args.csv:
-        args.csv.parent.mkdir(parents=True, exist_ok=True)
-        with open(args.csv, "w", newline="") as fh:
-            wr = csv.writer(fh)
-            wr.writerow(["loader", "config", "samples_per_s", "main_process_cpu_s_per_sample", "first_batch_s"])
-            wr.writerows(rows)
+    write_csv(args.csv, rows, ["loader", "config", "samples_per_s", "main_process_cpu_s_per_sample", "first_batch_s"])
 
 
 if __name__ == "__main__":

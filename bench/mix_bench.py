@@ -20,11 +20,7 @@ within this run. Run it on a quiet machine:
 
 from __future__ import annotations
 
-import argparse
-import os
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -32,7 +28,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import fastload  # noqa: E402
-from augment_bench import BATCH, SIZE, WORKERS, drain, recipe, rounds  # noqa: E402
+from _common import (BATCH, LOADER_OPTIONS, command, crop_flip, drain, heading, image_rounds, medians,  # noqa: E402
+                     packed_photos, parser, photo_folder, publish, spread)
+from augment_bench import recipe  # noqa: E402
 from fastload import transforms as T  # noqa: E402
 from fastload.fast.collate import Collator  # noqa: E402
 
@@ -40,18 +38,12 @@ PLAIN, MIXED = "recipe + ToDtype/Normalize", "... + RandomChoice([CutMix, MixUp]
 
 
 def loaders(data: Path) -> dict:
-    from photos import build_photo_folder
-    from settings_bench import build
-
-    folder = data / "photos_150"
-    build_photo_folder(folder, per_class=150, seed=0, progress=False)
-    tf = {"image": [T.RandomResizedCrop(SIZE), T.RandomHorizontalFlip()] + recipe() +
-          [T.ToDtype(torch.float32, scale=True), T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])]}
-    plain = build(data / "settings_photos", folder, transforms=tf)
-    mixed = fastload.open(plain.path, transforms=tf, batch_transforms=[
+    images = crop_flip() + recipe() + [T.ToDtype(torch.float32, scale=True),
+                                       T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])]
+    plain = packed_photos(data, photo_folder(data), images)
+    mixed = fastload.open(plain.path, transforms={"image": images}, batch_transforms=[
         T.RandomChoice([T.CutMix(alpha=1.0, num_classes=1000), T.MixUp(alpha=1.0, num_classes=1000)])])
-    common = dict(batch_size=BATCH, shuffle=True, num_workers=WORKERS, drop_last=True, persistent_workers=True)
-    return {PLAIN: fastload.DataLoader(plain, **common), MIXED: fastload.DataLoader(mixed, **common)}
+    return {PLAIN: fastload.DataLoader(plain, **LOADER_OPTIONS), MIXED: fastload.DataLoader(mixed, **LOADER_OPTIONS)}
 
 
 def count_unfused() -> list[int]:
@@ -68,32 +60,22 @@ def count_unfused() -> list[int]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", type=Path, default=Path("bench/data"))
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--epochs", type=int, default=1)
-    ap.add_argument("--out", type=Path, default=None, help="markdown table")
-    args = ap.parse_args()
+    args = parser(__doc__, rounds=5, epochs=1, out=True).parse_args()
     configs = {name: drain(loader, args.epochs) for name, loader in loaders(args.data).items()}
     unfused = count_unfused()
-    rates, cpu = rounds(configs, args.rounds)
-    med = {k: statistics.median(v) for k, v in rates.items()}
-    cmd = "python bench/mix_bench.py " + " ".join(sys.argv[1:])
-    lines = [f"# MixUp/CutMix in the loop ({os.cpu_count()} CPUs), {time.strftime('%Y-%m-%d')}", "",
-             f"`{cmd.strip()}`: medians of {args.rounds} alternating rounds of {args.epochs} epoch(s); torch "
+    rates, _ = image_rounds(configs, args.rounds)
+    med = medians(rates)
+    lines = [heading("MixUp/CutMix in the loop"), "",
+             f"`{command()}`: medians of {args.rounds} alternating rounds of {args.epochs} epoch(s); torch "
              f"{torch.__version__}.", "", "| loader | images/s (median) | min-max | ms/batch |", "|---|---:|---:|---:|"]
     for name in configs:
-        lines.append(f"| {name} | {med[name]:,.0f} | {min(rates[name]):,.0f}-{max(rates[name]):,.0f} | "
-                     f"{BATCH * 1e3 / med[name]:.2f} |")
+        lines.append(f"| {name} | {spread(rates[name])} | {BATCH * 1e3 / med[name]:.2f} |")
     added = med[PLAIN] / med[MIXED] - 1
     lines += ["", f"The mix adds {added:.1%} to the loop's time per batch (target < 2%)."]
     if unfused[0]:
         lines += ["", f"NOT FUSED: in {unfused[0]} batches the mix ran after ToDtype/Normalize, a pass of its own "
                       f"(not the fused path's figure)."]
-    text = "\n".join(lines) + "\n"
-    print(text, flush=True)
-    if args.out:
-        args.out.write_text(text)
+    publish(lines, args.out)
 
 
 if __name__ == "__main__":

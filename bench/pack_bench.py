@@ -11,46 +11,27 @@
 
 from __future__ import annotations
 
-import argparse
-import csv
 import os
 import shutil
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import fastload  # noqa: E402
-from photos import build_photo_folder  # noqa: E402
-
-
-def timed(fn, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+from _common import median_seconds, parser, photo_folder, write_csv  # noqa: E402
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", type=Path, default=Path("bench/data"))
-    ap.add_argument("--per-class", type=int, default=200)
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--csv", type=Path, default=None)
-    args = ap.parse_args()
-    photos = args.data / f"photos_{args.per_class}"
-    build_photo_folder(photos, per_class=args.per_class, seed=0, progress=False)
+    args = parser(__doc__, per_class=200, repeat=3, csv=True).parse_args()
+    photos = photo_folder(args.data, args.per_class)
     files = sorted(photos.rglob("*.jpg"))
     total = sum(f.stat().st_size for f in files)
     cores = os.cpu_count() or 1
     print(f"{len(files)} JPEGs, {total / 1e6:.1f} MB, {cores} cores; median of {args.repeat}")
     rows = []
-    t = timed(lambda: [f.read_bytes() for f in files], args.repeat)
+    t = median_seconds(lambda: [f.read_bytes() for f in files], args.repeat)
     rows.append(("read only", 0, t))
     with tempfile.TemporaryDirectory(dir=args.data) as tmp:
         for mode, kw in (("passthrough", {}), ("passthrough, check=header", {"check": "header"}),
@@ -63,7 +44,7 @@ def main() -> None:
                     shutil.rmtree(dst, ignore_errors=True)
                     fastload.pack(photos, dst, image_mode=image_mode, workers=w, shard_size="64MB", **kw)
 
-                rows.append((mode, w, timed(once, args.repeat)))
+                rows.append((mode, w, median_seconds(once, args.repeat)))
     base = rows[0][2]
     print("\n| step | workers | s | samples/s | MB/s of source | vs read only |")
     print("|---|---:|---:|---:|---:|---:|")
@@ -72,12 +53,8 @@ def main() -> None:
     reenc = {w: t for name, w, t in rows if name == "jpeg re-encode"}
     if len(reenc) == 2:
         print(f"\nre-encode speed-up from 1 to {cores} workers: {reenc[1] / reenc[cores]:.2f}x")
-    if args.csv:
-        args.csv.parent.mkdir(parents=True, exist_ok=True)
-        with open(args.csv, "w", newline="") as fh:
-            wr = csv.writer(fh)
-            wr.writerow(["step", "workers", "seconds", "samples", "source_bytes"])
-            wr.writerows((n, w, t, len(files), total) for n, w, t in rows)
+    write_csv(args.csv, ((n, w, t, len(files), total) for n, w, t in rows),
+              ["step", "workers", "seconds", "samples", "source_bytes"])
 
 
 if __name__ == "__main__":

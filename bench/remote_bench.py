@@ -18,8 +18,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
-import csv
 import json
 import os
 import shutil
@@ -36,10 +34,9 @@ sys.path.insert(0, str(HERE))
 os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")  # never look for credentials off this machine
 
 import fastload  # noqa: E402
-from fastload.transforms import RandomHorizontalFlip, RandomResizedCrop  # noqa: E402
-from photos import build_photo_folder  # noqa: E402
+from _common import crop_flip, pack_once, parser, photo_folder, write_csv  # noqa: E402
 
-PIPELINE = [RandomResizedCrop(224), RandomHorizontalFlip()]
+PIPELINE = crop_flip(224)
 KEY = SECRET = "bench"
 LITDATA_VENV = HERE / ".venvs" / "litdata"
 
@@ -93,6 +90,13 @@ def fastload_epoch(path: str, batch_size: int, order: str, **open_kw) -> tuple[f
     return dt, loader.stats()["remote"]
 
 
+def epoch_row(loader: str, how: str, seconds: list[float], samples: int) -> dict:
+    """A table row: one loader's epochs read one way (local, cold, warm)."""
+    median = statistics.median(seconds)
+    return {"loader": loader, "how": how, "median_s": median, "min_s": min(seconds), "max_s": max(seconds),
+            "img_per_s": samples / median}
+
+
 def litdata(spec: dict) -> dict:
     """Run one LitData step in its venv (bench/peers/litdata_remote.py); its JSON result."""
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
@@ -110,21 +114,14 @@ def litdata(spec: dict) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", type=Path, default=Path("bench/data"))
-    ap.add_argument("--per-class", type=int, default=200)
-    ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--batch-size", type=int, default=64)
+    ap = parser(__doc__, per_class=200, repeat=5, batch_size=64, csv=True)
     ap.add_argument("--shard-size", default="4MB", help="shards (and LitData chunks) of this size")
     ap.add_argument("--orders", default="random,quasi", help="fastload orders to measure (quasi: window=2)")
     ap.add_argument("--no-litdata", action="store_true")
-    ap.add_argument("--csv", type=Path, default=None)
     args = ap.parse_args()
-    photos = args.data / f"photos_{args.per_class}"
-    build_photo_folder(photos, per_class=args.per_class, seed=0, progress=False)
-    packed = args.data / f"photos_{args.per_class}_{args.shard_size}.fastload"
-    if not (packed / "manifest.json").exists():
-        fastload.pack(photos, packed, shard_size=args.shard_size, overwrite=True)
+    photos = photo_folder(args.data, args.per_class)
+    packed = pack_once(photos, args.data / f"photos_{args.per_class}_{args.shard_size}.fastload",
+                       shard_size=args.shard_size)
     m = fastload.open(packed).manifest
     size = sum(e.bytes for e in m.shards)
     print(f"{m.num_samples} JPEGs, {len(m.shards)} shards, {size / 1e6:.1f} MB; batch {args.batch_size}; "
@@ -157,9 +154,7 @@ def main() -> None:
                 assert stats["downloads"] == 0, stats
                 times["warm"].append(dt)
             name = f"fastload, order={order}"
-            for how, ts in times.items():
-                rows.append({"loader": name, "how": how, "median_s": statistics.median(ts), "min_s": min(ts),
-                             "max_s": max(ts), "img_per_s": m.num_samples / statistics.median(ts)})
+            rows += [epoch_row(name, how, ts, m.num_samples) for how, ts in times.items()]
             waited = statistics.median(s["wait_s"] for s in cold_stats)
             dl = statistics.median(s["download_s"] for s in cold_stats)
             print(f"{name}, cold epochs: median {dl:.2f} s of download time (4 threads, summed), "
@@ -176,10 +171,8 @@ def main() -> None:
                         "endpoint": server.endpoint, "key": KEY, "secret": SECRET, "work": str(work / "lit"),
                         "batch_size": args.batch_size, "repeat": args.repeat}
                 res = litdata(spec)
-                for how, ts in res["times"].items():
-                    rows.append({"loader": f"LitData {prep['version']}", "how": how, "median_s": statistics.median(ts),
-                                 "min_s": min(ts), "max_s": max(ts),
-                                 "img_per_s": res["samples"] / statistics.median(ts)})
+                rows += [epoch_row(f"LitData {prep['version']}", how, ts, res["samples"])
+                         for how, ts in res["times"].items()]
     finally:
         server.stop()
         shutil.rmtree(work, ignore_errors=True)
@@ -190,12 +183,7 @@ def main() -> None:
         r["vs_local"] = r["median_s"] / base[r["loader"]]
         print(f"| {r['loader']} | {r['how']} | {r['median_s']:.3f} | {r['min_s']:.3f} | {r['max_s']:.3f} | "
               f"{r['img_per_s']:,.0f} | {r['vs_local']:.2f}x |")
-    if args.csv:
-        args.csv.parent.mkdir(parents=True, exist_ok=True)
-        with open(args.csv, "w", newline="") as fh:
-            w = csv.DictWriter(fh, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
+    write_csv(args.csv, rows)
 
 
 if __name__ == "__main__":

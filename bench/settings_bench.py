@@ -19,11 +19,8 @@ alike), and each row is the median over rounds; ratios are within the run.
 
 from __future__ import annotations
 
-import argparse
-import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -31,30 +28,14 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import fastload  # noqa: E402
-from arrays_bench import ceiling  # noqa: E402
-
-
-def build(path: Path, source, **options) -> fastload.Dataset:
-    if not (path / "manifest.json").exists():
-        fastload.pack(source, path, overwrite=True)
-    return fastload.open(path, **options)
-
-
-def drain(loader) -> None:
-    for batch in loader:
-        del batch
+from _common import alternate, build, command, crop_flip, heading, medians, packed_photos, parser  # noqa: E402
+from _common import photo_folder  # noqa: E402
+from arrays_bench import ceiling, drain  # noqa: E402
 
 
 def rounds(configs: dict, n: int, count: int) -> dict[str, float]:
-    for fn in configs.values():
-        fn()  # warm-up: page cache, slots, threads
-    times: dict[str, list[float]] = {k: [] for k in configs}
-    for _ in range(count):
-        for name, fn in configs.items():
-            t = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t)
-    return {k: n / statistics.median(v) for k, v in times.items()}
+    """samples/s of each configuration (``n`` samples a call): the median over ``count`` alternating rounds."""
+    return {k: n / statistics.median(r.wall for r in v) for k, v in alternate(configs, count).items()}
 
 
 def tiny(data: Path, count: int) -> list[str]:
@@ -113,16 +94,13 @@ def raw(data: Path, count: int) -> list[str]:
 
 def jpeg(data: Path, count: int) -> list[str]:
     from fastload import _C
-    from fastload.transforms import ImagePipeline, RandomHorizontalFlip, RandomResizedCrop
-    from photos import build_photo_folder
+    from fastload.transforms import ImagePipeline
 
-    folder = data / "photos_150"
-    build_photo_folder(folder, per_class=150, seed=0, progress=False)
+    folder = photo_folder(data)
     blobs = [f.read_bytes() for f in sorted(folder.rglob("*.jpg"))]
     n = len(blobs)
     hw = np.array([_C.jpeg_info(b)[:2] for b in blobs], np.int64)
-    plan = ImagePipeline([RandomResizedCrop(224), RandomHorizontalFlip()]).plan(hw[:, 0], hw[:, 1],
-                                                                                np.random.default_rng(0))
+    plan = ImagePipeline(crop_flip(224)).plan(hw[:, 0], hw[:, 1], np.random.default_rng(0))
     lengths = np.array([len(b) for b in blobs], np.int64)
     offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
     region, out, pool = b"".join(blobs), np.empty((n, 224, 224, 3), np.uint8), _C.Pool(0)
@@ -135,7 +113,7 @@ def jpeg(data: Path, count: int) -> list[str]:
         for b in blobs:
             _C.decode_jpeg(b)
 
-    ds = build(data / "settings_photos", folder, transforms={"image": [RandomResizedCrop(224), RandomHorizontalFlip()]})
+    ds = packed_photos(data, folder, crop_flip(224))
     loaders = {w: fastload.DataLoader(ds, batch_size=64, shuffle=True, num_workers=w, drop_last=True,
                                       persistent_workers=w > 0) for w in (0, 2)}
 
@@ -147,15 +125,7 @@ def jpeg(data: Path, count: int) -> list[str]:
     configs = {"fastload DataLoader, num_workers=0 (whole process)": epoch(0),
                "fastload DataLoader, num_workers=2 (whole process)": epoch(2),
                "RandomResizedCrop 224 + flip (decode_batch, 1 thread)": rrc, "full-size decode (decode_jpeg)": full}
-    for fn in configs.values():
-        fn()
-    cpu: dict[str, list[float]] = {k: [] for k in configs}
-    for _ in range(count):
-        for name, fn in configs.items():
-            t = time.process_time()
-            done = fn()
-            cpu[name].append((time.process_time() - t) / (done or n) * 1e6)
-    med = {k: statistics.median(v) for k, v in cpu.items()}
+    med = medians({k: [r.cpu / (r.result or n) * 1e6 for r in v] for k, v in alternate(configs, count).items()})
     ref = med["full-size decode (decode_jpeg)"]
     lines = [f"## JPEG: CPU time per image, {n} real photographs (long side 180-640)", "",
              "| work | CPU us/image | vs full decode |", "|---|---:|---:|"]
@@ -164,15 +134,11 @@ def jpeg(data: Path, count: int) -> list[str]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", type=Path, default=Path("bench/data"))
-    ap.add_argument("--rounds", type=int, default=5)
+    ap = parser(__doc__, rounds=5, out=True)
     ap.add_argument("--cases", nargs="+", default=["tiny", "raw", "jpeg"], choices=["tiny", "raw", "jpeg"])
-    ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
-    cmd = "python bench/settings_bench.py " + " ".join(sys.argv[1:])
-    lines = [f"# fastload at users' settings ({os.cpu_count()} CPUs), {time.strftime('%Y-%m-%d')}", "",
-             f"`{cmd.strip()}`: medians of {args.rounds} alternating rounds; ratios within this run.", ""]
+    lines = [heading("fastload at users' settings"), "",
+             f"`{command()}`: medians of {args.rounds} alternating rounds; ratios within this run.", ""]
     for case in args.cases:
         lines += {"tiny": tiny, "raw": raw, "jpeg": jpeg}[case](args.data, args.rounds)
         print("\n".join(lines), flush=True)
