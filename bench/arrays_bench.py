@@ -115,6 +115,8 @@ def main() -> None:
     ap.add_argument("--raw", type=int, default=4096, help="raw 3x224x224 uint8 samples")
     ap.add_argument("--tiny", type=int, default=2_000_000, help="tiny records (48 int32 tokens + label)")
     args = ap.parse_args()
+    if args.raw < 256 or args.tiny < 4096:  # each case reads whole batches (drop_last): fewer samples time nothing
+        ap.error(f"--raw {args.raw} / --tiny {args.tiny}: need at least one batch each (256 raw, 4096 tiny)")
     cores = os.cpu_count() or 1
     rng = np.random.default_rng(0)
     rows = []

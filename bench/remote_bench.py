@@ -59,7 +59,8 @@ class Moto:
                 return
             except OSError:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("moto server did not start")
+                    self.stop()  # a server still starting would outlive the benchmark
+                    raise RuntimeError(f"moto server did not start on port {self.port} within 60 s")
                 time.sleep(0.1)
 
     @property

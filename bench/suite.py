@@ -104,11 +104,10 @@ def main() -> int:
     runner = Runner(args, sources, available, skipped)
     context = contexts(sources, args.repeat, args.min_time)
 
-    all_md, summary = [], []
     if "pack" in args.cases:
         print("case pack:", flush=True)
         rows = run_pack(runner, sizes, args.quick)
-        all_md.append(write_case("pack", rows, out_dir, m, context, batch))
+        write_case("pack", rows, out_dir, m, context, batch)
     needed = packs_needed(args.cases, args.quick)
     if needed:
         run_pack(runner, sizes, args.quick, prepare_only=True, needed=needed)
@@ -134,7 +133,6 @@ def main() -> int:
             best_photos = max(ok) if ok else None
         context[case] = context.get(case, "") + f" Case time {(time.perf_counter() - t_case) / 60:.1f} min."
         text = write_case(case, rows, out_dir, m, context, batch)
-        all_md.append(text)
         print("\n" + text, flush=True)
 
     write_machine(out_dir, m, args.quick)
