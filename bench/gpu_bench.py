@@ -56,12 +56,15 @@ GOALS = {
 SHORT_EPOCH = 20
 
 
+CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")  # "<quota> <period>" or "max <period>" (cgroup v2)
+
+
 def cpu_cores() -> int:
     """The cores this process may use: its affinity mask, capped by a cgroup v2 CPU quota. In a container
     ``os.cpu_count()`` is the host's (hundreds), and that many workers would swamp the cores it was given."""
     n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     try:
-        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        quota, period = CGROUP_CPU_MAX.read_text().split()[:2]
         if quota != "max":
             n = min(n, max(1, int(quota) // int(period)))
     except (OSError, ValueError):

@@ -201,8 +201,21 @@ def test_photos_are_made_offline_when_the_photo_wheels_are_not_here(gpu_bench, t
     assert "bench/photos.py could not build real photos" in lines[0] and "using synthetic JPEGs" in lines[0]
 
 
-def test_cpu_cores_is_at_most_the_affinity_mask(gpu_bench):
-    assert 1 <= gpu_bench.cpu_cores() <= len(os.sched_getaffinity(0))
+def test_cpu_cores_are_the_affinity_mask_capped_by_the_cgroup_quota(gpu_bench, tmp_path, monkeypatch):
+    """A container shows the host's cores to os.cpu_count(); the workers must follow what it may use."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
+    cpu_max = tmp_path / "cpu.max"
+    monkeypatch.setattr(gpu_bench, "CGROUP_CPU_MAX", cpu_max)
+    assert gpu_bench.cpu_cores() == 64  # no cgroup file
+    cpu_max.write_text("max 100000\n")
+    assert gpu_bench.cpu_cores() == 64
+    cpu_max.write_text("1600000 100000\n")  # 16 cores' worth of time
+    assert gpu_bench.cpu_cores() == 16
+    cpu_max.write_text("50000 100000\n")
+    assert gpu_bench.cpu_cores() == 1
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    cpu_max.write_text("1600000 100000\n")
+    assert gpu_bench.cpu_cores() == 2
 
 
 # -- scripts/gpu_check.sh --------------------------------------------------------------------------------
