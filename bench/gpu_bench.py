@@ -491,9 +491,11 @@ class Report:
     def __init__(self, out: Path, lines: list[str]):
         self.out, self.lines = out, lines
         self.verdicts: dict[str, str] = {}
-        self.pending: list[str] = []  # sections not started yet
+        #: sections not finished: listed in every write until they end, so a run killed in a section (SIGKILL,
+        #: or SIGTERM landing in a long native call) leaves a file naming it too
+        self.pending: list[str] = []
         self.default = "not measured: its section did not finish"
-        self.why_pending = "the run ended before them"
+        self.why_pending = "the run ended before they finished"
 
     def text(self) -> list[str]:
         tail = [f"Not run ({self.why_pending}): {', '.join(self.pending)}", ""] if self.pending else []
@@ -514,13 +516,13 @@ def run_sections(report: Report, sections: list[tuple[str, object]]) -> list[str
     previous = signal.signal(signal.SIGTERM, _stop)
     try:
         for title, run in sections:
-            report.pending.remove(title)
             try:
                 report.verdicts.update(run() or {})
             except AssertionError as e:  # a wrong result: written, and the run fails at the end
                 failed.append(f"{title}: {e}")
                 report.lines += [f"**{title} FAILED**: {e}", ""]
             except Stopped as e:
+                report.pending.remove(title)
                 report.lines += [f"**{title}** did not finish: {e}", ""]
                 report.save()
                 raise
@@ -528,6 +530,7 @@ def run_sections(report: Report, sections: list[tuple[str, object]]) -> list[str
                 traceback.print_exc()
                 report.lines += [f"{title} could not run: {type(e).__name__}: "
                                  f"{str(e).splitlines()[0] if str(e) else ''}", ""]
+            report.pending.remove(title)
             report.save()
     finally:
         signal.signal(signal.SIGTERM, previous)

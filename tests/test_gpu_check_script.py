@@ -110,6 +110,8 @@ DRIVER = """
         raise AssertionError("2 batches differ")
 
     def slow():
+        text = out.read_text()  # the file as a SIGKILL here would leave it: this section is named
+        assert "Not run (the run ended before they finished): slow, last" in text, text
         mark.write_text("started")
         time.sleep(40)
 
@@ -156,7 +158,7 @@ def test_a_run_stopped_by_sigterm_keeps_what_ran_and_names_what_did_not(tmp_path
     assert p.returncode == 1 and "stopped: stopped by signal 15" in err, err
     text = out.read_text()
     assert "measured ran" in text and "**slow** did not finish: stopped by signal 15" in text
-    assert "Not run (the run ended before them): last" in text and "last ran" not in text
+    assert "Not run (the run ended before they finished): last" in text and "last ran" not in text
     assert "1.2x DALI's own pipeline on the same photos: met (9.99x, fake)" in text
     assert "within 3% of synthetic data: not measured: its section did not finish" in text
 
