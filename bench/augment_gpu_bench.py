@@ -32,7 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import fastload  # noqa: E402
 from fastload import transforms as T  # noqa: E402
-from gpu_bench import MEAN, STD, availability, cpu_cores, dali_epochs, photo_folder, write  # noqa: E402
+from gpu_bench import (MEAN, STD, alternate, availability, cpu_cores, dali_epochs, fastload_epochs,  # noqa: E402
+                       photo_folder, write)
 
 RECIPES = {
     "TrivialAugmentWide + RandomErasing(0.25)": lambda: [T.TrivialAugmentWide(), T.RandomErasing(0.25)],
@@ -128,15 +129,7 @@ def loaders(lines: list[str], packed: Path, photos: Path, batch: int, reps: int 
             notes.append(f"fastload decoder={decoder!r} could not run: {type(e).__name__}: {e}")
             continue
         made[decoder] = dl
-
-        def one_epoch(dl=dl):
-            n = 0
-            for x, _ in dl:
-                n += x.shape[0]
-            torch.cuda.synchronize()
-            return n
-
-        runs[f"fastload decoder={decoder!r}"] = one_epoch
+        runs[f"fastload decoder={decoder!r}"] = fastload_epochs(dl)
     for name, fn in list(runs.items()):
         try:
             fn()  # warm-up epoch
@@ -146,12 +139,7 @@ def loaders(lines: list[str], packed: Path, photos: Path, batch: int, reps: int 
     if "fastload decoder='auto'" in runs and made["auto"].stats().get("hybrid") is None:
         # 'auto' found no GPU decoder to pair: its row is the native threads alone, and says so
         runs["fastload decoder='auto' (no GPU decoder here: native threads alone)"] = runs.pop("fastload decoder='auto'")
-    rates: dict[str, list[float]] = {k: [] for k in runs}
-    for _ in range(reps):  # alternating, so drift hits every row alike
-        for name, fn in runs.items():
-            t = time.perf_counter()
-            n = fn()
-            rates[name].append(n / (time.perf_counter() - t))
+    rates = alternate(runs, reps)
     lines += ["## Loaders with TrivialAugmentWide on the GPU, images/s", "",
               f"RandomResizedCrop 224 + flip + TrivialAugmentWide + RandomErasing(0.25) + normalize, batch {batch}, "
               f"{threads} CPU threads, median of {reps} alternating epochs", "", "| loader | img/s |", "|---|---:|"]

@@ -294,26 +294,62 @@ def dali_native(photos: Path, batch: int, threads: int, gpu: bool = True):
     return dali_epochs(pipe(), batch, gpu)
 
 
-def dali_epochs(p, batch: int, gpu: bool):
-    """One epoch of a built-here DALI pipeline (reader named "files") per call, each batch copied into a torch
-    tensor as DALI's PyTorch plugin does; returns the images delivered."""
+def dali_epochs(p, batch: int, gpu: bool, depth: int = 2):
+    """One epoch of a built-here DALI pipeline (reader named "files", ``prefetch_queue_depth=depth``) per call,
+    each batch copied into a torch tensor as DALI's PyTorch plugin does; returns (images, seconds).
+
+    The clock starts after the ``depth`` batches DALI prefetched while the other loaders ran: they were made
+    for free, and in epochs of a few batches they would inflate DALI's rate (fastload's loaders start each
+    epoch empty). Taking them leaves DALI's queue refilling, as in its steady state."""
     p.build()
     size = p.epoch_size("files")
     if size < batch:
         raise ValueError(f"DALI's reader found {size} images, fewer than one batch of {batch}")
     out = torch.empty((batch, 3, 224, 224), dtype=torch.float32, device="cuda" if gpu else "cpu")
+    started = False
 
-    def one_epoch():
+    def one_epoch() -> tuple[int, float]:
         from nvidia.dali.plugin.pytorch import feed_ndarray
 
+        nonlocal started
+        for _ in range(depth if started else 0):
+            p.run()
+        started = True
+        if gpu:
+            torch.cuda.synchronize()
+        t = time.perf_counter()
         for _ in range(size // batch):
             images, _ = p.run()
             feed_ndarray(images.as_tensor(), out, cuda_stream=torch.cuda.current_stream() if gpu else None)
         if gpu:
             torch.cuda.synchronize()
-        return (size // batch) * batch
+        return (size // batch) * batch, time.perf_counter() - t
 
     return one_epoch
+
+
+def fastload_epochs(dl):
+    """One epoch of a fastload loader with the batch on the GPU per call; returns (images, seconds)."""
+    def one_epoch() -> tuple[int, float]:
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        n = 0
+        for x, _ in dl:
+            n += x.shape[0]
+        torch.cuda.synchronize()
+        return n, time.perf_counter() - t
+
+    return one_epoch
+
+
+def alternate(runs: dict, reps: int) -> dict[str, list[float]]:
+    """images/s of each run over ``reps`` rounds, the runs alternating so that drift hits every row alike."""
+    rates: dict[str, list[float]] = {k: [] for k in runs}
+    for _ in range(reps):
+        for name, fn in runs.items():
+            n, seconds = fn()
+            rates[name].append(n / seconds)
+    return rates
 
 
 def loaders(lines: list[str], packed: Path, photos: Path, batch: int, reps: int = 3) -> dict[str, str]:
@@ -336,15 +372,7 @@ def loaders(lines: list[str], packed: Path, photos: Path, batch: int, reps: int 
             notes.append(f"fastload decoder={decoder!r} could not run: {type(e).__name__}: {e}")
             continue
         made[decoder] = dl
-
-        def one_epoch(dl=dl):
-            n = 0
-            for x, _ in dl:
-                n += x.shape[0]
-            torch.cuda.synchronize()
-            return n
-
-        runs[f"fastload decoder={decoder!r}"] = one_epoch
+        runs[f"fastload decoder={decoder!r}"] = fastload_epochs(dl)
     for name, fn in list(runs.items()):
         try:
             fn()  # warm-up epoch (GPU decoders import and build on their first batch)
@@ -354,12 +382,7 @@ def loaders(lines: list[str], packed: Path, photos: Path, batch: int, reps: int 
     if "fastload decoder='auto'" in runs and made["auto"].stats().get("hybrid") is None:
         # 'auto' found no GPU decoder to pair: its row is the native threads alone, and says so
         runs["fastload decoder='auto' (no GPU decoder here: native threads alone)"] = runs.pop("fastload decoder='auto'")
-    rates: dict[str, list[float]] = {k: [] for k in runs}
-    for _ in range(reps):  # alternate, so drift on a shared machine hits every row alike
-        for name, fn in runs.items():
-            t = time.perf_counter()
-            n = fn()
-            rates[name].append(n / (time.perf_counter() - t))
+    rates = alternate(runs, reps)
     ref = statistics.median(rates[next(iter(rates))]) if rates else 1.0
     per_epoch = len(ds) // batch
     lines += ["## Loaders: batches on the GPU, RandomResizedCrop 224 + flip + normalize, images/s", "",

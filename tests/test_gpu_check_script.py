@@ -183,8 +183,11 @@ def test_dali_own_pipelines_build_and_run_in_dali_cpu_mode(gpu_bench, tiny_photo
     finally:
         sys.path.remove(str(BENCH))
     photos, _ = tiny_photos
-    assert gpu_bench.dali_native(photos, 4, 1, gpu=False)() == 8
-    assert augment_gpu_bench.dali_trivial(photos, 4, 1, gpu=False)() == 8
+    for make in (gpu_bench.dali_native, augment_gpu_bench.dali_trivial):
+        one_epoch = make(photos, 4, 1, gpu=False)
+        for _ in range(2):  # the second epoch first takes the batches DALI prefetched, off the clock
+            n, seconds = one_epoch()
+            assert n == 8 and seconds > 0
 
 
 def test_photos_are_made_offline_when_the_photo_wheels_are_not_here(gpu_bench, tmp_path, monkeypatch):
