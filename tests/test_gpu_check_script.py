@@ -259,3 +259,19 @@ def test_gpu_check_says_once_that_fastload_does_not_import_and_runs_no_step(tmp_
     assert "carry what is missing in .gpu/whl" in summary and "no step run" in summary
     assert sorted(p.name for p in results.iterdir()) == ["env.txt", "setup.txt", "summary.txt"]
     assert "fastload unusable: ImportError" in (results / "env.txt").read_text()
+
+
+def test_gpu_check_test_steps_collect_with_a_broken_dali_and_torchvision(tmp_path):
+    """On a GPU machine a DALI without its CUDA libraries, or a torchvision built for another torch, raises
+    RuntimeError at import, not ImportError: the test steps must skip their tests, not stop at collection."""
+    shadow = tmp_path / "shadow"
+    (shadow / "torchvision").mkdir(parents=True)
+    (shadow / "nvidia" / "dali").mkdir(parents=True)
+    (shadow / "torchvision" / "__init__.py").write_text('raise RuntimeError("operator torchvision::nms does not exist")\n')
+    (shadow / "nvidia" / "__init__.py").write_text("")
+    (shadow / "nvidia" / "dali" / "__init__.py").write_text('raise RuntimeError("libcudart.so.13: cannot open")\n')
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--collect-only",
+                        "tests/decoders", "tests/cuda", "tests/test_gpu_decoders_sim.py"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=55, env=dict(os.environ, PYTHONPATH=f"{shadow}{os.pathsep}{ROOT}"))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert "error" not in r.stdout.splitlines()[-1]
