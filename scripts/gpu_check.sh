@@ -87,7 +87,7 @@ if torch.cuda.is_available():
     print("device:", torch.cuda.get_device_name(), "| count", torch.cuda.device_count())
 cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else "?"
 print("cores: os.cpu_count()", os.cpu_count(), "| affinity", cores)
-for name in ("fastload", "torchvision", "nvidia.dali", "lmdb", "PIL", "xxhash", "pytest_timeout"):
+for name in ("fastload", "torchvision", "nvidia.dali", "lmdb", "PIL", "xxhash", "tqdm", "click", "pytest_timeout"):
     try:
         m = importlib.import_module(name)
         print(name, getattr(m, "__version__", "ok"))
