@@ -22,8 +22,9 @@
 #                       when any step failed or no CUDA device was found
 # GPU_CHECK_SECONDS (default 570) is the whole budget; each step gets what is left, less a reserve for
 # the steps after it, and is stopped (status 124) when it runs out; a step with under 10 s left is "not run".
-# Without .gpu/, a fastload._C that does not import is built in place (setup.py build_ext --inplace: nothing
-# installed, so neither an externally managed Python nor a read-only site-packages stops it). When fastload
+# A fastload/_C that does not load for this Python (without .gpu/, or if setup.sh's pip install was refused) is
+# built in place (setup.py build_ext --inplace: nothing installed, so neither an externally managed Python nor
+# a read-only site-packages stops it). When fastload
 # itself does not import (a missing dependency: PIL, xxhash), summary.txt says which, and no step runs.
 # tests/test_gpu_check_script.py sources this file (GPU_CHECK_SOURCED=1) to test `step` on its own.
 set -uo pipefail
