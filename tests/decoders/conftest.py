@@ -18,7 +18,7 @@ try:
     import nvidia.dali  # noqa: F401
 
     HAVE_DALI = True
-except ImportError:
+except Exception:  # noqa: BLE001  (a broken DALI raises anything at import, e.g. RuntimeError for a missing libcudart)
     HAVE_DALI = False
 
 OUT_HW = (24, 32)
