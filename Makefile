@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.fastload-installed
 
-.PHONY: install demo test sanitize fuzz soak bench clean gpu-check
+.PHONY: install demo test sanitize fuzz soak bench clean gpu-check gpu-prepare
 
 install: $(STAMP)
 
@@ -48,6 +48,11 @@ bench: $(STAMP)
 # tests/cuda, the lag/trap/switch/sync checks and bench/gpu_bench.py, all results in one folder, in 10 minutes.
 gpu-check:
 	scripts/gpu_check.sh $(GPU_CHECK_OUT)
+
+# Here, before a GPU run: .gpu/ (ignored) gets what the lent machine lacks (the shared kit + fastload's own
+# wheels and libpng; DALI=1 adds DALI's parts as .gpu-dali/pNN). Needs the package index and Debian's mirror.
+gpu-prepare:
+	scripts/gpu_prepare.sh $(if $(DALI),--dali)
 
 clean:
 	rm -rf build *.egg-info fastload/_C*.so demo_out

@@ -6,8 +6,9 @@
 #                                          folder that comes back), else bench/results/gpu-check
 #
 # On a bare GPU machine with a CUDA torch (the lent machines: Python 3.12, torch cu130, torchvision, no
-# network, no lmdb, no DALI): what is missing comes from the wheels carried in `.gpu/` (made here by
-# `../shared/gpu/prepare.sh`, see shared/gpu/README.md; `.gpu/setup.sh` installs them into /tmp/site and
+# network, no lmdb, no DALI): what is missing comes from the wheels and debs carried in `.gpu/` (made here by
+# `make gpu-prepare`: the shared kit, see ../shared/gpu/README.md, plus fastload's own xxhash/click/tqdm wheels
+# and libpng; `.gpu/setup.sh` installs the wheels into /tmp/site and
 # builds the native extension in place; DALI parts copied to /tmp/dali-parts are unpacked too). Then:
 #   1. env.txt          GPU, driver, torch/CUDA, torchvision and DALI as they import
 #   2. sim.txt          the simulated-GPU tests (stream protocol, pageable syncs, GPU decoders on the sim)
@@ -69,13 +70,22 @@ PY
 
 # -- install what is missing, build -------------------------------------------------------------------
 setup() {
+  # png.h (mask fields link libpng) may be missing where jpeglib.h is not, when .gpu/setup.sh's own fallback
+  # does not run: unpack the carried debs (scripts/gpu_prepare.sh) where that fallback puts them.
+  if ! echo '#include <png.h>' | g++ -E -x c++ - >/dev/null 2>&1 && ls .gpu/debs/libpng-dev_*.deb >/dev/null 2>&1; then
+    mkdir -p /tmp/jpeg && for f in .gpu/debs/*.deb; do dpkg -x "$f" /tmp/jpeg; done
+    export CPATH=/tmp/jpeg/usr/include:/tmp/jpeg/usr/include/x86_64-linux-gnu${CPATH:+:$CPATH}
+    export LIBRARY_PATH=/tmp/jpeg/usr/lib/x86_64-linux-gnu${LIBRARY_PATH:+:$LIBRARY_PATH}
+    export LD_LIBRARY_PATH=/tmp/jpeg/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    echo "setup: png.h missing, using the carried libpng" | tee -a "$results/summary.txt"
+  fi
   if [ -f .gpu/setup.sh ]; then
     # shellcheck disable=SC1091
     source .gpu/setup.sh > "$results/setup.txt" 2>&1 || echo "setup: .gpu/setup.sh failed (see setup.txt)" | tee -a "$results/summary.txt"
   fi
   if ! native_loads >> "$results/setup.txt" 2>&1; then
     "$PY" setup.py build_ext --inplace >> "$results/setup.txt" 2>&1 \
-      || echo "setup: building fastload failed (see setup.txt); carry .gpu/ (../shared/gpu/prepare.sh)" | tee -a "$results/summary.txt"
+      || echo "setup: building fastload failed (see setup.txt); carry .gpu/ (make gpu-prepare)" | tee -a "$results/summary.txt"
   fi
 }
 
