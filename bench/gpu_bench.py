@@ -72,9 +72,9 @@ def cpu_cores() -> int:
     return n
 
 
-def h2d(lines: list[str]) -> None:
+def h2d(lines: list[str], batch: int) -> None:
     dev = torch.device("cuda")
-    nbytes = 256 * 3 * 224 * 224
+    nbytes = batch * 3 * 224 * 224
     pinned = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
     pageable = torch.empty(nbytes, dtype=torch.uint8)
     big = torch.empty(8 * nbytes, dtype=torch.uint8, pin_memory=True)
@@ -94,7 +94,7 @@ def h2d(lines: list[str]) -> None:
         return src.numel() / statistics.median(times) / 1e9
 
     lines += ["## H2D bandwidth (GB/s, median of 20)", "", "| source | GB/s |", "|---|---:|",
-              f"| fastload pinned slot (batch 256 x 3x224x224 uint8) | {bw(pinned):.1f} |",
+              f"| fastload pinned slot (batch {batch} x 3x224x224 uint8) | {bw(pinned):.1f} |",
               f"| pageable tensor, same size | {bw(pageable):.1f} |",
               f"| one 8x larger pinned cudaMemcpyAsync (peak) | {bw(big):.1f} |", ""]
 
@@ -598,7 +598,7 @@ def main(argv: list[str] | None = None) -> None:
             raise RuntimeError("no photos to read: the photos step could not run (see above)")
         return data[key]
 
-    sections = [("H2D bandwidth", lambda: h2d(lines)),
+    sections = [("H2D bandwidth", lambda: h2d(lines, args.batch_size)),
                 ("photos", prepare),
                 ("correctness", lambda: correctness(lines, need("packed"), args.batch_size)),
                 ("loaders", lambda: loaders(lines, need("packed"), need("photos"), args.batch_size)),
