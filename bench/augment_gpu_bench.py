@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import fastload  # noqa: E402
 from fastload import transforms as T  # noqa: E402
-from gpu_bench import (MEAN, STD, alternate, availability, cpu_cores, dali_epochs, fastload_epochs,  # noqa: E402
+from gpu_bench import (MEAN, STD, availability, compare_loaders, cpu_cores, dali_epochs,  # noqa: E402
                        photo_folder, write)
 
 RECIPES = {
@@ -116,30 +116,8 @@ def loaders(lines: list[str], packed: Path, photos: Path, batch: int, reps: int 
                      T.RandomErasing(0.25), T.ToDtype(torch.float32, scale=True), T.Normalize(MEAN, STD)]}
     ds = fastload.open(packed, transforms=tfs)
     threads = cpu_cores()
-    runs, notes, made = {}, [], {}
-    try:
-        runs["DALI pipeline with auto_aug trivial_augment_wide (no erasing)"] = dali_trivial(photos, batch, threads)
-    except Exception as e:  # noqa: BLE001  (reported in the results, not hidden)
-        notes.append(f"DALI's own pipeline could not run: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
-    for decoder in ("native", "nvjpeg", "dali", "auto"):
-        try:
-            dl = fastload.DataLoader(ds, batch_size=batch, shuffle=True, drop_last=True, num_workers=threads,
-                                     device="cuda", decoder=decoder, persistent_workers=True)
-        except Exception as e:  # noqa: BLE001
-            notes.append(f"fastload decoder={decoder!r} could not run: {type(e).__name__}: {e}")
-            continue
-        made[decoder] = dl
-        runs[f"fastload decoder={decoder!r}"] = fastload_epochs(dl)
-    for name, fn in list(runs.items()):
-        try:
-            fn()  # warm-up epoch
-        except Exception as e:  # noqa: BLE001
-            notes.append(f"{name} could not run: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
-            del runs[name]
-    if "fastload decoder='auto'" in runs and made["auto"].stats().get("hybrid") is None:
-        # 'auto' found no GPU decoder to pair: its row is the native threads alone, and says so
-        runs["fastload decoder='auto' (no GPU decoder here: native threads alone)"] = runs.pop("fastload decoder='auto'")
-    rates = alternate(runs, reps)
+    rates, notes = compare_loaders(ds, batch, threads, reps, "DALI pipeline with auto_aug trivial_augment_wide "
+                                   "(no erasing)", lambda: dali_trivial(photos, batch, threads))
     lines += ["## Loaders with TrivialAugmentWide on the GPU, images/s", "",
               f"RandomResizedCrop 224 + flip + TrivialAugmentWide + RandomErasing(0.25) + normalize, batch {batch}, "
               f"{threads} CPU threads, median of {reps} alternating epochs", "", "| loader | img/s |", "|---|---:|"]

@@ -176,7 +176,7 @@ def overlap(lines: list[str], packed: Path, photos: Path, batch: int, steps: int
     fl = fastload.DataLoader(fastload.open(packed, transforms=tfs), batch_size=batch, shuffle=True, drop_last=True,
                              num_workers=workers, device="cuda", persistent_workers=True)
     per_epoch = len(fl)
-    fastload_t = timed(forever(lambda: iter(fl)))
+    fastload_t = timed(forever(fl.__iter__))
     del fl  # its workers go before torch's start: both on the same cores would slow the second one timed
     gc.collect()
     norm_m = torch.tensor(MEAN, device=dev).view(1, 3, 1, 1)
@@ -352,23 +352,24 @@ def alternate(runs: dict, reps: int) -> dict[str, list[float]]:
     return rates
 
 
-def loaders(lines: list[str], packed: Path, photos: Path, batch: int, reps: int = 3) -> dict[str, str]:
-    """The loaders table; returns the 1.2x-DALI goal's verdict (not measured unless DALI's own pipeline and a
-    fastload loader both ran)."""
-    tfs = {"image": [T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToDtype(torch.float32, scale=True),
-                     T.Normalize(MEAN, STD)]}
-    ds = fastload.open(packed, transforms=tfs)
-    threads = cpu_cores()
+def _first_line(e: BaseException) -> str:
+    return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
+
+
+def compare_loaders(ds, batch: int, threads: int, reps: int, dali_name: str, dali_make) -> tuple[dict, list[str]]:
+    """images/s over ``reps`` alternating epochs of DALI's own pipeline (``dali_make()`` -> its epoch runner,
+    row ``dali_name``) and fastload over ``ds`` with each decoder; what could not build or run its warm-up epoch
+    is left out and named in the notes (reported in the results, not hidden). Returns (rates, notes)."""
     runs, notes, made = {}, [], {}
     try:
-        runs["DALI pipeline (readers.file, mixed decode, resize, flip, normalize)"] = dali_native(photos, batch, threads)
-    except Exception as e:  # noqa: BLE001  (reported in the results, not hidden)
-        notes.append(f"DALI's own pipeline could not run: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+        runs[dali_name] = dali_make()
+    except Exception as e:  # noqa: BLE001
+        notes.append(f"DALI's own pipeline could not run: {_first_line(e)}")
     for decoder in ("native", "nvjpeg", "dali", "auto"):
         try:
             dl = fastload.DataLoader(ds, batch_size=batch, shuffle=True, drop_last=True, num_workers=threads,
                                      device="cuda", decoder=decoder, persistent_workers=True)
-        except Exception as e:  # noqa: BLE001  (reported in the results, not hidden)
+        except Exception as e:  # noqa: BLE001
             notes.append(f"fastload decoder={decoder!r} could not run: {type(e).__name__}: {e}")
             continue
         made[decoder] = dl
@@ -376,13 +377,24 @@ def loaders(lines: list[str], packed: Path, photos: Path, batch: int, reps: int 
     for name, fn in list(runs.items()):
         try:
             fn()  # warm-up epoch (GPU decoders import and build on their first batch)
-        except Exception as e:  # noqa: BLE001  (reported in the results, not hidden)
-            notes.append(f"{name} could not run: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+        except Exception as e:  # noqa: BLE001
+            notes.append(f"{name} could not run: {_first_line(e)}")
             del runs[name]
     if "fastload decoder='auto'" in runs and made["auto"].stats().get("hybrid") is None:
         # 'auto' found no GPU decoder to pair: its row is the native threads alone, and says so
         runs["fastload decoder='auto' (no GPU decoder here: native threads alone)"] = runs.pop("fastload decoder='auto'")
-    rates = alternate(runs, reps)
+    return alternate(runs, reps), notes
+
+
+def loaders(lines: list[str], packed: Path, photos: Path, batch: int, reps: int = 3) -> dict[str, str]:
+    """The loaders table; returns the 1.2x-DALI goal's verdict (not measured unless DALI's own pipeline and a
+    fastload loader both ran)."""
+    tfs = {"image": [T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToDtype(torch.float32, scale=True),
+                     T.Normalize(MEAN, STD)]}
+    ds = fastload.open(packed, transforms=tfs)
+    threads = cpu_cores()
+    rates, notes = compare_loaders(ds, batch, threads, reps, "DALI pipeline (readers.file, mixed decode, resize, "
+                                   "flip, normalize)", lambda: dali_native(photos, batch, threads))
     ref = statistics.median(rates[next(iter(rates))]) if rates else 1.0
     per_epoch = len(ds) // batch
     lines += ["## Loaders: batches on the GPU, RandomResizedCrop 224 + flip + normalize, images/s", "",
