@@ -118,7 +118,7 @@ def main() -> None:
     for name, cfg, r, *_ in rows:
         best[name] = max(best.get(name, 0), r)
     fl = best["fastload"]
-    print(f"\n| loader | config | img/s (median) | main-process CPU ms/img | first batch s | fastload best / this |")
+    print("\n| loader | config | img/s (median) | main-process CPU ms/img | first batch s | fastload best / this |")
     print("|---|---|---:|---:|---:|---:|")
     for name, cfg, r, c, f in rows:
         print(f"| {name} | {cfg} | {r:,.0f} | {c * 1e3:.2f} | {f:.3f} | {fl / r:.2f}x |")
