@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import collections
 import io
+import re
+import threading
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -315,3 +318,90 @@ def test_an_abandoned_epochs_queued_decodes_are_ordered_before_the_next_decoders
     assert not sim.races
     for (x, y), (sx, sy) in zip(ref, seen):
         assert torch.equal(x, sx) and torch.equal(y, sy)
+
+
+def dali_cannot_build(monkeypatch, built: list) -> None:
+    """DALI imports, but its pipeline cannot be built here (as when DALI sees no device it can use): each try's
+    thread is appended to ``built``."""
+    from fastload.decoders import dali as dali_module
+
+    def fail(self):
+        built.append(threading.current_thread().name)
+        raise RuntimeError("[/opt/dali/dali/pipeline/pipeline.cc:412] Assert on \"device_id < num_devices\" "
+                           "failed: no CUDA device DALI can use\nC++ context: [...]")
+
+    monkeypatch.setattr(dali_module.DaliDecoder, "_build", fail)
+    monkeypatch.setattr(_ring, "_warned", set())
+
+
+@pytest.mark.parametrize("nvjpeg_works", [False, True])
+def test_auto_whose_dali_cannot_build_its_pipeline_falls_back_with_one_warning(request, monkeypatch, one_truncated,
+                                                                              nvjpeg_works):
+    """decoder='auto' paired DALI (it imports), whose pipeline fails to build when the decoder is made, at the first
+    batch in the producer thread: one warning with DALI's reason, and the batches are those of the next usable GPU
+    decoder (nvjpeg, when it works) or of native threads alone; the broken DALI is not tried again next epoch. Only
+    ImportError was caught: the RuntimeError reached the training loop at its first next()."""
+    from fastload import decoders
+    from fastload.decoders import hybrid
+
+    sim = request.getfixturevalue("dali_on_sim")
+    if nvjpeg_works:
+        request.getfixturevalue("nvjpeg_on_sim")  # the same simulated GPU
+        monkeypatch.setattr(nvjpeg, "_import_torchvision", lambda: (None, None))  # its probe passes
+        monkeypatch.setattr(hybrid.HybridSplit, "_update", lambda self, *a: None)  # both runs cut batches alike
+    else:
+        def no_torchvision():
+            raise ModuleNotFoundError("No module named 'torchvision'")
+
+        monkeypatch.setattr(nvjpeg, "_import_torchvision", no_torchvision)
+    ds = fastload.open(one_truncated, transforms={"image": [T.RandomResizedCrop(16)]})
+    kw = dict(batch_size=4, shuffle=True, seed=2, on_error="skip")
+    if nvjpeg_works:  # what 'auto' gives when it pairs nvjpeg from the start
+        monkeypatch.setattr(hybrid, "_installed_gpu_decoder", lambda: (decoders.kind("nvjpeg"), []))
+        plain = fastload.DataLoader(ds, decoder="auto", device="cuda", **kw)
+        ref = [run(sim, plain, sim.default, lag=False) for _ in range(2)]
+    else:
+        plain = fastload.DataLoader(ds, **kw)
+        ref = [[(x.clone(), y.clone()) for x, y in plain] for _ in range(2)]
+    built: list = []
+    dali_cannot_build(monkeypatch, built)
+    monkeypatch.setattr(hybrid, "_installed_gpu_decoder", lambda: (decoders.kind("dali"), []))
+    paired = []  # each epoch's hybrid's GPU decoder
+    real_init = hybrid.HybridDecoder.__init__
+    monkeypatch.setattr(hybrid.HybridDecoder, "__init__", lambda self, cpu, gpu, *a: (
+        paired.append(gpu and type(gpu.decoder).__name__), real_init(self, cpu, gpu, *a))[1])
+    loader = fastload.DataLoader(ds, decoder="auto", device="cuda", **kw)
+    instead = "CPU threads share each batch with 'nvjpeg' instead" if nvjpeg_works else "CPU threads only"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        seen = [run(sim, loader, sim.default, lag=True) for _ in range(2)]  # two epochs: decoders made twice
+    said = [str(w.message) for w in caught if "decoder='auto'" in str(w.message)]
+    assert len(said) == 1, said
+    assert re.search(r"cannot use 'dali' \(DaliBuildError: DALI could not build its decoding pipeline on cuda:0: "
+                     r"RuntimeError: .*no CUDA device DALI can use", said[0]) and instead in said[0], said[0]
+    assert "C++ context" not in said[0]
+    assert built == ["fastload-batcher"]  # in the producer thread, once
+    assert not sim.races and not sim.waits_in()
+    for epoch, expected in zip(seen, ref):
+        assert len(epoch) == len(expected) == 5
+        for (x, y), (sx, sy) in zip(expected, epoch):
+            assert torch.equal(x, sx) and torch.equal(y, sy)
+    assert paired == ["NvjpegDecoder" if nvjpeg_works else None] * 2
+
+
+def test_dali_asked_for_by_name_that_cannot_build_its_pipeline_says_so(dali_on_sim, monkeypatch, one_truncated):
+    """decoder='dali' is the user's choice: a pipeline that cannot be built is an error naming DALI and its
+    reason at the first next(), never a silent switch to another decoder, nor each sample reported as corrupt."""
+    built: list = []
+    dali_cannot_build(monkeypatch, built)
+    ds = fastload.open(one_truncated, transforms={"image": [T.RandomResizedCrop(16)]})
+    loader = fastload.DataLoader(ds, batch_size=4, decoder="dali", device="cuda", on_error="skip")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(RuntimeError, match=r"decoder='dali': DALI could not build its decoding pipeline on "
+                                               r"cuda:0: RuntimeError: .*no CUDA device DALI can use.*"
+                                               r"use decoder='native'") as err:
+            next(iter(loader))
+    assert "C++ context" not in str(err.value)
+    assert not [w for w in caught if "fastload" in str(w.message)], [str(w.message) for w in caught]
+    assert built == ["fastload-batcher"]
