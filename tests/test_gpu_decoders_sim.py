@@ -19,7 +19,7 @@ import torch
 from PIL import Image
 
 import fastload
-from fastload import _ring
+from fastload import _images, _ring
 from fastload import transforms as T
 from fastload.decoders import dali, nvjpeg
 from conftest import jpeg_bytes
@@ -28,13 +28,12 @@ from sim_streams import _describe, _raw
 from test_ring import photos, sim_cuda  # noqa: F401  (fixtures)
 
 
-@pytest.fixture(scope="module")
-def one_truncated(tmp_path_factory):
-    """Eighteen pictures, the sixth with its JPEG header zeroed in the shard (nvJPEG and PIL refuse it)."""
-    root = tmp_path_factory.mktemp("gpu-sim")
-    for i in range(18):
+def pictures_with_one_truncated(root, n: int):
+    """``n`` pictures packed under ``root``, the sixth with its JPEG header zeroed in the shard (nvJPEG and PIL
+    refuse it)."""
+    for i in range(n):
         (root / "src" / f"c{i % 2}").mkdir(parents=True, exist_ok=True)
-        (root / "src" / f"c{i % 2}" / f"{i:02d}.jpg").write_bytes(jpeg_bytes(40 + 3 * i, 64, seed=i))
+        (root / "src" / f"c{i % 2}" / f"{i:02d}.jpg").write_bytes(jpeg_bytes(40 + 3 * (i % 18), 64, seed=i))
     fastload.pack(root / "src", root / "ds", workers=0)
     ds = fastload.open(root / "ds", decode=False)
     seg, local = ds.locate(5)
@@ -44,6 +43,19 @@ def one_truncated(tmp_path_factory):
     data[start + 2:start + 22] = bytes(20)
     shard.write_bytes(bytes(data))
     return root / "ds"
+
+
+@pytest.fixture(scope="module")
+def one_truncated(tmp_path_factory):
+    """Eighteen pictures, the sixth truncated."""
+    return pictures_with_one_truncated(tmp_path_factory.mktemp("gpu-sim"), 18)
+
+
+@pytest.fixture(scope="module")
+def more_batches_than_slots(tmp_path_factory):
+    """Thirty-four pictures, the sixth truncated: nine batches of four an epoch (the last one of two), more than
+    the host ring's slots under lag (``fill.host_limit``: 7 at the default depth)."""
+    return pictures_with_one_truncated(tmp_path_factory.mktemp("gpu-sim-34"), 34)
 
 
 @pytest.fixture
@@ -150,38 +162,54 @@ def run(sim, loader, consumer, lag: bool) -> list:
 @pytest.mark.parametrize("decoder", ["nvjpeg", "dali"])
 @pytest.mark.parametrize("num_workers", [0, 2])
 @pytest.mark.parametrize("stream", ["default", "user"])
-def test_gpu_decoder_under_lag_never_makes_the_training_thread_wait(request, one_truncated, decoder, num_workers,
-                                                                   stream):
+def test_gpu_decoder_under_lag_never_makes_the_training_thread_wait(request, more_batches_than_slots, decoder,
+                                                                   num_workers, stream, monkeypatch):
     sim = request.getfixturevalue(f"{decoder}_on_sim")
     consumer = sim.default if stream == "default" else sim.new_stream("user")
     waits_on_decoder = []
     real_wait = sim.wait
     sim.wait = lambda s, ev: (waits_on_decoder.append((s, ev and ev.stream.name)) if s.name == decoder else None,
                               real_wait(s, ev))[1]
-    ds = fastload.open(one_truncated, transforms={"image": [T.RandomResizedCrop(16), T.RandomHorizontalFlip()]})
+    ds = fastload.open(more_batches_than_slots,
+                       transforms={"image": [T.RandomResizedCrop(16), T.RandomHorizontalFlip()]})
     kw = dict(batch_size=4, shuffle=True, seed=3, num_workers=num_workers, decoder=decoder, on_error="skip",
               device="cuda")
     plain = fastload.DataLoader(ds, **kw)
     ref = [s for _ in range(2) for s in run(sim, plain, consumer, lag=False)]
     del sim.host_waits[:]
     waits_on_decoder.clear()
+    filled = collections.defaultdict(list)  # each decoder's stream -> the row buffer of each batch it decoded
+    real_fill = _images.ImageDecoding.fill
+
+    def fill(self, pool, pipeline, f, slot, *a, **kw):
+        failures = real_fill(self, pool, pipeline, f, slot, *a, **kw)
+        filled[id(self._decoders[f.name].decoder.streams.side)].append(slot.tensors[f.name].data_ptr())
+        return failures
+
+    monkeypatch.setattr(_images.ImageDecoding, "fill", fill)
     loader = fastload.DataLoader(ds, **kw)
     seen = [s for _ in range(2) for s in run(sim, loader, consumer, lag=True)]  # two epochs, one host ring
     assert not sim.races
     assert not sim.waits_in(), sim.waits_in()
-    # the producer thread never waits for the GPU either: each batch is handed on with the decoder's event
-    # (a synchronize per batch paced it by the decoder's stream, and a pageable copy by its queue)
-    assert not sim.waits_in("fastload-batcher", busy=False), sim.waits_in("fastload-batcher", busy=False)
-    assert len(seen) == len(ref) == 10  # 18 samples: a partial last batch of 2 each epoch
+    # the producer thread never waits for the decoders' work either: each batch is handed on with the decoder's
+    # event (a synchronize per batch paced it by the decoder's stream, and a pageable copy by its queue). Its
+    # only waits are the host ring's bound (fill.py: at its limit, the oldest pending copy of the prefetcher's
+    # stream), which an epoch of more batches than slots reaches under lag
+    producer_waits = sim.waits_in("fastload-batcher", busy=False)
+    assert all((w.stream, w.why) == ("side", "event synchronize") for w in producer_waits), producer_waits
+    assert len(seen) == len(ref) == 18  # 34 samples: a partial last batch of 2 each epoch
     for (x, y), (sx, sy) in zip(ref, seen):
         assert torch.equal(x, sx) and torch.equal(y, sy)
     assert loader.stats()["skipped"] == 2
-    # the decoder's stream waited for the rows' allocation once per row buffer, not once per batch
-    # a decoder's stream waited only for the rows' allocation stream, once per row buffer (a non-persistent
-    # loader makes its decoders anew each epoch, each with its own stream), never for the training loop
+    # a decoder's stream waited only for the rows' allocation stream, never for the training loop, and only at
+    # its first use of a row buffer (a non-persistent loader makes its decoders anew each epoch, each with its
+    # own stream): an epoch has more batches than the host ring has slots, so buffers are reused
     assert waits_on_decoder and {on for _, on in waits_on_decoder} == {"rows"}, waits_on_decoder
     per_stream = collections.Counter(id(st) for st, _ in waits_on_decoder)
-    assert len(per_stream) == 2 and max(per_stream.values()) <= len(loader._ring)
+    assert len(per_stream) == 2 and per_stream.keys() == filled.keys()
+    for stream, buffers in filled.items():
+        assert len(buffers) == 9  # batches of the epoch
+        assert per_stream[stream] == len(set(buffers)) < len(buffers), (per_stream[stream], buffers)
 
 
 def test_hybrid_under_lag_hands_its_rows_on_with_one_event(nvjpeg_on_sim, one_truncated, monkeypatch):
