@@ -194,8 +194,9 @@ class ImageDecoding:
                    self.native.pool if self.fallback_processes else None, self.fallback_timeout)
 
     def split_stats(self) -> dict | None:
-        """The hybrid split's share and measured rates (``HybridSplit.stats``), or None without one."""
-        return None if self.hybrid is None else self.hybrid.stats()
+        """The hybrid split's share and measured rates (``HybridSplit.stats``), or None without one: also where
+        'auto' found its GPU decoder unusable when making it (every sample to the CPU threads, said in a warning)."""
+        return None if self.hybrid is None or self.hybrid.cpu_only else self.hybrid.stats()
 
     def _decoder(self, out_hw: tuple[int, int]) -> Any:
         """The decoder of an image field whose rows are ``out_hw`` (the registered kind's ``make``)."""

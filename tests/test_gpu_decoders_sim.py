@@ -415,6 +415,7 @@ def test_auto_whose_dali_cannot_build_its_pipeline_falls_back_with_one_warning(r
         for (x, y), (sx, sy) in zip(expected, epoch):
             assert torch.equal(x, sx) and torch.equal(y, sy)
     assert paired == ["NvjpegDecoder" if nvjpeg_works else None] * 2
+    assert (loader.stats()["hybrid"] is not None) == nvjpeg_works  # a GPU decoder shares the batches, or none does
 
 
 def test_dali_asked_for_by_name_that_cannot_build_its_pipeline_says_so(dali_on_sim, monkeypatch, one_truncated):
