@@ -75,6 +75,7 @@ def test_the_epoch_boundary_leaves_the_gpu_decoders_to_the_producer_thread(reque
     sim = request.getfixturevalue("dali_on_sim" if decoder == "dali" else "nvjpeg_on_sim")
     if decoder == "auto":
         monkeypatch.setattr(hybrid, "_installed_gpu_decoder", lambda: (decoders.kind("nvjpeg"), []))
+    before = set(threading.enumerate())
     closed, made = [], []
     for cls in (dali.DaliDecoder, nvjpeg.NvjpegDecoder, hybrid.HybridDecoder, hybrid.HybridSplit):
         def close(self, real=cls.close, what=cls.__name__):
@@ -99,6 +100,6 @@ def test_the_epoch_boundary_leaves_the_gpu_decoders_to_the_producer_thread(reque
     del loader, epochs
     gc.collect()
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and [t for t in threading.enumerate() if t.name.startswith("fastload-")]:
+    while time.monotonic() < deadline and set(threading.enumerate()) - before:
         time.sleep(0.01)
-    assert not [t.name for t in threading.enumerate() if t.name.startswith("fastload-")]  # the hybrid's CPU thread
+    assert not [t.name for t in set(threading.enumerate()) - before]  # the producers, the hybrid's CPU thread
