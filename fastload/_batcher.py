@@ -67,11 +67,14 @@ class Batcher:
         self.images.close()
 
     def end_epoch(self) -> None:
-        """A non-persistent loader's epoch is over: the GPU decoders (and their device memory) go, as torch's
-        worker processes would. The native threads stay, idle on a condition variable until the loader is
-        collected: starting them again costs more than an epoch of small batches takes (bench/suite.py's
-        tiny records, 16 batches an epoch, ran 8-21% slower at num_workers=2 than at 0 that way)."""
-        self.images.close()
+        """A non-persistent loader's epoch is over: what stands for torch's worker processes goes (the per-sample
+        transforms' worker processes, ``ImageDecoding.end_epoch``). The native threads stay, idle on a condition
+        variable until the loader is collected: starting them again costs more than an epoch of small batches
+        takes (bench/suite.py's tiny records, 16 batches an epoch, ran 8-21% slower at num_workers=2 than at 0
+        that way). So do the decoders, GPU ones included, as the device ring does: this runs in the training
+        thread, where destroying DALI's pipeline may synchronise the device, and the next epoch's first batch
+        would wait for them to be built again."""
+        self.images.end_epoch()
 
     def new_slot(self, pin: bool | None = None) -> Slot:
         """One batch of buffers; ``pin`` None: pinned where CUDA is usable. ``Dataset.__getitems__`` passes

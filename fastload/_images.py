@@ -119,12 +119,20 @@ class ImageDecoding:
         the device before reading (None: host rows, complete)."""
         return self._ready.get(rows.data_ptr()) if self.device is not None else None
 
+    def end_epoch(self) -> None:
+        """A non-persistent loader's epoch is over (called in the training thread): the per-sample transforms'
+        worker processes go, as torch's would, made again when needed. The decoders stay until ``close``: a GPU
+        decoder's teardown may synchronise the device (DALI's pipeline), and making it again (DALI's build,
+        torchvision's probe decode) would be work the next epoch's first ``next()`` waits for."""
+        for runner in self._fallbacks.values():
+            runner.close()
+
     def close(self) -> None:
+        """The decoders (GPU ones with their device memory), the hybrid's thread and the per-sample workers."""
         for dec in self._decoders.values():
             dec.close()
         self._decoders = {}
-        for runner in self._fallbacks.values():
-            runner.close()  # their worker processes go as torch's would at an epoch's end; made again when needed
+        self.end_epoch()
         if self.hybrid is not None:
             self.hybrid.close()
 
@@ -141,7 +149,7 @@ class ImageDecoding:
         self.native.pool = pool  # the batcher's, which autotuning and persistent workers swap
         dec = self._decoders.get(f.name)
         if dec is None:
-            self._made += 1  # a new decoder (a loader's decoders go at each epoch's end): a new stream
+            self._made += 1  # a new decoder (after ``close``, the old ones' work may still be queued): a new stream
             dec = self._decoders[f.name] = self._decoder((int(rows.shape[1]), int(rows.shape[2])))
             self._fence_key[f.name] = (f.name, self._made)
         if self.device is None:
@@ -194,8 +202,9 @@ class ImageDecoding:
                    self.native.pool if self.fallback_processes else None, self.fallback_timeout)
 
     def split_stats(self) -> dict | None:
-        """The hybrid split's share and measured rates (``HybridSplit.stats``), or None without one."""
-        return None if self.hybrid is None else self.hybrid.stats()
+        """The hybrid split's share and measured rates (``HybridSplit.stats``), or None without one: also where
+        'auto' found its GPU decoder unusable when making it (every sample to the CPU threads, said in a warning)."""
+        return None if self.hybrid is None or self.hybrid.cpu_only else self.hybrid.stats()
 
     def _decoder(self, out_hw: tuple[int, int]) -> Any:
         """The decoder of an image field whose rows are ``out_hw`` (the registered kind's ``make``)."""

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import collections
 import io
+import re
+import threading
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -16,7 +19,7 @@ import torch
 from PIL import Image
 
 import fastload
-from fastload import _ring
+from fastload import _images, _ring
 from fastload import transforms as T
 from fastload.decoders import dali, nvjpeg
 from conftest import jpeg_bytes
@@ -25,13 +28,12 @@ from sim_streams import _describe, _raw
 from test_ring import photos, sim_cuda  # noqa: F401  (fixtures)
 
 
-@pytest.fixture(scope="module")
-def one_truncated(tmp_path_factory):
-    """Eighteen pictures, the sixth with its JPEG header zeroed in the shard (nvJPEG and PIL refuse it)."""
-    root = tmp_path_factory.mktemp("gpu-sim")
-    for i in range(18):
+def pictures_with_one_truncated(root, n: int):
+    """``n`` pictures packed under ``root``, the sixth with its JPEG header zeroed in the shard (nvJPEG and PIL
+    refuse it)."""
+    for i in range(n):
         (root / "src" / f"c{i % 2}").mkdir(parents=True, exist_ok=True)
-        (root / "src" / f"c{i % 2}" / f"{i:02d}.jpg").write_bytes(jpeg_bytes(40 + 3 * i, 64, seed=i))
+        (root / "src" / f"c{i % 2}" / f"{i:02d}.jpg").write_bytes(jpeg_bytes(40 + 3 * (i % 18), 64, seed=i))
     fastload.pack(root / "src", root / "ds", workers=0)
     ds = fastload.open(root / "ds", decode=False)
     seg, local = ds.locate(5)
@@ -41,6 +43,19 @@ def one_truncated(tmp_path_factory):
     data[start + 2:start + 22] = bytes(20)
     shard.write_bytes(bytes(data))
     return root / "ds"
+
+
+@pytest.fixture(scope="module")
+def one_truncated(tmp_path_factory):
+    """Eighteen pictures, the sixth truncated."""
+    return pictures_with_one_truncated(tmp_path_factory.mktemp("gpu-sim"), 18)
+
+
+@pytest.fixture(scope="module")
+def more_batches_than_slots(tmp_path_factory):
+    """Thirty-four pictures, the sixth truncated: nine batches of four an epoch (the last one of two), more than
+    the host ring's slots under lag (``fill.host_limit``: 7 at the default depth)."""
+    return pictures_with_one_truncated(tmp_path_factory.mktemp("gpu-sim-34"), 34)
 
 
 @pytest.fixture
@@ -147,38 +162,54 @@ def run(sim, loader, consumer, lag: bool) -> list:
 @pytest.mark.parametrize("decoder", ["nvjpeg", "dali"])
 @pytest.mark.parametrize("num_workers", [0, 2])
 @pytest.mark.parametrize("stream", ["default", "user"])
-def test_gpu_decoder_under_lag_never_makes_the_training_thread_wait(request, one_truncated, decoder, num_workers,
-                                                                   stream):
+def test_gpu_decoder_under_lag_never_makes_the_training_thread_wait(request, more_batches_than_slots, decoder,
+                                                                   num_workers, stream, monkeypatch):
     sim = request.getfixturevalue(f"{decoder}_on_sim")
     consumer = sim.default if stream == "default" else sim.new_stream("user")
     waits_on_decoder = []
     real_wait = sim.wait
     sim.wait = lambda s, ev: (waits_on_decoder.append((s, ev and ev.stream.name)) if s.name == decoder else None,
                               real_wait(s, ev))[1]
-    ds = fastload.open(one_truncated, transforms={"image": [T.RandomResizedCrop(16), T.RandomHorizontalFlip()]})
+    ds = fastload.open(more_batches_than_slots,
+                       transforms={"image": [T.RandomResizedCrop(16), T.RandomHorizontalFlip()]})
     kw = dict(batch_size=4, shuffle=True, seed=3, num_workers=num_workers, decoder=decoder, on_error="skip",
               device="cuda")
     plain = fastload.DataLoader(ds, **kw)
     ref = [s for _ in range(2) for s in run(sim, plain, consumer, lag=False)]
     del sim.host_waits[:]
     waits_on_decoder.clear()
+    filled = collections.defaultdict(list)  # each decoder's stream -> the row buffer of each batch it decoded
+    real_fill = _images.ImageDecoding.fill
+
+    def fill(self, pool, pipeline, f, slot, *a, **kw):
+        failures = real_fill(self, pool, pipeline, f, slot, *a, **kw)
+        filled[id(self._decoders[f.name].decoder.streams.side)].append(slot.tensors[f.name].data_ptr())
+        return failures
+
+    monkeypatch.setattr(_images.ImageDecoding, "fill", fill)
     loader = fastload.DataLoader(ds, **kw)
     seen = [s for _ in range(2) for s in run(sim, loader, consumer, lag=True)]  # two epochs, one host ring
     assert not sim.races
     assert not sim.waits_in(), sim.waits_in()
-    # the producer thread never waits for the GPU either: each batch is handed on with the decoder's event
-    # (a synchronize per batch paced it by the decoder's stream, and a pageable copy by its queue)
-    assert not sim.waits_in("fastload-batcher", busy=False), sim.waits_in("fastload-batcher", busy=False)
-    assert len(seen) == len(ref) == 10  # 18 samples: a partial last batch of 2 each epoch
+    # the producer thread never waits for the decoders' work either: each batch is handed on with the decoder's
+    # event (a synchronize per batch paced it by the decoder's stream, and a pageable copy by its queue). Its
+    # only waits are the host ring's bound (fill.py: at its limit, the oldest pending copy of the prefetcher's
+    # stream), which an epoch of more batches than slots reaches under lag
+    producer_waits = sim.waits_in("fastload-batcher", busy=False)
+    assert all((w.stream, w.why) == ("side", "event synchronize") for w in producer_waits), producer_waits
+    assert len(seen) == len(ref) == 18  # 34 samples: a partial last batch of 2 each epoch
     for (x, y), (sx, sy) in zip(ref, seen):
         assert torch.equal(x, sx) and torch.equal(y, sy)
     assert loader.stats()["skipped"] == 2
-    # the decoder's stream waited for the rows' allocation once per row buffer, not once per batch
-    # a decoder's stream waited only for the rows' allocation stream, once per row buffer (a non-persistent
-    # loader makes its decoders anew each epoch, each with its own stream), never for the training loop
+    # a decoder's stream waited only for the rows' allocation stream, never for the training loop, and only at
+    # its first use of a row buffer: an epoch has more batches than the host ring has slots, so buffers are
+    # reused, and the decoder is kept across epochs although the loader is not persistent (Batcher.end_epoch)
     assert waits_on_decoder and {on for _, on in waits_on_decoder} == {"rows"}, waits_on_decoder
     per_stream = collections.Counter(id(st) for st, _ in waits_on_decoder)
-    assert len(per_stream) == 2 and max(per_stream.values()) <= len(loader._ring)
+    assert len(per_stream) == 1 and per_stream.keys() == filled.keys()
+    for stream, buffers in filled.items():
+        assert len(buffers) == 18  # batches of the two epochs
+        assert per_stream[stream] == len(set(buffers)) < 9, (per_stream[stream], buffers)
 
 
 def test_hybrid_under_lag_hands_its_rows_on_with_one_event(nvjpeg_on_sim, one_truncated, monkeypatch):
@@ -292,11 +323,15 @@ def test_gpu_decoders_decode_on_the_device_current_at_the_first_iteration(nvjpeg
     assert images._decoders["image"].decoder.device == torch.device("cuda", 2)
 
 
-def test_an_abandoned_epochs_queued_decodes_are_ordered_before_the_next_decoders_writes(dali_on_sim, one_truncated):
+@pytest.mark.parametrize("closed", [False, True], ids=["kept", "closed"])
+def test_an_abandoned_epochs_queued_decodes_are_ordered_before_the_next_decoders_writes(dali_on_sim, one_truncated,
+                                                                                       closed):
     """An epoch left after one batch while the producer had decoded more (their work still queued on the
-    decoder's stream): the next epoch's decoder (a new one, with a stream of its own) writes the same row
-    buffers only after that work. (The rule is in _images.py, common to the decoders; with nvjpeg's stand-in
-    this scenario did not reach a reused buffer in the runs tried, so the test runs DALI's fake.)"""
+    decoder's stream): the next epoch writes the same row buffers only after that work, with the decoder kept
+    across epochs (its own stream orders it) or with a new one, with a stream of its own, after the decoders were
+    closed (``ImageDecoding.close``, as ``Batcher.close`` does). (The rule is in _images.py, common to the
+    decoders; with nvjpeg's stand-in this scenario did not reach a reused buffer in the runs tried, so the test
+    runs DALI's fake.)"""
     sim = dali_on_sim
     ds = fastload.open(one_truncated, transforms={"image": [T.RandomResizedCrop(16)]})
     kw = dict(batch_size=4, seed=1, num_workers=2, decoder="dali", on_error="skip", device="cuda")
@@ -311,7 +346,99 @@ def test_an_abandoned_epochs_queued_decodes_are_ordered_before_the_next_decoders
         time.sleep(0.01)
     assert len(loader._ring) >= 3  # batches decoded ahead, never handed out
     del it
+    kept = loader._batcher.images._decoders["image"]
+    if closed:
+        loader._batcher.images.close()
     seen = run(sim, loader, sim.default, lag=True)
+    assert (loader._batcher.images._decoders["image"] is kept) != closed
     assert not sim.races
     for (x, y), (sx, sy) in zip(ref, seen):
         assert torch.equal(x, sx) and torch.equal(y, sy)
+
+
+def dali_cannot_build(monkeypatch, built: list) -> None:
+    """DALI imports, but its pipeline cannot be built here (as when DALI sees no device it can use): each try's
+    thread is appended to ``built``."""
+    from fastload.decoders import dali as dali_module
+
+    def fail(self):
+        built.append(threading.current_thread().name)
+        raise RuntimeError("[/opt/dali/dali/pipeline/pipeline.cc:412] Assert on \"device_id < num_devices\" "
+                           "failed: no CUDA device DALI can use\nC++ context: [...]")
+
+    monkeypatch.setattr(dali_module.DaliDecoder, "_build", fail)
+    monkeypatch.setattr(_ring, "_warned", set())
+
+
+@pytest.mark.parametrize("nvjpeg_works", [False, True])
+def test_auto_whose_dali_cannot_build_its_pipeline_falls_back_with_one_warning(request, monkeypatch, one_truncated,
+                                                                              nvjpeg_works):
+    """decoder='auto' paired DALI (it imports), whose pipeline fails to build when the decoder is made, at the first
+    batch in the producer thread: one warning with DALI's reason, and the batches are those of the next usable GPU
+    decoder (nvjpeg, when it works) or of native threads alone, in both epochs (the decoder made once). Only
+    ImportError was caught: the RuntimeError reached the training loop at its first next()."""
+    from fastload import decoders
+    from fastload.decoders import hybrid
+
+    sim = request.getfixturevalue("dali_on_sim")
+    if nvjpeg_works:
+        request.getfixturevalue("nvjpeg_on_sim")  # the same simulated GPU
+        monkeypatch.setattr(nvjpeg, "_import_torchvision", lambda: (None, None))  # its probe passes
+        monkeypatch.setattr(hybrid.HybridSplit, "_update", lambda self, *a: None)  # both runs cut batches alike
+    else:
+        def no_torchvision():
+            raise ModuleNotFoundError("No module named 'torchvision'")
+
+        monkeypatch.setattr(nvjpeg, "_import_torchvision", no_torchvision)
+    ds = fastload.open(one_truncated, transforms={"image": [T.RandomResizedCrop(16)]})
+    kw = dict(batch_size=4, shuffle=True, seed=2, on_error="skip")
+    if nvjpeg_works:  # what 'auto' gives when it pairs nvjpeg from the start
+        monkeypatch.setattr(hybrid, "_installed_gpu_decoder", lambda: (decoders.kind("nvjpeg"), []))
+        plain = fastload.DataLoader(ds, decoder="auto", device="cuda", **kw)
+        ref = [run(sim, plain, sim.default, lag=False) for _ in range(2)]
+    else:
+        plain = fastload.DataLoader(ds, **kw)
+        ref = [[(x.clone(), y.clone()) for x, y in plain] for _ in range(2)]
+    built: list = []
+    dali_cannot_build(monkeypatch, built)
+    monkeypatch.setattr(hybrid, "_installed_gpu_decoder", lambda: (decoders.kind("dali"), []))
+    paired = []  # the GPU decoder of each hybrid made
+    real_init = hybrid.HybridDecoder.__init__
+    monkeypatch.setattr(hybrid.HybridDecoder, "__init__", lambda self, cpu, gpu, *a: (
+        paired.append(gpu and type(gpu.decoder).__name__), real_init(self, cpu, gpu, *a))[1])
+    loader = fastload.DataLoader(ds, decoder="auto", device="cuda", **kw)
+    instead = "CPU threads share each batch with 'nvjpeg' instead" if nvjpeg_works else "CPU threads only"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        seen = [run(sim, loader, sim.default, lag=True) for _ in range(2)]  # two epochs
+    said = [str(w.message) for w in caught if "decoder='auto'" in str(w.message)]
+    assert len(said) == 1, said
+    assert re.search(r"cannot use 'dali' \(DaliBuildError: DALI could not build its decoding pipeline on cuda:0: "
+                     r"RuntimeError: .*no CUDA device DALI can use", said[0]) and instead in said[0], said[0]
+    assert "C++ context" not in said[0]
+    assert built == ["fastload-batcher"]  # in the producer thread, once
+    assert not sim.races and not sim.waits_in()
+    for epoch, expected in zip(seen, ref):
+        assert len(epoch) == len(expected) == 5
+        for (x, y), (sx, sy) in zip(expected, epoch):
+            assert torch.equal(x, sx) and torch.equal(y, sy)
+    assert paired == ["NvjpegDecoder" if nvjpeg_works else None]
+    assert (loader.stats()["hybrid"] is not None) == nvjpeg_works  # a GPU decoder shares the batches, or none does
+
+
+def test_dali_asked_for_by_name_that_cannot_build_its_pipeline_says_so(dali_on_sim, monkeypatch, one_truncated):
+    """decoder='dali' is the user's choice: a pipeline that cannot be built is an error naming DALI and its
+    reason at the first next(), never a silent switch to another decoder, nor each sample reported as corrupt."""
+    built: list = []
+    dali_cannot_build(monkeypatch, built)
+    ds = fastload.open(one_truncated, transforms={"image": [T.RandomResizedCrop(16)]})
+    loader = fastload.DataLoader(ds, batch_size=4, decoder="dali", device="cuda", on_error="skip")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(RuntimeError, match=r"decoder='dali': DALI could not build its decoding pipeline on "
+                                               r"cuda:0: RuntimeError: .*no CUDA device DALI can use.*"
+                                               r"use decoder='native'") as err:
+            next(iter(loader))
+    assert "C++ context" not in str(err.value)
+    assert not [w for w in caught if "fastload" in str(w.message)], [str(w.message) for w in caught]
+    assert built == ["fastload-batcher"]

@@ -61,7 +61,9 @@ class DecoderKind:
     """One registered decoder (``decoders/__init__.py`` lists them): what a new decoder module provides as ``KIND``.
 
     ``make(ctx)`` returns the decoder of one image field (``decode``/``fence``/``close``, :class:`ImageDecoder`);
-    it raises ImportError with an install hint when its package cannot be used.
+    it raises ImportError with an install hint when its package cannot be used, and any error naming the decoder and
+    the reason when its set-up fails here (DALI's pipeline: ``dali.DaliBuildError``); ``'auto'`` pairs the next
+    usable GPU decoder instead, or none, with a warning.
     ``probe()`` raises ModuleNotFoundError when the decoder's package is not installed (``decoder='auto'``
     moves on quietly) and any other exception when it is installed but unusable (named in a warning).
     ``gpu``: with ``device='cuda'`` it writes into device rows (without, into the host slot).

@@ -89,7 +89,7 @@ from .._augment.engine_torch import assemble_rows, augment_rows, padding_columns
 from ._base import DecoderContext, DecoderKind, JpegOnly, check_augment
 from ._staging import Uploads, augment_queued, beyond_flips, decode_sizes
 
-__all__ = ["DaliDecoder", "INSTALL_HINT"]
+__all__ = ["DaliBuildError", "DaliDecoder", "INSTALL_HINT"]
 
 INSTALL_HINT = "decoder='dali' needs NVIDIA DALI: pip install fastload[dali] (or pip install nvidia-dali-cuda130)"
 
@@ -128,7 +128,12 @@ def _positive(value: Any, what: str) -> int:
     return int(value)
 
 
-def _dali_message(err: BaseException) -> str:
+class DaliBuildError(RuntimeError):
+    """DALI imported but could not build its pipeline here (no GPU it can use, a DALI that does not match the
+    driver, out of memory...): no sample's fault, so ``decode`` never reports it as failed samples."""
+
+
+def _dali_text(err: BaseException) -> str:
     """DALI's error text without the pipeline traceback and C++ context lines."""
     text = str(err)
     if "encountered:" in text:
@@ -136,7 +141,11 @@ def _dali_message(err: BaseException) -> str:
     lines = [ln.strip() for ln in text.splitlines()]
     keep = [ln for ln in lines if ln and not ln.startswith("C++ context")
             and "pipeline object is no longer valid" not in ln]
-    msg = " ".join(keep).strip() or type(err).__name__
+    return " ".join(keep).strip() or type(err).__name__
+
+
+def _dali_message(err: BaseException) -> str:
+    msg = _dali_text(err)
     msg = re.sub(r"Failed to decode sample #\d+\s*:?\s*$", "the JPEG data is corrupt or truncated", msg)
     return f"DALI could not decode the image: {msg}"
 
@@ -183,7 +192,7 @@ class DaliDecoder:
             self.streams = streams
         self._pipe = None
         self._padded = False  # whether _build makes (and self._pipe is) the graph with per-sample sizes
-        self._build()
+        self._make_pipe()  # now, in the thread that makes the decoder: a DALI that cannot run here says so at once
 
     def __repr__(self) -> str:
         return (f"DaliDecoder(batch_size={self.batch_size}, out_hw={self.out_hw}, device_id={self.device_id}, "
@@ -221,13 +230,22 @@ class DaliDecoder:
         pipe.build()
         self._pipe = pipe
 
+    def _make_pipe(self) -> None:
+        """``_build``, its failure a ``DaliBuildError`` that says where DALI could not run and why."""
+        try:
+            self._build()
+        except Exception as e:  # noqa: BLE001  (whatever DALI raises: named in the error)
+            where = "in its CPU-only mode" if self.device_id is None else f"on cuda:{self.device_id}"
+            raise DaliBuildError(f"DALI could not build its decoding pipeline {where}: {type(e).__name__}: "
+                                 f"{_dali_text(e)}") from e
+
     def _run(self, data: list, crops: np.ndarray, flips: np.ndarray, sizes: np.ndarray | None = None) -> Any:
         """Run the pipeline on one batch (``sizes``: each sample's resized size, with padded windows)."""
         if self._pipe is None or self._padded != (sizes is not None):
             if self._pipe is not None:  # its earlier outputs may still be read by copies queued on our stream
                 self._held.append(self._pipe)
             self._padded = sizes is not None
-            self._build()
+            self._make_pipe()
         extra = {} if sizes is None else {"size": sizes.astype(np.float32)}
         try:
             (images,) = self._pipe.run(self._side(), data=data, anchor=np.ascontiguousarray(crops[:, :2]),
@@ -353,11 +371,15 @@ class DaliDecoder:
                     images = self._run([data[k] for k in good.tolist()], crops[good], flips[good],
                                        None if sizes is None else sizes[good])
                     self._copy_out(images, t, good)
+                except DaliBuildError:
+                    raise
                 except RuntimeError:
                     for k in good.tolist():  # find the bad samples; keep the good ones
                         try:
                             self._copy_out(self._run([data[k]], crops[k:k + 1], flips[k:k + 1],
                                                      None if sizes is None else sizes[k:k + 1]), t, np.array([k]))
+                        except DaliBuildError:
+                            raise
                         except RuntimeError as e:
                             failures[k] = _dali_message(e)
             s = self.streams
@@ -403,9 +425,17 @@ def probe() -> None:
 
 def _make(ctx: DecoderContext) -> JpegOnly:
     dev = ctx.device
-    return JpegOnly(DaliDecoder(ctx.batch_size, ctx.out_hw, device_id=None if dev is None else dev.index,
-                                num_threads=max(1, ctx.num_threads), seed=0,
-                                streams=None if dev is None else ctx.fork_stream("dali")), ctx.option)
+    try:
+        dec = DaliDecoder(ctx.batch_size, ctx.out_hw, device_id=None if dev is None else dev.index,
+                          num_threads=max(1, ctx.num_threads), seed=0,
+                          streams=None if dev is None else ctx.fork_stream("dali"))
+    except DaliBuildError as e:
+        if ctx.option != "dali":  # decoder='auto' falls back and says why (decoders/hybrid.py)
+            raise
+        # asked for by name: the user's choice does not silently change
+        raise DaliBuildError(f"decoder='dali': {e}; use decoder='native' (CPU threads) or 'auto' (CPU threads "
+                             f"with another GPU decoder where one works)") from e.__cause__
+    return JpegOnly(dec, ctx.option)
 
 
 # on the GPU with device='cuda', else DALI's CPU-only mode into the host slot

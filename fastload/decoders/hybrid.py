@@ -250,6 +250,27 @@ def _installed_gpu_decoder() -> tuple[DecoderKind | None, list[str]]:
     return None, broken
 
 
+def _next_gpu_decoder(failed: DecoderKind, first: DecoderKind, why: list[str]) -> DecoderKind | None:
+    """The next registered GPU decoder after ``failed`` that 'auto' may pair instead of ``first`` (the one its
+    kind was chosen with: it must run whatever ``first`` runs) and whose package is usable; those installed but
+    unusable are added to ``why``."""
+    from . import kind, names
+
+    order = names()
+    for name in order[order.index(failed.name) + 1:]:
+        k = kind(name)
+        if not k.pairs or (first.augments and not k.augments) or not set(k.refuses) <= set(first.refuses):
+            continue
+        try:
+            k.probe()
+            return k
+        except ModuleNotFoundError:
+            continue
+        except Exception as e:  # noqa: BLE001  (as _installed_gpu_decoder)
+            why.append(f"{name!r} ({type(e).__name__}: {e})")
+    return None
+
+
 def _choose(on_gpu: bool) -> DecoderKind:
     from . import kind
 
@@ -268,17 +289,25 @@ def _choose(on_gpu: bool) -> DecoderKind:
                                       "decoded by CPU threads only")
         return kind("native")
     split = HybridSplit()
+    chosen = [partner]  # the GPU decoder this loader pairs: another one (or None) once its set-up failed
 
     def make(ctx: DecoderContext) -> HybridDecoder:
-        try:
-            gpu = partner.make(ctx)
-        except ImportError as e:
-            # the GPU decoder imported but cannot decode here (a torchvision without nvJPEG); the rows are on
-            # the device already, so native threads decode everything into them
-            warn_once("auto-unusable", f"fastload: decoder='auto' cannot use {partner.name!r} ({e}); images are "
-                                       f"decoded by CPU threads only")
-            split.cpu_only = True
-            gpu = None
+        gpu, why = None, []
+        while chosen[0] is not None:
+            try:
+                gpu = chosen[0].make(ctx)
+                break
+            except Exception as e:  # noqa: BLE001  (any set-up failure: an import, DALI's pipeline, the device)
+                # it imported but cannot decode here (a torchvision without nvJPEG, a DALI that cannot build its
+                # pipeline): the rows are on the device already, so the next usable GPU decoder or native
+                # threads alone decode into them, and this loader does not try the broken one again
+                why.append(f"{chosen[0].name!r} ({type(e).__name__}: {e})")
+                chosen[0] = _next_gpu_decoder(chosen[0], partner, why)
+        if why:
+            instead = "images are decoded by CPU threads only" if gpu is None else \
+                f"CPU threads share each batch with {chosen[0].name!r} instead"
+            warn_once("auto-unusable", f"fastload: decoder='auto' cannot use {', '.join(why)}; {instead}")
+        split.cpu_only = gpu is None
         return HybridDecoder(ctx.native, gpu, split, ctx.batch_size, ctx.fork_stream("hybrid copy"))
 
     # the native half runs the augmentation fused with decoding, the GPU half as its decoder does

@@ -3,7 +3,8 @@
 ``torch.cuda.set_sync_debug_mode("error")`` from its first batch. On the simulated GPU the same
 property is ``SimGpu.waits_in()`` (tests/test_ring.py, tests/test_gpu_decoders_sim.py).
 
-The latency check covers every decoder; the fresh-process check here the native decoder and
+The latency check covers every decoder, within an epoch and across its boundary (StopIteration, the next epoch's
+first ``next()``); the fresh-process check here the native decoder and
 ``to_device``, and tests/cuda/test_gpu_decoder_streams.py the GPU decoders (which no longer synchronise
 their stream in the producer thread: they hand each batch on with an event). Skipped without CUDA.
 """
@@ -65,6 +66,53 @@ def test_next_does_not_wait_for_queued_gpu_work(packed, decoder, num_workers, pe
                                  persistent_workers=persistent, memory_format=fmt, device="cuda")
     times = latencies(iter(loader))
     assert max(times) < LIMIT_S, [round(t * 1e3, 1) for t in times]
+
+
+def boundary_latencies(loader) -> dict[str, list[float]]:
+    """``next()`` across an epoch boundary, each with QUEUED_MS of GPU work queued first: every call of the
+    epoch's end (the end of the batch sequence reaches the loader up to ``prefetch_factor`` batches before its
+    StopIteration, and a non-persistent loader's epoch ends there), the StopIteration itself, and the next
+    epoch's first calls (its producer starts at the first; the decoders are the epoch before's)."""
+    it = iter(loader)
+    for _ in range(2):  # warm-up: the first slots, the CUDA context, the decoders made
+        next(it)
+    torch.cuda.synchronize()
+    times: dict[str, list[float]] = {"end": [], "stop": [], "next epoch": []}
+    while True:
+        lag(QUEUED_MS)
+        t = time.perf_counter()
+        try:
+            x, y = next(it)
+        except StopIteration:
+            times["stop"].append(time.perf_counter() - t)
+            break
+        times["end"].append(time.perf_counter() - t)
+        del x, y
+    it = iter(loader)
+    for _ in range(2):
+        lag(QUEUED_MS)
+        t = time.perf_counter()
+        x, y = next(it)
+        times["next epoch"].append(time.perf_counter() - t)
+        del x, y
+    del it
+    torch.cuda.synchronize()
+    return times
+
+
+@pytest.mark.parametrize("num_workers,persistent", [(0, False), (2, False), (2, True)], ids=["nw0", "nw2", "nw2-pers"])
+@pytest.mark.parametrize("decoder", ["native", decoder_param("nvjpeg"), decoder_param("dali"), decoder_param("auto")])
+def test_the_epoch_boundary_does_not_wait_for_queued_gpu_work(packed, decoder, num_workers, persistent):
+    """StopIteration and the next epoch's first next() were never timed: a non-persistent loader closed its GPU
+    decoders in the training thread there (DALI's pipeline destroyed: a device synchronize) and built them again
+    for the next epoch's first batch (DALI's build, torchvision's probe decode). 36 samples, batches of 4: nine."""
+    ds = fastload.open(packed, transforms={"image": [T.RandomResizedCrop(48)]})
+    loader = fastload.DataLoader(ds, batch_size=4, shuffle=True, num_workers=num_workers, decoder=decoder,
+                                 persistent_workers=persistent, device="cuda")
+    times = boundary_latencies(loader)
+    assert len(times["end"]) == 7 and len(times["stop"]) == 1
+    slow = {k: [round(t * 1e3, 1) for t in v] for k, v in times.items() if max(v) >= LIMIT_S}
+    assert not slow, f"next() took (ms) {slow} with {QUEUED_MS} ms of GPU work queued"
 
 
 @pytest.mark.parametrize("pin", [True, False], ids=["pinned", "unpinned"])

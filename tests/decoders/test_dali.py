@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from decoders.conftest import HAVE_DALI, OUT_HW, SAMPLES, mad, native, plan, plan_of
-from fastload.decoders.dali import INSTALL_HINT, DaliDecoder
+from fastload.decoders.dali import INSTALL_HINT, DaliBuildError, DaliDecoder
 
 _C = pytest.importorskip("fastload._C")
 
@@ -139,6 +139,27 @@ def test_corrupt_samples_are_reported_and_the_rest_kept(decoder):
     assert torch.equal(out[0], clean[0] if not p.flips[0] else clean[0].flip(1))
     # and the decoder keeps working after failures
     assert decoder.decode(good, p, out[:3]) == [] and torch.equal(out[:3], clean)
+
+
+@needs_dali
+def test_a_pipeline_that_cannot_be_rebuilt_is_an_error_not_corrupt_samples(monkeypatch):
+    """A corrupt sample invalidates DALI's pipeline and the decoder rebuilds it to find the bad samples; when that
+    build fails (out of memory, say) no sample is at fault: the decode raises why, instead of reporting every
+    sample of the batch as a corrupt image."""
+    d = DaliDecoder(4, OUT_HW)
+    good = SAMPLES[:2]
+    p = plan(good)
+    corrupt = b"\xff\xd8\xff" + bytes(np.random.default_rng(0).integers(0, 256, 3000, dtype=np.uint8))
+
+    def fail(self):
+        raise RuntimeError("CUDA allocation failed\nC++ context: [...]")
+
+    monkeypatch.setattr(DaliDecoder, "_build", fail)
+    out = torch.zeros((3, *OUT_HW, 3), dtype=torch.uint8)
+    crops = np.stack([p.crops[0], p.crops[0], p.crops[1]]).astype(np.int32)
+    with pytest.raises(DaliBuildError, match=r"^DALI could not build its decoding pipeline in its CPU-only mode: "
+                                             r"RuntimeError: CUDA allocation failed$"):
+        d.decode([good[0], corrupt, good[1]], plan_of(crops, np.zeros(3, np.uint8)), out)
 
 
 @needs_dali

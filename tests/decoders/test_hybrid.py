@@ -204,3 +204,24 @@ def test_a_torchvision_without_nvjpeg_is_found_out_when_the_decoder_is_made(monk
     monkeypatch.setattr(nvjpeg, "_import_torchvision", lambda: (SimpleNamespace(RGB="RGB"), decode_jpeg))
     with pytest.raises(ImportError, match="cannot decode JPEG on cuda:0.*nvjpeg is not available"):
         nvjpeg._torchvision_decoder(torch.device("cuda", 0))
+
+
+def test_the_gpu_decoder_auto_pairs_instead_of_a_broken_one_runs_whatever_the_first_ran(monkeypatch):
+    """When the GPU decoder 'auto' chose fails at set-up, the next registered one is paired only if it runs what the
+    first one did (the loader refused or accepted the pipeline by the first one's kind), and only if it is usable:
+    one that is installed but broken is named with its reason."""
+    from fastload import decoders
+    from fastload.decoders import hybrid, nvjpeg
+
+    dali_kind = decoders.kind("dali")
+    for augments, probe_error, paired in ((True, None, "nvjpeg"), (False, None, None),
+                                          (True, RuntimeError("CUDA driver too old"), None)):
+        def probe(error=probe_error):
+            if error is not None:
+                raise error
+
+        monkeypatch.setattr(nvjpeg, "KIND", dataclasses.replace(nvjpeg.KIND, augments=augments, probe=probe))
+        why: list = []
+        found = hybrid._next_gpu_decoder(dali_kind, dali_kind, why)
+        assert (found and found.name) == paired, (augments, probe_error)
+        assert why == ([] if probe_error is None else ["'nvjpeg' (RuntimeError: CUDA driver too old)"])

@@ -1,0 +1,105 @@
+"""Which thread runs a GPU decoder's work, on the simulated GPU (tests/sim_streams.py; the decoders' stand-ins are
+tests/test_gpu_decoders_sim.py's: PIL for nvJPEG, ``FakeDali`` for DALI's pipeline).
+
+A GPU decoder's call per batch is long host work (nvJPEG's and DALI's host phases, the plan's uploads): it runs
+in a producer thread whatever ``num_workers`` and the fill policy say (``fast/chain.py``), never in the training
+thread, and so does the end of its life (a non-persistent loader's epoch end: destroying DALI's pipeline may
+synchronise the device)."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+
+import pytest
+
+import fastload
+from fastload import _images
+from fastload import decoders
+from fastload import transforms as T
+from fastload.decoders import dali, hybrid, nvjpeg
+from fastload.fast import producer as producer_stage
+from test_gpu_decoders_sim import FakeDali, dali_on_sim, nvjpeg_on_sim, one_truncated, run  # noqa: F401
+from test_ring import sim_cuda  # noqa: F401  (fixture)
+
+
+def decoding_threads(monkeypatch, decoder: str) -> list:
+    """The threads the GPU decoder's work runs in, appended as it runs: NvjpegDecoder.decode (also the hybrid's
+    GPU half, decoder='auto' with nvjpeg) or the (fake) DALI pipeline's run."""
+    threads: list = []
+    if decoder == "dali":
+        real_run = FakeDali.run
+        monkeypatch.setattr(FakeDali, "run", lambda self, *a, **kw: (threads.append(threading.current_thread()),
+                                                                      real_run(self, *a, **kw))[1])
+    else:
+        real_decode = nvjpeg.NvjpegDecoder.decode
+        monkeypatch.setattr(nvjpeg.NvjpegDecoder, "decode",
+                            lambda self, *a, **kw: (threads.append(threading.current_thread()),
+                                                    real_decode(self, *a, **kw))[1])
+    if decoder == "auto":
+        monkeypatch.setattr(hybrid, "_installed_gpu_decoder", lambda: (decoders.kind("nvjpeg"), []))
+    return threads
+
+
+@pytest.mark.parametrize("decoder", ["nvjpeg", "dali", "auto"])
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_gpu_decoders_never_decode_in_the_training_thread(request, monkeypatch, one_truncated, decoder, num_workers):
+    """num_workers=0 and the fill policy going inline (cheap batches, a caller with nothing to hide them behind:
+    forced here) both fill in the calling thread on the CPU path; a GPU decoder's batches are still filled in a
+    producer thread."""
+    sim = request.getfixturevalue("dali_on_sim" if decoder == "dali" else "nvjpeg_on_sim")
+    monkeypatch.setattr(producer_stage.FillPolicy, "threaded", lambda self, now: False)  # inline, if it may
+    threads = decoding_threads(monkeypatch, decoder)
+    ds = fastload.open(one_truncated, transforms={"image": [T.RandomResizedCrop(16)]})
+    loader = fastload.DataLoader(ds, batch_size=4, seed=1, num_workers=num_workers, decoder=decoder,
+                                 on_error="skip", device="cuda")
+    seen = run(sim, loader, sim.default, lag=True)
+    assert len(seen) == 5 and len(threads) >= 5  # every batch decoded (nvjpeg decodes a failed batch again)
+    main = threading.main_thread()
+    assert threading.current_thread() is main
+    assert main not in threads, [t.name for t in threads]
+    assert {t.name for t in threads} == {"fastload-batcher"}
+    assert not sim.races and not sim.waits_in()
+
+
+@pytest.mark.parametrize("decoder", ["nvjpeg", "dali", "auto"])
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_the_epoch_boundary_leaves_the_gpu_decoders_to_the_producer_thread(request, monkeypatch, one_truncated,
+                                                                          decoder, num_workers):
+    """A non-persistent loader, two epochs under lag: across the epoch boundary (the end of one, at StopIteration,
+    and the next one's first next()) the training thread never waits for the device. Its GPU decoders are made once,
+    in the producer thread, and kept across epochs: a non-persistent loader closed them in the training thread at
+    each epoch's end (destroying DALI's pipeline, which synchronises the device: simulated here, joining the
+    hybrid's CPU thread) and the next epoch's producer built them again. Dropping the loader leaves no thread."""
+    sim = request.getfixturevalue("dali_on_sim" if decoder == "dali" else "nvjpeg_on_sim")
+    if decoder == "auto":
+        monkeypatch.setattr(hybrid, "_installed_gpu_decoder", lambda: (decoders.kind("nvjpeg"), []))
+    before = set(threading.enumerate())
+    closed, made = [], []
+    for cls in (dali.DaliDecoder, nvjpeg.NvjpegDecoder, hybrid.HybridDecoder, hybrid.HybridSplit):
+        def close(self, real=cls.close, what=cls.__name__):
+            closed.append((what, threading.current_thread().name))
+            if what == "DaliDecoder":
+                sim.synchronize()  # DALI's pipeline, destroyed, waits for the device (and frees its memory)
+            return real(self)
+
+        monkeypatch.setattr(cls, "close", close)
+    real_make = _images.ImageDecoding._decoder
+    monkeypatch.setattr(_images.ImageDecoding, "_decoder", lambda self, hw: (
+        made.append(threading.current_thread().name), real_make(self, hw))[1])
+    ds = fastload.open(one_truncated, transforms={"image": [T.RandomResizedCrop(16)]})
+    loader = fastload.DataLoader(ds, batch_size=4, shuffle=True, seed=1, num_workers=num_workers, decoder=decoder,
+                                 on_error="skip", device="cuda")
+    epochs = [run(sim, loader, sim.default, lag=True) for _ in range(2)]
+    assert [len(e) for e in epochs] == [5, 5]
+    assert not sim.races
+    assert not sim.waits_in(busy=False), sim.waits_in(busy=False)  # no host wait at all in the training thread
+    assert not [c for c in closed if c[1] == threading.current_thread().name], closed
+    assert made == ["fastload-batcher"], made
+    del loader, epochs
+    gc.collect()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and set(threading.enumerate()) - before:
+        time.sleep(0.01)
+    assert not [t.name for t in set(threading.enumerate()) - before]  # the producers, the hybrid's CPU thread
