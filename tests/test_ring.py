@@ -602,3 +602,37 @@ def test_staged_batches_are_let_go_at_once_and_staging_waits_for_its_copy():
     pf = DevicePrefetcher(pinned, depth=2, ring=DeviceRing("cpu", streams=sim))
     next(pf)
     assert len(pf.ring.holds) == 2  # DMA reads them: kept until it ran
+
+
+# -- Normalize's constants ----------------------------------------------------------------------------------
+def normalized(batches, pipe):
+    return [pipe.apply(x.contiguous()) for x, _ in batches]
+
+
+def test_loaders_sharing_a_pipeline_never_read_each_others_normalize_constants():
+    """Every loader over one dataset shares its TensorPipeline; each runs it on a side stream of its own. One
+    loader consumed on another stream (under torch.cuda.stream(s): a validation loop, a loader made for the
+    next epoch) lags; a second loader's first batch must not read constants that the first one's side stream
+    has queued but not written yet. Nothing orders the two side streams: the second one waits on its own
+    consumer only. The constants are made per side stream, by fill kernels through the streams backend (where
+    the checker sees them). (With one consumer stream for both, its wait on the first loader's batch ordered
+    the first side stream's fills before the second loader's fence.)"""
+    sim = SimGpu()
+    pipe = T.ImagePipeline([T.ToDtype(torch.float32, scale=True), T.Normalize(MEAN, STD)]).tensor
+    src = host_batches(4)
+    seen: list = []
+    first = DevicePrefetcher(src, depth=2, transforms={0: pipe}, ring=DeviceRing("cpu", streams=sim.fork("first")))
+    with sim.stream(sim.new_stream("user")):
+        sim.model_step(list(next(first)), seen, scratch=False)  # queued; neither it nor the first side stream runs
+    second = DevicePrefetcher(src, depth=2, transforms={0: pipe},
+                              ring=DeviceRing("cpu", streams=sim.fork("second")))
+    for batch in second:  # on the default stream
+        sim.model_step(list(batch), seen, scratch=False)
+        sim.run(second.streams.side)  # the second loader's copies and kernels run; the first's lag behind
+        sim.run(sim.default)
+    del batch
+    sim.run_all()
+    assert not sim.races and not sim.waits_in()
+    want = normalized(src[:1] + src, pipe)
+    assert len(seen) == len(want) == 5
+    assert all((w - s[0]).abs().max() < 1e-5 for w, s in zip(want, seen))
