@@ -414,8 +414,11 @@ class SimGpu:
         self.host_waits.append(HostWait(threading.current_thread().name, stream.name, why, ran,
                                         frozenset(self._drained)))
 
-    def waits_in(self, thread: str | None = None, busy: bool = True) -> list[HostWait]:
-        """Host waits in ``thread`` (default: this one); ``busy``: only those that waited for queued work."""
+    def waits_in(self, thread: str | None = None, busy: bool = False) -> list[HostWait]:
+        """Host waits in ``thread`` (default: this one), every one by default: a wait on an idle GPU (the first
+        batch of a process, a stream with nothing queued yet) ran no queued work here but is a host sync all the
+        same (``set_sync_debug_mode('error')`` refuses it, and under load it waits). ``busy``: only those that
+        waited for queued work."""
         thread = thread or threading.current_thread().name
         return [w for w in self.host_waits if w.thread == thread and (w.ran or not busy)]
 

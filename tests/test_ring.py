@@ -636,3 +636,19 @@ def test_loaders_sharing_a_pipeline_never_read_each_others_normalize_constants()
     want = normalized(src[:1] + src, pipe)
     assert len(seen) == len(want) == 5
     assert all((w - s[0]).abs().max() < 1e-5 for w, s in zip(want, seen))
+
+
+def test_the_first_batch_never_makes_the_training_thread_wait_even_on_an_idle_gpu():
+    """The first batch of a process with Normalize, on an idle GPU: a copy of the constants from pageable
+    memory would wait for nothing queued (cheap here) but it is a host sync all the same, one that
+    ``set_sync_debug_mode('error')`` refuses from the first batch. ``waits_in`` counts every host wait, not
+    only those that ran queued work."""
+    sim = SimGpu()
+    pipe = T.ImagePipeline([T.ToDtype(torch.float32, scale=True), T.Normalize(MEAN, STD)]).tensor
+    src = host_batches(1)
+    pf = DevicePrefetcher(src, depth=1, transforms={0: pipe}, ring=DeviceRing("cpu", streams=sim))
+    seen: list = []
+    sim.model_step(list(next(pf)), seen, scratch=False)
+    assert not sim.waits_in(), sim.host_waits
+    sim.run_all()
+    assert not sim.races and (seen[0][0] - normalized(src, pipe)[0]).abs().max() < 1e-5

@@ -88,6 +88,18 @@ def test_a_copy_from_pageable_memory_waits_for_the_stream():
     assert int(dst[0]) == 2
 
 
+def test_a_copy_from_pageable_memory_on_an_idle_gpu_is_a_host_wait_too():
+    """Nothing queued (the first batch of a process): the copy waits for nothing, yet it is a host sync, and
+    ``waits_in()`` lists it (``busy=True`` leaves out the waits that ran no queued work)."""
+    sim = SimGpu()
+    dst = sim.alloc((64,), torch.uint8)
+    with sim.side_context():
+        sim.copy(dst, torch.full((64,), 2, dtype=torch.uint8))
+    waits = sim.waits_in()
+    assert len(waits) == 1 and waits[0].ran == 0 and waits[0].why == "copy from pageable memory"
+    assert sim.waits_in(busy=True) == []
+
+
 def test_waits_name_the_thread_that_blocked():
     sim = SimGpu()
     dst = sim.alloc((8,), torch.uint8)
