@@ -527,6 +527,36 @@ def test_a_consumer_that_switches_streams_is_fenced_where_it_read(switch):
     assert all(torch.equal(x, s[0]) and torch.equal(y, s[1]) for (x, y), s in zip(refs, seen))
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_loader_whose_consumer_switches_streams_between_epochs(sim_cuda, photos, num_workers):
+    """tests/cuda/test_gpu_lag.py's stream-switch test on the simulated GPU, step for step: epoch 0 on the
+    default stream, epoch 1 under torch.cuda.stream(user), epoch 2 on the default stream again; each step
+    queues its work (the lag, the comparison) on the current stream and drops the batch at once; a stream
+    catches up every third step only. Nothing orders the two consumer streams: a wait_stream at the switch
+    would make the new stream's fence cover the old stream's reads, and the test could not fail without the
+    fence on the stream that received each slot (``slot.receiver``)."""
+    sim = sim_cuda
+    ds = fastload.open(photos, transforms={"image": [T.RandomResizedCrop(16), T.RandomHorizontalFlip()]})
+    kw = dict(batch_size=8, shuffle=True, seed=5, num_workers=num_workers, persistent_workers=num_workers > 0)
+    cpu = fastload.DataLoader(ds, **kw)
+    refs = [(x.clone(), y.clone()) for _ in range(3) for x, y in cpu]
+    loader = fastload.DataLoader(ds, device="cuda", **kw)
+    seen: list = []
+    for stream in (sim.default, sim.new_stream("user"), sim.default):
+        with sim.stream(stream):
+            for k, (x, y) in enumerate(loader):
+                sim.model_step([x, y], seen)
+                del x, y
+                sim.run(sim.side)
+                if k % 3 == 2:
+                    sim.run(stream)
+    sim.run_all()
+    assert not sim.races and not sim.waits_in()
+    assert len(seen) == len(refs) == 15  # 36 images: a partial last batch of 4 each epoch
+    for (x, y), (sx, sy) in zip(refs, seen):
+        assert torch.equal(x, sx) and torch.equal(y, sy)
+
+
 # -- the device is the one current at the first iteration --------------------------------------------------
 def test_cuda_is_resolved_at_the_first_iteration(sim_cuda, monkeypatch, photos):
     """A loader built before torch.cuda.set_device(local_rank) sends the batches to the rank's GPU."""
