@@ -557,6 +557,38 @@ def test_a_loader_whose_consumer_switches_streams_between_epochs(sim_cuda, photo
         assert torch.equal(x, sx) and torch.equal(y, sy)
 
 
+def test_a_slots_new_buffers_are_recorded_for_a_stream_that_read_its_old_ones():
+    """What ``slot.readers.clear()`` (DevicePrefetcher._buffer) protects. A slot read on the default stream is
+    refilled with a partial batch while the user stream is current: its new buffers are allocated there. With
+    depth 2 a batch is queued one step before it is handed out, and the consumer switches every step, so this
+    one is handed out on the default stream, which read the slot's old buffers, not these: they must be
+    recorded for it once more (``record_stream``), or when they are freed (the loader dropped) the allocator
+    gives their memory to the user stream while the default stream's reads of them are still queued."""
+    sim = SimGpu()
+    user = sim.new_stream("user")
+    src = host_batches(2) + host_batches(1, size=5)
+    pf = DevicePrefetcher(src, depth=2, ring=DeviceRing("cpu", streams=sim))
+    seen: list = []
+    for k, on in enumerate((sim.default, user, sim.default)):
+        with sim.stream(on):
+            sim.model_step(list(next(pf)), seen, scratch=False)
+        if k == 0:
+            sim.run_all()  # slot 0's batch copied and read: the next step refills it
+    slot = pf.ring.slots[0]
+    assert [len(slot.tensors[i, "in"]) for i in (0, 1)] == [5, 5]  # new device buffers, made on user
+    for stream in (sim.default, user, sim.side):  # the copies run (their host memory may go); the default
+        sim.run(stream)  # stream stops at its wait for the last batch's copy: its read of the batch stays queued
+    del pf, slot
+    gc.collect()
+    sim.run(sim.side)
+    with sim.stream(user):  # what the user stream's allocations may take now
+        reuse = sim.alloc((5, 3, 6, 6), torch.uint8)
+        sim.launch(lambda: reuse.fill_(0xA5), writes=(reuse,), what="a kernel on user")
+    sim.run_all()
+    assert not sim.races
+    assert all(torch.equal(x, s[0]) and torch.equal(y, s[1]) for (x, y), s in zip(src, seen))
+
+
 # -- the device is the one current at the first iteration --------------------------------------------------
 def test_cuda_is_resolved_at_the_first_iteration(sim_cuda, monkeypatch, photos):
     """A loader built before torch.cuda.set_device(local_rank) sends the batches to the rank's GPU."""

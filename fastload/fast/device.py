@@ -213,7 +213,10 @@ class DevicePrefetcher(_BaseDataLoaderIter):  # a torch DataLoader iterator by t
         buf = slot.tensors.get(key)
         if buf is None or buf.shape != shape or buf.dtype != dtype or _channels_last(buf) != channels_last:
             buf = slot.put(key, self.streams.empty(tuple(shape), dtype, channels_last))  # on the consumer stream
-            slot.readers.clear()  # a new buffer: record it for the streams it is handed to from now on
+            # a new buffer, made on the current stream: the streams that read the old ones never read it, so it
+            # is recorded for each stream it is handed to from now on (one queued on stream A may be handed out
+            # on B, which read the old buffers: freed unrecorded, A could reuse it under B's queued reads)
+            slot.readers.clear()
             self.streams.record_stream(buf, self.streams.side)  # rule 4: freed only after the side stream's use
         return buf
 
