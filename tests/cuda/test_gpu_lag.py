@@ -5,7 +5,8 @@ dropped at once so that slots are reused, and the cases that exposed or could ex
 are forced: a freed block of exactly a slot's size with queued readers, a consumer that switches streams
 between epochs, GPU decoders under lag with a corrupt JPEG and ``on_error='skip'``, and the matrix of
 configurations (decoder x num_workers x persistent x layout x Normalize; ``to_device`` over torch's
-loader, pinned and unpinned). tests/test_ring.py and tests/test_gpu_decoders_sim.py run the same cases on
+loader, pinned and unpinned), and loaders sharing a dataset's Normalize on different streams.
+tests/test_ring.py, tests/test_gpu_decoders_sim.py and tests/test_gpu_matrix_sim.py run the same cases on
 the simulated GPU (tests/sim_streams.py), where each was shown to fail with its bug put back.
 
 Skipped without CUDA (and per case without its GPU decoder). Run with ``python -m pytest tests/cuda -q``
@@ -184,6 +185,29 @@ def test_a_consumer_that_switches_streams_between_epochs(packed, num_workers):
             streams=[torch.cuda.default_stream(), side, torch.cuda.default_stream()])
     for e, check in enumerate(checks):
         check.assert_clean(f"epoch {e}")
+
+
+def test_loaders_over_one_dataset_normalize_with_constants_of_their_own_stream(packed):
+    """Every loader over a dataset shares its Normalize. The first one is consumed under torch.cuda.stream(s)
+    far behind the host, so its side stream waits behind that lag; a second one, on the default stream, must
+    not read constants that the first one's side stream has yet to write (they were once made by the first
+    loader's side stream, after its wait, and cached on the dataset's pipeline for every loader). The
+    simulator's version: tests/test_ring.py, ``test_loaders_sharing_a_pipeline_never_read_each_others_...``."""
+    ds = fastload.open(packed, transforms=transforms(True))
+    kw = loader_kw(0, False, "channels_last")
+    refs, mode = references(ds, "native", kw, True, epochs=1)
+    checks = [DeviceCheck(refs[0], mode)]
+    first = iter(fastload.DataLoader(ds, device="cuda", **kw))
+    s = torch.cuda.Stream()
+    cycles_per_ms()
+    with torch.cuda.stream(s):
+        lag(20 * LAG_MS)  # the first loader's consumer far behind: its side stream's work waits for it
+        x, _ = next(first)
+        del x
+    lagging(fastload.DataLoader(ds, device="cuda", **kw), checks)  # on the default stream
+    checks[0].assert_clean("the second loader")
+    s.synchronize()
+    del first
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
