@@ -22,7 +22,7 @@ from fastload import decoders
 from fastload import transforms as T
 from fastload.decoders import hybrid
 from test_gpu_decoders_sim import dali_on_sim, nvjpeg_on_sim, one_truncated, run  # noqa: F401  (fixtures)
-from test_ring import MEAN, STD, photos, sim_cuda  # noqa: F401  (fixtures)
+from test_ring import MEAN, STD, sim_cuda  # noqa: F401  (a fixture)
 
 EPOCHS = 2
 

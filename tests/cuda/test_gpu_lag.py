@@ -6,8 +6,8 @@ are forced: a freed block of exactly a slot's size with queued readers, a consum
 between epochs, GPU decoders under lag with a corrupt JPEG and ``on_error='skip'``, and the matrix of
 configurations (decoder x num_workers x persistent x layout x Normalize; ``to_device`` over torch's
 loader, pinned and unpinned), and loaders sharing a dataset's Normalize on different streams.
-tests/test_ring.py, tests/test_gpu_decoders_sim.py and tests/test_gpu_matrix_sim.py run the same cases on
-the simulated GPU (tests/sim_streams.py), where each was shown to fail with its bug put back.
+tests/test_ring.py, tests/test_ring_streams.py, tests/test_gpu_decoders_sim.py and tests/test_gpu_matrix_sim.py
+run the same cases on the simulated GPU (tests/sim_streams.py), where each was shown to fail with its bug put back.
 
 Skipped without CUDA (and per case without its GPU decoder). Run with ``python -m pytest tests/cuda -q``
 or ``make gpu-check``.
@@ -174,7 +174,7 @@ def test_a_consumer_that_switches_streams_between_epochs(packed, num_workers):
     """Epoch 0 on the default stream, epoch 1 under torch.cuda.stream(s), epoch 2 on the default stream
     again, lagging every step, with nothing ordering the two streams: a slot last read on one stream is
     reused while the other is current, its reads there still queued behind the lag. The simulator's mirror of
-    this test (tests/test_ring.py, ``test_a_loader_whose_consumer_switches_streams_between_epochs``) fails
+    this test (tests/test_ring_streams.py, ``test_a_loader_whose_consumer_switches_streams_between_epochs``) fails
     without the fence on the stream that received each slot."""
     ds = fastload.open(packed, transforms=transforms(False))
     kw = loader_kw(num_workers, num_workers > 0, "channels_last")
@@ -192,7 +192,7 @@ def test_loaders_over_one_dataset_normalize_with_constants_of_their_own_stream(p
     far behind the host, so its side stream waits behind that lag; a second one, on the default stream, must
     not read constants that the first one's side stream has yet to write (they were once made by the first
     loader's side stream, after its wait, and cached on the dataset's pipeline for every loader). The
-    simulator's version: tests/test_ring.py, ``test_loaders_sharing_a_pipeline_never_read_each_others_...``."""
+    simulator's version: tests/test_ring_streams.py, ``test_loaders_sharing_a_pipeline_never_read_...``."""
     ds = fastload.open(packed, transforms=transforms(True))
     kw = loader_kw(0, False, "channels_last")
     refs, mode = references(ds, "native", kw, True, epochs=1)
