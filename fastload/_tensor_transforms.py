@@ -73,12 +73,17 @@ def _one_pass_on_cpu(x: torch.Tensor, out: torch.Tensor) -> bool:
             and x.permute(0, 2, 3, 1).is_contiguous() and out.permute(0, 2, 3, 1).is_contiguous())
 
 
-def _on_device(values: list[float], device: torch.device) -> torch.Tensor:
-    """A float32 vector of ``values`` written on ``device`` by one fill per value (no host-to-device copy)."""
-    t = torch.empty(len(values), dtype=torch.float32, device=device)
+def _fill(t: torch.Tensor, values: list[float]) -> torch.Tensor:
+    """Write ``values`` along dimension 1 of ``t`` by one fill per value: on a device, no host-to-device copy
+    (a copy from a pageable CPU tensor is a host sync: the first batch of a process would wait for the GPU)."""
     for k, v in enumerate(values):
-        t[k].fill_(v)
+        t[:, k].fill_(v)
     return t
+
+
+def _current_stream(device: torch.device) -> Any:
+    """The stream work on ``device`` is queued on now (None off CUDA: everything runs in order)."""
+    return torch.cuda.current_stream(device) if device.type == "cuda" else None
 
 
 class TensorPipeline:
@@ -113,21 +118,48 @@ class TensorPipeline:
     def __bool__(self) -> bool:
         return bool(self.transforms)
 
-    def _constants(self, channels: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def affine(self, channels: int) -> tuple[list[float], list[float]] | None:
+        """``a`` and ``b`` of ``out = convert(x) * a + b`` for ``channels`` channels, as host floats already
+        rounded to the output dtype, or None for a plain conversion. Rounded through float32, so that a
+        float16/bfloat16 pipeline rounds each constant once from the same float32 value (a fill of the rounded
+        value is then exact in any dtype)."""
         if self._mean is None and self._scale == 1.0:
             return None
-        key = (channels, device)
+        mean = self._mean or [0.0] * channels
+        std = self._std or [1.0] * channels
+        if len(mean) != channels:
+            raise ValueError(f"Normalize has {len(mean)} channels, the batch has {channels}")
+        a = [self._scale / s for s in std]
+        b = [-m / s for m, s in zip(mean, std)]
+        f32 = torch.float32  # explicit: a user may have changed torch's default dtype
+        return torch.tensor(a, dtype=f32).to(self.dtype).tolist(), torch.tensor(b, dtype=f32).to(self.dtype).tolist()
+
+    def constants(self, channels: int, streams: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``a`` and ``b`` as (1, C, 1, 1) tensors made through ``streams`` (a ``_ring`` streams backend) on its
+        current stream: allocated there and written by fill kernels queued there, never copied from the host.
+        They are for that stream only: read on another, the reader would have to wait for these fills. So the
+        caller keeps them per stream (``fast/device.py`` per device ring, whose side stream runs the pipeline),
+        not on the pipeline, which every loader over the same dataset shares."""
+        folded = self.affine(channels)
+        if folded is None:
+            return None
+        out = []
+        for values in folded:
+            t = streams.empty((1, channels, 1, 1), self.dtype, False)
+            streams.launch(lambda t=t, v=values: _fill(t, v), writes=(t,), what="normalize constants")
+            out.append(t)
+        return out[0], out[1]
+
+    def _constants(self, channels: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The constants for ``apply`` without given ones, cached on the pipeline per stream: on a CUDA device
+        per current stream, so that each stream reads constants written in its own order."""
+        if self._mean is None and self._scale == 1.0:
+            return None
+        key = (channels, device, _current_stream(device))
         if key not in self._consts:
-            mean = self._mean or [0.0] * channels
-            std = self._std or [1.0] * channels
-            if len(mean) != channels:
-                raise ValueError(f"Normalize has {len(mean)} channels, the batch has {channels}")
-            # made on the device by fill kernels: a copy from a pageable CPU tensor would be a host sync
-            # (the first batch of a process would wait for the GPU to drain). float32 first, as before, so
-            # a float16/bfloat16 pipeline rounds each constant once from the same float32 value
-            a = _on_device([self._scale / s for s in std], device).to(self.dtype).view(1, channels, 1, 1)
-            b = _on_device([-m / s for m, s in zip(mean, std)], device).to(self.dtype).view(1, channels, 1, 1)
-            self._consts[key] = (a, b)
+            a, b = self.affine(channels)
+            self._consts[key] = tuple(_fill(torch.empty((1, channels, 1, 1), dtype=self.dtype, device=device), v)
+                                      for v in (a, b))
         return self._consts[key]
 
     def output_like(self, x: torch.Tensor) -> torch.Tensor:
@@ -141,16 +173,19 @@ class TensorPipeline:
         the CPU, channels_last); elsewhere the mix runs after the pipeline, on its result."""
         return bool(self.transforms) and _one_pass_on_cpu(x, out)
 
-    def apply(self, x: torch.Tensor, out: torch.Tensor | None = None, mix: Any = None) -> torch.Tensor:
+    def apply(self, x: torch.Tensor, out: torch.Tensor | None = None, mix: Any = None,
+              consts: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """Run the pipeline on an NCHW batch ``x``, into ``out`` when given. ``mix``: a MixUp/CutMix plan
         (``_augment.mix.MixPlan``: ``kind``, ``lam``, ``box``) fused into the same native pass, each sample
         mixed with the original pixels of the one before it (torchvision's roll(1, 0)); only where
-        ``fuses_mix(x, out)``."""
+        ``fuses_mix(x, out)``. ``consts``: ``a`` and ``b`` made by ``constants`` on the stream this runs on
+        (the device prefetcher's); without them, the pipeline's own for the current stream."""
         if not self.transforms:
             return x
         if out is None:
             out = self.output_like(x)
-        consts = self._constants(x.shape[1], x.device)
+        if consts is None:
+            consts = self._constants(x.shape[1], x.device)
         if mix is not None:
             if not self.fuses_mix(x, out):
                 raise ValueError(f"{mix.kind} fused into {self!r} needs a uint8 channels_last batch converted to "

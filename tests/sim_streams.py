@@ -9,7 +9,7 @@
   allocated on the current stream and, when Python frees it (its last view dies), is at once reusable by
   later allocations on *that* stream, although kernels queued on it may still use it (stream order makes
   that safe on that stream only). ``record_stream`` defers reuse until the recorded stream's work done
-  at free time has run.
+  at free time has run (the allocator's event query then orders the block's next use after that work).
 - **Device time.** Each stream has a simulated clock: a kernel or copy advances it by ``cost(what, bytes
   written)`` seconds when it *runs* (late), a wait moves it to the awaited event's time, and every event
   carries the time its stream reached it, so ``elapsed(start, end)`` between two events reports the simulated
@@ -364,9 +364,13 @@ class SimGpu:
         self.free[addr] = block
 
     def _settle_frees(self) -> None:
+        """Blocks whose recorded streams' events completed go back to their pool. The allocator learned that by
+        querying the events: what runs on the block's stream from now on comes after that work."""
         keep = []
         for addr, events, block in self.pending_frees:
             if all(ev.complete for ev in events):
+                for ev in events:
+                    self.host_clock = _join(self.host_clock, ev.clock)
                 self._cache(addr, block)
             else:
                 keep.append((addr, events, block))
@@ -414,8 +418,11 @@ class SimGpu:
         self.host_waits.append(HostWait(threading.current_thread().name, stream.name, why, ran,
                                         frozenset(self._drained)))
 
-    def waits_in(self, thread: str | None = None, busy: bool = True) -> list[HostWait]:
-        """Host waits in ``thread`` (default: this one); ``busy``: only those that waited for queued work."""
+    def waits_in(self, thread: str | None = None, busy: bool = False) -> list[HostWait]:
+        """Host waits in ``thread`` (default: this one), every one by default: a wait on an idle GPU (the first
+        batch of a process, a stream with nothing queued yet) ran no queued work here but is a host sync all the
+        same (``set_sync_debug_mode('error')`` refuses it, and under load it waits). ``busy``: only those that
+        waited for queued work."""
         thread = thread or threading.current_thread().name
         return [w for w in self.host_waits if w.thread == thread and (w.ran or not busy)]
 

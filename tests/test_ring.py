@@ -501,32 +501,6 @@ def test_a_loader_used_in_a_forked_child_leaves_the_parents_slots_alone(shared_p
     assert torch.equal(slot.tensors["image"][:4].permute(0, 3, 1, 2), first)
 
 
-# -- a consumer that switches streams --------------------------------------------------------------------
-@pytest.mark.parametrize("switch", ["between epochs", "every step"])
-def test_a_consumer_that_switches_streams_is_fenced_where_it_read(switch):
-    """One ring iterated on the default stream, then under ``torch.cuda.stream(user)`` (or alternating
-    every step), the GPU lagging: a slot last read on one stream and reused while the other is current must
-    be written after the reads on the stream it was handed to, not only after the current stream's."""
-    sim = SimGpu()
-    user = sim.new_stream("user")
-    ring = DeviceRing("cpu", streams=sim)
-    src = host_batches(8)
-    seen: list = []
-    for epoch in range(2):
-        it = DevicePrefetcher(src, depth=2, ring=ring)
-        for k in range(len(src)):
-            on = user if (epoch if switch == "between epochs" else k) % 2 else sim.default
-            with sim.stream(on):  # next() and the step on the same stream, as a training loop does
-                sim.model_step(list(next(it)), seen)
-            sim.run(sim.side)
-            if k % 3 == 2:
-                sim.run(on)  # that stream catches up now and then; the other one keeps lagging
-    sim.run_all()
-    assert not sim.races
-    refs = [b for _ in range(2) for b in src]
-    assert all(torch.equal(x, s[0]) and torch.equal(y, s[1]) for (x, y), s in zip(refs, seen))
-
-
 # -- the device is the one current at the first iteration --------------------------------------------------
 def test_cuda_is_resolved_at_the_first_iteration(sim_cuda, monkeypatch, photos):
     """A loader built before torch.cuda.set_device(local_rank) sends the batches to the rank's GPU."""

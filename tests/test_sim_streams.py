@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from fastload.fast.device import DevicePrefetcher, DeviceRing
-from sim_streams import Race, SimGpu
+from sim_streams import Race, SimGpu, _describe, _raw
 
 
 def write(sim: SimGpu, t: torch.Tensor, value: int, what: str = "writer") -> None:
@@ -88,6 +88,18 @@ def test_a_copy_from_pageable_memory_waits_for_the_stream():
     assert int(dst[0]) == 2
 
 
+def test_a_copy_from_pageable_memory_on_an_idle_gpu_is_a_host_wait_too():
+    """Nothing queued (the first batch of a process): the copy waits for nothing, yet it is a host sync, and
+    ``waits_in()`` lists it (``busy=True`` leaves out the waits that ran no queued work)."""
+    sim = SimGpu()
+    dst = sim.alloc((64,), torch.uint8)
+    with sim.side_context():
+        sim.copy(dst, torch.full((64,), 2, dtype=torch.uint8))
+    waits = sim.waits_in()
+    assert len(waits) == 1 and waits[0].ran == 0 and waits[0].why == "copy from pageable memory"
+    assert sim.waits_in(busy=True) == []
+
+
 def test_waits_name_the_thread_that_blocked():
     sim = SimGpu()
     dst = sim.alloc((8,), torch.uint8)
@@ -128,6 +140,26 @@ def test_a_freed_block_is_split_and_merged_again():
     del c, d, b
     e = sim.alloc((8192,), torch.uint8)  # the three merged (and the segment's tail)
     assert e.data_ptr() == pa
+
+
+def test_a_block_given_back_after_its_recorded_streams_ran_is_reused_in_order():
+    """A block recorded for the side stream goes back to its pool once the side stream's work at free time
+    has run; the allocator learned that by an event query, so the next user of the block on the allocating
+    stream comes after that work: no race (the checker reported one before the query joined the host clock)."""
+    sim = SimGpu()
+    x = sim.alloc((1024,), torch.uint8)
+    sim.record_stream(x, sim.side)
+    d = _describe(x)
+    with sim.side_context():  # a kernel keeps no tensor alive: Python frees x below, its write still queued
+        sim.launch(lambda: _raw(d).fill_(1), writes=(x,), what="side writer")
+    addr = x.data_ptr()
+    del x
+    sim.run(sim.side)  # its work, and the event the free recorded after it
+    y = sim.alloc((1024,), torch.uint8)
+    assert y.data_ptr() == addr
+    write(sim, y, 2)
+    sim.run_all()
+    assert not sim.races and int(y[0]) == 2
 
 
 def test_a_freed_block_of_another_size_still_traps_an_unfenced_slot(monkeypatch):

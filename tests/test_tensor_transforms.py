@@ -126,3 +126,35 @@ def test_normalize_constants_are_made_on_the_device_without_a_host_copy():
     a, b = cpu._constants(3, torch.device("cpu"))  # the same values as the float32-then-cast rule
     want = torch.tensor([1 / 255 / s for s in STD], dtype=torch.float32).to(torch.float16)
     assert torch.equal(a.flatten(), want)
+
+
+def test_the_pipelines_own_constants_are_made_per_stream(monkeypatch):
+    """``apply`` without given constants (a caller running a pipeline on its own device tensors) keeps them on
+    the pipeline per current stream: constants filled on one stream and read on another would need the
+    reader to wait for the fills ('meta' stands in for CUDA, a counter for its current stream)."""
+    from fastload import _tensor_transforms
+
+    stream = ["s1"]
+    monkeypatch.setattr(_tensor_transforms, "_current_stream", lambda device: stream[0])
+    pipe = T.ImagePipeline([T.ToDtype(torch.float32, scale=True), T.Normalize(MEAN, STD)]).tensor
+    meta = torch.device("meta")
+    first = pipe._constants(3, meta)
+    assert pipe._constants(3, meta) is first  # made once per stream
+    stream[0] = "s2"
+    second = pipe._constants(3, meta)
+    assert second is not first and all(a is not b for a, b in zip(first, second))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+def test_constants_made_through_a_streams_backend_round_once_from_float32(dtype):
+    """The device prefetcher's constants (fills through the streams backend, on its side stream) hold the
+    float32 value rounded once to the output dtype, as the pipeline's own do."""
+    from fastload._ring import HostStreams
+
+    pipe = T.ImagePipeline([T.ToDtype(dtype, scale=True), T.Normalize(MEAN, STD)]).tensor
+    a, b = pipe.constants(3, HostStreams(torch.device("cpu")))
+    f32 = lambda v: torch.tensor(v, dtype=torch.float32).to(dtype)  # noqa: E731
+    assert a.dtype == b.dtype == dtype and a.shape == b.shape == (1, 3, 1, 1)
+    assert torch.equal(a.flatten(), f32([1 / 255 / s for s in STD]))
+    assert torch.equal(b.flatten(), f32([-m / s for m, s in zip(MEAN, STD)]))
+    assert all(torch.equal(x, y) for x, y in zip((a, b), pipe._constants(3, torch.device("cpu"))))

@@ -89,6 +89,19 @@ class DeviceRing(SlotRing):
         self.holds = CopyHolds(self.streams)  # host memory queued copies still read, until their events
         self._last: dict[int, int] = {}  # slot id -> when it was last acquired (the oldest is reused)
         self._acquired = 0
+        self._constants: dict = {}  # (pipeline, channels) -> Normalize's constants, made on this ring's side stream
+
+    def constants(self, pipe: TensorPipeline, channels: int):
+        """``pipe``'s per-channel constants on this ring's side stream, where the pipeline runs: made there once
+        (fill kernels queued in its order, before the copy that first needs them) and kept with the ring. Not
+        on the pipeline: every loader over one dataset shares it, each with a side stream of its own, and a
+        tensor written on one stream and read on another needs the reader to wait for the writer (a loader
+        made each epoch read constants that the first loader's lagging stream had not written yet)."""
+        key = (pipe, channels)
+        if key not in self._constants:
+            with self.streams.side_context():
+                self._constants[key] = pipe.constants(channels, self.streams)
+        return self._constants[key]
 
     def reclaim(self) -> None:
         """Let go of host batches whose copies have completed (their pinned slots may be refilled)."""
@@ -200,7 +213,10 @@ class DevicePrefetcher(_BaseDataLoaderIter):  # a torch DataLoader iterator by t
         buf = slot.tensors.get(key)
         if buf is None or buf.shape != shape or buf.dtype != dtype or _channels_last(buf) != channels_last:
             buf = slot.put(key, self.streams.empty(tuple(shape), dtype, channels_last))  # on the consumer stream
-            slot.readers.clear()  # a new buffer: record it for the streams it is handed to from now on
+            # a new buffer, made on the current stream: the streams that read the old ones never read it, so it
+            # is recorded for each stream it is handed to from now on (one queued on stream A may be handed out
+            # on B, which read the old buffers: freed unrecorded, A could reuse it under B's queued reads)
+            slot.readers.clear()
             self.streams.record_stream(buf, self.streams.side)  # rule 4: freed only after the side stream's use
         return buf
 
@@ -228,6 +244,7 @@ class DevicePrefetcher(_BaseDataLoaderIter):  # a torch DataLoader iterator by t
             key = self._key(with_paths[i][0])
             pipe = self.transforms.get(key) if key is not None else None
             layout = cl and key in self.contiguous  # NHWC crosses PCIe; the NCHW transpose runs on the device
+            consts = self.ring.constants(pipe, leaf.shape[1]) if pipe is not None and leaf.dim() > 1 else None
             out = None
             if pipe is not None or layout:
                 out = self._buffer(slot, (i, "out"), leaf.shape, pipe.dtype if pipe is not None else leaf.dtype,
@@ -245,7 +262,7 @@ class DevicePrefetcher(_BaseDataLoaderIter):  # a torch DataLoader iterator by t
                     pinned = slot.put((i, "pin"), s.host_empty(tuple(leaf.shape), leaf.dtype))
                 leaf = pinned.as_strided(leaf.shape, leaf.stride()).copy_(leaf) if _dense(leaf) else \
                     pinned.copy_(leaf)
-            plans.append((leaf, staging, pipe, out))
+            plans.append((leaf, staging, pipe, out, consts))
         # after the allocations and after the caller's last use (rule 3): the allocations were made on the
         # current stream, the last use was on the stream the slot was handed to (a consumer may switch)
         consumer = s.consumer()
@@ -261,10 +278,11 @@ class DevicePrefetcher(_BaseDataLoaderIter):  # a torch DataLoader iterator by t
                 if plan is None:
                     result.append(leaf)
                     continue
-                src, staging, pipe, out = plan
+                src, staging, pipe, out, consts = plan
                 s.copy(staging, src)
                 if pipe is not None:
-                    s.launch(lambda p=pipe, x=staging, o=out: p.apply(x, out=o), reads=(staging,), writes=(out,))
+                    s.launch(lambda p=pipe, x=staging, o=out, c=consts: p.apply(x, out=o, consts=c),
+                             reads=(staging,) + tuple(consts or ()), writes=(out,))
                     staging = out
                 elif out is not None:
                     s.copy(out, staging)  # the layout change, a device kernel

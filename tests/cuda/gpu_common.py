@@ -67,21 +67,29 @@ def lag(ms: float) -> None:
 class DeviceCheck:
     """Compares batches with references on the GPU, on the current stream, after whatever was queued
     there (the forced lag): mismatches accumulate in device counters that the host reads once, in
-    ``assert_clean``. ``refs``: ``[(images, labels)]`` on the CPU, moved to the GPU before the loop.
+    ``assert_clean``, after synchronising every stream it compared on (so a test never has to order its
+    consumer streams with each other for the counters' sake). ``refs``: ``[(images, labels)]`` on the CPU,
+    moved to the GPU before the loop.
 
     ``mode``: ``"exact"``; ``("atol", a)`` the largest absolute difference; ``("mad", m)`` the mean absolute
     difference per sample (GPU decoders against the native decode)."""
 
     def __init__(self, refs: list, mode="exact"):
         self.refs = [(x.cuda(), y.cuda()) for x, y in refs]
-        torch.cuda.synchronize()  # before the loop: no sync inside it
         self.mode = mode
         self.bad_images = torch.zeros((), dtype=torch.int64, device="cuda")
         self.bad_labels = torch.zeros((), dtype=torch.int64, device="cuda")
+        torch.cuda.synchronize()  # before the loop: no sync inside it, and every stream sees these written
         self.k = 0
         self.host_errors: list[str] = []
+        self.streams: list = []  # the streams it compared on (a test may switch): read after their work
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        stream = torch.cuda.current_stream()
+        if stream not in self.streams:  # its memory is used there too: not reused before that work ran
+            self.streams.append(stream)
+            for t in [self.bad_images, self.bad_labels] + [t for pair in self.refs for t in pair]:
+                t.record_stream(stream)
         k, self.k = self.k, self.k + 1
         if k >= len(self.refs):
             self.host_errors.append(f"batch {k}: more batches than the {len(self.refs)} expected")
@@ -100,7 +108,9 @@ class DeviceCheck:
             self.bad_images += ((x.float() - rx.float()).abs().flatten(1).mean(1) > self.mode[1]).any()
 
     def assert_clean(self, what: str = "") -> None:
-        bad_x, bad_y = int(self.bad_images), int(self.bad_labels)  # the one host sync
+        for stream in self.streams:  # after the loop: the counters' last writes, on whichever stream, done
+            stream.synchronize()
+        bad_x, bad_y = int(self.bad_images), int(self.bad_labels)
         assert not self.host_errors, f"{what}: {self.host_errors[:3]}"
         assert self.k == len(self.refs), f"{what}: {self.k} batches, expected {len(self.refs)}"
         assert bad_x == 0 and bad_y == 0, (f"{what}: {bad_x} batches with wrong pixels, {bad_y} with wrong labels "

@@ -5,8 +5,9 @@ dropped at once so that slots are reused, and the cases that exposed or could ex
 are forced: a freed block of exactly a slot's size with queued readers, a consumer that switches streams
 between epochs, GPU decoders under lag with a corrupt JPEG and ``on_error='skip'``, and the matrix of
 configurations (decoder x num_workers x persistent x layout x Normalize; ``to_device`` over torch's
-loader, pinned and unpinned). tests/test_ring.py and tests/test_gpu_decoders_sim.py run the same cases on
-the simulated GPU (tests/sim_streams.py), where each was shown to fail with its bug put back.
+loader, pinned and unpinned), and loaders sharing a dataset's Normalize on different streams.
+tests/test_ring.py, tests/test_ring_streams.py, tests/test_gpu_decoders_sim.py and tests/test_gpu_matrix_sim.py
+run the same cases on the simulated GPU (tests/sim_streams.py), where each was shown to fail with its bug put back.
 
 Skipped without CUDA (and per case without its GPU decoder). Run with ``python -m pytest tests/cuda -q``
 or ``make gpu-check``.
@@ -22,7 +23,8 @@ import torch
 import fastload
 from fastload import transforms as T
 
-from gpu_common import MAD_TOLERANCE, MEAN, NEEDS_CUDA, STD, DeviceCheck, corrupt_sample, decoder_param, lag
+from gpu_common import (MAD_TOLERANCE, MEAN, NEEDS_CUDA, STD, DeviceCheck, corrupt_sample, cycles_per_ms, decoder_param,
+                        lag)
 from conftest import packed_image_folder  # noqa: E402 (gpu_common puts tests/ on sys.path)
 
 pytestmark = NEEDS_CUDA
@@ -78,18 +80,19 @@ def references(ds, decoder: str, kw: dict, normalize: bool, epochs: int = EPOCHS
 
 def lagging(loader, checks: list, streams: list | None = None) -> None:
     """One epoch per check: each step queues the lag, then compares on the consumer stream; the batch is
-    dropped at once so its slot is reused while the GPU is still behind. ``streams[e]``: epoch e's consumer."""
+    dropped at once so its slot is reused while the GPU is still behind. ``streams[e]``: epoch e's consumer.
+
+    Nothing orders one epoch's stream with the next's (no ``wait_stream`` at a switch): that would make the new
+    stream's fence cover the old stream's queued reads, and the switch test could not fail without the fence
+    on the stream that received each slot. ``DeviceCheck`` orders its own counters (``assert_clean``)."""
+    cycles_per_ms()  # measured before the loop: the measurement synchronises
     for e, check in enumerate(checks):
         stream = streams[e] if streams else None
-        if stream is not None:
-            stream.wait_stream(torch.cuda.current_stream())  # queued: the previous epoch's stream first
         with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
             for x, y in loader:
                 lag(LAG_MS)
                 check(x, y)
                 del x, y
-        if stream is not None:
-            torch.cuda.current_stream().wait_stream(stream)
 
 
 def loader_kw(num_workers: int, persistent: bool, layout: str, **extra) -> dict:
@@ -149,6 +152,7 @@ def test_a_freed_block_of_a_slots_size_with_queued_readers_is_not_written_early(
     checks = [DeviceCheck(r, mode) for r in refs]
     loader = fastload.DataLoader(ds, device="cuda", **kw)
     trapped = torch.zeros((), dtype=torch.int64, device="cuda")
+    cycles_per_ms()  # measured before the loop: the measurement synchronises
     for check in checks:
         held = []
         for x, y in loader:
@@ -168,7 +172,10 @@ def test_a_freed_block_of_a_slots_size_with_queued_readers_is_not_written_early(
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_a_consumer_that_switches_streams_between_epochs(packed, num_workers):
     """Epoch 0 on the default stream, epoch 1 under torch.cuda.stream(s), epoch 2 on the default stream
-    again, lagging every step: a slot last read on one stream is reused while the other is current."""
+    again, lagging every step, with nothing ordering the two streams: a slot last read on one stream is
+    reused while the other is current, its reads there still queued behind the lag. The simulator's mirror of
+    this test (tests/test_ring_streams.py, ``test_a_loader_whose_consumer_switches_streams_between_epochs``) fails
+    without the fence on the stream that received each slot."""
     ds = fastload.open(packed, transforms=transforms(False))
     kw = loader_kw(num_workers, num_workers > 0, "channels_last")
     refs, mode = references(ds, "native", kw, False, epochs=3)
@@ -176,9 +183,31 @@ def test_a_consumer_that_switches_streams_between_epochs(packed, num_workers):
     side = torch.cuda.Stream()
     lagging(fastload.DataLoader(ds, device="cuda", **kw), checks,
             streams=[torch.cuda.default_stream(), side, torch.cuda.default_stream()])
-    torch.cuda.synchronize()
     for e, check in enumerate(checks):
         check.assert_clean(f"epoch {e}")
+
+
+def test_loaders_over_one_dataset_normalize_with_constants_of_their_own_stream(packed):
+    """Every loader over a dataset shares its Normalize. The first one is consumed under torch.cuda.stream(s)
+    far behind the host, so its side stream waits behind that lag; a second one, on the default stream, must
+    not read constants that the first one's side stream has yet to write (they were once made by the first
+    loader's side stream, after its wait, and cached on the dataset's pipeline for every loader). The
+    simulator's version: tests/test_ring_streams.py, ``test_loaders_sharing_a_pipeline_never_read_...``."""
+    ds = fastload.open(packed, transforms=transforms(True))
+    kw = loader_kw(0, False, "channels_last")
+    refs, mode = references(ds, "native", kw, True, epochs=1)
+    checks = [DeviceCheck(refs[0], mode)]
+    first = iter(fastload.DataLoader(ds, device="cuda", **kw))
+    s = torch.cuda.Stream()
+    cycles_per_ms()
+    with torch.cuda.stream(s):
+        lag(20 * LAG_MS)  # the first loader's consumer far behind: its side stream's work waits for it
+        x, _ = next(first)
+        del x
+    lagging(fastload.DataLoader(ds, device="cuda", **kw), checks)  # on the default stream
+    checks[0].assert_clean("the second loader")
+    s.synchronize()
+    del first
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
