@@ -68,6 +68,14 @@ u.module_from_spec(u.spec_from_file_location("fastload._C", so))
 PY
 }
 
+# The simulated-GPU test files: the simulator's own, the rings', every *_sim.py, the decoders' staging. By
+# pattern, so that a new simulator test file is in the step (tests/test_gpu_check_script.py checks that every
+# test module importing the simulator outside tests/cuda is listed, test_accelerate's aside: it needs accelerate).
+sim_tests() {
+  (cd "$root" && ls tests/test_sim_streams.py tests/test_ring*.py tests/test_*_sim.py tests/decoders/test_*_sim.py \
+    tests/decoders/test_staging.py 2>/dev/null)
+}
+
 # -- install what is missing, build -------------------------------------------------------------------
 setup() {
   # png.h (mask fields link libpng) may be missing where jpeglib.h is not, when .gpu/setup.sh's own fallback
@@ -130,8 +138,8 @@ main() {
   fi
 
   # -- tests, then the benchmark (quick sizes: the whole check fits in ten minutes) --------------------
-  step sim 420 "$PY" -m pytest -q -p no:cacheprovider tests/test_sim_streams.py tests/test_ring.py tests/test_gpu_decoders_sim.py \
-    tests/decoders/test_staging.py tests/decoders/test_augment_sim.py
+  # shellcheck disable=SC2046  (a list of paths without spaces)
+  step sim 420 "$PY" -m pytest -q -p no:cacheprovider $(sim_tests)
   step lag 300 "$PY" -m pytest -q -p no:cacheprovider tests/cuda/test_gpu_lag.py
   step sync 210 "$PY" -m pytest -q -p no:cacheprovider tests/cuda/test_gpu_sync.py tests/cuda/test_gpu_decoder_streams.py
   step cuda 180 "$PY" -m pytest -q -p no:cacheprovider tests/cuda --ignore=tests/cuda/test_gpu_lag.py \

@@ -275,3 +275,21 @@ def test_gpu_check_test_steps_collect_with_a_broken_dali_and_torchvision(tmp_pat
                        capture_output=True, text=True, timeout=55, env=dict(os.environ, PYTHONPATH=f"{shadow}{os.pathsep}{ROOT}"))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
     assert "error" not in r.stdout.splitlines()[-1]
+
+
+def test_the_sim_step_runs_every_simulator_test_module():
+    """A simulator test module left out of gpu-check's sim step is silently not run on the GPU machine (it
+    happened when the ring's multi-stream tests moved to their own file)."""
+    r = subprocess.run(["bash", "-c", f"GPU_CHECK_SOURCED=1 source {SCRIPT}; sim_tests"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=30)
+    listed = set(r.stdout.split())
+    importing = set()
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel.startswith("tests/cuda/") or rel == "tests/test_accelerate.py":  # GPU-only / needs accelerate
+            continue
+        text = path.read_text()
+        if re.search(r"^from (sim_streams|test_ring|test_gpu_decoders_sim) import", text, re.M):
+            importing.add(rel)
+    assert importing and importing <= listed, f"simulator tests gpu-check leaves out: {sorted(importing - listed)}"
+    assert all((ROOT / p).is_file() for p in listed)
