@@ -119,7 +119,9 @@ class BuildExt(build_ext):
 
 # One compiler per core: setuptools compiles the sources one after another, which on the lent GPU machines'
 # 16 cores spent minutes of `make gpu-check`'s ten-minute budget on the build.
-ParallelCompile("FASTLOAD_BUILD_JOBS", default=0).install()
+# The cores this process may use (affinity), not multiprocessing.cpu_count(): in a container that is the host's.
+_cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+ParallelCompile("FASTLOAD_BUILD_JOBS", default=_cores).install()
 
 _compile_args, _link_args = _flags()
 _include_dirs, _library_dirs = _jpeg_dirs()
