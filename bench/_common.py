@@ -176,6 +176,8 @@ def write_csv(path: Path | None, rows: Iterable, header: Sequence[str] | None = 
     if path is None:
         return
     rows = list(rows)
+    if header is None and not rows:
+        raise ValueError(f"write_csv({path}): no rows and no header: nothing says what the columns are")
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="") as fh:
         if header is None:

@@ -514,7 +514,13 @@ class Stopped(BaseException):
     """SIGTERM arrived (gpu_check.sh's time limit): not an Exception, so no section's handler swallows it."""
 
 
+_saving: list[int] = []  # non-empty while Report.save writes; a stop arriving then is kept here until it is done
+
+
 def _stop(signum, frame):
+    if _saving:
+        _saving.append(signum)
+        return
     raise Stopped(f"stopped by signal {signum} (the time limit ran out)")
 
 
@@ -538,7 +544,17 @@ class Report:
         return self.lines + tail
 
     def save(self, echo: bool = False) -> None:
-        write(self.text(), self.out, echo=echo)
+        """Write the file; a stop landing meanwhile takes effect once the file says what it should (a finished
+        section no longer listed as not run), then ends the run as anywhere else. (Not a blocked signal mask:
+        the loaders' threads would take the signal, and Python runs the handler in this thread at once.)"""
+        _saving.append(0)
+        try:
+            write(self.text(), self.out, echo=echo)
+        finally:
+            stops = _saving[1:]
+            _saving.clear()
+        if stops:
+            _stop(stops[0], None)
 
 
 def run_sections(report: Report, sections: list[tuple[str, object]]) -> list[str]:

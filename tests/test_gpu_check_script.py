@@ -163,6 +163,26 @@ def test_a_run_stopped_by_sigterm_keeps_what_ran_and_names_what_did_not(tmp_path
     assert "within 3% of synthetic data: not measured: its section did not finish" in text
 
 
+def test_a_sigterm_while_the_file_is_written_leaves_a_finished_section_finished(gpu_bench, tmp_path, monkeypatch):
+    """The stop lands in the save that follows a finished section: it is delivered once that save is done, so
+    the file does not name the finished section as not run."""
+    real, calls = gpu_bench.write, []
+
+    def write(lines, out, echo=True):
+        calls.append(1)
+        if len(calls) == 2:  # the save after section "one" ended
+            os.kill(os.getpid(), signal.SIGTERM)
+        real(lines, out, echo=False)
+
+    monkeypatch.setattr(gpu_bench, "write", write)
+    out = tmp_path / "r.md"
+    report = gpu_bench.Report(out, ["# test", ""])
+    with pytest.raises(gpu_bench.Stopped):
+        gpu_bench.run_sections(report, [("one", lambda: None), ("two", lambda: None)])
+    text = out.read_text()
+    assert "Not run (the run ended before they finished): two" in text, text
+
+
 # -- the CPU halves of its sections -------------------------------------------------------------------
 
 def test_decode_inputs_and_the_native_decode_call_match_the_native_core(gpu_bench, tiny_photos):
