@@ -32,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import fastload  # noqa: E402
 from fastload import transforms as T  # noqa: E402
-from gpu_bench import (MEAN, STD, availability, compare_loaders, cpu_cores, dali_epochs,  # noqa: E402
-                       photo_folder, write)
+from _gpu_report import availability, write  # noqa: E402
+from gpu_bench import MEAN, STD, compare_loaders, cpu_cores, dali_epochs, photo_folder  # noqa: E402
 
 RECIPES = {
     "TrivialAugmentWide + RandomErasing(0.25)": lambda: [T.TrivialAugmentWide(), T.RandomErasing(0.25)],

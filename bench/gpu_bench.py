@@ -27,14 +27,11 @@ Photos come from bench/photos.py's carried wheels, never downloaded; without the
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import re
-import signal
 import statistics
 import sys
 import time
-import traceback
 from pathlib import Path
 
 import numpy as np
@@ -44,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import fastload  # noqa: E402
 from fastload import transforms as T  # noqa: E402
+from _gpu_report import Report, Stopped, availability, run_sections  # noqa: E402
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 
@@ -498,96 +496,6 @@ def photo_folder(data: Path, per_class: int, lines: list[str]) -> Path:
         return synthetic
 
 
-def availability() -> list[str]:
-    """Which optional pieces import here: a section that needs a missing one says so instead of crashing."""
-    out = []
-    for name, module in (("torchvision", "torchvision"), ("DALI", "nvidia.dali")):
-        try:
-            out.append(f"{name} {getattr(importlib.import_module(module), '__version__', '?')}")
-        except Exception as e:  # noqa: BLE001  (missing, or broken: any exception at import)
-            first = str(e).splitlines()[0][:160] if str(e) else ""
-            out.append(f"{name} unusable ({type(e).__name__}: {first})")
-    return out
-
-
-class Stopped(BaseException):
-    """SIGTERM arrived (gpu_check.sh's time limit): not an Exception, so no section's handler swallows it."""
-
-
-_saving: list[int] = []  # non-empty while Report.save writes; a stop arriving then is kept here until it is done
-
-
-def _stop(signum, frame):
-    if _saving:
-        _saving.append(signum)
-        return
-    raise Stopped(f"stopped by signal {signum} (the time limit ran out)")
-
-
-class Report:
-    """The results file, written again after every section so that a run stopped part-way leaves what ran
-    and names what did not; it ends with every goal of ``GOALS`` and its verdict, "not measured" (with the
-    reason) unless its section returned one."""
-
-    def __init__(self, out: Path, lines: list[str]):
-        self.out, self.lines = out, lines
-        self.verdicts: dict[str, str] = {}
-        #: sections not finished: listed in every write until they end, so a run killed in a section (SIGKILL,
-        #: or SIGTERM landing in a long native call) leaves a file naming it too
-        self.pending: list[str] = []
-        self.default = "not measured: its section did not finish"
-        self.why_pending = "the run ended before they finished"
-
-    def text(self) -> list[str]:
-        tail = [f"Not run ({self.why_pending}): {', '.join(self.pending)}", ""] if self.pending else []
-        tail += ["## Goals", ""] + [f"- {goal}: {self.verdicts.get(key, self.default)}" for key, goal in GOALS.items()]
-        return self.lines + tail
-
-    def save(self, echo: bool = False) -> None:
-        """Write the file; a stop landing meanwhile takes effect once the file says what it should (a finished
-        section no longer listed as not run), then ends the run as anywhere else. (Not a blocked signal mask:
-        the loaders' threads would take the signal, and Python runs the handler in this thread at once.)"""
-        _saving.append(0)
-        try:
-            write(self.text(), self.out, echo=echo)
-        finally:
-            stops = _saving[1:]
-            _saving.clear()
-        if stops:
-            _stop(stops[0], None)
-
-
-def run_sections(report: Report, sections: list[tuple[str, object]]) -> list[str]:
-    """Run each section in turn, whatever the ones before did; returns the failures (wrong results). A
-    section returns the verdicts of the goals it measured (or None). On SIGTERM the file is written, then
-    the run ends (``Stopped`` propagates)."""
-    failed = []
-    report.pending = [title for title, _ in sections]
-    report.save()
-    previous = signal.signal(signal.SIGTERM, _stop)
-    try:
-        for title, run in sections:
-            try:
-                report.verdicts.update(run() or {})
-            except AssertionError as e:  # a wrong result: written, and the run fails at the end
-                failed.append(f"{title}: {e}")
-                report.lines += [f"**{title} FAILED**: {e}", ""]
-            except Stopped as e:
-                report.pending.remove(title)
-                report.lines += [f"**{title}** did not finish: {e}", ""]
-                report.save()
-                raise
-            except Exception as e:  # noqa: BLE001  (a missing DALI/torchvision: say what could not run)
-                traceback.print_exc()
-                report.lines += [f"{title} could not run: {type(e).__name__}: "
-                                 f"{str(e).splitlines()[0] if str(e) else ''}", ""]
-            report.pending.remove(title)
-            report.save()
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    return failed
-
-
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, default=Path("bench/data"))
@@ -602,7 +510,7 @@ def main(argv: list[str] | None = None) -> None:
              "Command: python bench/gpu_bench.py " + " ".join(sys.argv[1:] if argv is None else argv), ""]
     titles = ["H2D bandwidth", "correctness", "loaders", "overlap", "decode"]
     if not torch.cuda.is_available():
-        report = Report(args.out or Path("bench/results/gpu_none.md"), lines)
+        report = Report(args.out or Path("bench/results/gpu_none.md"), lines, GOALS)
         lines += ["No CUDA device here (torch.cuda.is_available() is False): nothing measured.", ""]
         report.pending, report.why_pending, report.default = titles, "no CUDA device", "not measured: no CUDA device"
         report.save(echo=True)
@@ -610,7 +518,7 @@ def main(argv: list[str] | None = None) -> None:
     name = torch.cuda.get_device_name()
     lines[0] = f"# GPU results: {name}, {time.strftime('%Y-%m-%d')}"
     out = args.out or Path("bench/results") / f"gpu_{re.sub(r'[^A-Za-z0-9]+', '_', name).strip('_')}.md"
-    report = Report(out, lines)
+    report = Report(out, lines, GOALS)
     data: dict[str, Path] = {}
 
     def prepare() -> None:
@@ -639,18 +547,6 @@ def main(argv: list[str] | None = None) -> None:
     report.save(echo=True)
     if failed:
         sys.exit("gpu_bench: " + "; ".join(failed))
-
-
-def write(lines: list[str], out: Path, echo: bool = True) -> None:
-    text = "\n".join(lines)
-    if echo:
-        print(text)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(text + "\n")
-    tmp.replace(out)  # whole or not at all, also when a signal lands while writing
-    if echo:
-        print(f"gpu_bench: results written to {out}")
 
 
 if __name__ == "__main__":
