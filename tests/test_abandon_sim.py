@@ -208,3 +208,30 @@ def test_abandoning_an_epoch_on_a_lagging_gpu_never_waits_for_it(request, monkey
     for (x, y), (sx, sy) in zip(ref, seen):
         assert torch.equal(y, sy) and torch.equal(x, sx)
     gc.collect()
+
+
+class _Pending:
+    """A CUDA event whose work never runs (``Event.query`` stays False)."""
+
+    @staticmethod
+    def query() -> bool:
+        return False
+
+
+def test_the_cuda_host_wait_gives_up_when_told_to_stop_and_keeps_what_the_copy_reads():
+    """``CudaStreams.wait_host`` (the real backend's poll of ``Event.query``) returns once ``stop`` says so, and
+    ``CopyHolds`` keeps the host batch the pending copy reads: giving up frees nothing. A poll without the stop
+    predicate ran until the GPU did."""
+    streams = _ring.CudaStreams.__new__(_ring.CudaStreams)  # no side stream (no GPU): only its host wait runs
+    holds = _ring.CopyHolds(streams)
+    batch = torch.zeros(4)
+    holds.keep(_Pending(), batch)
+    stop = threading.Event()
+    waiter = threading.Thread(target=holds.wait_oldest, args=(stop.is_set,), daemon=True)
+    waiter.start()
+    time.sleep(0.05)
+    assert waiter.is_alive()  # waiting: the copy has not run
+    stop.set()
+    waiter.join(5)
+    assert not waiter.is_alive(), "the host wait did not give up when told to stop"
+    assert len(holds) == 1 and holds.items[0][1] is batch
