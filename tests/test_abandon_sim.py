@@ -26,8 +26,9 @@ import pytest
 import torch
 
 import fastload
-from fastload import _ring
+from fastload import _ring, decoders
 from fastload import transforms as T
+from fastload.decoders import hybrid
 from fastload.fast import device as device_stage
 from fastload.fast import producer as producer_stage
 from sim_streams import HostWait, SimGpu
@@ -143,13 +144,18 @@ def reference(sim: FrozenGpu, ds, kw: dict) -> list:
     return seen
 
 
-def on_sim(request, decoder: str):
-    return request.getfixturevalue({"native": "sim_cuda", "nvjpeg": "nvjpeg_on_sim", "dali": "dali_on_sim"}[decoder])
+def on_sim(request, monkeypatch, decoder: str):
+    """The frozen simulated GPU with ``decoder``'s stand-in installed (test_gpu_matrix_sim.py's ``on_sim``)."""
+    sim = request.getfixturevalue({"native": "sim_cuda", "dali": "dali_on_sim"}.get(decoder, "nvjpeg_on_sim"))
+    if decoder == "auto":  # nvjpeg as the GPU half; the split held at half (timings would move it)
+        monkeypatch.setattr(hybrid, "_installed_gpu_decoder", lambda: (decoders.kind("nvjpeg"), []))
+        monkeypatch.setattr(hybrid.HybridSplit, "_update", lambda self, *a: None)
+    return sim
 
 
 @pytest.mark.parametrize("how", ["break", "del it", "new iter"])
 @pytest.mark.parametrize("num_workers", [0, 2])
-@pytest.mark.parametrize("decoder", ["native", "nvjpeg", "dali"])
+@pytest.mark.parametrize("decoder", ["native", "nvjpeg", "dali", "auto"])
 def test_abandoning_an_epoch_on_a_lagging_gpu_never_waits_for_it(request, monkeypatch, more_batches_than_slots,
                                                                   decoder, num_workers, how):
     """The producer blocked at the host ring's bound (17 batches an epoch, 7 host slots; 4 taken, 2 in flight on
@@ -158,7 +164,7 @@ def test_abandoning_an_epoch_on_a_lagging_gpu_never_waits_for_it(request, monkey
     the epoch returns without the device, no host wait in the training thread, and every batch (the abandoned
     epoch's queued steps, the next epoch's) is the one a device that keeps up gets. At num_workers=0 the native decoder fills in the
     training thread (no producer thread to join): the same checks, nothing blocked."""
-    sim = on_sim(request, decoder)
+    sim = on_sim(request, monkeypatch, decoder)
     monkeypatch.setattr(producer_stage, "INLINE_BELOW", 0.0)  # num_workers=2: every fill in the producer thread
     ds = fastload.open(more_batches_than_slots,
                        transforms={"image": [T.RandomResizedCrop(16), T.RandomHorizontalFlip()]})
