@@ -7,7 +7,8 @@ grows instead of aliasing when every slot is busy; the device ring stops growing
 a slot nobody holds in stream order instead (``fast/device.py`` ``DeviceRing``), and lets go of the slots an
 epoch did not need at the next one. The fast path's host ring, when a device prefetcher reads it, stops
 growing at its ``limit`` too: its producer thread waits for the oldest pending copy instead (``CopyHolds``,
-``fast/fill.py``), a host wait that never happens in the training thread.
+``fast/fill.py``), a host wait that never happens in the training thread, and that gives up when the iteration
+is abandoned (the training thread joins the producer then: it must not wait for the GPU through it).
 
 The protocol (docs/ARCHITECTURE.md, "Stream ordering", says it with pictures):
 
@@ -124,15 +125,19 @@ class CopyHolds:
             self.items = pending
         del done  # the references go here, outside the lock (freeing a batch may run finalisers)
 
-    def wait_oldest(self) -> bool:
+    def wait_oldest(self, stop: Callable[[], bool] | None = None) -> bool:
         """The host waits for the oldest pending copy, then drops what completed; False when none was pending.
         Only in a producer thread (``fast/fill.py``): the copies are queued on one side stream, so waiting
-        for the oldest frees at least its batch and is the shortest wait that frees anything."""
+        for the oldest frees at least its batch and is the shortest wait that frees anything.
+
+        ``stop``: gives up as soon as it returns True (the iteration was abandoned: the training thread joins
+        the producer and must not wait for the GPU through it). Giving up hands out nothing: what pending copies
+        read stays here until their events completed, whoever asks next."""
         with self.lock:
             if not self.items:
                 return False
             event = self.items[0][0]
-        self.streams.wait_host(event)
+        self.streams.wait_host(event, stop)
         self.release()
         return True
 
@@ -296,7 +301,7 @@ class HostStreams:
     def wait(self, stream, event) -> None:
         pass
 
-    def wait_host(self, event) -> None:
+    def wait_host(self, event, stop: Callable[[], bool] | None = None) -> None:
         pass
 
     @staticmethod
@@ -363,11 +368,15 @@ class CudaStreams:
             stream.wait_event(event)
 
     @staticmethod
-    def wait_host(event) -> None:
-        """The host waits for ``event``: only in a producer thread, never the loop's. Polled with short sleeps
-        rather than ``Event.synchronize``: an event made without ``blocking=True`` is waited for by spinning a
-        core (CUDA's default schedule with fewer contexts than cores), the decode threads' core here."""
+    def wait_host(event, stop: Callable[[], bool] | None = None) -> None:
+        """The host waits for ``event``, or until ``stop()`` is True: only in a producer thread, never the loop's.
+        Polled with short sleeps rather than ``Event.synchronize``: an event made without ``blocking=True`` is
+        waited for by spinning a core (CUDA's default schedule with fewer contexts than cores), the decode
+        threads' core here; and a poll can give up when the training thread abandons the iteration, where a
+        synchronize would make it wait for the GPU in ``join``."""
         while event is not None and not event.query():
+            if stop is not None and stop():
+                return
             time.sleep(2e-4)
 
     @staticmethod

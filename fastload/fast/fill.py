@@ -14,6 +14,12 @@ thread) and takes the slot it frees. A fill in the *calling* thread (``num_worke
 filling inline) must not wait for the GPU: it grows the ring up to ``INLINE_FACTOR`` times the limit first,
 and only then waits. A loop that runs that many batches ahead of its GPU is throttled anyway (CUDA's launch
 queue is bounded too); unbounded pinned memory would be worse (it is page-locked: the OS cannot page it).
+
+The producer's wait gives up when its thread is told to stop (``Stopped``): an iteration abandoned mid-epoch
+(``break``, a dropped iterator, a new ``iter(loader)``) joins the producer in the training thread, which would
+otherwise wait there until the lagging GPU ran that copy. Giving up happens before a slot is taken, so no slot
+is handed out or refilled under a copy; the job drawn for it is dropped with the iteration (a ``reset`` starts
+the sequence over).
 """
 
 from __future__ import annotations
@@ -36,13 +42,19 @@ def host_limit(depth: int) -> int:
     return 2 * depth + 3
 
 
+class Stopped(Exception):
+    """A producer thread's fill gave up waiting for a pending copy: the thread was told to stop."""
+
+
 def in_producer() -> bool:
     return getattr(_PRODUCER, "active", False)
 
 
-def mark_producer() -> None:
-    """Called by a producer thread when it starts: fills in this thread may wait for pending copies."""
+def mark_producer(stop: threading.Event | None = None) -> None:
+    """Called by a producer thread when it starts: fills in this thread may wait for pending copies, and give up
+    (``Stopped``) once ``stop`` is set."""
     _PRODUCER.active = True
+    _PRODUCER.stop = stop
 
 
 class Reservations:
@@ -79,14 +91,19 @@ class Fill(Stage):
 
     def _acquire(self) -> Any:
         """A free slot, reserved; at the ring's bound, after waiting for the oldest pending copy (module
-        docstring). The wait is outside the reservations' lock: ``Collate`` takes it in the training thread."""
+        docstring). The wait is outside the reservations' lock: ``Collate`` takes it in the training thread.
+        Raises ``Stopped``, holding no slot, when the producer thread is told to stop while it waits."""
         r, ring = self.reserved, self.slots
         limit = getattr(ring, "limit", None)
         bound = None if limit is None else limit if in_producer() else limit * INLINE_FACTOR
+        stop = getattr(_PRODUCER, "stop", None)  # None in the calling thread: nobody joins it
         while True:
             with r.lock:
                 slot = ring.acquire(r.ids, bound=bound) if bound is not None else ring.acquire(r.ids)
                 if slot is not None:
                     r.ids.add(id(slot))
                     return slot
-            ring.pending.wait_oldest()  # False when the copies completed meanwhile: the next acquire grows
+            # False when the copies completed meanwhile: the next acquire grows
+            ring.pending.wait_oldest(None if stop is None else stop.is_set)
+            if stop is not None and stop.is_set():
+                raise Stopped

@@ -23,7 +23,9 @@ even at ``num_workers=0``: their calls are long host work (nvJPEG's and DALI's h
 uploads) that the training thread should not pay; they hand each batch on with an event, not a host wait.
 
 With ``device='cuda'`` the producer thread is also where the host ring's bound is kept: at its limit a fill
-waits for the oldest pending copy there (``fill.py``); a fill in the calling thread grows further first.
+waits for the oldest pending copy there (``fill.py``); a fill in the calling thread grows further first. That
+wait gives up when the thread is told to stop, so stopping it (``close``, ``reset``: joins in the training
+thread) never waits for the GPU.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import threading
 import weakref
 from typing import Any
 
-from .fill import mark_producer
+from .fill import Stopped, mark_producer
 from .stage import Stage
 
 INLINE_BELOW = 1e-3  # seconds per batch fill from which a producer thread always fills
@@ -219,7 +221,9 @@ class Produce(Stage):
             self._start_producer()
 
     def close(self) -> None:
-        """Stop the producer thread and wait for the batch it is filling; end the epoch (once)."""
+        """Stop the producer thread and wait for the batch it is filling; end the epoch (once). A producer waiting
+        for the GPU at the host ring's bound gives up at once (``fill.Stopped``): the join waits for host work
+        only, never for the device."""
         if self.producer is not None:
             self.producer.stop.set()
             if self.thread is not None and self.thread is not threading.current_thread():
@@ -239,7 +243,9 @@ class Produce(Stage):
 
 
 def _produce(p: _Producer, source, release=None) -> None:
-    mark_producer()  # a fill here may wait for the GPU's pending copies (fill.py); the training thread never does
+    # a fill here may wait for the GPU's pending copies (fill.py), the training thread never does; it gives up
+    # when ``stop`` is set, so that joining this thread never makes the training thread wait for the GPU
+    mark_producer(p.stop)
     try:
         while not p.stop.is_set():
             if p.handback.is_set():
@@ -254,5 +260,7 @@ def _produce(p: _Producer, source, release=None) -> None:
                 if release is not None:
                     release(item[0])
                 return
+    except Stopped:  # told to stop while waiting for a pending copy: no slot taken, nothing to hand on
+        return
     except BaseException as e:  # handed to the consumer, re-raised there
         p.put(e)

@@ -49,7 +49,7 @@ class _Pending:
     def __len__(self):
         return len(self.batches)
 
-    def wait_oldest(self):
+    def wait_oldest(self, stop=None):
         self.locked.append(self.reserved.lock.locked())  # the training thread's Collate takes this lock
         self.waits += 1
         self.batches.pop(0)
