@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import warnings
+import weakref
 from typing import Any, TypeVar
 
 import torch
@@ -98,6 +99,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     _sampler_epoch_seen = 0  # a user's DistributedSampler's epoch at the last iteration (or set_epoch, or load)
     _ring = None
     _device_ring = None
+    _live = None  # the fast path's latest started iteration (a weak reference), superseded by the next one
     _deciding = False  # inside fastload's __init__, until it knows its path
     _LAZY = {"_progress": Progress, "_plan": GenericPlan, "_stats": LoaderStats, "_fill_policy": FillPolicy}
 
@@ -418,6 +420,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         state["_ring"] = None  # host slots (pinned memory is this process's)
         state["_device_ring"] = None  # device slots and a CUDA stream
         state["_iterator"] = None  # a persistent iterator's worker processes stay with this process
+        state.pop("_live", None)  # an iteration of this process (a weak reference)
         return state
 
     # -- iteration ---------------------------------------------------------------------------------
@@ -453,6 +456,12 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     def _start(self):
         """The fast path's iterator, made at the iteration's first ``next()`` (``LazyStart``): the chain of
         stages (``fast/chain.py``), each given what it uses."""
+        previous = self._live() if self._live is not None else None
+        if previous is not None:
+            # One iteration at a time: the host slots, the batcher's plans and its decoders are the loader's, and
+            # two producers filling them hand out each other's batches. The older one stops here; its next()
+            # says why (torch's persistent iterators are reset the same way by a new iter()).
+            previous.supersede()
         epoch, start = self._begin_epoch()
         if self._order is not None:
             self._order.set_epoch(epoch)
@@ -468,13 +477,15 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             keys = {(f.name if ds.as_dict else i): ds.pipelines[f.name].tensor
                     for i, f in enumerate(ds.schema) if f.name in ds.pipelines}
             device = (self._device_slots(), keys)
-        return fast_iterator(plan=self._order if self._order is not None else self._sampled, epoch=epoch,
+        it = fast_iterator(plan=self._order if self._order is not None else self._sampled, epoch=epoch,
                              start=start, batcher=self._batcher, slots=self._ring, progress=progress,
                              policy=self._fill_policy, stats=self._stats, length=len(self),
                              num_workers=self.num_workers, depth=self.prefetch_factor or 2, timeout=self.timeout,
                              persistent=self.persistent_workers,
                              reading=ds.read_plan if getattr(ds, "remote", False) else None,  # its read plan
                              image_keys=image_keys, device=device)
+        self._live = weakref.ref(it)
+        return it
 
     def _generic_iter(self):
         """torch's ``__iter__`` (persistent iterators kept in ``_iterator`` and reset each epoch), making each

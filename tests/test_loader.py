@@ -109,6 +109,35 @@ def test_batches_independent_of_num_workers(image_shards, order):
             assert torch.equal(a, b) and torch.equal(la, lb)
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_newer_iterator_stops_the_older_one_and_gets_the_right_batches(image_shards, workers):
+    """Two iterators of one loader both filling the loader's slots handed out each other's batches (num_workers=2:
+    wrong labels and pixels, silently). A new iteration now stops the older one, whose next() says why; the
+    newer one gets what the same sequence gives run one after the other: an abandoned epoch, then the next."""
+    kw = dict(batch_size=4, shuffle=True, seed=3, num_workers=workers)
+    ref_loader = fastload.DataLoader(open_train(image_shards), **kw)
+    it = iter(ref_loader)
+    head = [tuple(t.clone() for t in next(it)) for _ in range(3)]
+    del it
+    ref_next = [tuple(t.clone() for t in b) for b in ref_loader]
+
+    loader = fastload.DataLoader(open_train(image_shards), **kw)
+    a = iter(loader)
+    got_head = [tuple(t.clone() for t in next(a)) for _ in range(3)]
+    b = iter(loader)
+    got_next = [tuple(t.clone() for t in x) for x in b]
+    for (x, y), (rx, ry) in zip(got_head + got_next, head + ref_next, strict=True):
+        assert torch.equal(y, ry) and torch.equal(x, rx)
+    with pytest.raises(RuntimeError, match="newer iter\\(loader\\) of the same loader"):
+        next(a)
+    with pytest.raises(StopIteration):  # an iterator that had run out stays run out
+        next(b)
+    c = iter(loader)
+    next(c)
+    with pytest.raises(StopIteration):
+        next(b)
+
+
 def test_epochs_differ_and_set_epoch_repeats(packed_arrays):
     ds = fastload.open(packed_arrays[0])
     dl = fastload.DataLoader(ds, batch_size=103, shuffle=True, seed=1)

@@ -83,6 +83,15 @@ def _strided(why: str) -> str:
     return "samples"
 
 
+class _Superseded:
+    """What a superseded iteration's last stage reads from instead of its stopped producer."""
+
+    def __next__(self):
+        raise RuntimeError("fastload: this iterator of the DataLoader was stopped when a newer iter(loader) of the "
+                           "same loader started: a loader runs one iteration at a time (its slots, plans and "
+                           "decoders are shared). Iterate the newer iterator, or use two loaders")
+
+
 class FastIterator(Count, _BaseDataLoaderIter):  # a torch DataLoader iterator by type (Lightning checks); no base __init__
     """One iteration of the fast path: the chain's last stage (``Count``), plus what an iterator the loop
     holds must do: its length, and stopping the producer thread when the epoch ends or it is dropped."""
@@ -93,6 +102,14 @@ class FastIterator(Count, _BaseDataLoaderIter):  # a torch DataLoader iterator b
 
     def __len__(self) -> int:
         return self.length
+
+    def supersede(self) -> None:
+        """A newer iteration of the same loader starts: stop this one (its producer and what it holds). Its
+        ``next()`` then raises, saying why, unless it had run out already (the producer closes at the epoch's
+        end: StopIteration, as before)."""
+        if not self.producer.closed:
+            self.source = _Superseded()
+        self.close()
 
     def close(self) -> None:
         self.producer.close()
