@@ -11,8 +11,12 @@ host rows of its own and copied into the same device buffer on a side stream. No
 producer thread wait for the GPU: ``fill`` returns with the work queued, and the event recorded after the
 rows' last write (the decoder's, or the ``on_error`` fix-up's) is the batch's hand-over
 (``ready_event(rows)``): whoever reads the rows (the device prefetcher's side stream) waits on it on the
-device. The rows are written again only after the copy that read them completed (the slot protocol), so the
-decoder's stream waits on the rows' allocation stream only at a buffer's first use (``fence``).
+device. A decoder's stream waits on the rows' allocation stream only at its first use of a buffer (``fence``):
+a buffer whose batch was copied is written again only after that copy completed (the slot protocol). But a
+batch filled and never read (an abandoned epoch, a reset, a DecodeError) frees its slot at once, its writes on
+other streams (the hybrid's copy, the ``on_error`` fix-up) maybe still queued: so at every later fill the
+decoder's streams wait on the buffer's latest hand-over event (``after``), a device-side wait that costs
+nothing once the event completed, never one on the training stream.
 """
 
 from __future__ import annotations
@@ -159,14 +163,21 @@ class ImageDecoding:
             return failures
         buf = slot.tensors[f.name]
         key = self._fence_key.get(f.name, (f.name, 0))
+        latest = self._ready.get(buf.data_ptr())  # the buffer's previous batch's hand-over (None: never filled)
         if key not in slot.fenced:  # this decoder's first use of the buffer
             s = self.streams
             with s.side_context():
                 # after an earlier decoder's writes still queued (an epoch left with batches decoded ahead),
                 # and after the allocation stream's work on the buffer (fence: rule 3 of _ring.py)
-                s.wait(s.side, self._ready.get(buf.data_ptr()))
+                s.wait(s.side, latest)
                 dec.fence(buf)
             slot.fenced.add(key)
+        else:
+            # every later fill: the previous batch may never have been read (an abandoned epoch, a reset, a
+            # DecodeError), so its slot came back at once with its writes on other streams (the hybrid's copy,
+            # the on_error fix-up) still queued; the decoder's streams wait on its hand-over on the device
+            # (complete, and free, once a prefetcher's copy read it). Never the training stream.
+            dec.after(latest)
         failures = dec.decode(sources, plan, rows)
         ready = getattr(dec, "ready_event", None)  # handed on with the decoder's event, never a host wait
         self._ready[buf.data_ptr()] = ready() if ready is not None else None

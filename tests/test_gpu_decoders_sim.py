@@ -168,8 +168,8 @@ def test_gpu_decoder_under_lag_never_makes_the_training_thread_wait(request, mor
     consumer = sim.default if stream == "default" else sim.new_stream("user")
     waits_on_decoder = []
     real_wait = sim.wait
-    sim.wait = lambda s, ev: (waits_on_decoder.append((s, ev and ev.stream.name)) if s.name == decoder else None,
-                              real_wait(s, ev))[1]
+    sim.wait = lambda s, ev: (waits_on_decoder.append((s, ev and ev.stream.name, ev)) if s.name == decoder
+                              else None, real_wait(s, ev))[1]
     ds = fastload.open(more_batches_than_slots,
                        transforms={"image": [T.RandomResizedCrop(16), T.RandomHorizontalFlip()]})
     kw = dict(batch_size=4, shuffle=True, seed=3, num_workers=num_workers, decoder=decoder, on_error="skip",
@@ -179,9 +179,12 @@ def test_gpu_decoder_under_lag_never_makes_the_training_thread_wait(request, mor
     del sim.host_waits[:]
     waits_on_decoder.clear()
     filled = collections.defaultdict(list)  # each decoder's stream -> the row buffer of each batch it decoded
+    handovers = {}  # the events a row buffer was handed on with before each fill (ImageDecoding._ready), by id
     real_fill = _images.ImageDecoding.fill
 
     def fill(self, pool, pipeline, f, slot, *a, **kw):
+        ev = self._ready.get(slot.tensors[f.name].data_ptr())
+        handovers[id(ev)] = ev  # kept: an id is unique only while its object lives
         failures = real_fill(self, pool, pipeline, f, slot, *a, **kw)
         filled[id(self._decoders[f.name].decoder.streams.side)].append(slot.tensors[f.name].data_ptr())
         return failures
@@ -201,15 +204,21 @@ def test_gpu_decoder_under_lag_never_makes_the_training_thread_wait(request, mor
     for (x, y), (sx, sy) in zip(ref, seen):
         assert torch.equal(x, sx) and torch.equal(y, sy)
     assert loader.stats()["skipped"] == 2
-    # a decoder's stream waited only for the rows' allocation stream, never for the training loop, and only at
-    # its first use of a row buffer: an epoch has more batches than the host ring has slots, so buffers are
-    # reused, and the decoder is kept across epochs although the loader is not persistent (Batcher.end_epoch)
-    assert waits_on_decoder and {on for _, on in waits_on_decoder} == {"rows"}, waits_on_decoder
-    per_stream = collections.Counter(id(st) for st, _ in waits_on_decoder)
+    # a decoder's stream waited on the training loop never, on the rows' allocation stream (the fence) only at its
+    # first use of a row buffer (an epoch has more batches than the host ring has slots, so buffers are reused),
+    # and at every later fill on that buffer's previous hand-over only (a batch may have been dropped unread,
+    # ImageDecoding.fill), the events of the decoders, of the hybrid's copy or of the on_error fix-up
+    fences = [(st, on) for st, on, ev in waits_on_decoder if id(ev) not in handovers]
+    after = [(st, on) for st, on, ev in waits_on_decoder if id(ev) in handovers]
+    assert fences and {on for _, on in fences} == {"rows"}, fences
+    assert {on for _, on in after} <= {decoder, "rows"}, after
+    per_stream = collections.Counter(id(st) for st, _ in fences)
+    afters = collections.Counter(id(st) for st, _ in after)
     assert len(per_stream) == 1 and per_stream.keys() == filled.keys()
     for stream, buffers in filled.items():
         assert len(buffers) == 18  # batches of the two epochs
         assert per_stream[stream] == len(set(buffers)) < 9, (per_stream[stream], buffers)
+        assert afters[stream] == len(buffers) - len(set(buffers)), (afters[stream], buffers)
 
 
 def test_hybrid_under_lag_hands_its_rows_on_with_one_event(nvjpeg_on_sim, one_truncated, monkeypatch):

@@ -32,6 +32,10 @@ class ImageDecoder(Protocol):
 
     def fence(self, out: Any) -> None: ...  # GPU decoders: ``out`` is new (see decoders/nvjpeg.py)
 
+    # GPU decoders: every stream that writes the rows waits (on the device) on ``event``, the rows' latest
+    # hand-over, before this decoder's next writes (see ``ImageDecoding.fill``)
+    def after(self, event: Any) -> None: ...
+
     # GPU decoders: the event after the latest decode's last write of ``out``; readers wait on it on the
     # device (None, or no such method: complete when decode returns)
     def ready_event(self) -> Any: ...
@@ -158,6 +162,9 @@ class JpegOnly:
 
     def fence(self, out: Any) -> None:
         self.decoder.fence(out)
+
+    def after(self, event: Any) -> None:
+        self.decoder.after(event)
 
     def ready_event(self) -> Any:
         return self.decoder.ready_event()

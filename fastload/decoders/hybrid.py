@@ -171,6 +171,13 @@ class HybridDecoder:
         s.wait(s.side, s.record(s.consumer()))
         s.record_stream(out, s.side)  # freed (the ring let go of it) only once our copies have run
 
+    def after(self, event: Any) -> None:
+        """Both halves' next writes (the GPU decoder's stream, our copy stream) come after ``event``."""
+        if self.gpu is not None:
+            self.gpu.after(event)
+        if event is not None:
+            self.streams.wait(self.streams.side, event)
+
     def _timer(self) -> DeviceTimer | None:
         """Timing on the GPU decoder's stream (its own ``streams``, or those of the decoder a ``JpegOnly``
         wraps); None for a decoder without one, complete when its call returns."""
