@@ -21,6 +21,7 @@ nothing once the event completed, never one on the training stream.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import torch
@@ -70,6 +71,7 @@ class ImageDecoding:
         self._made = 0  # decoders made so far: each one fences a row buffer at its own first use of it
         self._fence_key: dict[str, tuple[str, int]] = {}  # field -> the key its decoder adds to Slot.fenced
         self._decoders: dict[str, Any] = {}  # per image field, made on its first batch (GPU ones need its size)
+        self._reapers: list[threading.Thread] = []  # threads closing the decoders of ended epochs (end_epoch)
         self._fallbacks: dict[str, FallbackRunner] = {}  # per image field with transforms fastload does not know
         #: run those in worker processes (num_workers of them); False: in the calling thread, as ds.__getitems__
         #: does (torch's DataLoader: its own worker processes are the parallelism, and its num_workers=0 is asked for)
@@ -124,19 +126,38 @@ class ImageDecoding:
         return self._ready.get(rows.data_ptr()) if self.device is not None else None
 
     def end_epoch(self) -> None:
-        """A non-persistent loader's epoch is over (called in the training thread): the per-sample transforms'
-        worker processes go, as torch's would, made again when needed. The decoders stay until ``close``: a GPU
-        decoder's teardown may synchronise the device (DALI's pipeline), and making it again (DALI's build,
-        torchvision's probe decode) would be work the next epoch's first ``next()`` waits for."""
+        """A non-persistent loader's epoch is over (called in the training thread, its producer thread stopped):
+        what stands for torch's worker processes goes, as torch's would, made again when needed: the per-sample
+        transforms' worker processes, and the decoders (GPU ones hold DALI's pipeline, their streams and the high
+        water of their device memory; a train and a val loader would otherwise keep theirs all the time). Their
+        teardown may synchronise the device (destroying DALI's pipeline), so it runs in a short-lived thread of
+        its own (``_release_decoders``), never in the training thread. The next epoch makes new decoders, each
+        with a stream of its own, fenced at its first use of each row buffer after the old ones' queued writes."""
         for runner in self._fallbacks.values():
             runner.close()
+        self._release_decoders()
+
+    def _release_decoders(self) -> None:
+        """Hand the decoders to a daemon thread that closes them (one per epoch end, gone once they are); the
+        loader's shared native decoder has nothing to close and stays."""
+        decs = [d for d in self._decoders.values() if d is not self.native]
+        self._decoders = {}
+        self._reapers = [t for t in self._reapers if t.is_alive()]
+        if decs:
+            t = threading.Thread(target=_close_all, args=(decs,), name="fastload-decoder-close", daemon=True)
+            t.start()
+            self._reapers.append(t)
 
     def close(self) -> None:
-        """The decoders (GPU ones with their device memory), the hybrid's thread and the per-sample workers."""
-        for dec in self._decoders.values():
-            dec.close()
+        """The decoders (GPU ones with their device memory), the hybrid's thread and the per-sample workers; waits
+        for the decoders an epoch's end handed to a thread of their own."""
+        for t in self._reapers:
+            t.join()
+        self._reapers = []
+        _close_all(list(self._decoders.values()))
         self._decoders = {}
-        self.end_epoch()
+        for runner in self._fallbacks.values():
+            runner.close()
         if self.hybrid is not None:
             self.hybrid.close()
 
@@ -221,3 +242,14 @@ class ImageDecoding:
         """The decoder of an image field whose rows are ``out_hw`` (the registered kind's ``make``)."""
         return self.kind.make(DecoderContext(self.decoder, self.batch_size, out_hw, self.device, self.num_threads,
                                              self.native, lambda name: self.streams.fork(name)))
+
+
+def _close_all(decs: list) -> None:
+    """Close each decoder; one that fails to is named in a warning, the others are still closed (at an epoch's end
+    this runs in a thread of its own, where an exception would only reach threading.excepthook)."""
+    for dec in decs:
+        try:
+            dec.close()
+        except Exception as e:  # noqa: BLE001  (a teardown failure must not leave the other decoders open)
+            warn_once(f"decoder-close-{type(dec).__name__}", f"fastload: closing the {type(dec).__name__} of an "
+                      f"image field failed ({type(e).__name__}: {e}); its resources go when it is collected")
