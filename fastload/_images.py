@@ -175,7 +175,7 @@ class ImageDecoding:
         dec = self._decoders.get(f.name)
         if dec is None:
             self._made += 1  # a new decoder (after ``close``, the old ones' work may still be queued): a new stream
-            dec = self._decoders[f.name] = self._decoder((int(rows.shape[1]), int(rows.shape[2])))
+            dec = self._decoders[f.name] = self._decoder((int(rows.shape[1]), int(rows.shape[2])), f.name)
             self._fence_key[f.name] = (f.name, self._made)
         if self.device is None:
             failures = dec.decode(sources, plan, rows)
@@ -238,10 +238,10 @@ class ImageDecoding:
         'auto' found its GPU decoder unusable when making it (every sample to the CPU threads, said in a warning)."""
         return None if self.hybrid is None or self.hybrid.cpu_only else self.hybrid.stats()
 
-    def _decoder(self, out_hw: tuple[int, int]) -> Any:
-        """The decoder of an image field whose rows are ``out_hw`` (the registered kind's ``make``)."""
+    def _decoder(self, out_hw: tuple[int, int], field: str = "") -> Any:
+        """The decoder of image field ``field`` whose rows are ``out_hw`` (the registered kind's ``make``)."""
         return self.kind.make(DecoderContext(self.decoder, self.batch_size, out_hw, self.device, self.num_threads,
-                                             self.native, lambda name: self.streams.fork(name)))
+                                             self.native, lambda name: self.streams.fork(name), field))
 
 
 def _close_all(decs: list) -> None:

@@ -21,7 +21,8 @@
 
 Device tensors are CPU tensors over the arena, so data races also corrupt data as on a GPU. Queued ops
 reach memory by address and keep no device tensor alive (a GPU kernel does not either; ``launch`` swaps what a
-production function captured for raw views), so use counts, and the slot ring, see what they would on a GPU. Host memory a queued copy reads must stay allocated until the copy runs: with CUDA,
+production function captured for raw views), so use counts, and the slot ring, see what they would on a GPU.
+Host memory a queued copy reads must stay allocated until the copy runs: with CUDA,
 torch's caching host allocator defers reusing a freed pinned block until its copies' events completed
 (and a copy from pageable memory returns only once it has read it); the tests keep their loaders alive.
 """

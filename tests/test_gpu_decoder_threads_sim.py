@@ -87,8 +87,8 @@ def test_the_epoch_boundary_leaves_the_gpu_decoders_to_other_threads(request, mo
 
         monkeypatch.setattr(cls, "close", close)
     real_make = _images.ImageDecoding._decoder
-    monkeypatch.setattr(_images.ImageDecoding, "_decoder", lambda self, hw: (
-        made.append(threading.current_thread().name), real_make(self, hw))[1])
+    monkeypatch.setattr(_images.ImageDecoding, "_decoder", lambda self, *a: (
+        made.append(threading.current_thread().name), real_make(self, *a))[1])
     ds = fastload.open(one_truncated, transforms={"image": [T.RandomResizedCrop(16)]})
     loader = fastload.DataLoader(ds, batch_size=4, shuffle=True, seed=1, num_workers=num_workers, decoder=decoder,
                                  on_error="skip", device="cuda", persistent_workers=persistent)

@@ -366,7 +366,7 @@ def test_an_abandoned_epochs_queued_decodes_are_ordered_before_the_next_decoders
         loader._batcher.images.close()
     made = []
     real_make = _images.ImageDecoding._decoder
-    loader._batcher.images._decoder = lambda hw: made.append(hw) or real_make(loader._batcher.images, hw)
+    loader._batcher.images._decoder = lambda *a: made.append(a) or real_make(loader._batcher.images, *a)
     seen = run(sim, loader, sim.default, lag=True)
     assert (loader._batcher.images._decoders.get("image") is kept) == (lifetime == "persistent")
     assert len(made) == (lifetime != "persistent")  # a new decoder, or none

@@ -69,7 +69,8 @@ def test_a_lagging_consumer_gets_the_batches_of_one_that_never_lags(request, mon
     del sim.host_waits[:]
     made = []  # the decoders the loader made (a non-persistent one lets them go at each epoch's end)
     real_make = _images.ImageDecoding._decoder
-    monkeypatch.setattr(_images.ImageDecoding, "_decoder", lambda self, hw: made.append(real_make(self, hw)) or made[-1])
+    monkeypatch.setattr(_images.ImageDecoding, "_decoder",
+                        lambda self, *a: made.append(real_make(self, *a)) or made[-1])
     loader = fastload.DataLoader(ds, device="cuda", decoder=decoder, **kw)
     seen = epochs(sim, loader, lag=True)
     assert not sim.races

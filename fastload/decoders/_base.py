@@ -54,6 +54,13 @@ class DecoderContext:
     num_threads: int
     native: Any  # the loader's NativeDecoder (its pool is the batcher's, set before each batch)
     fork_stream: Callable[[str], Any]  # a stream of the rows' streams backend (``_ring``) for the decoder's work
+    field: str = ""  # the image field (decoder='auto' keeps each field's GPU half on or off on its own)
+
+
+class DecoderSetupError(RuntimeError):
+    """A decoder could not set itself up here (DALI's pipeline), at ``make`` or when ``decode`` has to set up again
+    (DALI rebuilds its pipeline after a failed batch): no sample's fault. ``decoder='auto'`` then decodes with
+    CPU threads instead, with a warning; a decoder asked for by name raises it."""
 
 
 def _usable() -> None:

@@ -86,7 +86,7 @@ import torch
 from .._native import is_jpeg
 from .._ring import streams_for
 from .._augment.engine_torch import assemble_rows, augment_rows, padding_columns
-from ._base import DecoderContext, DecoderKind, JpegOnly, check_augment
+from ._base import DecoderContext, DecoderKind, DecoderSetupError, JpegOnly, check_augment
 from ._staging import Uploads, augment_queued, beyond_flips, decode_sizes
 
 __all__ = ["DaliBuildError", "DaliDecoder", "INSTALL_HINT"]
@@ -128,7 +128,7 @@ def _positive(value: Any, what: str) -> int:
     return int(value)
 
 
-class DaliBuildError(RuntimeError):
+class DaliBuildError(DecoderSetupError):
     """DALI imported but could not build its pipeline here (no GPU it can use, a DALI that does not match the
     driver, out of memory...): no sample's fault, so ``decode`` never reports it as failed samples."""
 

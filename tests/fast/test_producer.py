@@ -168,7 +168,8 @@ def test_the_native_threads_outlive_an_epoch_and_decoders_and_per_sample_workers
     them."""
     closed = []
     real_end = fastload._images.ImageDecoding.end_epoch
-    monkeypatch.setattr(fastload._images.ImageDecoding, "end_epoch", lambda self: (closed.append(1), real_end(self)))
+    monkeypatch.setattr(fastload._images.ImageDecoding, "end_epoch",
+                        lambda self: (closed.append(1), real_end(self)))
     monkeypatch.setattr(fastload._images.ImageDecoding, "close", lambda self: closed.append("decoders"))
     loader = fastload.DataLoader(records, batch_size=256, num_workers=2, persistent_workers=persistent)
     pools, closes = [], []
