@@ -21,7 +21,9 @@ nothing once the event completed, never one on the training stream.
 
 from __future__ import annotations
 
+import atexit
 import threading
+import weakref
 from typing import Any
 
 import torch
@@ -145,6 +147,7 @@ class ImageDecoding:
         self._reapers = [t for t in self._reapers if t.is_alive()]
         if decs:
             t = threading.Thread(target=_close_all, args=(decs,), name="fastload-decoder-close", daemon=True)
+            _REAPERS.add(t)
             t.start()
             self._reapers.append(t)
 
@@ -242,6 +245,19 @@ class ImageDecoding:
         """The decoder of image field ``field`` whose rows are ``out_hw`` (the registered kind's ``make``)."""
         return self.kind.make(DecoderContext(self.decoder, self.batch_size, out_hw, self.device, self.num_threads,
                                              self.native, lambda name: self.streams.fork(name), field))
+
+
+_REAPERS: "weakref.WeakSet[threading.Thread]" = weakref.WeakSet()  # threads closing decoders (end_epoch)
+
+
+@atexit.register
+def _join_reapers() -> None:
+    """At interpreter exit, wait for the threads still closing decoders: a daemon thread inside a native call (DALI's
+    teardown, GIL released) when Python finalizes is ended by pthread_exit as it takes the GIL back, which can abort
+    the process (as fast/producer.py's ``_stop_producers`` says of the producer threads)."""
+    for t in list(_REAPERS):
+        if t is not threading.current_thread():
+            t.join(timeout=30)
 
 
 def _close_all(decs: list) -> None:

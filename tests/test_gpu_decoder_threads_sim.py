@@ -114,3 +114,19 @@ def test_the_epoch_boundary_leaves_the_gpu_decoders_to_other_threads(request, mo
     while time.monotonic() < deadline and set(threading.enumerate()) - before:
         time.sleep(0.01)
     assert not [t.name for t in set(threading.enumerate()) - before]  # the producers, the hybrid's CPU thread
+
+
+def test_decoders_still_closing_at_interpreter_exit_are_waited_for(nvjpeg_on_sim, monkeypatch, one_truncated):
+    """The thread an epoch's end closes the decoders in is a daemon: at exit, the atexit hook waits for it, so that
+    it is never ended inside a native teardown (DALI's) as Python finalizes."""
+    release = threading.Event()
+    real_close = nvjpeg.NvjpegDecoder.close
+    monkeypatch.setattr(nvjpeg.NvjpegDecoder, "close", lambda self: (release.wait(5), real_close(self))[1])
+    ds = fastload.open(one_truncated, transforms={"image": [T.RandomResizedCrop(16)]})
+    loader = fastload.DataLoader(ds, batch_size=4, decoder="nvjpeg", on_error="skip", device="cuda")
+    run(nvjpeg_on_sim, loader, nvjpeg_on_sim.default, lag=False)  # the epoch's end hands the decoder to a thread
+    closing = [t for t in _images._REAPERS if t.is_alive()]
+    assert len(closing) == 1 and closing[0].daemon
+    threading.Timer(0.2, release.set).start()
+    _images._join_reapers()  # what atexit runs
+    assert not closing[0].is_alive()
