@@ -57,7 +57,8 @@ def test_an_abandoned_epochs_unread_batches_are_refilled_after_their_queued_work
     """A persistent loader (its decoder kept) whose epoch is left after one batch while the producer had decoded
     more, the truncated sixth sample among them (its fix-up queued on the rows stream; 'auto': copies queued on
     the hybrid's stream): the next epoch refills those slots, their work still queued, and must be ordered after
-    it. The test checks that such a refill happened: the simulator used to keep every tensor a queued kernel
+    it (with the wait taken out, nvjpeg and dali race here; 'auto' does not reach a race in this scenario: the first
+    test covers it). The test checks that such a refill happened: the simulator used to keep every tensor a queued kernel
     captured alive until it ran, so the slots stayed held and the ring grew new ones instead (it reached no
     reused buffer); on a GPU the launch returns at once and the slot is free."""
     sim = request.getfixturevalue("dali_on_sim" if decoder == "dali" else "nvjpeg_on_sim")
