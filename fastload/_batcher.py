@@ -67,13 +67,13 @@ class Batcher:
         self.images.close()
 
     def end_epoch(self) -> None:
-        """A non-persistent loader's epoch is over: what stands for torch's worker processes goes (the per-sample
-        transforms' worker processes, ``ImageDecoding.end_epoch``). The native threads stay, idle on a condition
-        variable until the loader is collected: starting them again costs more than an epoch of small batches
-        takes (bench/suite.py's tiny records, 16 batches an epoch, ran 8-21% slower at num_workers=2 than at 0
-        that way). So do the decoders, GPU ones included, as the device ring does: this runs in the training
-        thread, where destroying DALI's pipeline may synchronise the device, and the next epoch's first batch
-        would wait for them to be built again."""
+        """A non-persistent loader's epoch is over: what stands for torch's worker processes goes, as torch's
+        would (``ImageDecoding.end_epoch``: the per-sample transforms' worker processes, and the decoders, GPU ones
+        with their pipelines and device memory, closed in a thread of their own: destroying DALI's pipeline may
+        synchronise the device, and this runs in the training thread). The native threads stay, idle on a
+        condition variable until the loader is collected: starting them again costs more than an epoch of small
+        batches takes (bench/suite.py's tiny records, 16 batches an epoch, ran 8-21% slower at num_workers=2 than
+        at 0 that way). A persistent loader keeps everything."""
         self.images.end_epoch()
 
     def new_slot(self, pin: bool | None = None) -> Slot:

@@ -11,12 +11,19 @@ host rows of its own and copied into the same device buffer on a side stream. No
 producer thread wait for the GPU: ``fill`` returns with the work queued, and the event recorded after the
 rows' last write (the decoder's, or the ``on_error`` fix-up's) is the batch's hand-over
 (``ready_event(rows)``): whoever reads the rows (the device prefetcher's side stream) waits on it on the
-device. The rows are written again only after the copy that read them completed (the slot protocol), so the
-decoder's stream waits on the rows' allocation stream only at a buffer's first use (``fence``).
+device. A decoder's stream waits on the rows' allocation stream only at its first use of a buffer (``fence``):
+a buffer whose batch was copied is written again only after that copy completed (the slot protocol). But a
+batch filled and never read (an abandoned epoch, a reset, a DecodeError) frees its slot at once, its writes on
+other streams (the hybrid's copy, the ``on_error`` fix-up) maybe still queued: so at every later fill the
+decoder's streams wait on the buffer's latest hand-over event (``after``), a device-side wait that costs
+nothing once the event completed, never one on the training stream.
 """
 
 from __future__ import annotations
 
+import atexit
+import threading
+import weakref
 from typing import Any
 
 import torch
@@ -66,6 +73,7 @@ class ImageDecoding:
         self._made = 0  # decoders made so far: each one fences a row buffer at its own first use of it
         self._fence_key: dict[str, tuple[str, int]] = {}  # field -> the key its decoder adds to Slot.fenced
         self._decoders: dict[str, Any] = {}  # per image field, made on its first batch (GPU ones need its size)
+        self._reapers: list[threading.Thread] = []  # threads closing the decoders of ended epochs (end_epoch)
         self._fallbacks: dict[str, FallbackRunner] = {}  # per image field with transforms fastload does not know
         #: run those in worker processes (num_workers of them); False: in the calling thread, as ds.__getitems__
         #: does (torch's DataLoader: its own worker processes are the parallelism, and its num_workers=0 is asked for)
@@ -120,19 +128,39 @@ class ImageDecoding:
         return self._ready.get(rows.data_ptr()) if self.device is not None else None
 
     def end_epoch(self) -> None:
-        """A non-persistent loader's epoch is over (called in the training thread): the per-sample transforms'
-        worker processes go, as torch's would, made again when needed. The decoders stay until ``close``: a GPU
-        decoder's teardown may synchronise the device (DALI's pipeline), and making it again (DALI's build,
-        torchvision's probe decode) would be work the next epoch's first ``next()`` waits for."""
+        """A non-persistent loader's epoch is over (called in the training thread, its producer thread stopped):
+        what stands for torch's worker processes goes, as torch's would, made again when needed: the per-sample
+        transforms' worker processes, and the decoders (GPU ones hold DALI's pipeline, their streams and the high
+        water of their device memory; a train and a val loader would otherwise keep theirs all the time). Their
+        teardown may synchronise the device (destroying DALI's pipeline), so it runs in a short-lived thread of
+        its own (``_release_decoders``), never in the training thread. The next epoch makes new decoders, each
+        with a stream of its own, fenced at its first use of each row buffer after the old ones' queued writes."""
         for runner in self._fallbacks.values():
             runner.close()
+        self._release_decoders()
+
+    def _release_decoders(self) -> None:
+        """Hand the decoders to a daemon thread that closes them (one per epoch end, gone once they are); the
+        loader's shared native decoder has nothing to close and stays."""
+        decs = [d for d in self._decoders.values() if d is not self.native]
+        self._decoders = {}
+        self._reapers = [t for t in self._reapers if t.is_alive()]
+        if decs:
+            t = threading.Thread(target=_close_all, args=(decs,), name="fastload-decoder-close", daemon=True)
+            _REAPERS.add(t)
+            t.start()
+            self._reapers.append(t)
 
     def close(self) -> None:
-        """The decoders (GPU ones with their device memory), the hybrid's thread and the per-sample workers."""
-        for dec in self._decoders.values():
-            dec.close()
+        """The decoders (GPU ones with their device memory), the hybrid's thread and the per-sample workers; waits
+        for the decoders an epoch's end handed to a thread of their own."""
+        for t in self._reapers:
+            t.join()
+        self._reapers = []
+        _close_all(list(self._decoders.values()))
         self._decoders = {}
-        self.end_epoch()
+        for runner in self._fallbacks.values():
+            runner.close()
         if self.hybrid is not None:
             self.hybrid.close()
 
@@ -150,7 +178,7 @@ class ImageDecoding:
         dec = self._decoders.get(f.name)
         if dec is None:
             self._made += 1  # a new decoder (after ``close``, the old ones' work may still be queued): a new stream
-            dec = self._decoders[f.name] = self._decoder((int(rows.shape[1]), int(rows.shape[2])))
+            dec = self._decoders[f.name] = self._decoder((int(rows.shape[1]), int(rows.shape[2])), f.name)
             self._fence_key[f.name] = (f.name, self._made)
         if self.device is None:
             failures = dec.decode(sources, plan, rows)
@@ -159,14 +187,21 @@ class ImageDecoding:
             return failures
         buf = slot.tensors[f.name]
         key = self._fence_key.get(f.name, (f.name, 0))
+        latest = self._ready.get(buf.data_ptr())  # the buffer's previous batch's hand-over (None: never filled)
         if key not in slot.fenced:  # this decoder's first use of the buffer
             s = self.streams
             with s.side_context():
                 # after an earlier decoder's writes still queued (an epoch left with batches decoded ahead),
                 # and after the allocation stream's work on the buffer (fence: rule 3 of _ring.py)
-                s.wait(s.side, self._ready.get(buf.data_ptr()))
+                s.wait(s.side, latest)
                 dec.fence(buf)
             slot.fenced.add(key)
+        else:
+            # every later fill: the previous batch may never have been read (an abandoned epoch, a reset, a
+            # DecodeError), so its slot came back at once with its writes on other streams (the hybrid's copy,
+            # the on_error fix-up) still queued; the decoder's streams wait on its hand-over on the device
+            # (complete, and free, once a prefetcher's copy read it). Never the training stream.
+            dec.after(latest)
         failures = dec.decode(sources, plan, rows)
         ready = getattr(dec, "ready_event", None)  # handed on with the decoder's event, never a host wait
         self._ready[buf.data_ptr()] = ready() if ready is not None else None
@@ -206,7 +241,31 @@ class ImageDecoding:
         'auto' found its GPU decoder unusable when making it (every sample to the CPU threads, said in a warning)."""
         return None if self.hybrid is None or self.hybrid.cpu_only else self.hybrid.stats()
 
-    def _decoder(self, out_hw: tuple[int, int]) -> Any:
-        """The decoder of an image field whose rows are ``out_hw`` (the registered kind's ``make``)."""
+    def _decoder(self, out_hw: tuple[int, int], field: str = "") -> Any:
+        """The decoder of image field ``field`` whose rows are ``out_hw`` (the registered kind's ``make``)."""
         return self.kind.make(DecoderContext(self.decoder, self.batch_size, out_hw, self.device, self.num_threads,
-                                             self.native, lambda name: self.streams.fork(name)))
+                                             self.native, lambda name: self.streams.fork(name), field))
+
+
+_REAPERS: "weakref.WeakSet[threading.Thread]" = weakref.WeakSet()  # threads closing decoders (end_epoch)
+
+
+@atexit.register
+def _join_reapers() -> None:
+    """At interpreter exit, wait for the threads still closing decoders: a daemon thread inside a native call (DALI's
+    teardown, GIL released) when Python finalizes is ended by pthread_exit as it takes the GIL back, which can abort
+    the process (as fast/producer.py's ``_stop_producers`` says of the producer threads)."""
+    for t in list(_REAPERS):
+        if t is not threading.current_thread():
+            t.join(timeout=30)
+
+
+def _close_all(decs: list) -> None:
+    """Close each decoder; one that fails to is named in a warning, the others are still closed (at an epoch's end
+    this runs in a thread of its own, where an exception would only reach threading.excepthook)."""
+    for dec in decs:
+        try:
+            dec.close()
+        except Exception as e:  # noqa: BLE001  (a teardown failure must not leave the other decoders open)
+            warn_once(f"decoder-close-{type(dec).__name__}", f"fastload: closing the {type(dec).__name__} of an "
+                      f"image field failed ({type(e).__name__}: {e}); its resources go when it is collected")

@@ -20,8 +20,9 @@
   a write, that are not ordered are recorded in ``races`` (and by default raise at once).
 
 Device tensors are CPU tensors over the arena, so data races also corrupt data as on a GPU. Queued ops
-reach memory by address and keep no tensor alive (a GPU kernel does not either), so use counts see what
-they would on a GPU. Host memory a queued copy reads must stay allocated until the copy runs: with CUDA,
+reach memory by address and keep no device tensor alive (a GPU kernel does not either; ``launch`` swaps what a
+production function captured for raw views), so use counts, and the slot ring, see what they would on a GPU.
+Host memory a queued copy reads must stay allocated until the copy runs: with CUDA,
 torch's caching host allocator defers reusing a freed pinned block until its copies' events completed
 (and a copy from pageable memory returns only once it has read it); the tests keep their loaders alive.
 """
@@ -31,7 +32,9 @@ from __future__ import annotations
 import collections
 import contextlib
 import ctypes
+import itertools
 import threading
+import types
 from typing import Any, Callable, NamedTuple
 
 import numpy as np
@@ -86,8 +89,13 @@ def _raw(desc: tuple) -> torch.Tensor:
 
 
 class SimStream:
+    _made = itertools.count()
+
     def __init__(self, name: str, blocking: bool = False):
         self.name = name
+        # its vector clock entry: two loaders' streams of one name (each decoder's 'rows', 'nvjpeg') are two
+        # streams; keyed by name, what the host learned of one ordered the other's work (hiding their races)
+        self.key = f"{name}#{next(SimStream._made)}"
         self.blocking = blocking  # synchronises implicitly with the legacy default stream (cudaStreamDefault)
         self.ops: collections.deque = collections.deque()
         self.clock: dict[str, int] = {}
@@ -248,7 +256,48 @@ class SimGpu:
         self.launch(lambda: _raw(d).copy_(_raw(s)), reads=(src,), writes=(dst,), what="copy")
 
     def launch(self, fn: Callable[[], Any], reads: tuple = (), writes: tuple = (), what: str = "kernel") -> None:
-        self._enqueue(self._current, ("kernel", fn, [_span(t) for t in reads], [_span(t) for t in writes], what))
+        """Queue ``fn`` on the current stream. On CUDA ``fn`` runs at once (it queues kernels) and the tensors it
+        captured die with it; here it runs late, so the device tensors it captured (closure cells, default
+        arguments) are swapped for raw views of their bytes (``_detached``): a slot whose rows a queued kernel
+        writes is free again as soon as Python lets go of it, as on a GPU."""
+        spans = [_span(t) for t in reads], [_span(t) for t in writes]
+        self._enqueue(self._current, ("kernel", self._detached(fn), *spans, what))
+
+    def _loose(self, v: Any) -> Any:
+        """``v`` with its simulated-device tensors (also inside tuples, lists, dicts) as raw views that keep no
+        storage alive; host tensors stay referenced (a queued copy's pinned source, see the module docstring). A
+        container is copied only when it holds such a tensor: one the function fills (a list of what a kernel saw)
+        stays the caller's."""
+        if isinstance(v, torch.Tensor):
+            return _raw(_describe(v)) if self._in_arena(v) else v
+        if type(v) is dict:
+            loose = {k: self._loose(x) for k, x in v.items()}
+            return v if all(loose[k] is x for k, x in v.items()) else loose
+        if type(v) in (list, tuple) or (isinstance(v, tuple) and hasattr(v, "_fields")):  # a named tuple too
+            items = [self._loose(x) for x in v]
+            if all(a is b for a, b in zip(items, v)):
+                return v
+            return type(v)(*items) if hasattr(v, "_fields") else type(v)(items)
+        return v
+
+    def _detached(self, fn: Callable[[], Any]) -> Callable[[], Any]:
+        """A copy of function ``fn`` whose captured device tensors are raw views (``_loose``), in new cells (the
+        function that made ``fn`` keeps its own variables). Other callables are queued as they are."""
+        if not isinstance(fn, types.FunctionType):
+            return fn
+        cells = []
+        for cell in fn.__closure__ or ():
+            try:
+                value = cell.cell_contents
+            except ValueError:  # not yet bound: the maker binds it later, share it
+                cells.append(cell)
+                continue
+            cells.append(types.CellType(self._loose(value)))
+        defaults = None if fn.__defaults__ is None else tuple(self._loose(v) for v in fn.__defaults__)
+        out = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, defaults, tuple(cells) or None)
+        if fn.__kwdefaults__ is not None:
+            out.__kwdefaults__ = {k: self._loose(v) for k, v in fn.__kwdefaults__.items()}
+        return out
 
     def record(self, stream: SimStream, timing: bool = False) -> SimEvent:
         """An event on ``stream`` (every one carries its simulated time, timing or not)."""
@@ -442,7 +491,7 @@ class SimGpu:
             stream.ops.popleft()
             stream.ran += 1
             stream.clock = _join(stream.clock, host)
-            stream.clock[stream.name] = stream.clock.get(stream.name, 0) + 1
+            stream.clock[stream.key] = stream.clock.get(stream.key, 0) + 1
             if kind == "wait":
                 stream.clock = _join(stream.clock, op[1].clock)
                 stream.time = max(stream.time, op[1].time)

@@ -3,8 +3,8 @@ tests/test_gpu_decoders_sim.py's: PIL for nvJPEG, ``FakeDali`` for DALI's pipeli
 
 A GPU decoder's call per batch is long host work (nvJPEG's and DALI's host phases, the plan's uploads): it runs
 in a producer thread whatever ``num_workers`` and the fill policy say (``fast/chain.py``), never in the training
-thread, and so does the end of its life (a non-persistent loader's epoch end: destroying DALI's pipeline may
-synchronise the device)."""
+thread, and so does the end of its life (a non-persistent loader's epoch end closes it in a thread of its own:
+destroying DALI's pipeline may synchronise the device)."""
 
 from __future__ import annotations
 
@@ -64,14 +64,15 @@ def test_gpu_decoders_never_decode_in_the_training_thread(request, monkeypatch, 
 
 
 @pytest.mark.parametrize("decoder", ["nvjpeg", "dali", "auto"])
-@pytest.mark.parametrize("num_workers", [0, 2])
-def test_the_epoch_boundary_leaves_the_gpu_decoders_to_the_producer_thread(request, monkeypatch, one_truncated,
-                                                                          decoder, num_workers):
-    """A non-persistent loader, two epochs under lag: across the epoch boundary (the end of one, at StopIteration,
-    and the next one's first next()) the training thread never waits for the device. Its GPU decoders are made once,
-    in the producer thread, and kept across epochs: a non-persistent loader closed them in the training thread at
-    each epoch's end (destroying DALI's pipeline, which synchronises the device: simulated here, joining the
-    hybrid's CPU thread) and the next epoch's producer built them again. Dropping the loader leaves no thread."""
+@pytest.mark.parametrize("num_workers,persistent", [(0, False), (2, False), (2, True)], ids=["nw0", "nw2", "nw2-pers"])
+def test_the_epoch_boundary_leaves_the_gpu_decoders_to_other_threads(request, monkeypatch, one_truncated, decoder,
+                                                                     num_workers, persistent):
+    """Two epochs under lag: across the epoch boundary (the end of one, at StopIteration, and the next one's first
+    next()) the training thread never waits for the device. A non-persistent loader releases its GPU decoders at
+    each epoch's end, as torch's workers go (DALI's pipeline and device memory are not held between epochs), but
+    closes them in a thread of its own, never the training thread (destroying DALI's pipeline synchronises the
+    device: simulated here), and the next epoch's producer makes new ones; a persistent one makes them once and
+    keeps them. Dropping the loader leaves no thread."""
     sim = request.getfixturevalue("dali_on_sim" if decoder == "dali" else "nvjpeg_on_sim")
     if decoder == "auto":
         monkeypatch.setattr(hybrid, "_installed_gpu_decoder", lambda: (decoders.kind("nvjpeg"), []))
@@ -86,20 +87,46 @@ def test_the_epoch_boundary_leaves_the_gpu_decoders_to_the_producer_thread(reque
 
         monkeypatch.setattr(cls, "close", close)
     real_make = _images.ImageDecoding._decoder
-    monkeypatch.setattr(_images.ImageDecoding, "_decoder", lambda self, hw: (
-        made.append(threading.current_thread().name), real_make(self, hw))[1])
+    monkeypatch.setattr(_images.ImageDecoding, "_decoder", lambda self, *a: (
+        made.append(threading.current_thread().name), real_make(self, *a))[1])
     ds = fastload.open(one_truncated, transforms={"image": [T.RandomResizedCrop(16)]})
     loader = fastload.DataLoader(ds, batch_size=4, shuffle=True, seed=1, num_workers=num_workers, decoder=decoder,
-                                 on_error="skip", device="cuda")
+                                 on_error="skip", device="cuda", persistent_workers=persistent)
     epochs = [run(sim, loader, sim.default, lag=True) for _ in range(2)]
     assert [len(e) for e in epochs] == [5, 5]
     assert not sim.races
     assert not sim.waits_in(busy=False), sim.waits_in(busy=False)  # no host wait at all in the training thread
-    assert not [c for c in closed if c[1] == threading.current_thread().name], closed
-    assert made == ["fastload-batcher"], made
+    main = threading.current_thread().name
+    assert not [c for c in closed if c[1] == main], closed
+    assert made == ["fastload-batcher"] * (1 if persistent else 2), made
+    deadline = time.monotonic() + 5
+    gpu = {"dali": "DaliDecoder", "nvjpeg": "NvjpegDecoder", "auto": "NvjpegDecoder"}[decoder]
+    while time.monotonic() < deadline and sum(what == gpu for what, _ in closed) < (0 if persistent else 2):
+        time.sleep(0.01)
+    # each epoch's GPU decoder closed (the hybrid's with it), in the closing thread; the hybrid's split (its CPU
+    # thread, shared by the epochs' hybrids) stays with the loader
+    expected = [] if persistent else [gpu] * 2 + (["HybridDecoder"] * 2 if decoder == "auto" else [])
+    assert sorted(what for what, _ in closed) == sorted(expected), closed
+    assert {t for _, t in closed} <= {"fastload-decoder-close"}, closed
     del loader, epochs
     gc.collect()
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline and set(threading.enumerate()) - before:
         time.sleep(0.01)
     assert not [t.name for t in set(threading.enumerate()) - before]  # the producers, the hybrid's CPU thread
+
+
+def test_decoders_still_closing_at_interpreter_exit_are_waited_for(nvjpeg_on_sim, monkeypatch, one_truncated):
+    """The thread an epoch's end closes the decoders in is a daemon: at exit, the atexit hook waits for it, so that
+    it is never ended inside a native teardown (DALI's) as Python finalizes."""
+    release = threading.Event()
+    real_close = nvjpeg.NvjpegDecoder.close
+    monkeypatch.setattr(nvjpeg.NvjpegDecoder, "close", lambda self: (release.wait(5), real_close(self))[1])
+    ds = fastload.open(one_truncated, transforms={"image": [T.RandomResizedCrop(16)]})
+    loader = fastload.DataLoader(ds, batch_size=4, decoder="nvjpeg", on_error="skip", device="cuda")
+    run(nvjpeg_on_sim, loader, nvjpeg_on_sim.default, lag=False)  # the epoch's end hands the decoder to a thread
+    closing = [t for t in _images._REAPERS if t.is_alive()]
+    assert len(closing) == 1 and closing[0].daemon
+    threading.Timer(0.2, release.set).start()
+    _images._join_reapers()  # what atexit runs
+    assert not closing[0].is_alive()

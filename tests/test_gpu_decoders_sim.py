@@ -7,6 +7,7 @@ consumer lags; a corrupt JPEG is skipped."""
 from __future__ import annotations
 
 import collections
+import gc
 import io
 import re
 import threading
@@ -168,8 +169,8 @@ def test_gpu_decoder_under_lag_never_makes_the_training_thread_wait(request, mor
     consumer = sim.default if stream == "default" else sim.new_stream("user")
     waits_on_decoder = []
     real_wait = sim.wait
-    sim.wait = lambda s, ev: (waits_on_decoder.append((s, ev and ev.stream.name)) if s.name == decoder else None,
-                              real_wait(s, ev))[1]
+    sim.wait = lambda s, ev: (waits_on_decoder.append((s, ev and ev.stream.name, ev)) if s.name == decoder
+                              else None, real_wait(s, ev))[1]
     ds = fastload.open(more_batches_than_slots,
                        transforms={"image": [T.RandomResizedCrop(16), T.RandomHorizontalFlip()]})
     kw = dict(batch_size=4, shuffle=True, seed=3, num_workers=num_workers, decoder=decoder, on_error="skip",
@@ -179,9 +180,12 @@ def test_gpu_decoder_under_lag_never_makes_the_training_thread_wait(request, mor
     del sim.host_waits[:]
     waits_on_decoder.clear()
     filled = collections.defaultdict(list)  # each decoder's stream -> the row buffer of each batch it decoded
+    handovers = {}  # the events a row buffer was handed on with before each fill (ImageDecoding._ready), by id
     real_fill = _images.ImageDecoding.fill
 
     def fill(self, pool, pipeline, f, slot, *a, **kw):
+        ev = self._ready.get(slot.tensors[f.name].data_ptr())
+        handovers[id(ev)] = ev  # kept: an id is unique only while its object lives
         failures = real_fill(self, pool, pipeline, f, slot, *a, **kw)
         filled[id(self._decoders[f.name].decoder.streams.side)].append(slot.tensors[f.name].data_ptr())
         return failures
@@ -201,15 +205,22 @@ def test_gpu_decoder_under_lag_never_makes_the_training_thread_wait(request, mor
     for (x, y), (sx, sy) in zip(ref, seen):
         assert torch.equal(x, sx) and torch.equal(y, sy)
     assert loader.stats()["skipped"] == 2
-    # a decoder's stream waited only for the rows' allocation stream, never for the training loop, and only at
-    # its first use of a row buffer: an epoch has more batches than the host ring has slots, so buffers are
-    # reused, and the decoder is kept across epochs although the loader is not persistent (Batcher.end_epoch)
-    assert waits_on_decoder and {on for _, on in waits_on_decoder} == {"rows"}, waits_on_decoder
-    per_stream = collections.Counter(id(st) for st, _ in waits_on_decoder)
-    assert len(per_stream) == 1 and per_stream.keys() == filled.keys()
+    # a decoder's stream waited on the training loop never, on the rows' allocation stream (the fence) only at its
+    # first use of a row buffer (an epoch has more batches than the host ring has slots, so buffers are reused),
+    # and at every later fill on that buffer's previous hand-over only (a batch may have been dropped unread,
+    # ImageDecoding.fill), the events of the decoders, of the hybrid's copy or of the on_error fix-up. The loader is
+    # not persistent: each epoch has a decoder of its own (Batcher.end_epoch), with a stream of its own
+    fences = [(st, on) for st, on, ev in waits_on_decoder if id(ev) not in handovers]
+    after = [(st, on) for st, on, ev in waits_on_decoder if id(ev) in handovers]
+    assert fences and {on for _, on in fences} == {"rows"}, fences
+    assert {on for _, on in after} <= {decoder, "rows"}, after
+    per_stream = collections.Counter(id(st) for st, _ in fences)
+    afters = collections.Counter(id(st) for st, _ in after)
+    assert len(per_stream) == 2 and per_stream.keys() == filled.keys()
     for stream, buffers in filled.items():
-        assert len(buffers) == 18  # batches of the two epochs
+        assert len(buffers) == 9  # the batches of its epoch
         assert per_stream[stream] == len(set(buffers)) < 9, (per_stream[stream], buffers)
+        assert afters[stream] == len(buffers) - len(set(buffers)), (afters[stream], buffers)
 
 
 def test_hybrid_under_lag_hands_its_rows_on_with_one_event(nvjpeg_on_sim, one_truncated, monkeypatch):
@@ -323,34 +334,42 @@ def test_gpu_decoders_decode_on_the_device_current_at_the_first_iteration(nvjpeg
     assert images._decoders["image"].decoder.device == torch.device("cuda", 2)
 
 
-@pytest.mark.parametrize("closed", [False, True], ids=["kept", "closed"])
+@pytest.mark.parametrize("lifetime", ["persistent", "epoch", "closed"])
 def test_an_abandoned_epochs_queued_decodes_are_ordered_before_the_next_decoders_writes(dali_on_sim, one_truncated,
-                                                                                       closed):
+                                                                                       lifetime):
     """An epoch left after one batch while the producer had decoded more (their work still queued on the
     decoder's stream): the next epoch writes the same row buffers only after that work, with the decoder kept
-    across epochs (its own stream orders it) or with a new one, with a stream of its own, after the decoders were
-    closed (``ImageDecoding.close``, as ``Batcher.close`` does). (The rule is in _images.py, common to the
-    decoders; with nvjpeg's stand-in this scenario did not reach a reused buffer in the runs tried, so the test
-    runs DALI's fake.)"""
+    (a persistent loader: its own stream and its wait on each buffer's latest hand-over order it), or with a new
+    one, with a stream of its own, after a non-persistent loader's epoch end released the old one or after
+    ``ImageDecoding.close`` (as ``Batcher.close`` does). (The rule is in _images.py, common to the decoders; with
+    nvjpeg's stand-in this scenario did not reach a reused buffer in the runs tried, so the test runs DALI's
+    fake.)"""
     sim = dali_on_sim
     ds = fastload.open(one_truncated, transforms={"image": [T.RandomResizedCrop(16)]})
-    kw = dict(batch_size=4, seed=1, num_workers=2, decoder="dali", on_error="skip", device="cuda")
+    kw = dict(batch_size=4, seed=1, num_workers=2, decoder="dali", on_error="skip", device="cuda",
+              persistent_workers=lifetime != "epoch")
     plain = fastload.DataLoader(ds, **kw)
     ref = [run(sim, plain, sim.default, lag=False) for _ in range(2)][1]  # the second epoch
     loader = fastload.DataLoader(ds, **kw)
     it = iter(loader)
     next(it)  # the decoder's stream does not run: the producer's next decodes stay queued
+    kept = loader._batcher.images._decoders["image"]
     for _ in range(100):
         if loader._ring is not None and len(loader._ring) >= 3:
             break
         time.sleep(0.01)
     assert len(loader._ring) >= 3  # batches decoded ahead, never handed out
     del it
-    kept = loader._batcher.images._decoders["image"]
-    if closed:
+    gc.collect()
+    assert ("image" in loader._batcher.images._decoders) == (lifetime != "epoch")  # released at the epoch's end
+    if lifetime == "closed":
         loader._batcher.images.close()
+    made = []
+    real_make = _images.ImageDecoding._decoder
+    loader._batcher.images._decoder = lambda *a: made.append(a) or real_make(loader._batcher.images, *a)
     seen = run(sim, loader, sim.default, lag=True)
-    assert (loader._batcher.images._decoders["image"] is kept) != closed
+    assert (loader._batcher.images._decoders.get("image") is kept) == (lifetime == "persistent")
+    assert len(made) == (lifetime != "persistent")  # a new decoder, or none
     assert not sim.races
     for (x, y), (sx, sy) in zip(ref, seen):
         assert torch.equal(x, sx) and torch.equal(y, sy)
@@ -375,7 +394,8 @@ def test_auto_whose_dali_cannot_build_its_pipeline_falls_back_with_one_warning(r
                                                                               nvjpeg_works):
     """decoder='auto' paired DALI (it imports), whose pipeline fails to build when the decoder is made, at the first
     batch in the producer thread: one warning with DALI's reason, and the batches are those of the next usable GPU
-    decoder (nvjpeg, when it works) or of native threads alone, in both epochs (the decoder made once). Only
+    decoder (nvjpeg, when it works) or of native threads alone, in both epochs (the loader is not persistent: a
+    decoder made each epoch, DALI tried once). Only
     ImportError was caught: the RuntimeError reached the training loop at its first next()."""
     from fastload import decoders
     from fastload.decoders import hybrid
@@ -422,7 +442,7 @@ def test_auto_whose_dali_cannot_build_its_pipeline_falls_back_with_one_warning(r
         assert len(epoch) == len(expected) == 5
         for (x, y), (sx, sy) in zip(expected, epoch):
             assert torch.equal(x, sx) and torch.equal(y, sy)
-    assert paired == ["NvjpegDecoder" if nvjpeg_works else None]
+    assert paired == ["NvjpegDecoder" if nvjpeg_works else None] * 2
     assert (loader.stats()["hybrid"] is not None) == nvjpeg_works  # a GPU decoder shares the batches, or none does
 
 

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import fastload
-from fastload import decoders
+from fastload import _images, decoders
 from fastload import transforms as T
 from fastload.decoders import hybrid
 from test_gpu_decoders_sim import dali_on_sim, nvjpeg_on_sim, one_truncated, run  # noqa: F401  (fixtures)
@@ -67,6 +67,10 @@ def test_a_lagging_consumer_gets_the_batches_of_one_that_never_lags(request, mon
               memory_format=fmt, on_error="skip")
     ref = epochs(sim, fastload.DataLoader(ds, device="cuda", decoder=decoder, **kw), lag=False)
     del sim.host_waits[:]
+    made = []  # the decoders the loader made (a non-persistent one lets them go at each epoch's end)
+    real_make = _images.ImageDecoding._decoder
+    monkeypatch.setattr(_images.ImageDecoding, "_decoder",
+                        lambda self, *a: made.append(real_make(self, *a)) or made[-1])
     loader = fastload.DataLoader(ds, device="cuda", decoder=decoder, **kw)
     seen = epochs(sim, loader, lag=True)
     assert not sim.races
@@ -78,6 +82,13 @@ def test_a_lagging_consumer_gets_the_batches_of_one_that_never_lags(request, mon
     assert loader.stats()["skipped"] == EPOCHS
     images = loader._batcher.images  # the decoder asked for is the one that ran
     assert (images.device is None) == (decoder == "native") and (images.hybrid is not None) == (decoder == "auto")
+    assert len(made) == (1 if persistent else EPOCHS)  # made once, or each epoch
+    for dec in made:  # 'auto': a hybrid with nvjpeg's GPU half switched on (cpu_only is a hybrid too)
+        gpu = dec.gpu if decoder == "auto" else dec
+        assert type(getattr(gpu, "decoder", gpu)).__name__ == {"native": "NativeDecoder", "nvjpeg": "NvjpegDecoder",
+                                                               "dali": "DaliDecoder", "auto": "NvjpegDecoder"}[decoder]
+    if decoder == "auto":
+        assert not images.hybrid.cpu_only and loader.stats()["hybrid"] is not None
     if decoder == "native":  # and the CPU loader's batches
         cpu = fastload.DataLoader(ds, **kw)
         assert_same([(x.clone(), y.clone()) for _ in range(EPOCHS) for x, y in cpu], seen, normalize, exact=False)

@@ -211,3 +211,48 @@ def test_timing_events_report_the_simulated_time_of_late_execution():
     assert sim.elapsed(start, end) == pytest.approx(1.0) and not after.complete
     sim.run_all()
     assert sim.elapsed(end, after) == pytest.approx(1.0)  # waited until the other stream's 2 s
+
+
+# -- what queued work keeps alive, whose clock is whose -------------------------------------------------
+def test_queued_work_keeps_no_device_tensor_alive():
+    """On CUDA a launch returns with the kernels queued and the tensors its function captured die with it: a
+    slot whose rows a queued kernel writes is free again (use counts back to their baseline) as soon as Python
+    lets go of it. The simulator's late closure used to keep them alive until it ran (the slot stayed held, so
+    no test reached a reused buffer); now it holds raw views of the bytes, and still writes them when it runs."""
+    from fastload._ring import use_count
+
+    sim = SimGpu()
+    x = sim.alloc((1024,), torch.uint8)
+    base = use_count(x)
+    view = x[:512]
+    sim.launch(lambda: view.fill_(3), writes=(view,))  # a closure cell
+    sim.launch(lambda t=x[512:]: t.fill_(4), writes=(x[512:],))  # a default argument
+    sim.launch(lambda ts=(x[:1],): ts[0].fill_(5), writes=(x[:1],))  # inside a tuple
+    del view
+    assert use_count(x) == base
+    sim.run_all()
+    assert int(x[0]) == 5 and int(x[1]) == 3 and int(x[600]) == 4
+    seen: list = []
+    read(sim, x, seen)  # a host list the function fills stays the caller's
+    sim.run_all()
+    assert len(seen) == 1
+
+
+def test_two_streams_of_one_name_have_clocks_of_their_own():
+    """Two loaders each fork a stream named 'rows': what the host learned of one must not order the other's work
+    (keyed by name, it did, and hid a race)."""
+    sim = SimGpu()
+    a, b = sim.new_stream("rows"), sim.new_stream("rows")
+    x = sim.alloc((1024,), torch.uint8)
+    with sim.stream(b):
+        write(sim, x, 1, what="b's writer")
+    with sim.stream(a):
+        for _ in range(5):
+            write(sim, sim.alloc((16,), torch.uint8), 0)
+        ev = sim.record(a)
+    sim.run(a)
+    assert sim.done(ev)  # the host learned a's clock, ahead of b's: nothing of b
+    write(sim, x, 2, what="default's writer")
+    sim.run(b)
+    with pytest.raises(Race, match="b's writer on rows and write by default's writer"):
+        sim.run(sim.default)

@@ -32,6 +32,10 @@ class ImageDecoder(Protocol):
 
     def fence(self, out: Any) -> None: ...  # GPU decoders: ``out`` is new (see decoders/nvjpeg.py)
 
+    # GPU decoders: every stream that writes the rows waits (on the device) on ``event``, the rows' latest
+    # hand-over, before this decoder's next writes (see ``ImageDecoding.fill``)
+    def after(self, event: Any) -> None: ...
+
     # GPU decoders: the event after the latest decode's last write of ``out``; readers wait on it on the
     # device (None, or no such method: complete when decode returns)
     def ready_event(self) -> Any: ...
@@ -50,6 +54,13 @@ class DecoderContext:
     num_threads: int
     native: Any  # the loader's NativeDecoder (its pool is the batcher's, set before each batch)
     fork_stream: Callable[[str], Any]  # a stream of the rows' streams backend (``_ring``) for the decoder's work
+    field: str = ""  # the image field (decoder='auto' keeps each field's GPU half on or off on its own)
+
+
+class DecoderSetupError(RuntimeError):
+    """A decoder could not set itself up here (DALI's pipeline), at ``make`` or when ``decode`` has to set up again
+    (DALI rebuilds its pipeline after a failed batch): no sample's fault. ``decoder='auto'`` then decodes with
+    CPU threads instead, with a warning; a decoder asked for by name raises it."""
 
 
 def _usable() -> None:
@@ -158,6 +169,9 @@ class JpegOnly:
 
     def fence(self, out: Any) -> None:
         self.decoder.fence(out)
+
+    def after(self, event: Any) -> None:
+        self.decoder.after(event)
 
     def ready_event(self) -> Any:
         return self.decoder.ready_event()

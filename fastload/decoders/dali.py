@@ -86,7 +86,7 @@ import torch
 from .._native import is_jpeg
 from .._ring import streams_for
 from .._augment.engine_torch import assemble_rows, augment_rows, padding_columns
-from ._base import DecoderContext, DecoderKind, JpegOnly, check_augment
+from ._base import DecoderContext, DecoderKind, DecoderSetupError, JpegOnly, check_augment
 from ._staging import Uploads, augment_queued, beyond_flips, decode_sizes
 
 __all__ = ["DaliBuildError", "DaliDecoder", "INSTALL_HINT"]
@@ -128,7 +128,7 @@ def _positive(value: Any, what: str) -> int:
     return int(value)
 
 
-class DaliBuildError(RuntimeError):
+class DaliBuildError(DecoderSetupError):
     """DALI imported but could not build its pipeline here (no GPU it can use, a DALI that does not match the
     driver, out of memory...): no sample's fault, so ``decode`` never reports it as failed samples."""
 
@@ -289,11 +289,18 @@ class DaliDecoder:
     def fence(self, out: torch.Tensor) -> None:
         """``out`` is new: it was allocated on this thread's current stream, whose queued kernels may still
         use its memory (the slot ring's rule 3, fastload/_ring.py); our stream writes only after them. Once
-        per buffer: a slot is refilled only after the copy that read it completed."""
+        per buffer; later batches wait only on the buffer's previous hand-over (``after``)."""
         s = self.streams
         if s is not None:
             s.wait(s.side, s.record(s.consumer()))
             s.record_stream(out, s.side)  # freed (the ring let go of it) only once our writes have run
+
+    def after(self, event: Any) -> None:
+        """Our next writes come after ``event`` (a row buffer's latest hand-over, as ``NvjpegDecoder.after``);
+        a device-side wait (none in CPU-only mode: its rows are complete when decode returns)."""
+        s = self.streams
+        if s is not None:
+            s.wait(s.side, event)
 
     def ready_event(self) -> Any:
         """The event after the latest ``decode``'s last write of its rows (None in CPU-only mode: complete)."""

@@ -36,7 +36,7 @@ from typing import Any, Callable
 import torch
 
 from .._ring import host_empty, pinned_memory_usable, streams_for, warn_once
-from ._base import DecoderContext, DecoderKind
+from ._base import DecoderContext, DecoderKind, DecoderSetupError
 
 
 class DeviceTimer:
@@ -68,15 +68,20 @@ class HybridSplit:
         self.smoothing = smoothing
         self.cpu_share = float(cpu_share)
         self.cpu_rate: float | None = None  # samples/s while both run
-        self.cpu_only = False  # no usable GPU decoder (decoder='auto' fell back): every sample to the CPU
+        self.gpu_fields: dict[str, bool] = {}  # image field -> whether its hybrid has a GPU half (its set-up worked)
         self.gpu_rate: float | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._pending: collections.deque = collections.deque()  # (samples, timer, mark) of GPU halves queued
         self._timing = threading.Lock()
 
+    @property
+    def cpu_only(self) -> bool:
+        """No image field has a usable GPU decoder (decoder='auto' fell back everywhere): nothing to split."""
+        return bool(self.gpu_fields) and not any(self.gpu_fields.values())
+
     def split(self, n: int) -> int:
         """How many of ``n`` samples the CPU decodes (the first ones)."""
-        if n < 2 or self.cpu_only:
+        if n < 2:
             return n
         return min(n - 1, max(1, round(n * self.cpu_share)))
 
@@ -156,8 +161,9 @@ class HybridDecoder:
     still being read, one more is made). One batch at a time (a lock), as the GPU decoders.
     """
 
-    def __init__(self, cpu: Any, gpu: Any, split: HybridSplit, rows: int, streams: Any = None):
-        self.cpu, self.gpu, self.split, self.rows = cpu, gpu, split, rows
+    def __init__(self, cpu: Any, gpu: Any, split: HybridSplit, rows: int, streams: Any = None, field: str = ""):
+        self.cpu, self.gpu, self.split, self.rows, self.field = cpu, gpu, split, rows, field
+        split.gpu_fields[field] = gpu is not None  # None: this field's every sample to the CPU threads
         self._hosts: list[list] = []  # [pinned host rows, event after the copy that read them]
         self.streams = streams
         self.ready = None
@@ -170,6 +176,13 @@ class HybridDecoder:
         s = self._streams(out)
         s.wait(s.side, s.record(s.consumer()))
         s.record_stream(out, s.side)  # freed (the ring let go of it) only once our copies have run
+
+    def after(self, event: Any) -> None:
+        """Both halves' next writes (the GPU decoder's stream, our copy stream) come after ``event``."""
+        if self.gpu is not None:
+            self.gpu.after(event)
+        if event is not None:
+            self.streams.wait(self.streams.side, event)
 
     def _timer(self) -> DeviceTimer | None:
         """Timing on the GPU decoder's stream (its own ``streams``, or those of the decoder a ``JpegOnly``
@@ -197,13 +210,34 @@ class HybridDecoder:
             return fails
 
         with self._lock:
-            fails = self.split.run(n, cpu, lambda k: self.gpu.decode(sources[k:], plan.take(k, n), out[k:]),
-                                   self._timer())
+            if self.gpu is None:  # this field's GPU decoder could not be set up: every sample to the CPU threads
+                fails = cpu(n)
+            else:
+                try:
+                    fails = self.split.run(n, cpu, lambda k: self.gpu.decode(sources[k:], plan.take(k, n), out[k:]),
+                                           self._timer())
+                except DecoderSetupError as e:  # set up again inside decode (DALI's rebuild) and failed
+                    self._lose_gpu(e)
+                    fails = cpu(n)  # the whole batch again, ordered after the GPU half's queued writes
             # one event for the whole batch: after the copy and after the GPU decoder's writes
             ready = getattr(self.gpu, "ready_event", None)  # None: a decoder complete when it returns
             s.wait(s.side, ready() if ready is not None else None)
             self.ready = s.record(s.side)
         return fails
+
+    def _lose_gpu(self, err: Exception) -> None:
+        """The GPU decoder failed to set itself up again mid-run: this field decodes with CPU threads from now on
+        (one warning), after what the GPU decoder had queued (our copy stream waits for its stream), and the GPU
+        decoder is closed (here, in the producer thread)."""
+        gpu, self.gpu = self.gpu, None
+        gs = getattr(getattr(gpu, "decoder", gpu), "streams", None)
+        if getattr(gs, "side", None) is not None:
+            self.streams.wait(self.streams.side, gs.record(gs.side))
+        self.split.gpu_fields[self.field] = False
+        name = type(getattr(gpu, "decoder", gpu)).__name__
+        warn_once(f"auto-lost-{name}", f"fastload: decoder='auto' cannot use its GPU decoder any more "
+                                       f"({name}: {err}); image field {self.field!r} is decoded by CPU threads only")
+        gpu.close()
 
     def ready_event(self) -> Any:
         """The event after the latest ``decode``'s last write (both halves)."""
@@ -307,8 +341,7 @@ def _choose(on_gpu: bool) -> DecoderKind:
             instead = "images are decoded by CPU threads only" if gpu is None else \
                 f"CPU threads share each batch with {chosen[0].name!r} instead"
             warn_once("auto-unusable", f"fastload: decoder='auto' cannot use {', '.join(why)}; {instead}")
-        split.cpu_only = gpu is None
-        return HybridDecoder(ctx.native, gpu, split, ctx.batch_size, ctx.fork_stream("hybrid copy"))
+        return HybridDecoder(ctx.native, gpu, split, ctx.batch_size, ctx.fork_stream("hybrid copy"), ctx.field)
 
     # the native half runs the augmentation fused with decoding, the GPU half as its decoder does
     return DecoderKind("auto", make=make, gpu=True, split=split, augments=partner.augments, refuses=partner.refuses)

@@ -134,10 +134,15 @@ class NvjpegDecoder:
     def fence(self, out: torch.Tensor) -> None:
         """``out`` was just allocated on the current stream (the loader's rows stream), whose queued kernels
         may still use its memory (rule 3 of fastload/_ring.py): this decoder's stream waits for them, once
-        per buffer. Later batches need no wait: a slot is refilled only after the copy that read it completed."""
+        per buffer. Later batches wait only on the buffer's previous hand-over (``after``)."""
         s = self.streams
         s.wait(s.side, s.record(s.consumer()))
         s.record_stream(out, s.side)  # freed (the ring let go of it) only once our writes have run
+
+    def after(self, event: Any) -> None:
+        """Our next writes come after ``event`` (a row buffer's latest hand-over: a batch filled there and never
+        read, whose fix-ups or copies may still be queued on other streams); a device-side wait."""
+        self.streams.wait(self.streams.side, event)
 
     def decode(self, blobs: Sequence[Any], plan: Any, out: torch.Tensor) -> list[tuple[int, str]]:
         """Decode ``blobs[k]``, crop ``plan.crops[k]`` (top, left, height, width), resize to ``out_hw``, mirror

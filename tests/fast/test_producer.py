@@ -158,14 +158,18 @@ def test_fast_path_worker_advice_speaks_of_threads(records):
 
 
 @pytest.mark.parametrize("persistent", [False, True])
-def test_the_native_threads_and_decoders_outlive_an_epoch_and_per_sample_workers_do_not(records, monkeypatch,
+def test_the_native_threads_outlive_an_epoch_and_decoders_and_per_sample_workers_do_not(records, monkeypatch,
                                                                                        persistent):
     """Starting a pool's threads each epoch cost more than an epoch of small batches (bench/suite.py's tiny
-    records ran 8-21% slower at num_workers=2 than at 0): every loader keeps its pool across epochs, and its
-    decoders (a GPU decoder's teardown may synchronise the device, tests/test_gpu_decoder_threads_sim.py); a
-    non-persistent one still ends its per-sample transform workers at each epoch's end, as torch's would go."""
+    records ran 8-21% slower at num_workers=2 than at 0): every loader keeps its pool across epochs. A
+    non-persistent one ends, at each epoch's end, what torch's workers would take with them: its per-sample
+    transform workers and its decoders (``ImageDecoding.end_epoch``, GPU decoders closed off the training thread,
+    tests/test_gpu_decoder_threads_sim.py counts them), never the whole ``ImageDecoding`` (``close``); a persistent one keeps
+    them."""
     closed = []
-    monkeypatch.setattr(fastload._images.ImageDecoding, "end_epoch", lambda self: closed.append(1))
+    real_end = fastload._images.ImageDecoding.end_epoch
+    monkeypatch.setattr(fastload._images.ImageDecoding, "end_epoch",
+                        lambda self: (closed.append(1), real_end(self)))
     monkeypatch.setattr(fastload._images.ImageDecoding, "close", lambda self: closed.append("decoders"))
     loader = fastload.DataLoader(records, batch_size=256, num_workers=2, persistent_workers=persistent)
     pools, closes = [], []
