@@ -29,11 +29,10 @@ import fastload
 from fastload import _ring, decoders
 from fastload import transforms as T
 from fastload.decoders import hybrid
-from fastload.fast import device as device_stage
 from fastload.fast import producer as producer_stage
 from sim_streams import HostWait, SimGpu
 from test_gpu_decoders_sim import dali_on_sim, more_batches_than_slots, nvjpeg_on_sim, others  # noqa: F401
-from test_ring import SimPinning
+from test_ring import install_sim
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -75,13 +74,7 @@ class FrozenGpu(SimGpu):
 def sim_cuda(monkeypatch):
     """fastload.DataLoader(device='cuda') on a FrozenGpu (test_ring.py's fixture of that name, which the GPU
     decoders' fixtures build on, with this device)."""
-    sim = FrozenGpu()
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(device_stage, "streams_for", lambda device: sim)
-    monkeypatch.setattr(_ring, "PINNED", SimPinning(sim))
-    monkeypatch.setattr(_ring, "_pinned_by", None)
-    return sim
+    return install_sim(monkeypatch, FrozenGpu())
 
 
 class Watchdog:

@@ -233,16 +233,20 @@ class SimPinning:
         return self.sim.host_empty(shape, dtype)
 
 
-@pytest.fixture
-def sim_cuda(monkeypatch):
-    """fastload.DataLoader(device='cuda') running on a SimGpu, host slots pinned as on a GPU machine."""
-    sim = SimGpu()
+def install_sim(monkeypatch, sim):
+    """Make ``sim`` the device fastload.DataLoader(device='cuda') runs on, host slots pinned as on a GPU machine."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(device_stage, "streams_for", lambda device: sim)
     monkeypatch.setattr(_ring, "PINNED", SimPinning(sim))
     monkeypatch.setattr(_ring, "_pinned_by", None)
     return sim
+
+
+@pytest.fixture
+def sim_cuda(monkeypatch):
+    """fastload.DataLoader(device='cuda') running on a SimGpu, host slots pinned as on a GPU machine."""
+    return install_sim(monkeypatch, SimGpu())
 
 
 @pytest.fixture(scope="module")
