@@ -19,7 +19,7 @@ from torch.nn import functional as F
 import fastload
 from fastload import transforms as T
 
-from conftest import make_image_folder
+from conftest import packed_image_folder
 
 pytestmark = pytest.mark.timeout(120)
 ROOT = Path(__file__).resolve().parent.parent
@@ -128,9 +128,7 @@ def test_data_parallel_is_a_finding(arrays):
 
 @pytest.fixture(scope="module")
 def images(tmp_path_factory):
-    root = tmp_path_factory.mktemp("doctor_images")
-    fastload.pack(make_image_folder(root / "src", classes=2, per_class=12), root / "ds", workers=0)
-    return root / "ds"
+    return packed_image_folder(tmp_path_factory.mktemp("doctor_images"), classes=2, per_class=12)
 
 
 def image_loader(images, workers):

@@ -17,14 +17,12 @@ from torch.utils.data import TensorDataset
 import fastload
 from fastload import transforms as T
 
-from conftest import make_image_folder
+from conftest import packed_image_folder
 
 
 @pytest.fixture(scope="module")
 def images(tmp_path_factory):
-    root = tmp_path_factory.mktemp("dropin")
-    fastload.pack(make_image_folder(root / "src", classes=2, per_class=7), root / "ds", workers=0)
-    return root / "ds"
+    return packed_image_folder(tmp_path_factory.mktemp("dropin"), classes=2, per_class=7)
 
 
 def train(path, **kw):

@@ -18,7 +18,7 @@ import fastload
 from fastload import transforms as T
 from fastload.fast.order import Order
 
-from conftest import make_image_folder
+from conftest import packed_image_folder
 
 
 @pytest.fixture(scope="module")
@@ -33,9 +33,7 @@ def arrays(tmp_path_factory):
 # 18 pictures, not conftest's 12: the resume test needs more than the 2 batches of 3 it skips on each of 2 ranks
 @pytest.fixture(scope="module")
 def images(tmp_path_factory):
-    root = tmp_path_factory.mktemp("sampled_images")
-    fastload.pack(make_image_folder(root / "src", classes=2, per_class=9), root / "ds", workers=0)
-    return root / "ds"
+    return packed_image_folder(tmp_path_factory.mktemp("sampled_images"), classes=2, per_class=9)
 
 
 def labels(loader) -> list[int]:

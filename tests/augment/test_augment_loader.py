@@ -29,7 +29,7 @@ import torch
 
 import fastload
 import fastload.transforms as T
-from conftest import make_image_folder, resumed_and_reference
+from conftest import packed_image_folder, resumed_and_reference
 from fastload._augment.pipeline import reference
 from fastload.transforms import ImagePipeline
 
@@ -40,10 +40,7 @@ OUT = (48, 56)
 
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory):
-    root = tmp_path_factory.mktemp("aug_loader")
-    make_image_folder(root / "src", classes=4, per_class=12)
-    fastload.pack(root / "src", root / "ds", workers=0)
-    return root / "ds"
+    return packed_image_folder(tmp_path_factory.mktemp("aug_loader"), classes=4, per_class=12)
 
 
 def recorded_plans(monkeypatch) -> list:

@@ -13,7 +13,7 @@ import torch
 
 import fastload
 import fastload.transforms as T
-from conftest import make_image_folder
+from conftest import packed_image_folder
 from fastload._augment.mix import MixPlan, apply_mix, mix_labels
 from fastload.fast.collate import Collator
 from mix_common import bound, max_error, normalized64, plans, soft_labels64, torchvision_mix  # noqa: F401 (plans: a fixture)
@@ -25,10 +25,8 @@ MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory):
-    root = tmp_path_factory.mktemp("mix_fused")
-    make_image_folder(root / "src", classes=K, per_class=6)  # 24 images: batches of 5 end with one of 4
-    fastload.pack(root / "src", root / "ds", workers=0)
-    return root / "ds"
+    # 24 images: batches of 5 end with one of 4
+    return packed_image_folder(tmp_path_factory.mktemp("mix_fused"), classes=K, per_class=6)
 
 
 def tf(tail=()):

@@ -9,7 +9,7 @@ import torch
 
 import fastload
 import fastload.transforms as T
-from conftest import make_image_folder
+from conftest import packed_image_folder
 from fastload._augment.mix import apply_mix
 from misuse.conftest import user_error
 from mix_common import bound, close_batches, max_error, plans, torchvision_mix  # noqa: F401 (plans: a fixture)
@@ -20,10 +20,7 @@ OUT = (40, 48)
 
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory):
-    root = tmp_path_factory.mktemp("mix_loader")
-    make_image_folder(root / "src", classes=K, per_class=6)
-    fastload.pack(root / "src", root / "ds", workers=0)
-    return root / "ds"
+    return packed_image_folder(tmp_path_factory.mktemp("mix_loader"), classes=K, per_class=6)
 
 
 def image_tf(float_=True):

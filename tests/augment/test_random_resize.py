@@ -12,16 +12,13 @@ import fastload
 from fastload import transforms as T
 from fastload._augment.torchvision_convert import convert
 
-from conftest import make_image_folder, resumed_and_reference
+from conftest import packed_image_folder, resumed_and_reference
 from test_torchvision_convert import BILINEAR, NEAREST, V2, same, tv
 
 
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory):
-    root = tmp_path_factory.mktemp("random_resize")
-    make_image_folder(root / "src", classes=2, per_class=8)
-    fastload.pack(root / "src", root / "ds", workers=0)
-    return root / "ds"
+    return packed_image_folder(tmp_path_factory.mktemp("random_resize"), classes=2, per_class=8)
 
 
 def test_the_shorter_side_is_drawn_from_min_to_max_excluded():
