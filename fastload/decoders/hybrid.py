@@ -181,8 +181,7 @@ class HybridDecoder:
         """Both halves' next writes (the GPU decoder's stream, our copy stream) come after ``event``."""
         if self.gpu is not None:
             self.gpu.after(event)
-        if event is not None:
-            self.streams.wait(self.streams.side, event)
+        self.streams.wait(self.streams.side, event)  # the backend skips a None event (never filled)
 
     def _timer(self) -> DeviceTimer | None:
         """Timing on the GPU decoder's stream (its own ``streams``, or those of the decoder a ``JpegOnly``
