@@ -82,8 +82,13 @@ def as_source(obj: Any, *, schema: Mapping[str, Field] | None = None, root: str 
     if isinstance(obj, (str, os.PathLike)):
         kind = _file_kind(os.fspath(obj))
         if kind is None and _files.is_url(os.fspath(obj)):
-            raise SourceError(f"source {os.fspath(obj)}: a URL source names Parquet files (.parquet) or WebDataset "
-                              f"shards (.tar), as a file, a glob or a brace pattern")
+            names = _files.url_folder_files(os.fspath(obj), dict(storage_options or {}))
+            held = [k for suffixes, k in FILE_KINDS if any(n.lower().endswith(suffixes) for n in names)]
+            if len(held) != 1:
+                raise SourceError(f"source {os.fspath(obj)}: a URL source names Parquet files (.parquet) or "
+                                  f"WebDataset shards (.tar): a file, a folder holding one of the two, a glob or a "
+                                  f"brace pattern")
+            kind = held[0]
         if kind is not None:
             if schema or missing:
                 raise SourceError(f"schema= and missing= are not supported for {kind.__name__} sources: their "

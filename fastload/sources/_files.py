@@ -11,6 +11,7 @@ from __future__ import annotations
 import glob as globlib
 import os
 import re
+import warnings
 from pathlib import Path
 from typing import IO, Any, Iterable
 
@@ -64,6 +65,8 @@ class Files:
         self.protocol = self.spec.split("://", 1)[0] if self.url else ""
         self._fs: Any = None
         self._pid = -1
+        if self.url:
+            self.fs  # noqa: B018  (made now: a missing fsspec or backend says how to install it)
         self.paths = self._expand(suffixes)
         if not self.paths:
             raise SourceError(f"{what} source {self.spec} names no {'/'.join(suffixes)} file")
@@ -118,7 +121,7 @@ class Files:
     def _expand(self, suffixes: tuple[str, ...]) -> list[str]:
         out: list[str] = []
         for spec in expand_braces(self.spec):
-            path = self.fs._strip_protocol(spec) if self.url else spec
+            path = _strip_protocol(spec) if self.url else spec
             if any(c in spec for c in "*?["):
                 found = sorted(self.fs.glob(path) if self.url else globlib.glob(path, recursive=True))
                 found = [p for p in found if not self._isdir(p)]
@@ -149,6 +152,25 @@ class Files:
         else:
             files = (os.path.join(d, n) for d, _, names in os.walk(path, followlinks=True) for n in names)
         return sorted(f for f in files if f.lower().endswith(suffixes))
+
+
+def warn_one_process(files: Files, why: str) -> None:
+    """A URL source is packed by one process (``Source.parallel`` False): said once, with the reason."""
+    warnings.warn(f"fastload: {files.spec} is read by one pack process, not one per core: {why}. For a faster "
+                  f"pack, copy the files to a local disk and pack the copy", UserWarning, stacklevel=4)
+
+
+def url_folder_files(spec: str, storage_options: dict | None) -> list[str]:
+    """The names of the files under a URL folder (none when it is not a folder), to tell which kind it holds."""
+    try:
+        import fsspec.core
+    except ImportError:
+        return []
+    try:
+        fs, path = fsspec.core.url_to_fs(spec, skip_instance_cache=True, **(storage_options or {}))
+        return list(fs.find(path)) if fs.isdir(path) else []
+    except (OSError, ValueError, ImportError) as e:
+        raise SourceError(f"cannot list {spec}: {e}") from None
 
 
 def folder_holds(folder: Path, suffixes: tuple[str, ...], deep: bool) -> bool:
@@ -187,3 +209,9 @@ def check_one_split(spec: str, path: str, files: list[str], suffixes: tuple[str,
         pick = "/".join([spec.rstrip("/")] + parts[:-1] + [f"{parts[-1][:len(split)]}*{suffixes[0]}"])
     raise SourceError(f"the folder {spec} holds the splits {', '.join(sorted(splits))} ({len(files)} files), which "
                       f"one dataset should not mix: name one split, e.g. '{pick}'")
+
+
+def _strip_protocol(url: str) -> str:
+    import fsspec.core
+
+    return fsspec.core.strip_protocol(url)

@@ -36,7 +36,7 @@ import numpy as np
 from .._errors import SourceError
 from .._schema import Field, Schema
 from ._base import Source
-from ._files import Files
+from ._files import Files, warn_one_process
 
 SUFFIXES = (".parquet", ".pq")
 NUMERIC = "int, float or bool"
@@ -82,7 +82,9 @@ class ParquetSource(Source):
         pq = _pq()
         self.files = Files(spec, SUFFIXES, "Parquet", storage_options)
         self.root = self.files.spec
-        self.parallel = not self.files.url  # each pack worker would download every row group
+        self.parallel = not self.files.url
+        if self.files.url:
+            warn_one_process(self.files, "each pack worker would download every row group")
         self.starts: list[int] = []  # global row where each row group starts
         self.groups: list[tuple[int, int, int]] = []  # (file, row group, first row within the file)
         first = None

@@ -37,7 +37,7 @@ import numpy as np
 from .._errors import SchemaError, SourceError
 from .._schema import Field, Schema
 from ._base import Source
-from ._files import Files
+from ._files import Files, warn_one_process
 from .imagefolder import IMG_EXTENSIONS
 
 SUFFIXES = (".tar",)
@@ -69,7 +69,10 @@ class WebDatasetSource(Source):
                               f"decompress them to .tar first (gunzip, xz -d, zstd -d)")
         self.files = Files(spec, SUFFIXES, "WebDataset", storage_options)
         self.root = self.files.spec
-        self.parallel = not self.files.url  # each pack worker would download around every other worker's samples
+        self.parallel = not self.files.url
+        if self.files.url:
+            warn_one_process(self.files, "each pack worker would download the blocks around its samples, most of "
+                                         "every shard")
         self.shard: list[int] = []  # per sample
         self.keys: list[str] = []
         self.members: dict[str, list[tuple[int, int]]] = {}  # extension -> (offset, size) per sample
@@ -133,8 +136,7 @@ class WebDatasetSource(Source):
                             self._npy_header(name, key, tf.extractfile(m))
                         last = where
                     end = tf.offset
-                    if current is not None:
-                        self._add(k, name, key, current)
+                # tarfile ends quietly at a garbled header past the first: the archive must end there
                 fh.seek(end)
                 tail = fh.read(512)
             except (tarfile.TarError, EOFError, OSError) as e:
@@ -144,6 +146,8 @@ class WebDatasetSource(Source):
             after = f" after member '{last}'" if last else " at its start"
             raise SourceError(f"WebDataset shard {name} is corrupt or truncated{after} (offset {end}): what follows "
                               f"is neither a member header nor the end-of-archive marker")
+        if current is not None:
+            self._add(k, name, key, current)
 
     def _add(self, k: int, name: str, key: str, members: dict[str, tuple[int, int]]) -> None:
         if self.keys:
