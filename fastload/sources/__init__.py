@@ -113,7 +113,8 @@ def as_source(obj: Any, *, schema: Mapping[str, Field] | None = None, root: str 
             if schema:
                 raise SourceError("schema overrides are not supported for manifest sources")
             return ManifestSource(path, root=root, path_column=path_column, missing=missing)
-        raise SourceError(f"source {path}: expected a folder, .npy, .npz, .csv or .jsonl file")
+        raise SourceError(f"source {path}: expected a folder, .npy, .npz, .csv or .jsonl file, Parquet files "
+                          f"(.parquet) or WebDataset shards (.tar)")
     if isinstance(obj, np.ndarray) or (isinstance(obj, Mapping) and obj and
                                         all(isinstance(v, np.ndarray) for v in obj.values())):
         return ArraySource(obj, schema)
