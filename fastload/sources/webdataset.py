@@ -90,6 +90,10 @@ class WebDatasetSource(Source):
                                   f"the field name '{name}'")
             fields.append(self._field(ext, name))
         self.exts = list(self.members)
+        # numpy, not lists of tuples: a pack worker forked from this process reads them without copying pages
+        self.offsets = {e: np.array(v, dtype=np.int64).reshape(-1, 2) for e, v in self.members.items()}
+        self.shard_of = np.array(self.shard, dtype=np.int32)
+        del self.members, self.shard
         self.schema = Schema(fields)
         self.metadata = {"source": "webdataset", "spec": self.files.spec}
         self._file: tuple[int, int, Any] | None = None  # (pid, shard, open file)
@@ -220,8 +224,8 @@ class WebDatasetSource(Source):
     def load(self, i: int) -> list:
         out: list[Any] = []
         for ext, f in zip(self.exts, self.schema):
-            offset, size = self.members[ext][i]
-            data = self._read(self.shard[i], offset, size)
+            offset, size = (int(v) for v in self.offsets[ext][i])
+            data = self._read(int(self.shard_of[i]), offset, size)
             try:
                 out.append(_value(f, ext, data))
             except (ValueError, UnicodeDecodeError) as e:
@@ -229,7 +233,7 @@ class WebDatasetSource(Source):
         return out
 
     def describe(self, i: int) -> str:
-        return f"{self.files.name(self.files.paths[self.shard[i]])} key '{self.keys[i]}'"
+        return f"{self.files.name(self.files.paths[self.shard_of[i]])} key '{self.keys[i]}'"
 
     def fingerprint(self) -> str:
         h = hashlib.sha256()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 import json
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -179,7 +178,8 @@ def test_bad_files_and_columns_are_refused_naming_them(tmp_path):
 def _with_null(table: pa.Table, column: str, row: int) -> pa.Table:
     values = table.column(column).to_pylist()
     values[row] = None
-    return table.set_column(table.schema.get_field_index(column), column, pa.array(values, table.schema.field(column).type))
+    return table.set_column(table.schema.get_field_index(column), column,
+                            pa.array(values, table.schema.field(column).type))
 
 
 def test_a_null_image_fails_at_open_naming_its_file_and_row(tmp_path):
@@ -201,7 +201,8 @@ def test_nulls_without_statistics_fail_when_packed_naming_the_row(tmp_path):
     table = _with_null(_with_null(hf_table(12), "label", 5), "tokens", 9)
     values = table.column("grid").to_pylist()
     values[2] = [[1, None], [2, 3]]  # a null inside a list: no array either
-    table = table.set_column(table.schema.get_field_index("grid"), "grid", pa.array(values, table.schema.field("grid").type))
+    table = table.set_column(table.schema.get_field_index("grid"), "grid",
+                             pa.array(values, table.schema.field("grid").type))
     pq.write_table(table, tmp_path / "a.parquet", write_statistics=False, row_group_size=4)
     src = as_source(tmp_path / "a.parquet")
     with pytest.raises(SourceError, match=r"a.parquet row 2: ValueError: column 'grid' is null"):
