@@ -71,14 +71,15 @@ def resolve(path: Path, cache_dir: str | os.PathLike | None) -> tuple[Path, IO |
         return path, None
     except NotADataset as e:
         reason = str(e)
-    from .sources import _files, local_source
+    from .sources import is_pattern, local_source
 
-    if not path.exists() and not _files.is_pattern(str(path)):
+    if not path.exists() and not is_pattern(str(path)):
         raise FormatError(f"'{path}' does not exist") from None
     try:
-        source = local_source(path) if path.is_dir() or _files.is_pattern(str(path)) or \
-            path.suffix.lower() in (".parquet", ".pq", ".tar") else None
+        source = local_source(path)
     except SourceError as e:
+        if not path.is_dir():
+            raise  # a source of a kind fastload knows (a Parquet file...) that cannot be read: its own error
         source, reason = None, f"{reason}; not an ImageFolder either ({e})"
     if source is None:
         raise FormatError(_pack_hint(path, reason)) from None

@@ -28,11 +28,12 @@ from .dataset import DatasetSource
 from .imagefolder import ImageFolderSource
 from .manifest import ManifestSource
 from . import _files, parquet, webdataset
+from ._files import is_pattern
 from .parquet import ParquetSource
 from .webdataset import WebDatasetSource
 
 __all__ = ["Source", "ArraySource", "DatasetSource", "ImageFolderSource", "ManifestSource", "ParquetSource",
-           "WebDatasetSource", "as_source", "local_source"]
+           "WebDatasetSource", "as_source", "is_pattern", "local_source"]
 
 # Sources named by a path, a URL, a glob or a brace pattern of their files (the files' suffixes pick the kind)
 FILE_KINDS = ((parquet.SUFFIXES, ParquetSource), (webdataset.SUFFIXES + (".tar.gz", ".tgz"), WebDatasetSource))
@@ -53,16 +54,15 @@ def _file_kind(spec: str, deep: bool = False) -> type[Source] | None:
     return held[0] if held else None
 
 
-def local_source(path: Path) -> Source:
+def local_source(path: Path) -> Source | None:
     """What ``fastload.open`` packs once into its cache for a local path that holds no dataset: an ImageFolder,
-    Parquet files or WebDataset shards (a file, folder, glob or brace pattern); else a SourceError saying why."""
+    Parquet files or WebDataset shards (a file, folder, glob or brace pattern). None for a file or pattern of
+    another kind; a SourceError for a folder none of these reads, or files of these kinds that cannot be read."""
     kind = _file_kind(os.fspath(path))
     if kind is not None:
         return kind(path)
-    if _files.is_pattern(os.fspath(path)):
-        raise SourceError(f"the pattern {path} names neither Parquet files (.parquet) nor tar shards (.tar)")
     if not path.is_dir():
-        raise SourceError(f"{path} is not a folder, a Parquet file or a tar shard")
+        return None
     try:
         return ImageFolderSource(path)
     except SourceError:
