@@ -174,7 +174,7 @@ class ParquetSource(Source):
             with self.files.open(self.files.paths[k]) as fh:
                 col = pq.ParquetFile(fh).read_row_group(g, columns=[name]).column(0).combine_chunks()
             if child is not None:
-                col = col.field(child)
+                col = dict(zip((f.name for f in col.type), col.flatten()))[child]
             for v in col.to_pylist():
                 if v is not None:
                     return v
@@ -291,8 +291,9 @@ def _columns_as_lists(table: Any, columns: list[_Column]) -> list[list]:
     for c in columns:
         col = table.column(c.name).combine_chunks()
         if c.kind == "media":
-            valid = col.is_valid().to_pylist()
-            out.append([b if ok else None for b, ok in zip(col.field("bytes").to_pylist(), valid)])
+            # flatten(): the children with the struct's offset and its nulls applied (field() gives neither)
+            children = dict(zip((f.name for f in col.type), col.flatten()))
+            out.append(children["bytes"].to_pylist())
         else:
             values = col.to_pylist()
             for r in _rows_holding_nulls(col) if c.kind == "list" else ():
