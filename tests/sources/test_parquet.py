@@ -239,3 +239,13 @@ def test_a_source_streams_one_row_group_at_a_time(tmp_path, monkeypatch):
     reads.clear()
     fastload.pack(src, tmp_path / "ds", workers=0)
     assert reads == [0, 1, 2, 3, 4]
+
+
+def test_a_null_struct_is_null_however_its_children_are_stored():
+    """Arrow may store anything under a null struct (b'' here, from a slice of a built array): the struct's own
+    validity decides, so such a row is refused as null, never packed as an empty image."""
+    from fastload.sources.parquet import _Column, _columns_as_lists
+
+    built = pa.array([{"bytes": b"a", "path": None}, None, {"bytes": b"c", "path": "x"}], MEDIA).slice(1)
+    column = _Column("image", "media", fastload.Field.image("image"))
+    assert _columns_as_lists(pa.table({"image": built}), [column]) == [[None, b"c"]]
