@@ -102,6 +102,10 @@ class ParquetSource(Source):
                 raise SourceError(f"Parquet file {self.files.name(path)} has columns {_describe(schema)}, but "
                                   f"{self.files.name(self.files.paths[0])} has {_describe(first)}: a source's "
                                   f"files must share their columns")
+            elif _class_names(_hf_features(schema)) != _class_names(_hf_features(first)):
+                raise SourceError(f"Parquet file {self.files.name(path)} names its classes "
+                                  f"{_class_names(_hf_features(schema))}, but {self.files.name(self.files.paths[0])} "
+                                  f"{_class_names(_hf_features(first))}: one dataset has one list of class names")
             within = 0
             for g in range(meta.num_row_groups):
                 rows = meta.row_group(g).num_rows

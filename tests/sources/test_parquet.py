@@ -161,6 +161,12 @@ def test_bad_files_and_columns_are_refused_naming_them(tmp_path):
     pq.write_table(other, tmp_path / "more" / "b.parquet")
     with pytest.raises(SourceError, match=r"Parquet file .*more/b.parquet has columns \[image: .*but .*a.parquet"):
         as_source(tmp_path / "more")
+    (tmp_path / "classes").mkdir()
+    pq.write_table(hf_table(3), tmp_path / "classes" / "a.parquet")
+    pq.write_table(hf_table(3, names=("cat", "dog", "fox")), tmp_path / "classes" / "b.parquet")
+    with pytest.raises(SourceError, match=r"b.parquet names its classes \['cat', 'dog', 'fox'\], but .*a.parquet "
+                                          r"\['cat', 'dog', 'emu'\]"):
+        as_source(tmp_path / "classes")
     (tmp_path / "junk.parquet").write_bytes(b"not parquet at all")
     with pytest.raises(SourceError, match=r"cannot read Parquet file .*junk.parquet"):
         as_source(tmp_path / "junk.parquet")
