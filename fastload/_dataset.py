@@ -226,6 +226,8 @@ def open(path: str | os.PathLike, *, transforms: Mapping[str, Any] | None = None
     ``cache_dir``, else ``$FASTLOAD_CACHE_DIR``, else ``~/.cache/fastload``), keyed by the folder's listing,
     sizes and mtimes: the next open of the unchanged folder reads that pack, a changed folder is packed
     again, an interrupted pack resumes, and processes opening it at once pack it once (``_folder_cache.py``).
+    Local Parquet files and WebDataset tar shards (a file, a folder, a glob, a brace pattern) are packed once
+    the same way, keyed by their files' paths, sizes and mtimes.
     Any other path that holds no dataset raises the ``fastload pack`` command that packs it.
 
     ``transforms`` maps an image field to a list of ``fastload.transforms`` (e.g.

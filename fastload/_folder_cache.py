@@ -23,8 +23,10 @@ dead process's locks:
 * after a pack, older entries of the same source folder are removed, each only if its lock can be taken
   exclusively at once: an entry any process still reads is never removed.
 
-Any other local path that holds no dataset (a folder that is not an ImageFolder, a CSV, a .npy file) raises
-the error with the ``fastload pack`` command that packs it.
+Parquet files and WebDataset tar shards (a file, a folder of them, a glob or a brace pattern) are packed
+and cached the same way, keyed by their files' paths, sizes and mtimes (``sources.local_source`` picks the
+adapter). Any other local path that holds no dataset (a folder that is not an ImageFolder, a CSV, a .npy
+file) raises the error with the ``fastload pack`` command that packs it.
 """
 
 from __future__ import annotations
@@ -69,13 +71,15 @@ def resolve(path: Path, cache_dir: str | os.PathLike | None) -> tuple[Path, IO |
         return path, None
     except NotADataset as e:
         reason = str(e)
-    if not path.exists():
+    from .sources import is_pattern, local_source
+
+    if not path.exists() and not is_pattern(str(path)):
         raise FormatError(f"'{path}' does not exist") from None
     try:
-        from .sources.imagefolder import ImageFolderSource
-
-        source = ImageFolderSource(path) if path.is_dir() else None
+        source = local_source(path)
     except SourceError as e:
+        if not path.is_dir():
+            raise  # a source of a kind fastload knows (a Parquet file...) that cannot be read: its own error
         source, reason = None, f"{reason}; not an ImageFolder either ({e})"
     if source is None:
         raise FormatError(_pack_hint(path, reason)) from None
@@ -98,8 +102,12 @@ def _pack_hint(path: Path, reason: str) -> str:
 
 
 def folder_key(source) -> str:
-    """XXH3-128 of what ImageFolder lists: relative path, class index, size and mtime of every image."""
+    """XXH3-128 of what ImageFolder lists: relative path, class index, size and mtime of every image (another
+    source: of its ``cache_key()``, which says the same of its files)."""
     h = xxhash.xxh3_128()
+    if hasattr(source, "cache_key"):
+        h.update(source.cache_key().encode())
+        return h.hexdigest()
     for path, label in source.samples:
         st = os.stat(path)
         h.update(f"{os.path.relpath(path, source.root)}\0{label}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
@@ -115,7 +123,7 @@ def _complete(entry: Path) -> bool:
 
 
 def _cached_pack(source, root: Path) -> tuple[Path, IO]:
-    folder = source.root.resolve()
+    folder = Path(source.root).resolve()
     name = re.sub(r"[^A-Za-z0-9._-]", "_", folder.name)[:64] or "folder"
     entry = root / f"{name}-{folder_key(source)[:24]}"
     try:
@@ -148,8 +156,10 @@ def _cached_pack(source, root: Path) -> tuple[Path, IO]:
 def _pack(source, folder: Path, entry: Path) -> None:
     from .pack import pack
 
-    log.warning("fastload: packing image folder '%s' (%d files) once into %s; later opens of the unchanged "
-                "folder read the pack (cache_dir= or $%s choose the place)", folder, len(source), entry, CACHE_ENV)
+    what = "image folder" if hasattr(source, "samples") else source.metadata.get("source", "source")
+    log.warning("fastload: packing %s '%s' (%d samples) once into %s; later opens of the unchanged "
+                "folder read the pack (cache_dir= or $%s choose the place)", what, folder, len(source), entry,
+                CACHE_ENV)
     try:
         pack(source, entry, progress=True)
     except SourceError as e:

@@ -19,7 +19,7 @@ def main() -> None:
 
 
 @main.command()
-@click.argument("src", type=click.Path(exists=True, path_type=Path))
+@click.argument("src", callback=lambda c, p, v: _source(c, p, v))
 @click.argument("dst")
 @click.option("--format", "fmt", type=click.Choice(list(FORMATS)), default=DEFAULT_FORMAT, show_default=True,
               help="Output format.")
@@ -60,7 +60,11 @@ def main() -> None:
                    "there is removed after the upload) [default: under ~/.cache/fastload/staging].")
 def pack(src, dst, fmt, image_mode, max_side, quality, check, shard_size, workers, overwrite, skip_bad, max_skipped,
          root, path_column, missing, quiet, block, part, ray_address, parts, staging) -> None:
-    """Pack SRC (an ImageFolder directory, .npy/.npz, or CSV/JSONL manifest) into a dataset at DST.
+    """Pack SRC (an ImageFolder directory, .npy/.npz, a CSV/JSONL manifest, Parquet files or WebDataset tar
+    shards) into a dataset at DST.
+
+    Parquet and tar shards may be a file, a folder, a glob ('data/train-*.parquet') or a brace pattern
+    ('shards/train-{000..009}.tar'), local or at a URL (s3://..., read through fsspec).
 
     DST may be a URL (s3://bucket/ds, any fsspec URL): shards are uploaded as they are finished, the
     manifest last. Interrupted packs resume when the same command is run again.
@@ -180,6 +184,13 @@ def _checked(check, value):
     except ValueError as e:
         raise click.BadParameter(str(e)) from None
     return value
+
+
+def _source(ctx, param, value: str):
+    """SRC: a URL, a glob or a brace pattern as given (the source adapter expands it), else an existing path."""
+    if "://" in value or any(c in value for c in "*?[{"):
+        return value
+    return click.Path(exists=True, path_type=Path).convert(value, param, ctx)
 
 
 def _missing(pairs: tuple[str, ...]) -> dict | None:

@@ -37,7 +37,7 @@ def pack_on_ray(source: Any, dest: str | os.PathLike, *, parts: int | None, addr
     ray = _ray()
     remote = is_url(str(dest))
     dest = str(dest).rstrip("/") if remote else Path(dest).absolute()
-    if isinstance(source, (str, os.PathLike)):
+    if isinstance(source, (str, os.PathLike)) and not is_url(os.fspath(source)):
         source = str(Path(source).absolute())
     started_here = False
     if not ray.is_initialized():

@@ -54,7 +54,9 @@ def pack(
     """Pack ``source`` into a fastload dataset at ``dest`` and return a summary.
 
     ``source``: an ImageFolder directory, a ``.npy``/``.npz`` file, numpy arrays (one, a tuple, or a
-    dict), a CSV/JSONL manifest (paths relative to ``root``), or a map-style torch Dataset.
+    dict), a CSV/JSONL manifest (paths relative to ``root``), a map-style torch Dataset, Parquet files or
+    WebDataset tar shards (a file, a folder, a glob or a brace pattern, local or a URL; ``sources/parquet.py``
+    and ``sources/webdataset.py`` say how their columns and members become fields).
     ``schema`` overrides inferred fields by name. ``missing`` (manifests): column -> the value its blank or
     null cells stand for (without it, such a cell stops the pack naming its line and column).
     ``check="header"`` validates stored JPEGs by header and end marker only (faster passthrough; corrupt
@@ -71,7 +73,8 @@ def pack(
     ``dest`` may be a URL (``s3://bucket/ds``, any fsspec URL; ``storage_options`` go to its backend):
     the pack runs into ``staging`` (a new or empty folder; default: under ``~/.cache/fastload/staging``),
     each shard is uploaded when complete and the manifest last (``_upload.py``); re-running
-    resumes. ``on_shard`` is called with the path of each shard file once it is complete.
+    resumes. ``on_shard`` is called with the path of each shard file once it is complete. A URL source
+    (Parquet files or tar shards) is read with the same ``storage_options``.
     """
     if engine not in ("local", "ray"):
         raise ValueError(f"engine={engine!r} should be 'local' or 'ray'")

@@ -27,7 +27,7 @@ def pack_to(source: Any, dest: str | os.PathLike, *, overwrite: bool, part: Any,
             raise ValueError(f"destination {dest} is inside the source folder {source}: the pack's files would become "
                              f"part of the source (a class folder); choose a destination outside it")
     src = as_source(source, schema=schema, root=root, path_column=path_column,  # its errors before any write
-                    missing=missing)
+                    missing=missing, storage_options=storage_options)
     if url:
         return pack_to_url(src, str(dest), staging=staging, storage_options=dict(storage_options or {}),
                            overwrite=overwrite, part=part, **kwargs)

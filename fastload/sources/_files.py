@@ -1,0 +1,217 @@
+"""The files a Parquet or WebDataset source names, local or at a URL fsspec reads.
+
+A source spec is one file, a folder (its files with the kind's suffixes, found recursively, sorted), a glob
+(``data/train-*.parquet``) or a brace pattern (``shard-{000..009}.tar``, ``{a,b}``), each local or a URL
+(``s3://bucket/...``; ``storage_options`` go to the fsspec backend). Files open by path in whichever process
+reads them: a forked pack worker makes its own fsspec filesystem and its own file handles.
+"""
+
+from __future__ import annotations
+
+import glob as globlib
+import os
+import re
+import warnings
+from pathlib import Path
+from typing import IO, Any, Iterable
+
+from .._errors import SourceError
+
+# names Hugging Face (and most people) give a dataset's splits, as a file-name prefix or a folder name
+SPLITS = ("train", "test", "validation", "valid", "val", "dev", "eval")
+_BRACE = re.compile(r"\{([^{}]*)\}")
+_RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
+
+
+def is_url(spec: str) -> bool:
+    return "://" in spec
+
+
+def is_pattern(spec: str) -> bool:
+    """A glob or a brace pattern (not a plain path)."""
+    return any(c in spec for c in "*?[") or bool(_BRACE.search(spec))
+
+
+def expand_braces(spec: str) -> list[str]:
+    """``shard-{000..002}.tar`` -> ``shard-000.tar, shard-001.tar, shard-002.tar`` (zero padding kept, as
+    webdataset's braceexpand does); ``{a,b}`` lists; several groups multiply, left to right."""
+    m = _BRACE.search(spec)
+    if m is None:
+        return [spec]
+    body = m.group(1)
+    rng = _RANGE.match(body)
+    if rng:
+        lo, hi = int(rng.group(1)), int(rng.group(2))
+        width = len(rng.group(1)) if rng.group(1).lstrip("-").startswith("0") else 0
+        step = 1 if hi >= lo else -1
+        options = [str(v).zfill(width) for v in range(lo, hi + step, step)]
+    elif "," in body:
+        options = body.split(",")
+    else:
+        raise SourceError(f"source {spec!r}: the brace group {{{body}}} is neither a range such as {{000..009}} nor "
+                          f"a list such as {{a,b}}")
+    return [out for opt in options for out in expand_braces(spec[:m.start()] + opt + spec[m.end():])]
+
+
+class Files:
+    """The sorted files a spec names (``what``: the kind, for messages; ``suffixes``: a folder's files)."""
+
+    def __init__(self, spec: str | os.PathLike, suffixes: tuple[str, ...], what: str,
+                 storage_options: dict | None = None):
+        self.spec = os.fspath(spec)
+        self.what = what
+        self.url = is_url(self.spec)
+        self.storage_options = dict(storage_options or {})
+        self.protocol = self.spec.split("://", 1)[0] if self.url else ""
+        self._fs: Any = None
+        self._pid = -1
+        if self.url:
+            self.fs  # noqa: B018  (made now: a missing fsspec or backend says how to install it)
+        self.paths = self._expand(suffixes)
+        if not self.paths:
+            raise SourceError(f"{what} source {self.spec} names no {'/'.join(suffixes)} file")
+
+    # -- the filesystem -------------------------------------------------------------------------
+    @property
+    def fs(self) -> Any:
+        """The fsspec filesystem (URL specs only); a forked child makes its own (fsspec's async loop and
+        connections do not survive a fork)."""
+        if self._fs is None or self._pid != os.getpid():
+            try:
+                import fsspec.core
+            except ImportError:
+                raise ImportError(f"reading {self.spec} needs fsspec: pip install 'fastload[remote]' (s3fs for "
+                                  f"s3://; gcsfs for gs://, adlfs for az://)") from None
+            try:
+                self._fs, _ = fsspec.core.url_to_fs(self.spec.split("{")[0] or self.spec, skip_instance_cache=True,
+                                                    **self.storage_options)
+            except ImportError as e:
+                raise ImportError(f"{self.spec}: {e} (fastload reads object storage through fsspec's backends)") \
+                    from None
+            self._pid = os.getpid()
+        return self._fs
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_fs": None, "_pid": -1}
+
+    def name(self, path: str) -> str:
+        """``path`` as the user knows it (with its URL scheme)."""
+        return f"{self.protocol}://{path}" if self.url and "://" not in path else path
+
+    def open(self, path: str) -> IO[bytes]:
+        try:
+            return self.fs.open(path, "rb") if self.url else open(path, "rb")
+        except (OSError, ValueError) as e:
+            raise SourceError(f"cannot read {self.name(path)}: {e}") from None
+
+    def identity(self, path: str) -> str:
+        """What changes when the file does: size and modification time (a URL: size and ETag/mtime)."""
+        try:
+            if not self.url:
+                st = os.stat(path)
+                return f"{path}\0{st.st_size}\0{st.st_mtime_ns}"
+            info = self.fs.info(path)
+        except OSError as e:
+            raise SourceError(f"cannot read {self.name(path)}: {e}") from None
+        stamp = next((info[k] for k in ("ETag", "etag", "md5", "mtime", "LastModified", "last_modified")
+                      if info.get(k) is not None), "")
+        return f"{path}\0{info.get('size')}\0{stamp}"
+
+    # -- expansion ------------------------------------------------------------------------------
+    def _expand(self, suffixes: tuple[str, ...]) -> list[str]:
+        out: list[str] = []
+        for spec in expand_braces(self.spec):
+            path = _strip_protocol(spec) if self.url else spec
+            if any(c in spec for c in "*?["):
+                found = sorted(self.fs.glob(path) if self.url else globlib.glob(path, recursive=True))
+                found = [p for p in found if not self._isdir(p)]
+                if not found:
+                    raise SourceError(f"{self.what} source: the pattern {spec} matches no file")
+                out.extend(found)
+            elif self._isdir(path):
+                found = self._folder_files(path, suffixes)
+                if not found:
+                    raise SourceError(f"{self.what} source: the folder {spec} holds no {'/'.join(suffixes)} file")
+                check_one_split(spec, path, found, suffixes)
+                out.extend(found)
+            elif self._exists(path):
+                out.append(path)
+            else:
+                raise SourceError(f"{self.what} source {spec} does not exist")
+        return out
+
+    def _isdir(self, path: str) -> bool:
+        return self.fs.isdir(path) if self.url else os.path.isdir(path)
+
+    def _exists(self, path: str) -> bool:
+        return self.fs.exists(path) if self.url else os.path.exists(path)
+
+    def _folder_files(self, path: str, suffixes: tuple[str, ...]) -> list[str]:
+        if self.url:
+            files: Iterable[str] = self.fs.find(path)
+        else:
+            files = (os.path.join(d, n) for d, _, names in os.walk(path, followlinks=True) for n in names)
+        return sorted(f for f in files if f.lower().endswith(suffixes))
+
+
+def warn_one_process(files: Files, why: str) -> None:
+    """A URL source is packed by one process (``Source.parallel`` False): said once, with the reason."""
+    warnings.warn(f"fastload: {files.spec} is read by one pack process, not one per core: {why}. For a faster "
+                  f"pack, copy the files to a local disk and pack the copy", UserWarning, stacklevel=4)
+
+
+def url_folder_files(spec: str, storage_options: dict | None) -> list[str]:
+    """The names of the files under a URL folder (none when it is not a folder), to tell which kind it holds."""
+    try:
+        import fsspec.core
+    except ImportError:
+        return []
+    try:
+        fs, path = fsspec.core.url_to_fs(spec, skip_instance_cache=True, **(storage_options or {}))
+        return list(fs.find(path)) if fs.isdir(path) else []
+    except (OSError, ValueError, ImportError) as e:
+        raise SourceError(f"cannot list {spec}: {e}") from None
+
+
+def folder_holds(folder: Path, suffixes: tuple[str, ...], deep: bool) -> bool:
+    """Whether a local folder holds files with these suffixes: at its top level, or anywhere (``deep``)."""
+    if not deep:
+        return any(e.is_file() and e.name.lower().endswith(suffixes) for e in os.scandir(folder))
+    return any(n.lower().endswith(suffixes) for _, _, names in os.walk(folder, followlinks=True) for n in names)
+
+
+def _split_of(relative: str) -> str | None:
+    """The split a file belongs to by its name (``train-00000-of-00002.parquet``) or a folder (``test/x.tar``)."""
+    parts = relative.replace("\\", "/").split("/")
+    for p in parts[:-1]:
+        if p.lower() in SPLITS:
+            return p.lower()
+    head = re.split(r"[-_.]", parts[-1], maxsplit=1)[0].lower()
+    return head if head in SPLITS else None
+
+
+def check_one_split(spec: str, path: str, files: list[str], suffixes: tuple[str, ...]) -> None:
+    """A folder holding several splits (train and test files) would pack them into one dataset: refuse,
+    naming a pattern that picks one."""
+    splits: dict[str, str] = {}
+    for f in files:
+        rel = os.path.relpath(f, path) if "://" not in f else f[len(path):].lstrip("/")
+        s = _split_of(rel)
+        if s is not None:
+            splits.setdefault(s, rel)
+    if len(splits) < 2:
+        return
+    split, example = next(iter(splits.items()))
+    parts = example.replace("\\", "/").split("/")
+    if split in (p.lower() for p in parts[:-1]):  # a split folder: name it
+        pick = "/".join([spec.rstrip("/")] + parts[:[p.lower() for p in parts].index(split) + 1])
+    else:
+        pick = "/".join([spec.rstrip("/")] + parts[:-1] + [f"{parts[-1][:len(split)]}*{suffixes[0]}"])
+    raise SourceError(f"the folder {spec} holds the splits {', '.join(sorted(splits))} ({len(files)} files), which "
+                      f"one dataset should not mix: name one split, e.g. '{pick}'")
+
+
+def _strip_protocol(url: str) -> str:
+    import fsspec.core
+
+    return fsspec.core.strip_protocol(url)
