@@ -24,6 +24,9 @@
   ``torch.cuda.current_stream()`` does; ``SimGpu(pool=n)`` hands out ``new_stream`` from a pool of ``n`` streams,
   round robin, as ``torch.cuda.Stream()`` does (32 per device): after ``n`` of them streams alias (the same
   object). fastload's backends draw theirs through ``fastload._ring.draw_stream``, as ``CudaStreams`` does.
+- **A library with a stream of its own** (``PrivateStreamLibrary``): torchvision's ``decode_jpeg(device='cuda')``
+  allocates its outputs on the caller's current stream and writes them on a private stream that waits for
+  nothing, synchronises that stream on the host and makes the current stream wait on it.
 
 Device tensors are CPU tensors over the arena, so data races also corrupt data as on a GPU. Queued ops
 reach memory by address and keep no device tensor alive (a GPU kernel does not either; ``launch`` swaps what a
@@ -610,3 +613,30 @@ class SimGpu:
         self.launch(step, reads=tuple(batch), writes=tuple(acts), what="model step")
         del acts  # freed by Python: the allocator may hand these blocks out again on this stream
 
+
+class PrivateStreamLibrary:
+    """torchvision's ``decode_jpeg(datas, device='cuda')`` on the simulated GPU, as decode_jpegs_cuda.cpp does it:
+    the outputs are allocated on the caller's current stream, written on a stream of the library's own (one from
+    the pool, made once) that waits for nothing of the caller's, which the host then synchronises
+    (``cudaStreamSynchronize``), and the current stream waits on an event recorded there (``event.block``).
+    ``decode_host(datas)`` gives each image's pixels as (3, H, W) uint8 host tensors (RuntimeError for a corrupt
+    one, before anything is allocated, as nvjpegGetImageInfo fails first). ``host_sync=False``: a version that
+    leaves out the host synchronisation and relies on ``event.block`` alone (its writes then run late, whenever its
+    stream runs)."""
+
+    def __init__(self, sim: SimGpu, decode_host: Callable[[list], list], host_sync: bool = True):
+        self.sim, self.decode_host, self.host_sync = sim, decode_host, host_sync
+        self.stream = sim.new_stream("torchvision")  # getStreamFromPool: not one fastload knows
+
+    def __call__(self, datas: list) -> list:
+        sim = self.sim
+        pixels = self.decode_host(datas)
+        outs = [sim.alloc(tuple(p.shape), torch.uint8) for p in pixels]  # on the caller's current stream
+        with sim.stream(self.stream):
+            for p, o in zip(pixels, outs):
+                d = _describe(o)
+                sim.launch(lambda d=d, p=p: _raw(d).copy_(p), writes=(o,), what="torchvision decode")
+        if self.host_sync:
+            sim._host_wait(self.stream, "torchvision's stream synchronize")
+        sim.wait(sim._current, sim.record(self.stream))
+        return outs
