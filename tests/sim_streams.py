@@ -21,9 +21,9 @@
 
 - **torch's stream objects.** ``current_stream()`` (and a backend's ``consumer()``) returns a new object per call
   for the same stream (``StreamRef``: ``==`` and ``hash`` as the stream, never ``is``), as
-  ``torch.cuda.current_stream()`` does; ``SimGpu(pool=n)`` hands out ``new_stream`` from a pool of ``n`` streams,
-  round robin, as ``torch.cuda.Stream()`` does (32 per device): after ``n`` of them streams alias (the same
-  object). fastload's backends draw theirs through ``fastload._ring.draw_stream``, as ``CudaStreams`` does.
+  ``torch.cuda.current_stream()`` does; ``new_stream`` hands out a pool's streams, round robin, as
+  ``torch.cuda.Stream()`` does (``SimGpu(pool=32)``, torch's size, by default; ``None``: always a new one): after
+  ``pool`` of them streams alias (the same object). fastload's backends draw theirs through ``fastload._ring.draw_stream``, as ``CudaStreams`` does.
 - **A library with a stream of its own** (``PrivateStreamLibrary``): torchvision's ``decode_jpeg(device='cuda')``
   allocates its outputs on the caller's current stream and writes them on a private stream that waits for
   nothing, synchronises that stream on the host and makes the current stream wait on it.
@@ -203,7 +203,7 @@ class SimView:
 class SimGpu:
     """The streams backend of ``fastload._ring`` on a simulated device (see the module docstring)."""
 
-    def __init__(self, arena_bytes: int = 256 << 20, raise_on_race: bool = True, pool: int | None = None):
+    def __init__(self, arena_bytes: int = 256 << 20, raise_on_race: bool = True, pool: int | None = 32):
         self.device = torch.device("cuda", 0)
         # the legacy default stream: every thread's current stream until it picks another (torch's
         # default stream); streams torch makes are non-blocking, so it orders nothing implicitly with them
