@@ -154,7 +154,7 @@ class ImageDecoding:
 
     def close(self) -> None:
         """The decoders (GPU ones with their device memory), the hybrid's thread and the per-sample workers; waits
-        for the decoders an epoch's end handed to a thread of their own."""
+        first for the memory releases an epoch's end handed to a thread of their own (``end_epoch``)."""
         for t in self._reapers:
             t.join()
         self._reapers = []
@@ -253,8 +253,8 @@ _REAPERS: "weakref.WeakSet[threading.Thread]" = weakref.WeakSet()  # threads rel
 
 @atexit.register
 def _join_reapers() -> None:
-    """At interpreter exit, wait for the threads still closing decoders: a daemon thread inside a native call (DALI's
-    teardown, GIL released) when Python finalizes is ended by pthread_exit as it takes the GIL back, which can abort
+    """At interpreter exit, wait for the threads still releasing decoders' memory: a daemon thread inside a native
+    call (DALI's, GIL released) when Python finalizes is ended by pthread_exit as it takes the GIL back, which can abort
     the process (as fast/producer.py's ``_stop_producers`` says of the producer threads)."""
     for t in list(_REAPERS):
         if t is not threading.current_thread():
@@ -273,8 +273,8 @@ def _call_all(calls: list) -> None:
 
 
 def _close_all(decs: list) -> None:
-    """Close each decoder; one that fails to is named in a warning, the others are still closed (at an epoch's end
-    this runs in a thread of its own, where an exception would only reach threading.excepthook)."""
+    """Close each decoder (``ImageDecoding.close``); one that fails to is named in a warning, the others are still
+    closed."""
     for dec in decs:
         try:
             dec.close()
