@@ -73,7 +73,7 @@ class ImageDecoding:
         self._made = 0  # decoders made so far: each one fences a row buffer at its own first use of it
         self._fence_key: dict[str, tuple[str, int]] = {}  # field -> the key its decoder adds to Slot.fenced
         self._decoders: dict[str, Any] = {}  # per image field, made on its first batch (GPU ones need its size)
-        self._reapers: list[threading.Thread] = []  # threads closing the decoders of ended epochs (end_epoch)
+        self._reapers: list[threading.Thread] = []  # threads releasing the decoders' unused memory (end_epoch)
         self._fallbacks: dict[str, FallbackRunner] = {}  # per image field with transforms fastload does not know
         #: run those in worker processes (num_workers of them); False: in the calling thread, as ds.__getitems__
         #: does (torch's DataLoader: its own worker processes are the parallelism, and its num_workers=0 is asked for)
@@ -130,30 +130,31 @@ class ImageDecoding:
     def end_epoch(self) -> None:
         """A non-persistent loader's epoch is over (called in the training thread, its producer thread stopped):
         what stands for torch's worker processes goes, as torch's would, made again when needed: the per-sample
-        transforms' worker processes, and the decoders (GPU ones hold DALI's pipeline, their streams and the high
-        water of their device memory; a train and a val loader would otherwise keep theirs all the time). Their
-        teardown may synchronise the device (destroying DALI's pipeline), so it runs in a short-lived thread of
-        its own (``_release_decoders``), never in the training thread. The next epoch makes new decoders, each
-        with a stream of its own, fenced at its first use of each row buffer after the old ones' queued writes."""
+        transforms' worker processes. The decoders stay for the next epoch: making them again cost every epoch's
+        first ``next()`` DALI's pipeline build (nvJPEG handles, the hardware decoder's set-up) in the training
+        thread's wait for the first batch, and took 2-3 streams of torch's pool of 32 an epoch, which then alias
+        (``_ring.draw_stream``). What they hold between epochs and can do without goes instead: the memory their
+        libraries cache and do not use (DALI's pools' high water), released by ``release_unused`` in a
+        short-lived thread of its own (``_trim_decoders``: it may synchronise the device), never in the training
+        thread. ``close`` (the loader's ``Batcher.close``) closes the decoders."""
         for runner in self._fallbacks.values():
             runner.close()
-        self._release_decoders()
+        self._trim_decoders()
 
-    def _release_decoders(self) -> None:
-        """Hand the decoders to a daemon thread that closes them (one per epoch end, gone once they are); the
-        loader's shared native decoder has nothing to close and stays."""
-        decs = [d for d in self._decoders.values() if d is not self.native]
-        self._decoders = {}
+    def _trim_decoders(self) -> None:
+        """Each decoder's ``release_unused`` (those that have one), in a daemon thread (one per epoch end, gone once
+        done); the decoders stay."""
+        trims = [d.release_unused for d in self._decoders.values() if hasattr(d, "release_unused")]
         self._reapers = [t for t in self._reapers if t.is_alive()]
-        if decs:
-            t = threading.Thread(target=_close_all, args=(decs,), name="fastload-decoder-close", daemon=True)
+        if trims:
+            t = threading.Thread(target=_call_all, args=(trims,), name="fastload-decoder-trim", daemon=True)
             _REAPERS.add(t)
             t.start()
             self._reapers.append(t)
 
     def close(self) -> None:
         """The decoders (GPU ones with their device memory), the hybrid's thread and the per-sample workers; waits
-        for the decoders an epoch's end handed to a thread of their own."""
+        first for the memory releases an epoch's end handed to a thread of their own (``end_epoch``)."""
         for t in self._reapers:
             t.join()
         self._reapers = []
@@ -247,22 +248,33 @@ class ImageDecoding:
                                              self.native, lambda name: self.streams.fork(name), field))
 
 
-_REAPERS: "weakref.WeakSet[threading.Thread]" = weakref.WeakSet()  # threads closing decoders (end_epoch)
+_REAPERS: "weakref.WeakSet[threading.Thread]" = weakref.WeakSet()  # threads releasing decoders' memory (end_epoch)
 
 
 @atexit.register
 def _join_reapers() -> None:
-    """At interpreter exit, wait for the threads still closing decoders: a daemon thread inside a native call (DALI's
-    teardown, GIL released) when Python finalizes is ended by pthread_exit as it takes the GIL back, which can abort
+    """At interpreter exit, wait for the threads still releasing decoders' memory: a daemon thread inside a native
+    call (DALI's, GIL released) when Python finalizes is ended by pthread_exit as it takes the GIL back, which can abort
     the process (as fast/producer.py's ``_stop_producers`` says of the producer threads)."""
     for t in list(_REAPERS):
         if t is not threading.current_thread():
             t.join(timeout=30)
 
 
+def _call_all(calls: list) -> None:
+    """Each call; one that fails is named in a warning (in a thread of its own an exception would only reach
+    threading.excepthook), the others still run."""
+    for call in calls:
+        try:
+            call()
+        except Exception as e:  # noqa: BLE001  (releasing cached memory must not fail the loader)
+            warn_once(f"decoder-trim-{getattr(call, '__qualname__', call)}", f"fastload: releasing a decoder's unused "
+                      f"memory at an epoch's end failed ({type(e).__name__}: {e}); it is kept")
+
+
 def _close_all(decs: list) -> None:
-    """Close each decoder; one that fails to is named in a warning, the others are still closed (at an epoch's end
-    this runs in a thread of its own, where an exception would only reach threading.excepthook)."""
+    """Close each decoder (``ImageDecoding.close``); one that fails to is named in a warning, the others are still
+    closed."""
     for dec in decs:
         try:
             dec.close()

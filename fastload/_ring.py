@@ -50,6 +50,7 @@ import os
 import threading
 import time
 import warnings
+import weakref
 from typing import Any, Callable, Iterable
 
 import torch
@@ -319,12 +320,70 @@ class HostStreams:
         return self
 
 
+# torch.cuda.Stream() is not a new stream: it hands out the next of a fixed pool of streams per device and priority,
+# round robin (c10/cuda/CUDAStream.cpp, kStreamsPerPool), shared with every other caller in the process (the user's
+# streams, NCCL's, torchvision's nvJPEG stream). Streams drawn often alias each other: fastload's would serialise a
+# decoder behind the training loop, and a GPU decoder's output stream (decoders/nvjpeg.py) must share its caching
+# allocator pool with no stream that frees memory its queued kernels still use. So fastload's backends keep their
+# streams for their lifetime (a loader's decoders are kept across epochs, _images.py) and draw each one past the
+# streams fastload holds and the training loops' streams seen (``draw_stream``); ordering never depends on two
+# streams being distinct (streams are compared with ==, never ``is``: torch.cuda.current_stream() is a new object
+# per call).
+POOL_SIZE = 32
+_held: collections.Counter = collections.Counter()  # stream -> how many live backends hold it (== and hash: the stream)
+_seen: tuple = ()  # the last 8 training loops' streams the prefetchers handed batches to (replaced, never changed)
+_held_lock = threading.Lock()
+
+
+def draw_stream(make: Callable[[], Any]) -> Any:
+    """A stream from ``make`` (torch.cuda.Stream: the pool's next) that is none fastload holds and no training loop's
+    stream seen, drawing again (the pool's next) while it is; held until ``let_go_stream``. All of the pool taken
+    (more than 32 streams alive in fastload and the loops): the last one drawn, with a warning."""
+    with _held_lock:
+        avoid = set(_held) | set(_seen)
+        for _ in range(POOL_SIZE):
+            stream = make()
+            if stream not in avoid:
+                break
+        else:
+            warn_once("stream-pool", f"fastload: every one of the {POOL_SIZE} CUDA streams torch's pool hands out "
+                                     f"(torch.cuda.Stream()) is used by fastload or a training loop; a new loader's "
+                                     f"stream shares one with them, which serialises their work")
+        _held[stream] += 1
+    return stream
+
+
+def let_go_stream(stream: Any) -> None:
+    """A backend holding ``stream`` is gone (``weakref.finalize``)."""
+    with _held_lock:
+        _held[stream] -= 1
+        if _held[stream] <= 0:
+            del _held[stream]
+
+
+def seen_consumer(stream: Any) -> None:
+    """A training loop's stream (a prefetcher hands batches to it): later draws avoid it. Cheap: called per batch
+    (a look-up in a tuple that is replaced, never changed, so that another thread may read it meanwhile)."""
+    global _seen
+    if stream is not None and stream not in _seen:
+        with _held_lock:
+            if stream not in _seen:
+                _seen = (*_seen, stream)[-8:]
+
+
+def same_stream(a: Any, b: Any) -> bool:
+    """Whether two stream objects are one stream (``==``: torch.cuda.current_stream() makes a new object per call,
+    so ``is`` tells two objects apart, never two streams; None is only None)."""
+    return a is b or (a is not None and b is not None and a == b)
+
+
 class CudaStreams:
     """One side stream per prefetcher; the consumer is whatever stream is current when a batch is asked for."""
 
     def __init__(self, device: torch.device):
         self.device = device
-        self.side = torch.cuda.Stream(device=device)
+        self.side = draw_stream(lambda: torch.cuda.Stream(device=device))
+        weakref.finalize(self, let_go_stream, self.side)
 
     def consumer(self):
         return torch.cuda.current_stream(self.device)

@@ -19,6 +19,15 @@
   stream order, event waits and host queries (``done``). Two accesses to overlapping bytes, at least one
   a write, that are not ordered are recorded in ``races`` (and by default raise at once).
 
+- **torch's stream objects.** ``current_stream()`` (and a backend's ``consumer()``) returns a new object per call
+  for the same stream (``StreamRef``: ``==`` and ``hash`` as the stream, never ``is``), as
+  ``torch.cuda.current_stream()`` does; ``new_stream`` hands out a pool's streams, round robin, as
+  ``torch.cuda.Stream()`` does (``SimGpu(pool=32)``, torch's size, by default; ``None``: always a new one): after
+  ``pool`` of them streams alias (the same object). fastload's backends draw theirs through ``fastload._ring.draw_stream``, as ``CudaStreams`` does.
+- **A library with a stream of its own** (``PrivateStreamLibrary``): torchvision's ``decode_jpeg(device='cuda')``
+  allocates its outputs on the caller's current stream and writes them on a private stream that waits for
+  nothing, synchronises that stream on the host and makes the current stream wait on it.
+
 Device tensors are CPU tensors over the arena, so data races also corrupt data as on a GPU. Queued ops
 reach memory by address and keep no device tensor alive (a GPU kernel does not either; ``launch`` swaps what a
 production function captured for raw views), so use counts, and the slot ring, see what they would on a GPU.
@@ -35,10 +44,13 @@ import ctypes
 import itertools
 import threading
 import types
+import weakref
 from typing import Any, Callable, NamedTuple
 
 import numpy as np
 import torch
+
+from fastload import _ring
 
 _ROUND = 512  # the CUDA allocator rounds every request to 512 bytes
 _SMALL = 1 << 20  # requests up to this come from the small pool ...
@@ -107,6 +119,31 @@ class SimStream:
         return f"<stream {self.name}>"
 
 
+class StreamRef:
+    """What ``torch.cuda.current_stream()`` returns: a new object per call, equal to (and hashed as) its stream."""
+
+    __slots__ = ("stream",)
+
+    def __init__(self, stream: SimStream):
+        self.stream = stream
+
+    def __eq__(self, other: Any) -> bool:
+        return _real(other) is self.stream
+
+    def __hash__(self) -> int:
+        return hash(self.stream)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+    def __repr__(self) -> str:
+        return f"<current {self.stream!r}>"
+
+
+def _real(stream: Any) -> Any:
+    return stream.stream if isinstance(stream, StreamRef) else stream
+
+
 class SimEvent:
     def __init__(self, stream: SimStream, position: int):
         self.stream, self.position = stream, position
@@ -149,7 +186,8 @@ class SimView:
 
     def __init__(self, sim: "SimGpu", name: str):
         self._sim = sim
-        self.side = sim.new_stream(name)
+        self.side = _ring.draw_stream(lambda: sim.new_stream(name))  # as CudaStreams draws torch.cuda.Stream()
+        weakref.finalize(self, _ring.let_go_stream, self.side)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._sim, name)
@@ -157,21 +195,23 @@ class SimView:
     def side_context(self):
         return self._sim.stream(self.side)
 
-    def consumer(self) -> SimStream:
-        cur = self._sim.current_stream()
-        return cur if cur is not self.side else self._sim.default
+    def consumer(self) -> StreamRef:
+        cur = self._sim._current
+        return StreamRef(cur if cur is not self.side else self._sim.default)
 
 
 class SimGpu:
     """The streams backend of ``fastload._ring`` on a simulated device (see the module docstring)."""
 
-    def __init__(self, arena_bytes: int = 256 << 20, raise_on_race: bool = True):
+    def __init__(self, arena_bytes: int = 256 << 20, raise_on_race: bool = True, pool: int | None = 32):
         self.device = torch.device("cuda", 0)
         # the legacy default stream: every thread's current stream until it picks another (torch's
         # default stream); streams torch makes are non-blocking, so it orders nothing implicitly with them
         self.default = SimStream("default", blocking=True)
-        self.side = SimStream("side")
-        self.streams = [self.default, self.side]
+        self.streams = [self.default]
+        self.pool, self._drawn = pool, 0  # torch.cuda.Stream()'s pool: None, every stream a new one
+        self.side = _ring.draw_stream(lambda: self.new_stream("side"))  # the prefetcher's (CudaStreams.side)
+        weakref.finalize(self, _ring.let_go_stream, self.side)
         self._tls = threading.local()
         self._lock = threading.RLock()
         self.host_clock: dict[str, int] = {"host": 0}
@@ -203,6 +243,7 @@ class SimGpu:
     @contextlib.contextmanager
     def stream(self, stream: SimStream):
         """``torch.cuda.stream(s)``: ``stream`` is this thread's current stream inside."""
+        stream = _real(stream)
         prev, self._current = self._current, stream
         try:
             yield stream
@@ -210,21 +251,30 @@ class SimGpu:
             self._current = prev
 
     def new_stream(self, name: str, blocking: bool = False) -> SimStream:
-        """``torch.cuda.Stream()`` (non-blocking, as torch makes them) or a ``cudaStreamDefault`` one."""
+        """``torch.cuda.Stream()`` (non-blocking, as torch makes them) or a ``cudaStreamDefault`` one. With a
+        ``pool``: the pool's next stream, round robin (the ``pool`` first ones are new, then they alias)."""
+        if self.pool is not None and not blocking:
+            k, self._drawn = self._drawn % self.pool, self._drawn + 1
+            pooled = [st for st in self.streams if getattr(st, "pool_index", None) == k]
+            if pooled:
+                return pooled[0]
         s = SimStream(name, blocking)
+        if self.pool is not None and not blocking:
+            s.pool_index = k
         self.streams.append(s)
         return s
 
-    def current_stream(self) -> SimStream:
-        return self._current
+    def current_stream(self) -> StreamRef:
+        """``torch.cuda.current_stream()``: a new object per call."""
+        return StreamRef(self._current)
 
     def fork(self, name: str) -> SimView:
         """This device with a side stream of its own (``CudaStreams.fork``)."""
         return SimView(self, name)
 
     # -- the backend interface used by fastload ---------------------------------------------------------
-    def consumer(self) -> SimStream:
-        return self._current if self._current is not self.side else self.default
+    def consumer(self) -> StreamRef:
+        return StreamRef(self._current if self._current is not self.side else self.default)
 
     def side_context(self):
         return self.stream(self.side)
@@ -301,6 +351,7 @@ class SimGpu:
 
     def record(self, stream: SimStream, timing: bool = False) -> SimEvent:
         """An event on ``stream`` (every one carries its simulated time, timing or not)."""
+        stream = _real(stream)
         ev = SimEvent(stream, stream.queued)
         self._enqueue(stream, ("record", ev))
         return ev
@@ -314,7 +365,7 @@ class SimGpu:
 
     def wait(self, stream: SimStream, event: SimEvent | None) -> None:
         if event is not None:
-            self._enqueue(stream, ("wait", event))
+            self._enqueue(_real(stream), ("wait", event))
 
     def wait_host(self, event: SimEvent | None, stop=None) -> None:
         """``Event.synchronize()``: the host blocks until ``event``'s stream ran past it (here: its work, and
@@ -379,7 +430,7 @@ class SimGpu:
     def record_stream(self, t: torch.Tensor, stream: SimStream) -> None:
         addr = self._block_of(t)
         if addr is not None:
-            self.blocks[addr][2].add(stream)
+            self.blocks[addr][2].add(_real(stream))
 
     def _in_arena(self, t: torch.Tensor) -> bool:
         return 0 <= t.untyped_storage().data_ptr() - self.base < len(self.arena)
@@ -459,7 +510,7 @@ class SimGpu:
     def _host_wait(self, stream: SimStream, why: str) -> None:
         """The host blocks until ``stream``'s queued work has run (``cudaStreamSynchronize``)."""
         with self._lock:
-            self._wait_stream(stream, why)
+            self._wait_stream(_real(stream), why)
 
     def _wait_stream(self, stream: SimStream, why: str) -> None:
         self._drained = set()
@@ -480,7 +531,7 @@ class SimGpu:
         """Run up to ``ops`` queued ops of ``stream`` (default: the consumer), stopping at a wait on an
         event that has not completed. Returns how many ran."""
         with self._lock:  # a producer thread's host wait runs queued work too (wait_host)
-            return self._run(stream or self.default, ops)
+            return self._run(_real(stream) or self.default, ops)
 
     def _run(self, stream: SimStream, ops: int | None) -> int:
         ran = 0
@@ -520,7 +571,7 @@ class SimGpu:
         """``torch.cuda.synchronize()`` (every stream) or ``stream.synchronize()``."""
         self.syncs += 1
         if stream is not None:
-            self._host_wait(stream, "stream synchronize")
+            self._host_wait(_real(stream), "stream synchronize")
             return
         ran = 0
         self._drained = set()
@@ -561,3 +612,31 @@ class SimGpu:
 
         self.launch(step, reads=tuple(batch), writes=tuple(acts), what="model step")
         del acts  # freed by Python: the allocator may hand these blocks out again on this stream
+
+
+class PrivateStreamLibrary:
+    """torchvision's ``decode_jpeg(datas, device='cuda')`` on the simulated GPU, as decode_jpegs_cuda.cpp does it:
+    the outputs are allocated on the caller's current stream, written on a stream of the library's own (one from
+    the pool, made once) that waits for nothing of the caller's, which the host then synchronises
+    (``cudaStreamSynchronize``), and the current stream waits on an event recorded there (``event.block``).
+    ``decode_host(datas)`` gives each image's pixels as (3, H, W) uint8 host tensors (RuntimeError for a corrupt
+    one, before anything is allocated, as nvjpegGetImageInfo fails first). ``host_sync=False``: a version that
+    leaves out the host synchronisation and relies on ``event.block`` alone (its writes then run late, whenever its
+    stream runs)."""
+
+    def __init__(self, sim: SimGpu, decode_host: Callable[[list], list], host_sync: bool = True):
+        self.sim, self.decode_host, self.host_sync = sim, decode_host, host_sync
+        self.stream = sim.new_stream("torchvision")  # getStreamFromPool: not one fastload knows
+
+    def __call__(self, datas: list) -> list:
+        sim = self.sim
+        pixels = self.decode_host(datas)
+        outs = [sim.alloc(tuple(p.shape), torch.uint8) for p in pixels]  # on the caller's current stream
+        with sim.stream(self.stream):
+            for p, o in zip(pixels, outs):
+                d = _describe(o)
+                sim.launch(lambda d=d, p=p: _raw(d).copy_(p), writes=(o,), what="torchvision decode")
+        if self.host_sync:
+            sim._host_wait(self.stream, "torchvision's stream synchronize")
+        sim.wait(sim._current, sim.record(self.stream))
+        return outs

@@ -86,7 +86,7 @@ def test_simulator_catches_a_fence_recorded_before_the_allocation(monkeypatch):
     real_record = sim.record
 
     def record(stream):  # no fence for a slot whose buffers were just allocated
-        if fresh and stream is sim.default:
+        if fresh and stream == sim.default:
             fresh.clear()
             return None
         return real_record(stream)

@@ -40,6 +40,10 @@ class ImageDecoder(Protocol):
     # device (None, or no such method: complete when decode returns)
     def ready_event(self) -> Any: ...
 
+    # optional: give back memory cached and not used now (DALI's pools), keeping what the next batch needs; at a
+    # non-persistent loader's epoch end, in a thread of its own (it may synchronise the device)
+    def release_unused(self) -> None: ...
+
     def close(self) -> None: ...
 
 
@@ -175,6 +179,11 @@ class JpegOnly:
 
     def ready_event(self) -> Any:
         return self.decoder.ready_event()
+
+    def release_unused(self) -> None:
+        release = getattr(self.decoder, "release_unused", None)
+        if release is not None:
+            release()
 
     def close(self) -> None:
         self.decoder.close()

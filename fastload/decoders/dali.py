@@ -417,6 +417,22 @@ class DaliDecoder:
             self._held = []
         return sorted(failures.items())
 
+    def release_unused(self) -> None:
+        """DALI's memory pools give back the memory no pipeline uses now (``nvidia.dali.backend.ReleaseUnusedMemory``,
+        e.g. the high water of an epoch's batches at a non-persistent loader's epoch end); the pipeline stays, so the
+        next epoch does not build it again. It may synchronise the device: never in the training thread
+        (``_images.ImageDecoding.end_epoch`` runs it in a thread of its own). Nothing to do in CPU-only mode, or with
+        a DALI without that call."""
+        if self.device_id is None:
+            return
+        try:
+            from nvidia.dali import backend
+        except Exception:  # noqa: BLE001  (the sim's stand-in, or a DALI that imports differently: nothing cached)
+            return
+        release = getattr(backend, "ReleaseUnusedMemory", None)
+        if release is not None:
+            release()
+
     def close(self) -> None:
         """Release the DALI pipeline (and its GPU memory); decode() afterwards raises."""
         with self._lock:

@@ -252,6 +252,12 @@ class HybridDecoder:
         self._hosts.append(entry)
         return entry
 
+    def release_unused(self) -> None:
+        """The GPU decoder's (``ImageDecoder.release_unused``)."""
+        release = getattr(self.gpu, "release_unused", None)
+        if release is not None:
+            release()
+
     def close(self) -> None:
         """Closes the GPU decoder; the CPU decoder and the split belong to the caller."""
         if self.gpu is not None:

@@ -14,6 +14,20 @@ it records an event after its last write (``ready_event``) and whoever reads the
 the device (``_images.ImageDecoding`` hands it on with the batch). The plan's arrays reach the device
 through pinned staging (``_staging.Uploads``): a copy from pageable memory would wait for the stream.
 
+torchvision's outputs. ``decode_jpeg(device='cuda')`` (torchvision/csrc/io/image/cuda/decode_jpegs_cuda.cpp)
+allocates the decoded images on the caller's current stream but writes them on a stream of its own (one from
+torch's pool), which waits for nothing of ours; it synchronises that stream on the host before returning and
+makes the current stream wait on it. Memory freed on our stream while our queued kernels still read it (the
+last batch's images, the resampling's temporaries, the plan's staged arrays) is at once reusable there, so
+called on our stream, the library would overwrite it under those reads: silent wrong pixels, and
+``record_stream(image, our stream)`` is a no-op on the stream that allocated it. So the call runs with a
+stream of the decoder's own current (``outputs``), on which nothing but the library's allocations and its wait
+happen: its allocator pool holds only earlier outputs, each recorded for our stream (freed only once our reads
+of it ran); our stream waits on an event recorded there after the call (the library's writes, whatever its
+version did); the stream is drawn distinct from every stream fastload holds or a loop uses (_ring.draw_stream:
+torch's pool hands out aliases). tests/test_gpu_streams_sim.py shows the overwrite on the simulated GPU with a
+library that does what torchvision does; tests/cuda/test_gpu_decode_lag.py on a GPU.
+
 Augmentation. A plan with issue 21's augmentation (``plan.augment``: vertical flips, affine maps, pixel
 operations) runs with the batched torch engine (``_augment/engine_torch.py``) on the rows, queued on the same
 stream after the resampling (which applied the crops, sizes and horizontal flips) and before the ready event;
@@ -75,12 +89,17 @@ def _torchvision_decoder(device: torch.device) -> Callable[[list], list]:
     def decode(datas: list) -> list:
         return decode_jpeg(datas, mode=ImageReadMode.RGB, device=device)
 
-    try:  # a torchvision built without nvJPEG imports fine and fails every GPU decode: find out now
+    return decode
+
+
+def _check_decodes(decode: Callable[[list], list], device: torch.device) -> None:
+    """A torchvision built without nvJPEG imports fine and fails every GPU decode: find out now (called with the
+    decoder's output stream current, as every call of the library: see the module docstring)."""
+    try:
         decode([torch.frombuffer(bytearray(_TINY_JPEG), dtype=torch.uint8)])
     except Exception as e:  # noqa: BLE001  (whatever torchvision raises: named in the error)
         raise ImportError(f"torchvision {getattr(sys.modules.get('torchvision'), '__version__', '')} cannot decode "
                           f"JPEG on {device} ({type(e).__name__}: {e}); {INSTALL_HINT}") from e
-    return decode
 
 
 def _tiny_jpeg() -> bytes:
@@ -99,6 +118,7 @@ class NvjpegDecoder:
                  decode_fn: Callable[[list], list] | None = None, streams: Any = None,
                  max_pixels: int = MAX_PIXELS):
         dev = torch.device(device) if device is not None else None
+        check = decode_fn is None
         if decode_fn is None:
             if dev is None or dev.type != "cuda":
                 raise ValueError("decoder='nvjpeg' decodes on the GPU: pass device='cuda'")
@@ -111,9 +131,14 @@ class NvjpegDecoder:
         # the decoder's own stream, reached through the ring's backend (tests/sim_streams.py runs it late)
         self.streams = streams if streams is not None else streams_for(dev if dev is not None else
                                                                        torch.device("cpu")).fork("nvjpeg")
+        # the stream current while the library runs: its outputs are allocated there (module docstring)
+        self.outputs = self.streams.fork("nvjpeg outputs")
         self._uploads = Uploads(self.streams)
         self.ready = None
         self._lock = threading.Lock()
+        if check:
+            with self.outputs.side_context():
+                _check_decodes(decode_fn, dev)
 
     def _check_out(self, out: torch.Tensor, n: int) -> None:
         expected = (n,) + self.out_hw + (3,)
@@ -160,15 +185,19 @@ class NvjpegDecoder:
         datas = [torch.frombuffer(bytearray(b), dtype=torch.uint8) if len(b) else torch.empty(0, dtype=torch.uint8)
                  for b in blobs]
         failures: dict[int, str] = {k: "empty image data" for k, d in enumerate(datas) if d.numel() == 0}
-        s = self.streams
+        s, lib = self.streams, self.outputs
         with self._lock, s.side_context():
-            try:
-                images = self._decode([d for d in datas]) if not failures else None
-            except RuntimeError:
-                images = None
-            if images is None:
-                images = self._decode_each(datas, failures)
-            for im in images:  # read below on our stream, maybe allocated on torchvision's: freed after our reads
+            with lib.side_context():  # the library allocates its outputs on the current stream: this one
+                try:
+                    images = self._decode([d for d in datas]) if not failures else None
+                except RuntimeError:
+                    images = None
+                if images is None:
+                    images = self._decode_each(datas, failures)
+            # our reads come after the library's writes (it made the output stream wait for its own stream), and
+            # the outputs' memory is reused only after our reads of it ran (record_stream: another stream)
+            s.wait(s.side, s.record(lib.side))
+            for im in images:
                 if im is not None:
                     s.record_stream(im, s.side)
             hw = np.array([[0, 0] if im is None else list(im.shape[1:]) for im in images], dtype=np.int64)
@@ -196,7 +225,7 @@ class NvjpegDecoder:
                         resample(todo, crops_t, flips_t, self.out_hw, res, self.max_pixels, sizes_t)
                         out.index_copy_(0, good_t, res)
 
-                reads = (crops_t, flips_t, good_t) + (() if sizes_t is None else (sizes_t,))
+                reads = (crops_t, flips_t, good_t, *todo) + (() if sizes_t is None else (sizes_t,))
                 s.launch(write, reads=reads, writes=(out,), what="nvjpeg resample")
             augment_queued(s, self._uploads, plan.augment, out, "nvjpeg augment")
             if bad:  # after the augmentation, so that failed rows stay zero
@@ -212,7 +241,7 @@ class NvjpegDecoder:
         return self.ready
 
     def close(self) -> None:
-        self.streams = None
+        self.streams = self.outputs = None
 
 
 def probe() -> None:

@@ -26,7 +26,7 @@ import torch
 from torch.utils._pytree import tree_flatten_with_path, tree_unflatten
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
-from .._ring import CopyHolds, Slot, SlotRing, cuda_available, streams_for
+from .._ring import CopyHolds, Slot, SlotRing, cuda_available, same_stream, seen_consumer, streams_for
 from .._tensor_transforms import TensorPipeline
 
 
@@ -267,7 +267,7 @@ class DevicePrefetcher(_BaseDataLoaderIter):  # a torch DataLoader iterator by t
         # current stream, the last use was on the stream the slot was handed to (a consumer may switch)
         consumer = s.consumer()
         fences = [s.record(consumer)]
-        if slot.receiver is not None and slot.receiver is not consumer:
+        if slot.receiver is not None and not same_stream(slot.receiver, consumer):  # a new object per call: ==
             fences.append(s.record(slot.receiver))
         fences += ready
         with s.side_context():
@@ -317,6 +317,7 @@ class DevicePrefetcher(_BaseDataLoaderIter):  # a torch DataLoader iterator by t
             raise StopIteration
         slot, out, then = self._inflight.popleft()
         consumer = self.streams.consumer()
+        seen_consumer(consumer)  # streams fastload draws later avoid the loop's (_ring.draw_stream)
         self.streams.wait(consumer, slot.copy_event)  # rule 5
         if consumer not in slot.readers:
             # read there: if that is not the allocating stream, the memory is reused only after those reads

@@ -71,7 +71,7 @@ def test_the_augmentation_is_queued_on_the_decoders_stream_before_its_ready_even
     for mine, ready in calls:
         assert len(mine) == 1, mine  # one launch per batch: the whole batch, no loop over samples
         (stream, position), = mine
-        assert stream is ready.stream and stream.name == decoder, (stream, ready.stream)
+        assert stream == ready.stream and stream.name == decoder, (stream, ready.stream)
         assert position < ready.position, (position, ready.position)
 
 

@@ -41,7 +41,7 @@ def test_the_padded_windows_are_assembled_on_the_decoders_stream_before_its_read
     for mine, ready in calls:
         assert len(mine) == 1, mine  # one launch per batch: the whole batch, no loop over samples
         (stream, position), = mine
-        assert stream is ready.stream and stream.name == decoder, (stream, ready.stream)
+        assert stream == ready.stream and stream.name == decoder, (stream, ready.stream)
         assert position < ready.position, (position, ready.position)
     native = [(x.clone(), y.clone()) for x, y in fastload.DataLoader(ds, **kw)]
     fill = torch.tensor(FILL, dtype=torch.uint8).view(1, 3, 1, 1)

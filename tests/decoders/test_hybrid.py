@@ -193,7 +193,8 @@ def test_nvjpeg_with_a_broken_torchvision_says_so(broken_torchvision):
 
 
 def test_a_torchvision_without_nvjpeg_is_found_out_when_the_decoder_is_made(monkeypatch):
-    """It imports, and every GPU decode then fails: one probe decode when the decoder is made says so."""
+    """It imports, and every GPU decode then fails: one probe decode when the decoder is made says so (NvjpegDecoder
+    runs it with its output stream current: tests/test_gpu_streams_sim.py)."""
     from types import SimpleNamespace
 
     from fastload.decoders import nvjpeg
@@ -203,7 +204,7 @@ def test_a_torchvision_without_nvjpeg_is_found_out_when_the_decoder_is_made(monk
 
     monkeypatch.setattr(nvjpeg, "_import_torchvision", lambda: (SimpleNamespace(RGB="RGB"), decode_jpeg))
     with pytest.raises(ImportError, match="cannot decode JPEG on cuda:0.*nvjpeg is not available"):
-        nvjpeg._torchvision_decoder(torch.device("cuda", 0))
+        nvjpeg._check_decodes(nvjpeg._torchvision_decoder(torch.device("cuda", 0)), torch.device("cuda", 0))
 
 
 def test_the_gpu_decoder_auto_pairs_instead_of_a_broken_one_runs_whatever_the_first_ran(monkeypatch):

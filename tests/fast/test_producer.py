@@ -158,13 +158,13 @@ def test_fast_path_worker_advice_speaks_of_threads(records):
 
 
 @pytest.mark.parametrize("persistent", [False, True])
-def test_the_native_threads_outlive_an_epoch_and_decoders_and_per_sample_workers_do_not(records, monkeypatch,
-                                                                                       persistent):
+def test_the_native_threads_outlive_an_epoch_and_per_sample_workers_do_not(records, monkeypatch, persistent):
     """Starting a pool's threads each epoch cost more than an epoch of small batches (bench/suite.py's tiny
-    records ran 8-21% slower at num_workers=2 than at 0): every loader keeps its pool across epochs. A
-    non-persistent one ends, at each epoch's end, what torch's workers would take with them: its per-sample
-    transform workers and its decoders (``ImageDecoding.end_epoch``, GPU decoders closed off the training thread,
-    tests/test_gpu_decoder_threads_sim.py counts them), never the whole ``ImageDecoding`` (``close``); a persistent one keeps
+    records ran 8-21% slower at num_workers=2 than at 0): every loader keeps its pool across epochs, and its
+    decoders (a DALI pipeline built again each epoch made the first next() wait: issue 28). A non-persistent one
+    ends, at each epoch's end, what torch's workers would take with them (``ImageDecoding.end_epoch``: its
+    per-sample transform workers; its GPU decoders' unused memory, given back off the training thread,
+    tests/test_gpu_decoder_threads_sim.py), never the whole ``ImageDecoding`` (``close``); a persistent one keeps
     them."""
     closed = []
     real_end = fastload._images.ImageDecoding.end_epoch
