@@ -321,10 +321,13 @@ def test_every_cuda_test_file_is_in_exactly_one_step_new_files_included(tmp_path
 def test_preflight_fails_in_seconds_with_every_reason(tmp_path):
     """No CUDA here: the one call would be wasted, so preflight says so at once (with the other reasons) and the
     script runs no other step."""
-    results = tmp_path / "results"
+    results, bare = tmp_path / "results", tmp_path / "bare"  # a checkout without .gpu/ (this one may have it)
+    (bare / "scripts").mkdir(parents=True)
+    shutil.copy(SCRIPT, bare / "scripts")
     t = time.monotonic()
-    r = subprocess.run([str(SCRIPT), str(results)], cwd=ROOT, capture_output=True, text=True, timeout=55,
-                       env=dict(os.environ, PYTHON=sys.executable, GPU_CHECK_REQUIRE="dali"))
+    r = subprocess.run([str(bare / "scripts" / "gpu_check.sh"), str(results)], cwd=bare, capture_output=True,
+                       text=True, timeout=55, env=dict(os.environ, PYTHON=sys.executable, GPU_CHECK_REQUIRE="dali",
+                                                       GPU_CHECK_DALI_PARTS=str(tmp_path / "parts")))
     assert time.monotonic() - t < 40  # seconds, on a busy CI machine too
     assert r.returncode == 1, r.stdout + r.stderr
     summary = (results / "summary.txt").read_text()
