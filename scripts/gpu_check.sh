@@ -415,6 +415,7 @@ main() {
   results=${results:-${OUT:-bench/results/gpu-check}}
   mkdir -p "$results" && results=$(cd "$results" && pwd)
   logs=$(mktemp -d /tmp/gpu-check-logs.XXXXXX)
+  trap 'rm -rf "$logs"' EXIT  # everything in it is in logs.tar by then
   export root PY dry dali logs results require
   rm -f "$results/summary.txt" "$results/logs.tar" "$results/gpu_bench.md"
   trap on_signal TERM INT
