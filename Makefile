@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.fastload-installed
 
-.PHONY: install demo test sanitize fuzz soak bench clean gpu-check gpu-prepare
+.PHONY: install demo test sanitize fuzz soak bench clean gpu-check gpu-dry-run gpu-prepare
 
 install: $(STAMP)
 
@@ -44,13 +44,21 @@ bench: $(STAMP)
 	PYTHON=$(BIN)/python bench/setup_peers.sh
 	$(BIN)/python bench/suite.py
 
-# On a GPU machine (no venv: the machine's CUDA torch; missing wheels come from .gpu/, see scripts/gpu_check.sh):
-# tests/cuda, the lag/trap/switch/sync checks and bench/gpu_bench.py, all results in one folder, in 10 minutes.
+# On a GPU machine (no venv: the machine's CUDA torch; what it lacks comes from .gpu/): the lag/trap/switch/sync
+# checks, the rest of tests/cuda and bench/gpu_bench.py --quick, in one call of 420 s at most, results in $OUT
+# (summary.txt, logs.tar, gpu_bench.md). docs/GPU.md gives the device calls. GPU_CHECK_ARGS=--dali: lease 2 (DALI);
+# GPU_CHECK_STEPS=lag,sync: only these steps; GPU_CHECK_REQUIRE=dali,nvjpeg: decoders that must run in full.
 gpu-check:
-	scripts/gpu_check.sh $(GPU_CHECK_OUT)
+	scripts/gpu_check.sh $(GPU_CHECK_ARGS) $(GPU_CHECK_OUT)
 
-# Here, before a GPU run: .gpu/ (ignored) gets what the lent machine lacks (the shared kit + fastload's own
-# wheels and libpng; DALI=1 adds DALI's parts as .gpu-dali/pNN). Needs the package index and Debian's mirror.
+# Here, without CUDA: every step's setup and collection, the results and what travels against the device's limits,
+# and the time budget (tests/test_gpu_check_script.py runs it in CI).
+gpu-dry-run: $(STAMP)
+	PYTHON=$(BIN)/python scripts/gpu_check.sh --dry-run $(if $(GPU_CHECK_OUT),$(GPU_CHECK_OUT),/tmp/gpu-check-dry-run)
+
+# Here, before a GPU run: .gpu/ (ignored) gets what the lent machine lacks (wheels, debs, a prebuilt _C for
+# CPython 3.12); DALI=1 adds DALI's parts (.gpu-dali/pNN, .gpu/dali.manifest). Needs the package index and Debian's
+# mirror.
 gpu-prepare:
 	scripts/gpu_prepare.sh $(if $(DALI),--dali)
 

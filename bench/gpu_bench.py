@@ -14,6 +14,11 @@
   decode    images/s of DALI mixed (GPU) decoding vs fastload's CPU decoding on all cores
 
     python bench/gpu_bench.py [--per-class 400] [--batch-size 256] [--out bench/results/gpu_<name>.md]
+    python bench/gpu_bench.py --quick          gpu-check's sizes (40 photos a class, batch 128, 20 timed steps,
+                                               2 rounds, 12 batches compared): every section, ResNet-50 included
+    --sections photos,loaders,decode           only these sections (photos is added when one needs it)
+    --decoders dali,auto                       the loaders table's fastload rows (DALI's own pipeline always runs):
+                                               gpu-check's DALI lease runs only the DALI comparison
 
 Without --out the results go to bench/results/gpu_<device name>.md. The file is written whatever could not
 run (a missing DALI or torchvision is named in it), again after every section, so a run stopped part-way
@@ -50,6 +55,10 @@ GOALS = {
     "loaders": "loader-only images/s with the batch on the GPU: fastload >= 1.2x DALI's own pipeline on the same photos",
     "overlap": "ResNet-50 AMP training step fed by fastload.DataLoader(device='cuda') within 3% of synthetic data",
 }
+DECODERS = ("native", "nvjpeg", "dali", "auto")
+SECTIONS = ("H2D bandwidth", "photos", "correctness", "loaders", "overlap", "decode")
+#: --quick: gpu-check's sizes (its bench step's time limit is set for these)
+QUICK = {"per_class": 40, "batch_size": 128, "steps": 20, "reps": 2, "compare": 12}
 #: Fewer batches than this in an epoch: each epoch's start-up weighs on the rates (gpu_check's quick sizes).
 SHORT_EPOCH = 20
 
@@ -354,7 +363,8 @@ def _first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
 
 
-def compare_loaders(ds, batch: int, threads: int, reps: int, dali_name: str, dali_make) -> tuple[dict, list[str]]:
+def compare_loaders(ds, batch: int, threads: int, reps: int, dali_name: str, dali_make,
+                    decoders: tuple[str, ...] = DECODERS) -> tuple[dict, list[str]]:
     """images/s over ``reps`` alternating epochs of DALI's own pipeline (``dali_make()`` -> its epoch runner,
     row ``dali_name``) and fastload over ``ds`` with each decoder; what could not build or run its warm-up epoch
     is left out and named in the notes (reported in the results, not hidden). Returns (rates, notes)."""
@@ -363,7 +373,7 @@ def compare_loaders(ds, batch: int, threads: int, reps: int, dali_name: str, dal
         runs[dali_name] = dali_make()
     except Exception as e:  # noqa: BLE001
         notes.append(f"DALI's own pipeline could not run: {_first_line(e)}")
-    for decoder in ("native", "nvjpeg", "dali", "auto"):
+    for decoder in decoders:
         try:
             dl = fastload.DataLoader(ds, batch_size=batch, shuffle=True, drop_last=True, num_workers=threads,
                                      device="cuda", decoder=decoder, persistent_workers=True)
@@ -384,7 +394,8 @@ def compare_loaders(ds, batch: int, threads: int, reps: int, dali_name: str, dal
     return alternate(runs, reps), notes
 
 
-def loaders(lines: list[str], packed: Path, photos: Path, batch: int, reps: int = 3) -> dict[str, str]:
+def loaders(lines: list[str], packed: Path, photos: Path, batch: int, reps: int = 3,
+            decoders: tuple[str, ...] = DECODERS) -> dict[str, str]:
     """The loaders table; returns the 1.2x-DALI goal's verdict (not measured unless DALI's own pipeline and a
     fastload loader both ran)."""
     tfs = {"image": [T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToDtype(torch.float32, scale=True),
@@ -392,7 +403,7 @@ def loaders(lines: list[str], packed: Path, photos: Path, batch: int, reps: int 
     ds = fastload.open(packed, transforms=tfs)
     threads = cpu_cores()
     rates, notes = compare_loaders(ds, batch, threads, reps, "DALI pipeline (readers.file, mixed decode, resize, "
-                                   "flip, normalize)", lambda: dali_native(photos, batch, threads))
+                                   "flip, normalize)", lambda: dali_native(photos, batch, threads), decoders)
     ref = statistics.median(rates[next(iter(rates))]) if rates else 1.0
     per_epoch = len(ds) // batch
     lines += ["## Loaders: batches on the GPU, RandomResizedCrop 224 + flip + normalize, images/s", "",
@@ -502,13 +513,29 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--per-class", type=int, default=400)
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--reps", type=int, default=3, help="alternating rounds of the loaders table")
+    ap.add_argument("--compare", type=int, default=36, help="batches the correctness section compares")
+    ap.add_argument("--quick", action="store_true", help=f"gpu-check's sizes: {QUICK}")
+    ap.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated, of: " + ", ".join(SECTIONS))
+    ap.add_argument("--decoders", default=",".join(DECODERS), help="the loaders table's fastload rows")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
+    if args.quick:
+        for key, value in QUICK.items():
+            setattr(args, key, value)
+    wanted = [t.strip() for t in args.sections.split(",") if t.strip()]
+    decoders = tuple(d.strip() for d in args.decoders.split(",") if d.strip())
+    bad = sorted(set(wanted) - set(SECTIONS)) + sorted(set(decoders) - set(DECODERS))
+    if bad:
+        ap.error(f"unknown sections or decoders {bad}: sections are {', '.join(SECTIONS)}; decoders "
+                 f"{', '.join(DECODERS)}")
+    if set(wanted) & {"correctness", "loaders", "overlap", "decode"}:
+        wanted.append("photos")  # they read its photos
     lines = [f"# GPU results: {time.strftime('%Y-%m-%d')}", "",
              f"torch {torch.__version__}, CUDA {torch.version.cuda}, {cpu_cores()} CPU cores for this process "
              f"(os.cpu_count() {os.cpu_count()}); " + ", ".join(availability()), "",
              "Command: python bench/gpu_bench.py " + " ".join(sys.argv[1:] if argv is None else argv), ""]
-    titles = ["H2D bandwidth", "correctness", "loaders", "overlap", "decode"]
+    titles = [t for t in SECTIONS if t in wanted and t != "photos"]
     if not torch.cuda.is_available():
         report = Report(args.out or Path("bench/results/gpu_none.md"), lines, GOALS)
         lines += ["No CUDA device here (torch.cuda.is_available() is False): nothing measured.", ""]
@@ -536,10 +563,15 @@ def main(argv: list[str] | None = None) -> None:
 
     sections = [("H2D bandwidth", lambda: h2d(lines, args.batch_size)),
                 ("photos", prepare),
-                ("correctness", lambda: correctness(lines, need("packed"), args.batch_size)),
-                ("loaders", lambda: loaders(lines, need("packed"), need("photos"), args.batch_size)),
+                ("correctness", lambda: correctness(lines, need("packed"), args.batch_size, args.compare)),
+                ("loaders", lambda: loaders(lines, need("packed"), need("photos"), args.batch_size, args.reps,
+                                            decoders)),
                 ("overlap", lambda: overlap(lines, need("packed"), need("photos"), args.batch_size, args.steps)),
                 ("decode", lambda: decode(lines, need("packed"), args.batch_size))]
+    sections = [(title, run) for title, run in sections if title in wanted]
+    for key in GOALS:
+        if key not in wanted:
+            report.verdicts[key] = f"not measured: not asked for (--sections {args.sections})"
     try:
         failed = run_sections(report, sections)
     except Stopped as e:

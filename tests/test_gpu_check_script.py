@@ -4,13 +4,16 @@ No GPU session has run them, so what can go wrong there before any GPU work is c
 file of bench/gpu_bench.py is written without CUDA, DALI or torchvision and names what did not run; it is
 written again after each section and when the step's time limit stops it (SIGTERM); every goal gets a
 verdict or "not measured"; the CPU halves of its sections (inputs, the native decode call, DALI's own
-pipelines in DALI's CPU-only mode) still match the APIs they call; photos are made offline; and
-gpu_check.sh's step budgeting and its check that fastload imports at all.
+pipelines in DALI's CPU-only mode) still match the APIs they call; photos are made offline; and gpu_check.sh:
+each step under its own limit with its results written as it ends, step selection, every tests/cuda file in a
+step, the preconditions (CUDA, pybind11, the nvidia namespace), DALI's parts against their manifest, the
+per-decoder verdicts (GPU_CHECK_REQUIRE), the fresh-process runner of tests/cuda, and the whole --dry-run.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -247,40 +250,300 @@ def test_cpu_cores_are_the_affinity_mask_capped_by_the_cgroup_quota(gpu_bench, t
 
 # -- scripts/gpu_check.sh --------------------------------------------------------------------------------
 
+def sourced(body: str, tmp_path: Path, timeout: float = 45, **extra: str) -> subprocess.CompletedProcess:
+    """Run ``body`` in bash with gpu_check.sh's functions sourced, its logs and results in tmp_path."""
+    logs, results = tmp_path / "logs", tmp_path / "results"
+    logs.mkdir(exist_ok=True)
+    results.mkdir(exist_ok=True)
+    script = f"""
+        GPU_CHECK_SOURCED=1 source {SCRIPT}
+        logs={logs}; results={results}; require=${{require-}}
+        export root PY dry dali logs results require
+        {textwrap.dedent(body)}
+        """
+    return subprocess.run(["bash", "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                          env=dict(os.environ, PYTHON=sys.executable, **extra))
+
+
 @pytest.mark.skipif(shutil.which("timeout") is None, reason="needs coreutils' timeout")
-def test_step_budgeting_stops_a_step_at_its_limit_and_skips_what_no_longer_fits(tmp_path):
-    r = subprocess.run(["bash", "-c", f"""
-        GPU_CHECK_SOURCED=1 GPU_CHECK_SECONDS=14 source {SCRIPT}
-        results={tmp_path}
-        step quick 0 true
-        step reserved 5 true
-        step slow 0 sleep 30
-        step after 0 true
+def test_each_step_runs_under_its_own_limit_and_the_results_are_written_as_each_step_ends(tmp_path):
+    r = sourced("""
+        STEP_LIMITS[quick]=20; STEP_LIMITS[slow]=6; STEP_LIMITS[after]=20; STEP_LIMITS[late]=20
+        budget=14
+        step quick true
+        cp "$results/summary.txt" "$logs/../after-quick.txt"; tar -tf "$results/logs.tar" > "$logs/../tar-after-quick.txt"
+        step slow sleep 30
+        step after true
+        sleep 4
+        step late true
         echo "failed=$failed"
-        """], cwd=ROOT, capture_output=True, text=True, timeout=45)
-    summary = (tmp_path / "summary.txt").read_text().splitlines()
-    assert summary[0].startswith("quick: exit 0, ")
-    assert summary[1] == "reserved: not run (the 14s budget is spent)"  # 14 - 5 leaves under 10 s
-    assert re.fullmatch(r"slow: stopped at its 1[1-4]s limit \(exit 124\), 1[1-4]s", summary[2]), summary[2]
-    assert summary[3] == "after: not run (the 14s budget is spent)"
+        """, tmp_path)
+    summary = (tmp_path / "results" / "summary.txt").read_text().splitlines()
+    steps = [ln for ln in summary if ln.split(":")[0] in ("quick", "slow", "after", "late")]
+    assert re.fullmatch(r"quick: passed, [0-2]s of 1[2-4]s", steps[0]), steps  # the budget left: under its own 20 s
+    assert re.fullmatch(r"slow: STOPPED at its 6s limit \(exit 124\), [67]s of 6s", steps[1]), steps
+    assert re.fullmatch(r"after: passed, [0-2]s of [5-8]s", steps[2]), steps  # what the budget had left
+    assert steps[3] == "late: NOT RUN (the 14s budget is spent)", steps
     assert "failed=1" in r.stdout
-    assert not (tmp_path / "reserved.txt").exists() and not (tmp_path / "after.txt").exists()
+    # the summary and the logs' tar were there as soon as the first step ended, with its log
+    assert "quick: passed" in (tmp_path / "after-quick.txt").read_text()
+    assert "./quick.txt" in (tmp_path / "tar-after-quick.txt").read_text().split()
 
 
-@pytest.mark.skipif((ROOT / ".gpu" / "setup.sh").exists(), reason="the script would install .gpu/'s wheels")
-def test_gpu_check_says_once_that_fastload_does_not_import_and_runs_no_step(tmp_path):
-    shadow = tmp_path / "shadow"
-    shadow.mkdir()
-    (shadow / "xxhash.py").write_text("raise ImportError(\"No module named 'xxhash' (hidden by the test)\")\n")
-    results = tmp_path / "results"
-    r = subprocess.run([str(SCRIPT), str(results)], cwd=ROOT, capture_output=True, text=True, timeout=55,
-                       env=dict(os.environ, PYTHON=sys.executable, PYTHONPATH=str(shadow), GPU_CHECK_SECONDS="60"))
+def test_gpu_check_steps_selects_steps_but_preflight_and_setup_always_run(tmp_path):
+    r = sourced("""
+        step preflight echo pre; step setup echo set; step lag echo lag; step sync echo sync; step bench echo bench
+        """, tmp_path, GPU_CHECK_STEPS="sync")
+    ran = [ln.split(":")[0] for ln in (tmp_path / "results" / "summary.txt").read_text().splitlines()[1:]]
+    assert ran == ["preflight", "setup", "sync"], r.stdout + r.stderr
+
+
+def test_every_cuda_test_file_is_in_exactly_one_step_new_files_included(tmp_path):
+    """The other steps take named files; 'cuda' takes every other tests/cuda/test_*.py, so a new file (the D1 lag
+    test, say) runs without anyone editing the script; a new *lag* file joins the lag step."""
+    r = sourced("echo LAG $(lag_files); echo SYNC $(sync_files); echo REST $(rest_files)", tmp_path)
+    got = {ln.split()[0]: ln.split()[1:] for ln in r.stdout.splitlines() if ln.split()}
+    every = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "tests" / "cuda").glob("test_*.py"))
+    listed = got["LAG"] + got["SYNC"] + got["REST"]
+    assert sorted(listed) == every and len(set(listed)) == len(listed), got
+    assert "tests/cuda/test_gpu_lag.py" in got["LAG"] and "tests/cuda/test_gpu_sync.py" in got["SYNC"]
+    fake = tmp_path / "root"
+    (fake / "tests" / "cuda").mkdir(parents=True)
+    for name in ("test_gpu_lag.py", "test_gpu_decode_lag.py", "test_gpu_sync.py", "test_gpu_decoder_streams.py",
+                 "test_new_thing.py"):
+        (fake / "tests" / "cuda" / name).write_text("")
+    r = sourced(f"root={fake}; echo LAG $(lag_files); echo REST $(rest_files)", tmp_path)
+    got = {ln.split()[0]: ln.split()[1:] for ln in r.stdout.splitlines() if ln.split()}
+    assert got["LAG"] == ["tests/cuda/test_gpu_decode_lag.py", "tests/cuda/test_gpu_lag.py"]
+    assert got["REST"] == ["tests/cuda/test_new_thing.py"]
+
+
+def test_preflight_fails_in_seconds_with_every_reason(tmp_path):
+    """No CUDA here: the one call would be wasted, so preflight says so at once (with the other reasons) and the
+    script runs no other step."""
+    results, bare = tmp_path / "results", tmp_path / "bare"  # a checkout without .gpu/ (this one may have it)
+    (bare / "scripts").mkdir(parents=True)
+    shutil.copy(SCRIPT, bare / "scripts")
+    t = time.monotonic()
+    r = subprocess.run([str(bare / "scripts" / "gpu_check.sh"), str(results)], cwd=bare, capture_output=True,
+                       text=True, timeout=55, env=dict(os.environ, PYTHON=sys.executable, GPU_CHECK_REQUIRE="dali",
+                                                       GPU_CHECK_DALI_PARTS=str(tmp_path / "parts")))
+    assert time.monotonic() - t < 40  # seconds, on a busy CI machine too
     assert r.returncode == 1, r.stdout + r.stderr
     summary = (results / "summary.txt").read_text()
-    assert "fastload does not import here: ImportError: No module named 'xxhash' (hidden by the test)" in summary
-    assert "carry what is missing in .gpu/whl" in summary and "no step run" in summary
-    assert sorted(p.name for p in results.iterdir()) == ["env.txt", "setup.txt", "summary.txt"]
-    assert "fastload unusable: ImportError" in (results / "env.txt").read_text()
+    assert "preflight: FAILED" in summary and "preflight failed: nothing else run" in summary
+    assert "no CUDA device for torch" in summary and "no .gpu/dali.manifest" in summary
+    assert "setup:" not in summary and "lag:" not in summary
+    assert sorted(p.name for p in results.iterdir()) == ["logs.tar", "summary.txt"]
+
+
+def test_a_carried_nvidia_package_hidden_by_a_regular_one_is_found_up_front(tmp_path):
+    """K4: where the machine's `nvidia` is a regular package that does not extend its path, /tmp/site/nvidia/dali
+    is never imported; the probe says so before anything is unpacked."""
+    r = sourced("nvidia_probe && echo PROBE-OK", tmp_path)
+    assert "PROBE-OK" in r.stdout, r.stdout + r.stderr  # here: no nvidia, or one that extends its path
+    regular = tmp_path / "machine"
+    (regular / "nvidia").mkdir(parents=True)
+    (regular / "nvidia" / "__init__.py").write_text("")  # a regular package, no pkgutil.extend_path
+    r = sourced("nvidia_probe && echo PROBE-OK", tmp_path, PYTHONPATH=str(regular))
+    assert "PROBE-OK" not in r.stdout
+    assert "a carried nvidia/ package is not importable here" in r.stdout and str(regular / "nvidia") in r.stdout
+
+
+def test_pybind11_must_be_2_12_or_a_carried_wheel(tmp_path):
+    old = tmp_path / "old"
+    (old / "pybind11").mkdir(parents=True)
+    (old / "pybind11" / "__init__.py").write_text("__version__ = '2.11.1'\n")
+    fake = tmp_path / "root"
+    (fake / ".gpu" / "whl").mkdir(parents=True)
+    r = sourced(f"root={fake}; pybind11_ok && echo OK", tmp_path, PYTHONPATH=str(old))
+    assert "OK" not in r.stdout.split() and "the machine has '2.11.1', .gpu/whl 'none'" in r.stdout, r.stdout + r.stderr
+    (fake / ".gpu" / "whl" / "pybind11-3.1.0-py3-none-any.whl").write_text("")  # setup installs it first
+    r = sourced(f"root={fake}; pybind11_ok && echo OK", tmp_path, PYTHONPATH=str(old))
+    assert "OK" in r.stdout.split(), r.stdout + r.stderr
+
+
+def make_parts(tmp_path: Path, n_parts: int = 3) -> tuple[Path, Path]:
+    """A small tar.xz split in parts as gpu_prepare.sh makes DALI's, its manifest, and the folder the parts are
+    brought to (flat, as the lease-2 calls copy them)."""
+    import hashlib
+    import io
+    import lzma
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        data = os.urandom(3000)
+        info = tarfile.TarInfo("nvidia/dali/__init__.py")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    blob = lzma.compress(buf.getvalue())
+    root = tmp_path / "root"
+    (root / ".gpu").mkdir(parents=True)
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    step = len(blob) // n_parts + 1
+    lines = ["# test parts"]
+    for k in range(n_parts):
+        chunk = blob[k * step:(k + 1) * step]
+        (parts / f"part{k:02d}").write_bytes(chunk)
+        lines.append(f"{hashlib.sha256(chunk).hexdigest()}  part{k:02d}")
+    (root / ".gpu" / "dali.manifest").write_text("\n".join(lines) + "\n")
+    return root, parts
+
+
+def test_dali_parts_are_checked_against_the_manifest_before_unpacking(tmp_path):
+    root, parts = make_parts(tmp_path)
+    site = tmp_path / "site"
+
+    def run():
+        return sourced(f"root={root}; dali_parts_check && dali_unpack && echo UNPACKED", tmp_path,
+                       GPU_CHECK_DALI_PARTS=str(parts), GPU_CHECK_SITE=str(site))
+
+    r = run()
+    assert "DALI parts: 3 of 3 present" in r.stdout and "UNPACKED" in r.stdout, r.stdout + r.stderr
+    assert (site / "nvidia" / "dali" / "__init__.py").stat().st_size == 3000
+    (parts / "part01").rename(tmp_path / "away")
+    r = run()
+    assert "1 of 3 DALI parts missing" in r.stdout and "part01" in r.stdout and "UNPACKED" not in r.stdout
+    (tmp_path / "away").rename(parts / "part01")
+    data = bytearray((parts / "part02").read_bytes())
+    data[0] ^= 1
+    (parts / "part02").write_bytes(bytes(data))
+    r = run()
+    assert "DALI part part02 is corrupt" in r.stdout and "UNPACKED" not in r.stdout, r.stdout
+
+
+def test_a_required_decoder_that_did_not_run_fails_the_check_and_the_summary_says_why(tmp_path):
+    """D6: DALI missing on the machine turns its tests into skips; named in GPU_CHECK_REQUIRE that fails the check,
+    and the summary has one verdict per decoder."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    recs = [{"nodeid": "t::a[native]", "decoder": "native", "outcome": "passed"},
+            {"nodeid": "t::a[nvjpeg]", "decoder": "nvjpeg", "outcome": "passed"},
+            {"nodeid": "t::a[dali]", "decoder": "dali", "outcome": "skipped",
+             "reason": "decoder='dali' needs its GPU decoder"}]
+    (logs / "lag.verdicts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    body = 'verdicts_check && echo CHECK-OK; render; cat "$results/summary.txt"'
+    r = sourced(body, tmp_path, require="native,nvjpeg")
+    assert "CHECK-OK" in r.stdout, r.stdout + r.stderr
+    assert "decoder nvjpeg: passed: 1 ran (1 passed, 0 failed), 0 skipped" in r.stdout
+    assert ("decoder dali: not run: 0 ran (0 passed, 0 failed), 1 skipped (1x decoder='dali' needs its GPU decoder)"
+            in r.stdout)
+    r = sourced(body, tmp_path, require="dali,nvjpeg")
+    assert "CHECK-OK" not in r.stdout
+    assert "decoder dali: not run" in r.stdout and "REQUIRED (GPU_CHECK_REQUIRE): it must run in full" in r.stdout
+    assert "a decoder of GPU_CHECK_REQUIRE=dali,nvjpeg did not run in full" in r.stdout
+
+
+def test_the_verdicts_plugin_records_each_test_by_decoder_and_keeps_only_the_asked_decoders(tmp_path):
+    (tmp_path / "test_fake.py").write_text(textwrap.dedent("""
+        import pytest
+
+        @pytest.mark.parametrize("decoder", ["native", "nvjpeg",
+                                             pytest.param("dali", marks=pytest.mark.skipif(True, reason="no DALI"))])
+        def test_decode(decoder):
+            assert decoder != "nvjpeg", "nvjpeg wrong pixels"
+
+        def test_plain():
+            pass
+        """))
+    out = tmp_path / "v.jsonl"
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "gpu_verdicts",
+           f"--gpu-verdicts={out}", str(tmp_path / "test_fake.py")]
+    e = dict(os.environ, PYTHONPATH=str(ROOT / "tests" / "cuda"))
+    subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=50, env=e)
+    recs = {r["nodeid"].split("::")[1]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert recs["test_decode[native]"]["outcome"] == "passed" and recs["test_plain"]["decoder"] == "native"
+    assert recs["test_decode[nvjpeg]"]["outcome"] == "failed"
+    assert "nvjpeg wrong pixels" in recs["test_decode[nvjpeg]"]["reason"]
+    dali = recs["test_decode[dali]"]
+    assert (dali["decoder"], dali["outcome"], dali["when"], dali["reason"]) == ("dali", "skipped", "setup", "no DALI")
+    r = subprocess.run([sys.executable, str(ROOT / "tests" / "cuda" / "gpu_verdicts.py"), str(out)],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 1 and "decoder nvjpeg: FAILED: 1 ran (0 passed, 1 failed)" in r.stdout, r.stdout
+    out.unlink()
+    subprocess.run(cmd + ["--gpu-decoders=dali,auto"], cwd=tmp_path, capture_output=True, text=True, timeout=50, env=e)
+    assert [json.loads(ln)["decoder"] for ln in out.read_text().splitlines()] == ["dali"]
+
+
+FRESH_TEST = '''
+import pytest
+from gpu_common import FreshProcess
+
+FRESH = FreshProcess("""
+import os
+def run(path, case):
+    if case == "raises":
+        raise ValueError("wrong pixels in " + path)
+    if case == "dies":
+        os._exit(3)
+    return f"ok {os.getpid()}"
+""", timeout=40)
+
+@pytest.mark.parametrize("case", ["a", "b", "raises", "skipped", "dies", "after"])
+def test_case(request, case):
+    if case == "skipped":
+        pytest.skip("not this one")
+    print("RESULT", case, FRESH.result(request, path="/data"))
+'''
+
+
+def test_fresh_process_cases_run_in_one_process_and_fail_alone(tmp_path):
+    """tests/cuda's fresh-process checks: one Python for every case of a test (CUDA starts once), a case that
+    raises fails alone, and a process that dies fails the case it was in and names it to the ones after."""
+    (tmp_path / "test_fresh.py").write_text(FRESH_TEST)
+    e = dict(os.environ, PYTHONPATH=f"{ROOT / 'tests' / 'cuda'}{os.pathsep}{ROOT}")
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider",
+                        str(tmp_path / "test_fresh.py")], cwd=tmp_path, capture_output=True, text=True, timeout=55,
+                       env=e)
+    pids = {ln.split()[3] for ln in r.stdout.splitlines() if ln.startswith("RESULT")}
+    assert len(pids) == 1 and re.search(r"RESULT a ok \d+", r.stdout) and "RESULT b ok" in r.stdout, r.stdout
+    assert "ValueError: wrong pixels in /data" in r.stdout
+    assert "the process ended while this case ran (exit status 3" in r.stdout
+    assert "not run: the process ended while case 'dies' ran" in r.stdout
+    assert "3 failed, 2 passed, 1 skipped" in r.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_dry_run_sets_up_and_collects_every_step_and_checks_the_device_limits(tmp_path):
+    """Item 4: here, without CUDA, every step's setup and collection runs; the results are at most 6 files of at
+    most 16 MiB; the step limits sum under the 420 s budget; what travels fits 64 MiB."""
+    import tarfile
+
+    results = tmp_path / "results"
+    r = subprocess.run([str(SCRIPT), "--dry-run", str(results)], cwd=ROOT, capture_output=True, text=True,
+                       timeout=590, env=dict(os.environ, PYTHON=sys.executable))
+    summary = (results / "summary.txt").read_text()
+    assert r.returncode == 0, summary + r.stdout[-3000:] + r.stderr[-2000:]
+    for name in ("preflight", "setup", "lag", "sync", "cuda", "bench"):
+        assert re.search(rf"^{name}: passed, \d+s of \d+s$", summary, re.M), (name, summary)
+    assert re.search(r"^results: 3 files \(at most 6\): gpu_bench.md logs.tar summary.txt $", summary, re.M), summary
+    m = re.search(r"^time budget: .* sum (\d+)s \(budget 420s", summary, re.M)
+    assert m and int(m.group(1)) <= 420, summary
+    assert "LIMIT" not in summary
+    with tarfile.open(results / "logs.tar") as tar:
+        logs = {Path(n).name: tar.extractfile(n).read().decode() for n in tar.getnames() if n.endswith(".txt")}
+    assert {"preflight.txt", "setup.txt", "lag.txt", "sync.txt", "cuda.txt", "bench.txt"} <= set(logs)
+    for name in ("lag.txt", "sync.txt", "cuda.txt"):
+        last = logs[name].strip().splitlines()[-1]
+        assert re.search(r"\d+ tests? collected", last) and "error" not in last, (name, logs[name][-500:])
+    assert "No CUDA device here" in (results / "gpu_bench.md").read_text()
+
+
+def test_the_dry_run_fails_when_the_results_would_not_all_come_back(tmp_path):
+    """The limits check counts what the run leaves in the results folder: a seventh file, or one over 16 MiB,
+    fails it."""
+    r = sourced("limits_check; echo rc=$?", tmp_path)
+    assert "rc=0" in r.stdout, r.stdout  # an empty results folder is within the limits
+    results = tmp_path / "results"
+    for name in ("summary.txt", "logs.tar", "a", "b", "c", "d"):
+        (results / name).write_text("x")
+    (results / "big.bin").write_bytes(b"\0" * (16 * 1048576 + 1))
+    r = sourced("limits_check; echo rc=$?", tmp_path)
+    assert "LIMIT: 7 result files, more than 6" in r.stdout and "LIMIT: big.bin is 16777217 bytes" in r.stdout
+    assert "rc=1" in r.stdout
 
 
 def test_gpu_check_test_steps_collect_with_a_broken_dali_and_torchvision(tmp_path):
@@ -299,19 +562,15 @@ def test_gpu_check_test_steps_collect_with_a_broken_dali_and_torchvision(tmp_pat
     assert "error" not in r.stdout.splitlines()[-1]
 
 
-def test_the_sim_step_runs_every_simulator_test_module():
-    """A simulator test module left out of gpu-check's sim step is silently not run on the GPU machine (it
-    happened when the ring's multi-stream tests moved to their own file)."""
-    r = subprocess.run(["bash", "-c", f"GPU_CHECK_SOURCED=1 source {SCRIPT}; sim_tests"], cwd=ROOT,
-                       capture_output=True, text=True, timeout=30)
-    listed = set(r.stdout.split())
-    importing = set()
-    for path in sorted((ROOT / "tests").rglob("test_*.py")):
-        rel = path.relative_to(ROOT).as_posix()
-        if rel.startswith("tests/cuda/") or rel == "tests/test_accelerate.py":  # GPU-only / needs accelerate
-            continue
-        text = path.read_text()
-        if re.search(r"^from (sim_streams|test_ring|test_gpu_decoders_sim) import", text, re.M):
-            importing.add(rel)
-    assert importing and importing <= listed, f"simulator tests gpu-check leaves out: {sorted(importing - listed)}"
-    assert all((ROOT / p).is_file() for p in listed)
+def test_gpu_bench_sections_and_decoders_select_what_runs(tmp_path):
+    out = tmp_path / "gpu.md"
+    code = """
+        import runpy, sys
+        sys.argv = ["gpu_bench.py", *sys.argv[2:], "--out", sys.argv[1]]
+        runpy.run_path("bench/gpu_bench.py", run_name="__main__")
+        """
+    r = run_py(code, str(out), "--quick", "--sections", "loaders,decode", "--decoders", "dali,auto")
+    assert r.returncode == 0, r.stderr
+    assert "Not run (no CUDA device): loaders, decode" in out.read_text()
+    r = run_py(code, str(out), "--sections", "loaders,nonsense")
+    assert r.returncode == 2 and "unknown sections or decoders ['nonsense']" in r.stderr

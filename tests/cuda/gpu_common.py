@@ -128,3 +128,95 @@ def corrupt_sample(packed: Path, index: int) -> None:
     start = seg.data_start["image"] + int(seg.offsets["image"][local])
     data[start + 2:start + 22] = bytes(20)
     shard.write_bytes(bytes(data))
+
+
+# -- fresh processes: one per test function, not one per case --------------------------------------------------
+
+_FRESH_DRIVER = """
+import json, sys, time, traceback
+ns = {"__name__": "fresh_cases"}
+exec(compile(sys.argv[1], "<fresh script>", "exec"), ns)
+for case_id, kwargs in json.loads(sys.argv[2]):
+    print(json.dumps({"start": case_id}), flush=True)
+    t = time.perf_counter()
+    try:
+        rec = {"id": case_id, "ok": True, "out": str(ns["run"](**kwargs))}
+    except BaseException:  # noqa: B036  (a case's failure is its result; the next case still runs)
+        rec = {"id": case_id, "ok": False, "error": traceback.format_exc()[-3000:]}
+    finally:
+        if "torch" in sys.modules:  # a case that raised inside the mode must not leave it on for the next
+            sys.modules["torch"].cuda.set_sync_debug_mode(0)
+    rec["seconds"] = round(time.perf_counter() - t, 2)
+    print(json.dumps(rec), flush=True)
+"""
+
+
+def _skipped_at_collection(item) -> bool:
+    for mark in item.iter_markers():
+        if mark.name == "skip" or (mark.name == "skipif" and mark.args and mark.args[0] is True):
+            return True
+    return False
+
+
+class FreshProcess:
+    """Runs every selected case of one parametrized test in ONE new Python process (CUDA starts once, not once per
+    case), each case from its own first batch: ``script`` defines ``run(**params)``, called once per case with
+    the case's parameters (and ``common``, the same for every case), its return value the case's result. The
+    first case's test starts the process for all cases of that test that pytest will run (skipped and deselected
+    ones aside); every test then reads its own case's line. A case that raises fails alone, with its traceback;
+    a process that dies or runs past ``timeout`` fails the case it was in and names it to the cases after it.
+
+    What a separate process per case gave that this does not: a CUDA context, torch's caching allocators and
+    imported modules that no earlier case touched. Each case still builds its own loader, ring, slots,
+    Normalize constants and decoders under the sync debug mode, which is what these tests are about."""
+
+    def __init__(self, script: str, timeout: float = 240):
+        self.script, self.timeout = script, timeout
+        self._results: dict[str, dict] | None = None
+        self.log: list[str] = []
+
+    def result(self, request, **common) -> str:
+        """This case's return value of ``run``; fails the test with the case's traceback or the process's end."""
+        if self._results is None:
+            self._results = self._run_all(request, common)
+        rec = self._results[request.node.callspec.id]
+        assert rec["ok"], rec["error"]
+        return rec["out"]
+
+    def _run_all(self, request, common: dict) -> dict[str, dict]:
+        import json
+        import os
+        import subprocess
+
+        node = request.node
+        cases = [(i.callspec.id, {**common, **i.callspec.params}) for i in request.session.items
+                 if getattr(i, "originalname", None) == node.originalname and i.module is node.module
+                 and not _skipped_at_collection(i)]
+        root = Path(__file__).resolve().parents[2]
+        env = dict(os.environ, PYTHONPATH=f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+        results: dict[str, dict] = {}
+        current, why = None, ""
+        try:
+            r = subprocess.run([sys.executable, "-c", _FRESH_DRIVER, self.script, json.dumps(cases)],
+                               capture_output=True, text=True, timeout=self.timeout, env=env)
+            stdout, why = r.stdout, f"exit status {r.returncode}: {r.stderr[-2000:]}"
+        except subprocess.TimeoutExpired as e:
+            out = e.stdout or b""
+            stdout = out.decode(errors="replace") if isinstance(out, bytes) else out
+            why = f"stopped after {self.timeout:.0f} s"
+        for line in stdout.splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                self.log.append(line)
+                continue
+            if "start" in rec:
+                current = rec["start"]
+            else:
+                results[rec["id"]], current = rec, None
+        for case_id, _ in cases:
+            if case_id not in results:
+                error = (f"the process ended while this case ran ({why})" if case_id == current else
+                         f"not run: the process ended while case {current!r} ran ({why})")
+                results[case_id] = {"id": case_id, "ok": False, "error": error}
+        return results

@@ -18,17 +18,13 @@ Bounds (not yet measured on a GPU: no GPU was lent when this was written):
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from gpu_common import MAD_TOLERANCE, NEEDS_CUDA, decoder_param, lag
+from gpu_common import MAD_TOLERANCE, NEEDS_CUDA, FreshProcess, decoder_param, lag
 from conftest import packed_image_folder  # noqa: E402 (gpu_common puts tests/ on sys.path)
 from decoders.conftest import OUT_HW, SAMPLES, plan, plan_of, sizes
 from fastload._augment.engine_native import run_native
@@ -38,7 +34,6 @@ from fastload import transforms as T
 
 pytestmark = NEEDS_CUDA
 
-ROOT = Path(__file__).resolve().parents[2]
 QUEUED_MS = 200
 LIMIT_S = 0.080  # decode() + the augmentation's launches for a dozen small JPEGs; a wait takes ~200 ms
 
@@ -137,34 +132,37 @@ def test_gpu_decoder_assembles_a_padded_random_crop_as_the_native_decoder_withou
     dec.close()
 
 
-FRESH = textwrap.dedent("""
-    import sys, torch, fastload
+FRESH = FreshProcess(textwrap.dedent("""
+    import torch, fastload
     from fastload import transforms as T
-    path, decoder, workers, padded = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "padded"
-    first = (T.RandomCrop(48, padding=6, pad_if_needed=True, padding_mode="reflect") if padded
-             else T.RandomResizedCrop(48))
-    recipe = [first, T.RandomHorizontalFlip(), T.TrivialAugmentWide(), T.RandomErasing(0.5)]
-    ds = fastload.open(path, transforms={"image": recipe})
-    kw = dict(batch_size=4, shuffle=True, seed=1, num_workers=workers)
-    native = fastload.DataLoader(ds, **kw)  # the native decoder and engine, the same two epochs
-    refs = []
-    for epoch in range(2):
-        native.set_epoch(epoch)
-        refs.append([(x.cuda(), y.cuda()) for x, y in native])
-    loader = fastload.DataLoader(ds, decoder=decoder, device="cuda", **kw)
-    worst = torch.zeros((), device="cuda")
-    bad_labels = torch.zeros((), dtype=torch.int64, device="cuda")
-    next(iter(loader))  # the decoders made (torchvision's probe decode, DALI's pipeline) before the mode
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")  # process-wide: the producer thread's decode and augmentation too
-    for epoch in range(2):
-        loader.set_epoch(epoch)  # the warm-up's abandoned iteration aside: the reference's epochs
-        for (x, y), (rx, ry) in zip(loader, refs[epoch]):
-            worst = torch.maximum(worst, (x.float() - rx.float()).abs().mean())
-            bad_labels += (y != ry).sum()
-    torch.cuda.set_sync_debug_mode(0)
-    print("ok", float(worst), int(bad_labels))
-""")
+
+    def run(path, decoder, num_workers, crop):
+        first = (T.RandomCrop(48, padding=6, pad_if_needed=True, padding_mode="reflect") if crop == "padded"
+                 else T.RandomResizedCrop(48))
+        recipe = [first, T.RandomHorizontalFlip(), T.TrivialAugmentWide(), T.RandomErasing(0.5)]
+        ds = fastload.open(path, transforms={"image": recipe})
+        kw = dict(batch_size=4, shuffle=True, seed=1, num_workers=num_workers)
+        native = fastload.DataLoader(ds, **kw)  # the native decoder and engine, the same two epochs
+        refs = []
+        for epoch in range(2):
+            native.set_epoch(epoch)
+            refs.append([(x.cuda(), y.cuda()) for x, y in native])
+        loader = fastload.DataLoader(ds, decoder=decoder, device="cuda", **kw)
+        worst = torch.zeros((), device="cuda")
+        bad_labels = torch.zeros((), dtype=torch.int64, device="cuda")
+        next(iter(loader))  # the decoders made (torchvision's probe decode, DALI's pipeline) before the mode
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")  # process-wide: the producer thread's decode and augmentation too
+        try:
+            for epoch in range(2):
+                loader.set_epoch(epoch)  # the warm-up's abandoned iteration aside: the reference's epochs
+                for (x, y), (rx, ry) in zip(loader, refs[epoch]):
+                    worst = torch.maximum(worst, (x.float() - rx.float()).abs().mean())
+                    bad_labels += (y != ry).sum()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        return f"ok {float(worst)} {int(bad_labels)}"
+"""))
 
 
 @pytest.fixture(scope="module")
@@ -172,16 +170,14 @@ def packed(tmp_path_factory):
     return packed_image_folder(tmp_path_factory.mktemp("augment-gpu"), classes=3, per_class=10, workers=2)
 
 
-# a fresh process each (CUDA, torchvision, DALI start-up: tens of seconds): num_workers=0 once, GPU decoders run in
-# a producer thread either way
-# "padded": RandomCrop(48, padding=6, pad_if_needed=True, padding_mode="reflect") instead of RandomResizedCrop
+# all cases in one new process (gpu_common.FreshProcess): num_workers=0 once, GPU decoders run in a producer thread
+# either way. "padded": RandomCrop(48, padding=6, pad_if_needed=True, padding_mode="reflect") instead of
+# RandomResizedCrop
 @pytest.mark.parametrize("decoder,num_workers,crop", [
     (decoder_param("nvjpeg"), 0, "rrc"), (decoder_param("nvjpeg"), 2, "rrc"), (decoder_param("dali"), 2, "rrc"),
     (decoder_param("auto"), 2, "rrc"), (decoder_param("nvjpeg"), 2, "padded"), (decoder_param("dali"), 2, "padded")])
-def test_loader_with_augmentations_on_gpu_decoders_under_sync_debug_error(packed, decoder, num_workers, crop):
-    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    r = subprocess.run([sys.executable, "-c", FRESH, str(packed), decoder, str(num_workers), crop],
-                       capture_output=True, text=True, timeout=240, env=env)
-    assert r.returncode == 0 and r.stdout.split()[:1] == ["ok"], r.stderr[-3000:]
-    _, worst, bad_labels = r.stdout.split()
-    assert int(bad_labels) == 0 and float(worst) <= 6.0, r.stdout
+def test_loader_with_augmentations_on_gpu_decoders_under_sync_debug_error(request, packed, decoder, num_workers, crop):
+    out = FRESH.result(request, path=str(packed))
+    assert out.split()[:1] == ["ok"], out
+    _, worst, bad_labels = out.split()
+    assert int(bad_labels) == 0 and float(worst) <= 6.0, out

@@ -18,6 +18,7 @@ from gpu_common import NEEDS_CUDA_AND_TORCHVISION, lag
 from conftest import jpeg_bytes  # noqa: E402 (gpu_common puts tests/ on sys.path)
 
 pytestmark = NEEDS_CUDA_AND_TORCHVISION
+DECODER = "nvjpeg"  # for gpu_verdicts: this test proves decoder="nvjpeg"
 
 N = 4
 H, W = 480, 640  # one size: the second batch's images fit exactly in the first one's freed blocks

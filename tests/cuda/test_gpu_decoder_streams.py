@@ -13,17 +13,13 @@ GPU, each failing with its bug put back. Skipped without CUDA (and per decoder w
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
 import torch
 
-from gpu_common import NEEDS_CUDA, corrupt_sample, decoder_param, lag
+from gpu_common import NEEDS_CUDA, FreshProcess, corrupt_sample, decoder_param, lag
 from conftest import packed_image_folder  # noqa: E402 (gpu_common puts tests/ on sys.path)
 from decoders.conftest import OUT_HW, SAMPLES, plan
 
@@ -31,7 +27,6 @@ pytestmark = NEEDS_CUDA
 
 QUEUED_MS = 200
 LIMIT_S = 0.060  # decode() of a dozen small JPEGs, warm; a call that waited for the queued work takes ~200 ms
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def make(decoder: str, n: int):
@@ -85,32 +80,34 @@ def test_decode_returns_before_queued_gpu_work_and_hands_on_an_event(decoder):
     dec.close()
 
 
-FRESH = textwrap.dedent("""
-    import sys, warnings, torch, fastload
+FRESH = FreshProcess(textwrap.dedent("""
+    import warnings, torch, fastload
     from fastload import transforms as T
-    path, decoder, workers = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    ds = fastload.open(path, transforms={"image": [T.RandomResizedCrop(48), T.RandomHorizontalFlip()]})
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        loader = fastload.DataLoader(ds, batch_size=4, shuffle=True, num_workers=workers, decoder=decoder,
-                                     on_error="skip", device="cuda")
-        next(iter(loader))  # the decoders made (torchvision's probe decode, DALI's pipeline) before the mode
-    if decoder == "auto" and loader.stats()["hybrid"] is None:  # CPU threads only: nothing of a GPU decoder to check
-        print("no-gpu-decoder", " | ".join(str(w.message) for w in caught) or "(no warning)")
-        sys.exit(0)
-    acc = torch.zeros((), device="cuda")
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")  # process-wide: the producer thread's calls too
-    for epoch in range(2):
-        for x, y in loader:
-            acc += x.float().mean() + y.float().mean()
-    torch.cuda.set_sync_debug_mode(0)
-    torch.cuda.synchronize()
-    hybrid = loader.stats()["hybrid"]
-    if decoder == "auto":  # the GPU half ran: its device time was measured (read once its events completed)
-        assert hybrid is not None and hybrid["gpu_rate"] is not None, hybrid
-    print("ok", loader.stats()["skipped"])
-""")
+
+    def run(path, decoder, num_workers):
+        ds = fastload.open(path, transforms={"image": [T.RandomResizedCrop(48), T.RandomHorizontalFlip()]})
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            loader = fastload.DataLoader(ds, batch_size=4, shuffle=True, num_workers=num_workers, decoder=decoder,
+                                         on_error="skip", device="cuda")
+            next(iter(loader))  # the decoders made (torchvision's probe decode, DALI's pipeline) before the mode
+        if decoder == "auto" and loader.stats()["hybrid"] is None:  # CPU threads only: no GPU decoder to check
+            return "no-gpu-decoder " + (" | ".join(str(w.message) for w in caught) or "(no warning)")
+        acc = torch.zeros((), device="cuda")
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")  # process-wide: the producer thread's calls too
+        try:
+            for epoch in range(2):
+                for x, y in loader:
+                    acc += x.float().mean() + y.float().mean()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        torch.cuda.synchronize()
+        hybrid = loader.stats()["hybrid"]
+        if decoder == "auto":  # the GPU half ran: its device time was measured (read once its events completed)
+            assert hybrid is not None and hybrid["gpu_rate"] is not None, hybrid
+        return f"ok {loader.stats()['skipped']}"
+"""))
 
 
 @pytest.fixture(scope="module")
@@ -122,13 +119,11 @@ def corrupt(tmp_path_factory):
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 @pytest.mark.parametrize("decoder", [decoder_param("nvjpeg"), decoder_param("dali"), decoder_param("auto")])
-def test_gpu_decoders_in_a_fresh_process_under_sync_debug_error(corrupt, decoder, num_workers):
-    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    r = subprocess.run([sys.executable, "-c", FRESH, str(corrupt), decoder, str(num_workers)], capture_output=True,
-                       text=True, timeout=240, env=env)
-    if decoder == "auto" and r.returncode == 0 and r.stdout.startswith("no-gpu-decoder"):
+def test_gpu_decoders_in_a_fresh_process_under_sync_debug_error(request, corrupt, decoder, num_workers):
+    out = FRESH.result(request, path=str(corrupt))  # every case in one new process (gpu_common.FreshProcess)
+    if decoder == "auto" and out.startswith("no-gpu-decoder"):
         # installed is not usable (a torchvision without nvJPEG, a DALI that cannot build its pipeline): 'auto'
         # decoded with CPU threads only, and passing here would prove nothing about a GPU decoder
-        pytest.skip(f"decoder='auto' has no usable GPU decoder here: {r.stdout[len('no-gpu-decoder'):].strip()}")
-    assert r.returncode == 0 and r.stdout.split()[:1] == ["ok"], r.stderr[-3000:]
-    assert int(r.stdout.split()[1]) > 0  # the corrupt sample was skipped (its fix-up ran under the mode)
+        pytest.skip(f"decoder='auto' has no usable GPU decoder here: {out[len('no-gpu-decoder'):].strip()}")
+    assert out.split()[:1] == ["ok"], out
+    assert int(out.split()[1]) > 0  # the corrupt sample was skipped (its fix-up ran under the mode)

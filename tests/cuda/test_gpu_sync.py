@@ -1,6 +1,7 @@
 """No host sync in the training thread, in any configuration: ``next()`` returns in far less than the
 100 ms of GPU work queued before it, and a fresh process runs whole epochs under
-``torch.cuda.set_sync_debug_mode("error")`` from its first batch. On the simulated GPU the same
+``torch.cuda.set_sync_debug_mode("error")`` from its first batch (every configuration in one new process:
+gpu_common.FreshProcess). On the simulated GPU the same
 property is ``SimGpu.waits_in()`` (tests/test_ring.py, tests/test_gpu_decoders_sim.py).
 
 The latency check covers every decoder, within an epoch and across its boundary (StopIteration, the next epoch's
@@ -11,12 +12,8 @@ their stream in the producer thread: they hand each batch on with an event). Ski
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -24,14 +21,13 @@ import torch
 import fastload
 from fastload import transforms as T
 
-from gpu_common import MEAN, NEEDS_CUDA, STD, decoder_param, lag
+from gpu_common import MEAN, NEEDS_CUDA, STD, FreshProcess, decoder_param, lag
 from conftest import packed_image_folder  # noqa: E402 (gpu_common puts tests/ on sys.path)
 
 pytestmark = NEEDS_CUDA
 
 QUEUED_MS = 100
 LIMIT_S = 0.030  # "far below 100 ms": a next() that waited for the GPU takes ~100 ms
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -54,16 +50,17 @@ def latencies(it, steps: int = 6) -> list[float]:
     return times
 
 
-@pytest.mark.parametrize("normalize", [False, True], ids=["uint8", "normalize"])
-@pytest.mark.parametrize("layout", ["channels_last", "contiguous"])
 @pytest.mark.parametrize("num_workers,persistent", [(0, False), (2, False), (2, True)], ids=["nw0", "nw2", "nw2-pers"])
 @pytest.mark.parametrize("decoder", ["native", decoder_param("nvjpeg"), decoder_param("dali"), decoder_param("auto")])
-def test_next_does_not_wait_for_queued_gpu_work(packed, decoder, num_workers, persistent, layout, normalize):
-    tail = [T.ToDtype(torch.float32, scale=True), T.Normalize(MEAN, STD)] if normalize else []
+def test_next_does_not_wait_for_queued_gpu_work(packed, decoder, num_workers, persistent):
+    """decoder x num_workers: what decides whether ``next()`` can wait (who fills the slot, on which thread, and
+    when the producer starts). Layout and Normalize change the work queued on the side stream, not who waits for
+    it: tests/cuda/test_gpu_lag.py keeps them in its matrix, and the fresh-process check below runs them under
+    the sync debug mode (which would raise on any host sync they added)."""
+    tail = [T.ToDtype(torch.float32, scale=True), T.Normalize(MEAN, STD)]
     ds = fastload.open(packed, transforms={"image": [T.RandomResizedCrop(48)] + tail})
-    fmt = torch.channels_last if layout == "channels_last" else torch.contiguous_format
     loader = fastload.DataLoader(ds, batch_size=4, shuffle=True, num_workers=num_workers, decoder=decoder,
-                                 persistent_workers=persistent, memory_format=fmt, device="cuda")
+                                 persistent_workers=persistent, device="cuda")
     times = latencies(iter(loader))
     assert max(times) < LIMIT_S, [round(t * 1e3, 1) for t in times]
 
@@ -124,40 +121,43 @@ def test_next_over_a_torch_loader_does_not_wait(pin, num_workers):
     assert max(times) < LIMIT_S, [round(t * 1e3, 1) for t in times]
 
 
-FRESH = textwrap.dedent("""
-    import sys, torch, fastload
+FRESH = FreshProcess(textwrap.dedent("""
+    import torch, fastload
     from fastload import transforms as T
-    path, workers, layout, normalize, source = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4] == "1", sys.argv[5]
-    tail = [T.ToDtype(torch.float32, scale=True), T.Normalize({mean}, {std})] if normalize else []
-    fmt = torch.channels_last if layout == "channels_last" else torch.contiguous_format
-    if source == "fastload":
-        ds = fastload.open(path, transforms={{"image": [T.RandomResizedCrop(48)] + tail}})
-        loader = fastload.DataLoader(ds, batch_size=4, shuffle=True, num_workers=workers, memory_format=fmt,
-                                     device="cuda")
-    else:
-        tds = torch.utils.data.TensorDataset(torch.zeros(32, 3, 48, 48, dtype=torch.uint8), torch.arange(32) % 3)
-        tl = torch.utils.data.DataLoader(tds, batch_size=4, num_workers=workers, pin_memory=source == "pinned")
-        loader = fastload.to_device(tl, "cuda", transforms={{0: tail}} if tail else None)
-    acc = torch.zeros((), device="cuda")  # the CUDA context and the step's accumulator, before the mode
-    torch.cuda.set_sync_debug_mode("error")  # from the very first batch: ring, constants, slots
-    for epoch in range(2):
-        for x, y in loader:
-            acc += x.float().mean() + y.float().mean()
-    torch.cuda.set_sync_debug_mode(0)
-    torch.cuda.synchronize()
-    print("ok")
-""").format(mean=MEAN, std=STD)
+
+    def run(path, source, num_workers, layout, normalize):
+        tail = [T.ToDtype(torch.float32, scale=True), T.Normalize({mean}, {std})] if normalize else []
+        fmt = torch.channels_last if layout == "channels_last" else torch.contiguous_format
+        if source == "fastload":
+            ds = fastload.open(path, transforms={{"image": [T.RandomResizedCrop(48)] + tail}})
+            loader = fastload.DataLoader(ds, batch_size=4, shuffle=True, num_workers=num_workers, memory_format=fmt,
+                                         device="cuda")
+        else:
+            tds = torch.utils.data.TensorDataset(torch.zeros(32, 3, 48, 48, dtype=torch.uint8), torch.arange(32) % 3)
+            tl = torch.utils.data.DataLoader(tds, batch_size=4, num_workers=num_workers, pin_memory=source == "pinned")
+            loader = fastload.to_device(tl, "cuda", transforms={{0: tail}} if tail else None)
+        acc = torch.zeros((), device="cuda")  # the step's accumulator, before the mode
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")  # from the loader's very first batch: ring, constants, slots
+        try:
+            for epoch in range(2):
+                for x, y in loader:
+                    acc += x.float().mean() + y.float().mean()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        torch.cuda.synchronize()
+        return "ok"
+""").format(mean=MEAN, std=STD))
+
+# to_device keeps the source's layout: its cases are channels_last only (a contiguous case would repeat them)
+FRESH_CASES = [(source, nw, layout, normalize) for source in ("fastload", "pinned", "unpinned") for nw in (0, 2)
+               for layout in ("channels_last", "contiguous") for normalize in (False, True)
+               if source == "fastload" or layout == "channels_last"]
 
 
-@pytest.mark.parametrize("source", ["fastload", "pinned", "unpinned"])
-@pytest.mark.parametrize("num_workers", [0, 2])
-@pytest.mark.parametrize("layout", ["channels_last", "contiguous"])
-@pytest.mark.parametrize("normalize", [False, True], ids=["uint8", "normalize"])
-def test_a_fresh_process_runs_under_sync_debug_error_from_its_first_batch(packed, source, num_workers, layout,
+@pytest.mark.parametrize("source,num_workers,layout,normalize", FRESH_CASES)
+def test_a_fresh_process_runs_under_sync_debug_error_from_its_first_batch(request, packed, source, num_workers, layout,
                                                                           normalize):
-    if source != "fastload" and layout == "contiguous":
-        pytest.skip("to_device keeps the source's layout")
-    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    r = subprocess.run([sys.executable, "-c", FRESH, str(packed), str(num_workers), layout, str(int(normalize)),
-                        source], capture_output=True, text=True, timeout=240, env=env)
-    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]
+    """All cases in one new process (gpu_common.FreshProcess): CUDA starts once; each case's loader starts under
+    the mode, from its first batch."""
+    assert FRESH.result(request, path=str(packed)) == "ok"

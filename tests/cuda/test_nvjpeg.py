@@ -11,6 +11,7 @@ from gpu_common import NEEDS_CUDA_AND_TORCHVISION
 from conftest import make_image_folder  # noqa: E402 (gpu_common puts tests/ on sys.path)
 
 pytestmark = NEEDS_CUDA_AND_TORCHVISION
+DECODER = "nvjpeg"  # for gpu_verdicts: these tests prove decoder="nvjpeg"
 
 
 def test_nvjpeg_matches_native(tmp_path):
