@@ -10,6 +10,10 @@ installing packages) is marked on the line before its fence; a marked block is o
     <!-- docs-test: gpu -->
     <!-- docs-test: network -->
 
+A block whose data only a dedicated test can build is marked with that test, which must read this page:
+
+    <!-- docs-test: ran-by tests/sources/test_docs_bringing_data.py -->
+
 ```text blocks are output and are not run; ```json blocks must parse; ```diff blocks run as the script after
 the diff (context and added lines). Any other fence (or one with no language) fails, so that no code goes
 unchecked by accident.
@@ -35,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 MARKERS = ("gpu", "network")
 FENCE = re.compile(r"^(?P<indent> *)```(?P<lang>[\w-]*)[^\n]*\n(?P<body>.*?)^(?P=indent)```[ \t]*$", re.M | re.S)
-MARK = re.compile(r"<!--\s*docs-test:\s*([\w-]+)\s*-->\s*$")
+MARK = re.compile(r"<!--\s*docs-test:\s*([\w-]+(?: [\w./-]+)?)\s*-->\s*$")
 RUN = {"python", "sh", "bash", "diff"}
 NOT_RUN = {"text", "json"}
 
@@ -94,7 +98,13 @@ def test_every_page_is_found_and_every_fence_is_known():
     for page in PAGES:
         for b in blocks(page):
             assert b.lang in RUN | NOT_RUN, f"{b}: fence language {b.lang!r}; use one of {sorted(RUN | NOT_RUN)}"
-            assert b.mark is None or b.mark in MARKERS, f"{b}: unknown marker {b.mark!r}; known: {MARKERS}"
+            if b.mark and b.mark.startswith("ran-by "):
+                runner = ROOT / b.mark.split(" ", 1)[1]
+                page_path = str(page.relative_to(ROOT))
+                assert runner.is_file() and page_path.split("/")[-1] in runner.read_text(), \
+                    f"{b}: {runner.relative_to(ROOT)} should exist and read {page_path}"
+            else:
+                assert b.mark is None or b.mark in MARKERS, f"{b}: unknown marker {b.mark!r}; known: {MARKERS}"
             assert not (b.mark and b.lang in NOT_RUN), f"{b}: a {b.lang} block is never run; drop the marker"
             if b.lang == "json":
                 json.loads(b.body)
