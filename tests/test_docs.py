@@ -162,3 +162,23 @@ def test_the_api_reference_covers_the_public_api():
     public += [(f"fastload.transforms.{n}", getattr(fastload.transforms, n)) for n in fastload.transforms.__all__]
     missing = [name for name, obj in public if id(obj) not in shown]
     assert not missing, f"docs/api.md has no '::: ...' entry for {missing}"
+
+
+def test_every_page_is_in_the_site_navigation():
+    """mkdocs only notes (INFO, not a warning --strict fails on) a page left out of mkdocs.yml's nav."""
+    nav = (ROOT / "mkdocs.yml").read_text().split("\nnav:", 1)[1]
+    listed = set(re.findall(r":\s*([\w/.-]+\.md)\s*$", nav, re.M))
+    pages = {str(p.relative_to(ROOT / "docs")) for p in PAGES if p.is_relative_to(ROOT / "docs")}
+    assert pages == listed, f"in docs/ but not in the nav: {sorted(pages - listed)}; in the nav only: " \
+                            f"{sorted(listed - pages)}"
+
+
+def test_the_makefile_installs_each_extras_requirements():
+    """scripts/extra_requirements.py prints an extra's requirements (what `make lint` / `make docs` install)."""
+    script = [sys.executable, str(ROOT / "scripts" / "extra_requirements.py")]
+    lint = subprocess.run(script + ["lint"], capture_output=True, text=True, check=True).stdout.split()
+    assert any(r.startswith("ruff==") for r in lint) and any(r.startswith("mypy==") for r in lint)
+    docs = subprocess.run(script + ["docs"], capture_output=True, text=True, check=True).stdout.split()
+    assert any(r.startswith("mkdocstrings") for r in docs)
+    bad = subprocess.run(script + ["nope"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "no extra 'nope'" in bad.stderr and "lint" in bad.stderr
