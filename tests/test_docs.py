@@ -182,3 +182,41 @@ def test_the_makefile_installs_each_extras_requirements():
     assert any(r.startswith("mkdocstrings") for r in docs)
     bad = subprocess.run(script + ["nope"], capture_output=True, text=True)
     assert bad.returncode == 2 and "no extra 'nope'" in bad.stderr and "lint" in bad.stderr
+
+
+def _warning_openings() -> list[tuple[str, int, str]]:
+    """(file, line, the message's first words) of every warnings.warn / warn_once / log.warning call in fastload/
+    whose message starts with literal text (up to its first placeholder)."""
+    found = []
+    for path in sorted((ROOT / "fastload").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call):
+                continue
+            fn = node.func
+            name = fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", None)
+            owner = fn.value.id if isinstance(fn, ast.Attribute) and isinstance(fn.value, ast.Name) else None
+            at = {"warn": 0 if owner == "warnings" else None, "warn_once": 1,
+                  "warning": 0 if owner in ("log", "logger") else None}.get(name or "")
+            if at is None or len(node.args) <= at:
+                continue
+            msg = node.args[at]
+            while isinstance(msg, ast.BinOp):
+                msg = msg.left
+            if isinstance(msg, ast.JoinedStr):
+                msg = msg.values[0] if msg.values else None
+            if not (isinstance(msg, ast.Constant) and isinstance(msg.value, str)):
+                continue
+            text = re.split(r"[{%]", msg.value.removeprefix("fastload: "), maxsplit=1)[0]
+            opening = " ".join(text.split()[:4]).rstrip("'\"(")
+            if len(opening) >= 12:  # shorter openings ("process", "decoder=") name nothing to look for
+                found.append((str(path.relative_to(ROOT)), node.lineno, opening))
+    return found
+
+
+def test_troubleshooting_lists_every_warning():
+    """docs/guide/troubleshooting.md names each warning the code gives, by the words it starts with."""
+    page = " ".join((ROOT / "docs" / "guide" / "troubleshooting.md").read_text().split())
+    openings = _warning_openings()
+    assert len(openings) > 15
+    missing = [f"{f}:{line}: {o!r}" for f, line, o in openings if o not in page]
+    assert not missing, "warnings the troubleshooting page does not list:\n" + "\n".join(missing)
