@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.fastload-installed
 
-.PHONY: install demo test sanitize fuzz soak bench clean gpu-check gpu-dry-run gpu-prepare
+.PHONY: install demo test lint docs sanitize fuzz soak bench clean gpu-check gpu-dry-run gpu-prepare
 
 install: $(STAMP)
 
@@ -24,8 +24,23 @@ $(STAMP): pyproject.toml setup.py $(wildcard csrc/*.cc csrc/*.h)
 demo: $(STAMP)
 	$(BIN)/python bench/demo.py --out demo_out
 
-test: $(STAMP)
+test: $(STAMP) lint docs
 	$(BIN)/python -m pytest -q tests
+
+# An extra's tools without reinstalling fastload itself (scripts/extra_requirements.py says why).
+$(VENV)/.extra-%: pyproject.toml | $(STAMP)
+	$(BIN)/python -m pip install -q $$($(BIN)/python scripts/extra_requirements.py $*)
+	touch $@
+
+# ruff check and mypy, configured in pyproject.toml. `ruff format` is configured there too but not run here yet
+# (see [tool.ruff.format]); pre-commit runs the same tools (.pre-commit-config.yaml).
+lint: $(VENV)/.extra-lint
+	$(BIN)/ruff check fastload examples scripts setup.py
+	$(BIN)/mypy
+
+# The documentation site into site/, warnings as errors (mkdocs.yml); tests/test_docs.py runs its code blocks.
+docs: $(VENV)/.extra-docs
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 # The whole test suite against the native core built with ASan + UBSan (see scripts/sanitize.sh).
 sanitize: $(STAMP)
@@ -63,4 +78,4 @@ gpu-prepare:
 	scripts/gpu_prepare.sh $(if $(DALI),--dali)
 
 clean:
-	rm -rf build *.egg-info fastload/_C*.so demo_out
+	rm -rf build *.egg-info fastload/_C*.so demo_out site

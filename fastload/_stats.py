@@ -25,7 +25,7 @@ class LoaderStats:
         self.fill_s = 0.0      # time filling the batches handed out (gather + decode + transform), any thread
         self.queue_depth = 0   # sum of ready batches seen at each __next__ (mean = / batches)
         self.skipped = 0
-        self._last = None
+        self._last: float | None = None
 
     # consumer side
     def took(self, started: float, samples: int, ready: int = 0, fill_s: float = 0.0) -> None:

@@ -42,7 +42,7 @@ class Transform:
         raise NotImplementedError
 
     def __eq__(self, other: object) -> bool:
-        return type(self) is type(other) and self.describe() == other.describe()  # type: ignore[attr-defined]
+        return type(self) is type(other) and self.describe() == other.describe()
 
     def __hash__(self) -> int:
         return hash(repr(self))

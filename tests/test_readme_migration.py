@@ -1,4 +1,4 @@
-"""README.md's "Migrating a torchvision script": the script after the diff runs as written, on an unpacked
+"""README.md's "Swap your DataLoader": the script after the diff runs as written, on an unpacked
 ImageFolder (packed once into the cache), and gives the batches the README says."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 
 def after_script() -> str:
     """The diff's result: its context and added lines, as a script."""
-    section = README.read_text().split("## Migrating a torchvision script", 1)[1]
+    section = README.read_text().split("## Swap your DataLoader", 1)[1]
     diff = re.search(r"```diff\n(.*?)```", section, re.S).group(1)
     return "\n".join(line[1:] for line in diff.splitlines() if line[:1] in (" ", "+"))
 

@@ -147,7 +147,7 @@ def _execute(x: torch.Tensor, plan: AugmentPlan, flips: bool, columns: list[torc
         sel, m, fill = next(dev_arrays), next(dev_arrays), next(dev_arrays)
         sel_rows = next(rows)
         next(rows), next(rows)
-        _subset(x, sel_rows, sel, lambda t: _affine(t, m, mode, fill))
+        _subset(x, sel_rows, sel, lambda t, m=m, mode=mode, fill=fill: _affine(t, m, mode, fill))
     for step in plan.steps:
         sel = next(dev_arrays)
         cols = Columns({k: next(dev_arrays) for k in step.params})

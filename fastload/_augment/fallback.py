@@ -191,5 +191,6 @@ def run_rows(transforms: Sequence[UserTransform], rows: np.ndarray, ks: Sequence
         except BadResult as e:
             raise BadResult(f"{where(k)}: {e}") from None
         except Exception as e:
-            e.add_note(f"fastload: raised by a per-sample image transform at {where(k)}")
+            if hasattr(e, "add_note"):  # Python 3.11+; on 3.10 the exception goes up as raised
+                e.add_note(f"fastload: raised by a per-sample image transform at {where(k)}")
             raise

@@ -251,7 +251,7 @@ class Augment:
         return {"name": type(self).__name__, **self._params()}
 
     def __eq__(self, other: object) -> bool:
-        return type(self) is type(other) and self.describe() == other.describe()  # type: ignore[attr-defined]
+        return type(self) is type(other) and self.describe() == other.describe()
 
     def __hash__(self) -> int:
         return hash(repr(self))

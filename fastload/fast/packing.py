@@ -44,7 +44,7 @@ class BucketOrder(Order):
     def _bucket_batches(self, e: int) -> list[np.ndarray]:
         rng = np.random.default_rng(seed_key(SHUFFLE_STREAM, self.seed, e))
         b = self.batch_size
-        batches = []
+        batches: list[np.ndarray] = []
         for bucket in np.unique(self.bucket_ids):
             members = np.flatnonzero(self.bucket_ids == bucket)
             if self.kind != "sequential":

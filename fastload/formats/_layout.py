@@ -68,7 +68,7 @@ def min_bytes(schema: Schema, n: int) -> int:
 
 def section_names(schema: Schema) -> list[tuple[str, str]]:
     """(field, part) for every section of a shard, in file order: columns, then offsets and data."""
-    out = []
+    out: list[tuple[str, str]] = []
     for f in schema:
         out.extend((f.name, c.name) for c in columns_of(f))
         if has_blob(f):

@@ -199,7 +199,7 @@ class Remote:
     def _download(self, entry: ShardEntry, tmp: Path) -> None:
         url = f"{self.url}/{entry.file}"
         rpath = f"{self.root}/{entry.file}"
-        for attempt in (1, 2):
+        for _attempt in (1, 2):
             t = time.perf_counter()
             try:
                 retrying(lambda: self.fs.get_file(rpath, str(tmp)), self.stats, self.retries)
@@ -235,7 +235,7 @@ class Remote:
                 return
             victims = []
             total = sum(s.entry.bytes for s in self._open.values())
-            for k, s in list(self._open.items())[:-1]:
+            for _k, s in list(self._open.items())[:-1]:
                 if total <= self.cache_limit // 2:
                     break
                 victims.append(s)

@@ -126,7 +126,7 @@ def merge(dest: str | os.PathLike, *, storage_options: dict | None = None, progr
     if (dest / STATE_NAME).exists():  # its shards have the names the parts' have: they would be replaced
         raise FastloadError(f"{dest} holds an unfinished pack ({STATE_NAME}) whose shards merging would replace; "
                             f"finish or remove that pack first, or merge into a new folder (move {PARTS_DIR}/ there)")
-    for path, m, e in _shards_told(parts, merged, dest, progress):
+    for path, _m, e in _shards_told(parts, merged, dest, progress):
         src, dst = Path(path) / e.file, dest / e.file
         if src.exists():
             os.replace(src, dst)  # same filesystem: a rename, no bytes copied
@@ -201,7 +201,7 @@ def _merge_url(url: str, storage_options: dict | None, progress: bool = False) -
     if fs.exists(f"{root}/{MANIFEST_NAME}"):
         _same_or_refuse(url, fs.cat_file(f"{root}/{MANIFEST_NAME}"), merged)
     folder = dict(zip((w for w, _ in parts), _sorted_parts(names, url)))
-    for where, m, e in _shards_told(parts, merged, url, progress):
+    for where, _m, e in _shards_told(parts, merged, url, progress):
         name = folder[where]
         src, dst = f"{proot}/{name}/{e.file}", f"{root}/{e.file}"
         if fs.exists(src):

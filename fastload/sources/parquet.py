@@ -189,7 +189,7 @@ class ParquetSource(Source):
         """Any null the row groups' statistics show fails now, naming its file and row."""
         pq = _pq()
         by_file: dict[int, list[int]] = {}
-        for idx, (k, g, _) in enumerate(self.groups):
+        for idx, (k, _g, _) in enumerate(self.groups):
             by_file.setdefault(k, []).append(idx)
         for k, idxs in by_file.items():
             with self.files.open(self.files.paths[k]) as fh:

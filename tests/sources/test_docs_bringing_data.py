@@ -1,8 +1,8 @@
 """The docs' "Bringing Parquet / WebDataset data": each diff's result runs as written on files built here
 (Hugging Face's Parquet layout, WebDataset shards), packed once into the cache, and gives the batches it says.
 
-The section lives in README.md once placed there (this file then reads it from there); until then its text is
-``SECTION`` below, word for word what the report hands over."""
+The section lives in docs/guide/migrating.md; tests/test_docs.py leaves its diffs to this file, which builds
+their data (the page marks them ``ran-by`` this file)."""
 
 from __future__ import annotations
 
@@ -17,71 +17,14 @@ from sources.test_webdataset import write_tar
 
 from conftest import jpeg_bytes
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "guide" / "migrating.md"
 TITLE = "## Bringing Parquet / WebDataset data"
-
-SECTION = r'''## Bringing Parquet / WebDataset data
-
-Parquet files (Hugging Face's among them) and WebDataset tar shards open as they are: `fastload.open` packs
-them once into its cache, as it does an ImageFolder, and `fastload pack` takes them too. Name them by a file, a
-folder, a glob (`data/train-*.parquet`) or a brace pattern (`shards/train-{000..099}.tar`), local or at a URL
-fsspec reads (`fastload pack 's3://bucket/data/train-*.parquet' train_packed`; from Python,
-`storage_options=` reach the backend). Images are stored as the bytes they are (a JPEG byte for byte, so the
-pixels are the source's), a `ClassLabel`'s names become `ds.classes`, other columns become fields; a tar
-shard's members become fields by extension (`jpg`, `png`, `webp`: images; `cls`: int; `txt`, `json`: str;
-`npy`: arrays; anything else: bytes). A null image, a sample missing a field, a corrupt shard: the error
-names the file and the row or key. A Hugging Face script:
-
-```diff
- import torch
--from datasets import load_dataset
--from torchvision.transforms import v2 as T
-+import fastload
-+from fastload import transforms as T
-
--train = load_dataset("parquet", data_files="data/train-*.parquet", split="train")
--augment = T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToImage(),
--    T.ToDtype(torch.float32, scale=True), T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
--train.set_transform(lambda b: {"image": [augment(im.convert("RGB")) for im in b["image"]], "label": b["label"]})
--loader = torch.utils.data.DataLoader(train, batch_size=256, shuffle=True, num_workers=8, drop_last=True)
-+train = fastload.open("data/train-*.parquet", as_dict=True, transforms={"image": [
-+    T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToDtype(torch.float32, scale=True),
-+    T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])]})
-+print(train.classes)
-+loader = fastload.DataLoader(train, batch_size=256, shuffle=True, num_workers=8, drop_last=True)
- for batch in loader:
-     images, labels = batch["image"], batch["label"]
-     ...
-```
-
-A WebDataset script (fields are named by extension; the order is a full shuffle of every sample each epoch,
-not a 1,000-sample buffer):
-
-```diff
- import torch
--import webdataset as wds
--from torchvision.transforms import v2 as T
-+import fastload
-+from fastload import transforms as T
-
--augment = T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToImage(),
--    T.ToDtype(torch.float32, scale=True), T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
--train = (wds.WebDataset("shards/train-{000..099}.tar", shardshuffle=True).shuffle(1000).decode("pil")
--         .to_tuple("jpg", "cls").map_tuple(augment, int).batched(256))
--loader = wds.WebLoader(train, batch_size=None, num_workers=8)
-+train = fastload.open("shards/train-{000..099}.tar", transforms={"jpg": [
-+    T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToDtype(torch.float32, scale=True),
-+    T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])]})
-+loader = fastload.DataLoader(train, batch_size=256, shuffle=True, num_workers=8, drop_last=True)
- for images, labels in loader:
-     ...
-```
-'''
 
 
 def section() -> str:
-    text = README.read_text() if README.exists() else ""
-    return TITLE + text.split(TITLE, 1)[1].split("\n## ", 1)[0] if TITLE in text else SECTION
+    text = PAGE.read_text()
+    assert TITLE in text, f"{PAGE} has no section {TITLE!r}"
+    return TITLE + text.split(TITLE, 1)[1].split("\n## ", 1)[0]
 
 
 def after_scripts() -> list[str]:
