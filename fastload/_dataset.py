@@ -20,7 +20,7 @@ from .formats.reader import (Located, PackedReader, local_segments,  # noqa: F40
 from .formats.remote import Remote, is_url, warn_local_options
 from ._augment.pipeline import reference as augment_reference
 from ._augment.mix import resolve_batch
-from ._field_transforms import check_lengths, resolve as resolve_transforms
+from ._field_transforms import check_lengths, check_sizes, resolve as resolve_transforms
 from ._sequences import PackSequences
 
 
@@ -63,6 +63,7 @@ class Dataset(torch.utils.data.Dataset):
         self.batch_mix = resolve_batch(batch_transforms, self.schema, self.pipelines, self.as_dict)
         self._open_reader()
         check_lengths(self)  # Pad/Bucket against every sample, before any batch
+        check_sizes(self)  # the image crops and resizes against every sample's stored size, the same
 
     @property
     def reader(self) -> PackedReader:

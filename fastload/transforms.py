@@ -20,8 +20,13 @@ resize-then-crop; with no resize before a crop (e.g. ``RandomResizedCrop`` first
 Randomness comes only from the ``rng`` passed to :meth:`ImagePipeline.plan`, drawn step by step in
 pipeline order with a fixed number of draws per sample, so a seed fixes the plan.
 
-``CenterCrop`` larger than the (virtual) image raises ``ValueError`` instead of zero-padding as
-torchvision does: put a ``Resize`` at least as large as the crop before it.
+``CenterCrop`` larger than the (virtual) image zero-pads it as torchvision does (the padding split as
+``F.center_crop`` splits it: ``(crop - size) // 2`` before, the rest after; masks padded with 0 too), executed as a
+padded window (``_augment/padding.py``); only ``RandomHorizontalFlip`` may follow such a window among the crops and
+resizes. What a step cannot plan for a sample (a ``RandomCrop`` larger than its padded image, a ``Resize`` that
+would make a side 0, a ``CenterCrop`` that would pad before a resize) raises ``ValueError`` for a batch, and
+:meth:`ImagePipeline.check_sizes` finds every such sample of a dataset from its stored sizes, so that
+``fastload.open`` refuses them before the first batch, naming how many and which.
 
 On-device transforms (``Normalize``, ``ToDtype``) will live here too; they are not geometric and will
 not go through :class:`ImagePipeline`.
@@ -247,11 +252,11 @@ class Resize(Transform):
 
     def _apply(self, state: _State, rng: np.random.Generator) -> None:
         nh, nw = _resized_hw(state.h, state.w, self._size, self.max_size)
-        bad = np.flatnonzero((nh <= 0) | (nw <= 0))
-        if bad.size:
-            i = int(bad[0])
-            raise ValueError(f"{self!r} would make sample {i} of the batch {int(nh[i])}x{int(nw[i])} "
-                             f"(from {state.describe(i)}); raise max_size or drop such images")
+        keep = state.refuse(self, (nh <= 0) | (nw <= 0), "a result of at least one pixel per side",
+                            lambda i: f"{state.describe(i)}, which it would make {int(nh[i])}x{int(nw[i])}",
+                            "raise max_size, or leave such images (extreme aspect ratios) out of the dataset")
+        if keep is not None:
+            nh, nw = nh[keep], nw[keep]
         state.resize(nh, nw)
 
     def _static_size(self, hw: tuple[int, int] | None) -> tuple[int, int] | None:
@@ -264,7 +269,8 @@ class Resize(Transform):
 
 
 class CenterCrop(Transform):
-    """Crop the centre ``size`` (int or (h, w)); raises ``ValueError`` if the image is smaller."""
+    """Crop the centre ``size`` (int or (h, w)); an image smaller than that is zero-padded first, as torchvision's
+    ``F.center_crop`` pads it (``(crop - size) // 2`` pixels before, the rest after), masks with 0 too."""
 
     def __init__(self, size: int | Sequence[int]) -> None:
         self.size = _setup_size(size, "CenterCrop")
@@ -277,17 +283,23 @@ class CenterCrop(Transform):
 
     def _apply(self, state: _State, rng: np.random.Generator) -> None:
         ch, cw = self.size
-        bad = np.flatnonzero((state.h < ch) | (state.w < cw))
-        if bad.size:
-            i = int(bad[0])
-            raise ValueError(
-                f"{self!r} needs an image of at least {ch}x{cw} (h x w), but sample {i} of the batch is "
-                f"{state.describe(i)} at this step; torchvision would zero-pad, fastload does not. "
-                f"Put a Resize of at least the crop size before CenterCrop, or use RandomResizedCrop."
-            )
-        top = np.rint((state.h - ch) / 2.0).astype(np.int64)  # int(round((h - ch) / 2.0))
-        left = np.rint((state.w - cw) / 2.0).astype(np.int64)
-        state.crop(top, left, np.full_like(top, ch), np.full_like(left, cw))
+        small = (state.h < ch) | (state.w < cw)
+        later = next((t for t in state.rest if not isinstance(t, RandomHorizontalFlip)), None)
+        if later is not None:  # the padded window is the tile: nothing may resample or crop it after
+            keep = state.refuse(
+                self, small, f"an image of at least {ch}x{cw} (h x w) at this step when {later!r} follows it",
+                state.describe, f"torchvision would zero-pad, which fastload does only when nothing but "
+                f"RandomHorizontalFlip follows CenterCrop among the crops and resizes; put a Resize of at least "
+                f"the crop size before CenterCrop, or move {later!r} before it")
+            if keep is not None:
+                small = small[keep]
+        # torchvision: pad (crop - size) // 2 before (then crop at 0 in the padded image), else crop at the centre
+        top = np.where(state.h < ch, -((ch - state.h) // 2), np.rint((state.h - ch) / 2.0)).astype(np.int64)
+        left = np.where(state.w < cw, -((cw - state.w) // 2), np.rint((state.w - cw) / 2.0)).astype(np.int64)
+        if not small.any():
+            state.crop(top, left, np.full_like(top, ch), np.full_like(left, cw))
+            return
+        padded_window(state, top, left, (ch, cw), (state.h, state.w), "constant", np.zeros(3), 0)
 
     def _static_size(self, hw: tuple[int, int] | None) -> tuple[int, int] | None:
         return self.size
@@ -392,18 +404,68 @@ class Plan:
         return f"Plan({self.n} samples{extra})"
 
 
+class _Refusal:
+    """What one step refused of one chunk of a dataset (``_State.refuse`` while checking)."""
+
+    SHOWN = 5  # samples named in the message
+
+    def __init__(self, step: Any, need: str, fix: str, samples: np.ndarray, details: list[str]) -> None:
+        self.step, self.need, self.fix, self.samples, self.details = step, need, fix, samples, details
+
+    @staticmethod
+    def message(group: list[_Refusal], total: int) -> str:
+        """One step's refusals over the chunks of a dataset of ``total`` samples, as one sentence."""
+        first = group[0]
+        count = sum(len(r.samples) for r in group)
+        named = [(int(i), d) for r in group for i, d in zip(r.samples, r.details)][:_Refusal.SHOWN]
+        more = f" and {count - len(named)} more" if count > len(named) else ""
+        which = "; ".join(f"sample {i}: {d}" for i, d in named)
+        return (f"{first.step!r} needs {first.need}; {count} of the dataset's {total} samples "
+                f"{'does' if count == 1 else 'do'} not meet that ({which}{more}); {first.fix}")
+
+
 class _State:
     """The batch's virtual images while planning (see "Composition" in the module docstring)."""
 
-    __slots__ = ("src_h", "src_w", "h", "w", "oy", "ox", "sy", "sx", "flip", "pad", "tile_hw")
+    __slots__ = ("src_h", "src_w", "h", "w", "oy", "ox", "sy", "sx", "flip", "pad", "tile_hw", "rest", "index",
+                 "refusals", "smallest")
 
-    def __init__(self, heights: np.ndarray, widths: np.ndarray) -> None:
+    def __init__(self, heights: np.ndarray, widths: np.ndarray, checking: bool = False) -> None:
         self.src_h, self.src_w = heights, widths
         self.h, self.w = heights, widths
         self.oy = self.ox = np.zeros(heights.shape[0])
         self.sy = self.sx = np.ones(heights.shape[0])
         self.flip = np.zeros(heights.shape[0], dtype=bool)
         self.pad, self.tile_hw = None, None  # a padded RandomCrop's windows (_augment/random_crop.py)
+        self.rest: tuple = ()  # the crop-plan transforms after the one planning now
+        self.index = np.arange(heights.shape[0])  # each row's sample: its position in the batch, or the dataset
+        #: checking a dataset at open (ImagePipeline.check_sizes): what each step refused, instead of raising
+        self.refusals: list[_Refusal] | None = [] if checking else None
+        self.smallest = False  # checking: a RandomResize planned its min_size (said in the messages)
+
+    @property
+    def checking(self) -> bool:
+        """Planning every sample of a dataset at open: ``RandomResize`` plans its smallest size (the worst case)."""
+        return self.refusals is not None
+
+    def refuse(self, step: Any, bad: np.ndarray, need: str, detail: Any, fix: str) -> np.ndarray | None:
+        """The samples ``bad`` (bool (n,)) that ``step`` cannot plan: it needs ``need``; ``detail(i)`` says what
+        row ``i`` is. Planning a batch: ``ValueError`` naming the first. Checking a dataset: recorded, and those
+        rows are dropped from the state; returns the mask of the rows kept (None when none was bad)."""
+        if not bad.any():
+            return None
+        where = np.flatnonzero(bad)
+        if self.refusals is None:
+            i = int(where[0])
+            raise ValueError(f"{step!r} needs {need}, but sample {i} of the batch is {detail(i)}; {fix}")
+        self.refusals.append(_Refusal(step, need, fix, self.index[where],
+                                      [detail(int(i)) for i in where[:_Refusal.SHOWN]]))
+        keep = ~bad
+        for name in ("src_h", "src_w", "h", "w", "oy", "ox", "sy", "sx", "flip", "index"):
+            setattr(self, name, getattr(self, name)[keep])
+        if self.pad is not None:  # a PadIfSmaller's Pending (per-sample bottom, right) or padded windows
+            self.pad = self.pad.take_rows(keep)
+        return keep
 
     def crop(self, top: np.ndarray, left: np.ndarray, h: np.ndarray, w: np.ndarray) -> None:
         left = np.where(self.flip, self.w - left - w, left)  # the crop was chosen on the mirror
@@ -417,7 +479,8 @@ class _State:
         self.h, self.w = h, w
 
     def describe(self, i: int) -> str:
-        return f"{int(self.h[i])}x{int(self.w[i])} (source {int(self.src_h[i])}x{int(self.src_w[i])})"
+        smallest = ", RandomResize at its min_size" if self.checking and self.smallest else ""
+        return f"{int(self.h[i])}x{int(self.w[i])} (source {int(self.src_h[i])}x{int(self.src_w[i])}{smallest})"
 
     def finish(self) -> Plan:
         def edges(o: np.ndarray, extent: np.ndarray, limit: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -474,6 +537,17 @@ def _foreign(t: Any) -> list[Any]:
     if converted is None:
         return [UserTransform(t)]
     return [x for c in converted for x in (_flatten(c) if isinstance(c, (list, Compose)) else [c])]
+
+
+def _nested(transforms: Sequence[Any]) -> list[Any]:
+    """``transforms`` and those inside their combinators (RandomApply, RandomChoice, RandomOrder), in order."""
+    out: list[Any] = []
+    for t in transforms:
+        out.append(t)
+        inner = getattr(t, "transforms", None)
+        if isinstance(inner, (list, tuple)):
+            out.extend(_nested(inner))
+    return out
 
 
 def _type_name(obj: Any) -> str:
@@ -535,7 +609,8 @@ class ImagePipeline:
             i = int(np.flatnonzero((h <= 0) | (w <= 0))[0])
             raise ValueError(f"sample {i} of the batch has an empty image ({int(h[i])}x{int(w[i])})")
         state = _State(h, w)
-        for t in self.transforms:
+        for k, t in enumerate(self.transforms):
+            state.rest = self.transforms[k + 1:]
             t._apply(state, rng)
         plan = state.finish()
         if self.augment or state.pad:
@@ -543,6 +618,47 @@ class ImagePipeline:
         if self.fallback:  # drawn last: a pipeline without them draws exactly as before
             plan.seeds = rng.integers(0, 2**63, size=plan.n, dtype=np.uint64)
         return plan
+
+    def check_sizes(self, heights: np.ndarray, widths: np.ndarray, chunk: int = 8192) -> str | None:
+        """Plan every sample of a dataset, of stored sizes ``heights[i] x widths[i]``, as a batch would, collecting
+        what each crop-plan step cannot plan instead of raising at the first (``fastload.open`` refuses it before
+        any batch). None when every sample plans. Random draws do not decide whether a sample plans, except
+        ``RandomResize``'s size, checked at its smallest (the worst case for every later step); empty images
+        are left to the decoder's error."""
+        h, w = np.asarray(heights, dtype=np.int64), np.asarray(widths, dtype=np.int64)
+        rows = np.flatnonzero((h > 0) & (w > 0))
+        groups: dict[tuple[int, str], list[_Refusal]] = {}
+        rng = np.random.default_rng(0)
+        for lo in range(0, len(rows), chunk):
+            part = rows[lo:lo + chunk]
+            state = _State(h[part], w[part], checking=True)
+            state.index = part
+            for k, t in enumerate(self.transforms):
+                state.rest = self.transforms[k + 1:]
+                t._apply(state, rng)
+                for r in state.refusals:
+                    groups.setdefault((k, r.need), []).append(r)
+                state.refusals.clear()
+                if not state.h.size:
+                    break
+            if state.h.size and self.augment:  # what an augmentation needs of the output tile (GaussianBlur)
+                n = state.h.shape[0]
+                hw = np.stack([state.h, state.w], axis=1) if state.tile_hw is None else np.tile(state.tile_hw, (n, 1))
+                for k, t in enumerate(_nested(self.augment), start=len(self.transforms)):
+                    check = getattr(t, "tile_refusal", None)
+                    if check is None or not hw.size:
+                        continue
+                    bad, need, fix = check(hw)
+                    keep = state.refuse(t, bad, need, lambda i: f"{hw[i, 0]}x{hw[i, 1]} there (source "
+                                        f"{state.src_h[i]}x{state.src_w[i]})", fix)
+                    for r in state.refusals:
+                        groups.setdefault((k, r.need), []).append(r)
+                    state.refusals.clear()
+                    if keep is not None:
+                        hw = hw[keep]
+        if not groups:
+            return None
+        return "\n".join(_Refusal.message(g, len(h)) for _, g in sorted(groups.items(), key=lambda kv: kv[0][0]))
 
     def run_fallback(self, image: np.ndarray, plan: Plan, k: int = 0) -> np.ndarray:
         """``ds[i]``: the per-sample transforms on sample ``k``'s decoded HWC uint8 ``image`` (in place)."""
@@ -589,3 +705,4 @@ def apply_pil(pipeline: Any, image: Any, rng: np.random.Generator) -> Any:
 
 from ._augment.random_crop import RandomCrop  # noqa: E402  (a crop-plan Transform: defined after its base)
 from ._augment.pad_if_smaller import PadIfSmaller  # noqa: E402  (the same)
+from ._augment.random_crop import padded_window  # noqa: E402  (CenterCrop's zero padding)
