@@ -172,3 +172,37 @@ def _not_a_dict(value: Any, schema: Schema) -> str:
         msg += (f". Only fastload.transforms run on fastload's engine (not torchvision's): {_SUPPORTED}, "
                 f"same names and arguments")
     return msg
+
+
+def open_habit(path: Any, extra_args: tuple, unknown: dict, accepted: list[str]) -> str:
+    """The TypeError for ``fastload.open`` called the torchvision way: the transforms as a second positional
+    argument (``ImageFolder(root, transform)``), ``transform=`` (torchvision's singular), or another unknown
+    keyword; it says what to write, naming the dataset's image fields when its manifest can be read."""
+    images: list[str] = []
+    try:
+        from .formats.reader import read_manifest
+        from .formats.remote import is_url
+        from pathlib import Path
+
+        if not is_url(path):
+            images = [f.name for f in read_manifest(Path(path)).schema if f.kind == "image"]
+    except Exception:  # a wrong path gets its own error once the call is right; here only the call is wrong
+        pass
+    field = images[0] if images else "image"
+    write = f"transforms={{'{field}': [T.RandomResizedCrop(224), T.RandomHorizontalFlip()]}}"
+    fields = f" (this dataset's image field(s): {images})" if images else ""
+    if extra_args:
+        return (f"fastload.open takes the path as its only positional argument, got {1 + len(extra_args)}; name the "
+                f"rest: the transforms go in transforms=, a dict of field -> transforms, e.g. {write}{fields}")
+    name = next(iter(unknown))
+    if name == "transform":
+        return f"fastload.open has no transform=: it takes transforms= (plural), a dict of field -> transforms, e.g. " \
+               f"{write}{fields}"
+    if name == "target_transform":
+        return (f"fastload.open has no target_transform=: a label comes back as stored (transform it in the loop, or "
+                f"pack it transformed); it takes {', '.join(accepted)}")
+    close = difflib.get_close_matches(name, accepted, n=1)
+    hint = f" (did you mean {close[0]}=?)" if close else ""
+    loader = ("; batch_size, shuffle, num_workers and the like are fastload.DataLoader(ds, ...)'s"
+              if name in ("batch_size", "shuffle", "num_workers", "drop_last", "seed", "sampler", "pin_memory") else "")
+    return f"fastload.open got an unexpected keyword argument {name!r}{hint}; it takes {', '.join(accepted)}{loader}"

@@ -107,6 +107,30 @@ _SUPPORTED = ("RandomResizedCrop, Resize, CenterCrop, RandomResize, PadIfSmaller
               "RandomAutocontrast, RandomAdjustSharpness, RandomInvert, RandomErasing, RandomRotation, RandomAffine, "
               "RandomVerticalFlip, RandomHorizontalFlip, RandomApply, RandomChoice, RandomOrder), then optionally "
               "ToDtype and Normalize (in a list or Compose)")
+# torchvision names fastload.transforms does not have, and what to write instead (``T.ToTensor()`` is the habit)
+_INSTEAD = {
+    "ToTensor": "images leave fastload's decoder as uint8 (3, H, W) tensors already; for floats in [0, 1] as "
+                "ToTensor made them write T.ToDtype(torch.float32, scale=True) (torchvision v2's replacement), "
+                "at the end of the list, before a Normalize",
+    "PILToTensor": "images leave fastload's decoder as uint8 (3, H, W) tensors already: leave it out",
+    "ToImage": "images leave fastload's decoder as uint8 (3, H, W) tensors already: leave it out",
+    "ToPILImage": "fastload's transforms run on its own engine, not on PIL images: leave it out (for a picture of "
+                  "ds[i], torchvision.transforms.functional.to_pil_image(ds[i][0]))",
+    "ConvertImageDtype": "write T.ToDtype(torch.float32, scale=True) (torchvision v2's name for it)",
+    "Lambda": "put the function itself in the list: any callable taking and returning a uint8 (3, H, W) tensor runs "
+              "per sample after fastload's own transforms",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """``T.ToTensor()`` and the like (torchvision names this module does not have): an AttributeError that says
+    what to write instead. (A module attribute that is missing must raise AttributeError: ``hasattr`` and
+    ``from ... import`` rely on it.)"""
+    if name in _INSTEAD:
+        raise AttributeError(f"fastload.transforms has no {name}: {_INSTEAD[name]}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 _ATTEMPTS = 10  # torchvision's RandomResizedCrop.get_params tries 10 boxes before its fallback
 
 
