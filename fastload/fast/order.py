@@ -326,10 +326,9 @@ class Order:
                              f"that Order.state_dict() returned")
         mine = self._config()
         saved = {k: state.get(k) for k in set(mine) | ({"window", "shards", "split"} & set(state))}
-        diff = [f"{k}={saved[k]!r} (this order: {mine.get(k)!r})" for k in sorted(saved) if saved[k] != mine.get(k)]
+        diff = sorted(k for k in saved if saved[k] != mine.get(k))
         if diff:
-            raise ValueError("cannot resume from a state saved by a different order: " + ", ".join(diff)
-                             + "; build the Order with the saved settings (rank may differ)")
+            raise ValueError(_not_resumable(diff, saved, mine))
         self.seed = as_int("seed", state["seed"], 0)
         epoch = as_int("epoch", state["epoch"], 0)
         k = as_int("batches_done", state["batches_done"], 0)
@@ -341,6 +340,35 @@ class Order:
         self._fresh = k < self._num_batches
         self._resume = (epoch, k) if self._fresh else None
         return k
+
+
+def _user_terms(key: str, value: Any) -> str:
+    """An order setting as the DataLoader argument (or the dataset) it comes from, for resume messages."""
+    if value is None:
+        return f"no {key}"
+    if key == "kind":
+        return f"order={value!r}" + {"random": " (shuffle=True)", "sequential": " (shuffle=False)"}.get(value, "")
+    if key == "num_samples":
+        return f"a dataset of {value} samples"
+    if key == "shards":
+        return f"a dataset of {str(value).split(':')[0]} shards (digest of their sizes {str(value).split(':')[-1]})"
+    if key == "world_size":
+        return f"world_size={value} (processes)"
+    return f"{key}={value!r}"
+
+
+def _not_resumable(diff: list[str], saved: dict, mine: dict) -> str:
+    """Why a saved position cannot go on in this loader, in the terms the user built both loaders with."""
+    was = ", ".join(_user_terms(k, saved[k]) for k in diff)
+    now = ", ".join(_user_terms(k, mine.get(k)) for k in diff)
+    same = [_user_terms(k, saved[k]) for k in diff if k not in ("num_samples", "shards")]
+    data = [k for k in diff if k in ("num_samples", "shards")]
+    build = " and ".join(filter(None, [", ".join(same) and f"build this DataLoader with {', '.join(same)}",
+                                       data and "open the dataset it was saved on"]))
+    return (f"cannot resume from this state: it was saved by a loader with {was}, and this loader has {now}. A saved "
+            f"position counts batches of that loader's order over its dataset, so it goes on only in a loader built "
+            f"the same way: to resume, {build} (the rank may differ); to start over with the new settings, leave "
+            f"load_state_dict out (or load only the model's and optimizer's state)")
 
 
 def _assign_shards(sizes: np.ndarray, world: int) -> list[np.ndarray]:
