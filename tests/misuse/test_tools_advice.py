@@ -74,3 +74,42 @@ def test_doctor_still_advises_packing_to_a_loop_that_does_not(images):
     torch_over_packed = input_fix(fastload.doctor(torch.utils.data.DataLoader(ds, batch_size=4), steps=4))
     assert "load the packed dataset with fastload.DataLoader" in torch_over_packed, torch_over_packed
     assert "pack the data" not in torch_over_packed
+
+
+# -- fastload bench -------------------------------------------------------------------------------
+
+NOISY = {"dataset": "/data/pets", "samples": 1234, "batch_size": 32, "preset": "train",
+         "rates": {0: 1000.0, 1: 1010.0, 2: 1020.0}}
+
+
+def test_bench_marks_the_fastest_thread_count_not_the_auto_pick(tmp_path):
+    """Was: "<- best num_workers" on 0 threads (autotune's choice: the fewest within 5% of the fastest) while 2
+    measured faster. The fastest is marked the fastest; the auto pick is said for what it is."""
+    from fastload import _autotune, _benchcmd
+
+    text = _benchcmd.report({**NOISY, "auto": _autotune.choose(NOISY["rates"]), "best": 0})
+    rows = {int(line.split()[0]): line for line in text.splitlines() if line[:7].strip().isdigit()}
+    assert rows[2].endswith("<- fastest"), text
+    assert rows[0].endswith("<- num_workers='auto' picks this: the fewest threads within 5% of the fastest"), text
+    assert "best" not in text and "<-" not in rows[1]
+
+
+def test_bench_run_says_which_count_was_fastest(images, monkeypatch):
+    from fastload import _autotune, _benchcmd
+
+    monkeypatch.setattr(_autotune, "measure", lambda b, o, counts, budget: {c: 1000.0 + 10 * c for c in counts})
+    r = _benchcmd.run(images, batch_size=4, size=16, max_workers=2, seconds=0.05)
+    assert r["fastest"] == 2 and r["auto"] == 0 and "best" not in r
+    text = _benchcmd.report(r)
+    (row,) = [line for line in text.splitlines() if line.split()[:2] == ["2", "1,020"]]
+    assert row.endswith("<- fastest") and text.count("<- fastest") == 1, text
+
+
+def test_bench_plot_starts_its_y_axis_at_zero(tmp_path):
+    """Was: matplotlib's automatic limits around 1000..1020, drawing 2% noise as a cliff."""
+    pytest.importorskip("matplotlib")
+    from fastload import _benchcmd
+
+    fig = _benchcmd.plot({**NOISY, "fastest": 2, "auto": 0}, str(tmp_path / "bench.png"))
+    low, high = fig.axes[0].get_ylim()
+    assert low == 0 and high >= 1020 and (tmp_path / "bench.png").stat().st_size > 0
