@@ -342,27 +342,30 @@ class Order:
         return k
 
 
+# An order setting (``Order._config``'s keys) as the DataLoader argument or the dataset it comes from, for resume
+# messages; the keys of the dataset's own make "open the dataset it was saved on" the fix.
+_TERMS = {
+    "kind": lambda v: f"order={v!r}" + {"random": " (shuffle=True)", "sequential": " (shuffle=False)"}.get(v, ""),
+    "num_samples": lambda v: f"a dataset of {v} samples",
+    "shards": lambda v: f"a dataset of {str(v).split(':')[0]} shards (digest of their sizes {str(v).split(':')[-1]})",
+    "world_size": lambda v: f"world_size={v} (processes)",
+}
+_DATASET_KEYS = frozenset(("num_samples", "shards"))
+
+
 def _user_terms(key: str, value: Any) -> str:
-    """An order setting as the DataLoader argument (or the dataset) it comes from, for resume messages."""
     if value is None:
         return f"no {key}"
-    if key == "kind":
-        return f"order={value!r}" + {"random": " (shuffle=True)", "sequential": " (shuffle=False)"}.get(value, "")
-    if key == "num_samples":
-        return f"a dataset of {value} samples"
-    if key == "shards":
-        return f"a dataset of {str(value).split(':')[0]} shards (digest of their sizes {str(value).split(':')[-1]})"
-    if key == "world_size":
-        return f"world_size={value} (processes)"
-    return f"{key}={value!r}"
+    term = _TERMS.get(key)
+    return term(value) if term is not None else f"{key}={value!r}"
 
 
 def _not_resumable(diff: list[str], saved: dict, mine: dict) -> str:
     """Why a saved position cannot go on in this loader, in the terms the user built both loaders with."""
     was = ", ".join(_user_terms(k, saved[k]) for k in diff)
     now = ", ".join(_user_terms(k, mine.get(k)) for k in diff)
-    same = [_user_terms(k, saved[k]) for k in diff if k not in ("num_samples", "shards")]
-    data = [k for k in diff if k in ("num_samples", "shards")]
+    same = [_user_terms(k, saved[k]) for k in diff if k not in _DATASET_KEYS]
+    data = [k for k in diff if k in _DATASET_KEYS]
     build = " and ".join(filter(None, [", ".join(same) and f"build this DataLoader with {', '.join(same)}",
                                        data and "open the dataset it was saved on"]))
     return (f"cannot resume from this state: it was saved by a loader with {was}, and this loader has {now}. A saved "
