@@ -113,3 +113,30 @@ def test_bench_plot_starts_its_y_axis_at_zero(tmp_path):
     fig = _benchcmd.plot({**NOISY, "fastest": 2, "auto": 0}, str(tmp_path / "bench.png"))
     low, high = fig.axes[0].get_ylim()
     assert low == 0 and high >= 1020 and (tmp_path / "bench.png").stat().st_size > 0
+
+
+# -- examples/accelerate_train.py -----------------------------------------------------------------
+
+def test_the_accelerate_example_prints_its_progress_as_the_other_examples(images, tmp_path):
+    """Was: a whole run printed nothing (examples/train.py and lightning's print their epochs)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("accelerate")
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=str(root), OMP_NUM_THREADS="1", ACCELERATE_USE_CPU="true",
+               HF_HOME=str(tmp_path / "hf"))
+    proc = subprocess.run([sys.executable, str(root / "examples" / "accelerate_train.py"), str(images), "--epochs", "2",
+                           "--batch-size", "4", "--image-size", "16", "--save-at", "1:2", "--state",
+                           str(tmp_path / "st")], capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout.splitlines()
+    assert out, "the example printed nothing"
+    assert out[0].startswith("-- fastload under accelerate: 24 samples, 1 process(es), batch 4 per process, "
+                             "6 batches per process and epoch, fast path True"), proc.stdout
+    epochs = [line for line in out if line.startswith("  epoch ")]
+    assert [line.split()[1] for line in epochs] == ["1/2", "2/2"], proc.stdout
+    assert all("loss " in line and "img/s per process (24 images" in line for line in epochs), proc.stdout
+    assert any("state saved to" in line and "after 2 batches of epoch 2" in line for line in out), proc.stdout
