@@ -140,3 +140,55 @@ def test_the_accelerate_example_prints_its_progress_as_the_other_examples(images
     assert [line.split()[1] for line in epochs] == ["1/2", "2/2"], proc.stdout
     assert all("loss " in line and "img/s per process (24 images" in line for line in epochs), proc.stdout
     assert any("state saved to" in line and "after 2 batches of epoch 2" in line for line in out), proc.stdout
+
+
+# -- fastload pack on Ray -------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    import os
+
+    ray = pytest.importorskip("ray")
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def numbers(n):
+    return [{"x": i} for i in range(n)]
+
+
+@pytest.mark.slow
+def test_a_ray_pack_into_more_parts_than_the_data_fills_says_so(tmp_path, ray_cluster):
+    """480 samples are one block of 65,536: parts=2 used to run a task that packed nothing, without a word. Now
+    the parts the data fills are packed, with one warning saying why and the block that gives 2 parts."""
+    import warnings
+
+    schema = {"x": fastload.Field.int("x")}
+    with pytest.warns(UserWarning) as caught:
+        summary = fastload.pack(numbers(480), tmp_path / "two", engine="ray", parts=2, schema=schema, progress=False)
+    said = [str(w.message) for w in caught if "fastload pack on ray" in str(w.message)]
+    assert len(said) == 1, [str(w.message) for w in caught]
+    for words in ("480 samples fill 1 of the 2 parts asked for", "block=65536", "--block", "240 gives 2 parts"):
+        assert words in said[0], said[0]
+    assert summary.samples == 480 and len(fastload.open(tmp_path / "two")) == 480
+    with warnings.catch_warnings():  # the block it names spreads the samples over both parts, silently
+        warnings.simplefilter("error", UserWarning)
+        fastload.pack(numbers(480), tmp_path / "spread", engine="ray", parts=2, block=240, schema=schema,
+                      progress=False)
+    assert [e.num_samples for e in fastload.open(tmp_path / "spread").manifest.shards] == [240, 240]
+
+
+def test_a_part_that_holds_no_sample_says_so(tmp_path):
+    """The same without Ray: ``fastload pack --part 0/2`` of 480 samples packed an empty part silently."""
+    schema = {"x": fastload.Field.int("x")}
+    with pytest.warns(UserWarning, match=r"--part 0/2: this part holds no sample: the source's 480 samples fill 1 "
+                                         r"unit\(s\) of 65536.*smaller block"):
+        fastload.pack(numbers(480), tmp_path / "ds", part=(0, 2), schema=schema, workers=0, progress=False)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        fastload.pack(numbers(480), tmp_path / "ds", part=(1, 2), schema=schema, workers=0, progress=False)
+    assert len(fastload.merge(tmp_path / "ds").shards) >= 1 and len(fastload.open(tmp_path / "ds")) == 480
