@@ -175,6 +175,9 @@ class RandomResizedCrop(Transform):
                 f"antialias={self.antialias})")
 
     def _apply(self, state: _State, rng: np.random.Generator) -> None:
+        if state.checking:  # any image takes it (its fallback is the whole image): only the output size matters
+            state.sized(self.size)
+            return
         top, left, h, w, _ = _rrc_params(state.h, state.w, self.scale, self.ratio, rng)
         state.crop(top, left, h, w)
         state.resize(np.full_like(h, self.size[0]), np.full_like(w, self.size[1]))
@@ -322,6 +325,9 @@ class CenterCrop(Transform):
         left = np.where(state.w < cw, -((cw - state.w) // 2), np.rint((state.w - cw) / 2.0)).astype(np.int64)
         if not small.any():
             state.crop(top, left, np.full_like(top, ch), np.full_like(left, cw))
+            return
+        if state.checking:  # only flips follow: the window's size is all the check needs (not its index maps)
+            state.sized(self.size, padded=True)
             return
         padded_window(state, top, left, (ch, cw), (state.h, state.w), "constant", np.zeros(3), 0)
 
@@ -501,6 +507,14 @@ class _State:
         self.sy = self.sy * (self.h / h)
         self.sx = self.sx * (self.w / w)
         self.h, self.w = h, w
+
+    def sized(self, hw: tuple[int, int], padded: bool = False) -> None:
+        """Checking a dataset (no plan is made): every row is ``hw`` after this step; ``padded``: a padded window,
+        the tile (only flips may follow it)."""
+        n = self.h.shape[0]
+        self.h, self.w = np.full(n, hw[0], np.int64), np.full(n, hw[1], np.int64)
+        if padded:
+            self.tile_hw = (int(hw[0]), int(hw[1]))
 
     def describe(self, i: int) -> str:
         smallest = ", RandomResize at its min_size" if self.checking and self.smallest else ""

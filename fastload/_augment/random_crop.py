@@ -74,6 +74,9 @@ class RandomCrop(Transform):
             return
         if state.pad is not None:
             raise ValueError(f"{self!r}: only one padded RandomCrop per pipeline")
+        if state.checking:  # only flips follow: the window's size is all the check needs (not its index maps)
+            state.sized((ch, cw), padded=True)
+            return
         fill, mask_fill = (self._fill, self._mask_fill) if pre is None or self.pads else (pre.fill, pre.mask_fill)
         padded_window(state, top, left, (ch, cw), (ih, iw), self.padding_mode, fill, mask_fill)
 
