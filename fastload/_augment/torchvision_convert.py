@@ -45,6 +45,12 @@ def convert(t: Any, classes: Any) -> list | None:
     if not is_torchvision(t):
         return None
     name = type(t).__name__
+    if name in _MANY:  # knowable now: run per sample it would fail the first batch
+        raise ValueError(f"torchvision's {name} makes {_MANY[name]} images of each sample (a tuple), which a batch of "
+                         f"one image per sample cannot hold, so fastload has no {name}: load the images at the size "
+                         f"it crops from (e.g. T.Resize((256, 256))) and cut the crops from the batch in the loop, "
+                         f"torchvision.transforms.v2.functional.{name.lower().replace('crop', '_crop')}(images, size) "
+                         f"(it takes a batch)")
     rule = _rules(classes).get(name)
     if rule is None:
         return [UserTransform(t, f"torchvision's {name} has no fastload equivalent")]
@@ -52,6 +58,9 @@ def convert(t: Any, classes: Any) -> list | None:
         return rule(t)
     except (TypeError, ValueError) as e:  # fastload's constructor refused a parameter: say which, run it as is
         return [UserTransform(t, f"not converted: {e}")]
+
+
+_MANY = {"FiveCrop": 5, "TenCrop": 10}  # torchvision transforms that return several images per sample
 
 
 def _is_reference_pad(t: Any) -> bool:

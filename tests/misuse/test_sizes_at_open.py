@@ -141,3 +141,23 @@ def test_what_plans_at_every_size_still_opens(tmp_path):
                   [T.Resize(36), T.CenterCrop(32), T.RandomHorizontalFlip()], [T.Resize((32, 32)), T.GaussianBlur(29)]):
         ds = fastload.open(path, transforms={"image": chain})
         assert sum(len(b[1]) for b in epoch(ds)) == N, chain
+
+
+class FiveCrop:
+    """Stands in for torchvision's FiveCrop (not installed here): its module, name and result (a tuple)."""
+
+    __module__ = "torchvision.transforms.transforms"
+
+    def __init__(self, size):
+        self.size = (size, size)
+
+    def __call__(self, x):
+        return tuple(x[..., :self.size[0], :self.size[1]] for _ in range(5))
+
+
+def test_five_crop_is_refused_at_open_with_what_to_write(tmp_path):
+    """Was: opened, then the first sample failed ("FiveCrop returned tuple (tensor(...")."""
+    path = pack_with_last(tmp_path, last_hw=(20, 30))
+    with unchanged(path), user_error(ValueError, "transforms['image']", "FiveCrop makes 5 images of each sample",
+                                     "five_crop(images, size)"):
+        fastload.open(path, transforms={"image": [T.Resize((16, 16)), FiveCrop(8)]})
