@@ -102,7 +102,7 @@ def check_sizes(dataset: Any) -> None:
     if dataset.remote or not dataset.decode:
         return
     for name, pipe in dataset.pipelines.items():
-        if not pipe.transforms:
+        if not (pipe.transforms or pipe.augment):
             continue
         hw = dataset.reader.image_sizes(name)
         why = pipe.check_sizes(hw[:, 0], hw[:, 1])

@@ -99,6 +99,7 @@ REFUSED = {
     "GaussianBlur on a small output": ([T.Resize(24, max_size=40), T.GaussianBlur(29)], (20, 60),
                                        ["GaussianBlur(kernel_size=(29, 29)", "half the kernel", "13x40",
                                         "smaller kernel_size"]),
+    "GaussianBlur alone": ([T.GaussianBlur(43)], (20, 60), ["GaussianBlur(kernel_size=(43, 43)", "20x60 there"]),
     "GaussianBlur in RandomApply": ([T.Resize(24, max_size=40), T.RandomApply([T.GaussianBlur(29)], p=0.1)],
                                     (20, 60), ["GaussianBlur(kernel_size=(29, 29)", "13x40"]),
 }
