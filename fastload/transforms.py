@@ -48,6 +48,8 @@ from ._sequences import Bucket, Pad, PackSequences  # noqa: E402  (variable-leng
 from ._augment import pipeline as _augment  # noqa: E402
 from ._augment import torchvision_convert as _torchvision  # noqa: E402
 from ._augment.fallback import UserTransform, run_sample  # noqa: E402  (transforms fastload does not know)
+from . import _size_check  # noqa: E402  (ImagePipeline.check_sizes: what fastload.open refuses)
+from ._size_check import Refusal  # noqa: E402
 from ._augment.color import ColorJitter, Grayscale, RandomGrayscale  # noqa: E402
 from ._augment.combinators import RandomApply, RandomChoice, RandomOrder  # noqa: E402
 from ._augment.filters import GaussianBlur, RandomErasing  # noqa: E402
@@ -107,27 +109,12 @@ _SUPPORTED = ("RandomResizedCrop, Resize, CenterCrop, RandomResize, PadIfSmaller
               "RandomAutocontrast, RandomAdjustSharpness, RandomInvert, RandomErasing, RandomRotation, RandomAffine, "
               "RandomVerticalFlip, RandomHorizontalFlip, RandomApply, RandomChoice, RandomOrder), then optionally "
               "ToDtype and Normalize (in a list or Compose)")
-# torchvision names fastload.transforms does not have, and what to write instead (``T.ToTensor()`` is the habit)
-_INSTEAD = {
-    "ToTensor": "images leave fastload's decoder as uint8 (3, H, W) tensors already; for floats in [0, 1] as "
-                "ToTensor made them write T.ToDtype(torch.float32, scale=True) (torchvision v2's replacement), "
-                "at the end of the list, before a Normalize",
-    "PILToTensor": "images leave fastload's decoder as uint8 (3, H, W) tensors already: leave it out",
-    "ToImage": "images leave fastload's decoder as uint8 (3, H, W) tensors already: leave it out",
-    "ToPILImage": "fastload's transforms run on its own engine, not on PIL images: leave it out (for a picture of "
-                  "ds[i], torchvision.transforms.functional.to_pil_image(ds[i][0]))",
-    "ConvertImageDtype": "write T.ToDtype(torch.float32, scale=True) (torchvision v2's name for it)",
-    "Lambda": "put the function itself in the list: any callable taking and returning a uint8 (3, H, W) tensor runs "
-              "per sample after fastload's own transforms",
-}
-
-
 def __getattr__(name: str) -> Any:
     """``T.ToTensor()`` and the like (torchvision names this module does not have): an AttributeError that says
     what to write instead. (A module attribute that is missing must raise AttributeError: ``hasattr`` and
     ``from ... import`` rely on it.)"""
-    if name in _INSTEAD:
-        raise AttributeError(f"fastload.transforms has no {name}: {_INSTEAD[name]}")
+    if name in _torchvision.INSTEAD:
+        raise AttributeError(f"fastload.transforms has no {name}: {_torchvision.INSTEAD[name]}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -434,26 +421,6 @@ class Plan:
         return f"Plan({self.n} samples{extra})"
 
 
-class _Refusal:
-    """What one step refused of one chunk of a dataset (``_State.refuse`` while checking)."""
-
-    SHOWN = 5  # samples named in the message
-
-    def __init__(self, step: Any, need: str, fix: str, samples: np.ndarray, details: list[str]) -> None:
-        self.step, self.need, self.fix, self.samples, self.details = step, need, fix, samples, details
-
-    @staticmethod
-    def message(group: list[_Refusal], total: int) -> str:
-        """One step's refusals over the chunks of a dataset of ``total`` samples, as one sentence."""
-        first = group[0]
-        count = sum(len(r.samples) for r in group)
-        named = [(int(i), d) for r in group for i, d in zip(r.samples, r.details)][:_Refusal.SHOWN]
-        more = f" and {count - len(named)} more" if count > len(named) else ""
-        which = "; ".join(f"sample {i}: {d}" for i, d in named)
-        return (f"{first.step!r} needs {first.need}; {count} of the dataset's {total} samples "
-                f"{'does' if count == 1 else 'do'} not meet that ({which}{more}); {first.fix}")
-
-
 class _State:
     """The batch's virtual images while planning (see "Composition" in the module docstring)."""
 
@@ -470,7 +437,7 @@ class _State:
         self.rest: tuple = ()  # the crop-plan transforms after the one planning now
         self.index = np.arange(heights.shape[0])  # each row's sample: its position in the batch, or the dataset
         #: checking a dataset at open (ImagePipeline.check_sizes): what each step refused, instead of raising
-        self.refusals: list[_Refusal] | None = [] if checking else None
+        self.refusals: list[Refusal] | None = [] if checking else None
         self.smallest = False  # checking: a RandomResize planned its min_size (said in the messages)
 
     @property
@@ -488,8 +455,8 @@ class _State:
         if self.refusals is None:
             i = int(where[0])
             raise ValueError(f"{step!r} needs {need}, but sample {i} of the batch is {detail(i)}; {fix}")
-        self.refusals.append(_Refusal(step, need, fix, self.index[where],
-                                      [detail(int(i)) for i in where[:_Refusal.SHOWN]]))
+        self.refusals.append(Refusal(step, need, fix, self.index[where],
+                                     [detail(int(i)) for i in where[:Refusal.SHOWN]]))
         keep = ~bad
         for name in ("src_h", "src_w", "h", "w", "oy", "ox", "sy", "sx", "flip", "index"):
             setattr(self, name, getattr(self, name)[keep])
@@ -577,17 +544,6 @@ def _foreign(t: Any) -> list[Any]:
     return [x for c in converted for x in (_flatten(c) if isinstance(c, (list, Compose)) else [c])]
 
 
-def _nested(transforms: Sequence[Any]) -> list[Any]:
-    """``transforms`` and those inside their combinators (RandomApply, RandomChoice, RandomOrder), in order."""
-    out: list[Any] = []
-    for t in transforms:
-        out.append(t)
-        inner = getattr(t, "transforms", None)
-        if isinstance(inner, (list, tuple)):
-            out.extend(_nested(inner))
-    return out
-
-
 def _type_name(obj: Any) -> str:
     """``Compose`` for fastload's own classes, ``torchvision.transforms.transforms.Compose`` for anyone else's:
     a torchvision Compose must not read as the Compose that is supported."""
@@ -658,45 +614,9 @@ class ImagePipeline:
         return plan
 
     def check_sizes(self, heights: np.ndarray, widths: np.ndarray, chunk: int = 8192) -> str | None:
-        """Plan every sample of a dataset, of stored sizes ``heights[i] x widths[i]``, as a batch would, collecting
-        what each crop-plan step cannot plan instead of raising at the first (``fastload.open`` refuses it before
-        any batch). None when every sample plans. Random draws do not decide whether a sample plans, except
-        ``RandomResize``'s size, checked at its smallest (the worst case for every later step); empty images
-        are left to the decoder's error."""
-        h, w = np.asarray(heights, dtype=np.int64), np.asarray(widths, dtype=np.int64)
-        rows = np.flatnonzero((h > 0) & (w > 0))
-        groups: dict[tuple[int, str], list[_Refusal]] = {}
-        rng = np.random.default_rng(0)
-        for lo in range(0, len(rows), chunk):
-            part = rows[lo:lo + chunk]
-            state = _State(h[part], w[part], checking=True)
-            state.index = part
-            for k, t in enumerate(self.transforms):
-                state.rest = self.transforms[k + 1:]
-                t._apply(state, rng)
-                for r in state.refusals:
-                    groups.setdefault((k, r.need), []).append(r)
-                state.refusals.clear()
-                if not state.h.size:
-                    break
-            if state.h.size and self.augment:  # what an augmentation needs of the output tile (GaussianBlur)
-                n = state.h.shape[0]
-                hw = np.stack([state.h, state.w], axis=1) if state.tile_hw is None else np.tile(state.tile_hw, (n, 1))
-                for k, t in enumerate(_nested(self.augment), start=len(self.transforms)):
-                    check = getattr(t, "tile_refusal", None)
-                    if check is None or not hw.size:
-                        continue
-                    bad, need, fix = check(hw)
-                    keep = state.refuse(t, bad, need, lambda i: f"{hw[i, 0]}x{hw[i, 1]} there (source "
-                                        f"{state.src_h[i]}x{state.src_w[i]})", fix)
-                    for r in state.refusals:
-                        groups.setdefault((k, r.need), []).append(r)
-                    state.refusals.clear()
-                    if keep is not None:
-                        hw = hw[keep]
-        if not groups:
-            return None
-        return "\n".join(_Refusal.message(g, len(h)) for _, g in sorted(groups.items(), key=lambda kv: kv[0][0]))
+        """What no batch could plan of a dataset's samples of stored sizes ``heights[i] x widths[i]``, every such
+        sample counted and the first named per step (``_size_check.py``); None when every sample plans."""
+        return _size_check.check(self, heights, widths, _State, lambda t, state, rng: t._apply(state, rng), chunk)
 
     def run_fallback(self, image: np.ndarray, plan: Plan, k: int = 0) -> np.ndarray:
         """``ds[i]``: the per-sample transforms on sample ``k``'s decoded HWC uint8 ``image`` (in place)."""

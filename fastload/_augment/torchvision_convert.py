@@ -24,7 +24,7 @@ import torch
 
 from .fallback import UserTransform
 
-__all__ = ["convert", "is_torchvision"]
+__all__ = ["INSTEAD", "convert", "is_torchvision"]
 
 
 def is_torchvision(t: Any) -> bool:
@@ -60,6 +60,20 @@ def convert(t: Any, classes: Any) -> list | None:
         return [UserTransform(t, f"not converted: {e}")]
 
 
+# torchvision names ``fastload.transforms`` does not have, and what to write instead (``T.ToTensor()`` is the habit;
+# ``transforms.__getattr__`` says it)
+INSTEAD = {
+    "ToTensor": "images leave fastload's decoder as uint8 (3, H, W) tensors already; for floats in [0, 1] as "
+                "ToTensor made them write T.ToDtype(torch.float32, scale=True) (torchvision v2's replacement), "
+                "at the end of the list, before a Normalize",
+    "PILToTensor": "images leave fastload's decoder as uint8 (3, H, W) tensors already: leave it out",
+    "ToImage": "images leave fastload's decoder as uint8 (3, H, W) tensors already: leave it out",
+    "ToPILImage": "fastload's transforms run on its own engine, not on PIL images: leave it out (for a picture of "
+                  "ds[i], torchvision.transforms.functional.to_pil_image(ds[i][0]))",
+    "ConvertImageDtype": "write T.ToDtype(torch.float32, scale=True) (torchvision v2's name for it)",
+    "Lambda": "put the function itself in the list: any callable taking and returning a uint8 (3, H, W) tensor runs "
+              "per sample after fastload's own transforms",
+}
 _MANY = {"FiveCrop": 5, "TenCrop": 10}  # torchvision transforms that return several images per sample
 
 
