@@ -322,8 +322,8 @@ class Order:
         """Adopt the saved seed and epoch; the next ``batches()`` of that epoch starts at the saved batch."""
         if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
             got = state.get("version") if isinstance(state, dict) else type(state).__name__
-            raise ValueError(f"not an Order state (version {got!r}, expected {STATE_VERSION}); pass the dict "
-                             f"that Order.state_dict() returned")
+            raise ValueError(f"not a saved loader position (version {got!r}, expected {STATE_VERSION}): pass the dict "
+                             f"that loader.state_dict() returned (Order.state_dict() for an Order used alone)")
         mine = self._config()
         saved = {k: state.get(k) for k in set(mine) | ({"window", "shards", "split"} & set(state))}
         diff = sorted(k for k in saved if saved[k] != mine.get(k))

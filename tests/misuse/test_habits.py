@@ -107,3 +107,10 @@ def test_a_resume_into_another_dataset_says_to_open_the_saved_one(images, tmp_pa
     with user_error(ValueError, "a dataset of 12 samples", "this loader has a dataset of 6 samples",
                     "open the dataset it was saved on"):
         loader.load_state_dict(state)
+
+
+def test_a_dict_that_is_no_saved_position_says_what_to_pass(images):
+    """Was: "not an Order state ...; pass the dict that Order.state_dict() returned"."""
+    loader = fastload.DataLoader(fastload.open(images, transforms={"image": [T.Resize((8, 8))]}), batch_size=4)
+    with user_error(ValueError, "not a saved loader position", "loader.state_dict() returned"):
+        loader.load_state_dict({"epoch": 0})
