@@ -40,7 +40,8 @@ def _parts_with_samples(source: Any, parts: int, kwargs: dict, asked: bool) -> i
     from ._local import parse_size, part_unit
 
     src = as_source(source, schema=kwargs.get("schema"), root=kwargs.get("root"),  # its errors before any task
-                    path_column=kwargs.get("path_column", "path"), missing=kwargs.get("missing"))
+                    path_column=kwargs.get("path_column", "path"), missing=kwargs.get("missing"),
+                    storage_options=kwargs.get("storage_options"))
     unit = part_unit(src, kwargs["format"], parse_size(kwargs["shard_size"]), kwargs["block"])
     filled = max(1, -(-len(src) // unit))
     if filled >= parts or not asked:
