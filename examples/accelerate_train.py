@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import sys
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -57,18 +58,29 @@ def train(args: argparse.Namespace, on_batch: Callable | None = None) -> None:
         accelerator.load_state(args.resume)  # model, optimizer, RNGs and the loader's position
     position = loader.state_dict()
     epoch, start = position["epoch"], position["batches_done"]
+    # accelerator.print: the main process only, as each process would print the same lines
+    accelerator.print(f"-- fastload under accelerate: {len(ds)} samples, {accelerator.num_processes} process(es), "
+                      f"batch {args.batch_size} per process, {len(loader)} batches per process and epoch, fast path "
+                      f"{loader.fast_path}" + (f"; resumed at epoch {epoch + 1}, batch {start}" if args.resume else ""))
     save_at = tuple(int(v) for v in args.save_at.split(":")) if args.save_at else None
     while epoch < args.epochs:
+        t0, seen, loss_sum = time.perf_counter(), 0, torch.zeros(())
         for step, batch in enumerate(loader, start):
             images, labels = batch[0], batch[1]
             loss = F.cross_entropy(model(images.float().div_(255)), labels)
             accelerator.backward(loss)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+            loss_sum += loss.detach().cpu() * len(labels)  # summed here, read once an epoch (no sync per step)
+            seen += len(labels)
             if on_batch is not None:
                 on_batch(accelerator, loader, epoch, step, batch)
             if save_at == (epoch, step + 1):  # after step + 1 batches of this epoch
                 accelerator.save_state(args.state)
+                accelerator.print(f"  state saved to {args.state} after {step + 1} batches of epoch {epoch + 1}")
+        wall = time.perf_counter() - t0
+        accelerator.print(f"  epoch {epoch + 1}/{args.epochs}  loss {float(loss_sum) / max(seen, 1):.3f}  "
+                          f"train {seen / max(wall, 1e-9):7.0f} img/s per process ({seen} images on this one)")
         epoch, start = epoch + 1, 0
     accelerator.wait_for_everyone()
 

@@ -20,7 +20,7 @@ from .formats.reader import (Located, PackedReader, local_segments,  # noqa: F40
 from .formats.remote import Remote, is_url, warn_local_options
 from ._augment.pipeline import reference as augment_reference
 from ._augment.mix import resolve_batch
-from ._field_transforms import check_lengths, resolve as resolve_transforms
+from ._field_transforms import check_lengths, check_sizes, resolve as resolve_transforms
 from ._sequences import PackSequences
 
 
@@ -63,6 +63,7 @@ class Dataset(torch.utils.data.Dataset):
         self.batch_mix = resolve_batch(batch_transforms, self.schema, self.pipelines, self.as_dict)
         self._open_reader()
         check_lengths(self)  # Pad/Bucket against every sample, before any batch
+        check_sizes(self)  # the image crops and resizes against every sample's stored size, the same
 
     @property
     def reader(self) -> PackedReader:
@@ -208,6 +209,33 @@ class Dataset(torch.utils.data.Dataset):
         self._open_reader()
 
 
+def _torchvision_habits(fn: Any) -> Any:
+    """``fastload.open`` with torchvision's habits (``open(root, transform)``, ``transform=``, a DataLoader
+    argument) refused with what to write (``_field_transforms.open_habit``), not Python's bare TypeError."""
+    import functools
+    import inspect
+
+    sig = inspect.signature(fn)
+    accepted = [p for p in sig.parameters if p != "path"]
+
+    @functools.wraps(fn)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        try:
+            sig.bind(*args, **kwargs)
+        except TypeError:
+            from ._field_transforms import open_habit
+
+            unknown = {k: v for k, v in kwargs.items() if k not in sig.parameters}
+            if len(args) > 1 or unknown:
+                path = args[0] if args else kwargs.get("path")
+                raise TypeError(open_habit(path, args[1:], unknown, accepted)) from None
+            raise
+        return fn(*args, **kwargs)
+
+    return checked
+
+
+@_torchvision_habits
 def open(path: str | os.PathLike, *, transforms: Mapping[str, Any] | None = None, as_dict: bool = False,
          decode: bool = True, cache_dir: str | os.PathLike | None = None, cache_limit: int | str | None = None,
          storage_options: Mapping[str, Any] | None = None, batch_transforms: Any = None) -> Dataset:

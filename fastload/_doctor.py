@@ -9,7 +9,9 @@ few torch entry points are watched (anomaly mode, profilers, ``zero_grad``, ``Da
 Findings, each with the measured numbers, the line or setting, and the fix:
 
 * ``input-bound`` -- the loop waited for data more than 10% of its time (the first batch, the warm-up,
-  is left out); ``fast-path`` -- a fastload.Dataset on the generic path, with the reason;
+  is left out); its fix reads the loader waited on (``_input_fix``): packing and fastload.DataLoader only for a
+  loop that does not use them, a ``num_workers`` only where the measured counts show one faster;
+  ``fast-path`` -- a fastload.Dataset on the generic path, with the reason;
 * ``num_workers`` -- for a fastload loader on the fast path, ``num_workers`` gives under 70% of the
   samples/s of the best count measured on this machine (``_autotune.measure``);
 * ``anomaly`` -- autograd anomaly detection on; ``profiler`` -- a torch profiler running;
@@ -35,6 +37,7 @@ import torch
 
 INPUT_BOUND = 0.10
 WORKERS_SHORTFALL = 0.70
+WORKERS_HELP = 1.15  # the input-bound fix says "num_workers=N" only when N measured this much faster than the loader's
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _TORCH = os.path.dirname(os.path.abspath(torch.__file__))
 
@@ -305,24 +308,27 @@ def _report(s: _Session, measure_workers: bool, budget_s: float) -> Report:
     r = Report(steps=s.steps, wait_s=s.wait_s, step_s=s.step_s, loaders=len(s.loaders))
     loop = s.wait_s + s.step_s
     share = s.wait_s / loop if loop > 0 else 0.0
-    if share > INPUT_BOUND:
-        where = max(s.wait_by, key=s.wait_by.get) if s.wait_by else "(the loader)"
-        r.findings.append(Finding(
-            "input-bound", "the loop waits for data",
-            f"{s.wait_s:.3f} s of {loop:.3f} s waiting for the next batch ({share:.0%}) over {s.steps - 1} steps "
-            f"(first batch excluded)", f"the loop over the loader at {where}",
-            "more num_workers (or num_workers='auto' on fastload's fast path); pack the data with fastload and load "
-            "it with fastload.DataLoader; lighter per-sample transforms"))
+    later: list[Finding] = []
+    rates_by: dict[str, dict[int, float]] = {}  # the measured samples/s by num_workers of each fast-path loader
     for loader, where in s.loaders.values():
         if isinstance(loader, FastLoader) and not loader.fast_path and isinstance(loader.dataset, PackedDataset):
-            r.findings.append(Finding(
+            later.append(Finding(
                 "fast-path", "a fastload.Dataset runs on the generic path",
                 f"fast_path=False: {loader.fast_path_reason}",
                 f"the loader iterated at {where}", "remove what the reason names (see fastload.FastPathWarning)"))
         if measure_workers and isinstance(loader, FastLoader) and fill_parts(loader) is not None:
-            f = _workers_finding(loader, where, budget_s, r)
+            f = _workers_finding(loader, where, budget_s, r, rates_by)
             if f is not None:
-                r.findings.append(f)
+                later.append(f)
+    if share > INPUT_BOUND:
+        where = max(s.wait_by, key=s.wait_by.get) if s.wait_by else "(the loader)"
+        waited = next((ld for ld, w in s.loaders.values() if w == where), None)
+        r.findings.append(Finding(
+            "input-bound", "the loop waits for data",
+            f"{s.wait_s:.3f} s of {loop:.3f} s waiting for the next batch ({share:.0%}) over {s.steps - 1} steps "
+            f"(first batch excluded)", f"the loop over the loader at {where}",
+            _input_fix(waited, rates_by.get(where))))
+    r.findings += later
     if s.anomaly_steps or s.anomaly_at:
         r.findings.append(Finding(
             "anomaly", "autograd anomaly detection is on",
@@ -349,7 +355,48 @@ def _report(s: _Session, measure_workers: bool, budget_s: float) -> Report:
     return r
 
 
-def _workers_finding(loader, where: str, budget_s: float, r: Report) -> Finding | None:
+def _input_fix(loader: Any, rates: dict[int, float] | None) -> str:
+    """What would feed the loop faster, read from the loader it waited on and what was measured of it: no advice
+    the loop already follows (fastload.DataLoader on the fast path), no "more num_workers" where the measured
+    counts show they do not help."""
+    from ._dataset import Dataset as PackedDataset
+    from ._loader import DataLoader as FastLoader
+
+    fixes: list[str] = []
+    fast = isinstance(loader, FastLoader) and loader.fast_path
+    if fast and rates:
+        best = max(rates, key=rates.get)
+        mine = rates.get(loader.num_workers, 0.0)
+        shown = ", ".join(f"{k}: {v:,.0f}" for k, v in sorted(rates.items()))
+        if rates[best] > WORKERS_HELP * mine:
+            fixes.append(f"num_workers={best} (measured samples/s by num_workers: {shown})")
+        else:
+            fixes.append(f"not more num_workers: they do not raise the rate here (measured samples/s by num_workers: "
+                         f"{shown}), so decoding and transforming the images is the limit: store them smaller "
+                         f"(fastload pack --max-side N) or use lighter per-sample transforms"
+                         + (", or decode on the GPU (device='cuda', decoder='auto')" if torch.cuda.is_available()
+                            else ""))
+    elif fast:
+        fixes.append(f"num_workers='auto' (measures the best count once per dataset and machine; this loader has "
+                     f"num_workers={loader.num_workers})")
+    else:
+        fixes.append(f"more num_workers (this loader has {getattr(loader, 'num_workers', '?')})")
+    if fast:
+        pass  # packed and on fastload's fast path already: nothing to move to
+    elif isinstance(loader, FastLoader) and isinstance(loader.dataset, PackedDataset):
+        fixes.append("put this loader on the fast path (the fast-path finding below says what keeps it off)")
+    elif isinstance(getattr(loader, "dataset", None), PackedDataset):
+        fixes.append("load the packed dataset with fastload.DataLoader instead of torch's (one native call per batch, "
+                     "prefetched)")
+    else:
+        fixes.append("pack the data with fastload (fastload pack SRC DST) and load it with fastload.DataLoader")
+    if not fast or not rates:
+        fixes.append("lighter per-sample transforms")
+    return "; ".join(fixes)
+
+
+def _workers_finding(loader, where: str, budget_s: float, r: Report,
+                     rates_by: dict[str, dict[int, float]] | None = None) -> Finding | None:
     from ._autotune import candidates, measure
 
     counts = candidates(os.cpu_count() or 1)
@@ -358,6 +405,8 @@ def _workers_finding(loader, where: str, budget_s: float, r: Report) -> Finding 
     from ._loader import fill_parts
 
     rates = measure(*fill_parts(loader), counts, budget_s)
+    if rates_by is not None:
+        rates_by[where] = rates
     shown = ", ".join(f"{k}: {v:,.0f}" for k, v in sorted(rates.items()))
     r.notes.append(f"samples/s by num_workers for the loader at {where}: {shown}")
     best = max(rates, key=rates.get)

@@ -8,9 +8,10 @@ field beside it) the guess would silently change meaning, and the message gives 
 
 Everything a user can get wrong here is refused before the first sample is read, naming the field: an
 unknown or misspelled field, a transform for a kind of field that takes none, a sequence transform on an
-image and the reverse, a ``Normalize`` whose channel count is not the images' 3, and samples longer
-than ``Pad``/``Bucket`` allow (``check_lengths``) — which a loader would otherwise only meet at whichever
-batch holds the first of them.
+image and the reverse, a ``Normalize`` whose channel count is not the images' 3, samples longer
+than ``Pad``/``Bucket`` allow (``check_lengths``), images no crop or resize of the pipeline could plan and masks
+of another size than their image (``check_sizes``, from the stored sizes) — which a loader would otherwise only
+meet at whichever batch holds the first of them.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from __future__ import annotations
 import difflib
 from collections.abc import Mapping
 from typing import Any
+
+import numpy as np
 
 from ._schema import Schema
 from ._sequences import Bucket, PackSequences, Pad, is_sequence_transform
@@ -89,6 +92,53 @@ def check_lengths(dataset: Any) -> None:
             spec.check_all(dataset.reader.first_dims(name), name)
 
 
+def check_sizes(dataset: Any) -> None:
+    """Every sample's stored image size against its field's crops and resizes (``ImagePipeline.check_sizes``,
+    from the ``meta`` columns: no pixels are read), so that a sample no batch could plan (a ``RandomCrop``
+    larger than the image, a ``Resize`` to a 0-pixel side, a padding ``CenterCrop`` before a resize) is refused
+    here, every such sample counted and the first named, not at whichever batch holds it. Not for a remote
+    dataset (every shard would be downloaded: its batches refuse such a sample as they meet it), nor with
+    ``decode=False`` (nothing is transformed)."""
+    if dataset.remote or not dataset.decode:
+        return
+    for name, pipe in dataset.pipelines.items():
+        if not (pipe.transforms or pipe.augment):
+            continue
+        hw = dataset.reader.image_sizes(name)
+        why = pipe.check_sizes(hw[:, 0], hw[:, 1])
+        if why is not None:
+            raise ValueError(f"fastload.open({str(dataset.path)!r}): transforms['{name}']: {why}")
+    _check_masks(dataset)
+
+
+def _check_masks(dataset: Any) -> None:
+    """A mask field that follows its image's transforms must have its image's size in every sample (each
+    batch refuses one that does not: said here, for all of them)."""
+    from .fields.mask import follows
+
+    for field in dataset.schema:
+        if field.kind != "mask":
+            continue
+        try:
+            image = follows(field, dataset.pipelines)
+        except ValueError:  # several transformed images: the loader says so (fields/mask.py)
+            continue
+        if image is None:
+            continue
+        masks, images = dataset.reader.image_sizes(field.name), dataset.reader.image_sizes(image)
+        bad = np.flatnonzero((masks != images).any(axis=1))
+        if bad.size:
+            named = "; ".join(f"sample {i}: mask {masks[i, 0]}x{masks[i, 1]}, image {images[i, 0]}x{images[i, 1]}"
+                              for i in bad[:5])
+            more = f" and {bad.size - 5} more" if bad.size > 5 else ""
+            raise ValueError(f"fastload.open({str(dataset.path)!r}): mask field '{field.name}' follows "
+                             f"transforms['{image}'], but {bad.size} of the dataset's {len(masks)} samples "
+                             f"{'has' if bad.size == 1 else 'have'} a mask "
+                             f"of another size than their image ({named}{more}): a mask must have its image's size to "
+                             f"follow its geometry; pack those samples again with masks of their image's size, or "
+                             f"open the dataset without transforms (masks then come back as stored)")
+
+
 def _image_pipeline(spec: Any, at: str) -> ImagePipeline:
     try:
         pipe = ImagePipeline(spec)
@@ -122,3 +172,37 @@ def _not_a_dict(value: Any, schema: Schema) -> str:
         msg += (f". Only fastload.transforms run on fastload's engine (not torchvision's): {_SUPPORTED}, "
                 f"same names and arguments")
     return msg
+
+
+def open_habit(path: Any, extra_args: tuple, unknown: dict, accepted: list[str]) -> str:
+    """The TypeError for ``fastload.open`` called the torchvision way: the transforms as a second positional
+    argument (``ImageFolder(root, transform)``), ``transform=`` (torchvision's singular), or another unknown
+    keyword; it says what to write, naming the dataset's image fields when its manifest can be read."""
+    images: list[str] = []
+    try:
+        from .formats.reader import read_manifest
+        from .formats.remote import is_url
+        from pathlib import Path
+
+        if not is_url(path):
+            images = [f.name for f in read_manifest(Path(path)).schema if f.kind == "image"]
+    except Exception:  # a wrong path gets its own error once the call is right; here only the call is wrong
+        pass
+    field = images[0] if images else "image"
+    write = f"transforms={{'{field}': [T.RandomResizedCrop(224), T.RandomHorizontalFlip()]}}"
+    fields = f" (this dataset's image field(s): {images})" if images else ""
+    if extra_args:
+        return (f"fastload.open takes the path as its only positional argument, got {1 + len(extra_args)}; name the "
+                f"rest: the transforms go in transforms=, a dict of field -> transforms, e.g. {write}{fields}")
+    name = next(iter(unknown))
+    if name == "transform":
+        return f"fastload.open has no transform=: it takes transforms= (plural), a dict of field -> transforms, e.g. " \
+               f"{write}{fields}"
+    if name == "target_transform":
+        return (f"fastload.open has no target_transform=: a label comes back as stored (transform it in the loop, or "
+                f"pack it transformed); it takes {', '.join(accepted)}")
+    close = difflib.get_close_matches(name, accepted, n=1)
+    hint = f" (did you mean {close[0]}=?)" if close else ""
+    loader = ("; batch_size, shuffle, num_workers and the like are fastload.DataLoader(ds, ...)'s"
+              if name in ("batch_size", "shuffle", "num_workers", "drop_last", "seed", "sampler", "pin_memory") else "")
+    return f"fastload.open got an unexpected keyword argument {name!r}{hint}; it takes {', '.join(accepted)}{loader}"

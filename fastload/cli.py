@@ -161,7 +161,8 @@ def verify(dst, quiet) -> None:
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
               help="Write a PNG (needs matplotlib).")
 def bench(dst, batch_size, preset, size, max_workers, seconds, plot_path) -> None:
-    """Measure the dataset at DST: samples/s per thread count, the best num_workers, where time goes."""
+    """Measure the dataset at DST: samples/s per thread count (the fastest, and num_workers='auto''s pick), where
+    time goes."""
     from ._benchcmd import plot, plot_ready, report, run
 
     if plot_path:  # before the measuring, not after it

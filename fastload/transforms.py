@@ -20,8 +20,13 @@ resize-then-crop; with no resize before a crop (e.g. ``RandomResizedCrop`` first
 Randomness comes only from the ``rng`` passed to :meth:`ImagePipeline.plan`, drawn step by step in
 pipeline order with a fixed number of draws per sample, so a seed fixes the plan.
 
-``CenterCrop`` larger than the (virtual) image raises ``ValueError`` instead of zero-padding as
-torchvision does: put a ``Resize`` at least as large as the crop before it.
+``CenterCrop`` larger than the (virtual) image zero-pads it as torchvision does (the padding split as
+``F.center_crop`` splits it: ``(crop - size) // 2`` before, the rest after; masks padded with 0 too), executed as a
+padded window (``_augment/padding.py``); only ``RandomHorizontalFlip`` may follow such a window among the crops and
+resizes. What a step cannot plan for a sample (a ``RandomCrop`` larger than its padded image, a ``Resize`` that
+would make a side 0, a ``CenterCrop`` that would pad before a resize) raises ``ValueError`` for a batch, and
+:meth:`ImagePipeline.check_sizes` finds every such sample of a dataset from its stored sizes, so that
+``fastload.open`` refuses them before the first batch, naming how many and which.
 
 On-device transforms (``Normalize``, ``ToDtype``) will live here too; they are not geometric and will
 not go through :class:`ImagePipeline`.
@@ -43,6 +48,8 @@ from ._sequences import Bucket, Pad, PackSequences  # noqa: E402  (variable-leng
 from ._augment import pipeline as _augment  # noqa: E402
 from ._augment import torchvision_convert as _torchvision  # noqa: E402
 from ._augment.fallback import UserTransform, run_sample  # noqa: E402  (transforms fastload does not know)
+from . import _size_check  # noqa: E402  (ImagePipeline.check_sizes: what fastload.open refuses)
+from ._size_check import Refusal  # noqa: E402
 from ._augment.color import ColorJitter, Grayscale, RandomGrayscale  # noqa: E402
 from ._augment.combinators import RandomApply, RandomChoice, RandomOrder  # noqa: E402
 from ._augment.filters import GaussianBlur, RandomErasing  # noqa: E402
@@ -102,6 +109,15 @@ _SUPPORTED = ("RandomResizedCrop, Resize, CenterCrop, RandomResize, PadIfSmaller
               "RandomAutocontrast, RandomAdjustSharpness, RandomInvert, RandomErasing, RandomRotation, RandomAffine, "
               "RandomVerticalFlip, RandomHorizontalFlip, RandomApply, RandomChoice, RandomOrder), then optionally "
               "ToDtype and Normalize (in a list or Compose)")
+def __getattr__(name: str) -> Any:
+    """``T.ToTensor()`` and the like (torchvision names this module does not have): an AttributeError that says
+    what to write instead. (A module attribute that is missing must raise AttributeError: ``hasattr`` and
+    ``from ... import`` rely on it.)"""
+    if name in _torchvision.INSTEAD:
+        raise AttributeError(f"fastload.transforms has no {name}: {_torchvision.INSTEAD[name]}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 _ATTEMPTS = 10  # torchvision's RandomResizedCrop.get_params tries 10 boxes before its fallback
 
 
@@ -146,6 +162,9 @@ class RandomResizedCrop(Transform):
                 f"antialias={self.antialias})")
 
     def _apply(self, state: _State, rng: np.random.Generator) -> None:
+        if state.checking:  # any image takes it (its fallback is the whole image): only the output size matters
+            state.sized(self.size)
+            return
         top, left, h, w, _ = _rrc_params(state.h, state.w, self.scale, self.ratio, rng)
         state.crop(top, left, h, w)
         state.resize(np.full_like(h, self.size[0]), np.full_like(w, self.size[1]))
@@ -247,11 +266,11 @@ class Resize(Transform):
 
     def _apply(self, state: _State, rng: np.random.Generator) -> None:
         nh, nw = _resized_hw(state.h, state.w, self._size, self.max_size)
-        bad = np.flatnonzero((nh <= 0) | (nw <= 0))
-        if bad.size:
-            i = int(bad[0])
-            raise ValueError(f"{self!r} would make sample {i} of the batch {int(nh[i])}x{int(nw[i])} "
-                             f"(from {state.describe(i)}); raise max_size or drop such images")
+        keep = state.refuse(self, (nh <= 0) | (nw <= 0), "a result of at least one pixel per side",
+                            lambda i: f"{state.describe(i)}, which it would make {int(nh[i])}x{int(nw[i])}",
+                            "raise max_size, or leave such images (extreme aspect ratios) out of the dataset")
+        if keep is not None:
+            nh, nw = nh[keep], nw[keep]
         state.resize(nh, nw)
 
     def _static_size(self, hw: tuple[int, int] | None) -> tuple[int, int] | None:
@@ -264,7 +283,8 @@ class Resize(Transform):
 
 
 class CenterCrop(Transform):
-    """Crop the centre ``size`` (int or (h, w)); raises ``ValueError`` if the image is smaller."""
+    """Crop the centre ``size`` (int or (h, w)); an image smaller than that is zero-padded first, as torchvision's
+    ``F.center_crop`` pads it (``(crop - size) // 2`` pixels before, the rest after), masks with 0 too."""
 
     def __init__(self, size: int | Sequence[int]) -> None:
         self.size = _setup_size(size, "CenterCrop")
@@ -277,17 +297,26 @@ class CenterCrop(Transform):
 
     def _apply(self, state: _State, rng: np.random.Generator) -> None:
         ch, cw = self.size
-        bad = np.flatnonzero((state.h < ch) | (state.w < cw))
-        if bad.size:
-            i = int(bad[0])
-            raise ValueError(
-                f"{self!r} needs an image of at least {ch}x{cw} (h x w), but sample {i} of the batch is "
-                f"{state.describe(i)} at this step; torchvision would zero-pad, fastload does not. "
-                f"Put a Resize of at least the crop size before CenterCrop, or use RandomResizedCrop."
-            )
-        top = np.rint((state.h - ch) / 2.0).astype(np.int64)  # int(round((h - ch) / 2.0))
-        left = np.rint((state.w - cw) / 2.0).astype(np.int64)
-        state.crop(top, left, np.full_like(top, ch), np.full_like(left, cw))
+        small = (state.h < ch) | (state.w < cw)
+        later = next((t for t in state.rest if not isinstance(t, RandomHorizontalFlip)), None)
+        if later is not None:  # the padded window is the tile: nothing may resample or crop it after
+            keep = state.refuse(
+                self, small, f"an image of at least {ch}x{cw} (h x w) at this step when {later!r} follows it",
+                state.describe, f"torchvision would zero-pad, which fastload does only when nothing but "
+                f"RandomHorizontalFlip follows CenterCrop among the crops and resizes; put a Resize of at least "
+                f"the crop size before CenterCrop, or move {later!r} before it")
+            if keep is not None:
+                small = small[keep]
+        # torchvision: pad (crop - size) // 2 before (then crop at 0 in the padded image), else crop at the centre
+        top = np.where(state.h < ch, -((ch - state.h) // 2), np.rint((state.h - ch) / 2.0)).astype(np.int64)
+        left = np.where(state.w < cw, -((cw - state.w) // 2), np.rint((state.w - cw) / 2.0)).astype(np.int64)
+        if not small.any():
+            state.crop(top, left, np.full_like(top, ch), np.full_like(left, cw))
+            return
+        if state.checking:  # only flips follow: the window's size is all the check needs (not its index maps)
+            state.sized(self.size, padded=True)
+            return
+        padded_window(state, top, left, (ch, cw), (state.h, state.w), "constant", np.zeros(3), 0)
 
     def _static_size(self, hw: tuple[int, int] | None) -> tuple[int, int] | None:
         return self.size
@@ -395,15 +424,45 @@ class Plan:
 class _State:
     """The batch's virtual images while planning (see "Composition" in the module docstring)."""
 
-    __slots__ = ("src_h", "src_w", "h", "w", "oy", "ox", "sy", "sx", "flip", "pad", "tile_hw")
+    __slots__ = ("src_h", "src_w", "h", "w", "oy", "ox", "sy", "sx", "flip", "pad", "tile_hw", "rest", "index",
+                 "refusals", "smallest")
 
-    def __init__(self, heights: np.ndarray, widths: np.ndarray) -> None:
+    def __init__(self, heights: np.ndarray, widths: np.ndarray, checking: bool = False) -> None:
         self.src_h, self.src_w = heights, widths
         self.h, self.w = heights, widths
         self.oy = self.ox = np.zeros(heights.shape[0])
         self.sy = self.sx = np.ones(heights.shape[0])
         self.flip = np.zeros(heights.shape[0], dtype=bool)
         self.pad, self.tile_hw = None, None  # a padded RandomCrop's windows (_augment/random_crop.py)
+        self.rest: tuple = ()  # the crop-plan transforms after the one planning now
+        self.index = np.arange(heights.shape[0])  # each row's sample: its position in the batch, or the dataset
+        #: checking a dataset at open (ImagePipeline.check_sizes): what each step refused, instead of raising
+        self.refusals: list[Refusal] | None = [] if checking else None
+        self.smallest = False  # checking: a RandomResize planned its min_size (said in the messages)
+
+    @property
+    def checking(self) -> bool:
+        """Planning every sample of a dataset at open: ``RandomResize`` plans its smallest size (the worst case)."""
+        return self.refusals is not None
+
+    def refuse(self, step: Any, bad: np.ndarray, need: str, detail: Any, fix: str) -> np.ndarray | None:
+        """The samples ``bad`` (bool (n,)) that ``step`` cannot plan: it needs ``need``; ``detail(i)`` says what
+        row ``i`` is. Planning a batch: ``ValueError`` naming the first. Checking a dataset: recorded, and those
+        rows are dropped from the state; returns the mask of the rows kept (None when none was bad)."""
+        if not bad.any():
+            return None
+        where = np.flatnonzero(bad)
+        if self.refusals is None:
+            i = int(where[0])
+            raise ValueError(f"{step!r} needs {need}, but sample {i} of the batch is {detail(i)}; {fix}")
+        self.refusals.append(Refusal(step, need, fix, self.index[where],
+                                     [detail(int(i)) for i in where[:Refusal.SHOWN]]))
+        keep = ~bad
+        for name in ("src_h", "src_w", "h", "w", "oy", "ox", "sy", "sx", "flip", "index"):
+            setattr(self, name, getattr(self, name)[keep])
+        if self.pad is not None:  # a PadIfSmaller's Pending (per-sample bottom, right) or padded windows
+            self.pad = self.pad.take_rows(keep)
+        return keep
 
     def crop(self, top: np.ndarray, left: np.ndarray, h: np.ndarray, w: np.ndarray) -> None:
         left = np.where(self.flip, self.w - left - w, left)  # the crop was chosen on the mirror
@@ -416,8 +475,17 @@ class _State:
         self.sx = self.sx * (self.w / w)
         self.h, self.w = h, w
 
+    def sized(self, hw: tuple[int, int], padded: bool = False) -> None:
+        """Checking a dataset (no plan is made): every row is ``hw`` after this step; ``padded``: a padded window,
+        the tile (only flips may follow it)."""
+        n = self.h.shape[0]
+        self.h, self.w = np.full(n, hw[0], np.int64), np.full(n, hw[1], np.int64)
+        if padded:
+            self.tile_hw = (int(hw[0]), int(hw[1]))
+
     def describe(self, i: int) -> str:
-        return f"{int(self.h[i])}x{int(self.w[i])} (source {int(self.src_h[i])}x{int(self.src_w[i])})"
+        smallest = ", RandomResize at its min_size" if self.checking and self.smallest else ""
+        return f"{int(self.h[i])}x{int(self.w[i])} (source {int(self.src_h[i])}x{int(self.src_w[i])}{smallest})"
 
     def finish(self) -> Plan:
         def edges(o: np.ndarray, extent: np.ndarray, limit: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -535,7 +603,8 @@ class ImagePipeline:
             i = int(np.flatnonzero((h <= 0) | (w <= 0))[0])
             raise ValueError(f"sample {i} of the batch has an empty image ({int(h[i])}x{int(w[i])})")
         state = _State(h, w)
-        for t in self.transforms:
+        for k, t in enumerate(self.transforms):
+            state.rest = self.transforms[k + 1:]
             t._apply(state, rng)
         plan = state.finish()
         if self.augment or state.pad:
@@ -543,6 +612,11 @@ class ImagePipeline:
         if self.fallback:  # drawn last: a pipeline without them draws exactly as before
             plan.seeds = rng.integers(0, 2**63, size=plan.n, dtype=np.uint64)
         return plan
+
+    def check_sizes(self, heights: np.ndarray, widths: np.ndarray, chunk: int = 8192) -> str | None:
+        """What no batch could plan of a dataset's samples of stored sizes ``heights[i] x widths[i]``, every such
+        sample counted and the first named per step (``_size_check.py``); None when every sample plans."""
+        return _size_check.check(self, heights, widths, _State, lambda t, state, rng: t._apply(state, rng), chunk)
 
     def run_fallback(self, image: np.ndarray, plan: Plan, k: int = 0) -> np.ndarray:
         """``ds[i]``: the per-sample transforms on sample ``k``'s decoded HWC uint8 ``image`` (in place)."""
@@ -589,3 +663,4 @@ def apply_pil(pipeline: Any, image: Any, rng: np.random.Generator) -> Any:
 
 from ._augment.random_crop import RandomCrop  # noqa: E402  (a crop-plan Transform: defined after its base)
 from ._augment.pad_if_smaller import PadIfSmaller  # noqa: E402  (the same)
+from ._augment.random_crop import padded_window  # noqa: E402  (CenterCrop's zero padding)

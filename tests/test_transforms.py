@@ -271,11 +271,23 @@ def test_resize_then_center_crop_within_half_pixel():
             assert np.abs(got - exp).max() <= 0.5 + 1e-9, (h, w, got, exp)
 
 
-def test_center_crop_too_small_raises_with_sizes():
-    with pytest.raises(ValueError, match=r"224x224.*sample 1 .*200x300"):
-        ImagePipeline([CenterCrop(224)]).plan(np.array([300, 200]), np.array([300, 300]), None)
-    with pytest.raises(ValueError, match="Resize"):
-        ImagePipeline([Resize(100), CenterCrop(224)]).plan(np.array([500]), np.array([500]), None)
+def test_center_crop_larger_than_the_image_pads_as_torchvision():
+    """torchvision's F.center_crop pads (crop - size) // 2 before and the rest after, then crops at 0 on that
+    axis: a padded window whose box is the whole image (that axis) and whose index map puts it there."""
+    plan = ImagePipeline([CenterCrop(224)]).plan(np.array([300, 200]), np.array([300, 301]), None)
+    assert (plan.out_hw == [224, 224]).all()
+    pad = plan.augment.geometry.pad
+    assert list(pad.active) == [False, True]
+    np.testing.assert_array_equal(plan.crops[1], [0, 38, 200, 224])  # rows: all 200; cols: round(77 / 2) = 38
+    rows = pad.rows[1]
+    assert (rows[:12] == -1).all() and (rows[12:212] == np.arange(200)).all() and (rows[212:] == -1).all()
+    assert (pad.cols[1] == np.arange(224)).all() and (pad.fill[1] == 0).all() and pad.mask_fill[1] == 0
+
+
+def test_center_crop_that_would_pad_before_a_resize_raises_with_sizes():
+    with pytest.raises(ValueError, match=r"224x224.*Resize.*follows it.*sample 1 of the batch is 200x300.*Resize of "
+                                         r"at least the crop size"):
+        ImagePipeline([CenterCrop(224), Resize(100)]).plan(np.array([300, 200]), np.array([300, 300]), None)
 
 
 # ---------------------------------------------------------------- pixels: apply_pil

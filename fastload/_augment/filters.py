@@ -225,10 +225,19 @@ class GaussianBlur(Augment):
     def _params(self) -> dict[str, Any]:
         return {"kernel_size": self.kernel_size, "sigma": self.sigma}
 
+    def tile_refusal(self, hw: np.ndarray) -> tuple[np.ndarray, str, str]:
+        """``(bad, need, fix)`` for tiles of sizes ``hw`` (n, 2): the ones this kernel cannot blur (torchvision's
+        reflect padding needs more pixels than half the kernel), what ``fastload.open`` checks every sample's
+        output size against (``ImagePipeline.check_sizes``)."""
+        kx, ky = self.kernel_size
+        return ((ky // 2 >= hw[:, 0]) | (kx // 2 >= hw[:, 1]),
+                f"a tile larger than half the kernel ({ky // 2 + 1}x{kx // 2 + 1} or more, h x w: reflect padding)",
+                "give it a smaller kernel_size, or crop or resize to a larger output before it")
+
     def plan(self, b: PlanBuilder, index: np.ndarray, rng: np.random.Generator) -> None:
         kx, ky = self.kernel_size
         hw = b.out_hw[index]
-        bad = np.flatnonzero((ky // 2 >= hw[:, 0]) | (kx // 2 >= hw[:, 1]))
+        bad = np.flatnonzero(self.tile_refusal(hw)[0])
         if bad.size:
             i = int(index[bad[0]])
             raise ValueError(f"GaussianBlur: kernel_size={self.kernel_size} needs a tile larger than half the kernel "

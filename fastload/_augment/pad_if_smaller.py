@@ -33,6 +33,10 @@ class Pending:
     mask_fill: int
     by: Any  # the PadIfSmaller, for messages
 
+    def take_rows(self, keep: np.ndarray) -> Pending:
+        """The padding of the rows ``keep`` (a bool mask or indices)."""
+        return Pending(self.bottom[keep], self.right[keep], self.fill, self.mask_fill, self.by)
+
 
 class PadIfSmaller(Transform):
     """Pad the image on the right and at the bottom with ``fill`` (torchvision's, or ``{"image": 0, "mask": 255}``)

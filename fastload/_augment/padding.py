@@ -46,6 +46,11 @@ class Padding:
     fill: np.ndarray  # float64 (n, 3)
     mask_fill: np.ndarray | None = None  # uint8 (n,): a mask field's fill (type_fill.py; None: 255)
 
+    def take_rows(self, keep: np.ndarray) -> Padding:
+        """The rows ``keep`` (a bool mask or indices) of these windows."""
+        return Padding(self.active[keep], self.decode_hw[keep], self.rows[keep], self.cols[keep], self.fill[keep],
+                       None if self.mask_fill is None else self.mask_fill[keep])
+
     def take(self, lo: int, hi: int) -> Padding:
         return Padding(self.active[lo:hi], self.decode_hw[lo:hi], self.rows[lo:hi], self.cols[lo:hi],
                        self.fill[lo:hi], None if self.mask_fill is None else self.mask_fill[lo:hi])

@@ -11,7 +11,7 @@ from .._transform_base import Transform, _setup_size
 from .pad_if_smaller import Pending
 from .padding import Padding, check_mode, fill_of, index_map, parse_padding
 
-__all__ = ["RandomCrop"]
+__all__ = ["RandomCrop", "padded_window"]
 
 
 class RandomCrop(Transform):
@@ -60,12 +60,13 @@ class RandomCrop(Transform):
         if self.pad_if_needed:
             dh, dw = np.maximum(ch - ph, 0), np.maximum(cw - pw, 0)
             pad_t, pad_l, ph, pw = pad_t + dh, pad_l + dw, ph + 2 * dh, pw + 2 * dw
-        bad = np.flatnonzero((ph < ch) | (pw < cw))
-        if bad.size:
-            i = int(bad[0])
-            raise ValueError(f"{self!r}: the crop size {(ch, cw)} is larger than sample {i} of the batch "
-                             f"({state.describe(i)}, {int(ph[i])}x{int(pw[i])} padded); use pad_if_needed=True or "
-                             f"a Resize before it")
+        keep = state.refuse(self, (ph < ch) | (pw < cw), f"an image of at least {ch}x{cw} (h x w) at this step, "
+                            f"its padding included", lambda i: state.describe(i) + ("" if (ph[i], pw[i]) == (state.h[i], state.w[i])
+                                                                   else f", {int(ph[i])}x{int(pw[i])} padded"),
+                            "use pad_if_needed=True (torchvision refuses such an image too, at its batch), or put a "
+                            "Resize of at least the crop size before it")
+        if keep is not None:
+            ih, iw, pad_t, pad_l, ph, pw = (a[keep] for a in (ih, iw, pad_t, pad_l, ph, pw))
         top = rng.integers(0, ph - ch + 1) - pad_t  # one draw per axis and sample (0 where nothing to choose)
         left = rng.integers(0, pw - cw + 1) - pad_l
         if not self.pads and pre is None:
@@ -73,25 +74,39 @@ class RandomCrop(Transform):
             return
         if state.pad is not None:
             raise ValueError(f"{self!r}: only one padded RandomCrop per pipeline")
-        # index maps over the (PadIfSmaller-padded) image as shown, the flip included; its padding is fill (-1)
-        rows = index_map(top, ch, ih, self.padding_mode)
-        cols = index_map(left, cw, iw, self.padding_mode)
-        rows = np.where(rows >= state.h[:, None], -1, rows)
-        cols = np.where(cols >= state.w[:, None], -1, cols)
-        # a flipped sample's columns in the unmirrored image, in unmirrored order (the assembly mirrors them back)
-        unmirrored = np.where(cols >= 0, state.w[:, None] - 1 - cols, -1)[:, ::-1]
-        cols = np.where(state.flip[:, None], unmirrored, cols)
-        y0, y1 = _span(rows)
-        x0, x1 = _span(cols)
-        rows = np.where(rows >= 0, rows - y0[:, None], -1).astype(np.int32)
-        cols = np.where(cols >= 0, cols - x0[:, None], -1).astype(np.int32)
-        active = ~((rows == np.arange(ch)).all(axis=1) & (cols == np.arange(cw)).all(axis=1))
-        n = state.h.shape[0]
+        if state.checking:  # only flips follow: the window's size is all the check needs (not its index maps)
+            state.sized((ch, cw), padded=True)
+            return
         fill, mask_fill = (self._fill, self._mask_fill) if pre is None or self.pads else (pre.fill, pre.mask_fill)
-        state.crop(y0, np.where(state.flip, state.w - x1, x0), y1 - y0, x1 - x0)
-        state.pad = Padding(active, np.stack([y1 - y0, x1 - x0], axis=1), rows, cols, np.tile(fill, (n, 1)),
-                            np.full(n, mask_fill, np.uint8))
-        state.tile_hw = (ch, cw)
+        padded_window(state, top, left, (ch, cw), (ih, iw), self.padding_mode, fill, mask_fill)
+
+
+def padded_window(state: Any, top: np.ndarray, left: np.ndarray, size: tuple[int, int], image_hw: tuple, mode: str,
+                  fill: np.ndarray, mask_fill: int) -> None:
+    """Make the batch's ``size`` windows at ``top``/``left`` (in the shown image of ``image_hw`` per sample, a
+    PadIfSmaller's padding included, flips already applied) padded windows (``padding.Padding``): the box of image
+    pixels each needs, the index maps, ``fill`` where a window leaves the image (``mode`` constant). RandomCrop's
+    windows, and a CenterCrop's larger than its image (``transforms.CenterCrop``)."""
+    ch, cw = size
+    ih, iw = image_hw
+    # index maps over the (PadIfSmaller-padded) image as shown, the flip included; its padding is fill (-1)
+    rows = index_map(top, ch, ih, mode)
+    cols = index_map(left, cw, iw, mode)
+    rows = np.where(rows >= state.h[:, None], -1, rows)
+    cols = np.where(cols >= state.w[:, None], -1, cols)
+    # a flipped sample's columns in the unmirrored image, in unmirrored order (the assembly mirrors them back)
+    unmirrored = np.where(cols >= 0, state.w[:, None] - 1 - cols, -1)[:, ::-1]
+    cols = np.where(state.flip[:, None], unmirrored, cols)
+    y0, y1 = _span(rows)
+    x0, x1 = _span(cols)
+    rows = np.where(rows >= 0, rows - y0[:, None], -1).astype(np.int32)
+    cols = np.where(cols >= 0, cols - x0[:, None], -1).astype(np.int32)
+    active = ~((rows == np.arange(ch)).all(axis=1) & (cols == np.arange(cw)).all(axis=1))
+    n = state.h.shape[0]
+    state.crop(y0, np.where(state.flip, state.w - x1, x0), y1 - y0, x1 - x0)
+    state.pad = Padding(active, np.stack([y1 - y0, x1 - x0], axis=1), rows, cols, np.tile(fill, (n, 1)),
+                        np.full(n, mask_fill, np.uint8))
+    state.tile_hw = (ch, cw)
 
 
 def _span(index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

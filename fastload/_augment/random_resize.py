@@ -64,7 +64,10 @@ class RandomResize(Transform):
                 f"interpolation={self.interpolation}, antialias={self.antialias})")
 
     def _apply(self, state: Any, rng: np.random.Generator) -> None:
-        size = rng.integers(self.min_size, self.max_size, size=state.h.shape[0])
+        n = state.h.shape[0]
+        # checking a dataset at open: the smallest size, the worst case for every crop after it
+        size = np.full(n, self.min_size) if state.checking else rng.integers(self.min_size, self.max_size, size=n)
+        state.smallest = state.smallest or state.checking
         state.resize(*shorter_side_to(state.h, state.w, size))
 
     def _static_size(self, hw: tuple[int, int] | None) -> tuple[int, int] | None:

@@ -24,7 +24,7 @@ import torch
 
 from .fallback import UserTransform
 
-__all__ = ["convert", "is_torchvision"]
+__all__ = ["INSTEAD", "convert", "is_torchvision"]
 
 
 def is_torchvision(t: Any) -> bool:
@@ -45,6 +45,12 @@ def convert(t: Any, classes: Any) -> list | None:
     if not is_torchvision(t):
         return None
     name = type(t).__name__
+    if name in _MANY:  # knowable now: run per sample it would fail the first batch
+        raise ValueError(f"torchvision's {name} makes {_MANY[name]} images of each sample (a tuple), which a batch of "
+                         f"one image per sample cannot hold, so fastload has no {name}: load the images at the size "
+                         f"it crops from (e.g. T.Resize((256, 256))) and cut the crops from the batch in the loop, "
+                         f"torchvision.transforms.v2.functional.{name.lower().replace('crop', '_crop')}(images, size) "
+                         f"(it takes a batch)")
     rule = _rules(classes).get(name)
     if rule is None:
         return [UserTransform(t, f"torchvision's {name} has no fastload equivalent")]
@@ -52,6 +58,23 @@ def convert(t: Any, classes: Any) -> list | None:
         return rule(t)
     except (TypeError, ValueError) as e:  # fastload's constructor refused a parameter: say which, run it as is
         return [UserTransform(t, f"not converted: {e}")]
+
+
+# torchvision names ``fastload.transforms`` does not have, and what to write instead (``T.ToTensor()`` is the habit;
+# ``transforms.__getattr__`` says it)
+INSTEAD = {
+    "ToTensor": "images leave fastload's decoder as uint8 (3, H, W) tensors already; for floats in [0, 1] as "
+                "ToTensor made them write T.ToDtype(torch.float32, scale=True) (torchvision v2's replacement), "
+                "at the end of the list, before a Normalize",
+    "PILToTensor": "images leave fastload's decoder as uint8 (3, H, W) tensors already: leave it out",
+    "ToImage": "images leave fastload's decoder as uint8 (3, H, W) tensors already: leave it out",
+    "ToPILImage": "fastload's transforms run on its own engine, not on PIL images: leave it out (for a picture of "
+                  "ds[i], torchvision.transforms.functional.to_pil_image(ds[i][0]))",
+    "ConvertImageDtype": "write T.ToDtype(torch.float32, scale=True) (torchvision v2's name for it)",
+    "Lambda": "put the function itself in the list: any callable taking and returning a uint8 (3, H, W) tensor runs "
+              "per sample after fastload's own transforms",
+}
+_MANY = {"FiveCrop": 5, "TenCrop": 10}  # torchvision transforms that return several images per sample
 
 
 def _is_reference_pad(t: Any) -> bool:

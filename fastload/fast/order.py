@@ -322,14 +322,13 @@ class Order:
         """Adopt the saved seed and epoch; the next ``batches()`` of that epoch starts at the saved batch."""
         if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
             got = state.get("version") if isinstance(state, dict) else type(state).__name__
-            raise ValueError(f"not an Order state (version {got!r}, expected {STATE_VERSION}); pass the dict "
-                             f"that Order.state_dict() returned")
+            raise ValueError(f"not a saved loader position (version {got!r}, expected {STATE_VERSION}): pass the dict "
+                             f"that loader.state_dict() returned (Order.state_dict() for an Order used alone)")
         mine = self._config()
         saved = {k: state.get(k) for k in set(mine) | ({"window", "shards", "split"} & set(state))}
-        diff = [f"{k}={saved[k]!r} (this order: {mine.get(k)!r})" for k in sorted(saved) if saved[k] != mine.get(k)]
+        diff = sorted(k for k in saved if saved[k] != mine.get(k))
         if diff:
-            raise ValueError("cannot resume from a state saved by a different order: " + ", ".join(diff)
-                             + "; build the Order with the saved settings (rank may differ)")
+            raise ValueError(_not_resumable(diff, saved, mine))
         self.seed = as_int("seed", state["seed"], 0)
         epoch = as_int("epoch", state["epoch"], 0)
         k = as_int("batches_done", state["batches_done"], 0)
@@ -341,6 +340,38 @@ class Order:
         self._fresh = k < self._num_batches
         self._resume = (epoch, k) if self._fresh else None
         return k
+
+
+# An order setting (``Order._config``'s keys) as the DataLoader argument or the dataset it comes from, for resume
+# messages; the keys of the dataset's own make "open the dataset it was saved on" the fix.
+_TERMS = {
+    "kind": lambda v: f"order={v!r}" + {"random": " (shuffle=True)", "sequential": " (shuffle=False)"}.get(v, ""),
+    "num_samples": lambda v: f"a dataset of {v} samples",
+    "shards": lambda v: f"a dataset of {str(v).split(':')[0]} shards (digest of their sizes {str(v).split(':')[-1]})",
+    "world_size": lambda v: f"world_size={v} (processes)",
+}
+_DATASET_KEYS = frozenset(("num_samples", "shards"))
+
+
+def _user_terms(key: str, value: Any) -> str:
+    if value is None:
+        return f"no {key}"
+    term = _TERMS.get(key)
+    return term(value) if term is not None else f"{key}={value!r}"
+
+
+def _not_resumable(diff: list[str], saved: dict, mine: dict) -> str:
+    """Why a saved position cannot go on in this loader, in the terms the user built both loaders with."""
+    was = ", ".join(_user_terms(k, saved[k]) for k in diff)
+    now = ", ".join(_user_terms(k, mine.get(k)) for k in diff)
+    same = [_user_terms(k, saved[k]) for k in diff if k not in _DATASET_KEYS]
+    data = [k for k in diff if k in _DATASET_KEYS]
+    build = " and ".join(filter(None, [", ".join(same) and f"build this DataLoader with {', '.join(same)}",
+                                       data and "open the dataset it was saved on"]))
+    return (f"cannot resume from this state: it was saved by a loader with {was}, and this loader has {now}. A saved "
+            f"position counts batches of that loader's order over its dataset, so it goes on only in a loader built "
+            f"the same way: to resume, {build} (the rank may differ); to start over with the new settings, leave "
+            f"load_state_dict out (or load only the model's and optimizer's state)")
 
 
 def _assign_shards(sizes: np.ndarray, world: int) -> list[np.ndarray]:

@@ -208,3 +208,12 @@ class PackedReader:
             seg.open()
             parts.append(seg.take(field, "shape", np.arange(seg.count))[:, 0])
         return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+    def image_sizes(self, field: str) -> np.ndarray:
+        """Every sample's stored (height, width) of image field ``field``, ``(n, 2)`` int64, from the ``meta``
+        column (no blobs read): what ``fastload.open`` checks the transforms against."""
+        parts = []
+        for seg in self.segments:
+            seg.open()
+            parts.append(seg.take(field, "meta", np.arange(seg.count))[:, :2].astype(np.int64))
+        return np.concatenate(parts) if parts else np.zeros((0, 2), np.int64)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import os
 import time
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,6 +94,14 @@ def parse_size(text: str | int) -> int:
 
 # -- the pack into a local folder -----------------------------------------------------------------
 
+def part_unit(src: Source, format: str, shard_bytes: int, block: int) -> int:
+    """How many source samples a part packs whole (``part_span``'s unit): ``block``, or for fixed-size arrays
+    the rows of one shard."""
+    fmt = format_named(format)
+    arrays = fmt.arrays and isinstance(src, ArraySource) and all(f.fixed_size for f in src.schema)
+    return fmt.array_rows(src, shard_bytes) if arrays else block
+
+
 def pack_local(src: Source, dest: Path, *, format: str, image_mode: str, max_side: int | None, quality: int,
                 check: str, shard_size: int | str, workers: int | None, overwrite: bool, skip_bad: bool,
                 max_skipped: float, progress: bool, block: int, part: Any, on_shard: Callable[[Path], None] | None,
@@ -109,7 +118,13 @@ def pack_local(src: Source, dest: Path, *, format: str, image_mode: str, max_sid
     span = (0, len(src))
     if part is not None:
         i, n = parse_part(part)
-        span = part_span(len(src), fmt.array_rows(src, shard_bytes) if arrays else block, i, n)
+        unit = part_unit(src, format, shard_bytes, block)
+        span = part_span(len(src), unit, i, n)
+        if span[0] == span[1] and len(src):
+            warnings.warn(f"fastload pack --part {i}/{n}: this part holds no sample: the source's {len(src)} samples fill "
+                          f"{-(-len(src) // unit)} unit(s) of {unit} (a part packs whole blocks, or a shard's rows of "
+                          f"fixed-size arrays), fewer than the {n} parts; split into fewer parts or pass a smaller "
+                          f"block", UserWarning, stacklevel=4)
         params["part"] = {"index": i, "parts": n, "samples": list(span)}
         dest = dest / "parts" / str(i)
     label = staged_for or str(dest)  # what the user named: the URL, not the staging folder

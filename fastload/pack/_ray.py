@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,34 @@ def _pack_part(source: Any, dest: str, i: int, n: int, kwargs: dict) -> dict:
     return {"part": i, "samples": s.samples, "seconds": s.seconds, "skipped": len(s.skipped), "bytes": s.bytes}
 
 
+def _parts_with_samples(source: Any, parts: int, kwargs: dict, asked: bool) -> int:
+    """``parts``, or fewer where the source does not fill that many: a part packs whole units (``block`` samples,
+    or a shard's rows of fixed-size arrays) so that its shards are the ones a one-machine pack writes, and a part
+    past the last unit would pack nothing. Said once, with the fix, when the caller ``asked`` for that many (not
+    for the default, one part per CPU of the cluster)."""
+    from ..sources import as_source
+    from ._local import parse_size, part_unit
+
+    src = as_source(source, schema=kwargs.get("schema"), root=kwargs.get("root"),  # its errors before any task
+                    path_column=kwargs.get("path_column", "path"), missing=kwargs.get("missing"),
+                    storage_options=kwargs.get("storage_options"))
+    unit = part_unit(src, kwargs["format"], parse_size(kwargs["shard_size"]), kwargs["block"])
+    filled = max(1, -(-len(src) // unit))
+    if filled >= parts or not asked:
+        return min(parts, filled)
+    if unit == kwargs["block"]:
+        why = f"a part packs whole blocks of block={unit} samples"
+        fix = f"pass a smaller block (fastload pack --block N; {-(-len(src) // parts)} gives {parts} parts)"
+    else:
+        why = f"a part of fixed-size arrays packs whole shards, here of {unit} rows"
+        fix = "pass a smaller shard_size (fastload pack --shard-size)"
+    warnings.warn(f"fastload pack on ray: the source's {len(src)} samples fill {filled} of the {parts} parts asked for "
+                  f"({why}, so that its shards are the ones a one-machine pack writes; the other parts would be "
+                  f"empty): it is packed as {filled} part(s); {fix} to spread it over more tasks",
+                  UserWarning, stacklevel=3)
+    return filled
+
+
 def pack_on_ray(source: Any, dest: str | os.PathLike, *, parts: int | None, address: str | None, progress: bool,
                 **kwargs: Any):
     """Pack ``source`` as ``parts`` Ray tasks (one CPU each; ``workers`` processes inside each, default 1),
@@ -45,10 +74,12 @@ def pack_on_ray(source: Any, dest: str | os.PathLike, *, parts: int | None, addr
         started_here = True
     t0 = time.perf_counter()
     try:
+        asked = parts is not None
         if parts is None:
             parts = max(1, int(ray.cluster_resources().get("CPU", 1)))
         if parts < 1:
             raise ValueError(f"parts={parts} should be >= 1")
+        parts = _parts_with_samples(source, parts, kwargs, asked)
         kwargs = dict(kwargs)
         if kwargs.get("workers") is None:
             kwargs["workers"] = 1  # a task per CPU already

@@ -151,9 +151,10 @@ def test_random_crop_misuse_is_refused(packed):
         fastload.open(packed, transforms={"image": [T.RandomCrop(32, padding=4), T.Resize(30)]})
     with pytest.raises(ValueError, match=r"padding_mode='wrap' should be one of"):
         T.RandomCrop(32, padding=4, padding_mode="wrap")
-    with pytest.raises(ValueError, match=r"crop size \(200, 200\) is larger than sample 0 .*pad_if_needed=True"):
-        next(iter(fastload.DataLoader(fastload.open(packed, transforms={"image": [T.RandomCrop(200)]}),
-                                      batch_size=4)))
+    # refused at open, from the stored sizes (issue 27 item 2), not at the first batch
+    with pytest.raises(ValueError, match=r"RandomCrop\(size=\(200, 200\).*at least 200x200.*48 of the dataset's 48 "
+                                         r"samples.*sample 0: .*pad_if_needed=True"):
+        fastload.open(packed, transforms={"image": [T.RandomCrop(200)]})
 
 
 RECIPE = lambda: {"image": [T.RandomResizedCrop(OUT), T.RandomHorizontalFlip(), T.TrivialAugmentWide(),  # noqa: E731

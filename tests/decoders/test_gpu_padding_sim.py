@@ -49,3 +49,22 @@ def test_the_padded_windows_are_assembled_on_the_decoders_stream_before_its_read
         assert torch.equal(y, ny)
         where = (nx == fill).all(dim=1, keepdim=True).expand_as(nx)
         assert where.any() and torch.equal(x[where], nx[where])
+
+
+@pytest.mark.parametrize("decoder", ["nvjpeg", "dali"])
+def test_a_center_crop_larger_than_its_images_is_zero_padded_by_the_gpu_decoders_as_natively(request, one_truncated,
+                                                                                             decoder):
+    """CenterCrop zero-pads an image smaller than the crop (torchvision's F.center_crop, issue 27 item 2) through
+    the padded-window path: the GPU decoders put the zeros where the native decoder does, and the batches
+    arrive with no race."""
+    sim = request.getfixturevalue("nvjpeg_on_sim" if decoder == "nvjpeg" else "dali_on_sim")
+    ds = fastload.open(one_truncated, transforms={"image": [T.CenterCrop(72), T.RandomHorizontalFlip()]})
+    kw = dict(batch_size=4, shuffle=True, seed=3, num_workers=2, on_error="skip")
+    seen = run(sim, fastload.DataLoader(ds, decoder=decoder, device="cuda", **kw), sim.default, lag=True)
+    assert not sim.races and len(seen) == 5
+    native = [(x.clone(), y.clone()) for x, y in fastload.DataLoader(ds, **kw)]
+    for (x, y), (nx, ny) in zip(seen, native):
+        assert torch.equal(y, ny) and x.shape == nx.shape == (len(y), 3, 72, 72)
+        where = (nx == 0).all(dim=1, keepdim=True).expand_as(nx)
+        assert where[:, :, :, :4].all()  # width 64 in 72: 4 columns of zeros on each side, every sample
+        assert torch.equal(x[where], nx[where])
