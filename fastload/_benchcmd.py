@@ -51,7 +51,7 @@ def run(path: Any, batch_size: int = 64, preset: str = "train", size: int = 224,
     threads = list(range(0, top + 1))
     rates = measure(batcher, order, threads, seconds * len(threads))
     result: dict[str, Any] = {"dataset": str(path), "samples": len(ds), "batch_size": batch_size,
-                              "preset": preset, "rates": rates, "fastest": max(rates, key=rates.get),
+                              "preset": preset, "rates": rates, "fastest": max(rates, key=rates.__getitem__),
                               "auto": choose(rates)}
     images = [f for f in ds.schema if f.kind == "image"]
     if images:

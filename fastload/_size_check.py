@@ -64,7 +64,7 @@ def check(pipe: Any, heights: np.ndarray, widths: np.ndarray, state_type: Any, a
                 if check_tile is None or not hw.size:
                     continue
                 bad, need, fix = check_tile(hw)
-                keep = state.refuse(t, bad, need, lambda i: f"{hw[i, 0]}x{hw[i, 1]} there (source "
+                keep = state.refuse(t, bad, need, lambda i, hw=hw, state=state: f"{hw[i, 0]}x{hw[i, 1]} there (source "
                                     f"{state.src_h[i]}x{state.src_w[i]})", fix)
                 _collect(state, k, groups)
                 if keep is not None:
