@@ -366,8 +366,9 @@ def in_child(fn, timeout: float = JOIN) -> tuple[int | str, str]:
 def test_fork_during_an_iteration(image_shards, threaded):
     """Mid-epoch, with the producer thread running, the process forks. The child iterates the same loader (an
     iteration of its own: the next epoch) and a new loader over the same dataset, each exactly as in the parent;
-    the parent's iterator in the child says it belongs to the parent (before: it waited forever for the parent's
-    producer thread). The parent's iteration is untouched."""
+    the parent's iterator in the child says it belongs to the parent (before: it handed out the batches the
+    parent's producer thread had queued at the fork, then waited forever for that thread). The parent's iteration
+    is untouched."""
     kw = KW | dict(num_workers=2)
     ref = reference(image_shards, epochs=2, **kw)
     ds = open_train(image_shards)
@@ -392,18 +393,18 @@ def test_fork_during_an_iteration(image_shards, threaded):
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def test_fork_while_another_thread_is_inside_next(image_shards, threaded, slow_fill):
     """A thread forks while the loop's thread is inside next() (holding the loader's lock): the child iterates the
-    loader all the same (its lock is the child's own; pinned: the lock is new in this change)."""
+    loader all the same (its lock is the child's own; the lock is new in this change, which without a new one per
+    process hung here)."""
     kw = KW | dict(num_workers=2)
     ref = reference(image_shards, epochs=2, **kw)
     loader = fastload.DataLoader(open_train(image_shards), **kw)
     it = iter(loader)
-    next(it)
-    slow_fill.delay = 0.5
-    inside = threading.Thread(target=lambda: next(it), daemon=True)
+    slow_fill.delay = 1.0
+    inside = threading.Thread(target=lambda: next(it), daemon=True)  # the first batch: filled in a second
     inside.start()
-    time.sleep(0.2)
+    time.sleep(0.3)
     slow_fill.delay = 0.0  # in the child (and in the parent once the batch in flight is filled)
-    result = in_child(lambda: "same" if same(grab(loader), ref[1]) else "different batches")
+    result = in_child(lambda: "same" if same(grab(loader), ref[1]) else "different batches", timeout=30)
     inside.join(JOIN)
     assert result == (0, "same")
 
