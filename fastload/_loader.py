@@ -12,6 +12,7 @@ fastload.Dataset refused the fast path says so once (``FastPathWarning``, ``_dro
 from __future__ import annotations
 
 import os
+import threading
 import warnings
 import weakref
 from typing import Any, TypeVar
@@ -29,10 +30,10 @@ from ._dropin import (check_batch_sampler, check_collate, check_memory_format, c
 from .fast.device import DevicePrefetcher, DeviceRing, check_device
 from ._ring import SlotRing
 from ._stats import LoaderStats
-from .fast.chain import fast_iterator, for_rank, order_for
+from .fast.chain import fast_iterator, for_rank, order_for, replaceable
 from .fast.producer import FillPolicy
 from .fast.order import Order, as_int, default_seed, dist_info
-from .fast.position import Progress
+from .fast.position import Progress, loader_guard
 from ._sampling import (Counted, EpochInput, EpochRandomSampler, EpochSequentialSampler, GenericPlan, IndexReplay,
                         OrderIndices, SamplerOrder, _root, agreed_seed, check_order_args, generic_state,
                         load_generic_state, slot_batch_size)
@@ -40,7 +41,6 @@ from ._sequences import PackSequences
 from ._workers import WorkerIterator, fallback_reason
 
 T_co = TypeVar("T_co", covariant=True)
-
 
 
 class DataLoader(torch.utils.data.DataLoader[T_co]):
@@ -80,6 +80,13 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     epoch's start, and after an end-of-epoch checkpoint loads no loader state), or on a user's
     ``DistributedSampler`` -- else the one after the last. So under Lightning a resumed run sees the batches
     an uninterrupted one sees, at epoch ends and mid-epoch (``_begin_epoch``).
+
+    Threads and fork: a fast-path loader runs one iteration at a time (its buffers, plans and decoders are
+    shared). A new ``iter(loader)`` in the thread running the current one stops it (its ``next()`` then says
+    so), as torch's persistent iterator is reset; from another thread, while it runs, ``iter(loader)`` and
+    ``load_state_dict()`` raise at once: give each thread its own loader (a dataset can serve several). One
+    iterator shared by threads hands each batch whole to one of them; ``state_dict()`` works from any thread. A
+    forked child starts iterations of its own (``fast/chain.py`` ``FastIterator``).
     """
 
     # What a loader whose __init__ was torch's has (a subclass calling torch.utils.data.DataLoader.__init__,
@@ -337,7 +344,12 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         """Where the loader is: restoring it yields exactly the batches that would have come next.
 
         With a sampler driving the order (and on the generic path) the state is a position in the
-        sampler's order (see ``_sampling.py``); Lightning and accelerate's ``save_state`` call this."""
+        sampler's order (see ``_sampling.py``); Lightning and accelerate's ``save_state`` call this. From another
+        thread during an iteration: the position between two batches (a ``next()`` in flight finishes first)."""
+        with self._guard:
+            return self._state_dict()
+
+    def _state_dict(self) -> dict:
         epoch, done = self._progress.epoch, self._progress.done
         if self._order is None and self._sampled is None:
             return generic_state(self._torch_index_sampler(), self._num_samples(), epoch, done, self._plan.rng)
@@ -348,6 +360,12 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         return self._order.state_dict(done) | {"epoch": epoch}
 
     def load_state_dict(self, state: dict) -> None:
+        with self._guard:
+            if self._batcher is not None:
+                self._running_here("load_state_dict()")  # the order and position the running iteration reads
+            self._load_state_dict(state)
+
+    def _load_state_dict(self, state: dict) -> None:
         if self._order is None and self._sampled is None:
             self._next_epoch, self._resume_at, self._plan.pending = load_generic_state(
                 self._torch_index_sampler(), self._num_samples(), state)
@@ -421,6 +439,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         state["_device_ring"] = None  # device slots and a CUDA stream
         state["_iterator"] = None  # a persistent iterator's worker processes stay with this process
         state.pop("_live", None)  # an iteration of this process (a weak reference)
+        state.pop("_guard_of", None)  # a lock: a copy gets its own
         return state
 
     # -- iteration ---------------------------------------------------------------------------------
@@ -451,16 +470,28 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             return Counted(it, progress, begin)  # counts what the loop receives
         warn_pin_memory(self.pin_memory)  # what torch says or refuses at iter(), said at iter()
         check_worker_init_fn(self.worker_init_fn)  # Lightning sets it after construction
+        with self._guard:
+            self._running_here("iter(loader)")  # refused at once from another thread, not at the first next()
         return LazyStart(self)
+
+    @property
+    def _guard(self) -> threading.RLock:
+        return loader_guard(self.__dict__)  # the iterations' lock (fast/position.py); a forked child's own
+
+    def _running_here(self, what: str):
+        """The running fast-path iteration, which this thread may replace (None: none runs); a RuntimeError when
+        it runs in another live thread (``fast/chain.py`` ``replaceable``). Called under ``_guard``."""
+        return replaceable(self._live() if self._live is not None else None, what)
 
     def _start(self):
         """The fast path's iterator, made at the iteration's first ``next()`` (``LazyStart``): the chain of
-        stages (``fast/chain.py``), each given what it uses."""
-        previous = self._live() if self._live is not None else None
+        stages (``fast/chain.py``), each given what it uses. Called under ``_guard``."""
+        previous = self._running_here("iter(loader)")  # from another thread: refused (the class docstring)
         if previous is not None:
             # One iteration at a time: the host slots, the batcher's plans and its decoders are the loader's, and
-            # two producers filling them hand out each other's batches. The older one stops here; its next()
-            # says why (torch's persistent iterators are reset the same way by a new iter()).
+            # two producers filling them hand out each other's batches. The older one stops here (no next() of it
+            # is in flight: it runs under _guard too); its next() says why (torch's persistent iterators are
+            # reset the same way by a new iter()).
             previous.supersede()
         epoch, start = self._begin_epoch()
         if self._order is not None:
@@ -483,7 +514,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
                              num_workers=self.num_workers, depth=self.prefetch_factor or 2, timeout=self.timeout,
                              persistent=self.persistent_workers,
                              reading=ds.read_plan if getattr(ds, "remote", False) else None,  # its read plan
-                             image_keys=image_keys, device=device)
+                             image_keys=image_keys, device=device, guard=self._guard)
         self._live = weakref.ref(it)
         return it
 
@@ -586,8 +617,11 @@ class LazyStart(_BaseDataLoaderIter):
         self._inner = None
 
     def _started(self):
-        if self._inner is None:
-            self._inner, self._loader = self._loader._start(), None
+        loader = self._loader  # None once started (the order of the assignment below)
+        if loader is not None:
+            with loader._guard:  # one iterator shared by threads starts once
+                if self._inner is None:
+                    self._inner, self._loader = loader._start(), None
         return self._inner
 
     def __iter__(self):

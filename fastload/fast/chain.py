@@ -10,6 +10,7 @@ its slot ring, the fill policy, the stats, the position), never the loader; ``Da
 
 from __future__ import annotations
 
+import threading
 import warnings
 from typing import Any
 
@@ -22,7 +23,7 @@ from .collate import Collate
 from .fill import Fill, Reservations, host_limit
 from .order import Jobs, Order
 from .packing import BucketOrder, PackedOrder
-from .position import Count, Progress
+from .position import Count, Progress, in_own_process
 from .producer import FillPolicy, Produce
 from .readahead import ReadAhead
 
@@ -83,54 +84,95 @@ def _strided(why: str) -> str:
     return "samples"
 
 
-class _Superseded:
-    """What a superseded iteration's last stage reads from instead of its stopped producer."""
-
-    def __next__(self):
-        raise RuntimeError("fastload: this iterator of the DataLoader was stopped when a newer iter(loader) of the "
-                           "same loader started: a loader runs one iteration at a time (its slots, plans and "
-                           "decoders are shared). Iterate the newer iterator, or use two loaders")
+SUPERSEDED = ("fastload: this iterator of the DataLoader was stopped when a newer iter(loader) of the same loader "
+              "started: a loader runs one iteration at a time (its slots, plans and decoders are shared). Iterate "
+              "the newer iterator, or use two loaders")
 
 
 class FastIterator(Count, _BaseDataLoaderIter):  # a torch DataLoader iterator by type (Lightning checks); no base __init__
     """One iteration of the fast path: the chain's last stage (``Count``), plus what an iterator the loop
-    holds must do: its length, and stopping the producer thread when the epoch ends or it is dropped."""
+    holds must do: its length, and stopping the producer thread when the epoch ends or it is dropped.
 
-    def __init__(self, source: Any, progress: Progress, producer: Produce, length: int):
-        Count.__init__(self, source, progress)
+    Threads: every ``next()`` runs under ``guard``, the loader's lock (``Count``), which also covers starting
+    an iteration (``DataLoader._start``, which may ``supersede`` this one) and ``state_dict``: the chain of one
+    iteration is never run by two threads at once (one iterator shared by threads hands each batch to one of
+    them, whole), no new iteration touches the loader's slots, plans and decoders while a ``next()`` of this one
+    is in flight, and a stopped iteration's ``next()`` never reaches the chain again. ``owner`` is the thread
+    that started it: ``DataLoader`` refuses a new iteration from another thread while this one runs.
+
+    Fork: an iteration belongs to the process that started it (its producer thread and queued batches stay
+    there). In a forked child it is not running, its ``next()`` raises saying so (instead of waiting forever for
+    a thread that is not there), and closing or collecting it there touches nothing."""
+
+    def __init__(self, source: Any, progress: Progress, producer: Produce, length: int, guard: Any = None):
+        Count.__init__(self, source, progress, guard)
         self.producer, self.length = producer, length
+        self.owner = threading.current_thread()
+
+    @property
+    def running(self) -> bool:
+        """Started in this process, and neither run out, closed nor stopped: it still hands out batches."""
+        return not self.ended and self.stopped is None and in_own_process(self)
 
     def __len__(self) -> int:
         return self.length
 
     def supersede(self) -> None:
-        """A newer iteration of the same loader starts: stop this one (its producer and what it holds). Its
-        ``next()`` then raises, saying why, unless it had run out already (the producer closes at the epoch's
-        end: StopIteration, as before)."""
-        if not self.producer.closed:
-            self.source = _Superseded()
-        self.close()
+        """A newer iteration of the same loader starts (called under ``guard``): stop this one (its producer
+        and what it holds). Its ``next()`` then raises, saying why, unless it had run out already
+        (StopIteration, as before)."""
+        if not self.ended:
+            self.stopped = SUPERSEDED
+        self._close()
 
     def close(self) -> None:
-        self.producer.close()
+        """Stop the producer thread; ``next()`` raises StopIteration from now on. From another thread, after the
+        ``next()`` in flight there (if any) has returned: it may be filling with the decoders this releases."""
+        with self.guard:
+            self._close()
+
+    def _close(self) -> None:
+        self.ended = True
+        if in_own_process(self):  # a forked child's copy: the thread and the epoch are the parent's
+            self.producer.close()
 
     def __del__(self):
+        # not under ``guard``: the collector runs this in whichever thread it runs (a producer thread too, which
+        # must not wait for the loop's next()), and an iterator being collected has no next() in flight
         try:
-            self.close()
+            self._close()
         except Exception:
             pass
+
+
+def replaceable(live: FastIterator | None, what: str) -> FastIterator | None:
+    """``live``, the loader's latest iteration, if it still runs and the calling thread may stop it for ``what``
+    (a new iteration, a loaded state): it runs in this thread, or in one that has ended. None when nothing runs.
+    A RuntimeError naming the fix when it runs in another thread that is alive (``DataLoader``'s docstring)."""
+    if live is None or not live.running:
+        return None
+    owner, me = live.owner, threading.current_thread()
+    if owner is me or not owner.is_alive():
+        return live
+    raise RuntimeError(f"fastload: {what} in thread {me.name!r} while an iteration of this DataLoader runs in thread "
+                       f"{owner.name!r}: on the fast path a loader runs one iteration at a time (its batch buffers, "
+                       f"plans and decoders are shared), so two threads cannot iterate it at once. Give each thread "
+                       f"its own loader, e.g. fastload.DataLoader(dataset, ...) made in that thread (one dataset can "
+                       f"serve several loaders), or end the other iteration first (let it run out, or call close() on "
+                       f"its iterator)")
 
 
 def fast_iterator(*, plan: Any, epoch: int, start: int, batcher: Any, slots: Any, progress: Progress,
                   policy: FillPolicy, stats: Any, length: int, num_workers: int, depth: int, timeout: float,
                   persistent: bool, reading: Any = None, image_keys: list | None = None,
-                  device: Any = None) -> FastIterator:
+                  device: Any = None, guard: Any = None) -> FastIterator:
     """The iteration over epoch ``epoch`` from batch ``start``, every stage given what it uses.
 
     ``plan``: the ``Order`` (or ``_sampling.SamplerOrder``); ``slots``: the host ``SlotRing``; ``reading``:
     a remote dataset's read plan (None: local); ``image_keys``: image entries to hand out in torch's
     contiguous layout (``memory_format``); ``device``: ``(ring, transforms)`` of the device prefetcher for
-    ``device='cuda'`` (there ToDtype/Normalize and the contiguous copy run on the device)."""
+    ``device='cuda'`` (there ToDtype/Normalize and the contiguous copy run on the device); ``guard``: the loader's
+    lock that every ``next()`` holds (``FastIterator``; None: one of the iteration's own)."""
     source: Any = Jobs(plan, epoch, start, batcher.needs_rng)
     if reading is not None:
         source = ReadAhead(source, reading)
@@ -155,4 +197,4 @@ def fast_iterator(*, plan: Any, epoch: int, start: int, batcher: Any, slots: Any
         ring, transforms = device
         source = DevicePrefetcher(source, depth=depth, transforms=transforms, ring=ring,
                                   contiguous=image_keys if batcher.packed is None else ())
-    return FastIterator(source, progress, producer, length)
+    return FastIterator(source, progress, producer, length, guard)

@@ -7,9 +7,40 @@ advances it; the generic path's ``Counted`` does the same for torch's iterator. 
 
 from __future__ import annotations
 
+import os
+import threading
 from typing import Any
 
 from .stage import Stage
+
+_forks = 0  # forks this process is down from the one that imported fastload (an os.getpid() per batch costs more)
+_making = threading.Lock()  # making a loader's guard (``loader_guard``)
+
+
+def _forked() -> None:
+    global _forks, _making
+    _forks += 1
+    _making = threading.Lock()  # a thread of the parent may have held it at the fork
+
+
+def loader_guard(attrs: dict) -> threading.RLock:
+    """The lock of one loader's iterations (``Count``), kept in ``attrs`` (the loader's ``__dict__``): the same for
+    every thread, and a new one in a forked child, where a thread of the parent may have held the old one."""
+    made = attrs.get("_guard_of")
+    if made is None or made[0] != _forks:
+        with _making:
+            made = attrs.get("_guard_of")
+            if made is None or made[0] != _forks:
+                made = attrs["_guard_of"] = (_forks, threading.RLock())
+    return made[1]
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
+def in_own_process(stage: "Count") -> bool:
+    """Whether ``stage``'s iteration was started in this process (not in a parent before a fork)."""
+    return stage.forks == _forks
 
 
 class Progress:
@@ -30,15 +61,38 @@ class Progress:
 
 class Count(Stage):
     """The chain's last stage: hands each batch on and advances the iteration's ``Progress`` (the only
-    writer of the position)."""
+    writer of the position).
 
-    def __init__(self, source: Any, progress: Progress):
+    It is also where the iteration's ``next()`` is admitted (``chain.FastIterator`` says why): each one holds
+    ``guard``, the loader's lock, and none reaches the chain once the iteration has ``ended`` (run out or
+    closed: StopIteration again, as torch's iterators) or was ``stopped`` (the reason is raised), nor in a
+    process forked from the one that started it (``forks``), whose producer thread is not there to wait for."""
+
+    def __init__(self, source: Any, progress: Progress, guard: Any = None):
         self.source, self.progress = source, progress
+        self.guard = guard if guard is not None else threading.RLock()
+        self.pid, self.forks = os.getpid(), _forks
+        self.ended = False
+        self.stopped: str | None = None
 
     def __next__(self) -> Any:
-        out = next(self.source)
-        self.progress.done += 1
-        return out
+        if self.forks != _forks:  # before the guard: a thread of the parent may have held it at the fork
+            raise RuntimeError(f"fastload: this iterator of the DataLoader was started in process {self.pid}, and "
+                               f"this process ({os.getpid()}) was forked from it: its producer thread and the "
+                               f"batches it had ready stayed there. Call iter(loader) in this process for an "
+                               f"iteration of its own")
+        with self.guard:
+            if self.stopped is not None:
+                raise RuntimeError(self.stopped)
+            if self.ended:
+                raise StopIteration
+            try:
+                out = next(self.source)
+            except StopIteration:
+                self.ended = True
+                raise
+            self.progress.done += 1
+            return out
 
     def state(self) -> dict:
         return {"epoch": self.progress.epoch, "done": self.progress.done, "source": super().state().get("source")}

@@ -45,6 +45,7 @@ SAMPLES = 3  # measurements needed before the policy changes the mode (a cold fi
 
 _END = object()
 _HANDBACK = object()
+_CLOSED = object()  # put by ``close`` after the thread stopped: wakes a ``next()`` waiting in another thread
 
 
 class FillPolicy:
@@ -158,6 +159,8 @@ class Produce(Stage):
         self.producer = None
 
     def __next__(self):
+        if self.closed:  # ran out, failed, or closed: its thread is gone and nothing more comes (no wait)
+            raise StopIteration
         return self._next_threaded() if self.producer is not None else self._next_inline()
 
     def _next_threaded(self):
@@ -167,7 +170,7 @@ class Produce(Stage):
         except queue.Empty:
             self.close()
             raise RuntimeError(f"DataLoader timed out after {self.timeout} seconds") from None
-        if item is _END:
+        if item is _END or item is _CLOSED:
             self.close()
             raise StopIteration
         if item is _HANDBACK:
@@ -229,6 +232,10 @@ class Produce(Stage):
             if self.thread is not None and self.thread is not threading.current_thread():
                 self.thread.join()
             self.thread = None
+            try:  # a next() of another thread waiting for the stopped thread's next batch ends (StopIteration)
+                self.producer.queue.put_nowait(_CLOSED)
+            except queue.Full:  # then nobody waits: the next get() takes a batch at once
+                pass
         if not self.closed:
             self.closed = True
             self.stats.end_epoch()

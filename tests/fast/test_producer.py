@@ -201,3 +201,36 @@ def test_a_producer_reset_mid_stream_drops_its_queue_and_starts_over(records):
             reserved.release(item[0])
     # every batch the first thread had filled, queued or in hand, was let go: only the two handed on are held
     assert reserved.ids == {id(first[0]), id(second[0])}
+
+
+def test_a_finished_or_closed_producer_never_waits():
+    """next() after the producer thread's last batch, or after close(), raises StopIteration (it waited forever on
+    the queue of a thread that had ended); close() from another thread wakes a next() waiting there."""
+    def bounded(fn, seconds=10.0):
+        out = []
+        t = threading.Thread(target=lambda: out.append(_outcome(fn)), daemon=True)
+        t.start()
+        t.join(seconds)
+        assert not t.is_alive(), "next() still waits (a hang)"
+        return out[0]
+
+    p = Produce(iter(range(3)), FillPolicy(), LoaderStats(), threads=True, always=True, depth=2, timeout=0)
+    assert [next(p) for _ in range(3)] == [0, 1, 2]
+    assert bounded(lambda: next(p)) == bounded(lambda: next(p)) == "StopIteration"
+
+    class Slow:
+        def __next__(self):
+            time.sleep(0.5)
+            return "late"
+
+    p = Produce(Slow(), FillPolicy(), LoaderStats(), threads=True, always=True, depth=2, timeout=0)
+    threading.Timer(0.1, p.close).start()  # while next() below waits for the slow item
+    assert bounded(lambda: next(p)) == "StopIteration"
+    assert bounded(lambda: next(p)) == "StopIteration"
+
+
+def _outcome(fn):
+    try:
+        return fn()
+    except StopIteration:
+        return "StopIteration"
