@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ._augment.masks import decode_masks
 from ._errors import DecodeError, where
 from ._images import ImageDecoding
 from ._native import native
@@ -55,6 +56,9 @@ class Batcher:
         self._order = sorted(range(len(self.parts)), key=lambda j: self.parts[j].after_images)
         self.plans: dict = {}
         self.collator = Collator(dataset, batch_size, self.packed, self.parts)
+
+    # the mask parts' engine (fields/mask.py knows none): masks moved with their image's plan, one native call
+    move_masks = staticmethod(decode_masks)
 
     @property
     def pool(self):
