@@ -49,8 +49,9 @@ def decode_masks(pool: Any, sources: tuple, meta: np.ndarray, plan: Any, out: np
     geo = geometry_of(plan).geometry
     n, (oh, ow) = len(meta), out.shape[1:]
     pad = geo.pad
+    fills: Any = fill  # the given fill for every sample, or
     if fill is None:  # per sample: the padded window's fill, the affine's (csrc/mask.cc reads both)
-        fill = np.stack([np.full(n, MASK_FILL) if pad is None or pad.mask_fill is None else pad.mask_fill,
+        fills = np.stack([np.full(n, MASK_FILL) if pad is None or pad.mask_fill is None else pad.mask_fill,
                          np.full(n, MASK_FILL) if geo.mask_fill is None else geo.mask_fill], axis=1).astype(np.uint8)
     if pad is None:
         padded = np.zeros(n, np.uint8)
@@ -63,4 +64,4 @@ def decode_masks(pool: Any, sources: tuple, meta: np.ndarray, plan: Any, out: np
     regions, region, offset, length = sources
     return native().decode_mask_batch(pool, regions, region, offset, length, meta, plan.crops, box_hw, padded, rows,
                                       cols, geo.hflip.astype(np.uint8), geo.vflip.astype(np.uint8),
-                                      geo.has_affine.astype(np.uint8), geo.affine.reshape(n, 6), fill, out)
+                                      geo.has_affine.astype(np.uint8), geo.affine.reshape(n, 6), fills, out)
