@@ -539,9 +539,10 @@ uint8_t erase_noise(uint64_t seed, uint64_t k) {
 
 const char* aug_op_name(int64_t op) {
   static const char* const names[kAugNumOps] = {
-      "brightness", "contrast", "saturation", "hue", "grayscale", "solarize", "posterize",
-      "invert", "equalize", "autocontrast", "sharpness", "erase", "gaussian_blur",
-      "erase_random"};
+#define FASTLOAD_AUG_OP_NAME(id, name) name,
+      FASTLOAD_AUG_OPS(FASTLOAD_AUG_OP_NAME)
+#undef FASTLOAD_AUG_OP_NAME
+  };
   return op >= 0 && op < kAugNumOps ? names[op] : "unknown";
 }
 

@@ -28,22 +28,34 @@
 
 namespace fastload {
 
-// Operation ids: the order of NATIVE_OPS in fastload/_augment/engine_native.py.
+// The pixel operations, the one list: X(id, name). The enum and the names (aug_op_name) are made from it, and
+// the binding exports it as _C.AUGMENT_OPS, name -> id; fastload/_augment/engine_native.py maps each operation
+// Python defines (define_op) to its id by name and refuses to import when the two sets differ. A new operation:
+// a line here, its parameter check (check_aug_op) and kernel (apply_ops) in augment.cc, its row layout in
+// engine_native.py. Parameters per row: f[] floats, i[] ints (kAugParams of each).
+#define FASTLOAD_AUG_OPS(X)                                                                                   \
+  X(kAugBrightness, "brightness")        /* f[0] = factor */                                                  \
+  X(kAugContrast, "contrast")            /* f[0] = factor */                                                  \
+  X(kAugSaturation, "saturation")        /* f[0] = factor */                                                  \
+  X(kAugHue, "hue")                      /* f[0] = hue factor (turns) */                                      \
+  X(kAugGrayscale, "grayscale")          /* three equal channels */                                           \
+  X(kAugSolarize, "solarize")            /* f[0] = threshold: values >= it are inverted */                    \
+  X(kAugPosterize, "posterize")          /* i[0] = bits, 0..8 */                                              \
+  X(kAugInvert, "invert")                                                                                     \
+  X(kAugEqualize, "equalize")                                                                                 \
+  X(kAugAutocontrast, "autocontrast")                                                                         \
+  X(kAugSharpness, "sharpness")          /* f[0] = factor */                                                  \
+  X(kAugErase, "erase")                  /* i[0..3] = top, left, height, width (clipped to the tile); */      \
+                                         /* f[0..2] = value 0..255 */                                         \
+  X(kAugGaussianBlur, "gaussian_blur")   /* i[0..1] = kernel size x, y (odd, half < the tile); */             \
+                                         /* f[0..1] = sigma x, y > 0 */                                       \
+  X(kAugEraseRandom, "erase_random")     /* i[0..3] = box as kAugErase; f[0] = seed, an integer in */         \
+                                         /* [0, 2^53): per-pixel noise */
+
 enum AugOp : int32_t {
-  kAugBrightness = 0,  // f[0] = factor
-  kAugContrast,        // f[0] = factor
-  kAugSaturation,      // f[0] = factor
-  kAugHue,             // f[0] = hue factor (turns)
-  kAugGrayscale,       // three equal channels
-  kAugSolarize,        // f[0] = threshold: values >= it are inverted
-  kAugPosterize,       // i[0] = bits, 0..8
-  kAugInvert,
-  kAugEqualize,
-  kAugAutocontrast,
-  kAugSharpness,     // f[0] = factor
-  kAugErase,         // i[0..3] = top, left, height, width (clipped to the tile); f[0..2] = value 0..255
-  kAugGaussianBlur,  // i[0..1] = kernel size x, y (odd, half < the tile); f[0..1] = sigma x, y > 0
-  kAugEraseRandom,   // i[0..3] = box as kAugErase; f[0] = seed, an integer in [0, 2^53): per-pixel noise
+#define FASTLOAD_AUG_OP_ID(id, name) id,
+  FASTLOAD_AUG_OPS(FASTLOAD_AUG_OP_ID)
+#undef FASTLOAD_AUG_OP_ID
   kAugNumOps
 };
 
@@ -61,6 +73,7 @@ struct AugOpParams {
   int64_t i[kAugParams] = {0, 0, 0, 0};
 };
 
+// The operation's name in FASTLOAD_AUG_OPS, "unknown" outside [0, kAugNumOps).
 const char* aug_op_name(int64_t op);
 
 // Per-thread buffers, grown to the largest tile seen.

@@ -189,16 +189,17 @@ py::list decode_augment_batch(BatchEngine& pool, py::handle regions, py::handle 
 
 void register_augment(py::module_& m) {
   m.attr("AUGMENT_PARAMS") = fastload::kAugParams;
+  // name -> operation id, in id order (csrc/augment.h's FASTLOAD_AUG_OPS): engine_native.py maps by name
   m.attr("AUGMENT_OPS") = [] {
-    py::tuple names(static_cast<size_t>(fastload::kAugNumOps));
-    for (int k = 0; k < fastload::kAugNumOps; ++k) names[k] = fastload::aug_op_name(k);
-    return names;
+    py::dict ids;
+    for (int k = 0; k < fastload::kAugNumOps; ++k) ids[fastload::aug_op_name(k)] = k;
+    return ids;
   }();
   m.def("augment_batch", &augment_batch, py::arg("pool"), py::arg("images"), py::arg("op"), py::arg("offset"),
         py::arg("sample"), py::arg("fparams"), py::arg("iparams"),
         "augment_batch(pool, images, op, offset, sample, fparams, iparams) -> None\n"
         "Runs an augmentation plan's pixel steps in place on images (uint8 (n, H, W, 3), C-contiguous,\n"
-        "writable): step s applies operation op[s] (an index into AUGMENT_OPS) to the tiles\n"
+        "writable): step s applies operation op[s] (an id of AUGMENT_OPS, name -> id) to the tiles\n"
         "sample[offset[s]:offset[s+1]], row j with the parameters fparams[j] (float64 (m, 4)) and\n"
         "iparams[j] (int64 (m, 4)). Everything is checked first (ValueError naming the step, row and\n"
         "sample, images untouched); then each tile runs its operations in step order on one of the\n"

@@ -4,6 +4,10 @@ and gathered columns. No per-sample Python on the image path for packed shards.
 A *slot* (``_ring.Slot``) is one batch worth of output buffers, allocated once (pinned when CUDA is
 usable) and reused by the loader's ``SlotRing``. Tensors handed to the caller are views of a slot; a
 slot is refilled only when no view of it is alive any more (the ring's protocol, ``_ring.py``).
+
+The chain (``fast/``) drives the batcher: it hands it slots, its pool and index batches (``_sequences.PackJob``
+for packed ones), and its Collate stage makes the batch of a filled slot (``fast.collate.Collator``, which
+``ds.__getitems__`` uses too). Nothing here imports the chain.
 """
 
 from __future__ import annotations
@@ -14,16 +18,15 @@ from typing import Any
 import numpy as np
 import torch
 
+from ._augment.masks import decode_masks
 from ._errors import DecodeError, where
 from ._images import ImageDecoding
 from ._native import native
-from .fast.collate import Collator
-from .fast.packing import PackJob, cu_seqlens
 from .fields import codec_of
 from .fields._codec import torch_dtype
 from .fields.array import gather_pieces
 from ._ring import Slot, host_empty, pinned_memory_usable
-from ._sequences import PackSequences
+from ._sequences import PackJob, PackSequences, cu_seqlens
 
 
 class Batcher:
@@ -54,7 +57,9 @@ class Batcher:
         # image parts have recorded this batch's plans (``plans``, image field -> transforms.Plan) by then
         self._order = sorted(range(len(self.parts)), key=lambda j: self.parts[j].after_images)
         self.plans: dict = {}
-        self.collator = Collator(dataset, batch_size, self.packed, self.parts)
+
+    # the mask parts' engine (fields/mask.py knows none): masks moved with their image's plan, one native call
+    move_masks = staticmethod(decode_masks)
 
     @property
     def pool(self):
@@ -151,11 +156,6 @@ class Batcher:
         for part, obj in zip(self.parts, objects):
             part.replace(self, slot, n, obj, bad, sources)
         self.skipped += len(failed)
-
-    # -- output ----------------------------------------------------------------------------------
-    def collate(self, slot: Slot, n: int, objects: list, tensor_transforms: bool = True) -> Any:
-        """The batch as ``default_collate`` would structure it (``fast/collate.py``)."""
-        return self.collator.collate(slot, n, objects, tensor_transforms)
 
 
 def beyond_geometry(pipelines: dict) -> tuple[str, ...]:

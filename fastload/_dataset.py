@@ -19,6 +19,7 @@ from .formats.reader import (Located, PackedReader, local_segments,  # noqa: F40
                              read_manifest)
 from .formats.remote import Remote, is_url, warn_local_options
 from ._augment.pipeline import reference as augment_reference
+from ._augment.masks import moved_mask
 from ._augment.mix import resolve_batch
 from ._field_transforms import check_lengths, check_sizes, resolve as resolve_transforms
 from ._sequences import PackSequences
@@ -163,7 +164,8 @@ class Dataset(torch.utils.data.Dataset):
     def _decode_field(self, at: Located, f: Field, plans: dict | None = None) -> Any:
         # the field kind's codec reads it (fields/); a lone sample is padded (Pad/Bucket), never packed
         padding = {n: s for n, s in self.sequences.items() if not isinstance(s, PackSequences)}
-        ctx = ReadContext(self.decode, self.pipelines, padding, self._transformed_image, {} if plans is None else plans)
+        ctx = ReadContext(self.decode, self.pipelines, padding, self._transformed_image, moved_mask,
+                          {} if plans is None else plans)
         return codec_of(f).read(f, self._reader, at, ctx)
 
     def _transformed_image(self, pipeline: Any, blob: memoryview, h: int, w: int, enc: int,

@@ -52,6 +52,7 @@ from .fields import NotFastPath
 from ._errors import FastloadError, FastPathWarning
 from ._ring import SlotRing
 from ._sequences import PackSequences
+from .fast.collate import Collator
 
 
 _INHERITED: list = []  # in a forked child: batchers made by the parent, kept here for good (BatchItems.__del__)
@@ -92,6 +93,7 @@ class BatchItems:
         self.batcher = Batcher(ds, size, threads if threads > 1 else 0)
         self.batcher.images.fallback_processes = False  # per-sample transforms here: in the caller's process
         self.ring = SlotRing(functools.partial(self.batcher.new_slot, pin=False))
+        self.collator = Collator.for_batcher(self.batcher)
 
     def batcher_for(self, size: int) -> Batcher:
         if self.probe or size > self.batcher.batch_size:
@@ -157,7 +159,7 @@ def get_items(ds: Any, indices: Any) -> list:
         rng = np.random.default_rng(int(torch.randint(0, 2**62, ()).item())) if batcher.needs_rng else None
         try:
             objects = batcher.fill(slot, idx, rng)
-            batch = batcher.collate(slot, len(idx), objects)
+            batch = state.collator.collate(slot, len(idx), objects)
         except (FastloadError, ValueError) as e:
             failed = e
         else:

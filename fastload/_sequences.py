@@ -15,9 +15,11 @@ transforms: ``fastload.open(path, transforms={"tokens": T.Pad(512)})``. The fiel
 
 Output buffers are allocated once, for the largest boundary; a batch is a contiguous view of them.
 
-This module declares the transforms (and checks them against a field); which samples form a batch is
-the order's business: ``fast.packing.BucketOrder`` keeps a batch within a bucket, ``fast.packing.PackedOrder``
-cuts the token stream into ``fast.packing.PackJob`` batches.
+This module declares the transforms (and checks them against a field) and ``PackJob``, the packed batch
+that the order plans and the batcher fills (``cu_seqlens``: its segment boundaries); which samples form a
+batch is the order's business: ``fast.packing.BucketOrder`` keeps a batch within a bucket,
+``fast.packing.PackedOrder`` cuts the token stream into ``PackJob`` batches. Both sides import it from here,
+below them: the chain (``fast/``) drives the batcher and the batcher imports nothing of the chain.
 """
 
 from __future__ import annotations
@@ -211,3 +213,26 @@ class PackSequences(_Sequence):
     def __repr__(self) -> str:
         drop = f", drop_fields={list(self.drop_fields)}" if self.drop_fields else ""
         return f"PackSequences(row_length={self.row_length}, value={self.value}{drop})"
+
+
+class PackJob:
+    """One packed batch (``fast.packing.PackedOrder`` plans it): the pieces of samples that fill its token range,
+    in stream order; the batcher copies the pieces (``_C.gather_pieces``) and writes ``cu_seqlens``."""
+
+    __slots__ = ("samples", "starts", "lengths", "dst", "real")
+
+    def __init__(self, samples, starts, lengths, dst, real):
+        self.samples = samples    # int64 dataset index of each piece
+        self.starts = starts      # int64 first token of the piece within its sample
+        self.lengths = lengths    # int64 tokens in the piece
+        self.dst = dst            # int64 position of the piece in the flattened batch
+        self.real = real          # tokens of real data in the batch (the rest is padding)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+
+def cu_seqlens(job: PackJob, row_length: int) -> np.ndarray:
+    """Segment boundaries in the flattened batch: piece starts and row starts, up to the real tokens."""
+    cuts = np.concatenate([job.dst, np.arange(0, job.real, row_length), [job.real]])
+    return np.unique(cuts).astype(np.int32)

@@ -2,7 +2,9 @@
 (``_workers.py``) speak over their pipe; the protocol is described there.
 
 ``HoldCtrlC`` is here because both sides need it: the main side holds Ctrl-C back around a worker's start,
-and a worker forked inside that window puts the real handler back first.
+and a worker forked inside that window puts the real handler back first. ``death_message`` and ``worker_start``
+are here because both pools of worker processes use them: the generic path's (``_workers.py``) and the per-sample
+transforms' (``_augment/fallback_workers.py``), which imports nothing of the generic path's main side.
 """
 
 from __future__ import annotations
@@ -74,6 +76,23 @@ def _send_error(conn, idx: int, wid: int) -> None:
     except (pickle.PicklingError, TypeError, AttributeError):  # an exception class main cannot load
         err.exc_type = RuntimeError
         conn.send((ERROR, idx, err))
+
+
+def death_message(wid: int, pid: int, code: int | None) -> str:
+    """torch's message for a dead worker, word for word, then which worker it was and what may have done it."""
+    if code is None:
+        return f"DataLoader worker (pid(s) {pid}) exited unexpectedly (fastload worker {wid} closed its connection)"
+    if code >= 0:
+        return (f"DataLoader worker (pid {pid}) exited unexpectedly with exit code {code}. Details are lost due to "
+                f"multiprocessing. Rerunning with num_workers=0 may give better error trace. (fastload worker {wid})")
+    sig = -code
+    name = signal.Signals(sig).name if sig in signal.valid_signals() else str(sig)
+    msg = f"DataLoader worker (pid {pid}) is killed by signal: {signal.strsignal(sig) or name}. "
+    if sig == signal.SIGBUS:
+        msg += ("It is possible that dataloader's workers are out of shared memory. Please try to raise your shared "
+                "memory limit. ")
+    hint = {"SIGKILL": "; the out-of-memory killer sends SIGKILL: check `dmesg` and the Dataset's memory use"}
+    return msg + f"(fastload worker {wid}, {name}{hint.get(name, '')})"
 
 
 def worker_start(close_fds: list) -> None:

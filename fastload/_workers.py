@@ -36,7 +36,6 @@ import errno
 import itertools
 import multiprocessing
 import os
-import signal
 import time
 import warnings
 from multiprocessing import connection, reduction
@@ -49,7 +48,7 @@ from torch.utils.data.datapipes.datapipe import IterDataPipe, MapDataPipe
 
 from ._ring import Slot
 from ._shm import LENT, PENDING, WORKER, MappedSlot, SlotUnpickler, map_slot
-from ._worker_proc import ACK, ERROR, RESET, RESULT, STOP, TASK, HoldCtrlC, worker_loop
+from ._worker_proc import ACK, ERROR, RESET, RESULT, STOP, TASK, HoldCtrlC, death_message, worker_loop
 
 
 
@@ -67,23 +66,6 @@ def fallback_reason(loader) -> str | None:
 
 
 # -- main side -------------------------------------------------------------------------------------
-def _death_message(wid: int, pid: int, code: int | None) -> str:
-    """torch's message for a dead worker, word for word, then which worker it was and what may have done it."""
-    if code is None:
-        return f"DataLoader worker (pid(s) {pid}) exited unexpectedly (fastload worker {wid} closed its connection)"
-    if code >= 0:
-        return (f"DataLoader worker (pid {pid}) exited unexpectedly with exit code {code}. Details are lost due to "
-                f"multiprocessing. Rerunning with num_workers=0 may give better error trace. (fastload worker {wid})")
-    sig = -code
-    name = signal.Signals(sig).name if sig in signal.valid_signals() else str(sig)
-    msg = f"DataLoader worker (pid {pid}) is killed by signal: {signal.strsignal(sig) or name}. "
-    if sig == signal.SIGBUS:
-        msg += ("It is possible that dataloader's workers are out of shared memory. Please try to raise your shared "
-                "memory limit. ")
-    hint = {"SIGKILL": "; the out-of-memory killer sends SIGKILL: check `dmesg` and the Dataset's memory use"}
-    return msg + f"(fastload worker {wid}, {name}{hint.get(name, '')})"
-
-
 def fd_limit_error(detail: str = "") -> RuntimeError:
     """torch's advice when descriptors run out, with what applies to fastload's slots (one descriptor each)."""
     import resource
@@ -410,7 +392,7 @@ class WorkerIterator(_BaseDataLoaderIter):
             p.join(timeout=1.0)
         code = p.exitcode
         self._shutdown_workers()
-        raise RuntimeError(_death_message(w, p.pid, code))
+        raise RuntimeError(death_message(w, p.pid, code))
 
     # -- shutdown ----------------------------------------------------------------------------------
     def _shutdown_workers(self) -> None:

@@ -14,6 +14,7 @@ import fastload
 from fastload import DecodeError
 from fastload import transforms as T
 from fastload._batcher import Batcher
+from fastload.fast.collate import Collator
 from fastload.fields import NotFastPath
 
 from conftest import jpeg_bytes
@@ -26,7 +27,7 @@ def open_fixed(path, **kw):
 def batch_of(batcher: Batcher, indices) -> object:
     slot = batcher.new_slot()
     objects = batcher.fill(slot, np.asarray(indices), np.random.default_rng(0))
-    return batcher.collate(slot, len(indices), objects)
+    return Collator.for_batcher(batcher).collate(slot, len(indices), objects)
 
 
 @pytest.mark.parametrize("threads", [0, 2])

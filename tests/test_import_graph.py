@@ -15,6 +15,20 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent / "fastload"
 
+# Layers: who must never import whom, directly or through other modules (each side a module or a package, whose
+# modules count too), with where the piece lives that once made such an import.
+NEVER: dict[tuple[str, str], str] = {
+    ("fastload.fields", "fastload._augment"):
+        "a field kind knows no engine: the augmentation moves a mask (_augment/masks.py), handed to fields/mask.py "
+        "as ReadContext.moved_mask (ds[i]) and Batcher.move_masks (a batch)",
+    ("fastload._augment", "fastload._workers"):
+        "the generic path's main side: what both pools of worker processes share (death_message, worker_start, "
+        "HoldCtrlC) is _worker_proc.py's",
+    ("fastload._batcher", "fastload.fast"):
+        "the chain drives the batcher: a packed batch (PackJob, cu_seqlens) is _sequences.py's, and the chain and "
+        "ds.__getitems__ make the Collator (fast/collate.py), not the batcher",
+}
+
 # Loops in other helpers' modules, each named with why it is allowed for now (none in the write wing or
 # formats/). Kept exact: a loop that goes away must leave this list too.
 ALLOWED: dict[frozenset, str] = {}
@@ -98,6 +112,32 @@ def cycles(g: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
+def within(module: str, unit: str) -> bool:
+    return module == unit or module.startswith(unit + ".")
+
+
+def layer_breaks(g: dict[str, set[str]]) -> list[str]:
+    """Each ``NEVER`` pair that an import path of ``g`` connects, as that path (the shortest), with the reason."""
+    out = []
+    for (upper, lower), why in NEVER.items():
+        starts = sorted(m for m in g if within(m, upper))
+        came_from: dict[str, str | None] = dict.fromkeys(starts)
+        queue = list(starts)
+        while queue:  # breadth first: the shortest path to the first module of ``lower`` reached
+            m = queue.pop(0)
+            if within(m, lower):
+                path = [m]
+                while came_from[path[-1]] is not None:
+                    path.append(came_from[path[-1]])
+                out.append(" -> ".join(reversed(path)) + f": {why}")
+                break
+            for n in sorted(g.get(m, ())):
+                if n not in came_from and not within(n, upper):
+                    came_from[n] = m
+                    queue.append(n)
+    return out
+
+
 def test_no_import_loop_in_fastload():
     g = graph()
     assert len(g) > 50 and "fastload.pack._router" in g["fastload.pack"]
@@ -115,3 +155,26 @@ def test_no_import_loop_in_fastload():
 def test_the_loop_check_catches_a_function_local_or_package_loop(module, line):
     path = ROOT.joinpath(*module.split(".")[1:]).with_suffix(".py")
     assert cycles(graph({module: path.read_text() + line}))
+
+
+
+def test_imports_point_down_the_layers():
+    g = graph()
+    assert "fastload._augment.masks" in g and "fastload._batcher" in g and "fastload.fields.mask" in g
+    assert layer_breaks(g) == []
+
+
+@pytest.mark.parametrize("module, line, pair", [
+    # each of issue 31's three contradictions, put back
+    ("fastload.fields.mask", "from .._augment.type_fill import MASK_FILL\n", 0),
+    ("fastload.fields.mask", "def f():\n    from .._augment.engine_pil import run_pil_mask\n", 0),
+    ("fastload._augment.fallback_workers", "from .._workers import _death_message\n", 1),
+    ("fastload._batcher", "from .fast.collate import Collator\n", 2),
+    ("fastload._batcher", "from .fast.packing import PackJob, cu_seqlens\n", 2),
+    # the same, one module further: a module that fields/ imports, importing the augmentation
+    ("fastload._native", "from ._augment import plan\n", 0),
+])
+def test_the_layer_check_catches_an_import_against_the_layers(module, line, pair):
+    path = ROOT.joinpath(*module.split(".")[1:]).with_suffix(".py")
+    found = layer_breaks(graph({module: path.read_text() + line}))
+    assert [b for b in found if b.endswith(list(NEVER.values())[pair])], found

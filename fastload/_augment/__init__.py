@@ -14,6 +14,7 @@ One file per concern:
 | file | role |
 |---|---|
 | ``plan.py`` | the plan (geometry + ordered columnar pixel steps), the op registry, the builder, ``plan_batch`` |
+| ``ops.py`` | the one list of the modules that define pixel operations: the registry complete, as the engines read it |
 | ``color.py`` | brightness, contrast, saturation, hue, grayscale: ColorJitter, Grayscale, RandomGrayscale |
 | ``tone.py`` | solarize, posterize, equalize, autocontrast, invert, sharpness and their Random* transforms |
 | ``filters.py`` | gaussian blur and erasing: GaussianBlur, RandomErasing |
@@ -21,7 +22,8 @@ One file per concern:
 | ``policies.py`` | TrivialAugmentWide, RandAugment, AutoAugment (ImageNet policy), ThreeAugment (DeiT III) |
 | ``combinators.py`` | RandomApply, RandomChoice, RandomOrder |
 | ``engine_pil.py`` / ``engine_torch.py`` | the two engines (images; masks follow the geometry only) |
-| ``engine_native.py`` | the plan as the native arrays (``_C.decode_augment_batch`` in the decoder, ``_C.augment_tiles`` on tiles) |
+| ``engine_native.py`` | the plan as the native arrays (``_C.decode_augment_batch`` in the decoder, ``_C.augment_tiles`` on tiles); operation ids by name from ``_C.AUGMENT_OPS``, checked against ``ops.py`` at import |
+| ``masks.py`` | a mask field moved with its image's plan: the PIL reference (``ds[i]``) and the native batch call (csrc/mask.cc), handed to ``fields/mask.py`` |
 | ``pipeline.py`` | the augmentations in ``fastload.open(transforms=...)``: split from the crops, planned per batch, ``ds[i]``'s reference |
 | ``random_crop.py`` / ``padding.py`` | RandomCrop (a crop-plan transform) and its padded windows: index maps, assembly |
 | ``random_resize.py`` / ``pad_if_smaller.py`` | RandomResize and PadIfSmaller (torchvision's segmentation preset; crop-plan transforms) |
@@ -33,5 +35,5 @@ One file per concern:
 Not wired: ``Grayscale(num_output_channels=1)`` in a loader (rows are RGB). The batched torch engine runs on the
 GPU decoders' rows (``decoders/_staging.py`` ``augment_queued``); MixUp/CutMix on the collated batch (the Collate
 stage, fused into the CPU Normalize pass, or after the device copy); masks follow their image's plan
-(``fields/mask.py``, natively in ``csrc/mask.cc``).
+(``masks.py``, natively in ``csrc/mask.cc``).
 """

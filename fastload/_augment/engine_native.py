@@ -8,9 +8,13 @@ are already decoded (``_C.augment_tiles``), in place: the tests compare it with 
 
 The pixel kernels follow ``engine_torch.py``'s formulas and float32 roundings, so the two engines agree bit for
 bit on most operations (tests/augment/test_augment_native.py states the figures per operation). Horizontal
-flips are the decoder's (this runs after it, as ``run_torch(flips=False)``). Operations without a native
-kernel raise NotImplementedError; so does a one-channel plan (``Grayscale(num_output_channels=1)``) in the
-decoder, whose rows have 3 channels.
+flips are the decoder's (this runs after it, as ``run_torch(flips=False)``).
+
+Operations map to the native kernels by name (``NATIVE_OPS``: ``_C.AUGMENT_OPS``, csrc/augment.h's one list);
+importing this module checks that every operation Python defines (``ops.py``) has a native kernel and the other
+way round (``check_native_ops``: RuntimeError naming each difference). An operation defined later (no native
+kernel) raises NotImplementedError naming it; so does a one-channel plan (``Grayscale(num_output_channels=1)``)
+in the decoder, whose rows have 3 channels.
 """
 
 from __future__ import annotations
@@ -19,18 +23,16 @@ from typing import Any
 
 import numpy as np
 
-from . import color, filters, tone  # noqa: F401  (they register their operations)
+from .._native import native
+from .ops import OPS
 from .plan import AugmentPlan
 
-__all__ = ["NATIVE_OPS", "augment_arrays", "native_arrays", "run_native"]
+__all__ = ["NATIVE_OPS", "augment_arrays", "check_native_ops", "native_arrays", "run_native"]
 
-# The C++ operation ids, in order (csrc/augment.h's AugOp); checked against the extension at first use.
-NATIVE_OPS = ("brightness", "contrast", "saturation", "hue", "grayscale", "solarize", "posterize", "invert",
-              "equalize", "autocontrast", "sharpness", "erase", "gaussian_blur", "erase_random")
-_ID = {name: k for k, name in enumerate(NATIVE_OPS)}
 _PARAMS = 4  # float and int parameter columns per row (csrc/augment.h's kAugParams)
 
-# Where each operation's plan columns go in the native rows: (column, "f" or "i", first slot).
+# Where each operation's plan columns go in the native rows: (column, "f" or "i", first slot); an operation
+# without parameters has no entry.
 _LAYOUT: dict[str, tuple[tuple[str, str, int], ...]] = {
     "brightness": (("factor", "f", 0),),
     "contrast": (("factor", "f", 0),),
@@ -47,26 +49,59 @@ _LAYOUT: dict[str, tuple[tuple[str, str, int], ...]] = {
 _default_pool = None
 
 
-def _native() -> Any:
-    from fastload import _C
+def check_native_ops(ops: dict, native_ops: dict, params: int) -> None:
+    """RuntimeError naming every way the operations Python defines (``ops``, name -> ``plan.OpDef``) and the
+    native core's (``native_ops``, name -> id; ``params`` slots of each kind a row) disagree: an operation on one
+    side only, or one whose plan columns do not fit its row layout (``_LAYOUT``)."""
+    problems = []
+    only_python = sorted(set(ops) - set(native_ops))
+    if only_python:
+        problems.append(f"defined in Python (define_op) with no native kernel: {', '.join(only_python)}")
+    only_native = sorted(set(native_ops) - set(ops))
+    if only_native:
+        problems.append(f"native kernels that no Python module defines: {', '.join(only_native)}")
+    if sorted(native_ops.values()) != list(range(len(native_ops))):
+        problems.append(f"the native ids are not 0..{len(native_ops) - 1}: {native_ops}")
+    if params != _PARAMS:
+        problems.append(f"the native rows have {params} parameter slots of each kind, this module fills {_PARAMS}")
+    for name in sorted(set(ops) & set(native_ops)):
+        layout = _LAYOUT.get(name, ())
+        columns = ops[name].columns
+        if sorted(c for c, _, _ in layout) != sorted(columns):
+            problems.append(f"{name}: its plan columns are {sorted(columns)}, its native row layout (_LAYOUT) "
+                            f"places {sorted(c for c, _, _ in layout)}")
+            continue
+        for column, _, first in layout:
+            width = int(np.prod(columns[column][1], dtype=np.int64))
+            if first + width > _PARAMS:
+                problems.append(f"{name}: column {column} ({width} values from slot {first}) overflows the "
+                                f"{_PARAMS} slots of a native row")
+    if problems:
+        raise RuntimeError("fastload's augmentation operations and its native core (fastload._C) disagree: "
+                           + "; ".join(problems) + ". An operation needs both a define_op (in a module listed in "
+                           "fastload/_augment/ops.py) and a line in csrc/augment.h's FASTLOAD_AUG_OPS with its "
+                           "kernel; if the sources have both, fastload._C was built from other sources: rebuild "
+                           "it with `python setup.py build_ext --inplace`")
 
-    if tuple(_C.AUGMENT_OPS) != NATIVE_OPS or _C.AUGMENT_PARAMS != _PARAMS:
-        raise RuntimeError(f"fastload._C was built from other sources: its operations are {tuple(_C.AUGMENT_OPS)}, "
-                           f"this module expects {NATIVE_OPS}; rebuild with `python setup.py build_ext --inplace`")
-    return _C
+
+_C = native()
+# The native operations, name -> the id the kernels take: the C++ core's one list (csrc/augment.h), checked here,
+# when the engine is imported, against every operation Python defines (ops.py).
+NATIVE_OPS: dict[str, int] = dict(_C.AUGMENT_OPS)
+check_native_ops(OPS, NATIVE_OPS, _C.AUGMENT_PARAMS)
 
 
 def native_arrays(plan: AugmentPlan) -> tuple[np.ndarray, ...]:
     """The plan's steps as the native call's arrays: op (s,), offset (s + 1,), sample (m,), fparams (m, 4),
     iparams (m, 4). Raises NotImplementedError naming the operations the native engine does not have."""
-    missing = sorted({step.op for step in plan.steps} - set(_ID))
+    missing = sorted({step.op for step in plan.steps} - set(NATIVE_OPS))  # defined later than this import
     if missing:
         raise NotImplementedError(f"the native augmentation engine has no kernel for {', '.join(missing)} "
                                   f"(it has {', '.join(NATIVE_OPS)}); run these plans with engine_torch.run_torch")
     sizes = np.array([step.index.size for step in plan.steps], dtype=np.int64)
     offset = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     m = int(offset[-1])
-    op = np.array([_ID[step.op] for step in plan.steps], dtype=np.int64)
+    op = np.array([NATIVE_OPS[step.op] for step in plan.steps], dtype=np.int64)
     sample = np.concatenate([step.index for step in plan.steps]).astype(np.int64) if plan.steps else \
         np.zeros(0, np.int64)
     fparams, iparams = np.zeros((m, _PARAMS)), np.zeros((m, _PARAMS), dtype=np.int64)
@@ -101,7 +136,6 @@ def run_native(images: Any, plan: AugmentPlan, pool: Any = None) -> Any:
     a CPU tensor (N, 3, H, W) in channels_last memory (the same bytes).
     ``pool``: a ``fastload._C.Pool`` whose threads split the samples (None: the calling thread only); the
     result does not depend on its size. The plan's horizontal flips are taken as done by the decoder."""
-    _C = _native()
     nchw = _is_channels_last_nchw(images)
     arr = images.permute(0, 2, 3, 1) if nchw else images
     arr = arr.numpy() if hasattr(arr, "numpy") and not isinstance(arr, np.ndarray) else arr

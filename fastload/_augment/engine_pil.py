@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from . import color, filters, tone  # noqa: F401  (they register their operations)
+from .ops import OPS
 from .padding import assemble
-from .plan import BILINEAR, OPS, AugmentPlan
+from .plan import BILINEAR, AugmentPlan
 
 __all__ = ["mask_fills", "run_pil", "run_pil_mask"]
 

@@ -25,8 +25,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from . import color, filters, tone  # noqa: F401  (they register their operations)
-from .plan import BILINEAR, OPS, AugmentPlan
+from .ops import OPS
+from .plan import BILINEAR, AugmentPlan
 
 __all__ = ["assemble_rows", "augment_rows", "host_columns", "padding_columns", "run_torch",
            "run_torch_mask"]

@@ -23,7 +23,7 @@ its ``ImageDecoding``
 (each epoch's end for a non-persistent loader, as torch's worker processes; the loader's collection
 otherwise, through a finalizer). Closing asks each worker to stop, then terminates and joins as the generic
 path's workers (``_workers.py``) do; a worker that dies mid-batch, or since the last batch, is reported in
-torch's words (``_workers._death_message``) and the pool is closed. The wait for a batch's answers ends at the
+torch's words (``_worker_proc.death_message``) and the pool is closed. The wait for a batch's answers ends at the
 loader's ``timeout=`` (``ImageDecoding.fallback_timeout``): the late workers are ended and named, as torch's
 "DataLoader timed out"; without it a stuck transform hung the producer thread, which the loader joins.
 Forked children inherit the transforms as they are (nothing is pickled: a lambda works); they run with one
@@ -48,8 +48,7 @@ from torch.utils.data import _utils as _tutils
 
 from .._errors import FastPathWarning
 from .._shm import shared_buffer
-from .._worker_proc import HoldCtrlC, worker_start
-from .._workers import _death_message
+from .._worker_proc import HoldCtrlC, death_message, worker_start
 from .fallback import SampleTimes, run_rows
 
 OK, ERROR = range(2)
@@ -233,7 +232,7 @@ class FallbackPool:
     def _died(self, w: int) -> None:
         p = self.workers[w]
         p.join(timeout=1.0)
-        raise RuntimeError(_death_message(w, p.pid, p.exitcode) + " (a per-sample image transform worker: the "
+        raise RuntimeError(death_message(w, p.pid, p.exitcode) + " (a per-sample image transform worker: the "
                            "transform ended the process)") from None  # not the pipe's error that showed it
 
 

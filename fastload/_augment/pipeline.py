@@ -22,7 +22,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from . import color, filters, tone  # noqa: F401  (they register their operations)
+from . import color, filters
 from .geometry import RandomHorizontalFlip as _TileFlip
 from .padding import assemble
 from .pad_if_smaller import PadIfSmaller

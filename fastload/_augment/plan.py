@@ -18,8 +18,10 @@ before the sample's pixel operations even when torchvision would run them after 
 ``num_ops >= 2``, AutoAugment's second sub-policy); the difference is limited to the fill area and to
 histogram-based operations seeing it. A flip planned after an affine is composed into the matrix.
 
-Adding an operation is one :func:`define_op` call (name, parameter columns, a PIL kernel, a torch kernel)
-plus the transform that draws its parameters; engines look kernels up in :data:`OPS`.
+Adding an operation is one :func:`define_op` call (name, parameter columns, a PIL kernel, a torch kernel) in a
+module that ``ops.py`` lists, a native kernel of the same name (csrc/augment.h ``FASTLOAD_AUG_OPS``, checked
+against these when ``engine_native.py`` is imported), plus the transform that draws its parameters; engines look
+kernels up in :data:`OPS` through ``ops.py``, which has them all.
 """
 
 from __future__ import annotations

@@ -24,7 +24,6 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from . import color, tone  # noqa: F401  (they register the operations the policies plan)
 from .color import ColorJitter, Grayscale
 from .combinators import RandomChoice
 from .filters import GaussianBlur

@@ -5,7 +5,7 @@ never the loader, and speaks ``stage.Stage``'s protocol (next, state, reset, clo
 
   order.py      ``Order``: which indices go into which batch (seed, epoch, rank, world) and the one resume
                 logic; ``Jobs``, the first stage: each batch's indices with its augmentation generator
-  packing.py    ``BucketOrder``, ``PackedOrder`` (``PackJob``, ``packed_batches``, ``cu_seqlens``): the
+  packing.py    ``BucketOrder``, ``PackedOrder`` (``packed_batches``: ``_sequences.PackJob`` batches): the
                 variable-length fields' batch planning, on ``Order``'s resume logic
   readahead.py  ``ReadAhead``: a remote dataset's read plan downloads the coming batches' shards
   fill.py       ``Fill``: a free host slot filled by the batcher with the pool it was given

@@ -19,7 +19,7 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter
 from .device import DevicePrefetcher
 from .._sequences import Bucket, PackSequences
 from ..fields.image import ImagePart
-from .collate import Collate
+from .collate import Collate, Collator
 from .fill import Fill, Reservations, host_limit
 from .order import Jobs, Order
 from .packing import BucketOrder, PackedOrder
@@ -191,8 +191,8 @@ def fast_iterator(*, plan: Any, epoch: int, start: int, batcher: Any, slots: Any
     on_device = device is not None
     # a device prefetcher keeps each host batch until its copy ran: bound the host ring by those copies
     slots.pending, slots.limit = (device[0].holds, host_limit(depth)) if on_device else (None, None)
-    source = Collate(source, batcher.collator, reserved, stats, policy.steps, tensor_transforms=not on_device,
-                     contiguous=None if on_device else image_keys)
+    source = Collate(source, Collator.for_batcher(batcher), reserved, stats, policy.steps,
+                     tensor_transforms=not on_device, contiguous=None if on_device else image_keys)
     if on_device:
         ring, transforms = device
         source = DevicePrefetcher(source, depth=depth, transforms=transforms, ring=ring,

@@ -5,8 +5,8 @@ Images come out NCHW in channels_last memory (the decoder's layout, at no cost);
 here on the CPU into a small ring of reused output buffers, unless a device prefetcher runs them on the
 device (``tensor_transforms=False``). MixUp/CutMix (``batch_transforms``) run here too on the CPU, fused into
 the images' native ToDtype/Normalize pass (``Collator.collate_mixed``); ``contiguous`` lists the image entries to copy into torch's
-default layout (``memory_format=torch.contiguous_format``). ``Collator`` is also what
-``Batcher.collate`` (``ds.__getitems__``) uses.
+default layout (``memory_format=torch.contiguous_format``). ``Collator`` is also what ``ds.__getitems__``
+uses (``_getitems.py``); the batcher, which the chain drives, knows none of this.
 """
 
 from __future__ import annotations
@@ -44,6 +44,11 @@ class Collator:
                                    if self.mix is not None and p.name == self.mix.image), None)
         self._cpu_outputs: dict[str, SlotRing] = {}  # per image field: CPU ToDtype/Normalize results
         self._cpu_outputs_lock = threading.Lock()
+
+    @classmethod
+    def for_batcher(cls, batcher: Any) -> "Collator":
+        """The collator of the slots ``batcher`` (``_batcher.Batcher``) fills."""
+        return cls(batcher.ds, batcher.batch_size, batcher.packed, batcher.parts)
 
     def _cpu_output(self, name: str, pipeline: Any, images: torch.Tensor) -> torch.Tensor:
         """Where ToDtype/Normalize on the CPU write ``images``' result: a buffer of a small ring, reused once

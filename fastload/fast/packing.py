@@ -1,7 +1,7 @@
 """Orders of variable-length batches, declared in ``_sequences.py`` (``Bucket``, ``PackSequences``), planned here.
 
 ``BucketOrder`` (``Bucket``) shuffles within buckets and then the batches, so a batch holds one bucket;
-``PackedOrder`` (``PackSequences``) cuts the epoch's token stream into ``PackJob`` batches of
+``PackedOrder`` (``PackSequences``) cuts the epoch's token stream into ``PackJob`` batches (``_sequences.py``) of
 ``batch_size * row_length`` tokens, global batch ``b`` going to rank ``b % world``. Both are ``Order``s:
 the resume logic (``batches(epoch, start)``, ``state_dict``/``load_state_dict`` and the configuration
 they check) is ``order.py``'s; each defines only its epoch's batches and what its configuration adds.
@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from .._sequences import PackJob
 from .order import SHUFFLE_STREAM, Order, as_int, digest, dist_info, seed_key
 
 
@@ -70,23 +71,6 @@ class BucketOrder(Order):
         return super()._config() | {"buckets": digest(self.bucket_ids)}
 
 
-class PackJob:
-    """One packed batch (``PackedOrder``): the pieces of samples that fill its token range, in stream order;
-    the batcher copies the pieces (``_C.gather_pieces``) and writes ``cu_seqlens``."""
-
-    __slots__ = ("samples", "starts", "lengths", "dst", "real")
-
-    def __init__(self, samples, starts, lengths, dst, real):
-        self.samples = samples    # int64 dataset index of each piece
-        self.starts = starts      # int64 first token of the piece within its sample
-        self.lengths = lengths    # int64 tokens in the piece
-        self.dst = dst            # int64 position of the piece in the flattened batch
-        self.real = real          # tokens of real data in the batch (the rest is padding)
-
-    def __len__(self) -> int:
-        return len(self.samples)
-
-
 def packed_batches(stream: np.ndarray, lengths: np.ndarray, tokens_per_batch: int, batch_ids):
     """PackJobs for the given global batch numbers of the sample stream ``stream`` (one cumsum)."""
     lens = lengths[stream]
@@ -103,12 +87,6 @@ def packed_batches(stream: np.ndarray, lengths: np.ndarray, tokens_per_batch: in
         piece_hi = np.minimum(ends[sel], hi)
         yield PackJob(stream[sel], piece_lo - begins[sel], piece_hi - piece_lo, piece_lo - lo,
                       int(min(hi, total) - lo))
-
-
-def cu_seqlens(job: PackJob, row_length: int) -> np.ndarray:
-    """Segment boundaries in the flattened batch: piece starts and row starts, up to the real tokens."""
-    cuts = np.concatenate([job.dst, np.arange(0, job.real, row_length), [job.real]])
-    return np.unique(cuts).astype(np.int32)
 
 
 class PackedOrder(Order):

@@ -62,6 +62,7 @@ class ReadContext(NamedTuple):
     pipelines: dict  # image field -> its transforms.ImagePipeline
     padding: dict  # variable-length field -> its Pad/Bucket (PackSequences excluded: a lone sample is not packed)
     transformed_image: Callable  # (pipeline, blob, h, w, encoding, plan) -> CHW tensor, the loader's kernels
+    moved_mask: Callable  # (mask, plan) -> the mask moved by its image's plan (_augment/masks.py's PIL reference)
     plans: dict | None = None  # image field -> this sample's plan, shared with its masks (``draw_plan``)
 
 

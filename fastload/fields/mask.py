@@ -9,13 +9,14 @@ sample.
 A mask follows the dataset's one image field with transforms (``follows``): the image's plan (crop box,
 resize, flips, a padded RandomCrop's window, the affine) is executed on the mask with NEAREST interpolation
 and the mask's own fill, skipping pixel operations. Each transform gives it (``fill={"image": 0, "mask": 255}``,
-``_augment/type_fill.py``); a plain fill is the image's and the mask's stays ``MASK_FILL``, 255: torchvision's
-segmentation reference's "ignore".
+``_augment/type_fill.py``); a plain fill is the image's and the mask's stays 255: torchvision's segmentation
+reference's "ignore".
 A mask must have its image's size. ``ds[i]`` shares the plan through ``ReadContext.plans`` (whichever of the
 image and its mask reads first draws it); a batch through the batcher's ``plans`` (the image part records
-its plan, mask parts fill after the image parts). ``ds[i]`` runs the PIL reference engine
-(``_augment.engine_pil.run_pil_mask``); a batch is one native call (csrc/mask.cc: libpng decode and Pillow's
-nearest arithmetic on the pool's threads, GIL released) whose masks equal the reference's exactly.
+its plan, mask parts fill after the image parts). The engines that move a mask are the augmentation's
+(``_augment/masks.py``), handed to this module, which imports none of them: ``ds[i]`` runs the PIL reference
+(``ReadContext.moved_mask``); a batch is one native call (``Batcher.move_masks``: csrc/mask.cc, libpng decode
+and Pillow's nearest arithmetic on the pool's threads, GIL released) whose masks equal the reference's exactly.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ import numpy as np
 import torch
 
 from .._errors import SchemaError
-from .._augment.type_fill import MASK_FILL  # the default mask fill (255)
 from .._native import native
 from ._codec import Codec, Column, NotFastPath, RowsPart, as_array, draw_plan, is_pil_image
 from .image import file_bytes
@@ -106,55 +106,9 @@ def follows(field: Any, pipelines: dict) -> str | None:
     return next(iter(pipelines), None)
 
 
-def geometry_of(plan: Any) -> Any:
-    """The ``AugmentPlan`` whose geometry a mask executes, crop boxes included, for a ``transforms.Plan``."""
-    if plan.augment is not None:
-        return plan.augment  # begun from the crop plan (``Plan.with_augment``): its crop boxes are there
-    from .._augment.plan import PlanBuilder
-
-    return PlanBuilder.from_crop_plan(plan).finish()
-
-
-def move_mask(mask: np.ndarray, geometry: Any, k: int, image_hw: tuple[int, int],
-              fill: int | None = None) -> np.ndarray:
-    """Sample ``k``'s mask (the source's size) moved by the plan ``geometry`` (``geometry_of``); ValueError when
-    the mask's size is not its image's. ``fill`` None: each transform's mask fill, from the plan."""
-    from .._augment.engine_pil import run_pil_mask
-
-    if tuple(mask.shape) != tuple(image_hw):
-        raise ValueError(size_mismatch(mask.shape, image_hw))
-    return run_pil_mask(mask, geometry, k, fill=fill, source=True)
-
-
 def size_mismatch(mask_hw: Any, image_hw: Any) -> str:
     return (f"mask is {int(mask_hw[0])}x{int(mask_hw[1])} but its image is {int(image_hw[0])}x{int(image_hw[1])}: "
             f"a mask must have its image's size to follow its geometry")
-
-
-def decode_masks(pool: Any, sources: tuple, meta: np.ndarray, plan: Any, out: np.ndarray,
-                 fill: int | None = None) -> list:
-    """The batch's masks (``sources``: ``(regions, region, offset, length)``, ``meta``: (n, 2) stored sizes) moved
-    with ``plan`` (a ``transforms.Plan``) into ``out`` (n, H, W) uint8, natively on ``pool`` (csrc/mask.cc, equal
-    to ``move_mask``'s PIL reference). ``fill`` None: each transform's mask fill, from the plan. Returns the
-    failures ``[(k, message)]``."""
-    geo = geometry_of(plan).geometry
-    n, (oh, ow) = len(meta), out.shape[1:]
-    pad = geo.pad
-    if fill is None:  # per sample: the padded window's fill, the affine's (csrc/mask.cc reads both)
-        fill = np.stack([np.full(n, MASK_FILL) if pad is None or pad.mask_fill is None else pad.mask_fill,
-                         np.full(n, MASK_FILL) if geo.mask_fill is None else geo.mask_fill], axis=1).astype(np.uint8)
-    if pad is None:
-        padded = np.zeros(n, np.uint8)
-        box_hw = geo.out_hw
-        rows, cols = np.zeros((n, oh), np.int32), np.zeros((n, ow), np.int32)
-    else:
-        padded = pad.active.astype(np.uint8)
-        box_hw = np.where(pad.active[:, None], pad.decode_hw, geo.out_hw)
-        rows, cols = pad.rows, pad.cols
-    regions, region, offset, length = sources
-    return native().decode_mask_batch(pool, regions, region, offset, length, meta, plan.crops, box_hw, padded, rows,
-                                      cols, geo.hflip.astype(np.uint8), geo.vflip.astype(np.uint8),
-                                      geo.has_affine.astype(np.uint8), geo.affine.reshape(n, 6), fill, out)
 
 
 # -- the codec ------------------------------------------------------------------------------------
@@ -202,7 +156,9 @@ class MaskCodec(Codec):
             if ctx.plans is None:
                 raise ValueError(f"mask field '{field.name}' needs its image's plan, which this reader does not share")
             image_hw = tuple(int(v) for v in reader.row(at, image, "meta", 0)[:2])
-            arr = move_mask(arr, geometry_of(draw_plan(ctx, image, reader, at)), 0, image_hw)
+            if arr.shape != image_hw:
+                raise ValueError(size_mismatch(arr.shape, image_hw))
+            arr = ctx.moved_mask(arr, draw_plan(ctx, image, reader, at))
         return torch.from_numpy(np.array(arr))  # writable: torch shares it
 
     def batch(self, field: Any, dataset: Any) -> "MaskPart":
@@ -226,7 +182,7 @@ class MaskCodec(Codec):
 
 class MaskPart(RowsPart):
     """(n, H, W) uint8 rows, each mask moved with its image's plan of this batch (the batcher's ``plans``, which
-    the image part fills first: ``after_images``), in one native call (``decode_masks``)."""
+    the image part fills first: ``after_images``), in one native call (``Batcher.move_masks``)."""
 
     after_images = True
 
@@ -250,7 +206,7 @@ class MaskPart(RowsPart):
             failed.setdefault(int(k), f"field '{self.name}': {size_mismatch(meta[k], image_hw[k])}")
         regions, region, offset, length = reader.blob_sources(at, self.name)
         rows = slot.arrays[self.name][:n]
-        for k, msg in decode_masks(pool, (regions, region, offset, length), meta, plan, rows):
+        for k, msg in batcher.move_masks(pool, (regions, region, offset, length), meta, plan, rows):
             failed.setdefault(int(k), f"field '{self.name}': {msg}")
 
 

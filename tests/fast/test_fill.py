@@ -9,7 +9,7 @@ import torch
 from fastload._batcher import Batcher
 from fastload._ring import SlotRing
 from fastload._stats import LoaderStats
-from fastload.fast.collate import Collate
+from fastload.fast.collate import Collate, Collator
 from fastload.fast.fill import Fill, Reservations
 from fastload.fast.order import Jobs, Order
 from fastload.fast.producer import FillPolicy
@@ -34,7 +34,7 @@ def test_a_filled_slot_is_not_handed_out_again_until_collated(records):
         def __next__(self):
             return next(self.items)
 
-    collate = Collate(Handed([a, b]), batcher.collator, reserved, stats, FillPolicy().steps)
+    collate = Collate(Handed([a, b]), Collator.for_batcher(batcher), reserved, stats, FillPolicy().steps)
     tokens, labels = next(collate)
     assert torch.equal(labels, torch.arange(16)) and len(reserved.ids) == 1
     assert stats.batches == 1 and stats.fill_s == a[3]

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fastload.fast.packing import BucketOrder, PackedOrder, PackJob, cu_seqlens, packed_batches
+from fastload._sequences import PackJob, cu_seqlens
+from fastload.fast.packing import BucketOrder, PackedOrder, packed_batches
 
 from .conftest import all_batches
 

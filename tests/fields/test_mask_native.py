@@ -12,7 +12,8 @@ from PIL import Image
 
 from fastload import _C
 from fastload import transforms as T
-from fastload.fields.mask import decode_masks, encode_png, geometry_of, move_mask
+from fastload._augment.masks import decode_masks, geometry_of, move_mask
+from fastload.fields.mask import encode_png
 
 from .test_mask import blobs
 
@@ -56,7 +57,7 @@ def test_native_masks_equal_the_pil_reference(name, seed):
     assert decode_masks(_C.Pool(2), sources(pngs), meta, plan, out) == []
     geometry = geometry_of(plan)
     for k, m in enumerate(masks):
-        ref = move_mask(m, geometry, k, m.shape)
+        ref = move_mask(m, geometry, k)
         assert np.array_equal(out[k], ref), (name, k, int((out[k] != ref).sum()))
     if name in FILLED:
         assert (out == 255).any()  # the fill is the mask's own

@@ -13,7 +13,8 @@ from PIL import Image
 
 from fastload import _C
 from fastload import transforms as T
-from fastload.fields.mask import decode_masks, encode_png
+from fastload._augment.masks import decode_masks
+from fastload.fields.mask import encode_png
 
 from .test_mask import blobs
 from .test_mask_native import _chunk, sources

@@ -15,7 +15,8 @@ from fastload._augment.torchvision_convert import convert
 from fastload.decoders._base import ImageSources
 from fastload.decoders.native import NativeDecoder
 from fastload.fields.image import IMAGE_RAW
-from fastload.fields.mask import decode_masks, encode_png, geometry_of, move_mask
+from fastload._augment.masks import decode_masks, geometry_of, move_mask
+from fastload.fields.mask import encode_png
 from fastload.transforms import ImagePipeline
 
 from .test_mask import LEVEL, SCHEMA, _interior, blobs, segmentation_samples
@@ -127,7 +128,7 @@ def test_loader_runs_the_reference_recipe_natively_equal_to_the_reference(segmen
         geometry = geometry_of(plan)
         for k in range(len(batch["mask"])):
             stored = samples[5 * b + k]["mask"]
-            ref = move_mask(stored, geometry, k, stored.shape)
+            ref = move_mask(stored, geometry, k)
             assert np.array_equal(batch["mask"][k].numpy(), ref), (b, k)
             assert_aligned(batch["image"][k], batch["mask"][k])
             seen += int((ref == 255).sum())
@@ -161,7 +162,7 @@ def fills_seen(pipeline: list, seed: int = 0) -> tuple[set, np.ndarray]:
     assert decode_masks(_C.Pool(2), sources([encode_png(m) for m in masks]), meta, plan, out) == []
     geometry = geometry_of(plan)
     for k, m in enumerate(masks):
-        assert np.array_equal(out[k], move_mask(m, geometry, k, m.shape)), k
+        assert np.array_equal(out[k], move_mask(m, geometry, k)), k
     return set(np.unique(out)) - set(range(6)), out
 
 
