@@ -40,7 +40,8 @@ def lift_erasing(items: Sequence[Any]) -> list:
     so the value is mapped back through the ToDtype/Normalize before it (``v * std + mean``, times 255 after a
     scaling ToDtype) and rounded to a pixel level: the erased area then normalizes to within half a level of
     ``value`` (0.5 / 255 / std). ``value="random"`` (normal noise in normalized units) has no such mapping and
-    is refused with the order to use; anything else after ToDtype/Normalize is left for the caller to refuse."""
+    is refused with the order to use; anything else after ToDtype/Normalize is left for the caller (callables run
+    per sample on the float image, ``fallback.AfterNormalize``; anything else is refused)."""
     from .._tensor_transforms import Normalize, TensorTransform, ToDtype
 
     first = next((i for i, t in enumerate(items) if isinstance(t, TensorTransform)), len(items))
@@ -50,8 +51,8 @@ def lift_erasing(items: Sequence[Any]) -> list:
             before.append(t)
             tail.append(t)
             continue
-        if not isinstance(t, filters.RandomErasing):
-            tail.append(t)
+        if not isinstance(t, filters.RandomErasing) or len(tail) > len(before):
+            tail.append(t)  # (an erasing after a callable run on the float image stays after it: refused there)
             continue
         if t.value == "random":
             raise ValueError(f"{t!r} after {before[-1]!r} draws noise in normalized units, which fastload cannot erase "
