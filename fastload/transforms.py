@@ -46,6 +46,7 @@ from ._tensor_transforms import Normalize, TensorPipeline, TensorTransform, ToDt
 from ._sequences import Bucket, Pad, PackSequences  # noqa: E402  (variable-length fields, see _sequences.py)
 # The augmentations (issue 21), under torchvision v2's names; planned after the crop plan (_augment/pipeline.py).
 from ._augment import pipeline as _augment  # noqa: E402
+from ._augment import timm_convert as _timm  # noqa: E402
 from ._augment import torchvision_convert as _torchvision  # noqa: E402
 from ._augment.fallback import AfterNormalize, UserTransform, run_sample  # noqa: E402  (transforms fastload does not know)
 from . import _size_check  # noqa: E402  (ImagePipeline.check_sizes: what fastload.open refuses)
@@ -510,8 +511,8 @@ class _State:
 
 
 def _flatten(transforms: Any) -> list[Any]:
-    """The pipeline's transforms in order: fastload's own, torchvision objects converted to fastload's
-    (``_augment/torchvision_convert.py``), and any other callable as a ``UserTransform`` (run per sample)."""
+    """The pipeline's transforms in order: fastload's own, torchvision and timm objects converted to fastload's
+    (``_augment/torchvision_convert.py``, ``timm_convert.py``), and any other callable as a ``UserTransform`` (run per sample)."""
     if isinstance(transforms, ImagePipeline):
         return (list(transforms.transforms) + list(transforms.augment) + list(transforms.fallback)
                 + list(transforms.tensor.transforms) + list(transforms.after))
@@ -541,10 +542,17 @@ def _flatten(transforms: Any) -> list[Any]:
 
 
 def _foreign(t: Any) -> list[Any]:
-    """A callable that is not fastload's: its fastload equivalent (a torchvision transform), else run per sample."""
-    converted = _torchvision.convert(t, sys.modules[__name__])  # this module's classes, by name
+    """A callable that is not fastload's: its fastload equivalent (a torchvision or timm transform), else run per
+    sample."""
+    classes = sys.modules[__name__]  # this module's classes, by name
+    converted = _torchvision.convert(t, classes)
+    if converted is None:
+        converted = _timm.convert(t, classes)
     if converted is None:
         return [UserTransform(t)]
+    for c in converted:
+        if isinstance(c, RandomErasing):  # after Normalize it may have to run as it is (_augment.lift_erasing)
+            c.source = t
     return [x for c in converted for x in (_flatten(c) if isinstance(c, (list, Compose)) else [c])]
 
 
