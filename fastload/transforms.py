@@ -603,9 +603,11 @@ class ImagePipeline:
         if after is not None:
             u = native[first_user]
             why = f" ({u.reason})" if u.reason else ""
+            fix = "give it parameters fastload converts (the reason above), or " if u.reason else ""
             raise ValueError(f"{after!r} comes after {u.name}{why}, which fastload runs per sample on the decoded image "
                              f"after the native part (decode, crop, resize, flip and fastload's augmentations); "
-                             f"move {u.name} after {after!r} (only ToDtype/Normalize may follow it)")
+                             f"{fix}move {u.name} after {after!r} (only other such callables and ToDtype/Normalize "
+                             f"may follow it)")
         #: transforms fastload does not know, run per sample on the rows after the decoder (_augment/fallback.py)
         self.fallback: tuple[UserTransform, ...] = tuple(native[first_user:])
         crops, augment = _augment.split(native[:first_user], Transform, RandomHorizontalFlip)

@@ -185,3 +185,17 @@ def test_the_deit_recipe_with_timms_objects_loads(image_shards, num_workers):
     assert x.abs().max() < 3  # normalized: (0..1 - mean) / std
     text = " ".join(str(w.message) for w in caught if issubclass(w.category, fastload.FastPathWarning))
     assert "RandAugment" in text and "RandomErasing" in text
+
+
+def test_the_eval_recipe_converts_entirely():
+    """create_transform(224): torchvision's Resize(256) and CenterCrop(224), timm's MaybeToTensor, Normalize."""
+    p = T.ImagePipeline(create_transform(224))
+    assert [type(t) for t in p.transforms] == [T.Resize, T.CenterCrop] and p.output_size == (224, 224)
+    assert not p.augment and not p.fallback and not p.after
+    assert [type(t) for t in p.tensor.transforms] == [T.ToDtype, T.Normalize]
+
+
+def test_the_prefetcher_recipe_leaves_uint8_for_the_device():
+    """use_prefetcher=True (timm normalizes on the GPU): MaybePILToTensor converts to nothing, the batch is uint8."""
+    p = T.ImagePipeline(create_transform(224, is_training=True, use_prefetcher=True))
+    assert not p.tensor and not p.fallback and [type(t) for t in p.augment] == [T.ColorJitter]
