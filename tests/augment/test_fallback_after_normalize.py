@@ -17,6 +17,7 @@ import torch
 import fastload
 import fastload.transforms as T
 from fastload._batcher import beyond_geometry
+from test_batcher import one_corrupt  # noqa: F401  (a fixture: a pack with a corrupt JPEG)
 from test_fallback import DRAWS, images
 
 pytestmark = pytest.mark.timeout(120)
@@ -181,3 +182,35 @@ def test_what_is_still_refused_says_why(image_shards):
         open_(T.RandomResizedCrop(24), *NORM, negate, T.RandomErasing())
     with pytest.raises(ValueError, match=r"negate follows ToDtype\(dtype=torch.uint8.*leaves uint8"):
         open_(T.RandomResizedCrop(24), T.ToDtype(torch.uint8), negate)
+
+
+def test_failed_samples_are_not_transformed_and_their_float_rows_are_replaced_too(one_corrupt):
+    """on_error='skip': the sample the decoder failed on is not handed to the transform, and the good sample that
+    replaces it is replaced in the float rows as well (else its row would hold another batch's floats)."""
+    from fastload._batcher import Batcher
+    from test_batcher import batch_of
+
+    seen = []
+
+    def count(img):
+        seen.append(img.clone())
+        return -img
+
+    ds = fastload.open(one_corrupt, transforms={"image": [T.Resize((16, 16)), *NORM, count]})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", fastload.FastPathWarning)
+        images, _ = batch_of(Batcher(ds, batch_size=4, num_threads=0, on_error="skip"), [1, 2, 3, 0])
+    assert len(seen) == 3 and images.dtype == torch.float32
+    assert torch.equal(images[1], images[0]) and torch.equal(images[0], -seen[0])
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_torchs_dataloader_over_getitems_gets_the_transformed_floats(image_shards, num_workers):
+    ds = fastload.open(image_shards, transforms={"image": [T.CenterCrop(24), *NORM, negate]})
+    plain = fastload.open(image_shards, transforms={"image": [T.CenterCrop(24), *NORM]})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", fastload.FastPathWarning)
+        pairs = zip(torch.utils.data.DataLoader(ds, batch_size=8, num_workers=num_workers),
+                    torch.utils.data.DataLoader(plain, batch_size=8))
+        for (got, _), (ref, _) in pairs:
+            assert got.dtype == torch.float32 and torch.equal(got, -ref)
