@@ -19,6 +19,7 @@ import fastload.transforms as T
 from fastload._batcher import beyond_geometry
 from test_batcher import one_corrupt  # noqa: F401  (a fixture: a pack with a corrupt JPEG)
 from test_fallback import DRAWS, images
+from test_ring import lagging_loop, photos, sim_cuda  # noqa: F401  (fixtures: a simulated GPU, a pack)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -214,3 +215,19 @@ def test_torchs_dataloader_over_getitems_gets_the_transformed_floats(image_shard
                     torch.utils.data.DataLoader(plain, batch_size=8))
         for (got, _), (ref, _) in pairs:
             assert got.dtype == torch.float32 and torch.equal(got, -ref)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_on_a_simulated_gpu_the_float_batches_are_copied_without_a_second_normalize(sim_cuda, photos, num_workers):
+    """device='cuda' (tests/sim_streams.py): the device runs no ToDtype/Normalize for this field (the fill stage
+    did), so the batches the lagging GPU's kernels see are the CPU loader's transformed floats, race-free."""
+    ds = fastload.open(photos, transforms={"image": [T.RandomResizedCrop(16), *NORM, negate]})
+    kw = dict(batch_size=4, shuffle=True, drop_last=True, seed=7, num_workers=num_workers)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", fastload.FastPathWarning)
+        ref = [(x.clone(), y.clone()) for x, y in fastload.DataLoader(ds, **kw)]
+        seen = lagging_loop(sim_cuda, fastload.DataLoader(ds, device="cuda", **kw))
+    assert len(seen) == len(ref) == 9
+    for (x, y), (sx, sy) in zip(ref, seen):
+        assert sx.dtype == torch.float32 and torch.equal(x, sx) and torch.equal(y, sy)
+    assert not sim_cuda.races and not sim_cuda.waits_in()
