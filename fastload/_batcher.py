@@ -170,4 +170,6 @@ def beyond_geometry(pipelines: dict) -> tuple[str, ...]:
             names[type(t).__name__] = None
         for t in getattr(p, "fallback", ()):  # run per sample on host rows after the native decoder
             names[f"{t.name} (a transform run per sample)"] = None
+        for t in getattr(p, "after", ()):  # the same, on the host's float rows after ToDtype/Normalize
+            names[f"{t.name} (a transform run per sample after ToDtype/Normalize)"] = None
     return tuple(names)

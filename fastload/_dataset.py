@@ -190,7 +190,7 @@ class Dataset(torch.utils.data.Dataset):
         image = torch.from_numpy(arr).permute(2, 0, 1)
         if pipeline.tensor:
             image = pipeline.tensor.apply(image[None])[0]
-        return image
+        return pipeline.run_after(image, plan)  # callables after ToDtype/Normalize, on the float image
 
     # -- lifecycle ---------------------------------------------------------------------------
     def close(self) -> None:

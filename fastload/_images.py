@@ -185,6 +185,8 @@ class ImageDecoding:
             failures = dec.decode(sources, plan, rows)
             if pipeline.fallback:
                 self._fallback(f, pipeline, rows, plan, reader, at, failures)
+            if pipeline.after:
+                self._after(f, pipeline, slot, rows, plan, reader, at, failures)
             return failures
         buf = slot.tensors[f.name]
         key = self._fence_key.get(f.name, (f.name, 0))
@@ -214,28 +216,48 @@ class ImageDecoding:
         made, before its producer thread runs (``_augment/fallback_workers.py``: no fork while threads run)."""
         if self.device is not None or not self.fallback_processes:
             return
+        n = int(getattr(pool, "size", 0) or 0)
         for name, pipeline in pipelines.items():
-            if pipeline.fallback and pipeline.output_size is not None:
-                h, w = pipeline.output_size
-                self._fallback_runner(name, pipeline).start(int(getattr(pool, "size", 0) or 0), (h, w, 3))
+            if pipeline.output_size is None:
+                continue
+            h, w = pipeline.output_size
+            if pipeline.fallback:
+                self._fallback_runner(name, pipeline).start(n, (h, w, 3))
+            if pipeline.after:
+                self._fallback_runner(name, pipeline, after=True).start(n, (h, w, 3 * pipeline.tensor.dtype.itemsize))
 
-    def _fallback_runner(self, name: str, pipeline: Any) -> FallbackRunner:
-        runner = self._fallbacks.get(name)
+    def _fallback_runner(self, name: str, pipeline: Any, after: bool = False) -> FallbackRunner:
+        key = f"{name}:after" if after else name
+        runner = self._fallbacks.get(key)
         if runner is None:
-            runner = self._fallbacks[name] = FallbackRunner(name, pipeline.fallback, self.batch_size)
+            runner = self._fallbacks[key] = FallbackRunner(
+                name, pipeline.after if after else pipeline.fallback, self.batch_size,
+                "after ToDtype/Normalize, on the float image (which the batch then carries: 4x the bytes of uint8 "
+                "to copy to a device)" if after else "after the native decode")
         return runner
 
-    def _fallback(self, f: Field, pipeline: Any, rows: Any, plan: Any, reader: Any, at: Any, failures: list) -> None:
-        """The transforms fastload does not know (``pipeline.fallback``), per sample on the decoded rows."""
-        runner = self._fallback_runner(f.name, pipeline)
+    def _fallback(self, f: Field, pipeline: Any, rows: Any, plan: Any, reader: Any, at: Any, failures: list,
+                  after: bool = False) -> None:
+        """The transforms fastload does not know (``pipeline.fallback``, or with ``after`` ``pipeline.after``
+        on the float rows), per sample on the decoded rows."""
+        runner = self._fallback_runner(f.name, pipeline, after)
         bad = {k for k, _ in failures}
 
         def where_k(k: int) -> str:
             seg = int(at.seg_ids[k])
             return where(reader.path, reader.shard(seg), int(reader.starts[seg] + at.local[k]), f.name)
 
-        runner.run(rows, [k for k in range(len(rows)) if k not in bad], plan.seeds, where_k,
-                   self.native.pool if self.fallback_processes else None, self.fallback_timeout)
+        runner.run(rows, [k for k in range(len(rows)) if k not in bad], plan.after_seeds if after else plan.seeds,
+                   where_k, self.native.pool if self.fallback_processes else None, self.fallback_timeout)
+
+    def _after(self, f: Field, pipeline: Any, slot: Any, rows: Any, plan: Any, reader: Any, at: Any,
+               failures: list) -> None:
+        """ToDtype/Normalize on the CPU into the slot's float rows, then the callables after them per sample
+        there (``pipeline.after``), through the workers as the rows' bytes (numpy has no bfloat16)."""
+        n = len(rows)
+        floats = slot.tensors[f"{f.name}:after"][:n]
+        pipeline.tensor.apply(torch.from_numpy(rows).permute(0, 3, 1, 2), floats.permute(0, 3, 1, 2))
+        self._fallback(f, pipeline, floats.view(torch.uint8).numpy(), plan, reader, at, failures, after=True)
 
     def split_stats(self) -> dict | None:
         """The hybrid split's share and measured rates (``HybridSplit.stats``), or None without one: also where

@@ -505,7 +505,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             [(f.name if ds.as_dict else i) for i, f in enumerate(ds.schema) if f.kind == "image"]
         device = None
         if self._on_device():  # the host chain runs ahead; ToDtype/Normalize run on the device
-            keys = {(f.name if ds.as_dict else i): ds.pipelines[f.name].tensor
+            keys = {(f.name if ds.as_dict else i): ds.pipelines[f.name].batch_tensor
                     for i, f in enumerate(ds.schema) if f.name in ds.pipelines}
             device = (self._device_slots(), keys)
         it = fast_iterator(plan=self._order if self._order is not None else self._sampled, epoch=epoch,

@@ -46,8 +46,9 @@ from ._tensor_transforms import Normalize, TensorPipeline, TensorTransform, ToDt
 from ._sequences import Bucket, Pad, PackSequences  # noqa: E402  (variable-length fields, see _sequences.py)
 # The augmentations (issue 21), under torchvision v2's names; planned after the crop plan (_augment/pipeline.py).
 from ._augment import pipeline as _augment  # noqa: E402
+from ._augment import timm_convert as _timm  # noqa: E402
 from ._augment import torchvision_convert as _torchvision  # noqa: E402
-from ._augment.fallback import UserTransform, run_sample  # noqa: E402  (transforms fastload does not know)
+from ._augment.fallback import AfterNormalize, UserTransform, run_sample  # noqa: E402  (transforms fastload does not know)
 from . import _size_check  # noqa: E402  (ImagePipeline.check_sizes: what fastload.open refuses)
 from ._size_check import Refusal  # noqa: E402
 from ._augment.color import ColorJitter, Grayscale, RandomGrayscale  # noqa: E402
@@ -380,15 +381,17 @@ class Plan:
     ``seeds``: None, or uint64 ``(n,)``: each sample's seed for the transforms fastload does not know
     (``ImagePipeline.fallback``, run per sample after the decoder; ``_augment/fallback.py``).
 
+    ``after_seeds``: the same for the transforms after ToDtype/Normalize (``ImagePipeline.after``).
+
     ``plan.take(lo, hi)``: the plan of samples ``lo .. hi-1``; ``plan.n``: how many samples.
     """
 
-    __slots__ = ("crops", "flips", "out_hw", "augment", "seeds")
+    __slots__ = ("crops", "flips", "out_hw", "augment", "seeds", "after_seeds")
 
     def __init__(self, crops: np.ndarray, flips: np.ndarray, out_hw: np.ndarray, augment: Any = None,
-                 seeds: np.ndarray | None = None) -> None:
+                 seeds: np.ndarray | None = None, after_seeds: np.ndarray | None = None) -> None:
         self.crops, self.flips, self.out_hw, self.augment = crops, flips, out_hw, augment
-        self.seeds = seeds
+        self.seeds, self.after_seeds = seeds, after_seeds
 
     @property
     def n(self) -> int:
@@ -405,7 +408,8 @@ class Plan:
         hi = max(lo, hi)
         augment = None if self.augment is None else self.augment.take(lo, hi)
         seeds = None if self.seeds is None else self.seeds[lo:hi]
-        return Plan(self.crops[lo:hi], self.flips[lo:hi], self.out_hw[lo:hi], augment, seeds)
+        after = None if self.after_seeds is None else self.after_seeds[lo:hi]
+        return Plan(self.crops[lo:hi], self.flips[lo:hi], self.out_hw[lo:hi], augment, seeds, after)
 
     def with_augment(self, augment: Any) -> Plan:
         """This plan extended by ``augment`` (an ``AugmentPlan`` begun with ``PlanBuilder.from_crop_plan(self)``):
@@ -414,7 +418,8 @@ class Plan:
         if augment.n != self.n or (geo.crops is not None and not np.array_equal(geo.crops, self.crops)):
             raise ValueError(f"the augmentation plan ({augment.n} samples) was not made from this plan "
                              f"({self.n} samples): begin it with PlanBuilder.from_crop_plan(plan)")
-        return Plan(self.crops, geo.hflip.astype(np.uint8), geo.out_hw.astype(np.int32), augment, self.seeds)
+        return Plan(self.crops, geo.hflip.astype(np.uint8), geo.out_hw.astype(np.int32), augment, self.seeds,
+                    self.after_seeds)
 
     def __repr__(self) -> str:
         extra = "" if self.augment is None else f", augment={len(self.augment.steps)} steps"
@@ -506,11 +511,11 @@ class _State:
 
 
 def _flatten(transforms: Any) -> list[Any]:
-    """The pipeline's transforms in order: fastload's own, torchvision objects converted to fastload's
-    (``_augment/torchvision_convert.py``), and any other callable as a ``UserTransform`` (run per sample)."""
+    """The pipeline's transforms in order: fastload's own, torchvision and timm objects converted to fastload's
+    (``_augment/torchvision_convert.py``, ``timm_convert.py``), and any other callable as a ``UserTransform`` (run per sample)."""
     if isinstance(transforms, ImagePipeline):
         return (list(transforms.transforms) + list(transforms.augment) + list(transforms.fallback)
-                + list(transforms.tensor.transforms))
+                + list(transforms.tensor.transforms) + list(transforms.after))
     if isinstance(transforms, Compose):
         transforms = transforms.transforms
     if isinstance(transforms, (Transform, TensorTransform, Augment, UserTransform)):
@@ -537,10 +542,17 @@ def _flatten(transforms: Any) -> list[Any]:
 
 
 def _foreign(t: Any) -> list[Any]:
-    """A callable that is not fastload's: its fastload equivalent (a torchvision transform), else run per sample."""
-    converted = _torchvision.convert(t, sys.modules[__name__])  # this module's classes, by name
+    """A callable that is not fastload's: its fastload equivalent (a torchvision or timm transform), else run per
+    sample."""
+    classes = sys.modules[__name__]  # this module's classes, by name
+    converted = _torchvision.convert(t, classes)
+    if converted is None:
+        converted = _timm.convert(t, classes)
     if converted is None:
         return [UserTransform(t)]
+    for c in converted:
+        if isinstance(c, RandomErasing):  # after Normalize it may have to run as it is (_augment.lift_erasing)
+            c.source = t
     return [x for c in converted for x in (_flatten(c) if isinstance(c, (list, Compose)) else [c])]
 
 
@@ -557,24 +569,45 @@ class ImagePipeline:
 
     Augmentations after them (``augment``, see ``_augment/pipeline.py``) are drawn after the crop plan from the
     same generator and attached to it (``Plan.augment``). ``ToDtype``/``Normalize`` at the end of the list are
-    kept apart in ``tensor`` (a ``TensorPipeline``): they run on whole batches, on the batch's device."""
+    kept apart in ``tensor`` (a ``TensorPipeline``): they run on whole batches, on the batch's device. Callables
+    fastload does not know after them (``after``: timm's RandomErasing follows its Normalize) run per sample on the
+    float image (``_augment/fallback.py``); ToDtype/Normalize then run on the CPU, before them."""
 
     def __init__(self, transforms: Any) -> None:
         items = _augment.lift_erasing(_flatten(transforms))  # torchvision's recipes erase after Normalize
         first_tensor = next((i for i, t in enumerate(items) if isinstance(t, TensorTransform)), len(items))
-        if any(not isinstance(t, TensorTransform) for t in items[first_tensor:]):
-            raise ValueError("ToDtype/Normalize must come after every geometric transform and augmentation (they "
-                             "run on the batch once it is on its device)")
-        self.tensor = TensorPipeline(items[first_tensor:])
+        first_after = next((i for i, t in enumerate(items) if i > first_tensor and isinstance(t, UserTransform)),
+                           len(items))
+        tail = items[first_tensor:first_after]
+        bad = next((t for t in tail if not isinstance(t, TensorTransform)), None)
+        if bad is not None:
+            raise ValueError(f"ToDtype/Normalize must come after every geometric transform and augmentation: "
+                             f"{bad!r} comes after them, but fastload's own transforms run on the uint8 image in "
+                             f"the native decoder, so it must come before ToDtype/Normalize (only callables "
+                             f"fastload does not know run after them, per sample on the float image)")
+        late = next((t for t in items[first_after:] if not isinstance(t, UserTransform)), None)
+        if late is not None:
+            u = items[first_after]
+            raise ValueError(f"{late!r} comes after {u.name}, which runs per sample on the float image after "
+                             f"ToDtype/Normalize; only other such callables may follow it: move {late!r} before "
+                             f"ToDtype/Normalize")
+        self.tensor = TensorPipeline(tail)
+        #: callables after ToDtype/Normalize, run per sample on the float image (``fallback.AfterNormalize``)
+        self.after: tuple[Any, ...] = tuple(AfterNormalize.of(t, self.tensor.dtype) for t in items[first_after:])
+        if self.after and not self.tensor.dtype.is_floating_point:
+            raise ValueError(f"{self.after[0].name} follows {tail[-1]!r}, which leaves uint8 pixels: put it before "
+                             f"ToDtype, or convert to a float dtype first")
         native = items[:first_tensor]
         first_user = next((i for i, t in enumerate(native) if isinstance(t, UserTransform)), len(native))
         after = next((t for t in native[first_user:] if not isinstance(t, UserTransform)), None)
         if after is not None:
             u = native[first_user]
             why = f" ({u.reason})" if u.reason else ""
+            fix = "give it parameters fastload converts (the reason above), or " if u.reason else ""
             raise ValueError(f"{after!r} comes after {u.name}{why}, which fastload runs per sample on the decoded image "
                              f"after the native part (decode, crop, resize, flip and fastload's augmentations); "
-                             f"move {u.name} after {after!r} (only ToDtype/Normalize may follow it)")
+                             f"{fix}move {u.name} after {after!r} (only other such callables and ToDtype/Normalize "
+                             f"may follow it)")
         #: transforms fastload does not know, run per sample on the rows after the decoder (_augment/fallback.py)
         self.fallback: tuple[UserTransform, ...] = tuple(native[first_user:])
         crops, augment = _augment.split(native[:first_user], Transform, RandomHorizontalFlip)
@@ -584,6 +617,12 @@ class ImagePipeline:
         for t in self.transforms:
             hw = t._static_size(hw)
         self._output_size = hw
+
+    @property
+    def batch_tensor(self) -> TensorPipeline:
+        """The ToDtype/Normalize left to run on the collated batch (on its device): ``tensor``, or none when the
+        fill stage ran them on the CPU for the callables after them (``after``)."""
+        return TensorPipeline(()) if self.after else self.tensor
 
     @property
     def output_size(self) -> tuple[int, int] | None:
@@ -611,6 +650,8 @@ class ImagePipeline:
             plan = _augment.plan_batch(self.augment, plan, rng, state.pad)
         if self.fallback:  # drawn last: a pipeline without them draws exactly as before
             plan.seeds = rng.integers(0, 2**63, size=plan.n, dtype=np.uint64)
+        if self.after:  # and these after them
+            plan.after_seeds = rng.integers(0, 2**63, size=plan.n, dtype=np.uint64)
         return plan
 
     def check_sizes(self, heights: np.ndarray, widths: np.ndarray, chunk: int = 8192) -> str | None:
@@ -622,17 +663,27 @@ class ImagePipeline:
         """``ds[i]``: the per-sample transforms on sample ``k``'s decoded HWC uint8 ``image`` (in place)."""
         return run_sample(self.fallback, image, int(plan.seeds[k])) if self.fallback else image
 
+    def run_after(self, image: Any, plan: Plan, k: int = 0) -> Any:
+        """``ds[i]``: the per-sample transforms after ToDtype/Normalize on sample ``k``'s float CHW tensor."""
+        if not self.after:
+            return image
+        import torch
+
+        hwc = image.permute(1, 2, 0).contiguous()
+        run_sample(self.after, hwc.view(torch.uint8).numpy(), int(plan.after_seeds[k]))
+        return hwc.permute(2, 0, 1)
+
     def describe(self) -> list[dict[str, Any]]:
-        return [t.describe() for t in self.transforms + self.augment + self.fallback]
+        return [t.describe() for t in self.transforms + self.augment + self.fallback + self.after]
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, ImagePipeline) and \
-            (self.transforms, self.augment, self.fallback) == (other.transforms, other.augment, other.fallback)
+        return isinstance(other, ImagePipeline) and (self.transforms, self.augment, self.fallback, self.after) == \
+            (other.transforms, other.augment, other.fallback, other.after)
 
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
-        return f"ImagePipeline([{', '.join(map(repr, self.transforms + self.augment + self.fallback))}])"
+        return f"ImagePipeline([{', '.join(map(repr, self.transforms + self.augment + self.fallback + self.after))}])"
 
 
 def apply_pil(pipeline: Any, image: Any, rng: np.random.Generator) -> Any:

@@ -20,6 +20,14 @@ sample's seed, which the pipeline draws from the batch's generator (``Plan.seeds
 (seed, epoch, sample) whichever process runs it, so it never depends on ``num_workers``. The caller's global
 generators are restored afterwards (at ``num_workers=0`` this runs in the training thread).
 
+After ToDtype/Normalize (issue 30 item 2): a callable that follows them in the list (timm's ``RandomErasing``
+after its ``Normalize``) is an :class:`AfterNormalize`, run per sample on the float image the same way: the
+pipeline converts and normalizes the batch's rows on the CPU into a float buffer of the slot (the batch then
+leaves as floats: on a device path 4x the bytes of uint8 cross to the device), and each sample's float CHW
+tensor (contiguous, the pipeline's dtype) is handed to the callable, which returns a tensor of the same shape
+and dtype (or changes it in place and returns it). Its rows travel through the same worker processes as raw
+bytes (``(H, W, 3 * itemsize)`` uint8: numpy has no bfloat16), viewed as the float dtype here.
+
 ``fallback_workers.py`` runs a batch's samples in forked worker processes; ``run_rows`` runs them here.
 """
 
@@ -33,7 +41,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-__all__ = ["BadResult", "SampleTimes", "UserTransform", "run_rows", "run_sample"]
+__all__ = ["AfterNormalize", "BadResult", "SampleTimes", "UserTransform", "run_rows", "run_sample"]
 
 
 def _is_albumentations(fn: Any) -> bool:
@@ -53,13 +61,15 @@ class UserTransform:
     """An image transform fastload does not know, run per sample after the native part (module docstring).
 
     ``fn``: the user's callable; ``reason``: why it is not planned natively (for the warning), e.g. a
-    torchvision transform whose parameters fastload cannot reproduce."""
+    torchvision transform whose parameters fastload cannot reproduce; ``pil``: call ``fn`` with an RGB PIL image
+    (a library's transform that only takes PIL images, e.g. timm's auto-augment policies)."""
 
-    def __init__(self, fn: Any, reason: str | None = None) -> None:
+    def __init__(self, fn: Any, reason: str | None = None, pil: bool = False) -> None:
         if not callable(fn):
             raise TypeError(f"{fn!r} ({type(fn).__name__}) is not callable")
         self.fn = fn
         self.reason = reason
+        self.pil = bool(pil)
         self.albumentations = _is_albumentations(fn)
         self.name = _short(fn)
 
@@ -85,6 +95,15 @@ class UserTransform:
                 raise BadResult(f"{self.name} returned {_what(out)} (called as t(image=img)); expected a dict whose "
                                  f"'image' is a uint8 HWC numpy array of shape {(h, w, c)}")
             return res
+        if self.pil:
+            from PIL import Image
+
+            out = self.fn(Image.fromarray(img))
+            res = _as_hwc(out, h, w, c, chw=True)
+            if res is None:
+                raise BadResult(f"{self.name} returned {_what(out)} (called with an RGB PIL image of {w}x{h}); "
+                                f"expected an RGB PIL image of {w}x{h} or a uint8 CHW torch.Tensor of shape {(c, h, w)}")
+            return res
         out = self.fn(torch.from_numpy(img).permute(2, 0, 1).contiguous())
         res = _as_hwc(out, h, w, c, chw=True)
         if res is None:
@@ -92,6 +111,45 @@ class UserTransform:
                              f"{(c, h, w)} (the image it was given, transformed in place of it), or an RGB PIL image "
                              f"of {w}x{h}")
         return res
+
+
+class AfterNormalize(UserTransform):
+    """A transform after ToDtype/Normalize, run per sample on the float image (module docstring). ``dtype``: the
+    float dtype ToDtype made (the pipeline's)."""
+
+    def __init__(self, fn: Any, dtype: torch.dtype, reason: str | None = None) -> None:
+        super().__init__(fn, reason)
+        if self.albumentations:
+            raise ValueError(f"{self.name} is an albumentations transform after ToDtype/Normalize: albumentations "
+                             f"takes the uint8 image, so put it before ToDtype/Normalize")
+        self.dtype = dtype
+
+    @classmethod
+    def of(cls, t: UserTransform, dtype: torch.dtype) -> "AfterNormalize":
+        if t.pil:
+            raise ValueError(f"{t.name} takes PIL images ({t.reason or 'a PIL-only transform'}), which cannot hold "
+                             f"the normalized float image: put it before ToDtype/Normalize")
+        return cls(t.fn, dtype, t.reason)
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": "UserTransform", "transform": self.name, "reason": self.reason, "on": str(self.dtype)}
+
+    def __repr__(self) -> str:
+        return f"AfterNormalize({self.name})"
+
+    def __call__(self, img: np.ndarray) -> np.ndarray:
+        """``img``: one image's float HWC pixels as bytes, ``(H, W, C * itemsize)`` uint8; the transform's result
+        is written into it (and it is returned)."""
+        pixels = torch.from_numpy(img).view(self.dtype)  # (H, W, C), sharing img's memory
+        h, w, c = pixels.shape
+        out = self.fn(pixels.permute(2, 0, 1).contiguous())
+        if not (isinstance(out, torch.Tensor) and out.dtype == self.dtype and out.device.type == "cpu"
+                and tuple(out.shape) == (c, h, w)):
+            raise BadResult(f"{self.name} returned {_what(out)}; expected a {str(self.dtype).replace('torch.', '')} "
+                            f"CHW torch.Tensor of shape {(c, h, w)} (it runs after ToDtype/Normalize, on the float "
+                            f"image it was given)")
+        pixels.copy_(out.permute(1, 2, 0))
+        return img
 
 
 class BadResult(ValueError):

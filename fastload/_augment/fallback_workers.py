@@ -241,8 +241,10 @@ class FallbackRunner:
     threads, ``num_workers``) or, at ``num_workers=0`` (or where this process may not fork), in the calling
     thread. Says once, after its first batch, what they cost (a ``FastPathWarning``)."""
 
-    def __init__(self, field: str, transforms: Sequence[Any], batch_size: int) -> None:
+    def __init__(self, field: str, transforms: Sequence[Any], batch_size: int,
+                 stage: str = "after the native decode") -> None:
         self.field = field
+        self.stage = stage  # where in the pipeline they run, for the warning
         self.transforms = tuple(transforms)
         self.batch_size = batch_size
         self.pool: FallbackPool | None = None
@@ -311,7 +313,7 @@ class FallbackRunner:
         place = (f"in {workers} worker process{'es' if workers != 1 else ''}" if workers
                  else "in the calling thread (num_workers=0)")
         return (f"fastload: transforms['{self.field}'] has {len(self.transforms)} transform(s) fastload does not run "
-                f"natively; they run per sample in Python after the native decode, {place}: {each} (measured over "
+                f"natively; they run per sample in Python {self.stage}, {place}: {each} (measured over "
                 f"the first batch, {times.images} images). Use fastload.transforms' equivalents to keep the whole "
                 f"pipeline in the native decoder.")
 

@@ -40,19 +40,36 @@ def lift_erasing(items: Sequence[Any]) -> list:
     so the value is mapped back through the ToDtype/Normalize before it (``v * std + mean``, times 255 after a
     scaling ToDtype) and rounded to a pixel level: the erased area then normalizes to within half a level of
     ``value`` (0.5 / 255 / std). ``value="random"`` (normal noise in normalized units) has no such mapping and
-    is refused with the order to use; anything else after ToDtype/Normalize is left for the caller to refuse."""
+    is refused with the order to use; anything else after ToDtype/Normalize is left for the caller (callables run
+    per sample on the float image, ``fallback.AfterNormalize``; anything else is refused)."""
     from .._tensor_transforms import Normalize, TensorTransform, ToDtype
+    from .fallback import UserTransform
 
     first = next((i for i, t in enumerate(items) if isinstance(t, TensorTransform)), len(items))
     head, tail, before = list(items[:first]), [], []
+    per_sample = next((t for t in head if isinstance(t, UserTransform)), None)
     for t in items[first:]:
         if isinstance(t, TensorTransform):
             before.append(t)
             tail.append(t)
             continue
-        if not isinstance(t, filters.RandomErasing):
-            tail.append(t)
+        if not isinstance(t, filters.RandomErasing) or len(tail) > len(before):
+            tail.append(t)  # (an erasing after a callable run on the float image stays after it: refused there)
             continue
+        source = getattr(t, "source", None)  # the torchvision/timm object it was converted from (``_foreign``)
+        why = None
+        if t.value == "random":
+            why = "value='random' draws noise in normalized units, which fastload cannot erase with on the uint8 image"
+        elif per_sample is not None:
+            why = (f"it follows {per_sample.name}, which runs per sample after the native decoder, so it cannot be "
+                   f"planned before it there")
+        if why is not None and source is not None:  # the library's own object, per sample on the float image
+            tail.append(UserTransform(source, f"not converted: {why}"))
+            continue
+        if per_sample is not None:
+            raise ValueError(f"{t!r} after {before[-1]!r} would have to be planned in the native decoder before "
+                             f"{per_sample.name}, which runs per sample after it: put RandomErasing before "
+                             f"{per_sample.name}, or pass a callable")
         if t.value == "random":
             raise ValueError(f"{t!r} after {before[-1]!r} draws noise in normalized units, which fastload cannot erase "
                              f"with on the uint8 image: put RandomErasing before ToDtype/Normalize")

@@ -195,11 +195,18 @@ class ImagePart(Part):
     def __init__(self, field: Any, pipeline: Any):
         super().__init__(field)
         self.pipeline = pipeline
-        self.tensor = pipeline.tensor if pipeline.tensor else None  # ToDtype/Normalize, or None
+        #: callables after ToDtype/Normalize: the fill stage normalizes on the CPU into the slot's float rows
+        #: (``after_key``) and runs them there, so the batch leaves as those floats (``_images.py``)
+        self.after_key = f"{self.name}:after" if pipeline.after else None
+        # ToDtype/Normalize left for the collate stage or the device, or None
+        self.tensor = pipeline.batch_tensor if pipeline.batch_tensor else None
 
     def buffers(self, batcher: Any, b: int, alloc: Callable) -> dict:
         h, w = self.pipeline.output_size
-        return batcher.images.buffers(self.name, (b, h, w, 3), alloc)
+        out = batcher.images.buffers(self.name, (b, h, w, 3), alloc)
+        if self.after_key is not None:  # NHWC: the collated NCHW view is channels_last, as the uint8 rows'
+            out[self.after_key] = alloc((b, h, w, 3), self.pipeline.tensor.dtype)
+        return out
 
     def fill(self, batcher: Any, slot: Any, at: Any, indices: np.ndarray, rng: Any, pool: Any,
              failed: dict) -> list | None:
@@ -215,11 +222,15 @@ class ImagePart(Part):
             batcher.images.move_rows(slot.tensors[self.name], bad, sources)
             obj[0] = batcher.images.ready_event(slot.tensors[self.name])  # after the fix-ups, on the rows stream
             return
-        arr = slot.arrays[self.name]
-        for k, src in zip(bad, sources):
-            arr[k] = arr[src]
+        for key in (self.name, self.after_key):
+            if key is not None:
+                arr = slot.tensors[key]
+                for k, src in zip(bad, sources):
+                    arr[k] = arr[src]
 
     def collate(self, tensors: dict, n: int, obj: Any, tensor_transforms: bool, cpu_output: Callable) -> Any:
+        if self.after_key is not None:  # normalized and transformed by the fill stage
+            return tensors[self.after_key][:n].permute(0, 3, 1, 2)
         images = tensors[self.name][:n].permute(0, 3, 1, 2)  # NCHW, channels_last
         if obj is not None and obj[0] is not None:  # a GPU decoder's rows: readers wait on this on the device
             images.fastload_ready = obj[0]

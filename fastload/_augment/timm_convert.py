@@ -1,0 +1,116 @@
+"""timm's transform objects in ``fastload.open(transforms=...)``, converted to fastload's (issue 30 item 1).
+
+``timm.data.create_transform(224, is_training=True, auto_augment="rand-m9-mstd0.5", re_prob=0.25)`` (the
+DeiT/ViT recipe) is a torchvision ``Compose`` of timm's own objects and torchvision's: torchvision's convert in
+``torchvision_convert.py``, timm's here, each rebuilt as fastload's from its public attributes where fastload
+has an exact equivalent. Classes are matched by module and name; timm is never imported here (a stand-in with
+timm's module, name and attributes converts the same, which is how the tests run without it). The attribute
+names are timm 1.0's (``timm/data/transforms.py``, ``random_erasing.py``, ``auto_augment.py``).
+
+What converts, and why it is the same:
+
+- ``RandomResizedCropAndInterpolation`` -> ``RandomResizedCrop``: its ``get_params`` draws as torchvision's
+  (10 tries of a uniform area and a log-uniform ratio, rounded sides, a uniform position, else the centre crop
+  clamped to the ratio range; timm does not reject a side that rounds to 0 pixels, which only a scale near 0
+  can draw) and resizes with PIL. Bilinear only: ``interpolation='random'`` (timm's ``train.py`` default,
+  bilinear or bicubic per image) and ``'bicubic'`` are not converted (the native engine resizes bilinear), so
+  the pipeline is refused at open with that reason.
+- ``RandomErasing`` in mode ``'const'`` with one box (``max_count`` 1) -> ``RandomErasing(value=0)`` after
+  Normalize, which the pipeline plans on the uint8 image (``pipeline.lift_erasing``): timm draws the box as
+  torchvision does (``p``, a uniform area in ``[min_area, max_area]``, a log-uniform aspect, rounded sides
+  smaller than the image, a uniform position). Modes ``'rand'``/``'pixel'`` (normal noise in normalized units)
+  and several boxes have no native equivalent: timm's object runs per sample on the normalized float image
+  (``fallback.AfterNormalize``), with the one warning the per-sample transforms give.
+- ``MaybeToTensor`` -> ``ToDtype(float32, scale=True)`` (torchvision's ``ToTensor``); ``MaybePILToTensor``,
+  ``ToNumpy`` -> nothing (fastload's decoder gives the uint8 CHW image they make; the loader collates it as a
+  tensor, as timm's ``fast_collate`` does with ``ToNumpy``'s arrays); timm's ``ToTensor(dtype)`` ->
+  ``ToDtype(dtype)`` (no rescaling).
+- timm's ``RandAugment``, ``AutoAugment`` and ``AugMixAugment`` (their own op sets, e.g. ``SolarizeAdd``,
+  ``TranslateXRel``, the increasing variants, magnitude noise ``mstd``, with PIL's arithmetic) have no exact
+  native equivalent yet: each runs per sample on an RGB PIL image of the decoded tile (as timm calls them),
+  named in the warning.
+
+:func:`convert` returns None for an object that is not timm's; for one that is, its fastload equivalents, or a
+``UserTransform`` whose ``reason`` says why it was not converted.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any, Callable
+
+import torch
+
+from .fallback import UserTransform
+
+__all__ = ["convert", "is_timm"]
+
+#: timm's policies, which take and give PIL images (``timm/data/auto_augment.py``)
+_POLICIES = ("RandAugment", "AutoAugment", "AugMixAugment")
+
+
+def is_timm(t: Any) -> bool:
+    mod = type(t).__module__
+    return mod == "timm" or mod.startswith("timm.")
+
+
+def _takes_pil(t: Any) -> bool:
+    """Whether timm calls ``t`` with a PIL image: its transforms before ``ToTensor`` (``timm.data.transforms``,
+    ``timm.data.auto_augment``); its ``RandomErasing`` (and anything else) takes the tensor."""
+    mod = type(t).__module__
+    return mod.startswith("timm.data.transforms") or mod.startswith("timm.data.auto_augment")
+
+
+def convert(t: Any, classes: Any) -> list | None:
+    """``t``'s fastload equivalents, a ``UserTransform`` with the reason when it has none, or None when ``t`` is
+    not timm's. ``classes``: fastload's transform classes by name (the ``fastload.transforms`` module)."""
+    if not is_timm(t):
+        return None
+    name = type(t).__name__
+    rule = _rules(classes).get(name)
+    if rule is None:
+        return [UserTransform(t, f"timm's {name} has no fastload equivalent", pil=_takes_pil(t))]
+    try:
+        return rule(t)
+    except (TypeError, ValueError) as e:  # no exact equivalent for these parameters: say which, run it as is
+        return [UserTransform(t, f"not converted: {e}", pil=_takes_pil(t))]
+
+
+def _rrc(T: Any, t: Any) -> list:
+    interp = t.interpolation
+    if isinstance(interp, (tuple, list)):
+        raise ValueError("RandomResizedCropAndInterpolation(interpolation='random') resizes each image bilinear or "
+                         "bicubic at random; fastload's native engine resizes with antialiased bilinear only: use "
+                         "interpolation='bilinear' (timm's train.py: --train-interpolation bilinear)")
+    return [T.RandomResizedCrop(t.size, tuple(t.scale), tuple(t.ratio), interp, True)]
+
+
+def _erasing(T: Any, t: Any) -> list:
+    if t.per_pixel or t.rand_color:
+        raise ValueError(f"RandomErasing(mode={t.mode!r}) erases with normal noise in normalized units, which "
+                         f"fastload cannot draw on the uint8 image (mode='const' converts)")
+    if (t.min_count, t.max_count) != (1, 1):
+        raise ValueError(f"RandomErasing(min_count={t.min_count}, max_count={t.max_count}) erases several boxes; "
+                         f"fastload's erases one (max_count=1 converts)")
+    lo, hi = t.log_aspect_ratio
+    return [T.RandomErasing(t.probability, (t.min_area, t.max_area), (math.exp(lo), math.exp(hi)), value=0)]
+
+
+def _policy(t: Any) -> list:
+    raise ValueError(f"timm's {type(t).__name__} (its own op set and magnitude rules, with PIL's arithmetic) has "
+                     f"no exact native equivalent in fastload yet")
+
+
+@functools.lru_cache(maxsize=None)
+def _rules(T: Any) -> dict[str, Callable[[Any], list]]:
+    """The conversion of each timm class with an equivalent, by class name; ``T``: fastload's classes."""
+    return {
+        "RandomResizedCropAndInterpolation": functools.partial(_rrc, T),
+        "RandomErasing": functools.partial(_erasing, T),
+        "MaybeToTensor": lambda t: [T.ToDtype(torch.float32, scale=True)],
+        "MaybePILToTensor": lambda t: [],
+        "ToNumpy": lambda t: [],
+        "ToTensor": lambda t: [T.ToDtype(t.dtype)],
+        **{name: _policy for name in _POLICIES},
+    }
