@@ -162,6 +162,19 @@ def test_verify_of_a_url_checks_what_is_in_storage(s3_photos, moto):
     assert "2 problem(s) found" in res.output
 
 
+def test_storage_options_on_the_command_line(s3_photos, moto, monkeypatch):
+    """What fastload.open's storage_options= does, for a server the environment does not name."""
+    url, _ = s3_photos
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    given = ["--storage-option", f"endpoint_url={moto.endpoint}", "--storage-option", "key=testing",
+             "--storage-option", "secret=testing"]
+    for verb, extra in (("verify", ["-q"]), ("inspect", []), ("bench", ["--seconds", "0.05", "--max-workers", "0"])):
+        res = run(verb, url, *given, *extra)
+        assert res.exit_code == 0, res.output
+    cli_error(run("verify", url, "--storage-option", "anon"), "--storage-option", "'anon'", "KEY=VALUE")
+    cli_error(run("inspect", ".", *given), "--storage-option", "local path")
+
+
 def test_url_mistakes_get_open_s_errors(s3_photos):
     url, _ = s3_photos
     for verb in ("verify", "inspect", "bench"):
