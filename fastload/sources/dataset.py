@@ -27,6 +27,9 @@ class DatasetSource(Source):
             raise SourceError(f"{type(dataset).__name__} is not a map-style dataset (it needs __len__ and "
                               f"__getitem__); iterable datasets cannot be packed")
         self.name = type(dataset).__name__
+        if self.name.endswith("DatasetDict") and type(dataset).__module__.split(".")[0] == "datasets":
+            raise SourceError(f"a Hugging Face {self.name} holds splits ({', '.join(map(str, dataset))}), not samples: "
+                              f"pack one split, e.g. fastload.pack(ds['{next(iter(dataset), 'train')}'], ...)")
         n = len(dataset)
         if n == 0:
             raise SourceError(f"the source {self.name} has no samples (its len() is 0): nothing to pack")

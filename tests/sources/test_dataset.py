@@ -101,3 +101,8 @@ def test_hugging_face_formats_columns_and_class_names(tmp_path):
     assert [bytes(ds[i][0]) for i in range(4)] == [p.read_bytes() for p in paths]
     assert [(int(ds[i][1]), int(ds[i][2])) for i in range(4)] == [(0, 2), (1, 1), (1, 0), (0, 2)]
     assert ds.classes == ["a", "b"]
+    from datasets import DatasetDict
+
+    with pytest.raises(SourceError, match=r"DatasetDict holds splits \(train, test\), not samples: pack one split, "
+                                          r"e.g. fastload.pack\(ds\['train'\]"):
+        fastload.pack(DatasetDict({"train": hf, "test": hf}), tmp_path / "dict")
