@@ -11,6 +11,7 @@ once no batch in the look-ahead uses it.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import random
@@ -230,7 +231,7 @@ class Remote:
                 local = Path(scratch) / e.file
                 rpath = f"{self.root}/{e.file}"
                 try:
-                    retrying(lambda: self.fs.get_file(rpath, str(local)), self.stats, self.retries)
+                    retrying(functools.partial(self.fs.get_file, rpath, str(local)), self.stats, self.retries)
                 except FileNotFoundError:
                     problems.append(f"{e.file}: missing in storage ({self.url}/{e.file})")
                 except Exception as err:

@@ -53,8 +53,9 @@ class ImageFolderSource(Source):
         if loops:
             loops.sort(key=lambda m: "symlink loop" not in m)  # a loop first: the worst (it repeats files endlessly)
             more = f" (and {len(loops) - 1} more such link(s))" if len(loops) > 1 else ""
-            warnings.warn(f"ImageFolder root {self.root}: {loops[0]}{more}; each file is packed once, under the "
-                          f"first path that reaches it (a folder reached again through a link is skipped)",
+            warnings.warn(f"a link in an ImageFolder leads to a folder reached already, under {self.root}: "
+                          f"{loops[0]}{more}; each file is packed once, under the first path that reaches it (a "
+                          f"folder reached again through a link is skipped)",
                           UserWarning, stacklevel=2)
         if not self.samples:
             raise SourceError(f"ImageFolder root {self.root} has no files with extensions {', '.join(exts)}")
@@ -100,10 +101,11 @@ def _walk(top: Path, seen: dict[tuple[int, int], str], loops: list[str]) -> list
 
     def visit(path: str) -> None:
         try:
-            entries = sorted(os.scandir(path), key=lambda e: e.name)
-        except OSError as e:
-            raise SourceError(f"cannot list the folder {path} of an ImageFolder: {e.strerror or e}") from None
-        files, dirs = [], []
+            entries = sorted(os.scandir(path), key=lambda entry: entry.name)
+        except OSError as err:
+            raise SourceError(f"cannot list the folder {path} of an ImageFolder: {err.strerror or err}") from None
+        files: list[os.DirEntry] = []
+        dirs: list[os.DirEntry] = []
         for e in entries:
             try:
                 is_dir = e.is_dir()  # follows links, as os.walk(followlinks=True)

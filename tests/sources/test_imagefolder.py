@@ -3,7 +3,6 @@ are torchvision's, an empty class folder refused as torchvision does."""
 
 from __future__ import annotations
 
-import json
 import os
 
 import pytest
