@@ -190,10 +190,11 @@ def pack_local(src: Source, dest: Path, *, format: str, image_mode: str, max_sid
 
 def _warn_reencoded(sample: str, note: str) -> None:
     """Once per pack: pixels changed by a JPEG re-encode nobody asked for (``fields/image.py`` says why)."""
-    warnings.warn(f"fastload.pack re-encoded pixels as JPEG: {sample}: the image was {note}. Every such image of this pack is re-encoded "
-                  f"alike (warned once; the summary counts them). To store exact pixels, pass image_mode='raw' "
-                  f"(--image-mode raw; larger files); to store the source's own JPEG bytes, give them as they are "
-                  f"(a file path, bytes, a Hugging Face image column, a PIL image as Image.open returned it)",
+    warnings.warn(f"fastload.pack re-encoded pixels as JPEG: {sample}: the image was {note}. Every such image of "
+                  f"this pack is re-encoded alike (warned once; the summary counts them). To store exact pixels, pass "
+                  f"image_mode='raw' (--image-mode raw; larger files); to store the source's own JPEG bytes, give them "
+                  f"as they are (a file path, bytes, a Hugging Face image column, a PIL image as Image.open returned "
+                  f"it)",
                   UserWarning, stacklevel=2)
 
 

@@ -47,7 +47,8 @@ def test_a_dead_holder_s_lock_file_is_taken_over_and_cleaned_up(tmp_path):
     dest = tmp_path / "ds"
     code = ("import sys, os, signal; from pathlib import Path; from fastload.pack._lock import writer_lock\n"
             "with writer_lock(Path(sys.argv[1])):\n    os.kill(os.getpid(), signal.SIGKILL)\n")
-    proc = subprocess.run([sys.executable, "-c", code, str(dest)], env=dict(os.environ, PYTHONPATH=str(Path(fastload.__file__).parents[1])))
+    env = dict(os.environ, PYTHONPATH=str(Path(fastload.__file__).parents[1]))
+    proc = subprocess.run([sys.executable, "-c", code, str(dest)], env=env)
     assert proc.returncode == -9 and (dest / LOCK_NAME).exists()
     remove_if_free(dest / LOCK_NAME)  # nobody holds it: removed
     assert not (dest / LOCK_NAME).exists()
