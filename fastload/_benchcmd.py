@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -31,17 +30,21 @@ def preset_transforms(name: str, schema, size: int) -> dict:
 
 
 def run(path: Any, batch_size: int = 64, preset: str = "train", size: int = 224, max_workers: int | None = None,
-        seconds: float = 1.0) -> dict:
+        seconds: float = 1.0, storage_options: dict | None = None) -> dict:
     from ._autotune import choose, measure
     from ._batcher import Batcher
     from .fields import NotFastPath
     from ._dataset import Dataset
-    from .formats.reader import read_manifest
     from ._native import native
     from .fast.order import Order
 
-    schema = read_manifest(Path(path)).schema
-    ds = Dataset(path, transforms=preset_transforms(preset, schema, size))
+    plain = Dataset(path, storage_options=storage_options)  # a folder or a URL, with fastload.open's errors
+    schema = plain.schema
+    plain.close()
+    ds = Dataset(path, transforms=preset_transforms(preset, schema, size), storage_options=storage_options)
+    if ds.remote:  # every shard in the local cache first: the rates measure loading, not downloading
+        for seg in ds.reader.segments:
+            seg.open()
     try:
         batcher = Batcher(ds, batch_size, 0)
     except NotFastPath as e:

@@ -10,6 +10,19 @@ import click
 
 from ._errors import FastloadError
 from .formats.registry import DEFAULT_FORMAT, FORMATS
+from .formats.remote import is_url
+
+
+class DatasetArg(click.ParamType):
+    """What ``fastload.open`` takes: a URL (s3://, gs://, az://, https://, any fsspec URL; credentials and endpoint
+    from the backend's usual environment, e.g. AWS_ENDPOINT_URL) or a local path, which must exist."""
+
+    name = "dataset"
+
+    def convert(self, value, param, ctx):
+        if is_url(value):
+            return value
+        return click.Path(exists=True, path_type=Path).convert(value, param, ctx)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -105,13 +118,18 @@ def merge(dst, quiet) -> None:
 
 
 @main.command()
-@click.argument("dst", type=click.Path(exists=True, path_type=Path))
-def inspect(dst) -> None:
-    """Show the schema, sample counts and sizes of the dataset at DST."""
+@click.argument("dst", type=DatasetArg())
+@click.option("--storage-option", "storage_options", multiple=True, metavar="KEY=VALUE",
+              callback=lambda c, p, v: _storage_options(v),
+              help="For a URL: an option of its fsspec backend, as fastload.open's storage_options= (e.g. anon=true, "
+                   "endpoint_url=...); repeat for more.")
+def inspect(dst, storage_options) -> None:
+    """Show the schema, sample counts and sizes of the dataset at DST (a folder or a URL)."""
     from .fields import codec_of
     from .formats.reader import describe_storage, read_manifest
 
-    m = _run(lambda: read_manifest(dst))
+    _url_only(dst, storage_options)
+    m = _run(lambda: _remote(dst, storage_options).manifest if is_url(dst) else read_manifest(dst))
     click.echo(f"dataset   {dst}")
     click.echo(f"format    {m.layout} (version {m.version}, {m.created_by or 'unknown writer'})")
     click.echo(f"samples   {m.num_samples:,}")
@@ -131,16 +149,26 @@ def inspect(dst) -> None:
 
 
 @main.command()
-@click.argument("dst", type=click.Path(exists=True, path_type=Path))
+@click.argument("dst", type=DatasetArg())
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-def verify(dst, quiet) -> None:
-    """Check every shard's size, checksum and structure; exit 1 naming each bad shard."""
+@click.option("--storage-option", "storage_options", multiple=True, metavar="KEY=VALUE",
+              callback=lambda c, p, v: _storage_options(v),
+              help="For a URL: an option of its fsspec backend, as fastload.open's storage_options= (e.g. anon=true, "
+                   "endpoint_url=...); repeat for more.")
+def verify(dst, quiet, storage_options) -> None:
+    """Check every shard's size, checksum and structure; exit 1 naming each bad shard.
+
+    DST may be a URL: every shard is then downloaded (to a scratch folder, removed after) and checked.
+    """
     from .formats.reader import read_manifest, verified_what
     from .formats.reader import verify as verify_dataset
 
-    m = _run(lambda: read_manifest(dst))
+    _url_only(dst, storage_options)
+    remote = _run(lambda: _remote(dst, storage_options)) if is_url(dst) else None
+    m = remote.manifest if remote is not None else _run(lambda: read_manifest(dst))
     with _bar(m.num_samples, f"verify {dst}", "sample", quiet) as bar:
-        problems = verify_dataset(dst, m, bar.update if bar is not None else None)
+        told = bar.update if bar is not None else None
+        problems = remote.verify(told) if remote is not None else verify_dataset(dst, m, told)
     if problems:
         for p in problems:
             click.echo(f"BAD {p}", err=True)
@@ -150,7 +178,11 @@ def verify(dst, quiet) -> None:
 
 
 @main.command()
-@click.argument("dst", type=click.Path(exists=True, path_type=Path))
+@click.argument("dst", type=DatasetArg())
+@click.option("--storage-option", "storage_options", multiple=True, metavar="KEY=VALUE",
+              callback=lambda c, p, v: _storage_options(v),
+              help="For a URL: an option of its fsspec backend, as fastload.open's storage_options= (e.g. anon=true, "
+                   "endpoint_url=...); repeat for more.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=64, show_default=True)
 @click.option("--transforms", "preset", type=click.Choice(["train", "val", "none"]), default="train",
               show_default=True, help="train: RandomResizedCrop+flip; val: Resize+CenterCrop; none: no image transforms.")
@@ -160,20 +192,53 @@ def verify(dst, quiet) -> None:
               help="Measuring time per thread count.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
               help="Write a PNG (needs matplotlib).")
-def bench(dst, batch_size, preset, size, max_workers, seconds, plot_path) -> None:
-    """Measure the dataset at DST: samples/s per thread count (the fastest, and num_workers='auto''s pick), where
-    time goes."""
+def bench(dst, storage_options, batch_size, preset, size, max_workers, seconds, plot_path) -> None:
+    """Measure the dataset at DST (a folder or a URL): samples/s per thread count (the fastest, and
+    num_workers='auto''s pick), where time goes. A URL's shards are downloaded into the shard cache first, as
+    fastload.open reads them."""
     from ._benchcmd import plot, plot_ready, report, run
 
     if plot_path:  # before the measuring, not after it
         if Path(plot_path).suffix.lower() != ".png":
             raise click.BadParameter(f"{plot_path!r}: the plot is a PNG; name a .png file", param_hint="'--plot'")
         _run(plot_ready)
-    result = _run(lambda: run(dst, batch_size, preset, size, max_workers, seconds))
+    _url_only(dst, storage_options)
+    result = _run(lambda: run(dst, batch_size, preset, size, max_workers, seconds, storage_options))
     click.echo(report(result))
     if plot_path:
         _run(lambda: plot(result, plot_path))
         click.echo(f"plot written to {plot_path}")
+
+
+def _remote(url: str, storage_options: dict | None):
+    """The remote dataset at ``url``, opened as ``fastload.open`` opens it (the same errors: no bucket, no
+    manifest, an unfinished pack, a layout other than shards)."""
+    from .formats.remote import Remote
+
+    return Remote(url, storage_options=storage_options)
+
+
+def _url_only(dst, storage_options: dict | None) -> None:
+    if storage_options and not is_url(dst):
+        raise click.BadParameter(f"storage options go with a URL, and {dst} is a local path",
+                                 param_hint="'--storage-option'")
+
+
+def _storage_options(pairs: tuple[str, ...]) -> dict | None:
+    """--storage-option anon=true --storage-option endpoint_url=http://... -> {"anon": True, ...}: a value is
+    read as JSON (true, 3, "x") when it parses, else kept as text."""
+    import json
+
+    out = {}
+    for pair in pairs:
+        key, eq, value = pair.partition("=")
+        if not eq or not key:
+            raise click.BadParameter(f"{pair!r} should be KEY=VALUE, e.g. anon=true", param_hint="'--storage-option'")
+        try:
+            out[key] = json.loads(value)
+        except ValueError:
+            out[key] = value
+    return out or None
 
 
 def _checked(check, value):

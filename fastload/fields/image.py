@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import io
 import os
-from typing import Any, Callable
+import threading
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 import torch
@@ -84,6 +86,47 @@ def _to_pil(value: Any):
     return Image.fromarray(np.ascontiguousarray(arr))
 
 
+def encoded_image(cell: Any) -> Any:
+    """A source's cell of encoded image data, as the value the image codec stores as it is (a JPEG within
+    ``max_side``, byte for byte): bytes stay bytes; a ``{"bytes": ..., "path": ...}`` record (a Hugging Face
+    image column read with ``Image(decode=False)``, and the same struct in its Parquet files) gives its bytes,
+    or, without bytes, ``FileImage(path)``. Anything else is returned unchanged (pixels: encoded by the codec,
+    with a warning where that loses detail). For source adapters (``sources/``)."""
+    if isinstance(cell, Mapping) and set(cell) <= {"bytes", "path"}:
+        data, path = cell.get("bytes"), cell.get("path")
+        if data is not None:
+            return bytes(data)
+        if path:
+            return FileImage(path)
+        raise SchemaError("the image record holds neither bytes nor a path")
+    return cell
+
+
+def untouched_jpeg(img: Any) -> bytes | None:
+    """The JPEG file a PIL image was decoded from, when the image is still exactly that file's pixels (opened with
+    ``Image.open(path)``, not converted, resized or drawn on since): its bytes, else None.
+
+    An image changed in place (``paste``, ``ImageDraw``, ``thumbnail``) keeps its class and ``format``, so the
+    file is decoded again and its pixels compared: the bytes are stored only when they give the same pixels."""
+    path = getattr(img, "filename", None)
+    if getattr(img, "format", None) != "JPEG" or not path or not os.path.isfile(path):
+        return None
+    from PIL import Image
+
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+        if not is_jpeg(data):
+            return None
+        fresh = Image.open(io.BytesIO(data))
+        if fresh.size != img.size or fresh.mode != img.mode:
+            return None
+        fresh.load()
+        return data if fresh.tobytes() == img.tobytes() else None
+    except (OSError, ValueError, SyntaxError):  # the file changed since, or PIL cannot read it again
+        return None
+
+
 def file_bytes(value: Any) -> bytes | None:
     """The encoded bytes a source value stands for (a ``FileImage``'s file, or bytes as given), else None."""
     if isinstance(value, FileImage):
@@ -94,16 +137,53 @@ def file_bytes(value: Any) -> bytes | None:
     return None
 
 
+# Lossy re-encodes nobody asked for (image_mode='auto' storing pixels as JPEG): the pack warns once (pack/_local.py).
+_NOTES = threading.local()
+
+
+@contextmanager
+def reencodings() -> Iterator[list[str]]:
+    """Collects, for the images encoded in the block on this thread, why any was re-encoded with loss unasked."""
+    before = getattr(_NOTES, "notes", None)
+    _NOTES.notes = notes = []
+    try:
+        yield notes
+    finally:
+        _NOTES.notes = before
+
+
+def _note_reencoded(value: Any, data: bytes | None, quality: int) -> None:
+    notes = getattr(_NOTES, "notes", None)
+    if notes is None:
+        return
+    if data is not None:
+        what = "its encoded bytes are not a JPEG (PNG, WebP, ...)"
+    elif is_pil_image(value):
+        what = ("it is a PIL image not opened from a JPEG file, or changed since (converted, resized, drawn on), so "
+                "no JPEG bytes of it are at hand")
+    else:
+        what = f"it is a {type(value).__name__} of pixels, not encoded bytes"
+    notes.append(f"re-encoded as JPEG at quality={quality} (lossy: its pixels differ slightly from the source's), "
+                 f"because {what} and it is larger than {SMALL_IMAGE_PIXELS:,} pixels (smaller ones are stored raw)")
+
+
 def encode_image(value: Any, opts: Any) -> tuple[tuple, bytes]:
-    """``(meta,), blob`` for one image; ``opts``: the packer's ``ImageOptions`` (mode, max_side, quality, check)."""
+    """``(meta,), blob`` for one image; ``opts``: the packer's ``ImageOptions`` (mode, max_side, quality, check).
+    Encoded JPEG bytes at hand (a file, bytes, an untouched PIL image from a JPEG file) are stored as they are
+    unless ``max_side`` shrinks them or ``mode='jpeg'``; pixels are stored raw or, when large, as JPEG at
+    ``quality``, which, unasked (``mode='auto'``), is noted for the pack's warning (``reencodings``)."""
     data = file_bytes(value)
+    if data is None and is_pil_image(value) and opts.mode in ("auto", "passthrough"):
+        data = untouched_jpeg(value)  # jpeg/raw modes decode anyway: the image's own pixels serve as well
     if data is not None and is_jpeg(data):
         h, w = check_jpeg(data, opts.check)
         if opts.mode == "passthrough" or (opts.mode == "auto" and _fit((w, h), opts.max_side) is None):
             return (np.array([h, w, IMAGE_JPEG], dtype="<u4"),), data
     elif opts.mode == "passthrough":
-        raise SchemaError("image_mode='passthrough' stores JPEG files untouched, but this image is not a JPEG; "
-                          "use image_mode='auto', 'jpeg' or 'raw'")
+        what = "encoded bytes that are not a JPEG" if data is not None else \
+            f"pixels (a {type(value).__name__}), not a JPEG file's bytes"
+        raise SchemaError(f"image_mode='passthrough' stores JPEG files untouched, but this image is {what}; "
+                          f"use image_mode='auto', 'jpeg' or 'raw'")
     from PIL import Image
 
     if data is not None:
@@ -127,6 +207,8 @@ def encode_image(value: Any, opts: Any) -> tuple[tuple, bytes]:
     if raw:
         arr = np.asarray(img, dtype=np.uint8)
         return (np.array([h, w, IMAGE_RAW], dtype="<u4"),), arr.tobytes()
+    if opts.mode == "auto" and new is None:  # neither mode='jpeg' nor max_side asked for a new encoding
+        _note_reencoded(value, data, opts.quality)
     out = io.BytesIO()
     img.save(out, format="JPEG", quality=opts.quality)
     return (np.array([h, w, IMAGE_JPEG], dtype="<u4"),), out.getvalue()

@@ -11,9 +11,11 @@ once no batch in the look-ahead uses it.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import random
+import tempfile
 import threading
 import time
 import warnings
@@ -28,7 +30,7 @@ from .._errors import FastloadError, FormatError, RemoteError
 from ._cache import CacheStats, ShardCache, dataset_key  # noqa: F401  (dataset_key: the packer's staging)
 from ._manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, ShardEntry
 from .shards import FORMAT as SHARDS
-from .shards import ShardSegment, file_digest, shard_segments
+from .shards import ShardSegment, file_digest, shard_segments, verify_shard
 
 RETRIES = 5              # attempts after the first, for one request, with exponential backoff
 LOOKAHEAD_BATCHES = 1024  # the most batches a read plan looks ahead
@@ -216,6 +218,32 @@ class Remote:
         raise FormatError(f"{url}: downloaded twice, and the copy is {size} bytes with XXH3-64 {digest} where the "
                           f"manifest says {entry.bytes} bytes, {entry.xxh3_64}: the object in storage is corrupt or "
                           f"was replaced (re-upload the dataset)")
+
+    def verify(self, progress: Callable[[int], None] | None = None) -> list[str]:
+        """``fastload verify URL``: download every shard (one at a time, into a scratch folder beside the cache,
+        removed after) and check it as a local shard is checked (size, XXH3-64, structure). One message per bad
+        shard, as the local verify's; ``progress(samples)`` after each shard. What is in storage is checked, not
+        a cached copy."""
+        problems = []
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="verify-", dir=self.cache_dir) as scratch:
+            for e, start in zip(self.manifest.shards, self.starts.tolist()):
+                local = Path(scratch) / e.file
+                rpath = f"{self.root}/{e.file}"
+                try:
+                    retrying(functools.partial(self.fs.get_file, rpath, str(local)), self.stats, self.retries)
+                except FileNotFoundError:
+                    problems.append(f"{e.file}: missing in storage ({self.url}/{e.file})")
+                except Exception as err:
+                    problems.append(f"{e.file}: cannot download {self.url}/{e.file}: {describe(err)}")
+                else:
+                    bad = verify_shard(local, e, self.manifest.schema, self.url, start)
+                    if bad is not None:
+                        problems.append(f"{e.file}: {bad}")
+                    local.unlink(missing_ok=True)
+                if progress is not None:
+                    progress(e.num_samples)
+        return problems
 
     def pin(self, k: int) -> Future:
         """Download shard ``k`` in the background; the future's result is its shared-lock fd."""

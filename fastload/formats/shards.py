@@ -327,28 +327,32 @@ def verify_shards(root: Path, manifest: Manifest, progress: Callable[[int], None
         if not path.exists():
             problems.append(f"{e.file}: missing")
             continue
-        try:
-            size, digest = file_digest(path)
-        except OSError as err:
-            problems.append(f"{e.file}: cannot read ({type(err).__name__}: {err})")
-            continue
-        if size != e.bytes:
-            problems.append(f"{e.file}: {size} bytes, manifest says {e.bytes}")
-            continue
-        if digest != e.xxh3_64:
-            problems.append(f"{e.file}: checksum {digest} does not match the manifest's {e.xxh3_64}")
-            continue
-        seg = ShardSegment(path, e, manifest.schema, str(root), start)
-        try:
-            seg.open()
-            bad = blob_problem(manifest.schema, seg, range(seg.count), start)  # e.g. masks' PNGs decode
-            if bad is not None:
-                problems.append(f"{e.file}: {bad}")
-        except FormatError as err:
-            problems.append(f"{e.file}: {err}")
-        finally:
-            seg.close()
+        bad = verify_shard(path, e, manifest.schema, str(root), start)
+        if bad is not None:
+            problems.append(f"{e.file}: {bad}")
     return problems
+
+
+def verify_shard(path: Path, e: ShardEntry, schema: Any, where: str, start: int) -> str | None:
+    """What is wrong with the shard file at ``path`` (size, checksum, structure) against its manifest entry, or
+    None. ``where`` names the dataset in messages; ``start`` is the shard's first sample. Used for a local
+    dataset and for each downloaded shard of a remote one (``remote.py``)."""
+    try:
+        size, digest = file_digest(path)
+    except OSError as err:
+        return f"cannot read ({type(err).__name__}: {err})"
+    if size != e.bytes:
+        return f"{size} bytes, manifest says {e.bytes}"
+    if digest != e.xxh3_64:
+        return f"checksum {digest} does not match the manifest's {e.xxh3_64}"
+    seg = ShardSegment(path, e, schema, where, start)
+    try:
+        seg.open()
+        return blob_problem(schema, seg, range(seg.count), start)  # e.g. masks' PNGs decode
+    except FormatError as err:
+        return str(err)
+    finally:
+        seg.close()
 
 
 def _told(items, progress: Callable[[int], None] | None):

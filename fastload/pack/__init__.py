@@ -8,6 +8,7 @@ each format live with it and are reached through its ``Format`` object (``format
 ``_parts.py``      ``--part I/N`` spans and ``merge``
 ``_ray.py``        the parts as Ray tasks, then the merge
 ``_sinks.py``      the destination (finished, resumable, scratch, foreign) and the format's sink
+``_lock.py``       one writer per destination folder (an flock the kernel releases if the pack dies)
 ``_encode.py``     source values to stored form; ``_encode_pool.py`` encodes on threads or processes
 
 (Inside ``fastload/__init__.py`` the name ``fastload.pack`` is rebound to the function: the public API.)

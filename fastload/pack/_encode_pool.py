@@ -14,6 +14,7 @@ from typing import Any, Iterator
 
 from ._encode import ImageOptions, encode_sample
 from .._errors import FastloadError
+from ..fields.image import reencodings
 from ..sources import Source
 
 _WORKER: dict[str, Any] = {}
@@ -31,18 +32,21 @@ def _init_process_worker(source: Source, opts: ImageOptions) -> None:
     _init_worker(source, opts)
 
 
-def _encode_one(i: int) -> tuple[int, list | None, str | None]:
+def _encode_one(i: int) -> tuple[int, list | None, str | None, str | None]:
+    """``(i, encoded, error, note)``: ``note`` says why an image of the sample was re-encoded with loss unasked."""
     src, opts = _WORKER["source"], _WORKER["opts"]
     try:
-        return i, encode_sample(src.schema, src.load(i), opts), None
+        with reencodings() as notes:
+            encoded = encode_sample(src.schema, src.load(i), opts)
+        return i, encoded, None, notes[0] if notes else None
     except (KeyboardInterrupt, SystemExit):
         raise
     except Exception as e:  # any failure of user data or user code: reported with the sample's name
         # without object addresses ("<_io.BytesIO object at 0x7f...>"): the same pack writes the same manifest
-        return i, None, _ADDRESS.sub("", f"{type(e).__name__}: {e}")
+        return i, None, _ADDRESS.sub("", f"{type(e).__name__}: {e}"), None
 
 
-def _encode_range(lo: int, hi: int) -> list[tuple[int, list | None, str | None]]:
+def _encode_range(lo: int, hi: int) -> list[tuple[int, list | None, str | None, str | None]]:
     return [_encode_one(i) for i in range(lo, hi)]
 
 
@@ -61,7 +65,7 @@ def _threaded(fn, indices: range, workers: int) -> Iterator:
 
 
 def _encoded(source: Source, opts: ImageOptions, start: int, workers: int,
-             stop: int | None = None) -> Iterator[tuple[int, list | None, str | None]]:
+             stop: int | None = None) -> Iterator[tuple[int, list | None, str | None, str | None]]:
     indices = range(start, len(source) if stop is None else stop)
     cheap = opts.mode == "passthrough" and opts.check == "header" and source.files_only
     if workers <= 1 or not source.parallel or cheap:  # cheap: any pool costs more than it saves

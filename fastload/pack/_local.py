@@ -14,7 +14,7 @@ import errno
 import os
 import time
 import warnings
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -28,6 +28,7 @@ from ..sources import ArraySource, Source
 from ._encode import ImageOptions
 from ._encode_pool import _encoded
 from ._parts import parse_part, part_span
+from ._lock import writer_lock
 from ._sinks import is_write_error, prepare_dest, sink_for
 
 DEFAULT_SHARD_SIZE = 256 << 20
@@ -51,6 +52,8 @@ class PackSummary:
     seconds: float
     resumed_from: int = 0
     image_encodings: dict = field(default_factory=dict)
+    #: samples whose images were stored as JPEG with loss though nobody asked (image_mode='auto' given pixels)
+    reencoded: int = 0
 
     @property
     def samples_per_s(self) -> float:
@@ -68,6 +71,9 @@ class PackSummary:
         ]
         if self.resumed_from:
             lines.append(f"resumed after {self.resumed_from} samples already packed")
+        if self.reencoded:
+            lines.append(f"{self.reencoded} sample(s) had pixels, not JPEG bytes, and were re-encoded as JPEG (lossy; "
+                         f"image_mode='raw' keeps exact pixels)")
         if self.skipped:
             lines.append(f"skipped {len(self.skipped)} bad source sample(s):")
             lines.extend(f"  {s['source']}: {s['error']}" for s in self.skipped[:20])
@@ -129,50 +135,67 @@ def pack_local(src: Source, dest: Path, *, format: str, image_mode: str, max_sid
         dest = dest / "parts" / str(i)
     label = staged_for or str(dest)  # what the user named: the URL, not the staging folder
     t0 = time.perf_counter()
-    with _writing(dest):
-        state = prepare_dest(dest, overwrite, params, staged_for)
-        if state is not None and state.get("complete"):
-            m = read_manifest(dest)
-            return PackSummary(str(dest), format, m.num_samples, m.skipped, sum(s.bytes for s in m.shards),
-                               len(m.shards), time.perf_counter() - t0, m.num_samples)
-        if arrays:
-            writer = fmt.array_sink(dest, src, params, shard_bytes, state, span, on_shard, staged_for is not None)
-            start = writer.next_sample
-            writer.run(progress, label)
-            manifest = writer.finish()
-            return PackSummary(str(dest), format, manifest.num_samples, [], writer.total_bytes(),
-                               len(manifest.shards), time.perf_counter() - t0, start - span[0])
-        writer = sink_for(dest, src, params, shard_bytes, state, span, on_shard, staged_for is not None)
-    start = writer.next_sample
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=span[1] - span[0], initial=start - span[0], unit="sample", desc=f"pack {label}",
-                   smoothing=0.1)
-    samples = _encoded(src, opts, start, workers, span[1])
-    limit = _SkipLimit(src, span, max_skipped, len(writer.state["skipped"]))
-    try:
+    with ExitStack() as held:
         with _writing(dest):
-            for i, encoded, error in samples:
-                if error is not None:
-                    if not skip_bad:
-                        raise SourceError(f"{src.describe(i)}: {error}{_hint(error)}")
-                    limit.skip(i, error)
-                    writer.skip({"index": i, "source": src.describe(i), "error": error})
-                else:
-                    writer.add(i, encoded)
-                if bar is not None:
-                    bar.update(1)
-            limit.check_all()
-            manifest = writer.finish()
-    finally:
-        samples.close()  # ends worker processes now, not when a traceback holding this frame is dropped
-        writer.close()
-        if bar is not None:
-            bar.close()
-    return PackSummary(str(dest), format, manifest.num_samples, manifest.skipped, writer.total_bytes(),
-                       len(manifest.shards), time.perf_counter() - t0, start - span[0])
+            held.enter_context(writer_lock(dest, label))  # one writer per folder (_lock.py), before it is looked at
+            state = prepare_dest(dest, overwrite, params, staged_for)
+            if state is not None and state.get("complete"):
+                m = read_manifest(dest)
+                return PackSummary(str(dest), format, m.num_samples, m.skipped, sum(s.bytes for s in m.shards),
+                                   len(m.shards), time.perf_counter() - t0, m.num_samples)
+            if arrays:
+                writer = fmt.array_sink(dest, src, params, shard_bytes, state, span, on_shard, staged_for is not None)
+                start = writer.next_sample
+                writer.run(progress, label)
+                manifest = writer.finish()
+                return PackSummary(str(dest), format, manifest.num_samples, [], writer.total_bytes(),
+                                   len(manifest.shards), time.perf_counter() - t0, start - span[0])
+            writer = sink_for(dest, src, params, shard_bytes, state, span, on_shard, staged_for is not None)
+        start = writer.next_sample
+        bar = None
+        if progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=span[1] - span[0], initial=start - span[0], unit="sample", desc=f"pack {label}",
+                       smoothing=0.1)
+        samples = _encoded(src, opts, start, workers, span[1])
+        limit = _SkipLimit(src, span, max_skipped, len(writer.state["skipped"]))
+        reencoded = 0
+        try:
+            with _writing(dest):
+                for i, encoded, error, note in samples:
+                    if note is not None:
+                        if not reencoded:
+                            _warn_reencoded(src.describe(i), note)
+                        reencoded += 1
+                    if error is not None:
+                        if not skip_bad:
+                            raise SourceError(f"{src.describe(i)}: {error}{_hint(error)}")
+                        limit.skip(i, error)
+                        writer.skip({"index": i, "source": src.describe(i), "error": error})
+                    else:
+                        writer.add(i, encoded)
+                    if bar is not None:
+                        bar.update(1)
+                limit.check_all()
+                manifest = writer.finish()
+        finally:
+            samples.close()  # ends worker processes now, not when a traceback holding this frame is dropped
+            writer.close()
+            if bar is not None:
+                bar.close()
+        return PackSummary(str(dest), format, manifest.num_samples, manifest.skipped, writer.total_bytes(),
+                           len(manifest.shards), time.perf_counter() - t0, start - span[0], reencoded=reencoded)
+
+
+def _warn_reencoded(sample: str, note: str) -> None:
+    """Once per pack: pixels changed by a JPEG re-encode nobody asked for (``fields/image.py`` says why)."""
+    warnings.warn(f"fastload.pack re-encoded pixels as JPEG: {sample}: the image was {note}. Every such image of "
+                  f"this pack is re-encoded alike (warned once; the summary counts them). To store exact pixels, pass "
+                  f"image_mode='raw' (--image-mode raw; larger files); to store the source's own JPEG bytes, give them "
+                  f"as they are (a file path, bytes, a Hugging Face image column, a PIL image as Image.open returned "
+                  f"it)",
+                  UserWarning, stacklevel=2)
 
 
 def _hint(error: str) -> str:

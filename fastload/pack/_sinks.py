@@ -14,6 +14,7 @@ from typing import Any, Callable
 from .._errors import FastloadError
 from ..formats._manifest import MANIFEST_NAME, STATE_NAME, fsync_dir
 from ..formats.registry import FORMATS, format_named
+from ._lock import LOCK_NAME, remove_if_free
 
 
 def sink_for(dest: Path, src: Any, params: dict, shard_bytes: int, state: dict | None, span: tuple[int, int],
@@ -32,7 +33,7 @@ def is_write_error(e: BaseException) -> bool:
 def _own_file(name: str) -> bool:
     """Exactly the names a pack writes (and their temporary names): only these are ever removed."""
     base = name.removesuffix(".tmp")
-    return any(f.owns(base) for f in FORMATS.values())
+    return name == LOCK_NAME or any(f.owns(base) for f in FORMATS.values())
 
 
 def prepare_dest(dest: Path, overwrite: bool, params: dict, staged_for: str | None = None) -> dict | None:
@@ -47,7 +48,7 @@ def prepare_dest(dest: Path, overwrite: bool, params: dict, staged_for: str | No
         return None
     if not dest.is_dir():
         raise FastloadError(f"{where} exists and is not a directory")
-    names = os.listdir(dest)
+    names = [n for n in os.listdir(dest) if n != LOCK_NAME]  # the lock: this pack's own (pack_local holds it)
     foreign = [n for n in names if not _own_file(n) or (dest / n).is_dir()]
     if foreign:
         raise FastloadError(f"{where} holds files fastload did not write ({', '.join(sorted(foreign)[:5])}); "
@@ -95,7 +96,7 @@ def prepare_dest(dest: Path, overwrite: bool, params: dict, staged_for: str | No
 def clear_pack(dest: Path, keep: str) -> None:
     """Remove a finished pack's own files from ``dest`` before packing there again (``overwrite``); the
     folder ``keep`` is left to its owner. Anything fastload did not write is refused, and nothing removed."""
-    names = os.listdir(dest)
+    names = [n for n in os.listdir(dest) if n != LOCK_NAME]  # a lock is only ever removed by its holder
     foreign = [n for n in names if n != keep and (not _own_file(n) or (dest / n).is_dir())]
     if foreign:
         shown = ", ".join(sorted(foreign)[:5])
@@ -112,7 +113,9 @@ def remove_pack(dest: Path) -> None:
     if not dest.is_dir():
         return
     for n in os.listdir(dest):
-        if _own_file(n) and (dest / n).is_file():
+        if n == LOCK_NAME:
+            remove_if_free(dest / n)  # a killed pack's; one a running pack holds stays
+        elif _own_file(n) and (dest / n).is_file():
             (dest / n).unlink()
     try:
         dest.rmdir()

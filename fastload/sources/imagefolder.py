@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import warnings
 from pathlib import Path
 
 from ..fields.image import FileImage
@@ -31,14 +32,31 @@ class ImageFolderSource(Source):
         exts = tuple(e.lower() for e in extensions)
         self.samples: list[tuple[str, int]] = []
         empty = []
+        loops: list[str] = []
+        seen = {_key(self.root): str(self.root)}  # each real folder once, across the classes: a link into another
+        for cls in classes:                       # class's folder is that class's, and a link to the root a loop
+            seen.setdefault(_key(self.root / cls), str(self.root / cls))
         for idx, cls in enumerate(classes):
             before = len(self.samples)
-            for dirpath, _, files in sorted(os.walk(self.root / cls, followlinks=True)):
-                for name in sorted(files):
+            top = str(self.root / cls)
+            if seen[_key(top)] != top:  # the class folder is a link to the root or to another class's folder
+                loops.append(f"the class folder {top} -> {os.readlink(top) if os.path.islink(top) else top} is "
+                             f"{seen[_key(top)]}, reached already")
+                empty.append(cls)
+                continue
+            for dirpath, files in _walk(self.root / cls, seen, loops):
+                for name in files:
                     if name.lower().endswith(exts):
                         self.samples.append((os.path.join(dirpath, name), idx))
             if len(self.samples) == before:
                 empty.append(cls)
+        if loops:
+            loops.sort(key=lambda m: "symlink loop" not in m)  # a loop first: the worst (it repeats files endlessly)
+            more = f" (and {len(loops) - 1} more such link(s))" if len(loops) > 1 else ""
+            warnings.warn(f"a link in an ImageFolder leads to a folder reached already, under {self.root}: "
+                          f"{loops[0]}{more}; each file is packed once, under the first path that reaches it (a "
+                          f"folder reached again through a link is skipped)",
+                          UserWarning, stacklevel=2)
         if not self.samples:
             raise SourceError(f"ImageFolder root {self.root} has no files with extensions {', '.join(exts)}")
         if empty:  # as torchvision's ImageFolder: a folder with no image is not a class (an earlier pack's output?)
@@ -66,3 +84,46 @@ class ImageFolderSource(Source):
             st = os.stat(path)
             h.update(f"{os.path.relpath(path, self.root)}\0{label}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
         return "imagefolder:" + h.hexdigest()
+
+
+def _key(path: str | os.PathLike) -> tuple[int, int]:
+    st = os.stat(path)
+    return st.st_dev, st.st_ino
+
+
+def _walk(top: Path, seen: dict[tuple[int, int], str], loops: list[str]) -> list[tuple[str, list[str]]]:
+    """``(folder, sorted file names)`` of every folder under ``top``, links followed, sorted by path: the order of
+    ``sorted(os.walk(top, followlinks=True))`` (torchvision's), but each real folder once, by its (st_dev, st_ino)
+    in ``seen`` (folder identity -> the path it was first reached by). A link to a folder already reached (a loop
+    such as ``a/up -> ..``, or a second path to one folder) is not followed and is described in ``loops``; without
+    this a loop repeats its files until the path grows too long."""
+    out: list[tuple[str, list[str]]] = []
+
+    def visit(path: str) -> None:
+        try:
+            entries = sorted(os.scandir(path), key=lambda entry: entry.name)
+        except OSError as err:
+            raise SourceError(f"cannot list the folder {path} of an ImageFolder: {err.strerror or err}") from None
+        files: list[os.DirEntry] = []
+        dirs: list[os.DirEntry] = []
+        for e in entries:
+            try:
+                is_dir = e.is_dir()  # follows links, as os.walk(followlinks=True)
+            except OSError:
+                is_dir = False
+            (dirs if is_dir else files).append(e)
+        out.append((path, [e.name for e in files]))
+        for e in dirs:
+            key = _key(e.path)
+            first = seen.setdefault(key, e.path)
+            if first != e.path:
+                target = os.readlink(e.path) if e.is_symlink() else e.path
+                inside = os.path.commonpath([os.path.abspath(first), os.path.abspath(path)]) == os.path.abspath(first)
+                what = "a symlink loop" if inside else "a second path to one folder"
+                loops.append(f"{what}: {e.path} -> {target} leads to {first}, reached already")
+                continue
+            visit(e.path)
+
+    visit(str(top))
+    out.sort(key=lambda item: item[0])
+    return out

@@ -35,7 +35,9 @@ def test_image_modes(tmp_path):
         meta = seg.columns[("image", "meta")]
         return [ds[i][0] for i in range(3)], meta.tolist(), fastload.open(dst)
 
-    blobs, meta, ds = stored("auto")
+    with pytest.warns(UserWarning, match=r"2\.png: the image was re-encoded as JPEG at quality=90") as caught:
+        blobs, meta, ds = stored("auto")                    # unasked, lossy: said once (issue 27 row 3)
+    assert len([w for w in caught if "re-encoded" in str(w.message)]) == 1
     assert blobs[0] == jpg                                  # JPEG untouched
     assert meta[1] == [32, 32, 1]                           # small PNG stored raw, losslessly
     assert np.array_equal(ds[1][0].permute(1, 2, 0).numpy(), pil_rgb(png_small))
@@ -153,3 +155,43 @@ def test_image_inputs_become_rgb():
             encode_image(bad, OPTS)
     with pytest.raises(SchemaError, match="passthrough.*not a JPEG"):
         encode_image(png_bytes(8, 8), ImageOptions(mode="passthrough"))
+
+
+def test_a_pil_image_is_stored_as_its_jpeg_file_only_while_it_holds_that_file_s_pixels(tmp_path):
+    """Issue 27 row 3: ``Image.open(path)`` untouched is the file (stored byte for byte); drawn on in place (same
+    class, same ``format``), converted or resized, it is pixels: re-encoded, and noted for the pack's warning."""
+    from PIL import Image, ImageDraw
+
+    from fastload.fields.image import reencodings
+
+    path = tmp_path / "a.jpg"
+    path.write_bytes(jpeg_bytes(300, 260, seed=4))
+    with reencodings() as notes:
+        assert encode_image(Image.open(path), OPTS)[1] == path.read_bytes()
+        assert encode_image(Image.open(path), ImageOptions(mode="passthrough"))[1] == path.read_bytes()
+    assert notes == []
+    drawn = Image.open(path)
+    ImageDraw.Draw(drawn).rectangle((0, 0, 20, 20), fill=(255, 0, 0))
+    shrunk = Image.open(path)
+    shrunk.thumbnail((100, 100))
+    for changed in (drawn, shrunk, Image.open(path).convert("L")):
+        assert changed.format in ("JPEG", None)
+        with reencodings() as notes:
+            (meta,), blob = encode_image(changed, OPTS)
+        assert blob != path.read_bytes()
+        if meta[0] * meta[1] > 65536:  # large pixels: JPEG at quality, said; small ones raw, exact
+            assert len(notes) == 1 and "quality=90" in notes[0] and "PIL image" in notes[0]
+    with pytest.raises(SchemaError, match="passthrough.*pixels"):
+        encode_image(drawn, ImageOptions(mode="passthrough"))
+
+
+def test_encoded_image_cells_become_what_is_stored_as_it_is(tmp_path):
+    from fastload.fields.image import FileImage, encoded_image
+
+    jpg = jpeg_bytes(20, 30, seed=1)
+    assert encoded_image({"bytes": jpg, "path": "ignored.jpg"}) == jpg  # a Hugging Face image record
+    got = encoded_image({"bytes": None, "path": str(tmp_path / "a.jpg")})
+    assert isinstance(got, FileImage) and got.path == str(tmp_path / "a.jpg")
+    assert encoded_image(jpg) is jpg
+    with pytest.raises(SchemaError, match="neither bytes nor a path"):
+        encoded_image({"bytes": None, "path": None})

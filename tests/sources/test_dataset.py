@@ -72,3 +72,37 @@ def test_dataset_sources_keep_classes_and_check_every_sample():
         DatasetSource(torch.utils.data.TensorDataset(torch.zeros(0)))
     with pytest.raises(SourceError, match="is not a map-style dataset"):
         DatasetSource(iter([1, 2]))
+
+
+def test_hugging_face_formats_columns_and_class_names(tmp_path):
+    """Issue 27 row 3, the adapter's details: a real ``datasets.Dataset`` in torch format with only some columns
+    shown still gives its images' own bytes; several ClassLabel columns keep all their names, ``classes`` from
+    the one called label; the source's own dataset is not changed."""
+    from datasets import ClassLabel, Dataset, Features, Image, Value
+
+    from conftest import jpeg_bytes
+
+    paths = []
+    for i in range(4):
+        paths.append(tmp_path / f"{i}.jpg")
+        paths[-1].write_bytes(jpeg_bytes(40, 50, seed=i))
+    features = Features({"image": Image(), "label": ClassLabel(names=["a", "b"]), "kind": ClassLabel(names=["x", "y", "z"]),
+                         "note": Value("string")})
+    hf = Dataset.from_dict({"image": [str(p) for p in paths], "label": [0, 1, 1, 0], "kind": [2, 1, 0, 2],
+                            "note": ["n"] * 4}, features=features)
+    shown = hf.with_format("torch", columns=["image", "label", "kind"])
+    src = DatasetSource(shown)
+    assert src.schema.names == ("image", "label", "kind") and src.schema["image"].kind == "image"
+    assert src.metadata["classes"] == ["a", "b"]
+    assert src.metadata["class_names"] == {"label": ["a", "b"], "kind": ["x", "y", "z"]}
+    assert shown.features["image"].decode and shown.format["type"] == "torch"  # the user's dataset as it was
+    fastload.pack(shown, tmp_path / "out", workers=2)
+    ds = fastload.open(tmp_path / "out", decode=False)
+    assert [bytes(ds[i][0]) for i in range(4)] == [p.read_bytes() for p in paths]
+    assert [(int(ds[i][1]), int(ds[i][2])) for i in range(4)] == [(0, 2), (1, 1), (1, 0), (0, 2)]
+    assert ds.classes == ["a", "b"]
+    from datasets import DatasetDict
+
+    with pytest.raises(SourceError, match=r"DatasetDict holds splits \(train, test\), not samples: pack one split, "
+                                          r"e.g. fastload.pack\(ds\['train'\]"):
+        fastload.pack(DatasetDict({"train": hf, "test": hf}), tmp_path / "dict")

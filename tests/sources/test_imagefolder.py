@@ -3,7 +3,6 @@ are torchvision's, an empty class folder refused as torchvision does."""
 
 from __future__ import annotations
 
-import json
 import os
 
 import pytest
@@ -43,3 +42,26 @@ def test_an_empty_class_folder_is_refused_as_torchvision_does(tmp_path):
     with pytest.raises(SourceError, match=rf"class folder\(s\) {root / 'out'} hold no image"):
         fastload.pack(root, tmp_path / "packed", workers=0)
     assert not (tmp_path / "packed").exists()
+
+
+def test_links_reach_each_real_folder_once(tmp_path):
+    """Issue 27 row 5: a loop deep in a class, a second link to one folder, a link into another class's folder and a
+    class folder that is a link to the root: each real folder is listed once (under its first path), warned once."""
+    root = make_image_folder(tmp_path / "tree", classes=2, per_class=2)
+    (root / "class_0" / "sub").mkdir()
+    (root / "class_0" / "sub" / "deep.jpg").write_bytes((root / "class_0" / "img_000.jpg").read_bytes())
+    os.symlink("../..", root / "class_0" / "sub" / "loop")        # back to the root, from deep inside
+    os.symlink("sub", root / "class_0" / "twin")                  # a second path to class_0/sub
+    os.symlink("../class_1", root / "class_0" / "other")          # class_1's folder belongs to class_1
+    with pytest.warns(UserWarning) as caught:
+        src = ImageFolderSource(root)
+    said = [str(w.message) for w in caught if "reached already" in str(w.message)]
+    assert len(said) == 1 and "a symlink loop" in said[0] and "(and 2 more such link(s))" in said[0]
+    got = [(os.path.relpath(p, root), label) for p, label in src.samples]
+    assert got == [("class_0/img_000.jpg", 0), ("class_0/img_001.jpg", 0), ("class_0/sub/deep.jpg", 0),
+                   ("class_1/img_000.jpg", 1), ("class_1/img_001.jpg", 1)]
+    other = make_image_folder(tmp_path / "other", classes=1, per_class=1)
+    os.symlink(".", other / "zz_all")  # a "class" that is the root itself: not a class of its own
+    with pytest.warns(UserWarning, match=r"the class folder .*zz_all -> \. is .*other, reached already"):
+        with pytest.raises(SourceError, match="zz_all hold no image"):
+            ImageFolderSource(other)
