@@ -90,7 +90,8 @@ def check_folder_worker_init_fn(fn: Any) -> None:
 
 
 def _folder_name(dataset: Any) -> str:
-    return f"{type(dataset).__name__}('{getattr(dataset, 'root', '?')}')"
+    root = getattr(dataset, "root", None) or getattr(getattr(dataset, "reader", None), "root", "?")  # timm: reader's
+    return f"{type(dataset).__name__}('{root}')"
 
 
 def warn_folder_fast(dataset: Any, packed: Any) -> None:

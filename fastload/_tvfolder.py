@@ -27,8 +27,8 @@ from .fields import NotFastPath
 
 TV_MODULE = "torchvision.datasets.folder"
 TIMM_MODULE = "timm.data.dataset"
-# torchvision transforms that make a tensor of the PIL image: without one, torchvision's samples are PIL images
-TO_TENSOR = ("ToTensor", "PILToTensor", "ToImage", "ToImageTensor")
+# torchvision's (and timm's) transforms that make a tensor of the PIL image: without one, samples are PIL images
+TO_TENSOR = ("ToTensor", "PILToTensor", "ToImage", "ToImageTensor", "MaybeToTensor", "MaybePILToTensor")
 
 
 def _defined_in(cls: type, method: str) -> tuple[str, str] | None:
@@ -102,17 +102,15 @@ def _check_transforms(dataset: Any) -> Any:
     t = getattr(dataset, "transform", None)
     if t is None:
         raise NotFastPath("transform=None: torchvision then gives PIL images, which the fast path does not make")
-    from ._augment.torchvision_convert import is_torchvision
-
+    _check_pipeline(t)  # before packing: a transform that cannot run natively packs nothing
     members, stack = [], [t]
-    while stack:
+    while stack:  # a Compose's members, nested ones too
         m = stack.pop()
-        if not is_torchvision(m):
-            raise NotFastPath(f"its transform {m!r} is not a torchvision transform fastload converts")
-        members.append(type(m).__name__)
-        if type(m).__name__ == "Compose":
-            stack.extend(reversed(list(m.transforms)))
-    if not any(name in TO_TENSOR for name in members):
+        members.append(m)
+        if type(m).__name__ == "Compose" and isinstance(getattr(m, "transforms", None), (list, tuple)):
+            stack.extend(m.transforms)
+    if not any(type(m).__name__ in TO_TENSOR and type(m).__module__.split(".")[0] in ("torchvision", "timm")
+               for m in members):
         raise NotFastPath(f"its transform {t!r} has no ToTensor/PILToTensor/ToImage: torchvision then gives PIL "
                           f"images, which the fast path does not make")
     return t
@@ -163,9 +161,9 @@ def folder_dataset(dataset: Any, cache_dir: Any = None) -> Any:
     transform = _check_transforms(dataset)
     if not samples:
         raise NotFastPath("it has no samples")
-    root = os.fspath(getattr(dataset, "root", None) or os.path.dirname(os.fspath(samples[0][0])))
+    root = getattr(dataset, "root", None) or getattr(getattr(dataset, "reader", None), "root", None)  # timm's: reader's
+    root = os.fspath(root or os.path.dirname(samples[0][0]))
     samples = [(os.fspath(p), int(t)) for p, t in samples]
-    _check_pipeline(transform)  # before packing: a transform that cannot run natively packs nothing
     from ._dataset import Dataset, leased
     from ._folder_cache import cached_pack
 
@@ -191,5 +189,5 @@ def _check_pipeline(transform: Any) -> None:
     except (ValueError, TypeError) as e:
         raise NotFastPath(f"its transform cannot run natively: {e}") from None
     if pipe.fallback:
-        raise NotFastPath("its transform is not converted: " + "; ".join(f"{u.name}: {u.reason}"
-                                                                          for u in pipe.fallback))
+        raise NotFastPath("its transform is not converted whole: " + "; ".join(
+            f"{u.name} ({u.reason or 'a callable fastload does not know'})" for u in pipe.fallback))

@@ -65,7 +65,7 @@ def assert_same_batches(ours, theirs, exact=False):
     per_image = []
     for (x, y), (rx, ry) in zip(ours, theirs):
         assert x.shape == rx.shape and x.dtype == rx.dtype
-        assert torch.equal(y, ry), (y, ry)
+        assert torch.equal(y, ry) and y.dtype == ry.dtype, (y, ry)
         if exact:  # uint8 equal; float to rounding (fastload scales by 1/255, torchvision divides by 255)
             assert torch.equal(x, rx) if x.dtype == torch.uint8 else torch.allclose(x, rx, rtol=0, atol=1e-6)
         scale = 1 if x.dtype == torch.uint8 else 255
@@ -176,7 +176,7 @@ REFUSED = {
         tv.Resize(36), tv.CenterCrop(32), tv.ElasticTransform(), tv.ToTensor()])), {},
         "ElasticTransform has no fastload equivalent"),
     "not torchvision's": (lambda root: tv.ImageFolder(root, transform=lambda img: img), {},
-                          "is not a torchvision transform"),
+                          r"not converted whole: .*<lambda> \(a callable fastload does not know\)"),
     "own __getitem__": (lambda root: Triplets(root, transform=recipe()), {}, r"Triplets overrides __getitem__"),
     "worker_init_fn": (lambda root: tv.ImageFolder(root, transform=recipe()),
                        {"worker_init_fn": _seed_worker, "num_workers": 1}, "worker_init_fn=_seed_worker"),
@@ -222,3 +222,21 @@ def test_real_torchvision_imagefolder(folder):
     loader, said = fast_loader(ds, batch_size=4)
     assert loader.fast_path, said
     assert_same_batches(list(loader), list(TorchLoader(ds, batch_size=4)))
+
+
+def test_timms_image_dataset_over_a_folder(folder):
+    """timm's ImageDataset (ReaderImageFolder: natural-key order, so img_2 before img_10) with torchvision's
+    transform: the fast path, in timm's order with timm's labels."""
+    for k in (2, 10):
+        (folder / "class_1" / f"img_{k}.jpg").write_bytes(jpeg_bytes(60, 80, seed=k))
+    ds = tv.ImageDataset(str(folder), transform=recipe())
+    names = [Path(p).name for p, _ in ds.reader.samples]
+    assert names.index("img_2.jpg") < names.index("img_10.jpg")  # not sorted()'s order
+    loader, said = fast_loader(ds, batch_size=4)
+    assert loader.fast_path and "ImageDataset" in said[0], said
+    assert [loader._packed[i][1] for i in range(len(ds))] == [t for _, t in ds.reader.samples]
+    assert_same_batches(list(loader), list(TorchLoader(ds, batch_size=4)))
+    for attr, value, reason in (("load_bytes", True, "load_bytes=True"), ("input_img_mode", "L", "input_img_mode")):
+        other = tv.ImageDataset(str(folder), transform=recipe(), **{attr: value})
+        loader, said = fast_loader(other, batch_size=4)
+        assert not loader.fast_path and reason in said[0], said

@@ -257,3 +257,74 @@ def real_or_standin():
 
         me = sys.modules[__name__]
         return me, me
+
+
+# -- timm 1.0's ImageDataset over a folder (timm/data/dataset.py, readers/reader_image_folder.py) ---------------
+
+def natural_key(string_):
+    import re
+
+    return [int(s) if s.isdigit() else s for s in re.split(r"(\d+)", string_.lower())]
+
+
+def find_images_and_targets(folder, types=None, class_to_idx=None, leaf_name_only=True, sort=True):
+    types = set(IMG_EXTENSIONS) if not types else set(types)
+    labels, filenames = [], []
+    for root, _, files in os.walk(folder, topdown=False, followlinks=True):
+        rel_path = os.path.relpath(root, folder) if (root != folder) else ""
+        label = os.path.basename(rel_path) if leaf_name_only else rel_path.replace(os.path.sep, "_")
+        for f in files:
+            if os.path.splitext(f)[1].lower() in types:
+                filenames.append(os.path.join(root, f))
+                labels.append(label)
+    if class_to_idx is None:
+        class_to_idx = {c: idx for idx, c in enumerate(sorted(set(labels), key=natural_key))}
+    images_and_targets = [(f, class_to_idx[la]) for f, la in zip(filenames, labels) if la in class_to_idx]
+    if sort:
+        images_and_targets = sorted(images_and_targets, key=lambda k: natural_key(k[0]))
+    return images_and_targets, class_to_idx
+
+
+class ReaderImageFolder:
+    __module__ = "timm.data.readers.reader_image_folder"
+
+    def __init__(self, root, class_map="", input_key=None):
+        self.root = root
+        self.samples, self.class_to_idx = find_images_and_targets(root)
+
+    def __getitem__(self, index):
+        path, target = self.samples[index]
+        return open(path, "rb"), target
+
+    def __len__(self):
+        return len(self.samples)
+
+
+class ImageDataset(torch.utils.data.Dataset):
+    __module__ = "timm.data.dataset"
+
+    def __init__(self, root, reader=None, split="train", class_map=None, load_bytes=False, input_img_mode="RGB",
+                 transform=None, target_transform=None, additional_features=None):
+        self.reader = reader or ReaderImageFolder(root)
+        self.load_bytes = load_bytes
+        self.input_img_mode = input_img_mode
+        self.transform = transform
+        self.target_transform = target_transform
+        self.additional_features = additional_features
+        self._consecutive_errors = 0
+
+    def __getitem__(self, index):
+        img, target = self.reader[index]
+        img = img.read() if self.load_bytes else Image.open(img)
+        if self.input_img_mode and not self.load_bytes:
+            img = img.convert(self.input_img_mode)
+        if self.transform is not None:
+            img = self.transform(img)
+        if target is None:
+            target = -1
+        elif self.target_transform is not None:
+            target = self.target_transform(target)
+        return img, target
+
+    def __len__(self):
+        return len(self.reader)
