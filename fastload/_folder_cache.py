@@ -6,7 +6,8 @@ folder opens the pack at once. Layout under ``<cache>/folders/`` (``<cache>``: `
 ``$FASTLOAD_CACHE_DIR``, else ``~/.cache/fastload``)::
 
     <name>-<key>/          the packed dataset (fastload.pack's files only: its resume state until complete)
-    <name>-<key>.json      {"source": the folder's absolute path, "files": n} (for people, and for cleanup)
+    <name>-<key>.json      {"source": the folder's absolute path, "files": n} (for people, and for cleanup);
+                           "variant" too for a sample list other than the folder's own (``cached_pack``)
     <name>-<key>.lock      the entry's lock (kept: unlinking lock files races)
 
 ``key`` is an XXH3-128 of the folder's listing as ImageFolder sees it (relative path, class index, size and
