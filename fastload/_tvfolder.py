@@ -138,8 +138,11 @@ def _variant(root: Any, samples: list) -> str | None:
     from .sources import ImageFolderSource
     from ._errors import SourceError
 
+    def same(listing: list) -> list:  # "./train/a.jpg" and "train/a.jpg" are one file
+        return [(os.path.normpath(p), t) for p, t in listing]
+
     try:
-        if ImageFolderSource(root).samples == samples:
+        if same(ImageFolderSource(root).samples) == same(samples):
             return None
     except SourceError:
         pass

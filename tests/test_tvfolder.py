@@ -23,6 +23,7 @@ from PIL import Image, ImageFile
 from torch.utils.data import DataLoader as TorchLoader, SubsetRandomSampler
 
 import fastload
+import fastload._folder_cache as folder_cache
 import tvfolder_common as tv
 from conftest import jpeg_bytes, make_image_folder
 
@@ -88,13 +89,18 @@ def test_imagefolder_takes_the_fast_path_and_gives_torchs_batches(folder):
     assert packed.classes == ds.classes
 
 
-def test_the_pack_is_fastload_opens(folder):
-    """The folder's own listing packs into the entry fastload.open(root) reads, and that open packs nothing."""
-    ds = tv.ImageFolder(str(folder), transform=recipe())
+def test_the_pack_is_fastload_opens(folder, monkeypatch):
+    """The folder's own listing packs into the entry fastload.open(root) reads (also named './train/', as
+    torchvision keeps it), and that open packs nothing."""
+    monkeypatch.chdir(folder.parent)
+    ds = tv.ImageFolder("./train/", transform=recipe())
+    assert ds.samples[0][0].startswith("./train/class_0/")
     loader, _ = fast_loader(ds, batch_size=4)
+    monkeypatch.setattr(folder_cache, "_pack", lambda *a, **k: pytest.fail("packed the same folder again"))
     opened = fastload.open(folder)
     assert Path(opened.path) == Path(loader._packed.path)
-    assert len(list((folder.parent / "cache" / "folders").glob("*.json"))) == 1
+    sides = [json.loads(p.read_text()) for p in (folder.parent / "cache" / "folders").glob("*.json")]
+    assert len(sides) == 1 and "variant" not in sides[0], sides
 
 
 def test_without_a_resize_the_pixels_are_torchvisions(folder):
