@@ -62,6 +62,10 @@ def _check_item_methods(dataset: Any, kind: str) -> None:
         if where != (module, base):
             raise NotFastPath(f"{type(dataset).__name__} overrides {method} ({where[1] if where else '?'}), which "
                               f"the fast path cannot run")
+    where = _defined_in(type(dataset), "__getitems__")  # torch's fetcher would call it for whole batches
+    if where is not None:
+        raise NotFastPath(f"{type(dataset).__name__} defines __getitems__ ({where[1]}), which the fast path "
+                          f"cannot run")
 
 
 def _torchvision_samples(dataset: Any) -> tuple[list, list]:
@@ -124,7 +128,8 @@ def _sample_list(root: Any, samples: list, classes: list, variant: str | None) -
 
     src = ImageFolderSource.__new__(ImageFolderSource)  # its __init__ lists the folder; this list is given
     src.root = Path(root)
-    src.classes = list(classes)
+    src.classes = [c if isinstance(c, str) else repr(c) for c in classes]  # names in the manifest's JSON
+                                                                           # (ImageNet's: tuples of names)
     src.samples = samples
     src.schema = Schema([Field.image("image"), Field.int("label")])
     src.metadata = {"source": "imagefolder", "classes": src.classes}

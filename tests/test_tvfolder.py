@@ -160,6 +160,13 @@ class Triplets(tv.ImageFolder):
         return image, label, self.samples[index][0]
 
 
+class Batched(tv.ImageFolder):
+    """A subclass with a __getitems__ of its own, which torch's fetcher calls for whole batches."""
+
+    def __getitems__(self, indices):
+        return [self[i] for i in indices]
+
+
 def _custom_loader(path):
     return Image.open(path).convert("L").convert("RGB")
 
@@ -184,6 +191,7 @@ REFUSED = {
     "not torchvision's": (lambda root: tv.ImageFolder(root, transform=lambda img: img), {},
                           r"not converted whole: .*<lambda> \(a callable fastload does not know\)"),
     "own __getitem__": (lambda root: Triplets(root, transform=recipe()), {}, r"Triplets overrides __getitem__"),
+    "own __getitems__": (lambda root: Batched(root, transform=recipe()), {}, r"Batched defines __getitems__"),
     "worker_init_fn": (lambda root: tv.ImageFolder(root, transform=recipe()),
                        {"worker_init_fn": _seed_worker, "num_workers": 1}, "worker_init_fn=_seed_worker"),
 }
@@ -246,3 +254,14 @@ def test_timms_image_dataset_over_a_folder(folder):
         other = tv.ImageDataset(str(folder), transform=recipe(), **{attr: value})
         loader, said = fast_loader(other, batch_size=4)
         assert not loader.fast_path and reason in said[0], said
+
+
+def test_class_names_that_json_cannot_hold(folder):
+    """A dataset's classes need not be strings (ImageNet's are tuples of names; here paths): the pack keeps their
+    reprs as names, the labels are the dataset's."""
+    ds = tv.ImageFolder(str(folder), transform=recipe())
+    ds.classes = [Path(c) for c in ds.classes]
+    loader, said = fast_loader(ds, batch_size=8)
+    assert loader.fast_path, said
+    assert loader._packed.classes == [repr(c) for c in ds.classes]
+    assert [loader._packed[i][1] for i in range(len(ds))] == ds.targets
