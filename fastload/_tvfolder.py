@@ -22,8 +22,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ._errors import FastloadError
+from ._errors import FastloadError, SourceError
 from .fields import NotFastPath
+from ._schema import Field, Schema
+from .sources import ImageFolderSource
 
 TV_MODULE = "torchvision.datasets.folder"
 TIMM_MODULE = "timm.data.dataset"
@@ -85,7 +87,7 @@ def _torchvision_samples(dataset: Any) -> tuple[list, list]:
 
 def _timm_samples(dataset: Any) -> tuple[list, list]:
     """(samples, classes) of timm's ImageDataset over a folder (``ReaderImageFolder``: its own natural-key order)."""
-    reader = getattr(dataset, "reader", None)
+    reader: Any = getattr(dataset, "reader", None)
     if type(reader).__name__ != "ReaderImageFolder" or not type(reader).__module__.startswith("timm.data"):
         raise NotFastPath(f"its reader ({type(reader).__name__}) is not timm's ReaderImageFolder")
     if getattr(dataset, "load_bytes", False):
@@ -120,29 +122,23 @@ def _check_transforms(dataset: Any) -> Any:
     return t
 
 
-def _sample_list(root: Any, samples: list, classes: list, variant: str | None) -> Any:
+class _ListedFolder(ImageFolderSource):
     """A dataset's (path, class index) list as an ImageFolder source for ``fastload.pack``: the folder source's
-    schema, metadata and encoding (``sources.ImageFolderSource``), this list's samples in its order."""
-    from .sources import ImageFolderSource
-    from ._schema import Field, Schema
+    schema, metadata and encoding, this list's samples in its order (the folder is not listed again).
+    ``cache_variant``: None for the folder's own listing, else what keeps this list's cache entries apart."""
 
-    src = ImageFolderSource.__new__(ImageFolderSource)  # its __init__ lists the folder; this list is given
-    src.root = Path(root)
-    src.classes = [c if isinstance(c, str) else repr(c) for c in classes]  # names in the manifest's JSON
-                                                                           # (ImageNet's: tuples of names)
-    src.samples = samples
-    src.schema = Schema([Field.image("image"), Field.int("label")])
-    src.metadata = {"source": "imagefolder", "classes": src.classes}
-    src.cache_variant = variant
-    return src
+    def __init__(self, root: Any, samples: list, classes: list, variant: str | None):
+        self.root = Path(root)
+        self.classes = [c if isinstance(c, str) else repr(c) for c in classes]  # names in the manifest's JSON
+        self.samples = samples                                                    # (ImageNet's: tuples of names)
+        self.schema = Schema([Field.image("image"), Field.int("label")])
+        self.metadata = {"source": "imagefolder", "classes": self.classes}
+        self.cache_variant = variant
 
 
 def _variant(root: Any, samples: list) -> str | None:
     """None when ``samples`` is the folder's own ImageFolder listing (then the cache entry is fastload.open's);
     else what tells this list's entries apart from the folder's and other lists': a hash of its paths and labels."""
-    from .sources import ImageFolderSource
-    from ._errors import SourceError
-
     def same(listing: list) -> list:  # "./train/a.jpg" and "train/a.jpg" are one file
         return [(os.path.normpath(p), t) for p, t in listing]
 
@@ -164,6 +160,8 @@ def folder_dataset(dataset: Any, cache_dir: Any = None) -> Any:
     over its cached pack, its transform converted; ``NotFastPath`` with the reason when that cannot give what
     ``dataset[i]`` gives."""
     kind = kind_of(dataset)
+    if kind is None:
+        raise NotFastPath(f"{type(dataset).__name__} is not a torchvision DatasetFolder or timm ImageDataset")
     _check_item_methods(dataset, kind)
     samples, classes = _torchvision_samples(dataset) if kind == "torchvision" else _timm_samples(dataset)
     transform = _check_transforms(dataset)
@@ -176,7 +174,7 @@ def folder_dataset(dataset: Any, cache_dir: Any = None) -> Any:
     from ._folder_cache import cached_pack
 
     try:
-        source = _sample_list(root, samples, classes, _variant(root, samples))
+        source = _ListedFolder(root, samples, classes, _variant(root, samples))
         path, lease = cached_pack(source, cache_dir)
     except (FastloadError, OSError) as e:
         raise NotFastPath(f"its images could not be packed for the fast path ({e})") from None
