@@ -285,5 +285,11 @@ def open(path: str | os.PathLike, *, transforms: Mapping[str, Any] | None = None
         if lease is not None:
             lease.close()
         raise
-    ds._lease = lease  # keeps the pack from being removed as stale while this dataset reads it
+    return leased(ds, lease)
+
+
+def leased(ds: Dataset, lease: Any) -> Dataset:
+    """``ds`` holding ``lease`` (the open lock file of a folder's cached pack, ``_folder_cache.py``) for as long
+    as it lives: the pack is then never removed as stale while this dataset reads it."""
+    ds._lease = lease
     return ds

@@ -4,6 +4,8 @@
   when it cannot (``NotFastPath``);
 * the warning when a fastload.Dataset that could take the fast path is refused it (``FastPathWarning``,
   once per loader, never silently);
+* a torchvision ImageFolder / DatasetFolder (timm's ImageDataset) over its cached pack (``_tvfolder.py``): said
+  once when it takes the fast path, and when it cannot, the reason (``FastPathWarning`` both);
 * torch's own warnings that the fast path must give too (``pin_memory`` without an accelerator);
 * the batch memory format, a declared choice (``memory_format=``).
 """
@@ -77,6 +79,39 @@ def warn_refused(reason: str, order: Any = None, stacklevel: int = 3, batched: b
     warnings.warn(f"fastload.DataLoader is not on the fast path for this fastload.Dataset: {reason}. It takes the "
                   f"generic path: {speed}; {kept}. Silence with warnings.filterwarnings('ignore', category=fastload.FastPathWarning)",
                   FastPathWarning, stacklevel=stacklevel)
+
+
+def check_folder_worker_init_fn(fn: Any) -> None:
+    """A torchvision script's ``worker_init_fn`` ran in its worker processes: with a folder dataset it keeps
+    torch's path (said), where a fastload.Dataset's loader refuses it (``check_worker_init_fn``)."""
+    if fn is not None and not is_lightning_seeding(fn):
+        name = getattr(fn, "__qualname__", type(fn).__name__)
+        raise NotFastPath(f"worker_init_fn={name} runs in worker processes, which the fast path has none of")
+
+
+def _folder_name(dataset: Any) -> str:
+    root = getattr(dataset, "root", None) or getattr(getattr(dataset, "reader", None), "root", "?")  # timm: reader's
+    return f"{type(dataset).__name__}('{root}')"
+
+
+def warn_folder_fast(dataset: Any, packed: Any) -> None:
+    """Once per loader: the folder dataset is read from its pack, with its transform converted."""
+    pipe = packed.pipelines.get("image")
+    steps = ", ".join(repr(t) for t in (pipe.transforms + pipe.augment + tuple(getattr(pipe.tensor, "transforms", ()))
+                                        if pipe is not None else ()))
+    warnings.warn(f"fastload.DataLoader: {_folder_name(dataset)} ({len(dataset)} samples) takes the fast path: its "
+                  f"samples, in its order and with its labels, are read from its pack in {packed.path} (made once; "
+                  f"fastload.open(root) shares it), its transform run natively as [{steps}]. loader.dataset stays "
+                  f"your dataset. Silence with warnings.filterwarnings('ignore', category=fastload.FastPathWarning)",
+                  FastPathWarning, stacklevel=3)
+
+
+def warn_folder_refused(dataset: Any, reason: str) -> None:
+    """Once per loader: why a folder dataset keeps torch's path."""
+    warnings.warn(f"fastload.DataLoader: {_folder_name(dataset)} cannot take the fast path: {reason}. It keeps "
+                  f"torch's path (per-sample Python: the dataset's __getitem__ in worker processes). Silence with "
+                  f"warnings.filterwarnings('ignore', category=fastload.FastPathWarning)",
+                  FastPathWarning, stacklevel=3)
 
 
 def warn_accelerate_rebuild() -> None:

@@ -6,7 +6,8 @@ folder opens the pack at once. Layout under ``<cache>/folders/`` (``<cache>``: `
 ``$FASTLOAD_CACHE_DIR``, else ``~/.cache/fastload``)::
 
     <name>-<key>/          the packed dataset (fastload.pack's files only: its resume state until complete)
-    <name>-<key>.json      {"source": the folder's absolute path, "files": n} (for people, and for cleanup)
+    <name>-<key>.json      {"source": the folder's absolute path, "files": n} (for people, and for cleanup);
+                           "variant" too for a sample list other than the folder's own (``cached_pack``)
     <name>-<key>.lock      the entry's lock (kept: unlinking lock files races)
 
 ``key`` is an XXH3-128 of the folder's listing as ImageFolder sees it (relative path, class index, size and
@@ -114,6 +115,14 @@ def folder_key(source) -> str:
     return h.hexdigest()
 
 
+def cached_pack(source, cache_dir: str | os.PathLike | None) -> tuple[Path, IO]:
+    """``(pack path, lease)`` of an ImageFolder-like ``source`` (``fastload.DataLoader`` over torchvision's
+    ImageFolder packs the dataset's own sample list, ``_tvfolder.py``), packed once into the cache as above.
+    A source whose ``cache_variant`` is not None (a sample list other than the folder's own listing) keeps
+    entries of its own: older entries of the same folder and variant are removed, the folder's others kept."""
+    return _cached_pack(source, cache_root(cache_dir))
+
+
 def _complete(entry: Path) -> bool:
     try:
         read_manifest(entry)  # written last and atomically by the packer
@@ -143,9 +152,11 @@ def _cached_pack(source, root: Path) -> tuple[Path, IO]:
             log.warning("fastload: another process is packing '%s' into %s; waiting for it", folder, entry)
             fcntl.flock(lock, fcntl.LOCK_EX)
         if not _complete(entry):
-            Path(f"{entry}.json").write_text(json.dumps({"source": str(folder), "files": len(source)}) + "\n")
+            variant = getattr(source, "cache_variant", None)
+            side = {"source": str(folder), "files": len(source)} | ({"variant": variant} if variant else {})
+            Path(f"{entry}.json").write_text(json.dumps(side) + "\n")
             _pack(source, folder, entry)
-            _remove_stale(root, folder, entry)
+            _remove_stale(root, folder, entry, variant)
         fcntl.flock(lock, fcntl.LOCK_SH)  # downgrade: readers share, cleanup leaves it alone
         return entry, lock
     except BaseException:
@@ -168,14 +179,16 @@ def _pack(source, folder: Path, entry: Path) -> None:
                           f"{shlex.quote(str(folder))} {shlex.quote(str(folder) + '_packed')} --skip-bad") from None
 
 
-def _remove_stale(root: Path, folder: Path, keep: Path) -> None:
-    """Entries packed from ``folder`` before it changed, that no process has open."""
+def _remove_stale(root: Path, folder: Path, keep: Path, variant: str | None = None) -> None:
+    """Entries packed from ``folder`` (the same sample list ``variant``) before it changed, that no process has
+    open."""
     for sidecar in root.glob("*.json"):
         entry = sidecar.with_suffix("")
         if entry == keep or not entry.is_dir():
             continue
         try:
-            if json.loads(sidecar.read_text()).get("source") != str(folder):
+            side = json.loads(sidecar.read_text())
+            if side.get("source") != str(folder) or side.get("variant") != variant:
                 continue
         except (OSError, ValueError, AttributeError):
             continue

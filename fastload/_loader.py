@@ -25,8 +25,9 @@ from ._batcher import Batcher
 from .fields import NotFastPath
 from ._dataset import Dataset as PackedDataset
 from ._getitems import batch_decodable
-from ._dropin import (check_batch_sampler, check_collate, check_memory_format, check_worker_init_fn,
-                      warn_accelerate_rebuild, warn_pin_memory, warn_refused)
+from ._dropin import (check_batch_sampler, check_collate, check_folder_worker_init_fn, check_memory_format,
+                      check_worker_init_fn, warn_accelerate_rebuild, warn_folder_fast, warn_folder_refused,
+                      warn_pin_memory, warn_refused)
 from .fast.device import DevicePrefetcher, DeviceRing, check_device
 from ._ring import SlotRing
 from ._stats import LoaderStats
@@ -38,6 +39,7 @@ from ._sampling import (Counted, EpochInput, EpochRandomSampler, EpochSequential
                         OrderIndices, SamplerOrder, _root, agreed_seed, check_order_args, generic_state,
                         load_generic_state, slot_batch_size)
 from ._sequences import PackSequences
+from ._tvfolder import folder_dataset, kind_of as folder_kind
 from ._workers import WorkerIterator, fallback_reason
 
 T_co = TypeVar("T_co", covariant=True)
@@ -100,6 +102,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     fast_path_reason = "built by torch.utils.data.DataLoader.__init__, not fastload.DataLoader's"
     _order = None
     _sampled = None
+    _packed = None  # a torchvision/timm folder dataset's pack, which the fast path reads (_tvfolder.py)
     _user_sampler = False
     _next_epoch = 0
     _resume_at = 0
@@ -174,6 +177,9 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
                 raise NotFastPath("PackSequences forms its own batches; a sampler or batch_sampler cannot drive it")
         except NotFastPath as e:
             self.fast_path_reason = str(e)
+            self._batcher = self._packed = None
+            if folder_kind(dataset) is not None:
+                warn_folder_refused(dataset, str(e))
             # the generic path would not mix: refused, not skipped (a fastload dataset's attribute only: any object
             # answers getattr under unittest.mock.Mock, as Lightning's own tests use for a dataset)
             if isinstance(dataset, PackedDataset) and dataset.batch_mix is not None:
@@ -192,6 +198,9 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             return
         self._deciding = False
         check_worker_init_fn(worker_init_fn)
+        if self._packed is not None:
+            dataset = self._packed  # the fast path reads the pack; loader.dataset stays the user's dataset
+            warn_folder_fast(self.dataset, dataset)
         if self.seed is None:
             self.seed = default_seed(generator)
         if self._user_sampler:
@@ -280,20 +289,31 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
                           f"the best count for this dataset and machine.", UserWarning, stacklevel=3)
 
     def _fast_path(self, dataset, batch_size, batch_sampler, collate_fn) -> int:
-        """The number of samples a slot holds; raises NotFastPath with the reason when there is no fast path."""
-        if not isinstance(dataset, PackedDataset):
+        """The number of samples a slot holds; raises NotFastPath with the reason when there is no fast path.
+        A torchvision/timm folder dataset is packed (once) and its transform converted last, after the checks
+        that need neither (``_tvfolder.py``); the fast path then reads ``_packed``."""
+        folder = folder_kind(dataset) is not None
+        if not folder and not isinstance(dataset, PackedDataset):
             raise NotFastPath("the dataset is not a fastload.Dataset (fastload.open)")
-        if not dataset.decode:
+        if not folder and not dataset.decode:
             raise NotFastPath("the dataset was opened with decode=False")
         check_collate(collate_fn)
         check_batch_sampler(batch_sampler)
         size = slot_batch_size(batch_size if batch_sampler is None else None, batch_sampler)
         if size is None:
             raise NotFastPath("batch_size=None (no automatic batching) gives samples one by one")
+        if folder:
+            check_folder_worker_init_fn(self.worker_init_fn)
+            self._packed = folder_dataset(dataset)
         return size
 
+    @property
+    def _fast_dataset(self):
+        """What the fast path reads: the dataset, or a torchvision/timm folder dataset's pack."""
+        return self._packed if self._packed is not None else self.dataset
+
     def _new_batcher(self) -> Batcher:
-        return Batcher(self.dataset, self._slot_batch, self.num_workers, self.on_error, self.decoder, self.device)
+        return Batcher(self._fast_dataset, self._slot_batch, self.num_workers, self.on_error, self.decoder, self.device)
 
     @property
     def fast_path(self) -> bool:
@@ -500,7 +520,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         if self._ring is None:
             self._ring = SlotRing(self._batcher.new_slot)
         self._batcher.images.fallback_timeout = self.timeout  # per-sample transform workers' answers (_images.py)
-        ds = self.dataset
+        ds = self._fast_dataset
         image_keys = [] if self.memory_format == torch.channels_last else \
             [(f.name if ds.as_dict else i) for i, f in enumerate(ds.schema) if f.kind == "image"]
         device = None
@@ -551,7 +571,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             "slots": len(self._ring or ()), "slot_bytes": self._ring.nbytes if self._ring else 0,
             "skipped": self._batcher.skipped if self._batcher else 0, "fast_path": self.fast_path,
             "fast_path_reason": self.fast_path_reason, "num_workers": self.num_workers,
-            "remote": getattr(self.dataset, "remote_stats", lambda: None)(),
+            "remote": getattr(self._fast_dataset, "remote_stats", lambda: None)(),
             "hybrid": self._batcher.images.split_stats() if self._batcher else None}
 
     def stats_summary(self) -> str:
