@@ -100,14 +100,15 @@ def tree(root: int, data: str | None = None) -> dict:
     """The tree's sums (bytes) and process count; ``data``: also the PSS of mapped files under it."""
     pids = tree_pids(root)
     total = dict.fromkeys(set(FIELDS.values()), 0)
-    n = 0
+    n = biggest = 0
     for pid in pids:
         r = rollup(pid)
         if r is not None:
             n += 1
+            biggest = max(biggest, r["pss"])
             for k, v in r.items():
                 total[k] += v
-    total["procs"] = n
+    total["procs"], total["biggest"] = n, biggest  # biggest: the largest one process's PSS (which one grew)
     if data is not None:
         total["shards"] = sum(mapped_under(pid, data) for pid in pids)
     return total
@@ -190,11 +191,18 @@ def build_folder(root: Path, per_class: int) -> Path:
     return folder
 
 
+def packed(folder: Path, data: Path) -> Path:
+    """fastload's packed copy of ``folder`` (packed on first use)."""
+    from _common import pack_once
+
+    return pack_once(folder, data / f"{folder.name}_packed")
+
+
 def make_loader(config: str, folder: Path, data: Path):
     import torch
 
     import fastload
-    from _common import BATCH, SIZE, crop_flip, pack_once
+    from _common import BATCH, SIZE, crop_flip
     from peers._common import pil_train_transform
     from peers._torchdata import ImageFiles
 
@@ -202,7 +210,7 @@ def make_loader(config: str, folder: Path, data: Path):
     n = int(n)
     opts = dict(batch_size=BATCH, shuffle=True, num_workers=n, drop_last=True, persistent_workers=True)
     if kind in ("fastload-fast", "torch-getitems"):
-        ds = fastload.open(pack_once(folder, data / f"{folder.name}_packed"), transforms={"image": crop_flip()})
+        ds = fastload.open(packed(folder, data), transforms={"image": crop_flip()})
         if kind == "fastload-fast":
             return fastload.DataLoader(ds, **opts)
         return torch.utils.data.DataLoader(ds, **opts)
@@ -335,7 +343,7 @@ def main() -> int:
     args.data.mkdir(parents=True, exist_ok=True)
     if args.child:
         return child(args.child, args)
-    photo_or_synthetic(args)  # built once, before any child is timed
+    packed(photo_or_synthetic(args), args.data)  # built and packed once, before any child is measured
     not_run = {"FFCV": ("it needs its own virtualenv with Debian's libopencv-dev + libturbojpeg and a source "
                         "build of ffcv 1.0.2 (bash bench/setup_peers.sh ffcv), and this script has no runner for "
                         "that virtualenv yet")}
@@ -349,7 +357,8 @@ def main() -> int:
     publish(report(rows, args, not_run), args.out)
     write_csv(args.csv, ({"config": r["config"], "epoch": e.get("epoch", 0), "t": round(e["t"], 3),
                           **{k: round(e[k] / MiB, 2) for k in ("pss", "uss", "rss", "anon", "file", "shmem")},
-                          "shards": round(e.get("shards", 0) / MiB, 2), "procs": e["procs"]}
+                          "shards": round(e.get("shards", 0) / MiB, 2), "procs": e["procs"],
+                          "biggest_proc_pss": round(e["biggest"] / MiB, 2)}
                          for r in rows if "error" not in r for e in r["samples"]))
     return 0
 
