@@ -8,8 +8,9 @@ memory); this process samples the child and every descendant of it every ``--int
 * **PSS** (proportional set size): every page counted once over the tree, a page shared by k processes at 1/k
   in each. The sum over the tree is what the tree costs the machine. It includes file pages the processes have
   *mapped* (shared libraries, and fastload's memory-mapped shards: page cache, clean, reclaimable, shown apart
-  as "shards" at the epoch ends), but not the page cache of files read with ``read()`` (the PIL datasets and
-  DALI read their JPEGs that way: their page cache is not in any process's PSS).
+  as "shards" at the epoch ends: the PSS of mapped files under ``--data``; DALI's file reader maps the JPEGs it
+  reads, so its row shows them there too), but not the page cache of files read with ``read()`` (the PIL
+  datasets read their JPEGs that way: their page cache is not in any process's PSS).
 * **USS** (unique set size: Private_Clean + Private_Dirty): pages only one process maps, summed over the tree.
   Shared memory between the loop and its workers (batches in flight, fastload's generic slots) is *not* in USS.
 * **anon / file / shmem**: the tree's PSS split by kind (Pss_Anon, Pss_File, Pss_Shmem).
@@ -323,7 +324,7 @@ def report(rows: list[dict], args, not_run: dict[str, str]) -> list[str]:
                          f"{e['slot_bytes'] / MiB:.1f} MiB (``loader.stats()``).")
     lines += ["", "procs: the most processes the tree had. idle: after the loader was built, before the first batch. "
               "shards: PSS of mapped files under the data folder (fastload's shards: page cache, clean and "
-              "reclaimable; the PIL and DALI rows read files with read(), whose page cache no process's PSS shows). "
+              "reclaimable; the PIL rows read files with read(), whose page cache no process's PSS shows). "
               "growth: largest epoch-end figure after epoch 1 minus epoch 1's; anon + shmem is what the tree allocated "
               "(bench/soak.py's check), while total PSS also moves with other processes on the machine mapping the same "
               "libraries (torch's are ~200 MiB of file pages). DALI's file reader maps the JPEGs it reads, so its "
