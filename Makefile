@@ -50,7 +50,7 @@ sanitize: $(STAMP)
 fuzz: $(STAMP)
 	$(BIN)/python tests/fuzz/run.py --target each --jobs $$(nproc)
 
-# 50 epochs on every loader path; fails if RSS, descriptors, threads or /dev/shm drift after epoch 1.
+# 50 epochs on every loader path; fails if RSS, the process tree's PSS, descriptors, threads or /dev/shm drift after epoch 1.
 soak: $(STAMP)
 	$(BIN)/python bench/soak.py --epochs 50
 
