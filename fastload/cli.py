@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from ._errors import FastloadError
+from ._install import pip_extra
 from .formats.registry import DEFAULT_FORMAT, FORMATS
 
 
@@ -52,7 +53,7 @@ def main() -> None:
               help="Pack only part I of N (from 0) into DST/parts/I; then `fastload merge DST`.")
 @click.option("--ray", "ray_address", default=None, is_flag=False, flag_value="auto", metavar="[ADDRESS]",
               help="Pack the parts as Ray tasks on the cluster at ADDRESS (default: a running one, else local), "
-                   "then merge. Needs `pip install fastload[ray]`.")
+                   f"then merge. Needs `{pip_extra('ray')}`.")
 @click.option("--parts", type=click.IntRange(min=1), default=None,
               help="With --ray: the number of parts [default: the cluster's CPUs].")
 @click.option("--staging", type=click.Path(file_okay=False, path_type=Path), default=None,

@@ -13,13 +13,15 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from PIL import Image
 
+from .._install import pil
 from . import color, filters, tone  # noqa: F401  (they register their operations)
 from .padding import assemble
 from .plan import BILINEAR, OPS, AugmentPlan
 
 __all__ = ["mask_fills", "run_pil", "run_pil_mask"]
+
+Image = pil("the PIL reference engine (ds[i] with augmentations or a mask field)")
 
 
 def run_pil(image: Any, plan: AugmentPlan, sample: int, *, source: bool = False) -> np.ndarray:

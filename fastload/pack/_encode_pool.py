@@ -14,6 +14,7 @@ from typing import Any, Iterator
 
 from ._encode import ImageOptions, encode_sample
 from .._errors import FastloadError
+from .._install import MissingDependency
 from ..sources import Source
 
 _WORKER: dict[str, Any] = {}
@@ -35,7 +36,7 @@ def _encode_one(i: int) -> tuple[int, list | None, str | None]:
     src, opts = _WORKER["source"], _WORKER["opts"]
     try:
         return i, encode_sample(src.schema, src.load(i), opts), None
-    except (KeyboardInterrupt, SystemExit):
+    except (KeyboardInterrupt, SystemExit, MissingDependency):
         raise
     except Exception as e:  # any failure of user data or user code: reported with the sample's name
         # without object addresses ("<_io.BytesIO object at 0x7f...>"): the same pack writes the same manifest
