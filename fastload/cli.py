@@ -10,11 +10,12 @@ import click
 
 from ._errors import FastloadError
 from ._install import pip_extra
+from ._version import __version__
 from .formats.registry import DEFAULT_FORMAT, FORMATS
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="fastload")
+@click.version_option(version=__version__, prog_name="fastload")  # not by distribution name: torch-fastload
 def main() -> None:
     """fastload: pack datasets into shards or LMDB, check them, and measure loading speed."""
 

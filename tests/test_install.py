@@ -41,6 +41,16 @@ def test_the_distribution_name_is_the_one_every_hint_uses():
     assert {"remote", "ray", "dali", "test", "pillow"} <= set(project["optional-dependencies"])
 
 
+def test_the_cli_keeps_its_name_and_knows_its_version():
+    from click.testing import CliRunner
+
+    from fastload import __version__
+    from fastload.cli import main
+
+    out = CliRunner().invoke(main, ["--version"])
+    assert out.exit_code == 0 and out.output == f"fastload, version {__version__}\n", (out.output, out.exception)
+
+
 def test_no_install_command_in_the_repository_names_the_index_s_fastload():
     # An extra of `fastload` (not `torch-fastload`), or that bare name after pip install (`fastload/` is a path).
     extra = re.compile(r"(?<![\w-])fastload\[")
