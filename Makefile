@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.fastload-installed
 
-.PHONY: install demo test lint docs sanitize fuzz soak bench clean gpu-check gpu-dry-run gpu-prepare
+.PHONY: install demo test wheel lint docs sanitize fuzz soak bench clean gpu-check gpu-dry-run gpu-prepare
 
 install: $(STAMP)
 
@@ -46,6 +46,11 @@ lint: $(VENV)/.extra-lint
 docs: $(VENV)/.extra-docs
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
+# dist/: the sdist and a manylinux wheel (libjpeg-turbo and libpng bundled by auditwheel; no torch symbols, so
+# one wheel per Python serves every torch >= 2.1). `pip install dist/torch_fastload-*.whl` needs no compiler.
+wheel: $(STAMP)
+	PYTHON=$(BIN)/python scripts/wheel.sh dist
+
 # The whole test suite against the native core built with ASan + UBSan (see scripts/sanitize.sh).
 sanitize: $(STAMP)
 	PYTHON=$(BIN)/python scripts/sanitize.sh
@@ -82,4 +87,4 @@ gpu-prepare:
 	scripts/gpu_prepare.sh $(if $(DALI),--dali)
 
 clean:
-	rm -rf build *.egg-info fastload/_C*.so demo_out site
+	rm -rf build dist *.egg-info fastload/_C*.so demo_out site
