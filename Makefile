@@ -16,7 +16,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml setup.py $(wildcard csrc/*.cc csrc/*.h)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q "setuptools>=68" wheel "pybind11>=2.12"
+	$(BIN)/python -m pip install -q "setuptools>=77" wheel "pybind11>=2.12"
 	$(BIN)/python -m pip install -q pillow-simd
 	$(BIN)/python -m pip uninstall -q -y fastload 2>/dev/null || true  # a venv from before the rename to torch-fastload
 	$(BIN)/python -m pip install -q -e ".[test,dali]" --no-build-isolation
