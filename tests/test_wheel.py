@@ -112,7 +112,14 @@ def test_the_wheel_installs_without_build_tools_and_loads(tmp_path):
         in_sdist = {Path(n).relative_to(Path(n).parts[0]).as_posix() for n in t.getnames() if "/" in n}
     sources = {p.relative_to(ROOT).as_posix() for p in (ROOT / "csrc").iterdir()}
     assert sources - in_sdist == set(), f"the sdist leaves out {sorted(sources - in_sdist)}"
-    wheel, = dist.glob("torch_fastload-*.whl")
+    # docs/install.md's wheel block (tests/test_docs.py leaves it to this test): what it runs is what ran here
+    page = (ROOT / "docs" / "install.md").read_text()
+    block = re.search(r"<!-- docs-test: ran-by tests/test_wheel.py -->\n```sh\n(.*?)```", page, re.S)
+    assert block, "docs/install.md has no wheel block for this test"
+    commands = [line.split("#")[0].strip() for line in block.group(1).splitlines()]
+    assert commands == ["make wheel", "pip install dist/torch_fastload-*.whl"], commands
+    assert "\nwheel: $(STAMP)\n\tPYTHON=$(BIN)/python scripts/wheel.sh dist\n" in (ROOT / "Makefile").read_text()
+    wheel, = dist.glob("torch_fastload-*.whl")  # the page's glob names one wheel
     assert re.fullmatch(r"torch_fastload-[\d.]+-cp3\d+-cp3\d+-manylinux_2_\d+_x86_64\.whl", wheel.name), wheel.name
     bundled = [n for n in zipfile.ZipFile(wheel).namelist() if n.startswith("torch_fastload.libs/")]
     assert any("libjpeg" in n for n in bundled) and any("libpng" in n for n in bundled), bundled
