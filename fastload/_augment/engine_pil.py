@@ -19,9 +19,10 @@ from . import color, filters, tone  # noqa: F401  (they register their operation
 from .padding import assemble
 from .plan import BILINEAR, OPS, AugmentPlan
 
-__all__ = ["mask_fills", "run_pil", "run_pil_mask"]
+pil("the PIL reference engine (ds[i] with augmentations or a mask field)")  # else the hint naming Pillow and -SIMD
+from PIL import Image  # noqa: E402
 
-Image = pil("the PIL reference engine (ds[i] with augmentations or a mask field)")
+__all__ = ["mask_fills", "run_pil", "run_pil_mask"]
 
 
 def run_pil(image: Any, plan: AugmentPlan, sample: int, *, source: bool = False) -> np.ndarray:
