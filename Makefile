@@ -4,17 +4,21 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.fastload-installed
 
-.PHONY: install demo test lint docs sanitize fuzz soak bench clean gpu-check gpu-dry-run gpu-prepare
+.PHONY: install demo test wheel lint docs sanitize fuzz soak bench clean gpu-check gpu-dry-run gpu-prepare
 
 install: $(STAMP)
 
 # torch==2.13.0 first: pip takes the CPU wheel on disk (find-links) instead of the CUDA build.
-# pillow-simd last, after anything that might pull plain pillow, so `import PIL` is pillow-simd.
+# fastload depends on no PIL by name (it takes the environment's); this venv gets pillow-simd, faster than
+# plain pillow for the torch DataLoader baseline of the benchmarks. Checked again last, after anything that
+# might have pulled plain pillow (both install as `PIL`), so `import PIL` is pillow-simd.
 # The dali extra (~270 MB) is installed so that `make test` runs the DALI path in its CPU-only mode.
 $(STAMP): pyproject.toml setup.py $(wildcard csrc/*.cc csrc/*.h)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q "setuptools>=68" wheel "pybind11>=2.12"
+	$(BIN)/python -m pip install -q "setuptools>=77" wheel "pybind11>=2.12"
+	$(BIN)/python -m pip install -q pillow-simd
+	$(BIN)/python -m pip uninstall -q -y fastload 2>/dev/null || true  # a venv from before the rename to torch-fastload
 	$(BIN)/python -m pip install -q -e ".[test,dali]" --no-build-isolation
 	@if $(BIN)/python -m pip show -q pillow >/dev/null 2>&1; then \
 	    $(BIN)/python -m pip uninstall -q -y pillow pillow-simd; \
@@ -41,6 +45,11 @@ lint: $(VENV)/.extra-lint
 # The documentation site into site/, warnings as errors (mkdocs.yml); tests/test_docs.py runs its code blocks.
 docs: $(VENV)/.extra-docs
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
+# dist/: the sdist and a manylinux wheel (libjpeg-turbo and libpng bundled by auditwheel; no torch symbols, so
+# one wheel per Python serves every torch >= 2.1). `pip install dist/torch_fastload-*.whl` needs no compiler.
+wheel: $(STAMP)
+	PYTHON=$(BIN)/python scripts/wheel.sh dist
 
 # The whole test suite against the native core built with ASan + UBSan (see scripts/sanitize.sh).
 sanitize: $(STAMP)
@@ -78,4 +87,4 @@ gpu-prepare:
 	scripts/gpu_prepare.sh $(if $(DALI),--dali)
 
 clean:
-	rm -rf build *.egg-info fastload/_C*.so demo_out site
+	rm -rf build dist *.egg-info fastload/_C*.so demo_out site

@@ -244,7 +244,7 @@ def open(path: str | os.PathLike, *, transforms: Mapping[str, Any] | None = None
     """Open a packed dataset (shards directory or LMDB environment) as a map-style Dataset.
 
     ``path`` may be a URL that fsspec reads (``s3://bucket/ds``, ``gs://``, ``az://``, ``https://``,
-    ``file://``; ``pip install 'fastload[remote]'``): the manifest is read now (a missing bucket or
+    ``file://``; ``pip install 'torch-fastload[remote]'``): the manifest is read now (a missing bucket or
     missing credentials raise ``RemoteError`` here), and shards are downloaded whole into ``cache_dir``
     (default ``$FASTLOAD_CACHE_DIR`` or ``~/.cache/fastload/shards``) as batches need them, verified
     against the manifest, and evicted least-recently-used beyond ``cache_limit`` (bytes or e.g.

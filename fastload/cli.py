@@ -9,6 +9,8 @@ from pathlib import Path
 import click
 
 from ._errors import FastloadError
+from ._install import pip_extra
+from ._version import __version__
 from .formats.registry import DEFAULT_FORMAT, FORMATS
 from .formats.remote import is_url
 
@@ -26,7 +28,7 @@ class DatasetArg(click.ParamType):
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="fastload")
+@click.version_option(version=__version__, prog_name="fastload")  # not by distribution name: torch-fastload
 def main() -> None:
     """fastload: pack datasets into shards or LMDB, check them, and measure loading speed."""
 
@@ -65,7 +67,7 @@ def main() -> None:
               help="Pack only part I of N (from 0) into DST/parts/I; then `fastload merge DST`.")
 @click.option("--ray", "ray_address", default=None, is_flag=False, flag_value="auto", metavar="[ADDRESS]",
               help="Pack the parts as Ray tasks on the cluster at ADDRESS (default: a running one, else local), "
-                   "then merge. Needs `pip install fastload[ray]`.")
+                   f"then merge. Needs `{pip_extra('ray')}`.")
 @click.option("--parts", type=click.IntRange(min=1), default=None,
               help="With --ray: the number of parts [default: the cluster's CPUs].")
 @click.option("--staging", type=click.Path(file_okay=False, path_type=Path), default=None,

@@ -41,6 +41,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ._install import pil
 from ._transform_base import Transform, _positive_int, _setup_size
 from ._tensor_transforms import Normalize, TensorPipeline, TensorTransform, ToDtype  # noqa: E402
 from ._sequences import Bucket, Pad, PackSequences  # noqa: E402  (variable-length fields, see _sequences.py)
@@ -691,10 +692,7 @@ def apply_pil(pipeline: Any, image: Any, rng: np.random.Generator) -> Any:
 
     The slow reference engine: it executes exactly the plan the native engine gets.
     """
-    try:
-        from PIL import Image
-    except ImportError:  # pragma: no cover - Pillow is a dependency
-        raise ImportError("apply_pil needs Pillow. Run `pip install pillow-simd` (or pillow)") from None
+    Image = pil("apply_pil")
     pipe = pipeline if isinstance(pipeline, ImagePipeline) else ImagePipeline(pipeline)
     p = pipe.plan(np.array([image.height]), np.array([image.width]), rng)
     def decode(crop: Sequence[int], out_hw: Sequence[int]) -> Any:

@@ -130,7 +130,8 @@ if [ $SKIP_INSTALL -eq 0 ]; then
     test -x "$PY" || python3 -m venv "$VENV"
     # torch first and exact: any looser spec makes pip fetch a multi-GB CUDA build instead of the CPU wheel on disk.
     pipi torch==2.13.0
-    pipi "setuptools>=68" wheel "pybind11>=2.12"
+    pipi "setuptools>=77" wheel "pybind11>=2.12"
+    pipi pillow-simd  # fastload names no PIL (it takes the environment's); this venv's is pillow-simd, as .venv's
     pipi -e "$REPO" --no-build-isolation
     # The releases under test, and what the chosen test files import (requirements/{pytorch,fabric}/test.txt at
     # 2.6.5 and accelerate's test_prod extra, less what these files never import: coverage, onnx, pandas,

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import collections.abc
 import numbers
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from PIL import Image, ImageEnhance
 
 from .plan import Augment, PlanBuilder, applied, check_p, define_op
+
+if TYPE_CHECKING:
+    from PIL import Image
 
 __all__ = ["ColorJitter", "Grayscale", "RandomGrayscale"]
 
@@ -127,11 +129,18 @@ def _grayscale_torch(x: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Tenso
     return g.expand_as(x).contiguous()
 
 
-def _pil_enhance(kind: Any) -> Any:
-    return lambda img, p: kind(img).enhance(float(p["factor"]))
+def _pil_enhance(kind: str) -> Any:
+    def enhance(img: Image.Image, p: dict[str, Any]) -> Image.Image:
+        from PIL import ImageEnhance  # the PIL kernels run on a PIL image, so PIL is there (fastload._install)
+
+        return getattr(ImageEnhance, kind)(img).enhance(float(p["factor"]))
+
+    return enhance
 
 
 def _hue_pil(img: Image.Image, p: dict[str, Any]) -> Image.Image:
+    from PIL import Image
+
     h, s, v = img.convert("HSV").split()
     np_h = np.array(h, dtype=np.uint8)
     with np.errstate(over="ignore"):
@@ -144,9 +153,9 @@ def _grayscale_pil(img: Image.Image, p: dict[str, Any]) -> Image.Image:
 
 
 _FACTOR = {"factor": ("float64", ())}
-define_op("brightness", _FACTOR, pil=_pil_enhance(ImageEnhance.Brightness), torch=_brightness_torch, floats=True)
-define_op("contrast", _FACTOR, pil=_pil_enhance(ImageEnhance.Contrast), torch=_contrast_torch, floats=True)
-define_op("saturation", _FACTOR, pil=_pil_enhance(ImageEnhance.Color), torch=_saturation_torch, floats=True)
+define_op("brightness", _FACTOR, pil=_pil_enhance("Brightness"), torch=_brightness_torch, floats=True)
+define_op("contrast", _FACTOR, pil=_pil_enhance("Contrast"), torch=_contrast_torch, floats=True)
+define_op("saturation", _FACTOR, pil=_pil_enhance("Color"), torch=_saturation_torch, floats=True)
 define_op("hue", _FACTOR, pil=_hue_pil, torch=_hue_torch, floats=True)
 define_op("grayscale", {}, pil=_grayscale_pil, torch=_grayscale_torch, floats=True)
 

@@ -13,11 +13,14 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from PIL import Image
 
+from .._install import pil
 from .ops import OPS
 from .padding import assemble
 from .plan import BILINEAR, AugmentPlan
+
+pil("the PIL reference engine (ds[i] with augmentations or a mask field)")  # else the hint naming Pillow and -SIMD
+from PIL import Image  # noqa: E402
 
 __all__ = ["mask_fills", "run_pil", "run_pil_mask"]
 

@@ -22,14 +22,16 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from PIL import Image
 
 from .plan import Augment, PlanBuilder, applied, check_p, define_op
+
+if TYPE_CHECKING:
+    from PIL import Image
 
 __all__ = ["GaussianBlur", "RandomErasing"]
 
@@ -41,6 +43,8 @@ def _kernel1d_np(size: int, sigma: float) -> np.ndarray:
 
 
 def _blur_pil(img: Image.Image, p: dict[str, Any]) -> Image.Image:
+    from PIL import Image  # the PIL kernels run on a PIL image, so PIL is there (fastload._install)
+
     kx, ky = (int(v) for v in p["ksize"])
     sx, sy = (float(v) for v in p["sigma"])
     a = np.asarray(img, dtype=np.float64)
@@ -112,6 +116,8 @@ def _check_erase_value(value: np.ndarray, floats: bool) -> None:
 
 
 def _erase_pil(img: Image.Image, p: dict[str, Any]) -> Image.Image:
+    from PIL import Image
+
     top, left, h, w = (int(v) for v in p["box"])
     _check_erase_value(p["value"], floats=False)
     a = np.array(img)
@@ -165,6 +171,8 @@ def erase_noise_torch(seed: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
 
 
 def _erase_random_pil(img: Image.Image, p: dict[str, Any]) -> Image.Image:
+    from PIL import Image
+
     top, left, h, w = (int(v) for v in p["box"])
     a = np.array(img)
     a[top:top + h, left:left + w] = erase_noise_np(int(p["seed"]), h, w)

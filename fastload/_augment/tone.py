@@ -13,7 +13,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from PIL import ImageEnhance, ImageOps
 
 from .color import bound_of, finish, per_sample
 from .plan import Augment, PlanBuilder, applied, check_number, check_p, define_op
@@ -83,16 +82,27 @@ def _sharpness_torch(x: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Tenso
     return finish(out, x)
 
 
-define_op("invert", {}, pil=lambda img, p: ImageOps.invert(img), torch=_invert_torch, floats=True)
-define_op("solarize", {"threshold": ("float64", ())}, pil=lambda img, p: ImageOps.solarize(img, float(p["threshold"])),
+def _ops() -> Any:
+    from PIL import ImageOps  # the PIL kernels run on a PIL image, so PIL is there (fastload._install)
+
+    return ImageOps
+
+
+def _sharpness_pil(img: Any, p: dict[str, Any]) -> Any:
+    from PIL import ImageEnhance
+
+    return ImageEnhance.Sharpness(img).enhance(float(p["factor"]))
+
+
+define_op("invert", {}, pil=lambda img, p: _ops().invert(img), torch=_invert_torch, floats=True)
+define_op("solarize", {"threshold": ("float64", ())}, pil=lambda img, p: _ops().solarize(img, float(p["threshold"])),
           torch=_solarize_torch)
-define_op("posterize", {"bits": ("uint8", ())}, pil=lambda img, p: ImageOps.posterize(img, int(p["bits"])),
+define_op("posterize", {"bits": ("uint8", ())}, pil=lambda img, p: _ops().posterize(img, int(p["bits"])),
           torch=_posterize_torch)
-define_op("equalize", {}, pil=lambda img, p: ImageOps.equalize(img), torch=_equalize_torch)
-define_op("autocontrast", {}, pil=lambda img, p: ImageOps.autocontrast(img), torch=_autocontrast_torch, floats=True)
+define_op("equalize", {}, pil=lambda img, p: _ops().equalize(img), torch=_equalize_torch)
+define_op("autocontrast", {}, pil=lambda img, p: _ops().autocontrast(img), torch=_autocontrast_torch, floats=True)
 define_op("sharpness", {"factor": ("float64", ())},
-          pil=lambda img, p: ImageEnhance.Sharpness(img).enhance(float(p["factor"])), torch=_sharpness_torch,
-          floats=True)
+          pil=_sharpness_pil, torch=_sharpness_torch, floats=True)
 
 
 class _RandomApplyOp(Augment):

@@ -83,6 +83,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from .._install import pip_extra
 from .._native import is_jpeg
 from .._ring import streams_for
 from .._augment.engine_torch import assemble_rows, augment_rows, padding_columns
@@ -91,7 +92,7 @@ from ._staging import Uploads, augment_queued, beyond_flips, decode_sizes
 
 __all__ = ["DaliBuildError", "DaliDecoder", "INSTALL_HINT"]
 
-INSTALL_HINT = "decoder='dali' needs NVIDIA DALI: pip install fastload[dali] (or pip install nvidia-dali-cuda130)"
+INSTALL_HINT = f"decoder='dali' needs NVIDIA DALI: {pip_extra('dali')} (or pip install nvidia-dali-cuda130)"
 
 
 MIN_VERSION = (1, 44)  # exec_dynamic (no longer experimental) and Pipeline.run(cuda_stream, /, **inputs)

@@ -59,6 +59,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
+from .._install import pil
 from .._ring import streams_for
 from ._base import DecoderContext, DecoderKind, JpegOnly, check_augment
 from ._resample import MAX_PIXELS, resample
@@ -96,21 +97,18 @@ def _check_decodes(decode: Callable[[list], list], device: torch.device) -> None
     """A torchvision built without nvJPEG imports fine and fails every GPU decode: find out now (called with the
     decoder's output stream current, as every call of the library: see the module docstring)."""
     try:
-        decode([torch.frombuffer(bytearray(_TINY_JPEG), dtype=torch.uint8)])
+        decode([torch.frombuffer(bytearray(_tiny_jpeg()), dtype=torch.uint8)])
     except Exception as e:  # noqa: BLE001  (whatever torchvision raises: named in the error)
         raise ImportError(f"torchvision {getattr(sys.modules.get('torchvision'), '__version__', '')} cannot decode "
                           f"JPEG on {device} ({type(e).__name__}: {e}); {INSTALL_HINT}") from e
 
 
 def _tiny_jpeg() -> bytes:
-    from PIL import Image
+    Image = pil("decoder='nvjpeg' (its probe JPEG)")  # torchvision depends on Pillow: there when nvJPEG is
 
     buf = io.BytesIO()
     Image.new("RGB", (8, 8), (200, 40, 90)).save(buf, "JPEG")
     return buf.getvalue()
-
-
-_TINY_JPEG = _tiny_jpeg()
 
 
 class NvjpegDecoder:

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from .._errors import SchemaError
+from .._install import pil
 from .._native import is_jpeg, native
 from ._codec import Codec, Column, NotFastPath, Part, as_array, draw_plan, exact_or_bad, is_pil_image
 
@@ -67,7 +68,7 @@ def _fit(size: tuple[int, int], max_side: int | None) -> tuple[int, int] | None:
 
 
 def _to_pil(value: Any):
-    from PIL import Image
+    Image = pil("an image field given as an array (packing)")
 
     if is_pil_image(value):
         return value
@@ -184,7 +185,7 @@ def encode_image(value: Any, opts: Any) -> tuple[tuple, bytes]:
             f"pixels (a {type(value).__name__}), not a JPEG file's bytes"
         raise SchemaError(f"image_mode='passthrough' stores JPEG files untouched, but this image is {what}; "
                           f"use image_mode='auto', 'jpeg' or 'raw'")
-    from PIL import Image
+    Image = pil("packing an image that is not a JPEG kept as it is (re-encoding, resizing)")
 
     if data is not None:
         img = Image.open(io.BytesIO(data))

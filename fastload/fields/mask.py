@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from .._errors import SchemaError
+from .._install import pil
 from .._native import native
 from ._codec import Codec, Column, NotFastPath, RowsPart, as_array, draw_plan, is_pil_image
 from .image import file_bytes
@@ -52,7 +53,7 @@ def _pil_mask(img: Any) -> np.ndarray:
 def mask_array(value: Any) -> np.ndarray:
     """``value`` (PNG file or bytes, PIL image, (H, W) uint8 array or tensor) as an (H, W) uint8 array, or
     SchemaError saying what was expected (the caller names the field and sample)."""
-    from PIL import Image
+    Image = pil("a mask field (packing)")
 
     data = file_bytes(value)
     if data is not None:
@@ -81,7 +82,7 @@ def mask_array(value: Any) -> np.ndarray:
 
 
 def encode_png(arr: np.ndarray) -> bytes:
-    from PIL import Image
+    Image = pil("a mask field (packing)")
 
     out = io.BytesIO()
     Image.fromarray(arr, "L").save(out, format="PNG")

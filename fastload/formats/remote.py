@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from .._errors import FastloadError, FormatError, RemoteError
+from .._install import pip_extra
 from ._cache import CacheStats, ShardCache, dataset_key  # noqa: F401  (dataset_key: the packer's staging)
 from ._manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, ShardEntry
 from .shards import FORMAT as SHARDS
@@ -55,7 +56,7 @@ def url_to_fs(url: str, storage_options: dict | None) -> tuple[Any, str]:
     try:
         import fsspec.core
     except ImportError:
-        raise ImportError("remote datasets need fsspec: pip install 'fastload[remote]' (s3fs for s3://; "
+        raise ImportError(f"remote datasets need fsspec: {pip_extra('remote')} (s3fs for s3://; "
                           "gcsfs for gs://, adlfs for az://)") from None
     opts = dict(storage_options or {})
     protocol = url.split("://", 1)[0]

@@ -14,6 +14,7 @@ from typing import Any, Iterator
 
 from ._encode import ImageOptions, encode_sample
 from .._errors import FastloadError
+from .._install import MissingDependency
 from ..fields.image import reencodings
 from ..sources import Source
 
@@ -39,7 +40,7 @@ def _encode_one(i: int) -> tuple[int, list | None, str | None, str | None]:
         with reencodings() as notes:
             encoded = encode_sample(src.schema, src.load(i), opts)
         return i, encoded, None, notes[0] if notes else None
-    except (KeyboardInterrupt, SystemExit):
+    except (KeyboardInterrupt, SystemExit, MissingDependency):
         raise
     except Exception as e:  # any failure of user data or user code: reported with the sample's name
         # without object addresses ("<_io.BytesIO object at 0x7f...>"): the same pack writes the same manifest

@@ -8,6 +8,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from .._install import pip_extra
 from ..formats.remote import is_url
 from ._local import PackSummary
 from ._parts import PARTS_DIR, merge
@@ -19,7 +20,7 @@ def _ray():
     try:
         import ray
     except ImportError:
-        raise ImportError("engine='ray' (fastload pack --ray) needs Ray: pip install 'fastload[ray]'") from None
+        raise ImportError(f"engine='ray' (fastload pack --ray) needs Ray: {pip_extra('ray')}") from None
     return ray
 
 

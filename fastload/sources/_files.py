@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import IO, Any, Iterable
 
 from .._errors import SourceError
+from .._install import pip_extra
 
 # names Hugging Face (and most people) give a dataset's splits, as a file-name prefix or a folder name
 SPLITS = ("train", "test", "validation", "valid", "val", "dev", "eval")
@@ -80,7 +81,7 @@ class Files:
             try:
                 import fsspec.core
             except ImportError:
-                raise ImportError(f"reading {self.spec} needs fsspec: pip install 'fastload[remote]' (s3fs for "
+                raise ImportError(f"reading {self.spec} needs fsspec: {pip_extra('remote')} (s3fs for "
                                   f"s3://; gcsfs for gs://, adlfs for az://)") from None
             try:
                 self._fs, _ = fsspec.core.url_to_fs(self.spec.split("{")[0] or self.spec, skip_instance_cache=True,

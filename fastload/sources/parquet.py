@@ -1,5 +1,5 @@
 """Parquet: a file, a folder of them (recursively, sorted; one split only), a glob, or a brace pattern, local
-or at a URL fsspec reads (``pip install 'fastload[parquet]'``). One row per sample, one field per column.
+or at a URL fsspec reads (``pip install 'torch-fastload[parquet]'``). One row per sample, one field per column.
 
 Columns to fields:
 
@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from .._errors import SourceError
+from .._install import pil, pip_extra
 from .._schema import Field, Schema
 from ._base import Source
 from ._files import Files, warn_one_process
@@ -46,7 +47,7 @@ def _pq() -> Any:
     try:
         import pyarrow.parquet as pq
     except ImportError:
-        raise ImportError("reading Parquet needs pyarrow: pip install 'fastload[parquet]'") from None
+        raise ImportError(f"reading Parquet needs pyarrow: {pip_extra('parquet')}") from None
     return pq
 
 
@@ -54,12 +55,12 @@ def is_image(data: bytes | None) -> bool:
     """Whether ``data`` is an encoded picture PIL knows (by its header; nothing is decoded)."""
     if not data:
         return False
-    from PIL import Image, UnidentifiedImageError
+    Image = pil("telling a Parquet column's pictures from other bytes")
 
     try:
         with Image.open(io.BytesIO(data)):
             return True
-    except (UnidentifiedImageError, OSError, ValueError):
+    except (OSError, ValueError):  # UnidentifiedImageError is an OSError
         return False
 
 

@@ -20,7 +20,7 @@ from fastload.decoders.dali import INSTALL_HINT, DaliBuildError, DaliDecoder
 
 _C = pytest.importorskip("fastload._C")
 
-needs_dali = pytest.mark.skipif(not HAVE_DALI, reason="NVIDIA DALI is not installed (pip install fastload[dali])")
+needs_dali = pytest.mark.skipif(not HAVE_DALI, reason="NVIDIA DALI is not installed (pip install 'torch-fastload[dali]')")
 needs_cuda = pytest.mark.skipif(not (HAVE_DALI and torch.cuda.is_available()), reason="needs DALI and a CUDA GPU")
 pytestmark = pytest.mark.timeout(60)
 
@@ -179,7 +179,7 @@ def test_missing_dali_gives_the_install_hint(monkeypatch):
     with pytest.raises(ImportError) as e:
         DaliDecoder(4, OUT_HW)
     assert str(e.value) == INSTALL_HINT
-    assert "pip install fastload[dali]" in str(e.value) and "nvidia-dali-cuda130" in str(e.value)
+    assert "pip install 'torch-fastload[dali]'" in str(e.value) and "nvidia-dali-cuda130" in str(e.value)
 
 
 def test_importing_the_package_does_not_import_dali():
@@ -214,7 +214,7 @@ def test_cuda_matches_cpu_mode(decoder):
         gpu.close()
 
 
-@pytest.mark.skipif(not HAVE_DALI, reason="needs NVIDIA DALI (pip install fastload[dali])")
+@pytest.mark.skipif(not HAVE_DALI, reason="needs NVIDIA DALI (pip install 'torch-fastload[dali]')")
 def test_loader_with_dali_matches_native(tmp_path):
     import torch
 

@@ -27,7 +27,7 @@ from fastload.decoders._base import ImageSources
 from conftest import resumed_and_reference
 from decoders.conftest import HAVE_DALI, OUT_HW, SAMPLES, plan, plan_of, sizes
 
-pytestmark = pytest.mark.skipif(not HAVE_DALI, reason="needs NVIDIA DALI (pip install fastload[dali])")
+pytestmark = pytest.mark.skipif(not HAVE_DALI, reason="needs NVIDIA DALI (pip install 'torch-fastload[dali]')")
 
 RECIPE = [T.TrivialAugmentWide(), T.RandomErasing(0.5)]
 DIFFERING, MEAN = 0.005, 0.05  # engine vs engine on the same rows (module docstring)

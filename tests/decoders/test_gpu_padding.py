@@ -28,7 +28,7 @@ from decoders.conftest import HAVE_DALI, OUT_HW, SAMPLES, pil_decode, sizes
 
 FILL = (10, 200, 30)
 MEAN = 1.0  # per sample, against the native decoder (module docstring)
-needs_dali = pytest.mark.skipif(not HAVE_DALI, reason="needs NVIDIA DALI (pip install fastload[dali])")
+needs_dali = pytest.mark.skipif(not HAVE_DALI, reason="needs NVIDIA DALI (pip install 'torch-fastload[dali]')")
 
 
 # -- the assembly alone ---------------------------------------------------------------------------------------
