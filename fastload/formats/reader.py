@@ -95,6 +95,21 @@ class PackedReader:
         self.starts = np.concatenate([[0], np.cumsum([s.count for s in segments], dtype=np.int64)])
         self.path = path
         self._row_bytes: dict[str, int] = {}
+        self._one_group: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # n -> (zeros, arange), read-only
+
+    def _whole_batch(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(zeros(n), arange(n))``, read-only and kept per batch size: a batch in one segment needs them as its
+        segment ids, its region numbers and its one group's positions, for every batch, made once
+        instead of per batch. A few sizes at most: the batch size and a last, shorter batch."""
+        got = self._one_group.get(n)
+        if got is None:
+            if len(self._one_group) >= 4:
+                self._one_group.clear()
+            got = (np.zeros(n, np.int64), np.arange(n, dtype=np.int64))
+            for a in got:
+                a.flags.writeable = False
+            self._one_group[n] = got
+        return got
 
     def sample(self, i: int) -> tuple[Any, int]:
         """(opened segment, index within it) of global sample ``i`` (``ds[i]``: one sample, no batch view)."""
@@ -114,16 +129,21 @@ class PackedReader:
     def locate(self, indices: np.ndarray) -> Located:
         """Group a batch's global sample ``indices`` by segment and open those segments."""
         if len(self.segments) == 1:  # common for small records: skip the shard lookup
-            seg_ids = np.zeros(len(indices), dtype=np.int64)
-            local = indices
-            groups = [(0, np.arange(len(indices)))]
-        else:
-            seg_ids = np.searchsorted(self.starts, indices, side="right") - 1
-            local = indices - self.starts[seg_ids]
-            present = np.flatnonzero(np.bincount(seg_ids, minlength=len(self.segments)))
-            groups = [(int(s), np.flatnonzero(seg_ids == s)) for s in present] if len(present) > 1 else \
-                [(int(present[0]), np.arange(len(indices)))]
-        return Located(seg_ids, local, groups, {s: self.segments[s].open() for s, _ in groups})
+            zeros, positions = self._whole_batch(len(indices))
+            at = Located(zeros, indices, [(0, positions)], {0: self.segments[0].open()})
+            at._region_of = zeros  # one group: every position's region is 0
+            return at
+        seg_ids = np.searchsorted(self.starts, indices, side="right") - 1
+        local = indices - self.starts[seg_ids]
+        present = np.flatnonzero(np.bincount(seg_ids, minlength=len(self.segments)))
+        if len(present) > 1:
+            groups = [(int(s), np.flatnonzero(seg_ids == s)) for s in present]
+            return Located(seg_ids, local, groups, {s: self.segments[s].open() for s, _ in groups})
+        zeros, positions = self._whole_batch(len(indices))
+        s = int(present[0])
+        at = Located(seg_ids, local, [(s, positions)], {s: self.segments[s].open()})
+        at._region_of = zeros
+        return at
 
     def locate_one(self, i: int) -> Located:
         """The batch view of the one global sample ``i`` (``ds[i]``), its segment opened."""
@@ -158,7 +178,9 @@ class PackedReader:
         if len(at.groups) == 1:  # the common case, kept short: it runs for every column of every batch
             whole = at.segs[at.groups[0][0]].column_region(field)
             if whole is not None:
-                return [whole[0]], at.region_of, whole[1] + at.local * row_bytes, row_bytes
+                offset = at.local * row_bytes  # a new array: add the column's start in place
+                offset += whole[1]
+                return [whole[0]], at.region_of, offset, row_bytes
         whole = [at.segs[s].column_region(field) for s, _ in at.groups]
         if all(w is not None for w in whole):  # each segment holds the column in one piece (shards): vectorised
             base = np.array([start for _, start in whole], dtype=np.int64)

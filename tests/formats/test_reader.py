@@ -65,6 +65,37 @@ def test_the_reader_gives_the_same_rows_for_every_format(datasets, fmt):
         assert len(reader.sizes) > 1
 
 
+@pytest.mark.parametrize("fmt", ["shards", "lmdb"])
+def test_a_batch_in_one_segment_reuses_its_position_arrays(datasets, fmt):
+    """The tiny-record path (issue 32): a batch that lies in one segment (LMDB's one environment, or one shard)
+    gets its segment ids, region numbers and positions from arrays made once per batch size, read-only, not
+    allocated per batch; the rows it gathers are the same."""
+    ds, arrays = datasets[0][fmt], datasets[1]
+    reader = ds.reader
+    first = int(reader.starts[1]) if fmt == "shards" else len(ds)  # the first segment's samples
+    rng = np.random.default_rng(2)
+    ats = [reader.locate(rng.permutation(first)[:40].astype(np.int64)) for _ in range(2)]
+    for at in ats:
+        assert len(at.groups) == 1 and not at.region_of.any() and not at.seg_ids.any()
+        assert np.array_equal(at.groups[0][1], np.arange(40))
+        for a in (at.region_of, at.groups[0][1]):
+            assert not a.flags.writeable  # shared by every batch of this size: nobody may write into it
+    assert ats[0].region_of is ats[1].region_of and ats[0].groups[0][1] is ats[1].groups[0][1]
+    assert len(reader.locate(np.arange(7, dtype=np.int64)).region_of) == 7  # another size, its own arrays
+    for at in ats:
+        idx = at.local + (0 if fmt == "lmdb" else int(reader.starts[at.groups[0][0]]))
+        out = np.empty((40, 8), np.int32)
+        _C.gather_rows(_C.Pool(0), *reader.row_sources(at, "tokens"), out)
+        assert np.array_equal(out, arrays["tokens"][idx])
+    if fmt == "shards":  # a batch inside the second shard: its segment ids say so, its one region is 0
+        at = reader.locate(np.arange(first, first + 5, dtype=np.int64))
+        assert at.seg_ids.tolist() == [1] * 5 and at.region_of.tolist() == [0] * 5
+        assert at.local.tolist() == [0, 1, 2, 3, 4]
+        out = np.empty((5, 8), np.int32)
+        _C.gather_rows(_C.Pool(0), *reader.row_sources(at, "tokens"), out)
+        assert np.array_equal(out, arrays["tokens"][first:first + 5])
+
+
 FORMAT_FILES = ("data.mdb", "lock.mdb", ".fls")  # the files of one format: LMDB's environment, a shard
 
 
