@@ -36,10 +36,11 @@ $(VENV)/.extra-%: pyproject.toml | $(STAMP)
 	$(BIN)/python -m pip install -q $$($(BIN)/python scripts/extra_requirements.py $*)
 	touch $@
 
-# ruff check and mypy, configured in pyproject.toml. `ruff format` is configured there too but not run here yet
-# (see [tool.ruff.format]); pre-commit runs the same tools (.pre-commit-config.yaml).
+# ruff check, ruff format --check and mypy, configured in pyproject.toml; pre-commit runs the same tools
+# (.pre-commit-config.yaml).
 lint: $(VENV)/.extra-lint
 	$(BIN)/ruff check fastload examples scripts setup.py
+	$(BIN)/ruff format --check fastload examples scripts setup.py
 	$(BIN)/mypy
 
 # The documentation site into site/, warnings as errors (mkdocs.yml); tests/test_docs.py runs its code blocks.

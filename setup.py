@@ -18,10 +18,22 @@ from setuptools.command.build_ext import build_ext
 from setuptools.errors import CompileError, ExecError, LinkError
 
 SOURCES = [
-    "csrc/binding.cc", "csrc/bind_augment.cc", "csrc/bind_convert.cc", "csrc/bind_decode.cc", "csrc/bind_gather.cc",
-    "csrc/bind_mask.cc", "csrc/mask.cc", "csrc/augment.cc", "csrc/batch.cc", "csrc/convert.cc", "csrc/gather.cc",
+    "csrc/binding.cc",
+    "csrc/bind_augment.cc",
+    "csrc/bind_convert.cc",
+    "csrc/bind_decode.cc",
+    "csrc/bind_gather.cc",
+    "csrc/bind_mask.cc",
+    "csrc/mask.cc",
+    "csrc/augment.cc",
+    "csrc/batch.cc",
+    "csrc/convert.cc",
+    "csrc/gather.cc",
     "csrc/jpeg.cc",
-    "csrc/pool.cc", "csrc/resize.cc", "csrc/augment_plan.cc", "csrc/warp.cc",
+    "csrc/pool.cc",
+    "csrc/resize.cc",
+    "csrc/augment_plan.cc",
+    "csrc/warp.cc",
 ]
 
 INSTALL_COMPILER = (
@@ -103,16 +115,24 @@ class BuildExt(build_ext):
             with open(src, "w") as f:
                 f.write(source)
             objects = self.compiler.compile(
-                [src], output_dir=tmp, include_dirs=ext.include_dirs,
+                [src],
+                output_dir=tmp,
+                include_dirs=ext.include_dirs,
                 extra_postargs=["-std=c++17"],
             )
             self.compiler.link_executable(
-                objects, "probe", output_dir=tmp, libraries=libraries,
-                library_dirs=ext.library_dirs, target_lang="c++",
+                objects,
+                "probe",
+                output_dir=tmp,
+                libraries=libraries,
+                library_dirs=ext.library_dirs,
+                target_lang="c++",
             )
         except (CompileError, LinkError, ExecError, OSError) as e:
-            sys.exit(f"\nfastload: cannot build the native extension: {what} not found or not "
-                     f"working.\n{hint}\n(probe failed: {e})\n")
+            sys.exit(
+                f"\nfastload: cannot build the native extension: {what} not found or not "
+                f"working.\n{hint}\n(probe failed: {e})\n"
+            )
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 

@@ -39,17 +39,25 @@ from fastload.accelerate import prepare  # noqa: E402
 
 
 def small_cnn(num_classes: int) -> nn.Module:
-    return nn.Sequential(nn.Conv2d(3, 16, 3, stride=2, padding=1), nn.ReLU(),
-                         nn.Conv2d(16, 32, 3, stride=2, padding=1), nn.ReLU(),
-                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, num_classes))
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, stride=2, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(16, 32, 3, stride=2, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(32, num_classes),
+    )
 
 
 def train(args: argparse.Namespace, on_batch: Callable | None = None) -> None:
     accelerator = Accelerator()
-    ds = fastload.open(args.data, transforms={"image": [T.RandomResizedCrop(args.image_size),
-                                                        T.RandomHorizontalFlip()]})
-    loader = fastload.DataLoader(ds, batch_size=args.batch_size, shuffle=True, num_workers=args.workers,
-                                 seed=args.seed, drop_last=True)
+    ds = fastload.open(
+        args.data, transforms={"image": [T.RandomResizedCrop(args.image_size), T.RandomHorizontalFlip()]}
+    )
+    loader = fastload.DataLoader(
+        ds, batch_size=args.batch_size, shuffle=True, num_workers=args.workers, seed=args.seed, drop_last=True
+    )
     torch.manual_seed(args.seed)
     model = small_cnn(max(len(ds.classes or []), 4))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
@@ -59,9 +67,11 @@ def train(args: argparse.Namespace, on_batch: Callable | None = None) -> None:
     position = loader.state_dict()
     epoch, start = position["epoch"], position["batches_done"]
     # accelerator.print: the main process only, as each process would print the same lines
-    accelerator.print(f"-- fastload under accelerate: {len(ds)} samples, {accelerator.num_processes} process(es), "
-                      f"batch {args.batch_size} per process, {len(loader)} batches per process and epoch, fast path "
-                      f"{loader.fast_path}" + (f"; resumed at epoch {epoch + 1}, batch {start}" if args.resume else ""))
+    accelerator.print(
+        f"-- fastload under accelerate: {len(ds)} samples, {accelerator.num_processes} process(es), "
+        f"batch {args.batch_size} per process, {len(loader)} batches per process and epoch, fast path "
+        f"{loader.fast_path}" + (f"; resumed at epoch {epoch + 1}, batch {start}" if args.resume else "")
+    )
     save_at = tuple(int(v) for v in args.save_at.split(":")) if args.save_at else None
     while epoch < args.epochs:
         t0, seen, loss_sum = time.perf_counter(), 0, torch.zeros(())
@@ -79,8 +89,10 @@ def train(args: argparse.Namespace, on_batch: Callable | None = None) -> None:
                 accelerator.save_state(args.state)
                 accelerator.print(f"  state saved to {args.state} after {step + 1} batches of epoch {epoch + 1}")
         wall = time.perf_counter() - t0
-        accelerator.print(f"  epoch {epoch + 1}/{args.epochs}  loss {float(loss_sum) / max(seen, 1):.3f}  "
-                          f"train {seen / max(wall, 1e-9):7.0f} img/s per process ({seen} images on this one)")
+        accelerator.print(
+            f"  epoch {epoch + 1}/{args.epochs}  loss {float(loss_sum) / max(seen, 1):.3f}  "
+            f"train {seen / max(wall, 1e-9):7.0f} img/s per process ({seen} images on this one)"
+        )
         epoch, start = epoch + 1, 0
     accelerator.wait_for_everyone()
 

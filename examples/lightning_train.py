@@ -39,19 +39,27 @@ class PackedImages(L.LightningDataModule):
         self.num_workers, self.seed = num_workers, seed
 
     def train_dataloader(self) -> fastload.DataLoader:
-        ds = fastload.open(self.path, transforms={"image": [T.RandomResizedCrop(self.image_size),
-                                                            T.RandomHorizontalFlip()]})
-        return fastload.DataLoader(ds, batch_size=self.batch_size, shuffle=True, num_workers=self.num_workers,
-                                   seed=self.seed)
+        ds = fastload.open(
+            self.path, transforms={"image": [T.RandomResizedCrop(self.image_size), T.RandomHorizontalFlip()]}
+        )
+        return fastload.DataLoader(
+            ds, batch_size=self.batch_size, shuffle=True, num_workers=self.num_workers, seed=self.seed
+        )
 
 
 class SmallCNN(L.LightningModule):
     def __init__(self, num_classes: int, lr: float = 0.05):
         super().__init__()
         self.lr = lr
-        self.net = nn.Sequential(nn.Conv2d(3, 16, 3, stride=2, padding=1), nn.ReLU(),
-                                 nn.Conv2d(16, 32, 3, stride=2, padding=1), nn.ReLU(),
-                                 nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, num_classes))
+        self.net = nn.Sequential(
+            nn.Conv2d(3, 16, 3, stride=2, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(16, 32, 3, stride=2, padding=1),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Linear(32, num_classes),
+        )
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self.net(images.float().div_(255))  # uint8 NCHW (channels_last) from the loader
@@ -65,9 +73,18 @@ class SmallCNN(L.LightningModule):
 
 
 def make_trainer(args: argparse.Namespace, callbacks: list | None = None) -> L.Trainer:
-    return L.Trainer(accelerator=args.accelerator, devices=args.devices, strategy=args.strategy,
-                     max_epochs=args.epochs, callbacks=callbacks or [], logger=False, enable_progress_bar=False,
-                     enable_model_summary=False, default_root_dir=args.root, num_sanity_val_steps=0)
+    return L.Trainer(
+        accelerator=args.accelerator,
+        devices=args.devices,
+        strategy=args.strategy,
+        max_epochs=args.epochs,
+        callbacks=callbacks or [],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=args.root,
+        num_sanity_val_steps=0,
+    )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

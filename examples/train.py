@@ -89,6 +89,7 @@ def val_transforms(size: int) -> list:
 
 # ----------------------------------------------------------------------------------------- data
 
+
 @dataclass(frozen=True)
 class Splits:
     train_folder: Path
@@ -104,21 +105,23 @@ def _pack_once(folder: Path, dest: Path, rebuilt: bool) -> None:
         return
     t0 = time.perf_counter()
     summary = fastload.pack(folder, dest, overwrite=dest.exists(), workers=1)
-    print(f"packed {folder} -> {dest}: {summary.samples} samples in {time.perf_counter() - t0:.1f} s",
-          flush=True)
+    print(f"packed {folder} -> {dest}: {summary.samples} samples in {time.perf_counter() - t0:.1f} s", flush=True)
 
 
 def _classes(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
-def prepare_data(out: Path, per_class: int, val_per_class: int, train_folder: Path | None = None,
-                 val_folder: Path | None = None) -> Splits:
+def prepare_data(
+    out: Path, per_class: int, val_per_class: int, train_folder: Path | None = None, val_folder: Path | None = None
+) -> Splits:
     """Build (or reuse) the photo folders and their packed copies under ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     if (train_folder is None) != (val_folder is None):
-        raise ValueError(f"{train_folder=} and {val_folder=}: give both --train-folder and --val-folder, or neither "
-                         f"(to build the photo dataset)")
+        raise ValueError(
+            f"{train_folder=} and {val_folder=}: give both --train-folder and --val-folder, or neither "
+            f"(to build the photo dataset)"
+        )
     if train_folder is None:
         sys.path.insert(0, str(ROOT / "bench"))
         from photos import build_photo_folder
@@ -135,8 +138,10 @@ def prepare_data(out: Path, per_class: int, val_per_class: int, train_folder: Pa
     _pack_once(val_folder, val_packed, rebuilt[1])
     classes = _classes(train_folder)
     if _classes(val_folder) != classes:
-        raise ValueError(f"the train classes {classes} and the validation classes {_classes(val_folder)} differ; "
-                         f"both folders need the same class subfolders")
+        raise ValueError(
+            f"the train classes {classes} and the validation classes {_classes(val_folder)} differ; "
+            f"both folders need the same class subfolders"
+        )
     return Splits(train_folder, val_folder, train_packed, val_packed, classes)
 
 
@@ -152,8 +157,9 @@ class PilImageFolder(torch.utils.data.Dataset):
     def __init__(self, root: Path, transforms: list):
         self.classes = _classes(root)
         index = {c: i for i, c in enumerate(self.classes)}
-        self.files = sorted(p for c in self.classes for p in (root / c).iterdir() if p.suffix.lower() in
-                            (".jpg", ".jpeg"))
+        self.files = sorted(
+            p for c in self.classes for p in (root / c).iterdir() if p.suffix.lower() in (".jpg", ".jpeg")
+        )
         self.labels = [index[p.parent.name] for p in self.files]
         self.pipeline = T.ImagePipeline(transforms)
         self._rng: np.random.Generator | None = None
@@ -176,31 +182,49 @@ class PilImageFolder(torch.utils.data.Dataset):
         return torch.from_numpy(np.array(out)).permute(2, 0, 1), self.labels[i]
 
 
-def make_loaders(kind: str, splits: Splits, size: int, batch_size: int, workers: int, seed: int,
-                 augment: bool = False):
+def make_loaders(kind: str, splits: Splits, size: int, batch_size: int, workers: int, seed: int, augment: bool = False):
     """(train loader, validation loader) of one kind; both yield uint8 (B, 3, size, size) and int64 labels.
     ``augment``: the training split also gets ``augment_transforms()``."""
     if kind == "fastload":
         train = fastload.open(splits.train_packed, transforms={"image": train_transforms(size, augment)})
         val = fastload.open(splits.val_packed, transforms={"image": val_transforms(size)})
         if list(train.classes) != splits.classes:
-            raise ValueError(f"{splits.train_packed} has classes {train.classes}, the folder {splits.classes}: "
-                             f"repack it (delete {splits.train_packed})")
-        return (fastload.DataLoader(train, batch_size=batch_size, shuffle=True, num_workers=workers,
-                                    drop_last=True, seed=seed),
-                fastload.DataLoader(val, batch_size=batch_size, shuffle=False, num_workers=workers))
+            raise ValueError(
+                f"{splits.train_packed} has classes {train.classes}, the folder {splits.classes}: "
+                f"repack it (delete {splits.train_packed})"
+            )
+        return (
+            fastload.DataLoader(
+                train, batch_size=batch_size, shuffle=True, num_workers=workers, drop_last=True, seed=seed
+            ),
+            fastload.DataLoader(val, batch_size=batch_size, shuffle=False, num_workers=workers),
+        )
     if kind == "torch":
         extra = {"persistent_workers": True} if workers > 0 else {}
         generator = torch.Generator().manual_seed(seed)
-        return (torch.utils.data.DataLoader(PilImageFolder(splits.train_folder, train_transforms(size, augment)),
-                                            batch_size=batch_size, shuffle=True, num_workers=workers,
-                                            drop_last=True, generator=generator, **extra),
-                torch.utils.data.DataLoader(PilImageFolder(splits.val_folder, val_transforms(size)),
-                                            batch_size=batch_size, shuffle=False, num_workers=workers, **extra))
+        return (
+            torch.utils.data.DataLoader(
+                PilImageFolder(splits.train_folder, train_transforms(size, augment)),
+                batch_size=batch_size,
+                shuffle=True,
+                num_workers=workers,
+                drop_last=True,
+                generator=generator,
+                **extra,
+            ),
+            torch.utils.data.DataLoader(
+                PilImageFolder(splits.val_folder, val_transforms(size)),
+                batch_size=batch_size,
+                shuffle=False,
+                num_workers=workers,
+                **extra,
+            ),
+        )
     raise ValueError(f"loader={kind!r} should be 'torch' or 'fastload'")
 
 
 # ---------------------------------------------------------------------------------------- model
+
 
 def conv_bn(cin: int, cout: int, stride: int) -> nn.Sequential:
     return nn.Sequential(nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True))
@@ -212,8 +236,13 @@ class SmallCNN(nn.Module):
     def __init__(self, num_classes: int, width: int = 32):
         super().__init__()
         w = width
-        self.features = nn.Sequential(conv_bn(3, w, 2), conv_bn(w, 2 * w, 2), conv_bn(2 * w, 2 * w, 1),
-                                      conv_bn(2 * w, 4 * w, 2), conv_bn(4 * w, 8 * w, 2))
+        self.features = nn.Sequential(
+            conv_bn(3, w, 2),
+            conv_bn(w, 2 * w, 2),
+            conv_bn(2 * w, 2 * w, 1),
+            conv_bn(2 * w, 4 * w, 2),
+            conv_bn(4 * w, 8 * w, 2),
+        )
         self.head = nn.Linear(8 * w, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -228,15 +257,16 @@ def to_input(images: torch.Tensor) -> torch.Tensor:
 
 # ------------------------------------------------------------------------------------- training
 
+
 @dataclass
 class RunResult:
     loader: str
     seed: int
     epochs: int
-    accuracy: float                    # final validation accuracy, 0..1
-    img_per_s: float                   # training throughput over the epochs after the first
-    data_wait: float                   # share of that training time spent waiting for batches
-    seconds: float                     # the whole run, validation included
+    accuracy: float  # final validation accuracy, 0..1
+    img_per_s: float  # training throughput over the epochs after the first
+    data_wait: float  # share of that training time spent waiting for batches
+    seconds: float  # the whole run, validation included
     epoch_img_per_s: list[float] = field(default_factory=list)
 
 
@@ -253,18 +283,21 @@ def evaluate(model: nn.Module, loader) -> float:
 def train_run(kind: str, seed: int, splits: Splits, args: argparse.Namespace) -> RunResult:
     torch.manual_seed(seed)
     model = SmallCNN(len(splits.classes)).to(memory_format=torch.channels_last)
-    train_loader, val_loader = make_loaders(kind, splits, args.image_size, args.batch_size, args.workers, seed,
-                                            args.augment)
+    train_loader, val_loader = make_loaders(
+        kind, splits, args.image_size, args.batch_size, args.workers, seed, args.augment
+    )
     steps = len(train_loader) * args.epochs
     if steps == 0:
         raise ValueError(f"no training batches: {len(train_loader.dataset)} samples < batch_size={args.batch_size}")
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.05)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=args.lr, total_steps=steps, pct_start=0.25)
     loss_fn = nn.CrossEntropyLoss()
-    print(f"-- {kind} loader, seed {seed}: {len(train_loader.dataset)} train / {len(val_loader.dataset)} val "
-          f"images, {len(splits.classes)} classes, {args.image_size}px, batch {args.batch_size}, "
-          f"{args.workers} workers{', TrivialAugmentWide + RandomErasing(0.25)' if args.augment else ''}",
-          flush=True)
+    print(
+        f"-- {kind} loader, seed {seed}: {len(train_loader.dataset)} train / {len(val_loader.dataset)} val "
+        f"images, {len(splits.classes)} classes, {args.image_size}px, batch {args.batch_size}, "
+        f"{args.workers} workers{', TrivialAugmentWide + RandomErasing(0.25)' if args.augment else ''}",
+        flush=True,
+    )
     start = time.perf_counter()
     rates, waits, walls, images_seen = [], [], [], []
     acc = 0.0
@@ -293,17 +326,22 @@ def train_run(kind: str, seed: int, splits: Splits, args: argparse.Namespace) ->
         waits.append(wait)
         walls.append(wall)
         images_seen.append(n)
-        print(f"  epoch {epoch + 1}/{args.epochs}  loss {loss_sum / n:.3f}  train {n / wall:7.0f} img/s "
-              f"(waiting for data {100 * wait / wall:4.1f}%)  val acc {100 * acc:5.1f}%", flush=True)
+        print(
+            f"  epoch {epoch + 1}/{args.epochs}  loss {loss_sum / n:.3f}  train {n / wall:7.0f} img/s "
+            f"(waiting for data {100 * wait / wall:4.1f}%)  val acc {100 * acc:5.1f}%",
+            flush=True,
+        )
     steady = slice(1, None) if args.epochs > 1 else slice(None)  # the first epoch starts workers
     rate = sum(images_seen[steady]) / sum(walls[steady])
-    result = RunResult(kind, seed, args.epochs, acc, rate, sum(waits[steady]) / sum(walls[steady]),
-                       time.perf_counter() - start, rates)
+    result = RunResult(
+        kind, seed, args.epochs, acc, rate, sum(waits[steady]) / sum(walls[steady]), time.perf_counter() - start, rates
+    )
     print(f"  final val accuracy {100 * acc:.1f}%  ({kind}, seed {seed}; train {rate:.0f} img/s)", flush=True)
     return result
 
 
 # -------------------------------------------------------------------------------------- summary
+
 
 def _mean_std(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
@@ -311,24 +349,33 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
 
 def summary_table(results: list[RunResult]) -> str:
     kinds = [k for k in ("torch", "fastload") if any(r.loader == k for r in results)]
-    lines = ["| loader | seeds | val accuracy (mean ± std) | per seed | train img/s (mean) | waiting for data |",
-             "|---|---:|---:|---|---:|---:|"]
+    lines = [
+        "| loader | seeds | val accuracy (mean ± std) | per seed | train img/s (mean) | waiting for data |",
+        "|---|---:|---:|---|---:|---:|",
+    ]
     rate = {}
     for k in kinds:
         rs = [r for r in results if r.loader == k]
         m, s = _mean_std([100 * r.accuracy for r in rs])
         rate[k] = statistics.fmean(r.img_per_s for r in rs)
         per_seed = ", ".join(f"{r.seed}: {100 * r.accuracy:.1f}" for r in rs)
-        lines.append(f"| {k} | {len(rs)} | {m:.1f} ± {s:.1f} % | {per_seed} | {rate[k]:,.0f} | "
-                     f"{100 * statistics.fmean(r.data_wait for r in rs):.0f}% |")
+        lines.append(
+            f"| {k} | {len(rs)} | {m:.1f} ± {s:.1f} % | {per_seed} | {rate[k]:,.0f} | "
+            f"{100 * statistics.fmean(r.data_wait for r in rs):.0f}% |"
+        )
     if len(kinds) == 2:
         by = {(r.loader, r.seed): r.accuracy for r in results}
-        diffs = [100 * (by["fastload", s] - by["torch", s]) for s in sorted({r.seed for r in results})
-                 if ("fastload", s) in by and ("torch", s) in by]
+        diffs = [
+            100 * (by["fastload", s] - by["torch", s])
+            for s in sorted({r.seed for r in results})
+            if ("fastload", s) in by and ("torch", s) in by
+        ]
         dm, ds = _mean_std(diffs) if diffs else (math.nan, math.nan)
         lines.append("")
-        lines.append(f"throughput fastload / torch: {rate['fastload'] / rate['torch']:.2f}x; "
-                     f"accuracy fastload - torch: {dm:+.1f} points (per-seed differences: std {ds:.1f})")
+        lines.append(
+            f"throughput fastload / torch: {rate['fastload'] / rate['torch']:.2f}x; "
+            f"accuracy fastload - torch: {dm:+.1f} points (per-seed differences: std {ds:.1f})"
+        )
     return "\n".join(lines)
 
 
@@ -344,8 +391,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--loader", choices=("torch", "fastload"), default="fastload")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--seeds", default=None,
-                    help="comma-separated seeds, e.g. 0,1,2: run both loaders per seed and print a summary table")
+    ap.add_argument(
+        "--seeds",
+        default=None,
+        help="comma-separated seeds, e.g. 0,1,2: run both loaders per seed and print a summary table",
+    )
     ap.add_argument("--epochs", type=int, default=6)
     ap.add_argument("--image-size", type=int, default=64)
     ap.add_argument("--batch-size", type=int, default=64)
@@ -353,10 +403,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--per-class", type=int, default=100, help="training images per class (photo dataset)")
     ap.add_argument("--val-per-class", type=int, default=50, help="validation images per class (photo dataset)")
     ap.add_argument("--workers", type=int, default=2, help="num_workers of both loaders")
-    ap.add_argument("--augment", action="store_true",
-                    help="train with TrivialAugmentWide + RandomErasing(0.25) after the crop and flip")
-    ap.add_argument("--threads", type=int, default=None,
-                    help="torch.set_num_threads for the model (default: the cores left after --workers, at least 1)")
+    ap.add_argument(
+        "--augment",
+        action="store_true",
+        help="train with TrivialAugmentWide + RandomErasing(0.25) after the crop and flip",
+    )
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch.set_num_threads for the model (default: the cores left after --workers, at least 1)",
+    )
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="data and results.csv go here")
     ap.add_argument("--train-folder", type=Path, default=None, help="an existing ImageFolder instead of the photos")
     ap.add_argument("--val-folder", type=Path, default=None)
@@ -390,10 +447,12 @@ def main(argv: list[str] | None = None) -> list[RunResult]:
     results = [train_run(kind, seed, splits, args) for kind, seed in runs]
     write_csv(args.out / "results.csv", results)
     if args.seeds is not None:
-        print(f"\n== summary: {args.epochs} epochs, {args.image_size}px, {args.workers} workers, "
-              f"torch threads {torch.get_num_threads()}"
-              f"{', augment: TrivialAugmentWide + RandomErasing(0.25)' if args.augment else ''}; "
-              f"img/s = training loop (model included), epochs 2+")
+        print(
+            f"\n== summary: {args.epochs} epochs, {args.image_size}px, {args.workers} workers, "
+            f"torch threads {torch.get_num_threads()}"
+            f"{', augment: TrivialAugmentWide + RandomErasing(0.25)' if args.augment else ''}; "
+            f"img/s = training loop (model included), epochs 2+"
+        )
         print(summary_table(results), flush=True)
     return results
 

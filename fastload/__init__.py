@@ -10,8 +10,16 @@ from ._dataset import Dataset, open
 from ._doctor import doctor
 from ._loader import DataLoader
 from .fast.device import to_device
-from ._errors import (DecodeError, FastloadError, FastPathWarning, FormatError, RemoteError, SchemaError,
-                      SourceError, VersionError)
+from ._errors import (
+    DecodeError,
+    FastloadError,
+    FastPathWarning,
+    FormatError,
+    RemoteError,
+    SchemaError,
+    SourceError,
+    VersionError,
+)
 from .pack import PackSummary, merge
 from .pack import pack  # after the package import above: fastload.pack is the function, not the package
 from ._schema import Field, Schema

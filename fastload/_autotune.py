@@ -28,9 +28,18 @@ def cache_path() -> Path:
 
 def _key(dataset, batch_size: int) -> str:
     m = dataset.manifest
-    parts = [os.path.realpath(dataset.path), m.layout, str(m.num_samples),
-             ",".join(s.xxh3_64 for s in m.shards), repr(sorted((k, repr(v)) for k, v in dataset.transforms.items())),
-             str(batch_size), platform.node(), str(os.cpu_count()), platform.machine(), __version__]
+    parts = [
+        os.path.realpath(dataset.path),
+        m.layout,
+        str(m.num_samples),
+        ",".join(s.xxh3_64 for s in m.shards),
+        repr(sorted((k, repr(v)) for k, v in dataset.transforms.items())),
+        str(batch_size),
+        platform.node(),
+        str(os.cpu_count()),
+        platform.machine(),
+        __version__,
+    ]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
 
 
@@ -90,19 +99,24 @@ def autotune(batcher, order, dataset, batch_size: int, budget_s: float = 1.5) ->
     else:
         rates = measure(batcher, order, candidates(os.cpu_count() or 1), budget_s)
         chosen, how = choose(rates), "measured"
-        cache[key] = {"num_workers": chosen, "rates": {str(k): v for k, v in rates.items()},
-                      "dataset": str(dataset.path), "time": time.time()}
+        cache[key] = {
+            "num_workers": chosen,
+            "rates": {str(k): v for k, v in rates.items()},
+            "dataset": str(dataset.path),
+            "time": time.time(),
+        }
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(".tmp")
             tmp.write_text(json.dumps(cache, indent=1))
             os.replace(tmp, path)
         except OSError as e:  # a read-only home must not stop training, but every loader would measure again
-            warnings.warn(f"fastload: num_workers='auto' could not save its measurement to {path} ({e}); each "
-                          f"new loader will measure again (set XDG_CACHE_HOME to a writable folder to keep it)",
-                          RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"fastload: num_workers='auto' could not save its measurement to {path} ({e}); each "
+                f"new loader will measure again (set XDG_CACHE_HOME to a writable folder to keep it)",
+                RuntimeWarning,
+                stacklevel=2,
+            )
     shown = ", ".join(f"{k}: {float(v):,.0f}/s" for k, v in sorted(rates.items(), key=lambda kv: int(kv[0])))
-    sys.stderr.write(f"fastload: num_workers='auto' chose {chosen} thread(s) ({how}; samples/s by threads: "
-                     f"{shown})\n")
+    sys.stderr.write(f"fastload: num_workers='auto' chose {chosen} thread(s) ({how}; samples/s by threads: {shown})\n")
     return chosen
-

@@ -32,8 +32,15 @@ from ._sequences import PackJob, PackSequences, cu_seqlens
 class Batcher:
     """Fills slots for a ``fastload.Dataset``; raises NotFastPath when it cannot."""
 
-    def __init__(self, dataset: Any, batch_size: int, num_threads: int, on_error: str = "raise",
-                 decoder: str = "native", device: torch.device | None = None):
+    def __init__(
+        self,
+        dataset: Any,
+        batch_size: int,
+        num_threads: int,
+        on_error: str = "raise",
+        decoder: str = "native",
+        device: torch.device | None = None,
+    ):
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error={on_error!r} should be 'raise' or 'skip'")
         self.images = ImageDecoding(decoder, device, batch_size, num_threads, beyond_geometry(dataset.pipelines))
@@ -113,8 +120,18 @@ class Batcher:
         flat[...] = spec.value
         at = self.reader.locate(job.samples)
         item = flat.itemsize
-        gather_pieces(self.reader, self.ds.path, f, flat, at, job.samples, job.starts * item, job.lengths * item,
-                      job.dst * item, pool)
+        gather_pieces(
+            self.reader,
+            self.ds.path,
+            f,
+            flat,
+            at,
+            job.samples,
+            job.starts * item,
+            job.lengths * item,
+            job.dst * item,
+            pool,
+        )
         cu = cu_seqlens(job, spec.row_length)
         k = len(cu) - 1
         slot.arrays[name + ":cu"][: k + 1] = cu

@@ -24,13 +24,23 @@ def preset_transforms(name: str, schema, size: int) -> dict:
         raise ValueError(f"transforms preset {name!r} should be one of {', '.join(PRESETS)}")
     if name == "none":
         return {}
-    chain = [T.RandomResizedCrop(size), T.RandomHorizontalFlip()] if name == "train" else \
-        [T.Resize(int(round(size * 256 / 224))), T.CenterCrop(size)]
+    chain = (
+        [T.RandomResizedCrop(size), T.RandomHorizontalFlip()]
+        if name == "train"
+        else [T.Resize(int(round(size * 256 / 224))), T.CenterCrop(size)]
+    )
     return {f.name: chain for f in schema if f.kind == "image"}
 
 
-def run(path: Any, batch_size: int = 64, preset: str = "train", size: int = 224, max_workers: int | None = None,
-        seconds: float = 1.0, storage_options: dict | None = None) -> dict:
+def run(
+    path: Any,
+    batch_size: int = 64,
+    preset: str = "train",
+    size: int = 224,
+    max_workers: int | None = None,
+    seconds: float = 1.0,
+    storage_options: dict | None = None,
+) -> dict:
     from ._autotune import choose, measure
     from ._batcher import Batcher
     from .fields import NotFastPath
@@ -53,9 +63,15 @@ def run(path: Any, batch_size: int = 64, preset: str = "train", size: int = 224,
     top = max_workers if max_workers is not None else (os.cpu_count() or 1)
     threads = list(range(0, top + 1))
     rates = measure(batcher, order, threads, seconds * len(threads))
-    result: dict[str, Any] = {"dataset": str(path), "samples": len(ds), "batch_size": batch_size,
-                              "preset": preset, "rates": rates, "fastest": max(rates, key=rates.__getitem__),
-                              "auto": choose(rates)}
+    result: dict[str, Any] = {
+        "dataset": str(path),
+        "samples": len(ds),
+        "batch_size": batch_size,
+        "preset": preset,
+        "rates": rates,
+        "fastest": max(rates, key=rates.__getitem__),
+        "auto": choose(rates),
+    }
     images = [f for f in ds.schema if f.kind == "image"]
     if images:
         f = images[0]
@@ -79,8 +95,11 @@ def run(path: Any, batch_size: int = 64, preset: str = "train", size: int = 224,
         t = time.perf_counter()
         batcher.fill(slot, idx, order.batch_rng(0, 0), pool=single)
         pipeline = (time.perf_counter() - t) / len(idx)
-        result["split_ms"] = {"read bytes": 1e3 * read, "decode, full size": 1e3 * decode,
-                              "pipeline as run (decode at scale + crop + resize + flip)": 1e3 * pipeline}
+        result["split_ms"] = {
+            "read bytes": 1e3 * read,
+            "decode, full size": 1e3 * decode,
+            "pipeline as run (decode at scale + crop + resize + flip)": 1e3 * pipeline,
+        }
         if torch.cuda.is_available():
             host = slot.tensors[f.name]
             dev = torch.empty(host.shape, dtype=host.dtype, device="cuda")
@@ -100,8 +119,12 @@ def run(path: Any, batch_size: int = 64, preset: str = "train", size: int = 224,
 
 
 def report(r: dict) -> str:
-    lines = [f"dataset   {r['dataset']} ({r['samples']:,} samples), batch {r['batch_size']}, "
-             f"transforms preset '{r['preset']}'", "", "threads  samples/s  vs 1 thread"]
+    lines = [
+        f"dataset   {r['dataset']} ({r['samples']:,} samples), batch {r['batch_size']}, "
+        f"transforms preset '{r['preset']}'",
+        "",
+        "threads  samples/s  vs 1 thread",
+    ]
     base = r["rates"].get(1) or max(r["rates"].values())
     fastest = max(r["rates"], key=r["rates"].get)  # read from the rates: the mark and the numbers cannot disagree
     auto = r.get("auto", fastest)
@@ -110,8 +133,10 @@ def report(r: dict) -> str:
         if t == fastest:
             mark.append("fastest")
         if t == auto:
-            mark.append("num_workers='auto' picks this" + ("" if t == fastest else
-                                                            ": the fewest threads within 5% of the fastest"))
+            mark.append(
+                "num_workers='auto' picks this"
+                + ("" if t == fastest else ": the fewest threads within 5% of the fastest")
+            )
         lines.append(f"{t:>7}  {v:>9,.0f}  {v / base:>10.2f}x" + (f"   <- {', '.join(mark)}" if mark else ""))
     if "split_ms" in r:
         lines += ["", "per sample, one thread (ms)"]
@@ -137,6 +162,7 @@ def plot(r: dict, path: str) -> Any:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     ts = sorted(r["rates"])
     fig, ax = plt.subplots(figsize=(5, 3.2))
     ax.plot(ts, [r["rates"][t] for t in ts], marker="o")
@@ -150,4 +176,3 @@ def plot(r: dict, path: str) -> Any:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     return fig
-

@@ -15,8 +15,12 @@ from ._native import native
 from ._schema import Field, Schema
 from .fields import ReadContext, codec_of
 from .formats._layout import IMAGE_JPEG
-from .formats.reader import (Located, PackedReader, local_segments,  # noqa: F401  (read_manifest: re-exported)
-                             read_manifest)
+from .formats.reader import (
+    Located,
+    PackedReader,
+    local_segments,  # noqa: F401  (read_manifest: re-exported)
+    read_manifest,
+)
 from .formats.remote import Remote, is_url, warn_local_options
 from ._augment.pipeline import reference as augment_reference
 from ._augment.masks import moved_mask
@@ -33,18 +37,27 @@ class Dataset(torch.utils.data.Dataset):
     With ``decode=False`` images come back as their stored bytes (JPEG or raw) instead.
     """
 
-    def __init__(self, path: str | os.PathLike, *, transforms: Mapping[str, Any] | None = None,
-                 as_dict: bool = False, decode: bool = True, cache_dir: str | os.PathLike | None = None,
-                 cache_limit: int | str | None = None, storage_options: Mapping[str, Any] | None = None,
-                 batch_transforms: Any = None):
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        transforms: Mapping[str, Any] | None = None,
+        as_dict: bool = False,
+        decode: bool = True,
+        cache_dir: str | os.PathLike | None = None,
+        cache_limit: int | str | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        batch_transforms: Any = None,
+    ):
         self._remote: Remote | None = None
         self._lease = None  # fastload.open's lock on a folder's cached pack (_folder_cache.py), set after this
         if is_url(path):
             from .pack import parse_size
 
             limit = None if cache_limit is None else parse_size(cache_limit)
-            self._remote = Remote(str(path), cache_dir=cache_dir, cache_limit=limit,
-                                  storage_options=dict(storage_options or {}))
+            self._remote = Remote(
+                str(path), cache_dir=cache_dir, cache_limit=limit, storage_options=dict(storage_options or {})
+            )
             self.path: Path | str = self._remote.url
             self.manifest = self._remote.manifest
         else:
@@ -59,8 +72,10 @@ class Dataset(torch.utils.data.Dataset):
         self.decode = bool(decode)
         self.transforms, self.pipelines, self.sequences = resolve_transforms(transforms, self.schema)
         if batch_transforms is not None and not self.decode:
-            raise ValueError("fastload.open: batch_transforms (MixUp/CutMix) mix decoded images; with decode=False "
-                             "images come back as their stored bytes: leave decode=True or batch_transforms out")
+            raise ValueError(
+                "fastload.open: batch_transforms (MixUp/CutMix) mix decoded images; with decode=False "
+                "images come back as their stored bytes: leave decode=True or batch_transforms out"
+            )
         self.batch_mix = resolve_batch(batch_transforms, self.schema, self.pipelines, self.as_dict)
         self._open_reader()
         check_lengths(self)  # Pad/Bucket against every sample, before any batch
@@ -164,12 +179,14 @@ class Dataset(torch.utils.data.Dataset):
     def _decode_field(self, at: Located, f: Field, plans: dict | None = None) -> Any:
         # the field kind's codec reads it (fields/); a lone sample is padded (Pad/Bucket), never packed
         padding = {n: s for n, s in self.sequences.items() if not isinstance(s, PackSequences)}
-        ctx = ReadContext(self.decode, self.pipelines, padding, self._transformed_image, moved_mask,
-                          {} if plans is None else plans)
+        ctx = ReadContext(
+            self.decode, self.pipelines, padding, self._transformed_image, moved_mask, {} if plans is None else plans
+        )
         return codec_of(f).read(f, self._reader, at, ctx)
 
-    def _transformed_image(self, pipeline: Any, blob: memoryview, h: int, w: int, enc: int,
-                           plan: Any = None) -> torch.Tensor:
+    def _transformed_image(
+        self, pipeline: Any, blob: memoryview, h: int, w: int, enc: int, plan: Any = None
+    ) -> torch.Tensor:
         # the same planning and native kernels as the loader; randomness from torch's generator,
         # so torch.manual_seed makes ds[i] reproducible as with torchvision transforms (``plan``: drawn so)
         if plan is None:
@@ -238,9 +255,17 @@ def _torchvision_habits(fn: Any) -> Any:
 
 
 @_torchvision_habits
-def open(path: str | os.PathLike, *, transforms: Mapping[str, Any] | None = None, as_dict: bool = False,
-         decode: bool = True, cache_dir: str | os.PathLike | None = None, cache_limit: int | str | None = None,
-         storage_options: Mapping[str, Any] | None = None, batch_transforms: Any = None) -> Dataset:
+def open(
+    path: str | os.PathLike,
+    *,
+    transforms: Mapping[str, Any] | None = None,
+    as_dict: bool = False,
+    decode: bool = True,
+    cache_dir: str | os.PathLike | None = None,
+    cache_limit: int | str | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    batch_transforms: Any = None,
+) -> Dataset:
     """Open a packed dataset (shards directory or LMDB environment) as a map-style Dataset.
 
     ``path`` may be a URL that fsspec reads (``s3://bucket/ds``, ``gs://``, ``az://``, ``https://``,
@@ -279,8 +304,16 @@ def open(path: str | os.PathLike, *, transforms: Mapping[str, Any] | None = None
         if lease is not None:  # cache_dir chose where the folder's pack lives: it is not a remote option here
             path, cache_dir = packed, None
     try:
-        ds = Dataset(path, transforms=transforms, as_dict=as_dict, decode=decode, cache_dir=cache_dir,
-                     cache_limit=cache_limit, storage_options=storage_options, batch_transforms=batch_transforms)
+        ds = Dataset(
+            path,
+            transforms=transforms,
+            as_dict=as_dict,
+            decode=decode,
+            cache_dir=cache_dir,
+            cache_limit=cache_limit,
+            storage_options=storage_options,
+            batch_transforms=batch_transforms,
+        )
     except BaseException:
         if lease is not None:
             lease.close()

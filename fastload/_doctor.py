@@ -55,8 +55,10 @@ class Finding:
     fix: str
 
     def __str__(self) -> str:
-        return (f"[{self.code}] {self.title}\n    measured: {self.measured}\n    where:    {self.where}\n"
-                f"    fix:      {self.fix}")
+        return (
+            f"[{self.code}] {self.title}\n    measured: {self.measured}\n    where:    {self.where}\n"
+            f"    fix:      {self.fix}"
+        )
 
 
 @dataclass
@@ -75,13 +77,17 @@ class Report:
 
     def __str__(self) -> str:
         if not self.loaders:
-            return ("fastload doctor: saw no DataLoader: the loop never iterated a torch or fastload DataLoader, so "
-                    "nothing about its input was measured (does the script build its loader and loop over it when "
-                    "run as __main__, with these arguments?)" + "".join(f"\n  {n}" for n in self.notes))
+            return (
+                "fastload doctor: saw no DataLoader: the loop never iterated a torch or fastload DataLoader, so "
+                "nothing about its input was measured (does the script build its loader and loop over it when "
+                "run as __main__, with these arguments?)" + "".join(f"\n  {n}" for n in self.notes)
+            )
         loop = self.wait_s + self.step_s
         share = self.wait_s / loop if loop > 0 else 0.0
-        lines = [f"fastload doctor: {self.steps} steps measured; waiting for data {self.wait_s:.3f} s, in the step "
-                 f"{self.step_s:.3f} s ({share:.0%} of the loop waiting)"]
+        lines = [
+            f"fastload doctor: {self.steps} steps measured; waiting for data {self.wait_s:.3f} s, in the step "
+            f"{self.step_s:.3f} s ({share:.0%} of the loop waiting)"
+        ]
         lines += [f"  {n}" for n in self.notes]
         if self.findings:
             lines.append(f"{len(self.findings)} finding(s):")
@@ -172,13 +178,16 @@ class _Session:
         # torch.utils.data.DataLoader for fastload's would have this patch the same class twice
         torch_loader = next(c for c in _loader.DataLoader.__mro__[1:] if c.__name__ == "DataLoader")
         for cls in (torch_loader, _loader.DataLoader):
+
             def make_iter(orig):
                 @functools.wraps(orig)
                 def __iter__(loader):
                     where = _user_frame()
                     session.loaders[id(loader)] = (loader, where)
                     return _Watched(session, orig(loader), loader, where)
+
                 return __iter__
+
             self._patch(cls, "__iter__", make_iter)
 
         def make_anomaly(orig):
@@ -187,7 +196,9 @@ class _Session:
                 if mode:
                     session.anomaly_at = _user_frame()
                 return orig(obj, mode, *a, **k)
+
             return __init__
+
         self._patch(torch.autograd.set_detect_anomaly, "__init__", make_anomaly)
 
         def make_profile(orig):
@@ -195,7 +206,9 @@ class _Session:
             def __enter__(obj):
                 session.profiler_at = _user_frame()
                 return orig(obj)
+
             return __enter__
+
         self._patch(torch.profiler.profile, "__enter__", make_profile)
         self._patch(torch.autograd.profiler.profile, "__enter__", make_profile)
 
@@ -207,7 +220,9 @@ class _Session:
                 if not set_to_none:
                     session.zero_grad.setdefault(_user_frame(), []).append(time.perf_counter() - t)
                 return out
+
             return zero_grad
+
         self._patch(torch.optim.Optimizer, "zero_grad", make_zero_grad)
         self._patch(torch.nn.Module, "zero_grad", make_zero_grad)
 
@@ -220,6 +235,7 @@ class _Session:
                     session.autocast_off_steps += 1
                 if any(p.dtype == torch.float32 for p in module.parameters(recurse=False)):
                     session.fp32_forward += 1
+
         handle = torch.nn.modules.module.register_module_forward_pre_hook(pre_hook)
         self._undo.append(handle.remove)
         if self.cuda:
@@ -267,6 +283,7 @@ def _first_tensor(batch: Any) -> torch.Tensor | None:
 
 def _drive(loader, model: torch.nn.Module | None) -> Callable[[], None]:
     """The loop ``doctor(loader, model=...)`` runs: forward the first tensor, backward when trainable."""
+
     def loop() -> None:
         while True:
             for batch in loader:
@@ -280,11 +297,18 @@ def _drive(loader, model: torch.nn.Module | None) -> Callable[[], None]:
                 out = model(x)
                 if params and isinstance(out, torch.Tensor):
                     out.float().mean().backward()
+
     return loop
 
 
-def doctor(target: Any, *, model: torch.nn.Module | None = None, steps: int = 20,
-           measure_workers: bool = True, budget_s: float = 1.5) -> Report:
+def doctor(
+    target: Any,
+    *,
+    model: torch.nn.Module | None = None,
+    steps: int = 20,
+    measure_workers: bool = True,
+    budget_s: float = 1.5,
+) -> Report:
     """Run ``steps`` batches of a training loop and report, with measured numbers, what slows it.
 
     ``target``: a callable running your loop (stopped after ``steps`` batches), or a DataLoader (then
@@ -312,10 +336,15 @@ def _report(s: _Session, measure_workers: bool, budget_s: float) -> Report:
     rates_by: dict[str, dict[int, float]] = {}  # the measured samples/s by num_workers of each fast-path loader
     for loader, where in s.loaders.values():
         if isinstance(loader, FastLoader) and not loader.fast_path and isinstance(loader.dataset, PackedDataset):
-            later.append(Finding(
-                "fast-path", "a fastload.Dataset runs on the generic path",
-                f"fast_path=False: {loader.fast_path_reason}",
-                f"the loader iterated at {where}", "remove what the reason names (see fastload.FastPathWarning)"))
+            later.append(
+                Finding(
+                    "fast-path",
+                    "a fastload.Dataset runs on the generic path",
+                    f"fast_path=False: {loader.fast_path_reason}",
+                    f"the loader iterated at {where}",
+                    "remove what the reason names (see fastload.FastPathWarning)",
+                )
+            )
         if measure_workers and isinstance(loader, FastLoader) and fill_parts(loader) is not None:
             f = _workers_finding(loader, where, budget_s, r, rates_by)
             if f is not None:
@@ -323,34 +352,58 @@ def _report(s: _Session, measure_workers: bool, budget_s: float) -> Report:
     if share > INPUT_BOUND:
         where = max(s.wait_by, key=s.wait_by.get) if s.wait_by else "(the loader)"
         waited = next((ld for ld, w in s.loaders.values() if w == where), None)
-        r.findings.append(Finding(
-            "input-bound", "the loop waits for data",
-            f"{s.wait_s:.3f} s of {loop:.3f} s waiting for the next batch ({share:.0%}) over {s.steps - 1} steps "
-            f"(first batch excluded)", f"the loop over the loader at {where}",
-            _input_fix(waited, rates_by.get(where))))
+        r.findings.append(
+            Finding(
+                "input-bound",
+                "the loop waits for data",
+                f"{s.wait_s:.3f} s of {loop:.3f} s waiting for the next batch ({share:.0%}) over {s.steps - 1} steps "
+                f"(first batch excluded)",
+                f"the loop over the loader at {where}",
+                _input_fix(waited, rates_by.get(where)),
+            )
+        )
     r.findings += later
     if s.anomaly_steps or s.anomaly_at:
-        r.findings.append(Finding(
-            "anomaly", "autograd anomaly detection is on",
-            f"on during {s.anomaly_steps} of {max(s.steps - 1, 1)} steps (every backward records and checks each op)",
-            s.anomaly_at or "torch.autograd.set_detect_anomaly(True) before the doctor ran",
-            "remove torch.autograd.set_detect_anomaly(True) / detect_anomaly() outside debugging"))
+        r.findings.append(
+            Finding(
+                "anomaly",
+                "autograd anomaly detection is on",
+                f"on during {s.anomaly_steps} of {max(s.steps - 1, 1)} steps (every backward records and checks each op)",
+                s.anomaly_at or "torch.autograd.set_detect_anomaly(True) before the doctor ran",
+                "remove torch.autograd.set_detect_anomaly(True) / detect_anomaly() outside debugging",
+            )
+        )
     if s.profiler_steps or s.profiler_at:
-        r.findings.append(Finding(
-            "profiler", "a torch profiler is running", f"on during {s.profiler_steps} of {max(s.steps - 1, 1)} steps",
-            s.profiler_at or "a profiler entered before the doctor ran",
-            "profile a few steps with a schedule (torch.profiler.schedule(wait, warmup, active)), then stop it"))
+        r.findings.append(
+            Finding(
+                "profiler",
+                "a torch profiler is running",
+                f"on during {s.profiler_steps} of {max(s.steps - 1, 1)} steps",
+                s.profiler_at or "a profiler entered before the doctor ran",
+                "profile a few steps with a schedule (torch.profiler.schedule(wait, warmup, active)), then stop it",
+            )
+        )
     for where, times in s.zero_grad.items():
-        r.findings.append(Finding(
-            "zero-grad", "zero_grad(set_to_none=False) writes zeros into every gradient",
-            f"{len(times)} calls, {1e3 * sum(times) / len(times):.3f} ms per call", where,
-            "zero_grad() (set_to_none=True, the default since torch 2.0): no memset, and the next backward "
-            "writes instead of accumulating"))
+        r.findings.append(
+            Finding(
+                "zero-grad",
+                "zero_grad(set_to_none=False) writes zeros into every gradient",
+                f"{len(times)} calls, {1e3 * sum(times) / len(times):.3f} ms per call",
+                where,
+                "zero_grad() (set_to_none=True, the default since torch 2.0): no memset, and the next backward "
+                "writes instead of accumulating",
+            )
+        )
     for what, calls in s.data_parallel.items():
-        r.findings.append(Finding(
-            "data-parallel", "nn.DataParallel instead of DistributedDataParallel",
-            f"{calls} forward calls through DataParallel (one process replicates the model every step)", what,
-            "DistributedDataParallel, one process per GPU (torchrun, Lightning strategy='ddp', accelerate)"))
+        r.findings.append(
+            Finding(
+                "data-parallel",
+                "nn.DataParallel instead of DistributedDataParallel",
+                f"{calls} forward calls through DataParallel (one process replicates the model every step)",
+                what,
+                "DistributedDataParallel, one process per GPU (torchrun, Lightning strategy='ddp', accelerate)",
+            )
+        )
     _gpu_findings(s, r)
     return r
 
@@ -371,14 +424,17 @@ def _input_fix(loader: Any, rates: dict[int, float] | None) -> str:
         if rates[best] > WORKERS_HELP * mine:
             fixes.append(f"num_workers={best} (measured samples/s by num_workers: {shown})")
         else:
-            fixes.append(f"not more num_workers: they do not raise the rate here (measured samples/s by num_workers: "
-                         f"{shown}), so decoding and transforming the images is the limit: store them smaller "
-                         f"(fastload pack --max-side N) or use lighter per-sample transforms"
-                         + (", or decode on the GPU (device='cuda', decoder='auto')" if torch.cuda.is_available()
-                            else ""))
+            fixes.append(
+                f"not more num_workers: they do not raise the rate here (measured samples/s by num_workers: "
+                f"{shown}), so decoding and transforming the images is the limit: store them smaller "
+                f"(fastload pack --max-side N) or use lighter per-sample transforms"
+                + (", or decode on the GPU (device='cuda', decoder='auto')" if torch.cuda.is_available() else "")
+            )
     elif fast:
-        fixes.append(f"num_workers='auto' (measures the best count once per dataset and machine; this loader has "
-                     f"num_workers={loader.num_workers})")
+        fixes.append(
+            f"num_workers='auto' (measures the best count once per dataset and machine; this loader has "
+            f"num_workers={loader.num_workers})"
+        )
     else:
         fixes.append(f"more num_workers (this loader has {getattr(loader, 'num_workers', '?')})")
     if fast:
@@ -386,8 +442,10 @@ def _input_fix(loader: Any, rates: dict[int, float] | None) -> str:
     elif isinstance(loader, FastLoader) and isinstance(loader.dataset, PackedDataset):
         fixes.append("put this loader on the fast path (the fast-path finding below says what keeps it off)")
     elif isinstance(getattr(loader, "dataset", None), PackedDataset):
-        fixes.append("load the packed dataset with fastload.DataLoader instead of torch's (one native call per batch, "
-                     "prefetched)")
+        fixes.append(
+            "load the packed dataset with fastload.DataLoader instead of torch's (one native call per batch, "
+            "prefetched)"
+        )
     else:
         fixes.append("pack the data with fastload (fastload pack SRC DST) and load it with fastload.DataLoader")
     if not fast or not rates:
@@ -395,8 +453,9 @@ def _input_fix(loader: Any, rates: dict[int, float] | None) -> str:
     return "; ".join(fixes)
 
 
-def _workers_finding(loader, where: str, budget_s: float, r: Report,
-                     rates_by: dict[str, dict[int, float]] | None = None) -> Finding | None:
+def _workers_finding(
+    loader, where: str, budget_s: float, r: Report, rates_by: dict[str, dict[int, float]] | None = None
+) -> Finding | None:
     from ._autotune import candidates, measure
 
     counts = candidates(os.cpu_count() or 1)
@@ -412,10 +471,13 @@ def _workers_finding(loader, where: str, budget_s: float, r: Report,
     best = max(rates, key=rates.get)
     mine = rates.get(loader.num_workers, 0.0)
     if rates[best] > 0 and mine < WORKERS_SHORTFALL * rates[best]:
-        return Finding("num_workers", f"num_workers={loader.num_workers} is far from the measured best ({best})",
-                       f"{mine:,.0f} samples/s with {loader.num_workers}, {rates[best]:,.0f} with {best} ({shown})",
-                       f"the loader iterated at {where}",
-                       f"num_workers={best}, or num_workers='auto' (measures once per dataset and machine)")
+        return Finding(
+            "num_workers",
+            f"num_workers={loader.num_workers} is far from the measured best ({best})",
+            f"{mine:,.0f} samples/s with {loader.num_workers}, {rates[best]:,.0f} with {best} ({shown})",
+            f"the loader iterated at {where}",
+            f"num_workers={best}, or num_workers='auto' (measures once per dataset and machine)",
+        )
     return None
 
 
@@ -426,31 +488,50 @@ def _gpu_findings(s: _Session, r: Report) -> None:
         return
     steps = max(s.steps - 1, 1)
     if s.sync_warnings:
-        r.findings.append(Finding(
-            "sync", "host-device synchronisations in the step",
-            f"{s.sync_warnings} synchronising operations in {steps} steps ({s.sync_warnings / steps:.1f} per step)",
-            "torch.cuda.set_sync_debug_mode('warn') shows each one's stack",
-            "avoid .item(), .cpu(), printing or branching on GPU values each step; log every N steps"))
+        r.findings.append(
+            Finding(
+                "sync",
+                "host-device synchronisations in the step",
+                f"{s.sync_warnings} synchronising operations in {steps} steps ({s.sync_warnings / steps:.1f} per step)",
+                "torch.cuda.set_sync_debug_mode('warn') shows each one's stack",
+                "avoid .item(), .cpu(), printing or branching on GPU values each step; log every N steps",
+            )
+        )
     full = [sh for sh in s.shapes[:-1]] or s.shapes  # the last batch of an epoch may be short
     distinct = len(set(full))
     if torch.backends.cudnn.benchmark and distinct > 1:
-        r.findings.append(Finding(
-            "cudnn-shapes", "batch shapes change under cudnn.benchmark",
-            f"{distinct} distinct input shapes in {len(full)} batches: each new shape re-runs cuDNN's autotuning",
-            "torch.backends.cudnn.benchmark = True", "fixed shapes (Pad/Bucket, drop_last=True) or benchmark off"))
+        r.findings.append(
+            Finding(
+                "cudnn-shapes",
+                "batch shapes change under cudnn.benchmark",
+                f"{distinct} distinct input shapes in {len(full)} batches: each new shape re-runs cuDNN's autotuning",
+                "torch.backends.cudnn.benchmark = True",
+                "fixed shapes (Pad/Bucket, drop_last=True) or benchmark off",
+            )
+        )
     elif not torch.backends.cudnn.benchmark and distinct == 1 and len(full) > 1:
-        r.findings.append(Finding(
-            "cudnn-benchmark", "cudnn.benchmark is off with fixed input shapes", f"1 input shape {full[0]} in "
-            f"{len(full)} batches", "torch.backends.cudnn.benchmark (False)",
-            "torch.backends.cudnn.benchmark = True: cuDNN picks the fastest kernels once for the shape"))
+        r.findings.append(
+            Finding(
+                "cudnn-benchmark",
+                "cudnn.benchmark is off with fixed input shapes",
+                f"1 input shape {full[0]} in {len(full)} batches",
+                "torch.backends.cudnn.benchmark (False)",
+                "torch.backends.cudnn.benchmark = True: cuDNN picks the fastest kernels once for the shape",
+            )
+        )
     major, _ = torch.cuda.get_device_capability()
     if major >= 7 and s.fp32_forward and s.autocast_off_steps:
-        r.findings.append(Finding(
-            "autocast", "fp32 forward passes on a tensor-core GPU without autocast",
-            f"{s.fp32_forward} module calls with fp32 weights, {s.autocast_off_steps} outside autocast "
-            f"(compute capability {major}.x)", "the model's forward",
-            "torch.autocast('cuda', dtype=torch.bfloat16) around forward and loss (or TF32: "
-            "torch.backends.cuda.matmul.allow_tf32 = True)"))
+        r.findings.append(
+            Finding(
+                "autocast",
+                "fp32 forward passes on a tensor-core GPU without autocast",
+                f"{s.fp32_forward} module calls with fp32 weights, {s.autocast_off_steps} outside autocast "
+                f"(compute capability {major}.x)",
+                "the model's forward",
+                "torch.autocast('cuda', dtype=torch.bfloat16) around forward and loss (or TF32: "
+                "torch.backends.cuda.matmul.allow_tf32 = True)",
+            )
+        )
 
 
 def run_script(path: str, argv: list[str], steps: int, measure_workers: bool = True) -> Report:

@@ -43,38 +43,52 @@ def resolve(transforms: Any, schema: Schema) -> tuple[dict, dict[str, ImagePipel
     sequences: dict[str, Any] = {}
     for name, spec in transforms.items():
         if not isinstance(name, str):
-            raise TypeError(f"transforms keys are field names (str), got {name!r}; image and variable-length "
-                            f"ndarray fields take transforms, {_takers(schema)}")
+            raise TypeError(
+                f"transforms keys are field names (str), got {name!r}; image and variable-length "
+                f"ndarray fields take transforms, {_takers(schema)}"
+            )
         if name not in schema:
             close = difflib.get_close_matches(name, schema.names, n=1)
             hint = f" (did you mean '{close[0]}'?)" if close else ""
-            raise ValueError(f"transforms name field '{name}', which this dataset does not have{hint}; its fields "
-                             f"are {list(schema.names)}")
+            raise ValueError(
+                f"transforms name field '{name}', which this dataset does not have{hint}; its fields "
+                f"are {list(schema.names)}"
+            )
         if spec is None:
             continue
         field = schema[name]
         at = f"transforms['{name}']"
         if field.kind == "image":
             if is_sequence_transform(spec):
-                raise ValueError(f"{at}: {type(spec).__name__} is for variable-length ndarray fields; the image "
-                                 f"field '{name}' takes a list of image transforms ({_SUPPORTED})")
+                raise ValueError(
+                    f"{at}: {type(spec).__name__} is for variable-length ndarray fields; the image "
+                    f"field '{name}' takes a list of image transforms ({_SUPPORTED})"
+                )
             pipelines[name] = _image_pipeline(spec, at)
         elif field.kind == "ndarray" and not field.fixed_size:
             if not is_sequence_transform(spec):
-                alone = " alone, not in a list" if isinstance(spec, (list, tuple)) and len(spec) == 1 \
-                    and is_sequence_transform(spec[0]) else ""
-                raise TypeError(f"{at}: the variable-length ndarray field '{name}' takes one of {_SEQUENCES}"
-                                f"{alone}, got {spec!r}")
+                alone = (
+                    " alone, not in a list"
+                    if isinstance(spec, (list, tuple)) and len(spec) == 1 and is_sequence_transform(spec[0])
+                    else ""
+                )
+                raise TypeError(
+                    f"{at}: the variable-length ndarray field '{name}' takes one of {_SEQUENCES}{alone}, got {spec!r}"
+                )
             spec.field_check(field)
             sequences[name] = spec
         else:
-            raise ValueError(f"transforms name field '{name}', of kind {field.kind}, but only image fields (image "
-                             f"transforms) and variable-length ndarray fields (Pad, Bucket, PackSequences) take "
-                             f"transforms; {_takers(schema)}")
+            raise ValueError(
+                f"transforms name field '{name}', of kind {field.kind}, but only image fields (image "
+                f"transforms) and variable-length ndarray fields (Pad, Bucket, PackSequences) take "
+                f"transforms; {_takers(schema)}"
+            )
     grouping = [n for n, t in sequences.items() if isinstance(t, (Bucket, PackSequences))]
     if len(grouping) > 1:
-        raise ValueError(f"at most one field can be bucketed or packed (Bucket, PackSequences), got {grouping}; "
-                         f"pad the others with Pad")
+        raise ValueError(
+            f"at most one field can be bucketed or packed (Bucket, PackSequences), got {grouping}; "
+            f"pad the others with Pad"
+        )
     for name, spec in sequences.items():
         if isinstance(spec, PackSequences):
             spec.schema_check(name, schema)
@@ -128,15 +142,18 @@ def _check_masks(dataset: Any) -> None:
         masks, images = dataset.reader.image_sizes(field.name), dataset.reader.image_sizes(image)
         bad = np.flatnonzero((masks != images).any(axis=1))
         if bad.size:
-            named = "; ".join(f"sample {i}: mask {masks[i, 0]}x{masks[i, 1]}, image {images[i, 0]}x{images[i, 1]}"
-                              for i in bad[:5])
+            named = "; ".join(
+                f"sample {i}: mask {masks[i, 0]}x{masks[i, 1]}, image {images[i, 0]}x{images[i, 1]}" for i in bad[:5]
+            )
             more = f" and {bad.size - 5} more" if bad.size > 5 else ""
-            raise ValueError(f"fastload.open({str(dataset.path)!r}): mask field '{field.name}' follows "
-                             f"transforms['{image}'], but {bad.size} of the dataset's {len(masks)} samples "
-                             f"{'has' if bad.size == 1 else 'have'} a mask "
-                             f"of another size than their image ({named}{more}): a mask must have its image's size to "
-                             f"follow its geometry; pack those samples again with masks of their image's size, or "
-                             f"open the dataset without transforms (masks then come back as stored)")
+            raise ValueError(
+                f"fastload.open({str(dataset.path)!r}): mask field '{field.name}' follows "
+                f"transforms['{image}'], but {bad.size} of the dataset's {len(masks)} samples "
+                f"{'has' if bad.size == 1 else 'have'} a mask "
+                f"of another size than their image ({named}{more}): a mask must have its image's size to "
+                f"follow its geometry; pack those samples again with masks of their image's size, or "
+                f"open the dataset without transforms (masks then come back as stored)"
+            )
 
 
 def _image_pipeline(spec: Any, at: str) -> ImagePipeline:
@@ -148,8 +165,10 @@ def _image_pipeline(spec: Any, at: str) -> ImagePipeline:
         raise ValueError(f"{at}: {e}") from None
     for t in pipe.tensor.transforms:
         if isinstance(t, Normalize) and len(t.mean) != IMAGE_CHANNELS:
-            raise ValueError(f"{at}: {t!r} has {len(t.mean)} value(s) per statistic, but images have "
-                             f"{IMAGE_CHANNELS} channels (RGB): give mean and std {IMAGE_CHANNELS} values each")
+            raise ValueError(
+                f"{at}: {t!r} has {len(t.mean)} value(s) per statistic, but images have "
+                f"{IMAGE_CHANNELS} channels (RGB): give mean and std {IMAGE_CHANNELS} values each"
+            )
     return pipe
 
 
@@ -169,8 +188,10 @@ def _not_a_dict(value: Any, schema: Schema) -> str:
     inner = getattr(value, "transforms", value)
     items = list(inner) if isinstance(inner, (list, tuple)) else [value]
     if any(not type(t).__module__.startswith("fastload") for t in items):
-        msg += (f". Only fastload.transforms run on fastload's engine (not torchvision's): {_SUPPORTED}, "
-                f"same names and arguments")
+        msg += (
+            f". Only fastload.transforms run on fastload's engine (not torchvision's): {_SUPPORTED}, "
+            f"same names and arguments"
+        )
     return msg
 
 
@@ -192,17 +213,26 @@ def open_habit(path: Any, extra_args: tuple, unknown: dict, accepted: list[str])
     write = f"transforms={{'{field}': [T.RandomResizedCrop(224), T.RandomHorizontalFlip()]}}"
     fields = f" (this dataset's image field(s): {images})" if images else ""
     if extra_args:
-        return (f"fastload.open takes the path as its only positional argument, got {1 + len(extra_args)}; name the "
-                f"rest: the transforms go in transforms=, a dict of field -> transforms, e.g. {write}{fields}")
+        return (
+            f"fastload.open takes the path as its only positional argument, got {1 + len(extra_args)}; name the "
+            f"rest: the transforms go in transforms=, a dict of field -> transforms, e.g. {write}{fields}"
+        )
     name = next(iter(unknown))
     if name == "transform":
-        return f"fastload.open has no transform=: it takes transforms= (plural), a dict of field -> transforms, e.g. " \
-               f"{write}{fields}"
+        return (
+            f"fastload.open has no transform=: it takes transforms= (plural), a dict of field -> transforms, e.g. "
+            f"{write}{fields}"
+        )
     if name == "target_transform":
-        return (f"fastload.open has no target_transform=: a label comes back as stored (transform it in the loop, or "
-                f"pack it transformed); it takes {', '.join(accepted)}")
+        return (
+            f"fastload.open has no target_transform=: a label comes back as stored (transform it in the loop, or "
+            f"pack it transformed); it takes {', '.join(accepted)}"
+        )
     close = difflib.get_close_matches(name, accepted, n=1)
     hint = f" (did you mean {close[0]}=?)" if close else ""
-    loader = ("; batch_size, shuffle, num_workers and the like are fastload.DataLoader(ds, ...)'s"
-              if name in ("batch_size", "shuffle", "num_workers", "drop_last", "seed", "sampler", "pin_memory") else "")
+    loader = (
+        "; batch_size, shuffle, num_workers and the like are fastload.DataLoader(ds, ...)'s"
+        if name in ("batch_size", "shuffle", "num_workers", "drop_last", "seed", "sampler", "pin_memory")
+        else ""
+    )
     return f"fastload.open got an unexpected keyword argument {name!r}{hint}; it takes {', '.join(accepted)}{loader}"

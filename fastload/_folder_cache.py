@@ -58,8 +58,9 @@ def cache_root(cache_dir: str | os.PathLike | None) -> Path:
     Always a ``folders`` subdirectory: the remote shard cache may share ``$FASTLOAD_CACHE_DIR`` and evicts
     the shard files of its own subdirectories."""
     if cache_dir is None:
-        cache_dir = os.environ.get(CACHE_ENV) or Path(
-            os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fastload"
+        cache_dir = (
+            os.environ.get(CACHE_ENV) or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fastload"
+        )
     return Path(cache_dir) / "folders"
 
 
@@ -92,13 +93,17 @@ def _pack_hint(path: Path, reason: str) -> str:
     named = path if path.name else path.resolve()  # "." has no name
     dest = str(named.with_name(named.stem + "_packed"))
     if path.is_dir():  # not an ImageFolder: its files pack from a manifest that lists them
-        how = (f"`fastload pack` reads a folder as an ImageFolder (one subfolder of images per class); for any "
-               f"other layout, list the files (a 'path' column, relative to the folder, plus your label "
-               f"columns) in a CSV or JSONL manifest and pack that:\n    fastload pack files.csv "
-               f"{shlex.quote(dest)} --root {shlex.quote(str(path))}")
+        how = (
+            f"`fastload pack` reads a folder as an ImageFolder (one subfolder of images per class); for any "
+            f"other layout, list the files (a 'path' column, relative to the folder, plus your label "
+            f"columns) in a CSV or JSONL manifest and pack that:\n    fastload pack files.csv "
+            f"{shlex.quote(dest)} --root {shlex.quote(str(path))}"
+        )
     else:
-        how = (f"Pack it once (see `fastload pack --help` for the options):\n    fastload pack "
-               f"{shlex.quote(str(path))} {shlex.quote(dest)}")
+        how = (
+            f"Pack it once (see `fastload pack --help` for the options):\n    fastload pack "
+            f"{shlex.quote(str(path))} {shlex.quote(dest)}"
+        )
     return f"{reason}. {how}\nthen open the packed copy: fastload.open({dest!r})"
 
 
@@ -139,8 +144,10 @@ def _cached_pack(source, root: Path) -> tuple[Path, IO]:
         root.mkdir(parents=True, exist_ok=True)
         lock = open(f"{entry}.lock", "a+")  # noqa: SIM115  (the lease: open as long as the Dataset lives)
     except OSError as e:
-        raise FormatError(f"fastload.open('{source.root}'): cannot use the pack cache {root} ({e.strerror}); "
-                          f"choose another place with cache_dir= or ${CACHE_ENV}") from None
+        raise FormatError(
+            f"fastload.open('{source.root}'): cannot use the pack cache {root} ({e.strerror}); "
+            f"choose another place with cache_dir= or ${CACHE_ENV}"
+        ) from None
     try:
         fcntl.flock(lock, fcntl.LOCK_SH)
         if _complete(entry):
@@ -168,15 +175,23 @@ def _pack(source, folder: Path, entry: Path) -> None:
     from .pack import pack
 
     what = "image folder" if hasattr(source, "samples") else source.metadata.get("source", "source")
-    log.warning("fastload: packing %s '%s' (%d samples) once into %s; later opens of the unchanged "
-                "folder read the pack (cache_dir= or $%s choose the place)", what, folder, len(source), entry,
-                CACHE_ENV)
+    log.warning(
+        "fastload: packing %s '%s' (%d samples) once into %s; later opens of the unchanged "
+        "folder read the pack (cache_dir= or $%s choose the place)",
+        what,
+        folder,
+        len(source),
+        entry,
+        CACHE_ENV,
+    )
     try:
         pack(source, entry, progress=True)
     except SourceError as e:
-        raise SourceError(f"{e}\nfastload.open packs a folder with fastload.pack's defaults; to choose options "
-                          f"(e.g. --skip-bad), pack it yourself and open the result:\n    fastload pack "
-                          f"{shlex.quote(str(folder))} {shlex.quote(str(folder) + '_packed')} --skip-bad") from None
+        raise SourceError(
+            f"{e}\nfastload.open packs a folder with fastload.pack's defaults; to choose options "
+            f"(e.g. --skip-bad), pack it yourself and open the result:\n    fastload pack "
+            f"{shlex.quote(str(folder))} {shlex.quote(str(folder) + '_packed')} --skip-bad"
+        ) from None
 
 
 def _remove_stale(root: Path, folder: Path, keep: Path, variant: str | None = None) -> None:

@@ -84,8 +84,12 @@ class BatchItems:
                 self.reason = str(e)
                 if quiet:
                     return
-                warnings.warn(f"fastload.Dataset.__getitems__ decodes '{ds.path}' sample by sample (as ds[i] "
-                              f"does), not in one native batch call: {e}", FastPathWarning, stacklevel=5)
+                warnings.warn(
+                    f"fastload.Dataset.__getitems__ decodes '{ds.path}' sample by sample (as ds[i] "
+                    f"does), not in one native batch call: {e}",
+                    FastPathWarning,
+                    stacklevel=5,
+                )
 
     def _make(self, ds: Any, size: int, threads: int | None = None) -> None:
         if threads is None:

@@ -41,8 +41,14 @@ from .decoders.native import NativeDecoder
 class ImageDecoding:
     """Runs one loader's image plans with the decoder it asked for (see the module docstring)."""
 
-    def __init__(self, decoder: str, device: torch.device | None, batch_size: int, num_threads: int,
-                 augmented: tuple[str, ...] = ()):
+    def __init__(
+        self,
+        decoder: str,
+        device: torch.device | None,
+        batch_size: int,
+        num_threads: int,
+        augmented: tuple[str, ...] = (),
+    ):
         """``augmented``: what the image pipelines plan beyond crop, resize and horizontal flip (their
         augmentations, padded crops), by name; only a decoder whose kind ``augments`` can run them."""
         kind = requested = decoders.kind(decoder)
@@ -56,8 +62,10 @@ class ImageDecoding:
             if requested.choose is None:  # asked for by name: refuse it now, not at the first batch
                 raise ValueError(f"decoder={decoder!r} {why}: use decoder='native' (or 'auto')")
             who = f" (not {kind.name!r}): {kind.name!r}" if kind.name != decoder else ": its GPU decoder"  # the hybrid
-            warn_once(f"auto-augment-{kind.name}", f"fastload: decoder={decoder!r} decodes with native threads only"
-                      f"{who} {why}")
+            warn_once(
+                f"auto-augment-{kind.name}",
+                f"fastload: decoder={decoder!r} decodes with native threads only{who} {why}",
+            )
             kind = decoders.kind("native")
         self.decoder = decoder
         self.kind = kind
@@ -118,8 +126,12 @@ class ImageDecoding:
         with s.side_context():
             s.wait(s.side, self._ready.get(key))
             dst_t, src_t = self._uploads.put(dst, src)  # pinned: a pageable copy would wait for the stream
-            s.launch(lambda: rows.index_copy_(0, dst_t, rows.index_select(0, src_t)),
-                     reads=(rows, dst_t, src_t), writes=(rows,), what="on_error fix-up")
+            s.launch(
+                lambda: rows.index_copy_(0, dst_t, rows.index_select(0, src_t)),
+                reads=(rows, dst_t, src_t),
+                writes=(rows,),
+                what="on_error fix-up",
+            )
             self._ready[key] = s.record(s.side)
 
     def ready_event(self, rows: torch.Tensor) -> Any:
@@ -174,7 +186,7 @@ class ImageDecoding:
         plan = pipeline.plan(sources.meta[:, 0], sources.meta[:, 1], rng)
         if plans is not None:
             plans[f.name] = plan
-        rows = (slot.arrays if self.device is None else slot.tensors)[f.name][:sources.n]
+        rows = (slot.arrays if self.device is None else slot.tensors)[f.name][: sources.n]
         self.native.pool = pool  # the batcher's, which autotuning and persistent workers swap
         dec = self._decoders.get(f.name)
         if dec is None:
@@ -231,13 +243,19 @@ class ImageDecoding:
         runner = self._fallbacks.get(key)
         if runner is None:
             runner = self._fallbacks[key] = FallbackRunner(
-                name, pipeline.after if after else pipeline.fallback, self.batch_size,
+                name,
+                pipeline.after if after else pipeline.fallback,
+                self.batch_size,
                 "after ToDtype/Normalize, on the float image (which the batch then carries: 4x the bytes of uint8 "
-                "to copy to a device)" if after else "after the native decode")
+                "to copy to a device)"
+                if after
+                else "after the native decode",
+            )
         return runner
 
-    def _fallback(self, f: Field, pipeline: Any, rows: Any, plan: Any, reader: Any, at: Any, failures: list,
-                  after: bool = False) -> None:
+    def _fallback(
+        self, f: Field, pipeline: Any, rows: Any, plan: Any, reader: Any, at: Any, failures: list, after: bool = False
+    ) -> None:
         """The transforms fastload does not know (``pipeline.fallback``, or with ``after`` ``pipeline.after``
         on the float rows), per sample on the decoded rows."""
         runner = self._fallback_runner(f.name, pipeline, after)
@@ -247,11 +265,18 @@ class ImageDecoding:
             seg = int(at.seg_ids[k])
             return where(reader.path, reader.shard(seg), int(reader.starts[seg] + at.local[k]), f.name)
 
-        runner.run(rows, [k for k in range(len(rows)) if k not in bad], plan.after_seeds if after else plan.seeds,
-                   where_k, self.native.pool if self.fallback_processes else None, self.fallback_timeout)
+        runner.run(
+            rows,
+            [k for k in range(len(rows)) if k not in bad],
+            plan.after_seeds if after else plan.seeds,
+            where_k,
+            self.native.pool if self.fallback_processes else None,
+            self.fallback_timeout,
+        )
 
-    def _after(self, f: Field, pipeline: Any, slot: Any, rows: Any, plan: Any, reader: Any, at: Any,
-               failures: list) -> None:
+    def _after(
+        self, f: Field, pipeline: Any, slot: Any, rows: Any, plan: Any, reader: Any, at: Any, failures: list
+    ) -> None:
         """ToDtype/Normalize on the CPU into the slot's float rows, then the callables after them per sample
         there (``pipeline.after``), through the workers as the rows' bytes (numpy has no bfloat16)."""
         n = len(rows)
@@ -266,8 +291,18 @@ class ImageDecoding:
 
     def _decoder(self, out_hw: tuple[int, int], field: str = "") -> Any:
         """The decoder of image field ``field`` whose rows are ``out_hw`` (the registered kind's ``make``)."""
-        return self.kind.make(DecoderContext(self.decoder, self.batch_size, out_hw, self.device, self.num_threads,
-                                             self.native, lambda name: self.streams.fork(name), field))
+        return self.kind.make(
+            DecoderContext(
+                self.decoder,
+                self.batch_size,
+                out_hw,
+                self.device,
+                self.num_threads,
+                self.native,
+                lambda name: self.streams.fork(name),
+                field,
+            )
+        )
 
 
 _REAPERS: "weakref.WeakSet[threading.Thread]" = weakref.WeakSet()  # threads releasing decoders' memory (end_epoch)
@@ -290,8 +325,11 @@ def _call_all(calls: list) -> None:
         try:
             call()
         except Exception as e:  # noqa: BLE001  (releasing cached memory must not fail the loader)
-            warn_once(f"decoder-trim-{getattr(call, '__qualname__', call)}", f"fastload: releasing a decoder's unused "
-                      f"memory at an epoch's end failed ({type(e).__name__}: {e}); it is kept")
+            warn_once(
+                f"decoder-trim-{getattr(call, '__qualname__', call)}",
+                f"fastload: releasing a decoder's unused "
+                f"memory at an epoch's end failed ({type(e).__name__}: {e}); it is kept",
+            )
 
 
 def _close_all(decs: list) -> None:
@@ -301,5 +339,8 @@ def _close_all(decs: list) -> None:
         try:
             dec.close()
         except Exception as e:  # noqa: BLE001  (a teardown failure must not leave the other decoders open)
-            warn_once(f"decoder-close-{type(dec).__name__}", f"fastload: closing the {type(dec).__name__} of an "
-                      f"image field failed ({type(e).__name__}: {e}); its resources go when it is collected")
+            warn_once(
+                f"decoder-close-{type(dec).__name__}",
+                f"fastload: closing the {type(dec).__name__} of an "
+                f"image field failed ({type(e).__name__}: {e}); its resources go when it is collected",
+            )

@@ -39,5 +39,6 @@ def pil(what: str) -> ModuleType:
         raise MissingDependency(
             f"{what} needs PIL, from Pillow or Pillow-SIMD (fastload works with either and installs neither, so "
             f"that it never replaces the one an environment has): `pip install pillow` (or {pip_extra('pillow')}), "
-            f"or `pip install pillow-simd` for faster resizing ({type(e).__name__}: {e})") from None
+            f"or `pip install pillow-simd` for faster resizing ({type(e).__name__}: {e})"
+        ) from None
     return Image

@@ -25,9 +25,18 @@ from ._batcher import Batcher
 from .fields import NotFastPath
 from ._dataset import Dataset as PackedDataset
 from ._getitems import batch_decodable
-from ._dropin import (check_batch_sampler, check_collate, check_folder_worker_init_fn, check_memory_format,
-                      check_worker_init_fn, warn_accelerate_rebuild, warn_folder_fast, warn_folder_refused,
-                      warn_pin_memory, warn_refused)
+from ._dropin import (
+    check_batch_sampler,
+    check_collate,
+    check_folder_worker_init_fn,
+    check_memory_format,
+    check_worker_init_fn,
+    warn_accelerate_rebuild,
+    warn_folder_fast,
+    warn_folder_refused,
+    warn_pin_memory,
+    warn_refused,
+)
 from .fast.device import DevicePrefetcher, DeviceRing, check_device
 from ._ring import SlotRing
 from ._stats import LoaderStats
@@ -35,9 +44,22 @@ from .fast.chain import fast_iterator, for_rank, order_for, replaceable
 from .fast.producer import FillPolicy
 from .fast.order import Order, as_int, default_seed, dist_info
 from .fast.position import Progress, loader_guard
-from ._sampling import (Counted, EpochInput, EpochRandomSampler, EpochSequentialSampler, GenericPlan, IndexReplay,
-                        OrderIndices, SamplerOrder, _root, agreed_seed, check_order_args, generic_state,
-                        load_generic_state, slot_batch_size)
+from ._sampling import (
+    Counted,
+    EpochInput,
+    EpochRandomSampler,
+    EpochSequentialSampler,
+    GenericPlan,
+    IndexReplay,
+    OrderIndices,
+    SamplerOrder,
+    _root,
+    agreed_seed,
+    check_order_args,
+    generic_state,
+    load_generic_state,
+    slot_batch_size,
+)
 from ._sequences import PackSequences
 from ._tvfolder import folder_dataset, kind_of as folder_kind
 from ._workers import WorkerIterator, fallback_reason
@@ -123,19 +145,46 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         value = self.__dict__[name] = make()
         return value
 
-    def __init__(self, dataset, batch_size=1, shuffle=None, sampler=None, batch_sampler=None, num_workers=0,
-                 collate_fn=None, pin_memory=False, drop_last=False, timeout=0, worker_init_fn=None,
-                 multiprocessing_context=None, generator=None, *, prefetch_factor=None, persistent_workers=False,
-                 pin_memory_device="", in_order=True, device=None, seed=None, order=None, rank=None,
-                 world_size=None, window=8, on_error="raise", decoder="native", memory_format=torch.channels_last,
-                 split=None):
+    def __init__(
+        self,
+        dataset,
+        batch_size=1,
+        shuffle=None,
+        sampler=None,
+        batch_sampler=None,
+        num_workers=0,
+        collate_fn=None,
+        pin_memory=False,
+        drop_last=False,
+        timeout=0,
+        worker_init_fn=None,
+        multiprocessing_context=None,
+        generator=None,
+        *,
+        prefetch_factor=None,
+        persistent_workers=False,
+        pin_memory_device="",
+        in_order=True,
+        device=None,
+        seed=None,
+        order=None,
+        rank=None,
+        world_size=None,
+        window=8,
+        on_error="raise",
+        decoder="native",
+        memory_format=torch.channels_last,
+        split=None,
+    ):
         auto = isinstance(num_workers, str) and num_workers == "auto"
         if auto:
             num_workers = os.cpu_count() or 1  # replaced by the measured choice on the fast path
         if prefetch_factor == 0 and isinstance(num_workers, int) and num_workers > 0:
-            raise ValueError(f"prefetch_factor=0 with num_workers={num_workers}: no batch would ever be asked for "
-                             f"(torch refuses it too); prefetch_factor is the batches each worker keeps ready "
-                             f"and should be >= 1, or None for the default 2")
+            raise ValueError(
+                f"prefetch_factor=0 with num_workers={num_workers}: no batch would ever be asked for "
+                f"(torch refuses it too); prefetch_factor is the batches each worker keeps ready "
+                f"and should be >= 1, or None for the default 2"
+            )
         self._deciding = True  # torch's __init__ checks num_workers; fastload does once it knows its path
         self._user_sampler = sampler is not None or batch_sampler is not None
         check_order_args(sampler, batch_sampler, order, shuffle, rank, world_size)
@@ -143,11 +192,25 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         if not self._user_sampler and not isinstance(dataset, IterableDataset):
             # torch's default samplers, plus set_epoch: how Lightning's epoch reaches the loader (EpochInput)
             given = EpochRandomSampler(dataset, generator=generator) if shuffle else EpochSequentialSampler(dataset)
-        super().__init__(dataset, batch_size, None if given is not sampler else shuffle, given, batch_sampler,
-                         num_workers, collate_fn, pin_memory,
-                         drop_last, timeout, worker_init_fn, multiprocessing_context, generator,
-                         prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
-                         pin_memory_device=pin_memory_device, in_order=in_order)
+        super().__init__(
+            dataset,
+            batch_size,
+            None if given is not sampler else shuffle,
+            given,
+            batch_sampler,
+            num_workers,
+            collate_fn,
+            pin_memory,
+            drop_last,
+            timeout,
+            worker_init_fn,
+            multiprocessing_context,
+            generator,
+            prefetch_factor=prefetch_factor,
+            persistent_workers=persistent_workers,
+            pin_memory_device=pin_memory_device,
+            in_order=in_order,
+        )
         self.device = check_device(device) if device is not None else None  # indexed at the first iteration
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error={on_error!r} should be 'raise' or 'skip'")
@@ -183,13 +246,17 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             # the generic path would not mix: refused, not skipped (a fastload dataset's attribute only: any object
             # answers getattr under unittest.mock.Mock, as Lightning's own tests use for a dataset)
             if isinstance(dataset, PackedDataset) and dataset.batch_mix is not None:
-                raise ValueError(f"the dataset's batch_transforms ({dataset.batch_mix.transform!r}) run on fastload's "
-                                 f"fast path, which this loader cannot take: {e}") from None
+                raise ValueError(
+                    f"the dataset's batch_transforms ({dataset.batch_mix.transform!r}) run on fastload's "
+                    f"fast path, which this loader cannot take: {e}"
+                ) from None
             if decoder not in ("native", "auto"):
-                raise ValueError(f"decoder={decoder!r} needs fastload's fast path, which this loader cannot take: "
-                                 f"{e}") from None
-            self._order = self._generic_order(dataset, batch_size, shuffle, order, rank, world_size, drop_last,
-                                              window, split, generator)
+                raise ValueError(
+                    f"decoder={decoder!r} needs fastload's fast path, which this loader cannot take: {e}"
+                ) from None
+            self._order = self._generic_order(
+                dataset, batch_size, shuffle, order, rank, world_size, drop_last, window, split, generator
+            )
             if isinstance(dataset, PackedDataset) and dataset.decode:
                 batched = (batch_size is not None or batch_sampler is not None) and batch_decodable(dataset)
                 warn_refused(str(e), self._order, batched=batched)
@@ -209,18 +276,22 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             self._sampled = SamplerOrder(self.batch_sampler, self._slot_batch, len(dataset), self.seed, r)
             replicas = getattr(getattr(self.batch_sampler, "sampler", None), "num_replicas", 1)
             if getattr(dataset, "remote", False) and isinstance(replicas, int) and replicas > 1:
-                warnings.warn("fastload: a remote dataset driven by a distributed sampler: the sampler owns the "
-                              "order, so each rank downloads every shard its samples lie in (nearly all of them "
-                              "with a strided split). Without a sampler, fastload.DataLoader(rank=, world_size=) "
-                              "gives each rank whole shards of its own (split='shards', ~1/world of the data)",
-                              RuntimeWarning, stacklevel=2)
+                warnings.warn(
+                    "fastload: a remote dataset driven by a distributed sampler: the sampler owns the "
+                    "order, so each rank downloads every shard its samples lie in (nearly all of them "
+                    "with a strided split). Without a sampler, fastload.DataLoader(rank=, world_size=) "
+                    "gives each rank whole shards of its own (split='shards', ~1/world of the data)",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
         else:
             kind = order or ("random" if shuffle else "sequential")
             r, w = dist_info(rank, world_size)
             if seed is None and kind != "sequential":
                 self.seed = agreed_seed(self.seed, w)  # ranks must shuffle alike
-            self._order = order_for(dataset, batch_size, kind, self.seed, r, w, drop_last=drop_last, window=window,
-                                    split=split)
+            self._order = order_for(
+                dataset, batch_size, kind, self.seed, r, w, drop_last=drop_last, window=window, split=split
+            )
         if auto and self._order is not None:
             from ._autotune import autotune
 
@@ -229,8 +300,9 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         elif self.num_workers > 0:
             self.check_worker_number_rationality()
 
-    def _generic_order(self, dataset, batch_size, shuffle, order, rank, world_size, drop_last, window, split,
-                       generator) -> Order | None:
+    def _generic_order(
+        self, dataset, batch_size, shuffle, order, rank, world_size, drop_last, window, split, generator
+    ) -> Order | None:
         """fastload's Order for the generic path, or None where torch's samplers pick the indices, as in torch.
 
         The semantics are the fast path's (``fast/order.py``): each rank a disjoint, equal-length share, the same
@@ -240,15 +312,20 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         torch.distributed's). Asked for nothing, a plain Dataset is torch's, also under torch.distributed:
         every rank reads every sample, as torch's DataLoader does (Lightning and accelerate add their own
         DistributedSampler; accelerate's own tests fail when the loader splits by rank by itself)."""
-        asked = {k: v for k, v in dict(seed=self.seed, order=order, rank=rank, world_size=world_size,
-                                       split=split).items() if v is not None}
+        asked = {
+            k: v
+            for k, v in dict(seed=self.seed, order=order, rank=rank, world_size=world_size, split=split).items()
+            if v is not None
+        }
         named = ", ".join(f"{k}={v!r}" for k, v in asked.items())
         if self._dataset_kind == _DatasetKind.Iterable:
             if asked:
-                raise ValueError(f"{named} cannot apply to an IterableDataset ({type(dataset).__name__}): it yields "
-                                 f"its own samples in its own order, so fastload cannot shuffle or split them; do "
-                                 f"that in its __iter__ (torch.distributed.get_rank(), "
-                                 f"torch.utils.data.get_worker_info()), or use a map-style Dataset")
+                raise ValueError(
+                    f"{named} cannot apply to an IterableDataset ({type(dataset).__name__}): it yields "
+                    f"its own samples in its own order, so fastload cannot shuffle or split them; do "
+                    f"that in its __iter__ (torch.distributed.get_rank(), "
+                    f"torch.utils.data.get_worker_info()), or use a map-style Dataset"
+                )
             return None
         if self._user_sampler:
             return None  # the sampler owns the order (check_order_args refused what it cannot honour)
@@ -269,8 +346,17 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         size = batch_size or 1  # without automatic batching, batches of one sample
         if packed and not any(isinstance(t, PackSequences) for t in dataset.sequences.values()):
             return order_for(dataset, size, kind, self.seed, r, w, drop_last=drop_last, window=window, split=split)
-        return Order(n, size, kind=kind, seed=self.seed, rank=r, world_size=w, drop_last=drop_last, window=window,
-                     split=split or "samples")
+        return Order(
+            n,
+            size,
+            kind=kind,
+            seed=self.seed,
+            rank=r,
+            world_size=w,
+            drop_last=drop_last,
+            window=window,
+            split=split or "samples",
+        )
 
     def check_worker_number_rationality(self) -> None:
         """torch's advice fits worker processes; on the fast path ``num_workers`` counts native threads."""
@@ -283,10 +369,14 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         except AttributeError:
             cpus = os.cpu_count() or 1
         if self.num_workers > cpus:
-            warnings.warn(f"fastload: num_workers={self.num_workers} asks for {self.num_workers} native decode "
-                          f"threads (threads in this process, not worker processes) but this process may use "
-                          f"{cpus} CPUs; threads beyond that only add switching. num_workers='auto' measures "
-                          f"the best count for this dataset and machine.", UserWarning, stacklevel=3)
+            warnings.warn(
+                f"fastload: num_workers={self.num_workers} asks for {self.num_workers} native decode "
+                f"threads (threads in this process, not worker processes) but this process may use "
+                f"{cpus} CPUs; threads beyond that only add switching. num_workers='auto' measures "
+                f"the best count for this dataset and machine.",
+                UserWarning,
+                stacklevel=3,
+            )
 
     def _fast_path(self, dataset, batch_size, batch_sampler, collate_fn) -> int:
         """The number of samples a slot holds; raises NotFastPath with the reason when there is no fast path.
@@ -352,8 +442,11 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         if isinstance(driver, EpochInput) and driver.pending_epoch is not None:
             self._adopt_epoch(driver.pending_epoch)
             driver.pending_epoch = None
-        elif self._user_sampler and isinstance(getattr(driver, "epoch", None), int) \
-                and driver.epoch != self._sampler_epoch_seen:
+        elif (
+            self._user_sampler
+            and isinstance(getattr(driver, "epoch", None), int)
+            and driver.epoch != self._sampler_epoch_seen
+        ):
             self._sampler_epoch_seen = driver.epoch
             self._adopt_epoch(driver.epoch)
         epoch, start = self._next_epoch, self._resume_at
@@ -388,14 +481,17 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     def _load_state_dict(self, state: dict) -> None:
         if self._order is None and self._sampled is None:
             self._next_epoch, self._resume_at, self._plan.pending = load_generic_state(
-                self._torch_index_sampler(), self._num_samples(), state)
+                self._torch_index_sampler(), self._num_samples(), state
+            )
         elif self._sampled is not None:
             self._next_epoch, self._resume_at = self._sampled.load_state_dict(state)
             self.seed = self._sampled.seed
         else:
             if isinstance(state, dict) and state.get("driver") == "sampler":
-                raise ValueError("this state was saved by a loader whose sampler drove the order; this loader uses "
-                                 "fastload's own order (no sampler=): build it with the same kind of sampler")
+                raise ValueError(
+                    "this state was saved by a loader whose sampler drove the order; this loader uses "
+                    "fastload's own order (no sampler=): build it with the same kind of sampler"
+                )
             self._resume_at = self._order.load_state_dict(state)
             self._next_epoch = self._order.epoch
         self._progress = Progress(self._next_epoch, self._resume_at)
@@ -521,20 +617,38 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             self._ring = SlotRing(self._batcher.new_slot)
         self._batcher.images.fallback_timeout = self.timeout  # per-sample transform workers' answers (_images.py)
         ds = self._fast_dataset
-        image_keys = [] if self.memory_format == torch.channels_last else \
-            [(f.name if ds.as_dict else i) for i, f in enumerate(ds.schema) if f.kind == "image"]
+        image_keys = (
+            []
+            if self.memory_format == torch.channels_last
+            else [(f.name if ds.as_dict else i) for i, f in enumerate(ds.schema) if f.kind == "image"]
+        )
         device = None
         if self._on_device():  # the host chain runs ahead; ToDtype/Normalize run on the device
-            keys = {(f.name if ds.as_dict else i): ds.pipelines[f.name].batch_tensor
-                    for i, f in enumerate(ds.schema) if f.name in ds.pipelines}
+            keys = {
+                (f.name if ds.as_dict else i): ds.pipelines[f.name].batch_tensor
+                for i, f in enumerate(ds.schema)
+                if f.name in ds.pipelines
+            }
             device = (self._device_slots(), keys)
-        it = fast_iterator(plan=self._order if self._order is not None else self._sampled, epoch=epoch,
-                             start=start, batcher=self._batcher, slots=self._ring, progress=progress,
-                             policy=self._fill_policy, stats=self._stats, length=len(self),
-                             num_workers=self.num_workers, depth=self.prefetch_factor or 2, timeout=self.timeout,
-                             persistent=self.persistent_workers,
-                             reading=ds.read_plan if getattr(ds, "remote", False) else None,  # its read plan
-                             image_keys=image_keys, device=device, guard=self._guard)
+        it = fast_iterator(
+            plan=self._order if self._order is not None else self._sampled,
+            epoch=epoch,
+            start=start,
+            batcher=self._batcher,
+            slots=self._ring,
+            progress=progress,
+            policy=self._fill_policy,
+            stats=self._stats,
+            length=len(self),
+            num_workers=self.num_workers,
+            depth=self.prefetch_factor or 2,
+            timeout=self.timeout,
+            persistent=self.persistent_workers,
+            reading=ds.read_plan if getattr(ds, "remote", False) else None,  # its read plan
+            image_keys=image_keys,
+            device=device,
+            guard=self._guard,
+        )
         self._live = weakref.ref(it)
         return it
 
@@ -568,11 +682,15 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         ``decoder="auto"`` pairing a GPU decoder, ``hybrid``: the CPU threads' share of each batch and the two
         halves' measured rates (samples/s; the GPU's from device timing events)."""
         return self._stats.as_dict() | {
-            "slots": len(self._ring or ()), "slot_bytes": self._ring.nbytes if self._ring else 0,
-            "skipped": self._batcher.skipped if self._batcher else 0, "fast_path": self.fast_path,
-            "fast_path_reason": self.fast_path_reason, "num_workers": self.num_workers,
+            "slots": len(self._ring or ()),
+            "slot_bytes": self._ring.nbytes if self._ring else 0,
+            "skipped": self._batcher.skipped if self._batcher else 0,
+            "fast_path": self.fast_path,
+            "fast_path_reason": self.fast_path_reason,
+            "num_workers": self.num_workers,
             "remote": getattr(self._fast_dataset, "remote_stats", lambda: None)(),
-            "hybrid": self._batcher.images.split_stats() if self._batcher else None}
+            "hybrid": self._batcher.images.split_stats() if self._batcher else None,
+        }
 
     def stats_summary(self) -> str:
         """One line: throughput, the share of time the loop waited for data, whether it is input-bound."""

@@ -92,7 +92,6 @@ class Slot:
         """True while any tensor or array viewing this slot is alive outside it."""
         return any(use_count(t) != self.baseline[k] for k, t in self.tensors.items())
 
-
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors.values())
@@ -165,8 +164,9 @@ class SlotRing:
         self.pending: CopyHolds | None = None
         self.limit: int | None = None  # the bound a producer thread fills under (None: grow), ``fast/fill.py``
 
-    def acquire(self, skip: Iterable[int] = (), ready: Callable[[Slot], bool] | None = None,
-                bound: int | None = None) -> Slot | None:
+    def acquire(
+        self, skip: Iterable[int] = (), ready: Callable[[Slot], bool] | None = None, bound: int | None = None
+    ) -> Slot | None:
         if self.pid != os.getpid():
             self.slots, self.pid = [], os.getpid()  # the parent's memory may be shared with it: never reuse
         for slot in self.slots:
@@ -237,10 +237,13 @@ def pinned_memory_usable() -> bool:
         return False
     forked = _pinned_by is not None and _pinned_by != os.getpid()
     if forked or PINNED.parent_initialised():
-        warn_once("fork", f"fastload: process {os.getpid()} was forked after its parent initialised CUDA (or "
-                          f"pinned memory); pinned memory is shared with the parent after fork, so this process "
-                          f"uses unpinned batch slots (host-to-device copies are not asynchronous here). Use "
-                          f"the 'spawn' or 'forkserver' start method to keep pinned slots.")
+        warn_once(
+            "fork",
+            f"fastload: process {os.getpid()} was forked after its parent initialised CUDA (or "
+            f"pinned memory); pinned memory is shared with the parent after fork, so this process "
+            f"uses unpinned batch slots (host-to-device copies are not asynchronous here). Use "
+            f"the 'spawn' or 'forkserver' start method to keep pinned slots.",
+        )
         return False
     return True
 
@@ -254,8 +257,11 @@ def host_empty(shape: tuple, dtype: torch.dtype, pin: bool) -> torch.Tensor:
             _pinned_by = os.getpid()
             return t
         except RuntimeError as e:
-            warn_once("pin", f"fastload: could not pin a {tuple(shape)} {dtype} batch slot ({e}); using "
-                             f"unpinned memory, so host-to-device copies are not asynchronous")
+            warn_once(
+                "pin",
+                f"fastload: could not pin a {tuple(shape)} {dtype} batch slot ({e}); using "
+                f"unpinned memory, so host-to-device copies are not asynchronous",
+            )
     return torch.empty(shape, dtype=dtype)
 
 
@@ -346,9 +352,12 @@ def draw_stream(make: Callable[[], Any]) -> Any:
             if stream not in avoid:
                 break
         else:
-            warn_once("stream-pool", f"fastload: every one of the {POOL_SIZE} CUDA streams torch's pool hands out "
-                                     f"(torch.cuda.Stream()) is used by fastload or a training loop; a new loader's "
-                                     f"stream shares one with them, which serialises their work")
+            warn_once(
+                "stream-pool",
+                f"fastload: every one of the {POOL_SIZE} CUDA streams torch's pool hands out "
+                f"(torch.cuda.Stream()) is used by fastload or a training loop; a new loader's "
+                f"stream shares one with them, which serialises their work",
+            )
         _held[stream] += 1
     return stream
 

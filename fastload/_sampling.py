@@ -116,39 +116,55 @@ def _replay(sampler: Any, saved: torch.Tensor, draw):
 
 def _sampler_config(index_sampler: Any, num_samples: int | None) -> dict:
     s = _root(index_sampler)
-    cfg: dict = {"sampler": getattr(s, "state_name", type(s).__name__), "batch_sampler": type(index_sampler).__name__,
-                 "num_samples": num_samples, "batch_size": getattr(index_sampler, "batch_size", None),
-                 "drop_last": bool(getattr(index_sampler, "drop_last", False))}
+    cfg: dict = {
+        "sampler": getattr(s, "state_name", type(s).__name__),
+        "batch_sampler": type(index_sampler).__name__,
+        "num_samples": num_samples,
+        "batch_size": getattr(index_sampler, "batch_size", None),
+        "drop_last": bool(getattr(index_sampler, "drop_last", False)),
+    }
     try:
         cfg["num_batches"] = len(index_sampler)
     except TypeError:  # an IterableDataset's sampler has no length
         cfg["num_batches"] = None
     if isinstance(s, DistributedSampler):
-        cfg.update(num_replicas=s.num_replicas, shuffle=bool(s.shuffle), sampler_seed=int(s.seed),
-                   sampler_drop_last=bool(s.drop_last))
+        cfg.update(
+            num_replicas=s.num_replicas,
+            shuffle=bool(s.shuffle),
+            sampler_seed=int(s.seed),
+            sampler_drop_last=bool(s.drop_last),
+        )
     return cfg
 
 
 def _check_state(state: Any, driver: str, mine: dict, done_ok: bool, position: str) -> tuple[int, int]:
     if not isinstance(state, dict) or state.get("driver") != driver or state.get("version") != STATE_VERSION:
         what = state.get("driver", "fastload's own order") if isinstance(state, dict) else type(state).__name__
-        raise ValueError(f"not a state of this kind of fastload.DataLoader (got driver {what!r}, expected "
-                         f"{driver!r}); load the dict that state_dict() returned on a loader built the same way")
+        raise ValueError(
+            f"not a state of this kind of fastload.DataLoader (got driver {what!r}, expected "
+            f"{driver!r}); load the dict that state_dict() returned on a loader built the same way"
+        )
     diff = [f"{k}={state.get(k)!r} (this loader: {v!r})" for k, v in mine.items() if state.get(k) != v]
     if diff:
-        raise ValueError("cannot resume from a state saved with a different sampler or batching: " + ", ".join(diff)
-                         + "; build the loader and its sampler with the saved settings (rank may differ)")
+        raise ValueError(
+            "cannot resume from a state saved with a different sampler or batching: "
+            + ", ".join(diff)
+            + "; build the loader and its sampler with the saved settings (rank may differ)"
+        )
     epoch, done = int(state["epoch"]), int(state["batches_done"])
     if done and not done_ok:
-        raise ValueError(f"cannot resume mid-epoch (batch {done} of {mine['num_batches']}): {position} cannot be "
-                         f"replayed, so the batches after the checkpoint are unknown; resume from an end-of-epoch "
-                         f"checkpoint, or use DistributedSampler, RandomSampler or SequentialSampler (alone or in "
-                         f"torch's BatchSampler), or no sampler")
+        raise ValueError(
+            f"cannot resume mid-epoch (batch {done} of {mine['num_batches']}): {position} cannot be "
+            f"replayed, so the batches after the checkpoint are unknown; resume from an end-of-epoch "
+            f"checkpoint, or use DistributedSampler, RandomSampler or SequentialSampler (alone or in "
+            f"torch's BatchSampler), or no sampler"
+        )
     return epoch, done
 
 
-def check_order_args(sampler: Any, batch_sampler: Any, order: str | None, shuffle: bool | None, rank: int | None,
-                     world_size: int | None) -> None:
+def check_order_args(
+    sampler: Any, batch_sampler: Any, order: str | None, shuffle: bool | None, rank: int | None, world_size: int | None
+) -> None:
     """Refuse, by name, what fastload's order arguments ask for that a user's sampler would silently override."""
     if order is not None and order not in KINDS:
         raise ValueError(f"order={order!r} should be one of {', '.join(map(repr, KINDS))} (or None: from shuffle)")
@@ -159,18 +175,22 @@ def check_order_args(sampler: Any, batch_sampler: Any, order: str | None, shuffl
         return
     what = f"{'sampler' if sampler is not None else 'batch_sampler'}={type(given).__name__}"
     if order is not None:
-        raise ValueError(f"order={order!r} cannot apply with {what}: the sampler picks every index and their order. "
-                         f"Drop order=, or drop the sampler (fastload then orders and splits the samples itself; "
-                         f"under Lightning, Trainer(use_distributed_sampler=False) keeps it from injecting one)")
+        raise ValueError(
+            f"order={order!r} cannot apply with {what}: the sampler picks every index and their order. "
+            f"Drop order=, or drop the sampler (fastload then orders and splits the samples itself; "
+            f"under Lightning, Trainer(use_distributed_sampler=False) keeps it from injecting one)"
+        )
     if rank is None and world_size is None:
         return
     s = _root(given) if sampler is None else given
     if isinstance(s, DistributedSampler) and rank in (None, s.rank) and world_size in (None, s.num_replicas):
         return  # the sampler already splits the data as asked
     named = ", ".join(f"{k}={v}" for k, v in (("rank", rank), ("world_size", world_size)) if v is not None)
-    raise ValueError(f"{named} cannot apply with {what}: the sampler picks every index, so fastload cannot split them "
-                     f"by rank. Use DistributedSampler(dataset, num_replicas=world_size, rank=rank), or drop the "
-                     f"sampler (fastload then splits the samples itself)")
+    raise ValueError(
+        f"{named} cannot apply with {what}: the sampler picks every index, so fastload cannot split them "
+        f"by rank. Use DistributedSampler(dataset, num_replicas=world_size, rank=rank), or drop the "
+        f"sampler (fastload then splits the samples itself)"
+    )
 
 
 def agreed_seed(seed: int, world_size: int) -> int:
@@ -185,8 +205,10 @@ def agreed_seed(seed: int, world_size: int) -> int:
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
-        raise ValueError(f"world_size={world_size} with shuffling and no seed=: each process would draw its own "
-                         f"permutation and the ranks' shares would overlap; pass the same seed= on every rank")
+        raise ValueError(
+            f"world_size={world_size} with shuffling and no seed=: each process would draw its own "
+            f"permutation and the ranks' shares would overlap; pass the same seed= on every rank"
+        )
     return 0
 
 
@@ -236,7 +258,7 @@ class SamplerOrder:
             idx = np.fromiter((operator.index(i) for i in bs.sampler), dtype=np.int64)
             b = bs.batch_size
             stop = len(idx) - len(idx) % b if bs.drop_last else len(idx)
-            batches = [idx[i:i + b] for i in range(0, stop, b)]
+            batches = [idx[i : i + b] for i in range(0, stop, b)]
         else:
             batches = [np.fromiter((operator.index(i) for i in batch), dtype=np.int64) for batch in bs]
             if batches:
@@ -245,13 +267,17 @@ class SamplerOrder:
                 idx = np.zeros(0, np.int64)
         if idx.size and (idx.min() < 0 or idx.max() >= self.num_samples):
             bad = int(idx[(idx < 0) | (idx >= self.num_samples)][0])
-            raise IndexError(f"the sampler gave index {bad}, out of range for a dataset of {self.num_samples} "
-                             f"samples; a sampler must yield indices 0 .. {self.num_samples - 1}")
+            raise IndexError(
+                f"the sampler gave index {bad}, out of range for a dataset of {self.num_samples} "
+                f"samples; a sampler must yield indices 0 .. {self.num_samples - 1}"
+            )
         for batch in batches:
             if len(batch) > self.batch_size:
-                raise ValueError(f"the batch_sampler gave a batch of {len(batch)} indices, but its batch_size is "
-                                 f"{self.batch_size}: fastload's slots hold batch_size samples; give batches of at "
-                                 f"most batch_size indices")
+                raise ValueError(
+                    f"the batch_sampler gave a batch of {len(batch)} indices, but its batch_size is "
+                    f"{self.batch_size}: fastload's slots hold batch_size samples; give batches of at "
+                    f"most batch_size indices"
+                )
         return batches
 
     def batch_rng(self, epoch: int, batch_index: int) -> np.random.Generator:
@@ -264,8 +290,15 @@ class SamplerOrder:
 
     def state_dict(self, epoch: int, batches_done: int) -> dict:
         """The position after ``batches_done`` batches of ``epoch`` (rank-free: load it on every rank)."""
-        state = {"version": STATE_VERSION, "driver": "sampler", "epoch": epoch, "batches_done": batches_done,
-                 "seed": self.seed, "replayable": self.replayable, **self._config()}
+        state = {
+            "version": STATE_VERSION,
+            "driver": "sampler",
+            "epoch": epoch,
+            "batches_done": batches_done,
+            "seed": self.seed,
+            "replayable": self.replayable,
+            **self._config(),
+        }
         s = self.sampler
         if isinstance(s, DistributedSampler):
             state["sampler_epoch"] = int(s.epoch)
@@ -276,8 +309,13 @@ class SamplerOrder:
     def load_state_dict(self, state: dict) -> tuple[int, int]:
         """Check ``state`` against this sampler; returns (epoch, batches to skip) of the next iteration."""
         mine = self._config()
-        epoch, done = _check_state(state, "sampler", mine, self.replayable,
-                                   f"the loader's sampler {mine['sampler']} in {mine['batch_sampler']}")
+        epoch, done = _check_state(
+            state,
+            "sampler",
+            mine,
+            self.replayable,
+            f"the loader's sampler {mine['sampler']} in {mine['batch_sampler']}",
+        )
         self.seed = int(state["seed"])
         s = self.sampler
         if isinstance(s, DistributedSampler):
@@ -286,8 +324,9 @@ class SamplerOrder:
         if type(s) in RANDOM and done:
             rng = state.get("rng_state")
             if not isinstance(rng, torch.Tensor):
-                raise ValueError("the state has no 'rng_state' for its RandomSampler; pass the dict state_dict() "
-                                 "returned, unchanged")
+                raise ValueError(
+                    "the state has no 'rng_state' for its RandomSampler; pass the dict state_dict() returned, unchanged"
+                )
             self._replay = rng
         return epoch, done
 
@@ -364,13 +403,18 @@ class OrderIndices:
                 yield from batch.tolist()
 
 
-def generic_state(index_sampler: Any, num_samples: int | None, epoch: int, done: int,
-                  rng: torch.Tensor | None) -> dict:
+def generic_state(index_sampler: Any, num_samples: int | None, epoch: int, done: int, rng: torch.Tensor | None) -> dict:
     """The generic path's position (``state_dict``): rank-free, like the fast path's."""
     s = _root(index_sampler)
     replayable = (index_sampler is s or type(index_sampler) is BatchSampler) and type(s) in REPLAYABLE
-    state = {"version": STATE_VERSION, "driver": "generic", "epoch": epoch, "batches_done": done,
-             "replayable": replayable, **_sampler_config(index_sampler, num_samples)}
+    state = {
+        "version": STATE_VERSION,
+        "driver": "generic",
+        "epoch": epoch,
+        "batches_done": done,
+        "replayable": replayable,
+        **_sampler_config(index_sampler, num_samples),
+    }
     if isinstance(s, DistributedSampler):
         state["sampler_epoch"] = int(s.epoch)
     if type(s) in RANDOM and done and rng is not None:
@@ -390,8 +434,9 @@ def load_generic_state(index_sampler: Any, num_samples: int | None, state: dict)
         return epoch, 0, None
     rng = state.get("rng_state")
     if type(s) in RANDOM and not isinstance(rng, torch.Tensor):
-        raise ValueError("the state has no 'rng_state' for its RandomSampler; pass the dict state_dict() returned, "
-                         "unchanged")
+        raise ValueError(
+            "the state has no 'rng_state' for its RandomSampler; pass the dict state_dict() returned, unchanged"
+        )
     return epoch, done, (done, rng)
 
 

@@ -164,6 +164,7 @@ class Schema:
 
 # -- inference ----------------------------------------------------------------------------------
 
+
 def infer_kind(value: Any) -> tuple[str, str | None, tuple | None]:
     """Return (kind, dtype, shape) for one value, or raise SchemaError naming the type."""
     if is_pil_image(value):

@@ -57,8 +57,9 @@ class _Sequence:
         bad = np.flatnonzero(lengths > self.max_length)
         if bad.size:
             k = int(bad[0])
-            raise ValueError(f"{describe(k)}: length {int(lengths[k])} exceeds {self!r}; "
-                             f"{self._way_out(int(lengths[k]))}")
+            raise ValueError(
+                f"{describe(k)}: length {int(lengths[k])} exceeds {self!r}; {self._way_out(int(lengths[k]))}"
+            )
 
     def check_all(self, lengths: np.ndarray, field: str) -> None:
         """Every sample's length (first dimension) of ``field`` at once, before any batch is read: a sample
@@ -70,10 +71,12 @@ class _Sequence:
         if bad.size:
             longest = int(np.argmax(lengths))
             examples = ", ".join(str(int(k)) for k in bad[:3])
-            raise ValueError(f"field '{field}': {bad.size} of {len(lengths)} samples are longer than {self!r} "
-                             f"allows ({self.max_length}): the longest is sample {longest}, of length "
-                             f"{int(lengths[longest])}; too long are e.g. samples {examples}. "
-                             f"P{self._way_out(int(lengths[longest]))[1:]}")
+            raise ValueError(
+                f"field '{field}': {bad.size} of {len(lengths)} samples are longer than {self!r} "
+                f"allows ({self.max_length}): the longest is sample {longest}, of length "
+                f"{int(lengths[longest])}; too long are e.g. samples {examples}. "
+                f"P{self._way_out(int(lengths[longest]))[1:]}"
+            )
 
     def _way_out(self, longest: int | None = None) -> str:
         """What to do about too long samples: truncate, or make room (for ``longest`` when it is known)."""
@@ -88,8 +91,10 @@ class _Sequence:
 
     def field_check(self, field: Field) -> None:
         if field.kind != "ndarray" or field.fixed_size or field.shape[0] is not None or None in field.shape[1:]:
-            raise ValueError(f"{type(self).__name__} applies to ndarray fields whose first dimension alone "
-                             f"varies (shape (None, ...)); field '{field.name}' is {field!r}")
+            raise ValueError(
+                f"{type(self).__name__} applies to ndarray fields whose first dimension alone "
+                f"varies (shape (None, ...)); field '{field.name}' is {field!r}"
+            )
 
 
 class Pad(_Sequence):
@@ -122,8 +127,13 @@ class Bucket(_Sequence):
     """Pad each sample to the smallest of ``boundaries`` that holds it; batches stay within a bucket."""
 
     def __init__(self, boundaries, value: float = 0, truncate: bool = False):
-        b = boundaries.tolist() if isinstance(boundaries, np.ndarray) else \
-            list(boundaries) if isinstance(boundaries, (list, tuple, range)) else None
+        b = (
+            boundaries.tolist()
+            if isinstance(boundaries, np.ndarray)
+            else list(boundaries)
+            if isinstance(boundaries, (list, tuple, range))
+            else None
+        )
         if not b or any(not isinstance(x, int) or isinstance(x, bool) or x < 1 for x in b) or b != sorted(set(b)):
             raise ValueError(f"boundaries={boundaries!r} should be increasing positive ints, e.g. [64, 128, 256]")
         self.boundaries = tuple(b)
@@ -178,8 +188,7 @@ class PackSequences(_Sequence):
         self.row_length = row_length
         self._check_common(value, False)
         if not isinstance(drop_fields, (list, tuple)) or not all(isinstance(n, str) for n in drop_fields):
-            raise TypeError(f"drop_fields={drop_fields!r} should be a list of field names, e.g. "
-                            f"drop_fields=['label']")
+            raise TypeError(f"drop_fields={drop_fields!r} should be a list of field names, e.g. drop_fields=['label']")
         self.drop_fields = tuple(drop_fields)
 
     @property
@@ -191,16 +200,20 @@ class PackSequences(_Sequence):
 
     def field_check(self, field: Field) -> None:
         if field.kind != "ndarray" or len(field.shape) != 1 or field.shape[0] is not None:
-            raise ValueError(f"PackSequences applies to 1-d ndarray fields of variable length (shape (None,)); "
-                             f"field '{field.name}' is {field!r}")
+            raise ValueError(
+                f"PackSequences applies to 1-d ndarray fields of variable length (shape (None,)); "
+                f"field '{field.name}' is {field!r}"
+            )
 
     def schema_check(self, name: str, schema: Schema) -> None:
         """Every field besides the packed one ``name`` must be named in ``drop_fields``, and only those."""
         others = [f.name for f in schema if f.name != name]
         unknown = [n for n in self.drop_fields if n not in others]
         if unknown:
-            raise ValueError(f"{self!r} on field '{name}': drop_fields names {unknown}, which are not other fields "
-                             f"of this dataset; its other fields are {others}")
+            raise ValueError(
+                f"{self!r} on field '{name}': drop_fields names {unknown}, which are not other fields "
+                f"of this dataset; its other fields are {others}"
+            )
         kept = [n for n in others if n not in self.drop_fields]
         if kept:
             raise ValueError(
@@ -208,7 +221,8 @@ class PackSequences(_Sequence):
                 f"packed batch cannot carry (it holds '{name}' rows, 'cu_seqlens' and 'sample_ids'; "
                 f"ds[sample_ids[k]] gives segment k's sample with all its fields). Pass "
                 f"T.PackSequences({self.row_length}, drop_fields={list(self.drop_fields) + kept}) to leave them "
-                f"out of the batches")
+                f"out of the batches"
+            )
 
     def __repr__(self) -> str:
         drop = f", drop_fields={list(self.drop_fields)}" if self.drop_fields else ""
@@ -222,11 +236,11 @@ class PackJob:
     __slots__ = ("samples", "starts", "lengths", "dst", "real")
 
     def __init__(self, samples, starts, lengths, dst, real):
-        self.samples = samples    # int64 dataset index of each piece
-        self.starts = starts      # int64 first token of the piece within its sample
-        self.lengths = lengths    # int64 tokens in the piece
-        self.dst = dst            # int64 position of the piece in the flattened batch
-        self.real = real          # tokens of real data in the batch (the rest is padding)
+        self.samples = samples  # int64 dataset index of each piece
+        self.starts = starts  # int64 first token of the piece within its sample
+        self.lengths = lengths  # int64 tokens in the piece
+        self.dst = dst  # int64 position of the piece in the flattened batch
+        self.real = real  # tokens of real data in the batch (the rest is padding)
 
     def __len__(self) -> int:
         return len(self.samples)

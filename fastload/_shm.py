@@ -135,7 +135,7 @@ class Arena:
         self.bump = off + n
         if self.bump <= self.cap:
             self.fit = self.bump
-            return self.base[off:self.bump].view(dtype).view(shape)
+            return self.base[off : self.bump].view(dtype).view(shape)
         t = torch.empty(shape, dtype=dtype)
         self.pending.append((off, t))
         self.pending_at[t.untyped_storage().data_ptr()] = off
@@ -143,8 +143,14 @@ class Arena:
 
     def collate_tensor(self, batch, *, collate_fn_map=None):
         elem = batch[0]
-        if (type(elem) is not torch.Tensor or elem.layout != torch.strided or elem.device.type != "cpu"
-                or elem.is_nested or elem.is_quantized or elem.requires_grad):
+        if (
+            type(elem) is not torch.Tensor
+            or elem.layout != torch.strided
+            or elem.device.type != "cpu"
+            or elem.is_nested
+            or elem.is_quantized
+            or elem.requires_grad
+        ):
             return _collate.collate_tensor_fn(batch, collate_fn_map=collate_fn_map)
         return torch.stack(batch, 0, out=self.alloc(elem.dtype, (len(batch), *elem.shape)))
 
@@ -155,7 +161,7 @@ class Arena:
             return _collate.collate(batch, collate_fn_map=self.fn_map)
         except Exception:  # retry with torch's own rules: its result, or its error
             self.bump, self.fit = mark[0], mark[1]
-            del self.pending[mark[2]:]
+            del self.pending[mark[2] :]
             self.pending_at = {t.untyped_storage().data_ptr(): o for o, t in self.pending}
             return _collate.default_collate(batch)
 
@@ -167,8 +173,7 @@ class Arena:
 
     def pid(self, t: torch.Tensor):
         """The persistent id of a tensor placed in the slot, or None to pickle it as usual."""
-        if (t.device.type != "cpu" or t.layout != torch.strided or t.requires_grad or t.is_quantized
-                or t.is_nested):
+        if t.device.type != "cpu" or t.layout != torch.strided or t.requires_grad or t.is_quantized or t.is_nested:
             return None
         got = self.pids.get(id(t))
         if got is not None:
@@ -202,10 +207,10 @@ class Arena:
             new = self._create(cap)
             dst = self.slots[new][1]
             if self.fit:
-                dst[:self.fit].copy_(self.base[:self.fit])
+                dst[: self.fit].copy_(self.base[: self.fit])
             for off, t in self.pending:
                 flat = t.reshape(-1).view(torch.uint8)
-                dst[off:off + flat.numel()].copy_(flat)
+                dst[off : off + flat.numel()].copy_(flat)
             if sid is not None:
                 self._retire(sid)
             sid = new

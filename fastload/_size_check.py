@@ -29,15 +29,18 @@ class Refusal:
         """One step's refusals over the chunks of a dataset of ``total`` samples, as one sentence."""
         first = group[0]
         count = sum(len(r.samples) for r in group)
-        named = [(int(i), d) for r in group for i, d in zip(r.samples, r.details)][:Refusal.SHOWN]
+        named = [(int(i), d) for r in group for i, d in zip(r.samples, r.details)][: Refusal.SHOWN]
         more = f" and {count - len(named)} more" if count > len(named) else ""
         which = "; ".join(f"sample {i}: {d}" for i, d in named)
-        return (f"{first.step!r} needs {first.need}; {count} of the dataset's {total} samples "
-                f"{'does' if count == 1 else 'do'} not meet that ({which}{more}); {first.fix}")
+        return (
+            f"{first.step!r} needs {first.need}; {count} of the dataset's {total} samples "
+            f"{'does' if count == 1 else 'do'} not meet that ({which}{more}); {first.fix}"
+        )
 
 
-def check(pipe: Any, heights: np.ndarray, widths: np.ndarray, state_type: Any, apply: Any,
-          chunk: int = 8192) -> str | None:
+def check(
+    pipe: Any, heights: np.ndarray, widths: np.ndarray, state_type: Any, apply: Any, chunk: int = 8192
+) -> str | None:
     """``pipe.check_sizes``: the refusals of every step over the whole dataset, one sentence per step in pipeline
     order, or None. ``state_type``: ``transforms._State``, ``apply(t, state, rng)``: a crop-plan step's planning
     (both passed in: ``transforms.py`` owns them, and imports this module). Empty images are left to the
@@ -47,11 +50,11 @@ def check(pipe: Any, heights: np.ndarray, widths: np.ndarray, state_type: Any, a
     groups: dict[tuple[int, str], list[Refusal]] = {}
     rng = np.random.default_rng(0)
     for lo in range(0, len(rows), chunk):
-        part = rows[lo:lo + chunk]
+        part = rows[lo : lo + chunk]
         state = state_type(h[part], w[part], checking=True)
         state.index = part
         for k, t in enumerate(pipe.transforms):
-            state.rest = pipe.transforms[k + 1:]
+            state.rest = pipe.transforms[k + 1 :]
             apply(t, state, rng)
             _collect(state, k, groups)
             if not state.h.size:
@@ -64,8 +67,15 @@ def check(pipe: Any, heights: np.ndarray, widths: np.ndarray, state_type: Any, a
                 if check_tile is None or not hw.size:
                     continue
                 bad, need, fix = check_tile(hw)
-                keep = state.refuse(t, bad, need, lambda i, hw=hw, state=state: f"{hw[i, 0]}x{hw[i, 1]} there (source "
-                                    f"{state.src_h[i]}x{state.src_w[i]})", fix)
+                keep = state.refuse(
+                    t,
+                    bad,
+                    need,
+                    lambda i, hw=hw, state=state: (
+                        f"{hw[i, 0]}x{hw[i, 1]} there (source {state.src_h[i]}x{state.src_w[i]})"
+                    ),
+                    fix,
+                )
                 _collect(state, k, groups)
                 if keep is not None:
                     hw = hw[keep]

@@ -20,10 +20,10 @@ class LoaderStats:
     def reset(self) -> None:
         self.batches = 0
         self.samples = 0
-        self.wait_s = 0.0      # consumer blocked in __next__ waiting for a batch
-        self.step_s = 0.0      # consumer time between batches (the training step)
-        self.fill_s = 0.0      # time filling the batches handed out (gather + decode + transform), any thread
-        self.queue_depth = 0   # sum of ready batches seen at each __next__ (mean = / batches)
+        self.wait_s = 0.0  # consumer blocked in __next__ waiting for a batch
+        self.step_s = 0.0  # consumer time between batches (the training step)
+        self.fill_s = 0.0  # time filling the batches handed out (gather + decode + transform), any thread
+        self.queue_depth = 0  # sum of ready batches seen at each __next__ (mean = / batches)
         self.skipped = 0
         self._last: float | None = None
 
@@ -62,9 +62,13 @@ class LoaderStats:
         d = self.as_dict()
         if not d["batches"]:
             return "fastload: no batches yet"
-        head = (f"fastload: {d['batches']} batches, {d['samples_per_s']:,.0f} samples/s; the loop waited "
-                f"{d['wait_s']:.2f} s of {d['wait_s'] + d['step_s']:.2f} s ({d['wait_fraction']:.0%})")
+        head = (
+            f"fastload: {d['batches']} batches, {d['samples_per_s']:,.0f} samples/s; the loop waited "
+            f"{d['wait_s']:.2f} s of {d['wait_s'] + d['step_s']:.2f} s ({d['wait_fraction']:.0%})"
+        )
         if d["wait_fraction"] > self.INPUT_BOUND:
-            return (head + ": INPUT-BOUND — the step starves for data (more num_workers, a lighter transform, "
-                           "or 'fastload bench' to find the bottleneck)")
+            return (
+                head + ": INPUT-BOUND — the step starves for data (more num_workers, a lighter transform, "
+                "or 'fastload bench' to find the bottleneck)"
+            )
         return head + ": not input-bound"

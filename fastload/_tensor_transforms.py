@@ -41,8 +41,10 @@ class ToDtype(TensorTransform):
 def _floats(name: str, values: Any) -> list[float]:
     """Normalize's ``mean``/``std`` as floats, or an error naming the argument and what it should be."""
     if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
-        raise TypeError(f"Normalize: {name}={values!r} should be a sequence of numbers, one per channel "
-                        f"(e.g. {name}=[0.485, 0.456, 0.406])")
+        raise TypeError(
+            f"Normalize: {name}={values!r} should be a sequence of numbers, one per channel "
+            f"(e.g. {name}=[0.485, 0.456, 0.406])"
+        )
     try:
         return [float(v) for v in values]
     except (TypeError, ValueError):
@@ -67,10 +69,17 @@ def _one_pass_on_cpu(x: torch.Tensor, out: torch.Tensor) -> bool:
     """Whether the native one-pass kernel can do ``out = x * a + b``: uint8 to float32 on the CPU, both
     channels_last (NHWC in memory, as the slots and their outputs are). It also keeps torch's intra-op
     threads, which spin after each op, off the cores the decode threads use."""
-    return (x.device.type == "cpu" and out.device.type == "cpu" and x.dtype == torch.uint8
-            and out.dtype == torch.float32 and x.dim() == 4 and x.shape == out.shape
-            and 1 <= x.shape[1] <= native().AFFINE_MAX_CHANNELS
-            and x.permute(0, 2, 3, 1).is_contiguous() and out.permute(0, 2, 3, 1).is_contiguous())
+    return (
+        x.device.type == "cpu"
+        and out.device.type == "cpu"
+        and x.dtype == torch.uint8
+        and out.dtype == torch.float32
+        and x.dim() == 4
+        and x.shape == out.shape
+        and 1 <= x.shape[1] <= native().AFFINE_MAX_CHANNELS
+        and x.permute(0, 2, 3, 1).is_contiguous()
+        and out.permute(0, 2, 3, 1).is_contiguous()
+    )
 
 
 def _fill(t: torch.Tensor, values: list[float]) -> torch.Tensor:
@@ -104,9 +113,11 @@ class TensorPipeline:
                     scale = 1.0 / 255.0
             elif isinstance(t, Normalize):
                 if self.dtype not in _FLOATS:
-                    raise ValueError("Normalize needs a float batch: put ToDtype(torch.float32 / float16 / "
-                                     "bfloat16, scale=True) before it (uint8 crosses PCIe, floats are made on "
-                                     "the device)")
+                    raise ValueError(
+                        "Normalize needs a float batch: put ToDtype(torch.float32 / float16 / "
+                        "bfloat16, scale=True) before it (uint8 crosses PCIe, floats are made on "
+                        "the device)"
+                    )
                 if mean is not None:
                     raise ValueError("only one Normalize per pipeline")
                 mean, std = t.mean, t.std
@@ -158,14 +169,18 @@ class TensorPipeline:
         key = (channels, device, _current_stream(device))
         if key not in self._consts:
             a, b = self.affine(channels)
-            self._consts[key] = tuple(_fill(torch.empty((1, channels, 1, 1), dtype=self.dtype, device=device), v)
-                                      for v in (a, b))
+            self._consts[key] = tuple(
+                _fill(torch.empty((1, channels, 1, 1), dtype=self.dtype, device=device), v) for v in (a, b)
+            )
         return self._consts[key]
 
     def output_like(self, x: torch.Tensor) -> torch.Tensor:
         """A buffer for the result of ``apply(x)``: x's shape and layout, the output dtype."""
-        fmt = torch.channels_last if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last) \
+        fmt = (
+            torch.channels_last
+            if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last)
             else torch.contiguous_format
+        )
         return torch.empty(x.shape, dtype=self.dtype, device=x.device, memory_format=fmt)
 
     def fuses_mix(self, x: torch.Tensor, out: torch.Tensor) -> bool:
@@ -173,8 +188,13 @@ class TensorPipeline:
         the CPU, channels_last); elsewhere the mix runs after the pipeline, on its result."""
         return bool(self.transforms) and _one_pass_on_cpu(x, out)
 
-    def apply(self, x: torch.Tensor, out: torch.Tensor | None = None, mix: Any = None,
-              consts: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    def apply(
+        self,
+        x: torch.Tensor,
+        out: torch.Tensor | None = None,
+        mix: Any = None,
+        consts: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
         """Run the pipeline on an NCHW batch ``x``, into ``out`` when given. ``mix``: a MixUp/CutMix plan
         (``_augment.mix.MixPlan``: ``kind``, ``lam``, ``box``) fused into the same native pass, each sample
         mixed with the original pixels of the one before it (torchvision's roll(1, 0)); only where
@@ -188,17 +208,27 @@ class TensorPipeline:
             consts = self._constants(x.shape[1], x.device)
         if mix is not None:
             if not self.fuses_mix(x, out):
-                raise ValueError(f"{mix.kind} fused into {self!r} needs a uint8 channels_last batch converted to "
-                                 f"float32 on the CPU, got {x.dtype} {tuple(x.shape)} on {x.device} into {out.dtype}")
-            scale, shift = ([c.flatten().tolist() for c in consts] if consts is not None
-                            else ([1.0] * x.shape[1], [0.0] * x.shape[1]))
-            native().mix_affine_u8_f32(x.permute(0, 2, 3, 1).numpy(), out.permute(0, 2, 3, 1).numpy(), scale, shift,
-                                       mix.kind, mix.lam, mix.box)
+                raise ValueError(
+                    f"{mix.kind} fused into {self!r} needs a uint8 channels_last batch converted to "
+                    f"float32 on the CPU, got {x.dtype} {tuple(x.shape)} on {x.device} into {out.dtype}"
+                )
+            scale, shift = (
+                [c.flatten().tolist() for c in consts]
+                if consts is not None
+                else ([1.0] * x.shape[1], [0.0] * x.shape[1])
+            )
+            native().mix_affine_u8_f32(
+                x.permute(0, 2, 3, 1).numpy(), out.permute(0, 2, 3, 1).numpy(), scale, shift, mix.kind, mix.lam, mix.box
+            )
             return out
         if consts is not None and _one_pass_on_cpu(x, out):
             a, b = consts
-            native().affine_u8_f32(x.permute(0, 2, 3, 1).numpy(), out.permute(0, 2, 3, 1).numpy(),
-                                   a.flatten().tolist(), b.flatten().tolist())
+            native().affine_u8_f32(
+                x.permute(0, 2, 3, 1).numpy(),
+                out.permute(0, 2, 3, 1).numpy(),
+                a.flatten().tolist(),
+                b.flatten().tolist(),
+            )
             return out
         out.copy_(x)  # the dtype conversion, layout kept
         if consts is not None:

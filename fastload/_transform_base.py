@@ -30,7 +30,6 @@ def _setup_size(size: Any, what: str) -> tuple[int, int]:
     return (s, s)
 
 
-
 class Transform:
     """Base of fastload's image transforms: a declaration, compared and described by its params."""
 

@@ -57,31 +57,37 @@ def _name(obj: Any) -> str:
 
 
 def _check_item_methods(dataset: Any, kind: str) -> None:
-    base = ("DatasetFolder" if kind == "torchvision" else "ImageDataset")
+    base = "DatasetFolder" if kind == "torchvision" else "ImageDataset"
     module = TV_MODULE if kind == "torchvision" else TIMM_MODULE
     for method in ("__getitem__", "__len__"):
         where = _defined_in(type(dataset), method)
         if where != (module, base):
-            raise NotFastPath(f"{type(dataset).__name__} overrides {method} ({where[1] if where else '?'}), which "
-                              f"the fast path cannot run")
+            raise NotFastPath(
+                f"{type(dataset).__name__} overrides {method} ({where[1] if where else '?'}), which "
+                f"the fast path cannot run"
+            )
     where = _defined_in(type(dataset), "__getitems__")  # torch's fetcher would call it for whole batches
     if where is not None:
-        raise NotFastPath(f"{type(dataset).__name__} defines __getitems__ ({where[1]}), which the fast path "
-                          f"cannot run")
+        raise NotFastPath(f"{type(dataset).__name__} defines __getitems__ ({where[1]}), which the fast path cannot run")
 
 
 def _torchvision_samples(dataset: Any) -> tuple[list, list]:
     """(samples, classes) of a torchvision DatasetFolder whose items the fast path can give as torchvision does."""
     loader = getattr(dataset, "loader", None)
-    if not (getattr(loader, "__module__", None) == TV_MODULE and
-            getattr(loader, "__name__", None) in ("default_loader", "pil_loader")):
-        raise NotFastPath(f"its loader ({_name(loader)}) is not torchvision's default_loader or pil_loader: the "
-                          f"fast path decodes the files itself")
+    if not (
+        getattr(loader, "__module__", None) == TV_MODULE
+        and getattr(loader, "__name__", None) in ("default_loader", "pil_loader")
+    ):
+        raise NotFastPath(
+            f"its loader ({_name(loader)}) is not torchvision's default_loader or pil_loader: the "
+            f"fast path decodes the files itself"
+        )
     tv = sys.modules.get("torchvision")
     backend = getattr(tv, "get_image_backend", lambda: "PIL")()
     if getattr(loader, "__name__", None) == "default_loader" and backend != "PIL":
-        raise NotFastPath(f"torchvision's image backend is {backend!r}: default_loader then gives its images, "
-                          f"not PIL's")
+        raise NotFastPath(
+            f"torchvision's image backend is {backend!r}: default_loader then gives its images, not PIL's"
+        )
     return list(dataset.samples), list(dataset.classes)
 
 
@@ -103,8 +109,10 @@ def _check_transforms(dataset: Any) -> Any:
     """The dataset's transform, when the fast path can run it with torchvision's meaning; else NotFastPath."""
     target_transform = getattr(dataset, "target_transform", None)
     if target_transform is not None:
-        raise NotFastPath(f"target_transform={_name(target_transform)} is Python run on each label; the fast path "
-                          f"gives the stored class indices")
+        raise NotFastPath(
+            f"target_transform={_name(target_transform)} is Python run on each label; the fast path "
+            f"gives the stored class indices"
+        )
     t = getattr(dataset, "transform", None)
     if t is None:
         raise NotFastPath("transform=None: torchvision then gives PIL images, which the fast path does not make")
@@ -115,10 +123,13 @@ def _check_transforms(dataset: Any) -> Any:
         members.append(m)
         if type(m).__name__ == "Compose" and isinstance(getattr(m, "transforms", None), (list, tuple)):
             stack.extend(m.transforms)
-    if not any(type(m).__name__ in TO_TENSOR and type(m).__module__.split(".")[0] in ("torchvision", "timm")
-               for m in members):
-        raise NotFastPath(f"its transform {t!r} has no ToTensor/PILToTensor/ToImage: torchvision then gives PIL "
-                          f"images, which the fast path does not make")
+    if not any(
+        type(m).__name__ in TO_TENSOR and type(m).__module__.split(".")[0] in ("torchvision", "timm") for m in members
+    ):
+        raise NotFastPath(
+            f"its transform {t!r} has no ToTensor/PILToTensor/ToImage: torchvision then gives PIL "
+            f"images, which the fast path does not make"
+        )
     return t
 
 
@@ -130,7 +141,7 @@ class _ListedFolder(ImageFolderSource):
     def __init__(self, root: Any, samples: list, classes: list, variant: str | None):
         self.root = Path(root)
         self.classes = [c if isinstance(c, str) else repr(c) for c in classes]  # names in the manifest's JSON
-        self.samples = samples                                                    # (ImageNet's: tuples of names)
+        self.samples = samples  # (ImageNet's: tuples of names)
         self.schema = Schema([Field.image("image"), Field.int("label")])
         self.metadata = {"source": "imagefolder", "classes": self.classes}
         self.cache_variant = variant
@@ -139,6 +150,7 @@ class _ListedFolder(ImageFolderSource):
 def _variant(root: Any, samples: list) -> str | None:
     """None when ``samples`` is the folder's own ImageFolder listing (then the cache entry is fastload.open's);
     else what tells this list's entries apart from the folder's and other lists': a hash of its paths and labels."""
+
     def same(listing: list) -> list:  # "./train/a.jpg" and "train/a.jpg" are one file
         return [(os.path.normpath(p), t) for p, t in listing]
 
@@ -195,5 +207,7 @@ def _check_pipeline(transform: Any) -> None:
     except (ValueError, TypeError) as e:
         raise NotFastPath(f"its transform cannot run natively: {e}") from None
     if pipe.fallback:
-        raise NotFastPath("its transform is not converted whole: " + "; ".join(
-            f"{u.name} ({u.reason or 'a callable fastload does not know'})" for u in pipe.fallback))
+        raise NotFastPath(
+            "its transform is not converted whole: "
+            + "; ".join(f"{u.name} ({u.reason or 'a callable fastload does not know'})" for u in pipe.fallback)
+        )

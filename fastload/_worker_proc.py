@@ -83,14 +83,18 @@ def death_message(wid: int, pid: int, code: int | None) -> str:
     if code is None:
         return f"DataLoader worker (pid(s) {pid}) exited unexpectedly (fastload worker {wid} closed its connection)"
     if code >= 0:
-        return (f"DataLoader worker (pid {pid}) exited unexpectedly with exit code {code}. Details are lost due to "
-                f"multiprocessing. Rerunning with num_workers=0 may give better error trace. (fastload worker {wid})")
+        return (
+            f"DataLoader worker (pid {pid}) exited unexpectedly with exit code {code}. Details are lost due to "
+            f"multiprocessing. Rerunning with num_workers=0 may give better error trace. (fastload worker {wid})"
+        )
     sig = -code
     name = signal.Signals(sig).name if sig in signal.valid_signals() else str(sig)
     msg = f"DataLoader worker (pid {pid}) is killed by signal: {signal.strsignal(sig) or name}. "
     if sig == signal.SIGBUS:
-        msg += ("It is possible that dataloader's workers are out of shared memory. Please try to raise your shared "
-                "memory limit. ")
+        msg += (
+            "It is possible that dataloader's workers are out of shared memory. Please try to raise your shared "
+            "memory limit. "
+        )
     hint = {"SIGKILL": "; the out-of-memory killer sends SIGKILL: check `dmesg` and the Dataset's memory use"}
     return msg + f"(fastload worker {wid}, {name}{hint.get(name, '')})"
 
@@ -111,8 +115,9 @@ def worker_start(close_fds: list) -> None:
     torch.set_num_threads(1)
 
 
-def worker_loop(conn, kind, dataset, auto_collation, collate_fn, drop_last, base_seed, init_fn, wid,
-                 num_workers, close_fds) -> None:
+def worker_loop(
+    conn, kind, dataset, auto_collation, collate_fn, drop_last, base_seed, init_fn, wid, num_workers, close_fds
+) -> None:
     """One worker process. ``collate_fn`` None means default_collate into the slots."""
     try:
         worker_start(close_fds)

@@ -51,7 +51,6 @@ from ._shm import LENT, PENDING, WORKER, MappedSlot, SlotUnpickler, map_slot
 from ._worker_proc import ACK, ERROR, RESET, RESULT, STOP, TASK, HoldCtrlC, death_message, worker_loop
 
 
-
 def fallback_reason(loader) -> str | None:
     """Why ``loader`` runs on torch's own iterator instead of the shared-memory workers (None: it does not)."""
     if loader.num_workers == 0:
@@ -81,7 +80,8 @@ def fd_limit_error(detail: str = "") -> RuntimeError:
         "own). fastload's workers "
         "hand each shared-memory slot over as a file descriptor, so holding fewer batches at once, or a lower "
         "num_workers or prefetch_factor, also helps; torch.multiprocessing.set_sharing_strategy('file_system') "
-        "does not change fastload's slots." + (f" {detail}" if detail else ""))
+        "does not change fastload's slots." + (f" {detail}" if detail else "")
+    )
 
 
 class WorkerIterator(_BaseDataLoaderIter):
@@ -123,10 +123,24 @@ class WorkerIterator(_BaseDataLoaderIter):
             for wid in range(nw):
                 ours, theirs = ctx.Pipe(duplex=True)
                 close = [c.fileno() for c in self._conns] + [ours.fileno()] if fork else []
-                p = ctx.Process(target=worker_loop, daemon=True, name=f"fastload-worker-{wid}",
-                                args=(theirs, self._dataset_kind, loader.dataset, loader._auto_collation,
-                                      collate_fn, loader.drop_last, self._base_seed, loader.worker_init_fn,
-                                      wid, nw, close))
+                p = ctx.Process(
+                    target=worker_loop,
+                    daemon=True,
+                    name=f"fastload-worker-{wid}",
+                    args=(
+                        theirs,
+                        self._dataset_kind,
+                        loader.dataset,
+                        loader._auto_collation,
+                        collate_fn,
+                        loader.drop_last,
+                        self._base_seed,
+                        loader.worker_init_fn,
+                        wid,
+                        nw,
+                        close,
+                    ),
+                )
                 self._conns.append(ours)
                 with HoldCtrlC():  # a started worker is always in _workers, where shutdown finds it
                     try:
@@ -194,15 +208,19 @@ class WorkerIterator(_BaseDataLoaderIter):
             self._shutdown_workers()
             raise
         self._num_yielded += 1
-        if (self._dataset_kind == _DatasetKind.Iterable and self._IterableDataset_len_called is not None
-                and self._num_yielded > self._IterableDataset_len_called):
+        if (
+            self._dataset_kind == _DatasetKind.Iterable
+            and self._IterableDataset_len_called is not None
+            and self._num_yielded > self._IterableDataset_len_called
+        ):
             warnings.warn(  # torch's words, which tools and tests match
                 f"Length of IterableDataset {self._dataset} was reported to be {self._IterableDataset_len_called}"
                 f"(when accessing len(dataloader)), but {self._num_yielded} samples have been fetched. "
                 "For multiprocessing data-loading, this could be caused by not properly configuring the "
                 "IterableDataset replica at each worker. Please see "
                 "https://pytorch.org/docs/stable/data.html#torch.utils.data.IterableDataset for examples.",
-                stacklevel=2)
+                stacklevel=2,
+            )
         return data
 
     def _next_data(self):

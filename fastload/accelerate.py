@@ -31,8 +31,15 @@ import warnings
 from typing import Any
 
 from ._errors import FastPathWarning
-from ._loader import (DataLoader, accelerate_ready, mark_prepared, place_on, retarget, sampler_replicas,
-                      warned_of_rebuild)
+from ._loader import (
+    DataLoader,
+    accelerate_ready,
+    mark_prepared,
+    place_on,
+    retarget,
+    sampler_replicas,
+    warned_of_rebuild,
+)
 
 __all__ = ["prepare"]
 
@@ -40,8 +47,10 @@ __all__ = ["prepare"]
 def prepare(accelerator: Any, *args: Any, device_placement: list[bool] | None = None) -> Any:
     """``accelerator.prepare(*args)``, with fastload loaders kept on their fast path (see the module doc)."""
     if device_placement is not None and len(device_placement) != len(args):
-        raise ValueError(f"device_placement has {len(device_placement)} entries for {len(args)} objects; give one "
-                         f"per object, as accelerator.prepare expects")
+        raise ValueError(
+            f"device_placement has {len(device_placement)} entries for {len(args)} objects; give one "
+            f"per object, as accelerator.prepare expects"
+        )
     out = []
     for k, obj in enumerate(args):
         if isinstance(obj, DataLoader) and not accelerate_ready(obj):
@@ -51,8 +60,12 @@ def prepare(accelerator: Any, *args: Any, device_placement: list[bool] | None = 
                 _prepare_loader(accelerator, obj, place)
             else:
                 warned_of_rebuild(obj)  # this warning says it; the rebuild need not again
-                warnings.warn(f"fastload.accelerate.prepare: this loader is left to accelerator.prepare, which "
-                              f"rebuilds it without fastload's fast path: {why}", FastPathWarning, stacklevel=2)
+                warnings.warn(
+                    f"fastload.accelerate.prepare: this loader is left to accelerator.prepare, which "
+                    f"rebuilds it without fastload's fast path: {why}",
+                    FastPathWarning,
+                    stacklevel=2,
+                )
         out.append(obj)
     return accelerator.prepare(*out, device_placement=device_placement)
 
@@ -66,8 +79,10 @@ def _why_not(accelerator: Any, loader: DataLoader) -> str | None:
         return "dispatch_batches=True (every process reads its own shard on the fast path)"
     sampler = sampler_replicas(loader)
     if sampler is not None and accelerator.num_processes > 1 and sampler[1] != accelerator.num_processes:
-        return (f"its sampler ({sampler[0]}) is not a DistributedSampler over {accelerator.num_processes} "
-                f"processes; drop sampler= (fastload shards its own order) or pass one")
+        return (
+            f"its sampler ({sampler[0]}) is not a DistributedSampler over {accelerator.num_processes} "
+            f"processes; drop sampler= (fastload shards its own order) or pass one"
+        )
     return None
 
 

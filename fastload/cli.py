@@ -36,45 +36,128 @@ def main() -> None:
 @main.command()
 @click.argument("src", callback=lambda c, p, v: _source(c, p, v))
 @click.argument("dst")
-@click.option("--format", "fmt", type=click.Choice(list(FORMATS)), default=DEFAULT_FORMAT, show_default=True,
-              help="Output format.")
-@click.option("--image-mode", type=click.Choice(["auto", "passthrough", "jpeg", "raw"]), default="auto",
-              show_default=True,
-              help="auto: JPEGs untouched, other images raw if small else JPEG; passthrough: JPEG bytes only; "
-                   "jpeg: re-encode all; raw: store uint8 pixels.")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(list(FORMATS)),
+    default=DEFAULT_FORMAT,
+    show_default=True,
+    help="Output format.",
+)
+@click.option(
+    "--image-mode",
+    type=click.Choice(["auto", "passthrough", "jpeg", "raw"]),
+    default="auto",
+    show_default=True,
+    help="auto: JPEGs untouched, other images raw if small else JPEG; passthrough: JPEG bytes only; "
+    "jpeg: re-encode all; raw: store uint8 pixels.",
+)
 @click.option("--max-side", type=click.IntRange(min=1), default=None, help="Shrink images whose longer side exceeds N.")
-@click.option("--quality", type=click.IntRange(1, 100), default=90, show_default=True, help="JPEG quality for re-encoding.")
-@click.option("--check", type=click.Choice(["decode", "header"]), default="decode", show_default=True,
-              help="How stored JPEGs are validated: a full (1/8-scale) decode, or header + end marker only "
-                   "(faster; corrupt data then shows at load time).")
-@click.option("--shard-size", default="256MB", show_default=True, callback=lambda c, p, v: _checked(_size, v),
-              help="Target shard size (K/M/G units).")
+@click.option(
+    "--quality", type=click.IntRange(1, 100), default=90, show_default=True, help="JPEG quality for re-encoding."
+)
+@click.option(
+    "--check",
+    type=click.Choice(["decode", "header"]),
+    default="decode",
+    show_default=True,
+    help="How stored JPEGs are validated: a full (1/8-scale) decode, or header + end marker only "
+    "(faster; corrupt data then shows at load time).",
+)
+@click.option(
+    "--shard-size",
+    default="256MB",
+    show_default=True,
+    callback=lambda c, p, v: _checked(_size, v),
+    help="Target shard size (K/M/G units).",
+)
 @click.option("--workers", type=click.IntRange(min=0), default=None, help="Worker processes [default: all cores].")
 @click.option("--overwrite", is_flag=True, help="Replace an existing dataset at DST.")
 @click.option("--skip-bad", is_flag=True, help="Skip unreadable source samples and list them in the manifest.")
-@click.option("--max-skipped", type=click.FloatRange(0, 1), default=0.1, show_default=True,
-              help="With --skip-bad: fail when more than this share of the samples would be skipped (or all).")
-@click.option("--root", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
-              help="For CSV/JSONL manifests: the directory paths are relative to [default: the manifest's].")
+@click.option(
+    "--max-skipped",
+    type=click.FloatRange(0, 1),
+    default=0.1,
+    show_default=True,
+    help="With --skip-bad: fail when more than this share of the samples would be skipped (or all).",
+)
+@click.option(
+    "--root",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=None,
+    help="For CSV/JSONL manifests: the directory paths are relative to [default: the manifest's].",
+)
 @click.option("--path-column", default="path", show_default=True, help="For CSV/JSONL manifests: the path column.")
-@click.option("--missing", "missing", multiple=True, metavar="COLUMN=VALUE", callback=lambda c, p, v: _missing(v),
-              help="For CSV/JSONL manifests: what a blank (or null) cell of COLUMN stands for; repeat for more "
-                   "columns. Without it a blank cell stops the pack.")
+@click.option(
+    "--missing",
+    "missing",
+    multiple=True,
+    metavar="COLUMN=VALUE",
+    callback=lambda c, p, v: _missing(v),
+    help="For CSV/JSONL manifests: what a blank (or null) cell of COLUMN stands for; repeat for more "
+    "columns. Without it a blank cell stops the pack.",
+)
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-@click.option("--block", type=click.IntRange(min=1), default=65536, show_default=True,
-              help="Shards never straddle a multiple of this many samples; a part is whole blocks.")
-@click.option("--part", default=None, metavar="I/N", callback=lambda c, p, v: _checked(_part, v),
-              help="Pack only part I of N (from 0) into DST/parts/I; then `fastload merge DST`.")
-@click.option("--ray", "ray_address", default=None, is_flag=False, flag_value="auto", metavar="[ADDRESS]",
-              help="Pack the parts as Ray tasks on the cluster at ADDRESS (default: a running one, else local), "
-                   f"then merge. Needs `{pip_extra('ray')}`.")
-@click.option("--parts", type=click.IntRange(min=1), default=None,
-              help="With --ray: the number of parts [default: the cluster's CPUs].")
-@click.option("--staging", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="For a URL DST: a new or empty local folder to stage the pack in (only what the pack writes "
-                   "there is removed after the upload) [default: under ~/.cache/fastload/staging].")
-def pack(src, dst, fmt, image_mode, max_side, quality, check, shard_size, workers, overwrite, skip_bad, max_skipped,
-         root, path_column, missing, quiet, block, part, ray_address, parts, staging) -> None:
+@click.option(
+    "--block",
+    type=click.IntRange(min=1),
+    default=65536,
+    show_default=True,
+    help="Shards never straddle a multiple of this many samples; a part is whole blocks.",
+)
+@click.option(
+    "--part",
+    default=None,
+    metavar="I/N",
+    callback=lambda c, p, v: _checked(_part, v),
+    help="Pack only part I of N (from 0) into DST/parts/I; then `fastload merge DST`.",
+)
+@click.option(
+    "--ray",
+    "ray_address",
+    default=None,
+    is_flag=False,
+    flag_value="auto",
+    metavar="[ADDRESS]",
+    help="Pack the parts as Ray tasks on the cluster at ADDRESS (default: a running one, else local), "
+    f"then merge. Needs `{pip_extra('ray')}`.",
+)
+@click.option(
+    "--parts",
+    type=click.IntRange(min=1),
+    default=None,
+    help="With --ray: the number of parts [default: the cluster's CPUs].",
+)
+@click.option(
+    "--staging",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="For a URL DST: a new or empty local folder to stage the pack in (only what the pack writes "
+    "there is removed after the upload) [default: under ~/.cache/fastload/staging].",
+)
+def pack(
+    src,
+    dst,
+    fmt,
+    image_mode,
+    max_side,
+    quality,
+    check,
+    shard_size,
+    workers,
+    overwrite,
+    skip_bad,
+    max_skipped,
+    root,
+    path_column,
+    missing,
+    quiet,
+    block,
+    part,
+    ray_address,
+    parts,
+    staging,
+) -> None:
     """Pack SRC (an ImageFolder directory, .npy/.npz, a CSV/JSONL manifest, Parquet files or WebDataset tar
     shards) into a dataset at DST.
 
@@ -91,12 +174,32 @@ def pack(src, dst, fmt, image_mode, max_side, quality, check, shard_size, worker
     engine = "ray" if ray_address is not None else "local"
     address = None if ray_address in (None, "auto") else ray_address
     with _resume_hint():
-        summary = _run(lambda: do_pack(src, dst, format=fmt, image_mode=image_mode, max_side=max_side, quality=quality,
-                                       check=check, shard_size=shard_size, workers=workers, overwrite=overwrite,
-                                       skip_bad=skip_bad, max_skipped=max_skipped, root=root, path_column=path_column,
-                                       missing=missing,
-                                       progress=not quiet, block=block, part=part, engine=engine, parts=parts,
-                                       ray_address=address, staging=staging))
+        summary = _run(
+            lambda: do_pack(
+                src,
+                dst,
+                format=fmt,
+                image_mode=image_mode,
+                max_side=max_side,
+                quality=quality,
+                check=check,
+                shard_size=shard_size,
+                workers=workers,
+                overwrite=overwrite,
+                skip_bad=skip_bad,
+                max_skipped=max_skipped,
+                root=root,
+                path_column=path_column,
+                missing=missing,
+                progress=not quiet,
+                block=block,
+                part=part,
+                engine=engine,
+                parts=parts,
+                ray_address=address,
+                staging=staging,
+            )
+        )
     click.echo(str(summary))
     if part is not None:
         click.echo(f"part {part} done: when every part is, run `fastload merge {dst}`")
@@ -113,18 +216,25 @@ def merge(dst, quiet) -> None:
     from .pack import merge as do_merge
 
     if "://" not in dst and not Path(dst).is_dir():
-        raise click.BadParameter(f"folder {dst!r} does not exist" if not Path(dst).exists() else
-                                 f"{dst!r} is not a folder", param_hint="'DST'")
+        raise click.BadParameter(
+            f"folder {dst!r} does not exist" if not Path(dst).exists() else f"{dst!r} is not a folder",
+            param_hint="'DST'",
+        )
     m = _run(lambda: do_merge(dst if "://" in dst else Path(dst), progress=not quiet))
     click.echo(f"merged {dst}: {m.num_samples:,} samples in {len(m.shards)} shard(s)")
 
 
 @main.command()
 @click.argument("dst", type=DatasetArg())
-@click.option("--storage-option", "storage_options", multiple=True, metavar="KEY=VALUE",
-              callback=lambda c, p, v: _storage_options(v),
-              help="For a URL: an option of its fsspec backend, as fastload.open's storage_options= (e.g. anon=true, "
-                   "endpoint_url=...); repeat for more.")
+@click.option(
+    "--storage-option",
+    "storage_options",
+    multiple=True,
+    metavar="KEY=VALUE",
+    callback=lambda c, p, v: _storage_options(v),
+    help="For a URL: an option of its fsspec backend, as fastload.open's storage_options= (e.g. anon=true, "
+    "endpoint_url=...); repeat for more.",
+)
 def inspect(dst, storage_options) -> None:
     """Show the schema, sample counts and sizes of the dataset at DST (a folder or a URL)."""
     from .fields import codec_of
@@ -153,10 +263,15 @@ def inspect(dst, storage_options) -> None:
 @main.command()
 @click.argument("dst", type=DatasetArg())
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-@click.option("--storage-option", "storage_options", multiple=True, metavar="KEY=VALUE",
-              callback=lambda c, p, v: _storage_options(v),
-              help="For a URL: an option of its fsspec backend, as fastload.open's storage_options= (e.g. anon=true, "
-                   "endpoint_url=...); repeat for more.")
+@click.option(
+    "--storage-option",
+    "storage_options",
+    multiple=True,
+    metavar="KEY=VALUE",
+    callback=lambda c, p, v: _storage_options(v),
+    help="For a URL: an option of its fsspec backend, as fastload.open's storage_options= (e.g. anon=true, "
+    "endpoint_url=...); repeat for more.",
+)
 def verify(dst, quiet, storage_options) -> None:
     """Check every shard's size, checksum and structure; exit 1 naming each bad shard.
 
@@ -181,19 +296,38 @@ def verify(dst, quiet, storage_options) -> None:
 
 @main.command()
 @click.argument("dst", type=DatasetArg())
-@click.option("--storage-option", "storage_options", multiple=True, metavar="KEY=VALUE",
-              callback=lambda c, p, v: _storage_options(v),
-              help="For a URL: an option of its fsspec backend, as fastload.open's storage_options= (e.g. anon=true, "
-                   "endpoint_url=...); repeat for more.")
+@click.option(
+    "--storage-option",
+    "storage_options",
+    multiple=True,
+    metavar="KEY=VALUE",
+    callback=lambda c, p, v: _storage_options(v),
+    help="For a URL: an option of its fsspec backend, as fastload.open's storage_options= (e.g. anon=true, "
+    "endpoint_url=...); repeat for more.",
+)
 @click.option("--batch-size", type=click.IntRange(min=1), default=64, show_default=True)
-@click.option("--transforms", "preset", type=click.Choice(["train", "val", "none"]), default="train",
-              show_default=True, help="train: RandomResizedCrop+flip; val: Resize+CenterCrop; none: no image transforms.")
+@click.option(
+    "--transforms",
+    "preset",
+    type=click.Choice(["train", "val", "none"]),
+    default="train",
+    show_default=True,
+    help="train: RandomResizedCrop+flip; val: Resize+CenterCrop; none: no image transforms.",
+)
 @click.option("--size", type=click.IntRange(min=1), default=224, show_default=True, help="Output image side.")
-@click.option("--max-workers", type=click.IntRange(min=0), default=None, help="Largest thread count tried [default: cores].")
-@click.option("--seconds", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
-              help="Measuring time per thread count.")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
-              help="Write a PNG (needs matplotlib).")
+@click.option(
+    "--max-workers", type=click.IntRange(min=0), default=None, help="Largest thread count tried [default: cores]."
+)
+@click.option(
+    "--seconds",
+    type=click.FloatRange(min=0, min_open=True),
+    default=1.0,
+    show_default=True,
+    help="Measuring time per thread count.",
+)
+@click.option(
+    "--plot", "plot_path", type=click.Path(dir_okay=False), default=None, help="Write a PNG (needs matplotlib)."
+)
 def bench(dst, storage_options, batch_size, preset, size, max_workers, seconds, plot_path) -> None:
     """Measure the dataset at DST (a folder or a URL): samples/s per thread count (the fastest, and
     num_workers='auto''s pick), where time goes. A URL's shards are downloaded into the shard cache first, as
@@ -222,8 +356,9 @@ def _remote(url: str, storage_options: dict | None):
 
 def _url_only(dst, storage_options: dict | None) -> None:
     if storage_options and not is_url(dst):
-        raise click.BadParameter(f"storage options go with a URL, and {dst} is a local path",
-                                 param_hint="'--storage-option'")
+        raise click.BadParameter(
+            f"storage options go with a URL, and {dst} is a local path", param_hint="'--storage-option'"
+        )
 
 
 def _storage_options(pairs: tuple[str, ...]) -> dict | None:
@@ -291,8 +426,11 @@ def _resume_hint():
         yield
     except KeyboardInterrupt:
         ctx = click.get_current_context()
-        click.echo(f"\ninterrupted: the shards finished so far are kept. To resume where the pack stopped, run:\n"
-                   f"  {_command_line(ctx, leave_out=('overwrite',))}", err=True)
+        click.echo(
+            f"\ninterrupted: the shards finished so far are kept. To resume where the pack stopped, run:\n"
+            f"  {_command_line(ctx, leave_out=('overwrite',))}",
+            err=True,
+        )
         sys.exit(130)
 
 
@@ -338,10 +476,14 @@ def _run(fn):
         sys.exit(2)
 
 
-
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
-@click.option("--steps", type=click.IntRange(min=2), default=30, show_default=True,
-              help="Batches to run before stopping the script (the first is start-up and not counted).")
+@click.option(
+    "--steps",
+    type=click.IntRange(min=2),
+    default=30,
+    show_default=True,
+    help="Batches to run before stopping the script (the first is start-up and not counted).",
+)
 @click.option("--no-measure-workers", is_flag=True, help="Skip timing fastload loaders at each num_workers.")
 @click.argument("script", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)

@@ -45,6 +45,7 @@ from ._install import pil
 from ._transform_base import Transform, _positive_int, _setup_size
 from ._tensor_transforms import Normalize, TensorPipeline, TensorTransform, ToDtype  # noqa: E402
 from ._sequences import Bucket, Pad, PackSequences  # noqa: E402  (variable-length fields, see _sequences.py)
+
 # The augmentations (issue 21), under torchvision v2's names; planned after the crop plan (_augment/pipeline.py).
 from ._augment import pipeline as _augment  # noqa: E402
 from ._augment import timm_convert as _timm  # noqa: E402
@@ -60,8 +61,14 @@ from ._augment.geometry import RandomAffine, RandomRotation, RandomVerticalFlip 
 from ._augment.plan import Augment  # noqa: E402
 from ._augment.random_resize import RandomResize, check_bilinear as _interpolation  # noqa: E402  (crop plan)
 from ._augment.policies import AutoAugment, RandAugment, ThreeAugment, TrivialAugmentWide  # noqa: E402
-from ._augment.tone import (RandomAdjustSharpness, RandomAutocontrast, RandomEqualize, RandomInvert,  # noqa: E402
-                            RandomPosterize, RandomSolarize)
+from ._augment.tone import (
+    RandomAdjustSharpness,
+    RandomAutocontrast,
+    RandomEqualize,
+    RandomInvert,  # noqa: E402
+    RandomPosterize,
+    RandomSolarize,
+)
 
 __all__ = [
     "AutoAugment",
@@ -105,12 +112,16 @@ __all__ = [
     "apply_pil",
 ]
 
-_SUPPORTED = ("RandomResizedCrop, Resize, CenterCrop, RandomResize, PadIfSmaller, RandomCrop, RandomHorizontalFlip, "
-              "then optionally augmentations (TrivialAugmentWide, RandAugment, AutoAugment, ThreeAugment, ColorJitter, "
-              "RandomGrayscale, Grayscale, GaussianBlur, RandomSolarize, RandomPosterize, RandomEqualize, "
-              "RandomAutocontrast, RandomAdjustSharpness, RandomInvert, RandomErasing, RandomRotation, RandomAffine, "
-              "RandomVerticalFlip, RandomHorizontalFlip, RandomApply, RandomChoice, RandomOrder), then optionally "
-              "ToDtype and Normalize (in a list or Compose)")
+_SUPPORTED = (
+    "RandomResizedCrop, Resize, CenterCrop, RandomResize, PadIfSmaller, RandomCrop, RandomHorizontalFlip, "
+    "then optionally augmentations (TrivialAugmentWide, RandAugment, AutoAugment, ThreeAugment, ColorJitter, "
+    "RandomGrayscale, Grayscale, GaussianBlur, RandomSolarize, RandomPosterize, RandomEqualize, "
+    "RandomAutocontrast, RandomAdjustSharpness, RandomInvert, RandomErasing, RandomRotation, RandomAffine, "
+    "RandomVerticalFlip, RandomHorizontalFlip, RandomApply, RandomChoice, RandomOrder), then optionally "
+    "ToDtype and Normalize (in a list or Compose)"
+)
+
+
 def __getattr__(name: str) -> Any:
     """``T.ToTensor()`` and the like (torchvision names this module does not have): an AttributeError that says
     what to write instead. (A module attribute that is missing must raise AttributeError: ``hasattr`` and
@@ -155,13 +166,20 @@ class RandomResizedCrop(Transform):
         self.antialias = True
 
     def _params(self) -> dict[str, Any]:
-        return {"size": list(self.size), "scale": list(self.scale), "ratio": list(self.ratio),
-                "interpolation": self.interpolation, "antialias": self.antialias}
+        return {
+            "size": list(self.size),
+            "scale": list(self.scale),
+            "ratio": list(self.ratio),
+            "interpolation": self.interpolation,
+            "antialias": self.antialias,
+        }
 
     def __repr__(self) -> str:
-        return (f"{type(self).__name__}(size={self.size}, scale={tuple(round(s, 4) for s in self.scale)}, "
-                f"ratio={tuple(round(r, 4) for r in self.ratio)}, interpolation={self.interpolation}, "
-                f"antialias={self.antialias})")
+        return (
+            f"{type(self).__name__}(size={self.size}, scale={tuple(round(s, 4) for s in self.scale)}, "
+            f"ratio={tuple(round(r, 4) for r in self.ratio)}, interpolation={self.interpolation}, "
+            f"antialias={self.antialias})"
+        )
 
     def _apply(self, state: _State, rng: np.random.Generator) -> None:
         if state.checking:  # any image takes it (its fallback is the whole image): only the output size matters
@@ -176,7 +194,10 @@ class RandomResizedCrop(Transform):
 
 
 def _rrc_params(
-    height: np.ndarray, width: np.ndarray, scale: tuple[float, float], ratio: tuple[float, float],
+    height: np.ndarray,
+    width: np.ndarray,
+    scale: tuple[float, float],
+    ratio: tuple[float, float],
     rng: np.random.Generator,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """torchvision's ``RandomResizedCrop.get_params`` for a batch: (top, left, h, w, fell_back).
@@ -249,28 +270,42 @@ class Resize(Transform):
         self.max_size = None if max_size is None else _positive_int(max_size, "Resize max_size")
         if self.max_size is not None:
             if len(self._size) != 1:
-                raise ValueError(f"Resize: max_size={max_size} is only allowed when size is an int "
-                                 f"(the shorter side), got size={size!r}")
+                raise ValueError(
+                    f"Resize: max_size={max_size} is only allowed when size is an int "
+                    f"(the shorter side), got size={size!r}"
+                )
             if self.max_size <= self._size[0]:
-                raise ValueError(f"Resize: max_size={max_size} must be strictly greater than the "
-                                 f"requested shorter side size={self._size[0]}")
+                raise ValueError(
+                    f"Resize: max_size={max_size} must be strictly greater than the "
+                    f"requested shorter side size={self._size[0]}"
+                )
         self.interpolation = _interpolation(interpolation, antialias, "Resize")
         self.antialias = True
 
     def _params(self) -> dict[str, Any]:
         size = self.size if isinstance(self.size, int) else list(self.size)
-        return {"size": size, "interpolation": self.interpolation, "max_size": self.max_size,
-                "antialias": self.antialias}
+        return {
+            "size": size,
+            "interpolation": self.interpolation,
+            "max_size": self.max_size,
+            "antialias": self.antialias,
+        }
 
     def __repr__(self) -> str:
-        return (f"{type(self).__name__}(size={self.size}, interpolation={self.interpolation}, "
-                f"max_size={self.max_size}, antialias={self.antialias})")
+        return (
+            f"{type(self).__name__}(size={self.size}, interpolation={self.interpolation}, "
+            f"max_size={self.max_size}, antialias={self.antialias})"
+        )
 
     def _apply(self, state: _State, rng: np.random.Generator) -> None:
         nh, nw = _resized_hw(state.h, state.w, self._size, self.max_size)
-        keep = state.refuse(self, (nh <= 0) | (nw <= 0), "a result of at least one pixel per side",
-                            lambda i: f"{state.describe(i)}, which it would make {int(nh[i])}x{int(nw[i])}",
-                            "raise max_size, or leave such images (extreme aspect ratios) out of the dataset")
+        keep = state.refuse(
+            self,
+            (nh <= 0) | (nw <= 0),
+            "a result of at least one pixel per side",
+            lambda i: f"{state.describe(i)}, which it would make {int(nh[i])}x{int(nw[i])}",
+            "raise max_size, or leave such images (extreme aspect ratios) out of the dataset",
+        )
         if keep is not None:
             nh, nw = nh[keep], nw[keep]
         state.resize(nh, nw)
@@ -303,10 +338,14 @@ class CenterCrop(Transform):
         later = next((t for t in state.rest if not isinstance(t, RandomHorizontalFlip)), None)
         if later is not None:  # the padded window is the tile: nothing may resample or crop it after
             keep = state.refuse(
-                self, small, f"an image of at least {ch}x{cw} (h x w) at this step when {later!r} follows it",
-                state.describe, f"torchvision would zero-pad, which fastload does only when nothing but "
+                self,
+                small,
+                f"an image of at least {ch}x{cw} (h x w) at this step when {later!r} follows it",
+                state.describe,
+                f"torchvision would zero-pad, which fastload does only when nothing but "
                 f"RandomHorizontalFlip follows CenterCrop among the crops and resizes; put a Resize of at least "
-                f"the crop size before CenterCrop, or move {later!r} before it")
+                f"the crop size before CenterCrop, or move {later!r} before it",
+            )
             if keep is not None:
                 small = small[keep]
         # torchvision: pad (crop - size) // 2 before (then crop at 0 in the padded image), else crop at the centre
@@ -349,8 +388,10 @@ class Compose:
 
     def __init__(self, transforms: Sequence[Any]) -> None:
         if not isinstance(transforms, (list, tuple)):
-            raise TypeError(f"Compose(transforms={transforms!r}) should be given a list of transforms, "
-                            f"e.g. Compose([RandomResizedCrop(224), RandomHorizontalFlip()])")
+            raise TypeError(
+                f"Compose(transforms={transforms!r}) should be given a list of transforms, "
+                f"e.g. Compose([RandomResizedCrop(224), RandomHorizontalFlip()])"
+            )
         self.transforms = list(transforms)
 
     def describe(self) -> dict[str, Any]:
@@ -389,8 +430,15 @@ class Plan:
 
     __slots__ = ("crops", "flips", "out_hw", "augment", "seeds", "after_seeds")
 
-    def __init__(self, crops: np.ndarray, flips: np.ndarray, out_hw: np.ndarray, augment: Any = None,
-                 seeds: np.ndarray | None = None, after_seeds: np.ndarray | None = None) -> None:
+    def __init__(
+        self,
+        crops: np.ndarray,
+        flips: np.ndarray,
+        out_hw: np.ndarray,
+        augment: Any = None,
+        seeds: np.ndarray | None = None,
+        after_seeds: np.ndarray | None = None,
+    ) -> None:
         self.crops, self.flips, self.out_hw, self.augment = crops, flips, out_hw, augment
         self.seeds, self.after_seeds = seeds, after_seeds
 
@@ -417,10 +465,13 @@ class Plan:
         the flips and output sizes become the augmentation's (a transform there may flip again)."""
         geo = augment.geometry
         if augment.n != self.n or (geo.crops is not None and not np.array_equal(geo.crops, self.crops)):
-            raise ValueError(f"the augmentation plan ({augment.n} samples) was not made from this plan "
-                             f"({self.n} samples): begin it with PlanBuilder.from_crop_plan(plan)")
-        return Plan(self.crops, geo.hflip.astype(np.uint8), geo.out_hw.astype(np.int32), augment, self.seeds,
-                    self.after_seeds)
+            raise ValueError(
+                f"the augmentation plan ({augment.n} samples) was not made from this plan "
+                f"({self.n} samples): begin it with PlanBuilder.from_crop_plan(plan)"
+            )
+        return Plan(
+            self.crops, geo.hflip.astype(np.uint8), geo.out_hw.astype(np.int32), augment, self.seeds, self.after_seeds
+        )
 
     def __repr__(self) -> str:
         extra = "" if self.augment is None else f", augment={len(self.augment.steps)} steps"
@@ -430,8 +481,23 @@ class Plan:
 class _State:
     """The batch's virtual images while planning (see "Composition" in the module docstring)."""
 
-    __slots__ = ("src_h", "src_w", "h", "w", "oy", "ox", "sy", "sx", "flip", "pad", "tile_hw", "rest", "index",
-                 "refusals", "smallest")
+    __slots__ = (
+        "src_h",
+        "src_w",
+        "h",
+        "w",
+        "oy",
+        "ox",
+        "sy",
+        "sx",
+        "flip",
+        "pad",
+        "tile_hw",
+        "rest",
+        "index",
+        "refusals",
+        "smallest",
+    )
 
     def __init__(self, heights: np.ndarray, widths: np.ndarray, checking: bool = False) -> None:
         self.src_h, self.src_w = heights, widths
@@ -461,8 +527,9 @@ class _State:
         if self.refusals is None:
             i = int(where[0])
             raise ValueError(f"{step!r} needs {need}, but sample {i} of the batch is {detail(i)}; {fix}")
-        self.refusals.append(Refusal(step, need, fix, self.index[where],
-                                     [detail(int(i)) for i in where[:Refusal.SHOWN]]))
+        self.refusals.append(
+            Refusal(step, need, fix, self.index[where], [detail(int(i)) for i in where[: Refusal.SHOWN]])
+        )
         keep = ~bad
         for name in ("src_h", "src_w", "h", "w", "oy", "ox", "sy", "sx", "flip", "index"):
             setattr(self, name, getattr(self, name)[keep])
@@ -502,8 +569,11 @@ class _State:
         top, height = edges(self.oy, self.h * self.sy, self.src_h)
         left, width = edges(self.ox, self.w * self.sx, self.src_w)
         # a padded RandomCrop decodes its box at pad.decode_hw (self.h, self.w) into tiles of tile_hw
-        hw = (self.h, self.w) if self.tile_hw is None else (np.full_like(self.h, self.tile_hw[0]),
-                                                              np.full_like(self.w, self.tile_hw[1]))
+        hw = (
+            (self.h, self.w)
+            if self.tile_hw is None
+            else (np.full_like(self.h, self.tile_hw[0]), np.full_like(self.w, self.tile_hw[1]))
+        )
         return Plan(
             crops=np.stack([top, left, height, width], axis=1).astype(np.int32),
             flips=self.flip.astype(np.uint8),
@@ -515,8 +585,13 @@ def _flatten(transforms: Any) -> list[Any]:
     """The pipeline's transforms in order: fastload's own, torchvision and timm objects converted to fastload's
     (``_augment/torchvision_convert.py``, ``timm_convert.py``), and any other callable as a ``UserTransform`` (run per sample)."""
     if isinstance(transforms, ImagePipeline):
-        return (list(transforms.transforms) + list(transforms.augment) + list(transforms.fallback)
-                + list(transforms.tensor.transforms) + list(transforms.after))
+        return (
+            list(transforms.transforms)
+            + list(transforms.augment)
+            + list(transforms.fallback)
+            + list(transforms.tensor.transforms)
+            + list(transforms.after)
+        )
     if isinstance(transforms, Compose):
         transforms = transforms.transforms
     if isinstance(transforms, (Transform, TensorTransform, Augment, UserTransform)):
@@ -524,9 +599,11 @@ def _flatten(transforms: Any) -> list[Any]:
     if not isinstance(transforms, (list, tuple)):
         if callable(transforms):
             return _foreign(transforms)
-        raise TypeError(f"expected a list of transforms or a Compose, got {_type_name(transforms)}: "
-                        f"{transforms!r}. Supported: {_SUPPORTED} from fastload.transforms, or any callable "
-                        f"(run per sample)")
+        raise TypeError(
+            f"expected a list of transforms or a Compose, got {_type_name(transforms)}: "
+            f"{transforms!r}. Supported: {_SUPPORTED} from fastload.transforms, or any callable "
+            f"(run per sample)"
+        )
     out: list[Any] = []
     for t in transforms:
         if isinstance(t, (Compose, list, tuple)):
@@ -536,9 +613,11 @@ def _flatten(transforms: Any) -> list[Any]:
         elif callable(t):
             out.extend(_foreign(t))
         else:
-            raise TypeError(f"unsupported image transform {t!r} ({_type_name(t)}): not callable; supported: "
-                            f"{_SUPPORTED} from fastload.transforms, or any callable taking and returning a uint8 "
-                            f"CHW tensor (run per sample after the native part)")
+            raise TypeError(
+                f"unsupported image transform {t!r} ({_type_name(t)}): not callable; supported: "
+                f"{_SUPPORTED} from fastload.transforms, or any callable taking and returning a uint8 "
+                f"CHW tensor (run per sample after the native part)"
+            )
     return out
 
 
@@ -561,8 +640,11 @@ def _type_name(obj: Any) -> str:
     """``Compose`` for fastload's own classes, ``torchvision.transforms.transforms.Compose`` for anyone else's:
     a torchvision Compose must not read as the Compose that is supported."""
     t = type(obj)
-    return t.__name__ if t.__module__.startswith("fastload") or t.__module__ == "builtins" else \
-        f"{t.__module__}.{t.__qualname__}"
+    return (
+        t.__name__
+        if t.__module__.startswith("fastload") or t.__module__ == "builtins"
+        else f"{t.__module__}.{t.__qualname__}"
+    )
 
 
 class ImagePipeline:
@@ -577,27 +659,34 @@ class ImagePipeline:
     def __init__(self, transforms: Any) -> None:
         items = _augment.lift_erasing(_flatten(transforms))  # torchvision's recipes erase after Normalize
         first_tensor = next((i for i, t in enumerate(items) if isinstance(t, TensorTransform)), len(items))
-        first_after = next((i for i, t in enumerate(items) if i > first_tensor and isinstance(t, UserTransform)),
-                           len(items))
+        first_after = next(
+            (i for i, t in enumerate(items) if i > first_tensor and isinstance(t, UserTransform)), len(items)
+        )
         tail = items[first_tensor:first_after]
         bad = next((t for t in tail if not isinstance(t, TensorTransform)), None)
         if bad is not None:
-            raise ValueError(f"ToDtype/Normalize must come after every geometric transform and augmentation: "
-                             f"{bad!r} comes after them, but fastload's own transforms run on the uint8 image in "
-                             f"the native decoder, so it must come before ToDtype/Normalize (only callables "
-                             f"fastload does not know run after them, per sample on the float image)")
+            raise ValueError(
+                f"ToDtype/Normalize must come after every geometric transform and augmentation: "
+                f"{bad!r} comes after them, but fastload's own transforms run on the uint8 image in "
+                f"the native decoder, so it must come before ToDtype/Normalize (only callables "
+                f"fastload does not know run after them, per sample on the float image)"
+            )
         late = next((t for t in items[first_after:] if not isinstance(t, UserTransform)), None)
         if late is not None:
             u = items[first_after]
-            raise ValueError(f"{late!r} comes after {u.name}, which runs per sample on the float image after "
-                             f"ToDtype/Normalize; only other such callables may follow it: move {late!r} before "
-                             f"ToDtype/Normalize")
+            raise ValueError(
+                f"{late!r} comes after {u.name}, which runs per sample on the float image after "
+                f"ToDtype/Normalize; only other such callables may follow it: move {late!r} before "
+                f"ToDtype/Normalize"
+            )
         self.tensor = TensorPipeline(tail)
         #: callables after ToDtype/Normalize, run per sample on the float image (``fallback.AfterNormalize``)
         self.after: tuple[Any, ...] = tuple(AfterNormalize.of(t, self.tensor.dtype) for t in items[first_after:])
         if self.after and not self.tensor.dtype.is_floating_point:
-            raise ValueError(f"{self.after[0].name} follows {tail[-1]!r}, which leaves uint8 pixels: put it before "
-                             f"ToDtype, or convert to a float dtype first")
+            raise ValueError(
+                f"{self.after[0].name} follows {tail[-1]!r}, which leaves uint8 pixels: put it before "
+                f"ToDtype, or convert to a float dtype first"
+            )
         native = items[:first_tensor]
         first_user = next((i for i, t in enumerate(native) if isinstance(t, UserTransform)), len(native))
         after = next((t for t in native[first_user:] if not isinstance(t, UserTransform)), None)
@@ -605,10 +694,12 @@ class ImagePipeline:
             u = native[first_user]
             why = f" ({u.reason})" if u.reason else ""
             fix = "give it parameters fastload converts (the reason above), or " if u.reason else ""
-            raise ValueError(f"{after!r} comes after {u.name}{why}, which fastload runs per sample on the decoded image "
-                             f"after the native part (decode, crop, resize, flip and fastload's augmentations); "
-                             f"{fix}move {u.name} after {after!r} (only other such callables and ToDtype/Normalize "
-                             f"may follow it)")
+            raise ValueError(
+                f"{after!r} comes after {u.name}{why}, which fastload runs per sample on the decoded image "
+                f"after the native part (decode, crop, resize, flip and fastload's augmentations); "
+                f"{fix}move {u.name} after {after!r} (only other such callables and ToDtype/Normalize "
+                f"may follow it)"
+            )
         #: transforms fastload does not know, run per sample on the rows after the decoder (_augment/fallback.py)
         self.fallback: tuple[UserTransform, ...] = tuple(native[first_user:])
         crops, augment = _augment.split(native[:first_user], Transform, RandomHorizontalFlip)
@@ -634,8 +725,7 @@ class ImagePipeline:
         """Plan a batch of images of sizes ``heights[i] x widths[i]``, drawing only from ``rng``."""
         h, w = np.asarray(heights), np.asarray(widths)
         if h.ndim != 1 or h.shape != w.shape:
-            raise ValueError(f"heights and widths must be 1-D of equal length, got shapes {h.shape} "
-                             f"and {w.shape}")
+            raise ValueError(f"heights and widths must be 1-D of equal length, got shapes {h.shape} and {w.shape}")
         if h.size and not (np.issubdtype(h.dtype, np.integer) and np.issubdtype(w.dtype, np.integer)):
             raise TypeError(f"heights and widths must be integer arrays, got {h.dtype} and {w.dtype}")
         h, w = h.astype(np.int64), w.astype(np.int64)
@@ -644,7 +734,7 @@ class ImagePipeline:
             raise ValueError(f"sample {i} of the batch has an empty image ({int(h[i])}x{int(w[i])})")
         state = _State(h, w)
         for k, t in enumerate(self.transforms):
-            state.rest = self.transforms[k + 1:]
+            state.rest = self.transforms[k + 1 :]
             t._apply(state, rng)
         plan = state.finish()
         if self.augment or state.pad:
@@ -678,8 +768,12 @@ class ImagePipeline:
         return [t.describe() for t in self.transforms + self.augment + self.fallback + self.after]
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, ImagePipeline) and (self.transforms, self.augment, self.fallback, self.after) == \
-            (other.transforms, other.augment, other.fallback, other.after)
+        return isinstance(other, ImagePipeline) and (self.transforms, self.augment, self.fallback, self.after) == (
+            other.transforms,
+            other.augment,
+            other.fallback,
+            other.after,
+        )
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -695,10 +789,12 @@ def apply_pil(pipeline: Any, image: Any, rng: np.random.Generator) -> Any:
     Image = pil("apply_pil")
     pipe = pipeline if isinstance(pipeline, ImagePipeline) else ImagePipeline(pipeline)
     p = pipe.plan(np.array([image.height]), np.array([image.width]), rng)
+
     def decode(crop: Sequence[int], out_hw: Sequence[int]) -> Any:
         top, left, h, w = (int(v) for v in crop)
-        return image.crop((left, top, left + w, top + h)).resize((int(out_hw[1]), int(out_hw[0])),
-                                                                  Image.Resampling.BILINEAR)
+        return image.crop((left, top, left + w, top + h)).resize(
+            (int(out_hw[1]), int(out_hw[0])), Image.Resampling.BILINEAR
+        )
 
     out = decode(p.crops[0], p.out_hw[0])
     if p.augment is not None:  # padded windows, flips, the affine and the pixel operations: the PIL reference engine

@@ -79,8 +79,13 @@ def main():
 
     times = junit / "times.tsv"
     if times.exists():
-        lines += ["", "Wall time per file (seconds, exit code):", "", "| suite | file | run | s | rc |",
-                  "|---|---|---|---:|---:|"]
+        lines += [
+            "",
+            "Wall time per file (seconds, exit code):",
+            "",
+            "| suite | file | run | s | rc |",
+            "|---|---|---|---:|---:|",
+        ]
         for run, suite, f, s, rc in csv.reader(times.open(), delimiter="\t"):
             lines.append(f"| {suite} | {f} | {run} | {s} | {rc} |")
 
@@ -98,12 +103,26 @@ def main():
             lines += [f"- `{s}` `{f}` `{t}`: {res[(s, f, t)][1].replace('|', '/')}" for s, f, t in keys] or ["none"]
 
         # A loader that passes but is much slower is a finding too (pytest's per-test time, call phase).
-        slower = sorted(((swapped[k][2] - base[k][2], k) for k in swapped.keys() & base.keys()
-                         if swapped[k][0] == base[k][0] == "passed"), reverse=True)[:10]
-        lines += ["", "## Passing tests that took longest more with fastload (top 10, seconds)", "",
-                  "| test | torch | fastload |", "|---|---:|---:|"]
-        lines += [f"| `{s}` `{t}` | {base[(s, f, t)][2]:.2f} | {swapped[(s, f, t)][2]:.2f} |"
-                  for d, (s, f, t) in slower if d > 0.5] or ["| none more than 0.5 s | | |"]
+        slower = sorted(
+            (
+                (swapped[k][2] - base[k][2], k)
+                for k in swapped.keys() & base.keys()
+                if swapped[k][0] == base[k][0] == "passed"
+            ),
+            reverse=True,
+        )[:10]
+        lines += [
+            "",
+            "## Passing tests that took longest more with fastload (top 10, seconds)",
+            "",
+            "| test | torch | fastload |",
+            "|---|---:|---:|",
+        ]
+        lines += [
+            f"| `{s}` `{t}` | {base[(s, f, t)][2]:.2f} | {swapped[(s, f, t)][2]:.2f} |"
+            for d, (s, f, t) in slower
+            if d > 0.5
+        ] or ["| none more than 0.5 s | | |"]
 
     text = "\n".join(lines) + "\n"
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -26,6 +26,7 @@ __all__ = ["ColorJitter", "Grayscale", "RandomGrayscale"]
 
 # ---- torch helpers shared with the other op families ----
 
+
 def bound_of(x: torch.Tensor) -> float:
     return 1.0 if x.is_floating_point() else 255.0
 
@@ -61,6 +62,7 @@ def _gray_degenerate(x: torch.Tensor) -> torch.Tensor:
 
 
 # ---- kernels ----
+
 
 def _brightness_torch(x: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Tensor:
     y = x.to(torch.float32) * per_sample(p["factor"], x)
@@ -162,8 +164,14 @@ define_op("grayscale", {}, pil=_grayscale_pil, torch=_grayscale_torch, floats=Tr
 
 # ---- transforms ----
 
-def _jitter_range(value: Any, name: str, center: float = 1.0, bound: tuple[float, float] = (0.0, float("inf")),
-                  clip_first_on_zero: bool = True) -> tuple[float, float] | None:
+
+def _jitter_range(
+    value: Any,
+    name: str,
+    center: float = 1.0,
+    bound: tuple[float, float] = (0.0, float("inf")),
+    clip_first_on_zero: bool = True,
+) -> tuple[float, float] | None:
     """torchvision's ``ColorJitter._check_input``: a number v -> [center - v, center + v] (clipped at 0), or a
     (min, max) pair; None when it would change nothing."""
     if value is None:
@@ -227,9 +235,11 @@ class Grayscale(Augment):
     def plan(self, b: PlanBuilder, index: np.ndarray, rng: np.random.Generator) -> None:
         if self.num_output_channels == 1:
             if not b.whole_batch(index):
-                raise ValueError("Grayscale(num_output_channels=1) changes the batch's channel count, so it must "
-                                 "apply to every sample; inside RandomApply/RandomChoice/RandomOrder use "
-                                 "Grayscale(num_output_channels=3) or RandomGrayscale")
+                raise ValueError(
+                    "Grayscale(num_output_channels=1) changes the batch's channel count, so it must "
+                    "apply to every sample; inside RandomApply/RandomChoice/RandomOrder use "
+                    "Grayscale(num_output_channels=3) or RandomGrayscale"
+                )
             b.channels = 1
         b.add("grayscale", index)
 

@@ -50,10 +50,16 @@ class RandomChoice(Augment):
         self.transforms = list(transforms)
         if p is None:
             p = [1.0] * len(self.transforms)
-        if not isinstance(p, (list, tuple)) or len(p) != len(self.transforms) or any(
-                isinstance(v, bool) or not isinstance(v, numbers.Real) or v < 0 for v in p) or sum(p) <= 0:
-            raise ValueError(f"RandomChoice: p={p!r} should be {len(self.transforms)} non-negative numbers with a "
-                             f"positive sum, one per transform")
+        if (
+            not isinstance(p, (list, tuple))
+            or len(p) != len(self.transforms)
+            or any(isinstance(v, bool) or not isinstance(v, numbers.Real) or v < 0 for v in p)
+            or sum(p) <= 0
+        ):
+            raise ValueError(
+                f"RandomChoice: p={p!r} should be {len(self.transforms)} non-negative numbers with a "
+                f"positive sum, one per transform"
+            )
         total = float(sum(p))
         self.p = [float(v) / total for v in p]
 
@@ -65,7 +71,6 @@ class RandomChoice(Augment):
         pick = _categorical(rng, self.p, index.size)
         for j, t in enumerate(self.transforms):
             t.plan(b, index[pick == j], rng)
-
 
     # Over batch transforms (MixUp, CutMix): one choice per batch, as torchvision's RandomChoice on a batch.
     def plan_batch(self, n: int, hw: tuple[int, int], rng: np.random.Generator) -> Any:

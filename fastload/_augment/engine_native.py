@@ -68,20 +68,27 @@ def check_native_ops(ops: dict, native_ops: dict, params: int) -> None:
         layout = _LAYOUT.get(name, ())
         columns = ops[name].columns
         if sorted(c for c, _, _ in layout) != sorted(columns):
-            problems.append(f"{name}: its plan columns are {sorted(columns)}, its native row layout (_LAYOUT) "
-                            f"places {sorted(c for c, _, _ in layout)}")
+            problems.append(
+                f"{name}: its plan columns are {sorted(columns)}, its native row layout (_LAYOUT) "
+                f"places {sorted(c for c, _, _ in layout)}"
+            )
             continue
         for column, _, first in layout:
             width = int(np.prod(columns[column][1], dtype=np.int64))
             if first + width > _PARAMS:
-                problems.append(f"{name}: column {column} ({width} values from slot {first}) overflows the "
-                                f"{_PARAMS} slots of a native row")
+                problems.append(
+                    f"{name}: column {column} ({width} values from slot {first}) overflows the "
+                    f"{_PARAMS} slots of a native row"
+                )
     if problems:
-        raise RuntimeError("fastload's augmentation operations and its native core (fastload._C) disagree: "
-                           + "; ".join(problems) + ". An operation needs both a define_op (in a module listed in "
-                           "fastload/_augment/ops.py) and a line in csrc/augment.h's FASTLOAD_AUG_OPS with its "
-                           "kernel; if the sources have both, fastload._C was built from other sources: rebuild "
-                           "it with `python setup.py build_ext --inplace`")
+        raise RuntimeError(
+            "fastload's augmentation operations and its native core (fastload._C) disagree: "
+            + "; ".join(problems)
+            + ". An operation needs both a define_op (in a module listed in "
+            "fastload/_augment/ops.py) and a line in csrc/augment.h's FASTLOAD_AUG_OPS with its "
+            "kernel; if the sources have both, fastload._C was built from other sources: rebuild "
+            "it with `python setup.py build_ext --inplace`"
+        )
 
 
 _C = native()
@@ -96,19 +103,22 @@ def native_arrays(plan: AugmentPlan) -> tuple[np.ndarray, ...]:
     iparams (m, 4). Raises NotImplementedError naming the operations the native engine does not have."""
     missing = sorted({step.op for step in plan.steps} - set(NATIVE_OPS))  # defined later than this import
     if missing:
-        raise NotImplementedError(f"the native augmentation engine has no kernel for {', '.join(missing)} "
-                                  f"(it has {', '.join(NATIVE_OPS)}); run these plans with engine_torch.run_torch")
+        raise NotImplementedError(
+            f"the native augmentation engine has no kernel for {', '.join(missing)} "
+            f"(it has {', '.join(NATIVE_OPS)}); run these plans with engine_torch.run_torch"
+        )
     sizes = np.array([step.index.size for step in plan.steps], dtype=np.int64)
     offset = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     m = int(offset[-1])
     op = np.array([NATIVE_OPS[step.op] for step in plan.steps], dtype=np.int64)
-    sample = np.concatenate([step.index for step in plan.steps]).astype(np.int64) if plan.steps else \
-        np.zeros(0, np.int64)
+    sample = (
+        np.concatenate([step.index for step in plan.steps]).astype(np.int64) if plan.steps else np.zeros(0, np.int64)
+    )
     fparams, iparams = np.zeros((m, _PARAMS)), np.zeros((m, _PARAMS), dtype=np.int64)
     for step, start, stop in zip(plan.steps, offset[:-1], offset[1:]):
         for column, kind, first in _LAYOUT.get(step.op, ()):
             values = step.params[column].reshape(stop - start, -1)
-            (fparams if kind == "f" else iparams)[start:stop, first:first + values.shape[1]] = values
+            (fparams if kind == "f" else iparams)[start:stop, first : first + values.shape[1]] = values
     return op, offset, sample, fparams, iparams
 
 
@@ -118,13 +128,23 @@ def augment_arrays(plan: AugmentPlan, *, pad: bool = True) -> tuple[np.ndarray, 
     then, with ``pad`` and a padded RandomCrop in the plan, its windows (padding.Padding: active, decode_hw, rows,
     cols, fill) for the decoder to assemble."""
     g = plan.geometry
-    arrays = (g.vflip.astype(np.uint8), g.has_affine.astype(np.uint8),
-              np.ascontiguousarray(g.affine.reshape(-1, 6), dtype=np.float64), g.interpolation.astype(np.uint8),
-              np.ascontiguousarray(g.fill, dtype=np.float64), *native_arrays(plan))
+    arrays = (
+        g.vflip.astype(np.uint8),
+        g.has_affine.astype(np.uint8),
+        np.ascontiguousarray(g.affine.reshape(-1, 6), dtype=np.float64),
+        g.interpolation.astype(np.uint8),
+        np.ascontiguousarray(g.fill, dtype=np.float64),
+        *native_arrays(plan),
+    )
     if pad and g.pad is not None:
         p = g.pad
-        arrays += (p.active.astype(np.uint8), p.decode_hw.astype(np.int64), p.rows.astype(np.int64),
-                   p.cols.astype(np.int64), np.ascontiguousarray(p.fill, dtype=np.float64))
+        arrays += (
+            p.active.astype(np.uint8),
+            p.decode_hw.astype(np.int64),
+            p.rows.astype(np.int64),
+            p.cols.astype(np.int64),
+            np.ascontiguousarray(p.fill, dtype=np.float64),
+        )
     return arrays
 
 
@@ -140,21 +160,29 @@ def run_native(images: Any, plan: AugmentPlan, pool: Any = None) -> Any:
     arr = images.permute(0, 2, 3, 1) if nchw else images
     arr = arr.numpy() if hasattr(arr, "numpy") and not isinstance(arr, np.ndarray) else arr
     if not isinstance(arr, np.ndarray) or arr.ndim != 4:
-        raise TypeError(f"run_native: images should be a uint8 (N, H, W, 3) numpy array or CPU tensor, got "
-                        f"{type(images).__name__} of shape {getattr(images, 'shape', None)}")
+        raise TypeError(
+            f"run_native: images should be a uint8 (N, H, W, 3) numpy array or CPU tensor, got "
+            f"{type(images).__name__} of shape {getattr(images, 'shape', None)}"
+        )
     if arr.shape[3] != 3:
-        hint = (" (an (N, 3, H, W) tensor must be in channels_last memory: "
-                "x.contiguous(memory_format=torch.channels_last))" if arr.shape[1] == 3 else "")
-        raise ValueError(f"run_native: images should be (N, H, W, 3), RGB in NHWC memory, got shape "
-                         f"{tuple(arr.shape)}{hint}")
+        hint = (
+            " (an (N, 3, H, W) tensor must be in channels_last memory: x.contiguous(memory_format=torch.channels_last))"
+            if arr.shape[1] == 3
+            else ""
+        )
+        raise ValueError(
+            f"run_native: images should be (N, H, W, 3), RGB in NHWC memory, got shape {tuple(arr.shape)}{hint}"
+        )
     n, h, w = arr.shape[:3]
     if n != plan.n:
         raise ValueError(f"run_native: the batch has {n} images but the plan was made for {plan.n}")
     bad = np.flatnonzero((plan.geometry.out_hw[:, 0] != h) | (plan.geometry.out_hw[:, 1] != w))
     if bad.size:
         i = int(bad[0])
-        raise ValueError(f"run_native: sample {i} was planned as {tuple(int(v) for v in plan.geometry.out_hw[i])} "
-                         f"(h, w) but the batch's tiles are {(h, w)}")
+        raise ValueError(
+            f"run_native: sample {i} was planned as {tuple(int(v) for v in plan.geometry.out_hw[i])} "
+            f"(h, w) but the batch's tiles are {(h, w)}"
+        )
     global _default_pool
     if pool is None:
         if _default_pool is None:
@@ -171,5 +199,11 @@ def _is_channels_last_nchw(images: Any) -> bool:
     import sys
 
     torch = sys.modules.get("torch")  # only a tensor can be one, and then torch is imported
-    return (torch is not None and isinstance(images, torch.Tensor) and images.ndim == 4 and images.shape[1] == 3
-            and images.shape[3] != 3 and images.is_contiguous(memory_format=torch.channels_last))
+    return (
+        torch is not None
+        and isinstance(images, torch.Tensor)
+        and images.ndim == 4
+        and images.shape[1] == 3
+        and images.shape[3] != 3
+        and images.is_contiguous(memory_format=torch.channels_last)
+    )

@@ -38,17 +38,26 @@ def run_pil(image: Any, plan: AugmentPlan, sample: int, *, source: bool = False)
         raise IndexError(f"run_pil: sample {sample} is outside the plan's batch of {plan.n}")
     geo = plan.geometry
     bilinear = geo.interpolation[sample] == BILINEAR
-    img = _geometry(img, plan, sample, source, "run_pil", "tile", Image.Resampling.BILINEAR,
-                    Image.Resampling.BILINEAR if bilinear else Image.Resampling.NEAREST,
-                    tuple(int(v) for v in geo.fill[sample]))
+    img = _geometry(
+        img,
+        plan,
+        sample,
+        source,
+        "run_pil",
+        "tile",
+        Image.Resampling.BILINEAR,
+        Image.Resampling.BILINEAR if bilinear else Image.Resampling.NEAREST,
+        tuple(int(v) for v in geo.fill[sample]),
+    )
     for name, params in plan.ops_of(sample):
         img = OPS[name].pil(img, params)
     out = np.asarray(img)
     return out[:, :, :1].copy() if plan.channels == 1 else out
 
 
-def run_pil_mask(mask: Any, plan: AugmentPlan, sample: int, *, fill: int | None = None,
-                 source: bool = False) -> np.ndarray:
+def run_pil_mask(
+    mask: Any, plan: AugmentPlan, sample: int, *, fill: int | None = None, source: bool = False
+) -> np.ndarray:
     """Move one segmentation mask (H, W) uint8 with its image's geometry: crop and resize NEAREST (``source``; a
     padded RandomCrop's window padded with ``fill``), flips, the affine always NEAREST with ``fill`` outside;
     pixel operations skip masks. ``fill`` None: each transform's own mask fill, from the plan (``mask_fills``)."""
@@ -56,8 +65,18 @@ def run_pil_mask(mask: Any, plan: AugmentPlan, sample: int, *, fill: int | None 
     if m.dtype != np.uint8 or m.ndim != 2:
         raise TypeError(f"run_pil_mask: mask should be an (H, W) uint8 array, got {m.dtype} {m.shape}")
     pad_fill, affine_fill = mask_fills(plan, sample) if fill is None else (int(fill), int(fill))
-    img = _geometry(Image.fromarray(m, "L"), plan, sample, source, "run_pil_mask", "mask", Image.Resampling.NEAREST,
-                    Image.Resampling.NEAREST, affine_fill, pad_fill)
+    img = _geometry(
+        Image.fromarray(m, "L"),
+        plan,
+        sample,
+        source,
+        "run_pil_mask",
+        "mask",
+        Image.Resampling.NEAREST,
+        Image.Resampling.NEAREST,
+        affine_fill,
+        pad_fill,
+    )
     return np.asarray(img)
 
 
@@ -69,8 +88,18 @@ def mask_fills(plan: AugmentPlan, sample: int) -> tuple[int, int]:
     return pad_fill, 255 if geo.mask_fill is None else int(geo.mask_fill[sample])
 
 
-def _geometry(img: Image.Image, plan: AugmentPlan, sample: int, source: bool, who: str, what: str,
-              resize: Image.Resampling, resample: Image.Resampling, fill: Any, pad_fill: Any = None) -> Image.Image:
+def _geometry(
+    img: Image.Image,
+    plan: AugmentPlan,
+    sample: int,
+    source: bool,
+    who: str,
+    what: str,
+    resize: Image.Resampling,
+    resample: Image.Resampling,
+    fill: Any,
+    pad_fill: Any = None,
+) -> Image.Image:
     """The sample's geometry, the same for an image and its mask but for the resampling and the fill: crop and
     ``resize`` (from a source picture), or a check of the tile's size; flips; the affine with ``resample``."""
     geo = plan.geometry
@@ -89,13 +118,17 @@ def _geometry(img: Image.Image, plan: AugmentPlan, sample: int, source: bool, wh
         else:
             img = img.crop((left, top, left + w, top + h)).resize((ow, oh), resize)
     elif (img.height, img.width) != (oh, ow):
-        raise ValueError(f"{who}: sample {sample} was planned as {oh}x{ow} but the {what} is "
-                         f"{img.height}x{img.width}")
+        raise ValueError(f"{who}: sample {sample} was planned as {oh}x{ow} but the {what} is {img.height}x{img.width}")
     if geo.hflip[sample]:
         img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
     if geo.vflip[sample]:
         img = img.transpose(Image.Transpose.FLIP_TOP_BOTTOM)
     if geo.has_affine[sample]:
-        img = img.transform((ow, oh), Image.Transform.AFFINE, tuple(float(v) for v in geo.affine[sample].ravel()),
-                            resample=resample, fillcolor=fill)
+        img = img.transform(
+            (ow, oh),
+            Image.Transform.AFFINE,
+            tuple(float(v) for v in geo.affine[sample].ravel()),
+            resample=resample,
+            fillcolor=fill,
+        )
     return img

@@ -28,8 +28,7 @@ import torch.nn.functional as F
 from .ops import OPS
 from .plan import BILINEAR, AugmentPlan
 
-__all__ = ["assemble_rows", "augment_rows", "host_columns", "padding_columns", "run_torch",
-           "run_torch_mask"]
+__all__ = ["assemble_rows", "augment_rows", "host_columns", "padding_columns", "run_torch", "run_torch_mask"]
 
 
 class Columns(dict):
@@ -39,8 +38,9 @@ class Columns(dict):
     host: dict[str, np.ndarray]
 
 
-def run_torch(images: torch.Tensor, plan: AugmentPlan, *, flips: bool = True,
-              columns: list[torch.Tensor] | None = None) -> torch.Tensor:
+def run_torch(
+    images: torch.Tensor, plan: AugmentPlan, *, flips: bool = True, columns: list[torch.Tensor] | None = None
+) -> torch.Tensor:
     """Execute ``plan`` on ``images`` (N, C, H, W), uint8 (or float in [0, 1] for the operations that allow it).
 
     Returns a new tensor (N, plan.channels, H, W) of the same dtype; ``images`` is left unchanged.
@@ -55,24 +55,31 @@ def _own_precision(fn):
     the training thread) would run any operation on autocast's lists in float16/bfloat16 and change the pixels.
     The kernels also use no convolution or matmul (those follow TF32 and matmul-precision globals on a GPU), so
     their arithmetic is the same whatever the user set (tests/augment/test_engine_precision.py)."""
+
     @functools.wraps(fn)
     def wrapped(x, *args, **kwargs):
         with torch.autocast(x.device.type, enabled=False):
             return fn(x, *args, **kwargs)
+
     return wrapped
 
 
-def augment_rows(rows: torch.Tensor, plan: AugmentPlan, *, flips: bool = False,
-                 columns: list[torch.Tensor] | None = None) -> None:
+def augment_rows(
+    rows: torch.Tensor, plan: AugmentPlan, *, flips: bool = False, columns: list[torch.Tensor] | None = None
+) -> None:
     """Execute ``plan`` on a decoder's uint8 rows (N, H, W, 3) **in place** (the GPU decoders' rows, DALI's host
     rows in its CPU-only mode): the batch is run as an NCHW tensor and written back into ``rows``. ``flips``:
     False, the decoders mirror while resizing. ``columns`` as for :func:`run_torch`."""
     if not isinstance(rows, torch.Tensor) or rows.ndim != 4 or rows.shape[3] != 3 or rows.dtype != torch.uint8:
-        raise TypeError(f"augment_rows: rows should be uint8 (N, H, W, 3), got {getattr(rows, 'dtype', type(rows))} "
-                        f"{tuple(getattr(rows, 'shape', ()))}")
+        raise TypeError(
+            f"augment_rows: rows should be uint8 (N, H, W, 3), got {getattr(rows, 'dtype', type(rows))} "
+            f"{tuple(getattr(rows, 'shape', ()))}"
+        )
     if plan.channels != 3:
-        raise ValueError("augment_rows: image rows keep 3 channels; Grayscale(num_output_channels=1) is not "
-                         "supported in a loader (use num_output_channels=3)")
+        raise ValueError(
+            "augment_rows: image rows keep 3 channels; Grayscale(num_output_channels=1) is not "
+            "supported in a loader (use num_output_channels=3)"
+        )
     x = rows.permute(0, 3, 1, 2)
     _check(x, plan)
     # contiguous NCHW, as the kernels are tested; one copy in and one back, on the rows' device and stream
@@ -118,8 +125,7 @@ def host_columns(plan: AugmentPlan, flips: bool = True) -> list[np.ndarray]:
     affine mode's rows, matrices and fills, each step's index and parameter columns. A caller that uploads them
     itself (a decoder's pinned staging) passes the device copies to :func:`run_torch`/:func:`augment_rows`."""
     geo = plan.geometry
-    host: list[np.ndarray] = [np.flatnonzero(geo.hflip) if flips else np.zeros(0, np.int64),
-                              np.flatnonzero(geo.vflip)]
+    host: list[np.ndarray] = [np.flatnonzero(geo.hflip) if flips else np.zeros(0, np.int64), np.flatnonzero(geo.vflip)]
     for mode in (0, 1):
         rows = np.flatnonzero(geo.has_affine & (geo.interpolation == mode))
         host += [rows, geo.affine[rows], geo.fill[rows]]
@@ -133,8 +139,10 @@ def _execute(x: torch.Tensor, plan: AugmentPlan, flips: bool, columns: list[torc
     """Run the plan on ``x`` (N, C, H, W), which it may write in place; returns the result."""
     for step in plan.steps:
         if x.is_floating_point() and not OPS[step.op].floats:
-            raise TypeError(f"the {step.op} operation runs on uint8 images only, got a {x.dtype} batch; "
-                            f"run the augmentations before converting to float")
+            raise TypeError(
+                f"the {step.op} operation runs on uint8 images only, got a {x.dtype} batch; "
+                f"run the augmentations before converting to float"
+            )
     host = host_columns(plan, flips)
     # Everything the device needs from the host, uploaded at once (one copy, no wait on the device's queue).
     dev_arrays = iter(upload(host, x.device) if columns is None else columns)
@@ -165,10 +173,16 @@ def run_torch_mask(masks: torch.Tensor, plan: AugmentPlan, *, fill: int = 255, f
     """Move segmentation masks (N, H, W) or (N, 1, H, W), uint8, with their images' geometry: the same flips
     and affine, always nearest, outside filled with ``fill`` (255: torchvision's segmentation "ignore" label);
     pixel operations skip masks. Returns a new tensor of the same shape."""
-    if not isinstance(masks, torch.Tensor) or masks.dtype != torch.uint8 or masks.ndim not in (3, 4) or (
-            masks.ndim == 4 and masks.shape[1] != 1):
-        raise TypeError(f"run_torch_mask: masks should be a uint8 (N, H, W) or (N, 1, H, W) tensor, got "
-                        f"{getattr(masks, 'dtype', type(masks).__name__)} {tuple(getattr(masks, 'shape', ()))}")
+    if (
+        not isinstance(masks, torch.Tensor)
+        or masks.dtype != torch.uint8
+        or masks.ndim not in (3, 4)
+        or (masks.ndim == 4 and masks.shape[1] != 1)
+    ):
+        raise TypeError(
+            f"run_torch_mask: masks should be a uint8 (N, H, W) or (N, 1, H, W) tensor, got "
+            f"{getattr(masks, 'dtype', type(masks).__name__)} {tuple(getattr(masks, 'shape', ()))}"
+        )
     if isinstance(fill, bool) or not isinstance(fill, int) or not 0 <= fill <= 255:
         raise ValueError(f"run_torch_mask: fill={fill!r} should be an int in [0, 255] (a label)")
     x = (masks if masks.ndim == 4 else masks.unsqueeze(1)).clone()
@@ -176,8 +190,9 @@ def run_torch_mask(masks: torch.Tensor, plan: AugmentPlan, *, fill: int = 255, f
     geo = plan.geometry
     hrows = np.flatnonzero(geo.hflip) if flips else np.zeros(0, np.int64)
     vrows, arows = np.flatnonzero(geo.vflip), np.flatnonzero(geo.has_affine)
-    hsel, vsel, asel, m, fills = upload([hrows, vrows, arows, geo.affine[arows], np.full((arows.size, 1), float(fill))],
-                                        x.device)
+    hsel, vsel, asel, m, fills = upload(
+        [hrows, vrows, arows, geo.affine[arows], np.full((arows.size, 1), float(fill))], x.device
+    )
     _subset(x, hrows, hsel, lambda t: t.flip(-1))
     _subset(x, vrows, vsel, lambda t: t.flip(-2))
     _subset(x, arows, asel, lambda t: _affine(t, m, 0, fills))
@@ -197,7 +212,7 @@ def upload(arrays: list[np.ndarray], device: torch.device, pack: bool | None = N
         total += -(-a.nbytes // 8) * 8  # 8-byte aligned, so every dtype can view its slice
     buf = np.zeros(max(total, 8), dtype=np.uint8)
     for a, off in zip(arrays, offsets):
-        buf[off:off + a.nbytes] = np.ascontiguousarray(a).view(np.uint8).ravel()
+        buf[off : off + a.nbytes] = np.ascontiguousarray(a).view(np.uint8).ravel()
     staged = torch.from_numpy(buf)
     if device.type == "cuda":
         staged = staged.pin_memory()
@@ -205,14 +220,15 @@ def upload(arrays: list[np.ndarray], device: torch.device, pack: bool | None = N
     out = []
     for a, off in zip(arrays, offsets):
         dtype = torch.from_numpy(np.zeros(0, dtype=a.dtype)).dtype
-        out.append(on_dev[off:off + a.nbytes].view(dtype).view(a.shape))
+        out.append(on_dev[off : off + a.nbytes].view(dtype).view(a.shape))
     return out
 
 
 def _check(images: Any, plan: AugmentPlan) -> None:
     if not isinstance(images, torch.Tensor) or images.ndim != 4:
-        raise TypeError(f"run_torch: images should be an (N, C, H, W) tensor, got "
-                        f"{getattr(images, 'shape', type(images).__name__)}")
+        raise TypeError(
+            f"run_torch: images should be an (N, C, H, W) tensor, got {getattr(images, 'shape', type(images).__name__)}"
+        )
     n, c, h, w = images.shape
     if n != plan.n:
         raise ValueError(f"run_torch: the batch has {n} images but the plan was made for {plan.n}")
@@ -250,8 +266,9 @@ def _affine(x: torch.Tensor, mt: torch.Tensor, mode: int, fill: torch.Tensor) ->
         out = F.grid_sample(src, grid.to(torch.float32), mode="bilinear", padding_mode="zeros", align_corners=False)
     else:
         # Nearest in float64, so that a coordinate just below a pixel edge stays there (PIL computes in double).
-        out = F.grid_sample(src.to(torch.float64), grid, mode="nearest", padding_mode="zeros",
-                            align_corners=False).to(torch.float32)
+        out = F.grid_sample(src.to(torch.float64), grid, mode="nearest", padding_mode="zeros", align_corners=False).to(
+            torch.float32
+        )
     mask = out[:, -1:]
     out = out[:, :-1]
     fill_t = fill[:, :c].to(torch.float32).view(k, c, 1, 1)

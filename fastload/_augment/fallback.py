@@ -92,8 +92,10 @@ class UserTransform:
             got = out.get("image") if isinstance(out, dict) else out
             res = _as_hwc(got, h, w, c, chw=False)
             if res is None:
-                raise BadResult(f"{self.name} returned {_what(out)} (called as t(image=img)); expected a dict whose "
-                                 f"'image' is a uint8 HWC numpy array of shape {(h, w, c)}")
+                raise BadResult(
+                    f"{self.name} returned {_what(out)} (called as t(image=img)); expected a dict whose "
+                    f"'image' is a uint8 HWC numpy array of shape {(h, w, c)}"
+                )
             return res
         if self.pil:
             from PIL import Image
@@ -101,15 +103,19 @@ class UserTransform:
             out = self.fn(Image.fromarray(img))
             res = _as_hwc(out, h, w, c, chw=True)
             if res is None:
-                raise BadResult(f"{self.name} returned {_what(out)} (called with an RGB PIL image of {w}x{h}); "
-                                f"expected an RGB PIL image of {w}x{h} or a uint8 CHW torch.Tensor of shape {(c, h, w)}")
+                raise BadResult(
+                    f"{self.name} returned {_what(out)} (called with an RGB PIL image of {w}x{h}); "
+                    f"expected an RGB PIL image of {w}x{h} or a uint8 CHW torch.Tensor of shape {(c, h, w)}"
+                )
             return res
         out = self.fn(torch.from_numpy(img).permute(2, 0, 1).contiguous())
         res = _as_hwc(out, h, w, c, chw=True)
         if res is None:
-            raise BadResult(f"{self.name} returned {_what(out)}; expected a uint8 CHW torch.Tensor of shape "
-                             f"{(c, h, w)} (the image it was given, transformed in place of it), or an RGB PIL image "
-                             f"of {w}x{h}")
+            raise BadResult(
+                f"{self.name} returned {_what(out)}; expected a uint8 CHW torch.Tensor of shape "
+                f"{(c, h, w)} (the image it was given, transformed in place of it), or an RGB PIL image "
+                f"of {w}x{h}"
+            )
         return res
 
 
@@ -120,15 +126,19 @@ class AfterNormalize(UserTransform):
     def __init__(self, fn: Any, dtype: torch.dtype, reason: str | None = None) -> None:
         super().__init__(fn, reason)
         if self.albumentations:
-            raise ValueError(f"{self.name} is an albumentations transform after ToDtype/Normalize: albumentations "
-                             f"takes the uint8 image, so put it before ToDtype/Normalize")
+            raise ValueError(
+                f"{self.name} is an albumentations transform after ToDtype/Normalize: albumentations "
+                f"takes the uint8 image, so put it before ToDtype/Normalize"
+            )
         self.dtype = dtype
 
     @classmethod
     def of(cls, t: UserTransform, dtype: torch.dtype) -> "AfterNormalize":
         if t.pil:
-            raise ValueError(f"{t.name} takes PIL images ({t.reason or 'a PIL-only transform'}), which cannot hold "
-                             f"the normalized float image: put it before ToDtype/Normalize")
+            raise ValueError(
+                f"{t.name} takes PIL images ({t.reason or 'a PIL-only transform'}), which cannot hold "
+                f"the normalized float image: put it before ToDtype/Normalize"
+            )
         return cls(t.fn, dtype, t.reason)
 
     def describe(self) -> dict[str, Any]:
@@ -143,11 +153,17 @@ class AfterNormalize(UserTransform):
         pixels = torch.from_numpy(img).view(self.dtype)  # (H, W, C), sharing img's memory
         h, w, c = pixels.shape
         out = self.fn(pixels.permute(2, 0, 1).contiguous())
-        if not (isinstance(out, torch.Tensor) and out.dtype == self.dtype and out.device.type == "cpu"
-                and tuple(out.shape) == (c, h, w)):
-            raise BadResult(f"{self.name} returned {_what(out)}; expected a {str(self.dtype).replace('torch.', '')} "
-                            f"CHW torch.Tensor of shape {(c, h, w)} (it runs after ToDtype/Normalize, on the float "
-                            f"image it was given)")
+        if not (
+            isinstance(out, torch.Tensor)
+            and out.dtype == self.dtype
+            and out.device.type == "cpu"
+            and tuple(out.shape) == (c, h, w)
+        ):
+            raise BadResult(
+                f"{self.name} returned {_what(out)}; expected a {str(self.dtype).replace('torch.', '')} "
+                f"CHW torch.Tensor of shape {(c, h, w)} (it runs after ToDtype/Normalize, on the float "
+                f"image it was given)"
+            )
         pixels.copy_(out.permute(1, 2, 0))
         return img
 
@@ -163,7 +179,8 @@ def _what(value: Any) -> str:
         return f"a {value.dtype} numpy array of shape {value.shape}"
     if isinstance(value, dict):
         return f"a dict with keys {sorted(map(str, value))}" + (
-            f" whose 'image' is {_what(value['image'])}" if "image" in value else "")
+            f" whose 'image' is {_what(value['image'])}" if "image" in value else ""
+        )
     if type(value).__module__.startswith("PIL"):
         return f"a PIL image (mode {getattr(value, 'mode', '?')}, {getattr(value, 'size', '?')})"
     return f"{type(value).__name__} {value!r}"[:200]
@@ -221,8 +238,9 @@ class _Seeded:
         torch.set_rng_state(self.saved[2])
 
 
-def run_sample(transforms: Sequence[UserTransform], img: np.ndarray, seed: int,
-               times: SampleTimes | None = None) -> np.ndarray:
+def run_sample(
+    transforms: Sequence[UserTransform], img: np.ndarray, seed: int, times: SampleTimes | None = None
+) -> np.ndarray:
     """Run ``transforms`` in order on ``img`` (an HWC uint8 row, written in place and returned), seeded with
     ``seed``."""
     cur = img
@@ -239,8 +257,14 @@ def run_sample(transforms: Sequence[UserTransform], img: np.ndarray, seed: int,
     return img
 
 
-def run_rows(transforms: Sequence[UserTransform], rows: np.ndarray, ks: Sequence[int], seeds: np.ndarray,
-             where: Any, times: SampleTimes | None = None) -> None:
+def run_rows(
+    transforms: Sequence[UserTransform],
+    rows: np.ndarray,
+    ks: Sequence[int],
+    seeds: np.ndarray,
+    where: Any,
+    times: SampleTimes | None = None,
+) -> None:
     """``run_sample`` on rows ``ks`` of ``rows`` in this process. ``where(k)``: the location of row ``k`` for
     errors (dataset, shard, sample, field); a transform's own exception gets it as a note."""
     for k in ks:

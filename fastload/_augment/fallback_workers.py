@@ -59,8 +59,11 @@ __all__ = ["FallbackPool", "FallbackRunner", "can_fork"]
 def can_fork() -> bool:
     """Whether this process may start worker processes: not a daemonic one (a torch DataLoader worker calling
     ``ds.__getitems__``: multiprocessing forbids it children), and ``fork`` and memfd exist here."""
-    return (not multiprocessing.current_process().daemon and hasattr(os, "memfd_create")
-            and "fork" in multiprocessing.get_all_start_methods())
+    return (
+        not multiprocessing.current_process().daemon
+        and hasattr(os, "memfd_create")
+        and "fork" in multiprocessing.get_all_start_methods()
+    )
 
 
 def may_fork_here() -> bool:
@@ -144,8 +147,12 @@ class FallbackPool:
             for wid in range(n):
                 ours, theirs = ctx.Pipe(duplex=True)
                 close = [c.fileno() for c in self.conns] + [ours.fileno()]
-                p = ctx.Process(target=_serve, args=(theirs, tuple(transforms), self.staging, wid, close),
-                                daemon=True, name=f"fastload-transform-{wid}")
+                p = ctx.Process(
+                    target=_serve,
+                    args=(theirs, tuple(transforms), self.staging, wid, close),
+                    daemon=True,
+                    name=f"fastload-transform-{wid}",
+                )
                 self.conns.append(ours)
                 with HoldCtrlC():  # a started worker is always in self.workers, where _stop finds it
                     try:
@@ -164,8 +171,9 @@ class FallbackPool:
     def close(self) -> None:
         self._stopper()
 
-    def run(self, rows: np.ndarray, ks: Sequence[int], seeds: np.ndarray, where: Any, times: SampleTimes,
-            timeout: float = 0) -> None:
+    def run(
+        self, rows: np.ndarray, ks: Sequence[int], seeds: np.ndarray, where: Any, times: SampleTimes, timeout: float = 0
+    ) -> None:
         """Transform rows ``ks`` of ``rows`` (e.g. a pinned host slot's) through the staging area, in place.
         ``timeout``: the loader's (seconds; 0 waits as long as the workers live). On any error or interrupt the
         pool is closed (a later batch makes a new one) and the error raised."""
@@ -223,8 +231,11 @@ class FallbackPool:
     def _late(self, owed: list, timeout: float, first: dict) -> None:
         """Workers ``owed`` did not answer within the loader's ``timeout``: end them (the pool closes) and say so
         in torch's words, naming each and where its share starts."""
-        late = "; ".join(f"per-sample image transform worker {w} (pid {self.workers[w].pid}) still had its share "
-                         f"from {first.get(w, '?')}" for w in owed)
+        late = "; ".join(
+            f"per-sample image transform worker {w} (pid {self.workers[w].pid}) still had its share "
+            f"from {first.get(w, '?')}"
+            for w in owed
+        )
         for w in owed:
             self.workers[w].terminate()
         raise RuntimeError(f"DataLoader timed out after {timeout} seconds: {late}")
@@ -232,8 +243,10 @@ class FallbackPool:
     def _died(self, w: int) -> None:
         p = self.workers[w]
         p.join(timeout=1.0)
-        raise RuntimeError(death_message(w, p.pid, p.exitcode) + " (a per-sample image transform worker: the "
-                           "transform ended the process)") from None  # not the pipe's error that showed it
+        raise RuntimeError(
+            death_message(w, p.pid, p.exitcode) + " (a per-sample image transform worker: the "
+            "transform ended the process)"
+        ) from None  # not the pipe's error that showed it
 
 
 class FallbackRunner:
@@ -241,8 +254,9 @@ class FallbackRunner:
     threads, ``num_workers``) or, at ``num_workers=0`` (or where this process may not fork), in the calling
     thread. Says once, after its first batch, what they cost (a ``FastPathWarning``)."""
 
-    def __init__(self, field: str, transforms: Sequence[Any], batch_size: int,
-                 stage: str = "after the native decode") -> None:
+    def __init__(
+        self, field: str, transforms: Sequence[Any], batch_size: int, stage: str = "after the native decode"
+    ) -> None:
         self.field = field
         self.stage = stage  # where in the pipeline they run, for the warning
         self.transforms = tuple(transforms)
@@ -266,11 +280,16 @@ class FallbackRunner:
 
     @staticmethod
     def _fits(pool: FallbackPool | None, row_shape: tuple, rows: int) -> bool:
-        return pool is not None and not pool.closed and pool.staging.shape[1:] == tuple(row_shape) \
+        return (
+            pool is not None
+            and not pool.closed
+            and pool.staging.shape[1:] == tuple(row_shape)
             and len(pool.staging) >= rows
+        )
 
-    def run(self, rows: np.ndarray, ks: Sequence[int], seeds: np.ndarray, where: Any, native_pool: Any,
-            timeout: float = 0) -> None:
+    def run(
+        self, rows: np.ndarray, ks: Sequence[int], seeds: np.ndarray, where: Any, native_pool: Any, timeout: float = 0
+    ) -> None:
         """Transform rows ``ks`` of ``rows`` in place; ``native_pool``: the loader's decode threads (as many
         worker processes; None or 0 threads: in this thread); ``timeout``: the loader's, for the workers' answers.
         A pool is made here only where ``may_fork_here``; elsewhere the pool made by ``start`` is used (even if
@@ -283,8 +302,7 @@ class FallbackRunner:
             if not (fits and self.pool.n == n) and (here or not fits):
                 self.close()
                 if here:
-                    self.pool = FallbackPool(self.transforms, n, max(self.batch_size, len(rows)),
-                                             tuple(rows.shape[1:]))
+                    self.pool = FallbackPool(self.transforms, n, max(self.batch_size, len(rows)), tuple(rows.shape[1:]))
                 else:
                     n = 0
                     self._degrade()
@@ -301,21 +319,32 @@ class FallbackRunner:
     def _degrade(self) -> None:
         if not self.degraded:
             self.degraded = True
-            warnings.warn(f"fastload: transforms['{self.field}']: no per-sample transform worker is running (an "
-                          f"error closed them, or the iteration did not start them) and none is forked from this "
-                          f"thread, which runs beside others (forking a multi-threaded process can deadlock the "
-                          f"child): this iteration runs the transforms in this thread from here on; the next one "
-                          f"starts workers again", FastPathWarning, stacklevel=3)
+            warnings.warn(
+                f"fastload: transforms['{self.field}']: no per-sample transform worker is running (an "
+                f"error closed them, or the iteration did not start them) and none is forked from this "
+                f"thread, which runs beside others (forking a multi-threaded process can deadlock the "
+                f"child): this iteration runs the transforms in this thread from here on; the next one "
+                f"starts workers again",
+                FastPathWarning,
+                stacklevel=3,
+            )
 
     def _cost(self, times: SampleTimes, workers: int) -> str:
-        each = "; ".join(f"{t.name}: {ms:.2f} ms per image" + (f" ({t.reason})" if t.reason else "")
-                         for t, ms in zip(self.transforms, times.per_image_ms()))
-        place = (f"in {workers} worker process{'es' if workers != 1 else ''}" if workers
-                 else "in the calling thread (num_workers=0)")
-        return (f"fastload: transforms['{self.field}'] has {len(self.transforms)} transform(s) fastload does not run "
-                f"natively; they run per sample in Python {self.stage}, {place}: {each} (measured over "
-                f"the first batch, {times.images} images). Use fastload.transforms' equivalents to keep the whole "
-                f"pipeline in the native decoder.")
+        each = "; ".join(
+            f"{t.name}: {ms:.2f} ms per image" + (f" ({t.reason})" if t.reason else "")
+            for t, ms in zip(self.transforms, times.per_image_ms())
+        )
+        place = (
+            f"in {workers} worker process{'es' if workers != 1 else ''}"
+            if workers
+            else "in the calling thread (num_workers=0)"
+        )
+        return (
+            f"fastload: transforms['{self.field}'] has {len(self.transforms)} transform(s) fastload does not run "
+            f"natively; they run per sample in Python {self.stage}, {place}: {each} (measured over "
+            f"the first batch, {times.images} images). Use fastload.transforms' equivalents to keep the whole "
+            f"pipeline in the native decoder."
+        )
 
     def close(self) -> None:
         if self.pool is not None:

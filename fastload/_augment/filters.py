@@ -54,7 +54,7 @@ def _blur_pil(img: Image.Image, p: dict[str, Any]) -> Image.Image:
     out = np.zeros((h, w, a.shape[2]))
     for dy in range(ky):
         for dx in range(kx):
-            out += k2[dy, dx] * a[dy:dy + h, dx:dx + w]
+            out += k2[dy, dx] * a[dy : dy + h, dx : dx + w]
     return Image.fromarray(np.clip(np.rint(out), 0, 255).astype(np.uint8), img.mode)
 
 
@@ -72,7 +72,7 @@ def _blur_torch(x: torch.Tensor, p: Any) -> torch.Tensor:
         order = torch.argsort(ks[:, 0] * (int(sizes[:, 1].max()) + 1) + ks[:, 1], stable=True)
         starts = np.concatenate([[0], np.cumsum(counts)]).tolist()
     for g, (kx, ky) in enumerate(groups):  # one group per kernel size: in practice one (then no index at all)
-        sel = None if len(groups) == 1 else order[starts[g]:starts[g + 1]]
+        sel = None if len(groups) == 1 else order[starts[g] : starts[g + 1]]
         xs = (x if sel is None else x.index_select(0, sel)).to(torch.float32)
         m = int(counts[g])
         sig = (p["sigma"] if sel is None else p["sigma"].index_select(0, sel)).to(torch.float32)
@@ -84,8 +84,9 @@ def _blur_torch(x: torch.Tensor, p: Any) -> torch.Tensor:
             return (pdf / pdf.sum(1, keepdim=True)).repeat_interleave(c, dim=0)  # (m*c, size)
 
         ky_, kx_ = int(ky), int(kx)
-        xp = F.pad(xs, (kx_ // 2, kx_ // 2, ky_ // 2, ky_ // 2), mode="reflect").reshape(m * c, h + ky_ - 1,
-                                                                                          w + kx_ - 1)
+        xp = F.pad(xs, (kx_ // 2, kx_ // 2, ky_ // 2, ky_ // 2), mode="reflect").reshape(
+            m * c, h + ky_ - 1, w + kx_ - 1
+        )
         xp = _shifted_sum(xp, kernels(ky_, sig[:, 1]), axis=1)
         xp = _shifted_sum(xp, kernels(kx_, sig[:, 0]), axis=2)
         y = xp.view(m, c, h, w)
@@ -111,8 +112,10 @@ def _shifted_sum(x: torch.Tensor, weights: torch.Tensor, axis: int) -> torch.Ten
 
 def _check_erase_value(value: np.ndarray, floats: bool) -> None:
     if not floats and (np.any(value < 0) or np.any(value > 255)):
-        raise ValueError(f"RandomErasing: value={value.tolist()} is outside 0-255, the range of the uint8 images "
-                         f"it is applied to; give the value in pixel units or apply erasing to normalised floats")
+        raise ValueError(
+            f"RandomErasing: value={value.tolist()} is outside 0-255, the range of the uint8 images "
+            f"it is applied to; give the value in pixel units or apply erasing to normalised floats"
+        )
 
 
 def _erase_pil(img: Image.Image, p: dict[str, Any]) -> Image.Image:
@@ -121,7 +124,7 @@ def _erase_pil(img: Image.Image, p: dict[str, Any]) -> Image.Image:
     top, left, h, w = (int(v) for v in p["box"])
     _check_erase_value(p["value"], floats=False)
     a = np.array(img)
-    a[top:top + h, left:left + w] = np.trunc(p["value"]).astype(np.uint8)
+    a[top : top + h, left : left + w] = np.trunc(p["value"]).astype(np.uint8)
     return Image.fromarray(a, img.mode)
 
 
@@ -175,7 +178,7 @@ def _erase_random_pil(img: Image.Image, p: dict[str, Any]) -> Image.Image:
 
     top, left, h, w = (int(v) for v in p["box"])
     a = np.array(img)
-    a[top:top + h, left:left + w] = erase_noise_np(int(p["seed"]), h, w)
+    a[top : top + h, left : left + w] = erase_noise_np(int(p["seed"]), h, w)
     return Image.fromarray(a, img.mode)
 
 
@@ -195,17 +198,27 @@ def _erase_random_torch(x: torch.Tensor, p: Any) -> torch.Tensor:
     return torch.where(inside, noise.to(x.dtype), x)
 
 
-define_op("gaussian_blur", {"ksize": ("int64", (2,)), "sigma": ("float64", (2,))}, pil=_blur_pil, torch=_blur_torch,
-          floats=True)
-define_op("erase", {"box": ("int64", (4,)), "value": ("float64", (3,))}, pil=_erase_pil, torch=_erase_torch,
-          floats=True)
-define_op("erase_random", {"box": ("int64", (4,)), "seed": ("float64", ())}, pil=_erase_random_pil,
-          torch=_erase_random_torch)
+define_op(
+    "gaussian_blur",
+    {"ksize": ("int64", (2,)), "sigma": ("float64", (2,))},
+    pil=_blur_pil,
+    torch=_blur_torch,
+    floats=True,
+)
+define_op(
+    "erase", {"box": ("int64", (4,)), "value": ("float64", (3,))}, pil=_erase_pil, torch=_erase_torch, floats=True
+)
+define_op(
+    "erase_random", {"box": ("int64", (4,)), "seed": ("float64", ())}, pil=_erase_random_pil, torch=_erase_random_torch
+)
 
 
 def _pair_of(value: Any, what: str) -> tuple[float, float]:
-    if isinstance(value, (list, tuple)) and len(value) == 2 and all(
-            isinstance(v, numbers.Real) and not isinstance(v, bool) for v in value):
+    if (
+        isinstance(value, (list, tuple))
+        and len(value) == 2
+        and all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in value)
+    ):
         return float(value[0]), float(value[1])
     raise TypeError(f"{what}={value!r} should be a (min, max) pair of numbers")
 
@@ -238,9 +251,11 @@ class GaussianBlur(Augment):
         reflect padding needs more pixels than half the kernel), what ``fastload.open`` checks every sample's
         output size against (``ImagePipeline.check_sizes``)."""
         kx, ky = self.kernel_size
-        return ((ky // 2 >= hw[:, 0]) | (kx // 2 >= hw[:, 1]),
-                f"a tile larger than half the kernel ({ky // 2 + 1}x{kx // 2 + 1} or more, h x w: reflect padding)",
-                "give it a smaller kernel_size, or crop or resize to a larger output before it")
+        return (
+            (ky // 2 >= hw[:, 0]) | (kx // 2 >= hw[:, 1]),
+            f"a tile larger than half the kernel ({ky // 2 + 1}x{kx // 2 + 1} or more, h x w: reflect padding)",
+            "give it a smaller kernel_size, or crop or resize to a larger output before it",
+        )
 
     def plan(self, b: PlanBuilder, index: np.ndarray, rng: np.random.Generator) -> None:
         kx, ky = self.kernel_size
@@ -248,8 +263,10 @@ class GaussianBlur(Augment):
         bad = np.flatnonzero(self.tile_refusal(hw)[0])
         if bad.size:
             i = int(index[bad[0]])
-            raise ValueError(f"GaussianBlur: kernel_size={self.kernel_size} needs a tile larger than half the kernel "
-                             f"(reflect padding), but sample {i} of the batch is {hw[bad[0], 0]}x{hw[bad[0], 1]}")
+            raise ValueError(
+                f"GaussianBlur: kernel_size={self.kernel_size} needs a tile larger than half the kernel "
+                f"(reflect padding), but sample {i} of the batch is {hw[bad[0], 0]}x{hw[bad[0], 1]}"
+            )
         s = rng.uniform(self.sigma[0], self.sigma[1], index.size)
         b.add("gaussian_blur", index, ksize=np.array(self.kernel_size), sigma=np.stack([s, s], axis=1))
 
@@ -258,8 +275,14 @@ class RandomErasing(Augment):
     """Erase a random rectangle with probability ``p`` (torchvision's defaults: scale (0.02, 0.33), ratio
     (0.3, 3.3), value 0)."""
 
-    def __init__(self, p: float = 0.5, scale: Any = (0.02, 0.33), ratio: Any = (0.3, 3.3), value: Any = 0.0,
-                 inplace: bool = False) -> None:
+    def __init__(
+        self,
+        p: float = 0.5,
+        scale: Any = (0.02, 0.33),
+        ratio: Any = (0.3, 3.3),
+        value: Any = 0.0,
+        inplace: bool = False,
+    ) -> None:
         self.p = check_p(p, "RandomErasing")
         self.scale = _pair_of(scale, "RandomErasing: scale")
         self.ratio = _pair_of(ratio, "RandomErasing: ratio")
@@ -269,13 +292,18 @@ class RandomErasing(Augment):
             raise ValueError(f"RandomErasing: ratio={ratio!r} should be (min, max) with 0 < min <= max")
         if isinstance(value, str):
             if value != "random":
-                raise ValueError(f"RandomErasing: value={value!r} should be a number, one number per channel or "
-                                 f"'random' (per-pixel noise)")
+                raise ValueError(
+                    f"RandomErasing: value={value!r} should be a number, one number per channel or "
+                    f"'random' (per-pixel noise)"
+                )
             self.value: Any = "random"
         elif isinstance(value, numbers.Real) and not isinstance(value, bool):
             self.value = (float(value),)
-        elif isinstance(value, (list, tuple)) and len(value) in (1, 3) and all(
-                isinstance(v, numbers.Real) and not isinstance(v, bool) for v in value):
+        elif (
+            isinstance(value, (list, tuple))
+            and len(value) in (1, 3)
+            and all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in value)
+        ):
             self.value = tuple(float(v) for v in value)
         else:
             raise TypeError(f"RandomErasing: value={value!r} should be a number or a sequence of 1 or 3 numbers")

@@ -19,12 +19,21 @@ import numpy as np
 from .plan import Augment, PlanBuilder, check_interpolation, check_p
 from .type_fill import split_fill
 
-__all__ = ["RandomAffine", "RandomHorizontalFlip", "RandomRotation", "RandomVerticalFlip", "inverse_affine", "rotate",
-           "shear", "translate"]
+__all__ = [
+    "RandomAffine",
+    "RandomHorizontalFlip",
+    "RandomRotation",
+    "RandomVerticalFlip",
+    "inverse_affine",
+    "rotate",
+    "shear",
+    "translate",
+]
 
 
-def inverse_affine(center: np.ndarray, angle: np.ndarray, translate_xy: np.ndarray, scale: np.ndarray,
-                   shear_xy: np.ndarray) -> np.ndarray:
+def inverse_affine(
+    center: np.ndarray, angle: np.ndarray, translate_xy: np.ndarray, scale: np.ndarray, shear_xy: np.ndarray
+) -> np.ndarray:
     """torchvision's ``_get_inverse_affine_matrix`` for k samples at once (angles and shears in degrees).
 
     The forward map is ``T * C * R(angle) * Shear * Scale * C^-1``; this returns its inverse as (k, 2, 3)."""
@@ -141,18 +150,26 @@ class RandomRotation(_RandomGeometric):
     """Rotate counter-clockwise by an angle drawn uniformly from ``degrees`` (d -> (-d, d)), about the tile's
     centre or ``center`` (x, y), keeping the size. ``expand=True`` is refused: a batch keeps one tile size."""
 
-    def __init__(self, degrees: Any, interpolation: Any = "nearest", expand: bool = False, center: Any = None,
-                 fill: Any = 0) -> None:
+    def __init__(
+        self, degrees: Any, interpolation: Any = "nearest", expand: bool = False, center: Any = None, fill: Any = 0
+    ) -> None:
         self.degrees = _symmetric(degrees, "RandomRotation: degrees")
         if expand:
-            raise ValueError("RandomRotation: expand=True gives each sample its own output size, which a batch "
-                             "cannot hold; use expand=False (and a Resize/crop before it for the margins)")
+            raise ValueError(
+                "RandomRotation: expand=True gives each sample its own output size, which a batch "
+                "cannot hold; use expand=False (and a Resize/crop before it for the margins)"
+            )
         self.expand = False
         self._setup(interpolation, fill, center)
 
     def _params(self) -> dict[str, Any]:
-        return {"degrees": self.degrees, "interpolation": self.interpolation, "expand": self.expand,
-                "center": self.center, "fill": self.fill}
+        return {
+            "degrees": self.degrees,
+            "interpolation": self.interpolation,
+            "expand": self.expand,
+            "center": self.center,
+            "fill": self.fill,
+        }
 
     def plan(self, b: PlanBuilder, index: np.ndarray, rng: np.random.Generator) -> None:
         angle = rng.uniform(self.degrees[0], self.degrees[1], index.size)
@@ -166,18 +183,33 @@ class RandomAffine(_RandomGeometric):
     """torchvision's RandomAffine: angle from ``degrees``, translation ``round(U(-t*W, t*W))`` pixels, scale
     from ``scale``, shear x from ``shear[:2]`` and y from ``shear[2:]`` (a number s means x in (-s, s))."""
 
-    def __init__(self, degrees: Any, translate: Any = None, scale: Any = None, shear: Any = None,
-                 interpolation: Any = "nearest", fill: Any = 0, center: Any = None) -> None:
+    def __init__(
+        self,
+        degrees: Any,
+        translate: Any = None,
+        scale: Any = None,
+        shear: Any = None,
+        interpolation: Any = "nearest",
+        fill: Any = 0,
+        center: Any = None,
+    ) -> None:
         self.degrees = _symmetric(degrees, "RandomAffine: degrees")
         if translate is not None:
-            if not (isinstance(translate, (list, tuple)) and len(translate) == 2 and all(
-                    _is_number(v) and 0.0 <= v <= 1.0 for v in translate)):
+            if not (
+                isinstance(translate, (list, tuple))
+                and len(translate) == 2
+                and all(_is_number(v) and 0.0 <= v <= 1.0 for v in translate)
+            ):
                 raise ValueError(f"RandomAffine: translate={translate!r} should be (fx, fy), fractions in [0, 1]")
             translate = (float(translate[0]), float(translate[1]))
         self.translate = translate
         if scale is not None:
-            if not (isinstance(scale, (list, tuple)) and len(scale) == 2 and all(
-                    _is_number(v) and v > 0 for v in scale) and scale[0] <= scale[1]):
+            if not (
+                isinstance(scale, (list, tuple))
+                and len(scale) == 2
+                and all(_is_number(v) and v > 0 for v in scale)
+                and scale[0] <= scale[1]
+            ):
                 raise ValueError(f"RandomAffine: scale={scale!r} should be (min, max), positive, min <= max")
             scale = (float(scale[0]), float(scale[1]))
         self.scale = scale
@@ -185,8 +217,15 @@ class RandomAffine(_RandomGeometric):
         self._setup(interpolation, fill, center)
 
     def _params(self) -> dict[str, Any]:
-        return {"degrees": self.degrees, "translate": self.translate, "scale": self.scale, "shear": self.shear,
-                "interpolation": self.interpolation, "fill": self.fill, "center": self.center}
+        return {
+            "degrees": self.degrees,
+            "translate": self.translate,
+            "scale": self.scale,
+            "shear": self.shear,
+            "interpolation": self.interpolation,
+            "fill": self.fill,
+            "center": self.center,
+        }
 
     def plan(self, b: PlanBuilder, index: np.ndarray, rng: np.random.Generator) -> None:
         k = index.size

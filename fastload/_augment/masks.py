@@ -40,8 +40,9 @@ def moved_mask(mask: np.ndarray, plan: Any) -> np.ndarray:
     return move_mask(mask, geometry_of(plan), 0)
 
 
-def decode_masks(pool: Any, sources: tuple, meta: np.ndarray, plan: Any, out: np.ndarray,
-                 fill: int | None = None) -> list:
+def decode_masks(
+    pool: Any, sources: tuple, meta: np.ndarray, plan: Any, out: np.ndarray, fill: int | None = None
+) -> list:
     """The batch's masks (``sources``: ``(regions, region, offset, length)``, ``meta``: (n, 2) stored sizes) moved
     with ``plan`` (a ``transforms.Plan``) into ``out`` (n, H, W) uint8, natively on ``pool`` (csrc/mask.cc, equal
     to ``move_mask``'s PIL reference). ``fill`` None: each transform's mask fill, from the plan. Returns the
@@ -51,8 +52,13 @@ def decode_masks(pool: Any, sources: tuple, meta: np.ndarray, plan: Any, out: np
     pad = geo.pad
     fills: Any = fill  # the given fill for every sample, or
     if fill is None:  # per sample: the padded window's fill, the affine's (csrc/mask.cc reads both)
-        fills = np.stack([np.full(n, MASK_FILL) if pad is None or pad.mask_fill is None else pad.mask_fill,
-                         np.full(n, MASK_FILL) if geo.mask_fill is None else geo.mask_fill], axis=1).astype(np.uint8)
+        fills = np.stack(
+            [
+                np.full(n, MASK_FILL) if pad is None or pad.mask_fill is None else pad.mask_fill,
+                np.full(n, MASK_FILL) if geo.mask_fill is None else geo.mask_fill,
+            ],
+            axis=1,
+        ).astype(np.uint8)
     if pad is None:
         padded = np.zeros(n, np.uint8)
         box_hw = geo.out_hw
@@ -62,6 +68,22 @@ def decode_masks(pool: Any, sources: tuple, meta: np.ndarray, plan: Any, out: np
         box_hw = np.where(pad.active[:, None], pad.decode_hw, geo.out_hw)
         rows, cols = pad.rows, pad.cols
     regions, region, offset, length = sources
-    return native().decode_mask_batch(pool, regions, region, offset, length, meta, plan.crops, box_hw, padded, rows,
-                                      cols, geo.hflip.astype(np.uint8), geo.vflip.astype(np.uint8),
-                                      geo.has_affine.astype(np.uint8), geo.affine.reshape(n, 6), fills, out)
+    return native().decode_mask_batch(
+        pool,
+        regions,
+        region,
+        offset,
+        length,
+        meta,
+        plan.crops,
+        box_hw,
+        padded,
+        rows,
+        cols,
+        geo.hflip.astype(np.uint8),
+        geo.vflip.astype(np.uint8),
+        geo.has_affine.astype(np.uint8),
+        geo.affine.reshape(n, 6),
+        fills,
+        out,
+    )

@@ -37,10 +37,13 @@ class _MixBase:
         name = type(self).__name__
         if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not alpha > 0:
             raise ValueError(f"{name}: alpha={alpha!r} should be a positive number")
-        if num_classes is not None and (isinstance(num_classes, bool) or not isinstance(num_classes, int)
-                                        or num_classes < 1):
-            raise ValueError(f"{name}: num_classes={num_classes!r} should be a positive int (or None for labels "
-                             f"that are already one-hot or soft, shape (N, classes))")
+        if num_classes is not None and (
+            isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1
+        ):
+            raise ValueError(
+                f"{name}: num_classes={num_classes!r} should be a positive int (or None for labels "
+                f"that are already one-hot or soft, shape (N, classes))"
+            )
         self.alpha = float(alpha)
         self.num_classes = num_classes
 
@@ -53,8 +56,9 @@ class _MixBase:
     def plan_batch(self, n: int, hw: tuple[int, int], rng: np.random.Generator) -> MixPlan:
         raise NotImplementedError
 
-    def __call__(self, images: torch.Tensor, labels: torch.Tensor, rng: np.random.Generator
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(
+        self, images: torch.Tensor, labels: torch.Tensor, rng: np.random.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Mix a batch: ``images`` (N, C, H, W) and ``labels`` (N,) class indices (or (N, classes) soft)."""
         _check_batch(images, labels, type(self).__name__)
         plan = self.plan_batch(images.shape[0], (images.shape[-2], images.shape[-1]), rng)
@@ -87,14 +91,19 @@ class CutMix(_MixBase):
 
 def _check_batch(images: Any, labels: Any, name: str) -> None:
     if not isinstance(images, torch.Tensor) or images.ndim != 4:
-        raise ValueError(f"{name}: images should be a batched (N, C, H, W) tensor, got "
-                         f"{getattr(images, 'shape', type(images).__name__)}")
+        raise ValueError(
+            f"{name}: images should be a batched (N, C, H, W) tensor, got "
+            f"{getattr(images, 'shape', type(images).__name__)}"
+        )
     if not isinstance(labels, torch.Tensor) or labels.ndim not in (1, 2):
-        raise ValueError(f"{name}: labels should be a tensor of shape (batch_size,) of class indices (or "
-                         f"(batch_size, classes) soft labels), got {getattr(labels, 'shape', type(labels).__name__)}")
+        raise ValueError(
+            f"{name}: labels should be a tensor of shape (batch_size,) of class indices (or "
+            f"(batch_size, classes) soft labels), got {getattr(labels, 'shape', type(labels).__name__)}"
+        )
     if labels.shape[0] != images.shape[0]:
-        raise ValueError(f"{name}: the batch size of the images does not match the labels': "
-                         f"{images.shape[0]} != {labels.shape[0]}")
+        raise ValueError(
+            f"{name}: the batch size of the images does not match the labels': {images.shape[0]} != {labels.shape[0]}"
+        )
 
 
 def mix_labels(labels: torch.Tensor, plan: MixPlan, num_classes: int | None) -> torch.Tensor:
@@ -107,10 +116,15 @@ def mix_labels(labels: torch.Tensor, plan: MixPlan, num_classes: int | None) -> 
             raise ValueError(f"{plan.kind}: 1-D labels should be integer class indices, got {labels.dtype}")
         # Checked on the host only: on a GPU the check would stall the stream every batch (one_hot then fails
         # with a device-side assert instead).
-        if labels.device.type == "cpu" and labels.numel() and (int(labels.min()) < 0 or
-                                                               int(labels.max()) >= num_classes):
-            raise ValueError(f"{plan.kind}: labels should be in [0, num_classes={num_classes}), got values from "
-                             f"{int(labels.min())} to {int(labels.max())}")
+        if (
+            labels.device.type == "cpu"
+            and labels.numel()
+            and (int(labels.min()) < 0 or int(labels.max()) >= num_classes)
+        ):
+            raise ValueError(
+                f"{plan.kind}: labels should be in [0, num_classes={num_classes}), got values from "
+                f"{int(labels.min())} to {int(labels.max())}"
+            )
         if labels.device.type == "cpu":
             # numpy, writing 2 values a row: torch's one_hot, roll, mul and add on (64, 1000) floats each
             # woke its intra-op threads, whose spinning against the decode threads cost about 3x the whole batch's
@@ -128,8 +142,9 @@ def mix_labels(labels: torch.Tensor, plan: MixPlan, num_classes: int | None) -> 
     return soft.roll(1, 0).mul(1.0 - plan.label_lam).add_(soft.mul(plan.label_lam))
 
 
-def apply_mix(images: torch.Tensor, labels: torch.Tensor, plan: MixPlan, num_classes: int | None,
-              out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def apply_mix(
+    images: torch.Tensor, labels: torch.Tensor, plan: MixPlan, num_classes: int | None, out: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Execute a :class:`MixPlan` on the batch's device; returns new images and float soft labels. ``out``: where
     to write the images (same shape, dtype and layout as ``images``, not overlapping it); a new tensor if None;
     ``images`` itself for CutMix in place (only the box is read and written)."""
@@ -138,8 +153,9 @@ def apply_mix(images: torch.Tensor, labels: torch.Tensor, plan: MixPlan, num_cla
     # than made: a rolled copy of the batch would be one more pass over its memory (the loop's 2% budget).
     if plan.kind == "mixup":
         if not images.is_floating_point():
-            raise TypeError(f"MixUp blends images, so they should be float (after ToDtype/Normalize), "
-                            f"got {images.dtype}")
+            raise TypeError(
+                f"MixUp blends images, so they should be float (after ToDtype/Normalize), got {images.dtype}"
+            )
         if out is None:
             out = torch.empty_like(images)  # keeps the batch's memory format (channels_last)
         elif out is images:
@@ -188,9 +204,11 @@ class BatchMix:
         if labels.numel():
             lo, hi = int(labels.min()), int(labels.max())
             if lo < 0 or hi >= self.num_classes:
-                raise ValueError(f"{type(self.transform).__name__}: label field '{self.label}' should hold class "
-                                 f"indices in [0, num_classes={self.num_classes}), got values from {lo} to {hi} in "
-                                 f"this batch; give num_classes > {hi}")
+                raise ValueError(
+                    f"{type(self.transform).__name__}: label field '{self.label}' should hold class "
+                    f"indices in [0, num_classes={self.num_classes}), got values from {lo} to {hi} in "
+                    f"this batch; give num_classes > {hi}"
+                )
         n, hw = images.shape[0], (images.shape[-2], images.shape[-1])
         out = self.transform.plan_batch(n, hw, rng)
         return out[1] if isinstance(out, tuple) else out
@@ -230,52 +248,70 @@ def resolve_batch(spec: Any, schema: Any, pipelines: dict, as_dict: bool) -> Bat
     fields = None
     if isinstance(spec, dict):
         if len(spec) != 1 or not isinstance(next(iter(spec)), tuple) or len(next(iter(spec))) != 2:
-            raise TypeError(f"batch_transforms as a dict maps ('image field', 'label field') to the transform, "
-                            f"e.g. {{('image', 'label'): T.MixUp(num_classes=10)}}; got {spec!r}")
+            raise TypeError(
+                f"batch_transforms as a dict maps ('image field', 'label field') to the transform, "
+                f"e.g. {{('image', 'label'): T.MixUp(num_classes=10)}}; got {spec!r}"
+            )
         fields, spec = next(iter(spec.items()))
     if isinstance(spec, (list, tuple)):
         if len(spec) != 1:
-            raise ValueError(f"batch_transforms takes one batch transform (MixUp, CutMix, or RandomChoice over them, "
-                             f"as torchvision applies one per batch), got {len(spec)}: {list(spec)!r}; e.g. "
-                             f"{_BATCH_EXAMPLE}")
+            raise ValueError(
+                f"batch_transforms takes one batch transform (MixUp, CutMix, or RandomChoice over them, "
+                f"as torchvision applies one per batch), got {len(spec)}: {list(spec)!r}; e.g. "
+                f"{_BATCH_EXAMPLE}"
+            )
         spec = spec[0]
     # RandomChoice (combinators.py, which imports this module) is the one combinator with a batch plan
     chooses = not isinstance(spec, _MixBase) and hasattr(spec, "plan_batch") and hasattr(spec, "transforms")
     members = list(spec.transforms) if chooses else [spec]
     bad = [m for m in members if not isinstance(m, _MixBase)]
     if bad:
-        raise TypeError(f"batch_transforms: {bad[0]!r} is not a batch transform; fastload runs MixUp, CutMix and "
-                        f"RandomChoice over them there, e.g. {_BATCH_EXAMPLE}")
+        raise TypeError(
+            f"batch_transforms: {bad[0]!r} is not a batch transform; fastload runs MixUp, CutMix and "
+            f"RandomChoice over them there, e.g. {_BATCH_EXAMPLE}"
+        )
     images = [f.name for f in schema if f.kind == "image"]
     ints = [f.name for f in schema if f.kind == "int"]
     if fields is None:
         if len(images) != 1 or len(ints) != 1:
-            raise ValueError(f"batch_transforms: which fields to mix is ambiguous (image fields {images}, int "
-                             f"fields {ints}); name them: batch_transforms={{('<image field>', '<label field>'): "
-                             f"{spec!r}}}")
+            raise ValueError(
+                f"batch_transforms: which fields to mix is ambiguous (image fields {images}, int "
+                f"fields {ints}); name them: batch_transforms={{('<image field>', '<label field>'): "
+                f"{spec!r}}}"
+            )
         fields = (images[0], ints[0])
     image, label = fields
     for name, kinds, what in ((image, images, "an image field"), (label, ints, "an int field of class indices")):
         if name not in schema.names:
-            raise ValueError(f"batch_transforms name field {name!r}, which this dataset does not have; its fields "
-                             f"are {list(schema.names)}")
+            raise ValueError(
+                f"batch_transforms name field {name!r}, which this dataset does not have; its fields "
+                f"are {list(schema.names)}"
+            )
         if name not in kinds:
-            raise ValueError(f"batch_transforms: field '{name}' is of kind {schema[name].kind}, but it should be "
-                             f"{what} (candidates here: {kinds})")
+            raise ValueError(
+                f"batch_transforms: field '{name}' is of kind {schema[name].kind}, but it should be "
+                f"{what} (candidates here: {kinds})"
+            )
     missing = [m for m in members if m.num_classes is None]
     if missing:
-        raise ValueError(f"batch_transforms: {missing[0]!r} needs num_classes: the label field '{label}' holds "
-                         f"class indices, made one-hot over num_classes (e.g. {type(missing[0]).__name__}"
-                         f"(alpha={missing[0].alpha}, num_classes=1000))")
+        raise ValueError(
+            f"batch_transforms: {missing[0]!r} needs num_classes: the label field '{label}' holds "
+            f"class indices, made one-hot over num_classes (e.g. {type(missing[0]).__name__}"
+            f"(alpha={missing[0].alpha}, num_classes=1000))"
+        )
     ks = sorted({m.num_classes for m in members})
     if len(ks) > 1:
-        raise ValueError(f"batch_transforms: the transforms give soft labels of different widths "
-                         f"(num_classes {ks}); give them all the same num_classes")
+        raise ValueError(
+            f"batch_transforms: the transforms give soft labels of different widths "
+            f"(num_classes {ks}); give them all the same num_classes"
+        )
     pipe = pipelines.get(image)
     if any(isinstance(m, MixUp) for m in members) and (pipe is None or not pipe.tensor.dtype.is_floating_point):
-        raise ValueError(f"batch_transforms: MixUp blends the images of field '{image}', so they should be float "
-                         f"there: end transforms['{image}'] with T.ToDtype(torch.float32, scale=True) (and "
-                         f"Normalize); CutMix alone works on uint8")
+        raise ValueError(
+            f"batch_transforms: MixUp blends the images of field '{image}', so they should be float "
+            f"there: end transforms['{image}'] with T.ToDtype(torch.float32, scale=True) (and "
+            f"Normalize); CutMix alone works on uint8"
+        )
     names = list(schema.names)
     keys = (image, label) if as_dict else (names.index(image), names.index(label))
     return BatchMix(spec, image, label, *keys)

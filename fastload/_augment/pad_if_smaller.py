@@ -62,5 +62,6 @@ class PadIfSmaller(Transform):
     def _apply(self, state: Any, rng: np.random.Generator) -> None:
         if state.pad is not None:
             raise ValueError(f"{self!r}: only one padded RandomCrop per pipeline")
-        state.pad = Pending(np.maximum(self.size - state.h, 0), np.maximum(self.size - state.w, 0), self._fill,
-                            self._mask_fill, self)
+        state.pad = Pending(
+            np.maximum(self.size - state.h, 0), np.maximum(self.size - state.w, 0), self._fill, self._mask_fill, self
+        )

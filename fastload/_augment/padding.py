@@ -48,12 +48,24 @@ class Padding:
 
     def take_rows(self, keep: np.ndarray) -> Padding:
         """The rows ``keep`` (a bool mask or indices) of these windows."""
-        return Padding(self.active[keep], self.decode_hw[keep], self.rows[keep], self.cols[keep], self.fill[keep],
-                       None if self.mask_fill is None else self.mask_fill[keep])
+        return Padding(
+            self.active[keep],
+            self.decode_hw[keep],
+            self.rows[keep],
+            self.cols[keep],
+            self.fill[keep],
+            None if self.mask_fill is None else self.mask_fill[keep],
+        )
 
     def take(self, lo: int, hi: int) -> Padding:
-        return Padding(self.active[lo:hi], self.decode_hw[lo:hi], self.rows[lo:hi], self.cols[lo:hi],
-                       self.fill[lo:hi], None if self.mask_fill is None else self.mask_fill[lo:hi])
+        return Padding(
+            self.active[lo:hi],
+            self.decode_hw[lo:hi],
+            self.rows[lo:hi],
+            self.cols[lo:hi],
+            self.fill[lo:hi],
+            None if self.mask_fill is None else self.mask_fill[lo:hi],
+        )
 
 
 def index_map(start: np.ndarray, length: int, size: np.ndarray, mode: str) -> np.ndarray:
@@ -90,8 +102,11 @@ def parse_padding(padding: Any) -> tuple[int, int, int, int] | None:
         return None
     if isinstance(padding, numbers.Integral) and not isinstance(padding, bool):
         p = [int(padding)]
-    elif isinstance(padding, (list, tuple)) and len(padding) in (1, 2, 4) and all(
-            isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in padding):
+    elif (
+        isinstance(padding, (list, tuple))
+        and len(padding) in (1, 2, 4)
+        and all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in padding)
+    ):
         p = [int(v) for v in padding]
     else:
         raise TypeError(f"RandomCrop: padding={padding!r} should be an int or a sequence of 1, 2 or 4 ints")

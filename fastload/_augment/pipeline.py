@@ -61,18 +61,24 @@ def lift_erasing(items: Sequence[Any]) -> list:
         if t.value == "random":
             why = "value='random' draws noise in normalized units, which fastload cannot erase with on the uint8 image"
         elif per_sample is not None:
-            why = (f"it follows {per_sample.name}, which runs per sample after the native decoder, so it cannot be "
-                   f"planned before it there")
+            why = (
+                f"it follows {per_sample.name}, which runs per sample after the native decoder, so it cannot be "
+                f"planned before it there"
+            )
         if why is not None and source is not None:  # the library's own object, per sample on the float image
             tail.append(UserTransform(source, f"not converted: {why}"))
             continue
         if per_sample is not None:
-            raise ValueError(f"{t!r} after {before[-1]!r} would have to be planned in the native decoder before "
-                             f"{per_sample.name}, which runs per sample after it: put RandomErasing before "
-                             f"{per_sample.name}, or pass a callable")
+            raise ValueError(
+                f"{t!r} after {before[-1]!r} would have to be planned in the native decoder before "
+                f"{per_sample.name}, which runs per sample after it: put RandomErasing before "
+                f"{per_sample.name}, or pass a callable"
+            )
         if t.value == "random":
-            raise ValueError(f"{t!r} after {before[-1]!r} draws noise in normalized units, which fastload cannot erase "
-                             f"with on the uint8 image: put RandomErasing before ToDtype/Normalize")
+            raise ValueError(
+                f"{t!r} after {before[-1]!r} draws noise in normalized units, which fastload cannot erase "
+                f"with on the uint8 image: put RandomErasing before ToDtype/Normalize"
+            )
         v = np.broadcast_to(np.asarray(t.value, dtype=np.float64), (3,)).copy()
         for tt in reversed(before):
             if isinstance(tt, Normalize):
@@ -91,21 +97,25 @@ def split(items: Sequence[Any], crop_type: type, flip_type: type) -> tuple[list,
     crops, augment = list(items[:first]), []
     padded = next((t for t in crops if getattr(t, "pads", False)), None)
     if padded is not None:
-        after = crops[crops.index(padded) + 1:]
+        after = crops[crops.index(padded) + 1 :]
         if isinstance(padded, PadIfSmaller):
             padded, after = _crop_after(padded, after)
         bad = next((t for t in after if not isinstance(t, flip_type)), None)
         if bad is not None:
-            raise ValueError(f"{bad!r} comes after {padded!r}: only RandomHorizontalFlip may follow a padded "
-                             f"RandomCrop among the crops and resizes (the decoder pads the window it decodes); "
-                             f"resize before the RandomCrop")
+            raise ValueError(
+                f"{bad!r} comes after {padded!r}: only RandomHorizontalFlip may follow a padded "
+                f"RandomCrop among the crops and resizes (the decoder pads the window it decodes); "
+                f"resize before the RandomCrop"
+            )
     for t in items[first:]:
         if isinstance(t, flip_type):
             augment.append(_TileFlip(t.p))
         elif isinstance(t, crop_type):
-            raise ValueError(f"{t!r} comes after {items[first]!r}: crops and resizes must come before the "
-                             f"augmentations (the decoder crops and resizes while decoding; the augmentations run "
-                             f"on the output tile), as in torchvision's recipes")
+            raise ValueError(
+                f"{t!r} comes after {items[first]!r}: crops and resizes must come before the "
+                f"augmentations (the decoder crops and resizes while decoding; the augmentations run "
+                f"on the output tile), as in torchvision's recipes"
+            )
         else:
             augment.append(t)
     check_channels(augment)
@@ -118,12 +128,16 @@ def _crop_after(pad: PadIfSmaller, after: list) -> tuple[Any, list]:
     crop = after[0] if after else None
     if not isinstance(crop, RandomCrop):
         why = "nothing" if crop is None else repr(crop)
-        raise ValueError(f"{pad!r} is followed by {why}: a RandomCrop must come right after it (the decoder pads only "
-                         f"the window a RandomCrop cuts from the padded image, as torchvision's segmentation "
-                         f"reference uses it)")
+        raise ValueError(
+            f"{pad!r} is followed by {why}: a RandomCrop must come right after it (the decoder pads only "
+            f"the window a RandomCrop cuts from the padded image, as torchvision's segmentation "
+            f"reference uses it)"
+        )
     if crop.pads and (not np.array_equal(crop._fill, pad._fill) or crop._mask_fill != pad._mask_fill):
-        raise ValueError(f"{crop!r} pads with another fill than {pad!r} before it: give both the same fill (one "
-                         f"fill per padded window)")
+        raise ValueError(
+            f"{crop!r} pads with another fill than {pad!r} before it: give both the same fill (one "
+            f"fill per padded window)"
+        )
     return crop, after[1:]
 
 
@@ -131,9 +145,11 @@ def check_channels(augment: Sequence[Any]) -> None:
     """Refuse Grayscale(num_output_channels=1) anywhere in the augmentations: image rows have 3 channels."""
     for t in augment:
         if isinstance(t, color.Grayscale) and t.num_output_channels == 1:
-            raise ValueError("Grayscale(num_output_channels=1) would make the batch single-channel, but image "
-                             "fields decode to 3 channels (RGB); use Grayscale(num_output_channels=3) (three equal "
-                             "channels) or RandomGrayscale")
+            raise ValueError(
+                "Grayscale(num_output_channels=1) would make the batch single-channel, but image "
+                "fields decode to 3 channels (RGB); use Grayscale(num_output_channels=3) (three equal "
+                "channels) or RandomGrayscale"
+            )
         check_channels(getattr(t, "transforms", ()))
 
 

@@ -56,8 +56,14 @@ class OpDef:
 OPS: dict[str, OpDef] = {}
 
 
-def define_op(name: str, columns: dict[str, tuple[str, tuple[int, ...]]], *, pil: Callable[..., Any],
-              torch: Callable[..., Any], floats: bool = False) -> OpDef:
+def define_op(
+    name: str,
+    columns: dict[str, tuple[str, tuple[int, ...]]],
+    *,
+    pil: Callable[..., Any],
+    torch: Callable[..., Any],
+    floats: bool = False,
+) -> OpDef:
     """Register a pixel operation (see :class:`OpDef`); a name is registered once."""
     if name in OPS:
         raise ValueError(f"pixel operation {name!r} is already defined")
@@ -114,10 +120,18 @@ class AugmentPlan:
         """The plan of samples ``lo .. hi-1``, renumbered from 0 (a decoder given part of a batch gets its part:
         ``fastload.transforms.Plan``'s slices)."""
         g = self.geometry
-        geo = Geometry(g.out_hw[lo:hi], g.hflip[lo:hi], g.vflip[lo:hi], g.affine[lo:hi], g.has_affine[lo:hi],
-                       g.interpolation[lo:hi], g.fill[lo:hi], None if g.crops is None else g.crops[lo:hi],
-                       None if g.pad is None else g.pad.take(lo, hi),
-                       None if g.mask_fill is None else g.mask_fill[lo:hi])
+        geo = Geometry(
+            g.out_hw[lo:hi],
+            g.hflip[lo:hi],
+            g.vflip[lo:hi],
+            g.affine[lo:hi],
+            g.has_affine[lo:hi],
+            g.interpolation[lo:hi],
+            g.fill[lo:hi],
+            None if g.crops is None else g.crops[lo:hi],
+            None if g.pad is None else g.pad.take(lo, hi),
+            None if g.mask_fill is None else g.mask_fill[lo:hi],
+        )
         steps = []
         for step in self.steps:
             a, b = np.searchsorted(step.index, [lo, hi])
@@ -144,8 +158,10 @@ class PlanBuilder:
     def __init__(self, out_hw: Any, crops: Any = None) -> None:
         hw = np.asarray(out_hw)
         if hw.ndim != 2 or hw.shape[1] != 2 or not np.issubdtype(hw.dtype, np.integer) or (hw.size and hw.min() <= 0):
-            raise ValueError(f"out_hw must be an (n, 2) array of positive ints (each tile's height, width), "
-                             f"got {hw.dtype} array of shape {hw.shape}")
+            raise ValueError(
+                f"out_hw must be an (n, 2) array of positive ints (each tile's height, width), "
+                f"got {hw.dtype} array of shape {hw.shape}"
+            )
         n = hw.shape[0]
         self.n = n
         self.out_hw = hw.astype(np.int64)
@@ -180,8 +196,10 @@ class PlanBuilder:
         order = np.argsort(index, kind="stable")
         ordered = index[order]
         if ordered[0] < 0 or ordered[-1] >= self.n or np.any(ordered[1:] == ordered[:-1]):
-            raise ValueError(f"{op}: index must list distinct samples of the batch (0 to {self.n - 1}), got "
-                             f"{index.tolist()[:10]}{'...' if index.size > 10 else ''}")
+            raise ValueError(
+                f"{op}: index must list distinct samples of the batch (0 to {self.n - 1}), got "
+                f"{index.tolist()[:10]}{'...' if index.size > 10 else ''}"
+            )
         params = {}
         for name, (dtype, shape) in spec.columns.items():
             col = np.asarray(columns[name], dtype=dtype)
@@ -191,8 +209,9 @@ class PlanBuilder:
             params[name] = np.ascontiguousarray(col[order])
         self.steps.append(Step(op, ordered, params))
 
-    def affine(self, index: np.ndarray, matrix: np.ndarray, interpolation: int, fill: np.ndarray,
-               mask_fill: int = 255) -> None:
+    def affine(
+        self, index: np.ndarray, matrix: np.ndarray, interpolation: int, fill: np.ndarray, mask_fill: int = 255
+    ) -> None:
         """Compose an inverse affine (k, 2, 3) after the samples' current geometry. Composed maps resample once,
         with the latest interpolation and fill (torchvision would resample, and fill, once per transform);
         ``mask_fill``: what a mask following the image shows outside."""
@@ -227,8 +246,18 @@ class PlanBuilder:
         return index.size == self.n
 
     def finish(self) -> AugmentPlan:
-        geo = Geometry(self.out_hw, self.hflip, self.vflip, self.affine_m, self.has_affine, self.interpolation,
-                       self.fill, self._crops, self.pad, self.mask_fill)
+        geo = Geometry(
+            self.out_hw,
+            self.hflip,
+            self.vflip,
+            self.affine_m,
+            self.has_affine,
+            self.interpolation,
+            self.fill,
+            self._crops,
+            self.pad,
+            self.mask_fill,
+        )
         return AugmentPlan(geo, self.steps, self.channels)
 
 
@@ -277,6 +306,7 @@ def plan_batch(transforms: Sequence[Augment], out_hw: Any, rng: np.random.Genera
 
 # ---- argument checks shared by the transforms (torchvision's messages, plus the transform's name) ----
 
+
 def check_p(p: Any, what: str) -> float:
     if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0.0 <= float(p) <= 1.0:
         raise ValueError(f"{what}: p={p!r} should be a probability (a number in [0, 1])")
@@ -290,7 +320,7 @@ def check_number(value: Any, what: str) -> float:
 
 
 def check_interpolation(interpolation: Any, what: str) -> int:
-    """"nearest"/"bilinear" or torchvision's InterpolationMode (its ``.value`` is the same string)."""
+    """ "nearest"/"bilinear" or torchvision's InterpolationMode (its ``.value`` is the same string)."""
     mode = getattr(interpolation, "value", interpolation)
     if mode == "nearest":
         return NEAREST
@@ -305,8 +335,11 @@ def check_fill(fill: Any, what: str) -> np.ndarray:
         return np.zeros(3)
     if isinstance(fill, numbers.Real) and not isinstance(fill, bool):
         return np.full(3, float(fill))
-    if isinstance(fill, (list, tuple)) and len(fill) in (1, 3) and all(
-            isinstance(v, numbers.Real) and not isinstance(v, bool) for v in fill):
+    if (
+        isinstance(fill, (list, tuple))
+        and len(fill) in (1, 3)
+        and all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in fill)
+    ):
         return np.broadcast_to(np.asarray(fill, dtype=np.float64), (3,)).copy()
     raise TypeError(f"{what}: fill={fill!r} should be None, a number or a sequence of 1 or 3 numbers")
 

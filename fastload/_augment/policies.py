@@ -57,6 +57,7 @@ def _linear(end: float, start: float = 0.0) -> Table:
 
 def _linear_of_size(fraction: float, axis: int) -> Table:
     """``linspace(0, fraction * width_or_height, num)``: RandAugment/AutoAugment's translation in pixels."""
+
     def table(bins: np.ndarray, num: int, hw: np.ndarray) -> np.ndarray:
         sizes = hw[:, 1 - axis]
         out = np.empty(bins.size)
@@ -64,6 +65,7 @@ def _linear_of_size(fraction: float, axis: int) -> Table:
             sel = sizes == size
             out[sel] = _at(0.0, fraction * float(size), num, bins[sel])
         return out
+
     return table
 
 
@@ -75,41 +77,55 @@ def _posterize_bits(num: int, span: float) -> np.ndarray:
 def _posterize(span: float) -> Table:
     """torchvision's ``(8 - arange(num) / ((num - 1) / span)).round().int()``: bits (at a fractional bin, the same
     formula rounded there)."""
+
     def table(bins: np.ndarray, num: int, hw: np.ndarray) -> np.ndarray:
         if bins.dtype.kind in "iu":
             return _posterize_bits(num, span)[bins]
         return np.round(8 - bins / ((num - 1) / span))
+
     return table
 
 
-def _space(shear_max: float, translate: Table, translate_y: Table, rotate_max: float, enhance_max: float,
-           posterize_span: float, identity: bool, invert: bool) -> dict[str, tuple[Table | None, bool]]:
+def _space(
+    shear_max: float,
+    translate: Table,
+    translate_y: Table,
+    rotate_max: float,
+    enhance_max: float,
+    posterize_span: float,
+    identity: bool,
+    invert: bool,
+) -> dict[str, tuple[Table | None, bool]]:
     space: dict[str, tuple[Table | None, bool]] = {"Identity": (None, False)} if identity else {}
-    space.update({
-        "ShearX": (_linear(shear_max), True),
-        "ShearY": (_linear(shear_max), True),
-        "TranslateX": (translate, True),
-        "TranslateY": (translate_y, True),
-        "Rotate": (_linear(rotate_max), True),
-        "Brightness": (_linear(enhance_max), True),
-        "Color": (_linear(enhance_max), True),
-        "Contrast": (_linear(enhance_max), True),
-        "Sharpness": (_linear(enhance_max), True),
-        "Posterize": (_posterize(posterize_span), False),
-        "Solarize": (_linear(0.0, start=1.0), False),
-        "AutoContrast": (None, False),
-        "Equalize": (None, False),
-    })
+    space.update(
+        {
+            "ShearX": (_linear(shear_max), True),
+            "ShearY": (_linear(shear_max), True),
+            "TranslateX": (translate, True),
+            "TranslateY": (translate_y, True),
+            "Rotate": (_linear(rotate_max), True),
+            "Brightness": (_linear(enhance_max), True),
+            "Color": (_linear(enhance_max), True),
+            "Contrast": (_linear(enhance_max), True),
+            "Sharpness": (_linear(enhance_max), True),
+            "Posterize": (_posterize(posterize_span), False),
+            "Solarize": (_linear(0.0, start=1.0), False),
+            "AutoContrast": (None, False),
+            "Equalize": (None, False),
+        }
+    )
     if invert:
         space["Invert"] = (None, False)
     return space
 
 
-_RAND_SPACE = _space(0.3, _linear_of_size(150.0 / 331.0, 0), _linear_of_size(150.0 / 331.0, 1), 30.0, 0.9, 4,
-                     identity=True, invert=False)
+_RAND_SPACE = _space(
+    0.3, _linear_of_size(150.0 / 331.0, 0), _linear_of_size(150.0 / 331.0, 1), 30.0, 0.9, 4, identity=True, invert=False
+)
 _TRIVIAL_SPACE = _space(0.99, _linear(32.0), _linear(32.0), 135.0, 0.99, 6, identity=True, invert=False)
-_AUTO_SPACE = _space(0.3, _linear_of_size(150.0 / 331.0, 0), _linear_of_size(150.0 / 331.0, 1), 30.0, 0.9, 4,
-                     identity=False, invert=True)
+_AUTO_SPACE = _space(
+    0.3, _linear_of_size(150.0 / 331.0, 0), _linear_of_size(150.0 / 331.0, 1), 30.0, 0.9, 4, identity=False, invert=True
+)
 
 _IMAGENET_POLICY = (
     (("Posterize", 0.4, 8), ("Rotate", 0.6, 9)),
@@ -177,14 +193,16 @@ class _Policy(Augment):
     _space: dict[str, tuple[Table | None, bool]] = {}
 
     def __init__(self, interpolation: Any, fill: Any) -> None:
-        self.interpolation = "nearest" if check_interpolation(interpolation, type(self).__name__) == NEAREST \
-            else "bilinear"
+        self.interpolation = (
+            "nearest" if check_interpolation(interpolation, type(self).__name__) == NEAREST else "bilinear"
+        )
         self._interp = check_interpolation(interpolation, type(self).__name__)
         self.fill = fill
         self._fill = check_fill(fill, type(self).__name__)
 
-    def _slot(self, b: PlanBuilder, index: np.ndarray, choice: np.ndarray, bins: np.ndarray, negate: np.ndarray,
-              num_bins: int) -> None:
+    def _slot(
+        self, b: PlanBuilder, index: np.ndarray, choice: np.ndarray, bins: np.ndarray, negate: np.ndarray, num_bins: int
+    ) -> None:
         """One operation per sample: ``choice`` indexes the space, ``bins`` the magnitude table."""
         for j, (name, (table, signed)) in enumerate(self._space.items()):
             sel = np.flatnonzero(choice == j)
@@ -231,34 +249,63 @@ class RandAugment(_Policy):
 
     _space = _RAND_SPACE
 
-    def __init__(self, num_ops: int = 2, magnitude: int = 9, num_magnitude_bins: int = 31,
-                 interpolation: Any = "nearest", fill: Any = None, *, magnitude_std: float = 0.0,
-                 magnitude_max: float | None = None) -> None:
+    def __init__(
+        self,
+        num_ops: int = 2,
+        magnitude: int = 9,
+        num_magnitude_bins: int = 31,
+        interpolation: Any = "nearest",
+        fill: Any = None,
+        *,
+        magnitude_std: float = 0.0,
+        magnitude_max: float | None = None,
+    ) -> None:
         super().__init__(interpolation, fill)
         if isinstance(num_ops, bool) or not isinstance(num_ops, (int, np.integer)) or num_ops < 0:
             raise ValueError(f"RandAugment: num_ops={num_ops!r} should be a non-negative integer")
         self.num_ops = int(num_ops)
         self.num_magnitude_bins = _check_bins(num_magnitude_bins, "RandAugment: num_magnitude_bins")
-        if isinstance(magnitude, bool) or not isinstance(magnitude, (int, np.integer)) or \
-                not 0 <= magnitude < self.num_magnitude_bins:
-            raise ValueError(f"RandAugment: magnitude={magnitude!r} should be an integer in "
-                             f"[0, num_magnitude_bins - 1 = {self.num_magnitude_bins - 1}]")
+        if (
+            isinstance(magnitude, bool)
+            or not isinstance(magnitude, (int, np.integer))
+            or not 0 <= magnitude < self.num_magnitude_bins
+        ):
+            raise ValueError(
+                f"RandAugment: magnitude={magnitude!r} should be an integer in "
+                f"[0, num_magnitude_bins - 1 = {self.num_magnitude_bins - 1}]"
+            )
         self.magnitude = int(magnitude)
-        if isinstance(magnitude_std, bool) or not isinstance(magnitude_std, numbers.Real) or \
-                math.isnan(magnitude_std) or magnitude_std < 0:
-            raise ValueError(f"RandAugment: magnitude_std={magnitude_std!r} should be a number >= 0 (0: a fixed "
-                             f"magnitude; inf: uniform in [0, magnitude])")
+        if (
+            isinstance(magnitude_std, bool)
+            or not isinstance(magnitude_std, numbers.Real)
+            or math.isnan(magnitude_std)
+            or magnitude_std < 0
+        ):
+            raise ValueError(
+                f"RandAugment: magnitude_std={magnitude_std!r} should be a number >= 0 (0: a fixed "
+                f"magnitude; inf: uniform in [0, magnitude])"
+            )
         self.magnitude_std = float(magnitude_std)
         top = self.num_magnitude_bins - 1
-        if magnitude_max is not None and (isinstance(magnitude_max, bool) or
-                                          not isinstance(magnitude_max, numbers.Real) or not 0 <= magnitude_max <= top):
-            raise ValueError(f"RandAugment: magnitude_max={magnitude_max!r} should be None or a number in "
-                             f"[0, num_magnitude_bins - 1 = {top}] (the magnitude table ends there)")
+        if magnitude_max is not None and (
+            isinstance(magnitude_max, bool)
+            or not isinstance(magnitude_max, numbers.Real)
+            or not 0 <= magnitude_max <= top
+        ):
+            raise ValueError(
+                f"RandAugment: magnitude_max={magnitude_max!r} should be None or a number in "
+                f"[0, num_magnitude_bins - 1 = {top}] (the magnitude table ends there)"
+            )
         self.magnitude_max = None if magnitude_max is None else float(magnitude_max)
 
     def _params(self) -> dict[str, Any]:
-        params = {"num_ops": self.num_ops, "magnitude": self.magnitude, "num_magnitude_bins": self.num_magnitude_bins,
-                  "interpolation": self.interpolation, "fill": self.fill}
+        params = {
+            "num_ops": self.num_ops,
+            "magnitude": self.magnitude,
+            "num_magnitude_bins": self.num_magnitude_bins,
+            "interpolation": self.interpolation,
+            "fill": self.fill,
+        }
         if self.magnitude_std:  # only when given: torchvision's RandAugment has neither
             params["magnitude_std"] = self.magnitude_std
         if self.magnitude_max is not None:
@@ -298,8 +345,10 @@ class AutoAugment(_Policy):
         super().__init__(interpolation, fill)
         name = getattr(policy, "value", policy)
         if name != "imagenet":
-            raise ValueError(f"AutoAugment: policy={policy!r} is not supported; only the ImageNet policy is "
-                             f"(policy='imagenet' or AutoAugmentPolicy.IMAGENET)")
+            raise ValueError(
+                f"AutoAugment: policy={policy!r} is not supported; only the ImageNet policy is "
+                f"(policy='imagenet' or AutoAugmentPolicy.IMAGENET)"
+            )
         self.policy = "imagenet"
 
     def _params(self) -> dict[str, Any]:
@@ -329,8 +378,9 @@ class ThreeAugment(Augment):
     +-3 sigma of the largest sigma) and reflect padding: on photo-like tiles the two differ by about half a
     level on average away from the borders (tests/augment/test_augment_policies_extra.py)."""
 
-    def __init__(self, color_jitter: float | None = 0.3, blur_sigma: Any = (0.1, 2.0),
-                 blur_kernel_size: int | None = None) -> None:
+    def __init__(
+        self, color_jitter: float | None = 0.3, blur_sigma: Any = (0.1, 2.0), blur_kernel_size: int | None = None
+    ) -> None:
         self.color_jitter = None if not color_jitter else float(color_jitter)
         self._blur = GaussianBlur(3, sigma=blur_sigma)  # checks sigma; the size is set below
         self.blur_sigma = self._blur.sigma
@@ -341,8 +391,11 @@ class ThreeAugment(Augment):
         self._jitter = None if self.color_jitter is None else ColorJitter(*(self.color_jitter,) * 3)
 
     def _params(self) -> dict[str, Any]:
-        return {"color_jitter": self.color_jitter, "blur_sigma": self.blur_sigma,
-                "blur_kernel_size": self.blur_kernel_size}
+        return {
+            "color_jitter": self.color_jitter,
+            "blur_sigma": self.blur_sigma,
+            "blur_kernel_size": self.blur_kernel_size,
+        }
 
     def plan(self, b: PlanBuilder, index: np.ndarray, rng: np.random.Generator) -> None:
         self._choice.plan(b, index, rng)

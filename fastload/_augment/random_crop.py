@@ -22,8 +22,14 @@ class RandomCrop(Transform):
     masks keeping 255). After a ``PadIfSmaller`` (``pad_if_smaller.py``) the window is drawn over its padded
     image."""
 
-    def __init__(self, size: int | Sequence[int], padding: Any = None, pad_if_needed: bool = False, fill: Any = 0,
-                 padding_mode: str = "constant") -> None:
+    def __init__(
+        self,
+        size: int | Sequence[int],
+        padding: Any = None,
+        pad_if_needed: bool = False,
+        fill: Any = 0,
+        padding_mode: str = "constant",
+    ) -> None:
         self.size = _setup_size(size, "RandomCrop")
         self.padding = parse_padding(padding)
         self.pad_if_needed = bool(pad_if_needed)
@@ -37,12 +43,19 @@ class RandomCrop(Transform):
         return self.pad_if_needed or (self.padding is not None and any(self.padding))
 
     def _params(self) -> dict[str, Any]:
-        return {"size": list(self.size), "padding": None if self.padding is None else list(self.padding),
-                "pad_if_needed": self.pad_if_needed, "fill": self.fill, "padding_mode": self.padding_mode}
+        return {
+            "size": list(self.size),
+            "padding": None if self.padding is None else list(self.padding),
+            "pad_if_needed": self.pad_if_needed,
+            "fill": self.fill,
+            "padding_mode": self.padding_mode,
+        }
 
     def __repr__(self) -> str:
-        return (f"{type(self).__name__}(size={self.size}, padding={self.padding}, pad_if_needed={self.pad_if_needed}, "
-                f"fill={self.fill}, padding_mode={self.padding_mode!r})")
+        return (
+            f"{type(self).__name__}(size={self.size}, padding={self.padding}, pad_if_needed={self.pad_if_needed}, "
+            f"fill={self.fill}, padding_mode={self.padding_mode!r})"
+        )
 
     def _static_size(self, hw: tuple[int, int] | None) -> tuple[int, int] | None:
         return self.size
@@ -60,11 +73,17 @@ class RandomCrop(Transform):
         if self.pad_if_needed:
             dh, dw = np.maximum(ch - ph, 0), np.maximum(cw - pw, 0)
             pad_t, pad_l, ph, pw = pad_t + dh, pad_l + dw, ph + 2 * dh, pw + 2 * dw
-        keep = state.refuse(self, (ph < ch) | (pw < cw), f"an image of at least {ch}x{cw} (h x w) at this step, "
-                            f"its padding included", lambda i: state.describe(i) + ("" if (ph[i], pw[i]) == (state.h[i], state.w[i])
-                                                                   else f", {int(ph[i])}x{int(pw[i])} padded"),
-                            "use pad_if_needed=True (torchvision refuses such an image too, at its batch), or put a "
-                            "Resize of at least the crop size before it")
+        keep = state.refuse(
+            self,
+            (ph < ch) | (pw < cw),
+            f"an image of at least {ch}x{cw} (h x w) at this step, its padding included",
+            lambda i: (
+                state.describe(i)
+                + ("" if (ph[i], pw[i]) == (state.h[i], state.w[i]) else f", {int(ph[i])}x{int(pw[i])} padded")
+            ),
+            "use pad_if_needed=True (torchvision refuses such an image too, at its batch), or put a "
+            "Resize of at least the crop size before it",
+        )
         if keep is not None:
             ih, iw, pad_t, pad_l, ph, pw = (a[keep] for a in (ih, iw, pad_t, pad_l, ph, pw))
         top = rng.integers(0, ph - ch + 1) - pad_t  # one draw per axis and sample (0 where nothing to choose)
@@ -81,8 +100,16 @@ class RandomCrop(Transform):
         padded_window(state, top, left, (ch, cw), (ih, iw), self.padding_mode, fill, mask_fill)
 
 
-def padded_window(state: Any, top: np.ndarray, left: np.ndarray, size: tuple[int, int], image_hw: tuple, mode: str,
-                  fill: np.ndarray, mask_fill: int) -> None:
+def padded_window(
+    state: Any,
+    top: np.ndarray,
+    left: np.ndarray,
+    size: tuple[int, int],
+    image_hw: tuple,
+    mode: str,
+    fill: np.ndarray,
+    mask_fill: int,
+) -> None:
     """Make the batch's ``size`` windows at ``top``/``left`` (in the shown image of ``image_hw`` per sample, a
     PadIfSmaller's padding included, flips already applied) padded windows (``padding.Padding``): the box of image
     pixels each needs, the index maps, ``fill`` where a window leaves the image (``mode`` constant). RandomCrop's
@@ -104,8 +131,9 @@ def padded_window(state: Any, top: np.ndarray, left: np.ndarray, size: tuple[int
     active = ~((rows == np.arange(ch)).all(axis=1) & (cols == np.arange(cw)).all(axis=1))
     n = state.h.shape[0]
     state.crop(y0, np.where(state.flip, state.w - x1, x0), y1 - y0, x1 - x0)
-    state.pad = Padding(active, np.stack([y1 - y0, x1 - x0], axis=1), rows, cols, np.tile(fill, (n, 1)),
-                        np.full(n, mask_fill, np.uint8))
+    state.pad = Padding(
+        active, np.stack([y1 - y0, x1 - x0], axis=1), rows, cols, np.tile(fill, (n, 1)), np.full(n, mask_fill, np.uint8)
+    )
     state.tile_hw = (ch, cw)
 
 

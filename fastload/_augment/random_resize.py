@@ -19,7 +19,7 @@ __all__ = ["RandomResize", "check_bilinear"]
 
 
 def check_bilinear(interpolation: Any, antialias: Any, what: str) -> str:
-    """"bilinear" or torchvision's InterpolationMode.BILINEAR (its ``.value`` is "bilinear"), antialiased: what the
+    """ "bilinear" or torchvision's InterpolationMode.BILINEAR (its ``.value`` is "bilinear"), antialiased: what the
     native engine resizes with (a mask following the image is resized NEAREST, as torchvision resizes masks)."""
     mode = getattr(interpolation, "value", interpolation)
     if mode != "bilinear":
@@ -49,19 +49,27 @@ class RandomResize(Transform):
         self.min_size = _positive_int(min_size, "RandomResize min_size")
         self.max_size = _positive_int(max_size, "RandomResize max_size")
         if self.max_size <= self.min_size:
-            raise ValueError(f"RandomResize: max_size={max_size} must be greater than min_size={min_size} (the size "
-                             f"is drawn from [min_size, max_size), max_size excluded, as torchvision draws it); for "
-                             f"one size use Resize({min_size})")
+            raise ValueError(
+                f"RandomResize: max_size={max_size} must be greater than min_size={min_size} (the size "
+                f"is drawn from [min_size, max_size), max_size excluded, as torchvision draws it); for "
+                f"one size use Resize({min_size})"
+            )
         self.interpolation = check_bilinear(interpolation, antialias, "RandomResize")
         self.antialias = True
 
     def _params(self) -> dict[str, Any]:
-        return {"min_size": self.min_size, "max_size": self.max_size, "interpolation": self.interpolation,
-                "antialias": self.antialias}
+        return {
+            "min_size": self.min_size,
+            "max_size": self.max_size,
+            "interpolation": self.interpolation,
+            "antialias": self.antialias,
+        }
 
     def __repr__(self) -> str:
-        return (f"{type(self).__name__}(min_size={self.min_size}, max_size={self.max_size}, "
-                f"interpolation={self.interpolation}, antialias={self.antialias})")
+        return (
+            f"{type(self).__name__}(min_size={self.min_size}, max_size={self.max_size}, "
+            f"interpolation={self.interpolation}, antialias={self.antialias})"
+        )
 
     def _apply(self, state: Any, rng: np.random.Generator) -> None:
         n = state.h.shape[0]

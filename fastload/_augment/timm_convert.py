@@ -80,26 +80,34 @@ def convert(t: Any, classes: Any) -> list | None:
 def _rrc(T: Any, t: Any) -> list:
     interp = t.interpolation
     if isinstance(interp, (tuple, list)):
-        raise ValueError("RandomResizedCropAndInterpolation(interpolation='random') resizes each image bilinear or "
-                         "bicubic at random; fastload's native engine resizes with antialiased bilinear only: use "
-                         "interpolation='bilinear' (timm's train.py: --train-interpolation bilinear)")
+        raise ValueError(
+            "RandomResizedCropAndInterpolation(interpolation='random') resizes each image bilinear or "
+            "bicubic at random; fastload's native engine resizes with antialiased bilinear only: use "
+            "interpolation='bilinear' (timm's train.py: --train-interpolation bilinear)"
+        )
     return [T.RandomResizedCrop(t.size, tuple(t.scale), tuple(t.ratio), interp, True)]
 
 
 def _erasing(T: Any, t: Any) -> list:
     if t.per_pixel or t.rand_color:
-        raise ValueError(f"RandomErasing(mode={t.mode!r}) erases with normal noise in normalized units, which "
-                         f"fastload cannot draw on the uint8 image (mode='const' converts)")
+        raise ValueError(
+            f"RandomErasing(mode={t.mode!r}) erases with normal noise in normalized units, which "
+            f"fastload cannot draw on the uint8 image (mode='const' converts)"
+        )
     if (t.min_count, t.max_count) != (1, 1):
-        raise ValueError(f"RandomErasing(min_count={t.min_count}, max_count={t.max_count}) erases several boxes; "
-                         f"fastload's erases one (max_count=1 converts)")
+        raise ValueError(
+            f"RandomErasing(min_count={t.min_count}, max_count={t.max_count}) erases several boxes; "
+            f"fastload's erases one (max_count=1 converts)"
+        )
     lo, hi = t.log_aspect_ratio
     return [T.RandomErasing(t.probability, (t.min_area, t.max_area), (math.exp(lo), math.exp(hi)), value=0)]
 
 
 def _policy(t: Any) -> list:
-    raise ValueError(f"timm's {type(t).__name__} (its own op set and magnitude rules, with PIL's arithmetic) has "
-                     f"no exact native equivalent in fastload yet")
+    raise ValueError(
+        f"timm's {type(t).__name__} (its own op set and magnitude rules, with PIL's arithmetic) has "
+        f"no exact native equivalent in fastload yet"
+    )
 
 
 @functools.lru_cache(maxsize=None)

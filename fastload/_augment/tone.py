@@ -17,8 +17,14 @@ import torch
 from .color import bound_of, finish, per_sample
 from .plan import Augment, PlanBuilder, applied, check_number, check_p, define_op
 
-__all__ = ["RandomAdjustSharpness", "RandomAutocontrast", "RandomEqualize", "RandomInvert", "RandomPosterize",
-           "RandomSolarize"]
+__all__ = [
+    "RandomAdjustSharpness",
+    "RandomAutocontrast",
+    "RandomEqualize",
+    "RandomInvert",
+    "RandomPosterize",
+    "RandomSolarize",
+]
 
 
 def _invert_torch(x: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -73,7 +79,7 @@ def _sharpness_torch(x: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Tenso
     total = inner * 4.0
     for dy in range(3):
         for dx in range(3):
-            total += out[:, :, dy:dy + h - 2, dx:dx + w - 2]
+            total += out[:, :, dy : dy + h - 2, dx : dx + w - 2]
     blurred = total / 13.0
     if not x.is_floating_point():
         blurred = blurred.round_()
@@ -95,14 +101,21 @@ def _sharpness_pil(img: Any, p: dict[str, Any]) -> Any:
 
 
 define_op("invert", {}, pil=lambda img, p: _ops().invert(img), torch=_invert_torch, floats=True)
-define_op("solarize", {"threshold": ("float64", ())}, pil=lambda img, p: _ops().solarize(img, float(p["threshold"])),
-          torch=_solarize_torch)
-define_op("posterize", {"bits": ("uint8", ())}, pil=lambda img, p: _ops().posterize(img, int(p["bits"])),
-          torch=_posterize_torch)
+define_op(
+    "solarize",
+    {"threshold": ("float64", ())},
+    pil=lambda img, p: _ops().solarize(img, float(p["threshold"])),
+    torch=_solarize_torch,
+)
+define_op(
+    "posterize",
+    {"bits": ("uint8", ())},
+    pil=lambda img, p: _ops().posterize(img, int(p["bits"])),
+    torch=_posterize_torch,
+)
 define_op("equalize", {}, pil=lambda img, p: _ops().equalize(img), torch=_equalize_torch)
 define_op("autocontrast", {}, pil=lambda img, p: _ops().autocontrast(img), torch=_autocontrast_torch, floats=True)
-define_op("sharpness", {"factor": ("float64", ())},
-          pil=_sharpness_pil, torch=_sharpness_torch, floats=True)
+define_op("sharpness", {"factor": ("float64", ())}, pil=_sharpness_pil, torch=_sharpness_torch, floats=True)
 
 
 class _RandomApplyOp(Augment):
@@ -187,4 +200,3 @@ class RandomAdjustSharpness(_RandomApplyOp):
 
     def _params(self) -> dict[str, Any]:
         return {"sharpness_factor": self.sharpness_factor, "p": self.p}
-

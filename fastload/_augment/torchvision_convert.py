@@ -46,11 +46,13 @@ def convert(t: Any, classes: Any) -> list | None:
         return None
     name = type(t).__name__
     if name in _MANY:  # knowable now: run per sample it would fail the first batch
-        raise ValueError(f"torchvision's {name} makes {_MANY[name]} images of each sample (a tuple), which a batch of "
-                         f"one image per sample cannot hold, so fastload has no {name}: load the images at the size "
-                         f"it crops from (e.g. T.Resize((256, 256))) and cut the crops from the batch in the loop, "
-                         f"torchvision.transforms.v2.functional.{name.lower().replace('crop', '_crop')}(images, size) "
-                         f"(it takes a batch)")
+        raise ValueError(
+            f"torchvision's {name} makes {_MANY[name]} images of each sample (a tuple), which a batch of "
+            f"one image per sample cannot hold, so fastload has no {name}: load the images at the size "
+            f"it crops from (e.g. T.Resize((256, 256))) and cut the crops from the batch in the loop, "
+            f"torchvision.transforms.v2.functional.{name.lower().replace('crop', '_crop')}(images, size) "
+            f"(it takes a batch)"
+        )
     rule = _rules(classes).get(name)
     if rule is None:
         return [UserTransform(t, f"torchvision's {name} has no fastload equivalent")]
@@ -64,15 +66,15 @@ def convert(t: Any, classes: Any) -> list | None:
 # ``transforms.__getattr__`` says it)
 INSTEAD = {
     "ToTensor": "images leave fastload's decoder as uint8 (3, H, W) tensors already; for floats in [0, 1] as "
-                "ToTensor made them write T.ToDtype(torch.float32, scale=True) (torchvision v2's replacement), "
-                "at the end of the list, before a Normalize",
+    "ToTensor made them write T.ToDtype(torch.float32, scale=True) (torchvision v2's replacement), "
+    "at the end of the list, before a Normalize",
     "PILToTensor": "images leave fastload's decoder as uint8 (3, H, W) tensors already: leave it out",
     "ToImage": "images leave fastload's decoder as uint8 (3, H, W) tensors already: leave it out",
     "ToPILImage": "fastload's transforms run on its own engine, not on PIL images: leave it out (for a picture of "
-                  "ds[i], torchvision.transforms.functional.to_pil_image(ds[i][0]))",
+    "ds[i], torchvision.transforms.functional.to_pil_image(ds[i][0]))",
     "ConvertImageDtype": "write T.ToDtype(torch.float32, scale=True) (torchvision v2's name for it)",
     "Lambda": "put the function itself in the list: any callable taking and returning a uint8 (3, H, W) tensor runs "
-              "per sample after fastload's own transforms",
+    "per sample after fastload's own transforms",
 }
 _MANY = {"FiveCrop": 5, "TenCrop": 10}  # torchvision transforms that return several images per sample
 
@@ -122,8 +124,10 @@ def _per_kind(fill: Any) -> Any:
     if isinstance(fill, dict):
         bad = [k for k in fill if k != "others" and getattr(k, "__name__", None) not in ("Image", "Mask")]
         if bad:
-            raise ValueError(f"fill={fill!r} has a fill for {bad[0]!r}; fastload fills images and masks only "
-                             f"(tv_tensors.Image, tv_tensors.Mask, 'others')")
+            raise ValueError(
+                f"fill={fill!r} has a fill for {bad[0]!r}; fastload fills images and masks only "
+                f"(tv_tensors.Image, tv_tensors.Mask, 'others')"
+            )
         image, mask = _v2_fill(fill, "Image"), _v2_fill(fill, "Mask")
     else:
         image = mask = fill
@@ -178,18 +182,21 @@ def _rules(T: Any) -> dict[str, Callable[[Any], list]]:
 
     return {
         "Compose": lambda t: [list(t.transforms)],
-        "RandomResizedCrop": lambda t: [T.RandomResizedCrop(t.size, t.scale, t.ratio, t.interpolation,
-                                                            getattr(t, "antialias", True))],
+        "RandomResizedCrop": lambda t: [
+            T.RandomResizedCrop(t.size, t.scale, t.ratio, t.interpolation, getattr(t, "antialias", True))
+        ],
         "Resize": lambda t: [T.Resize(t.size, t.interpolation, t.max_size, getattr(t, "antialias", True))],
         "CenterCrop": lambda t: [T.CenterCrop(t.size)],
-        "RandomResize": lambda t: [T.RandomResize(t.min_size, t.max_size, t.interpolation,
-                                                  getattr(t, "antialias", True))],
+        "RandomResize": lambda t: [
+            T.RandomResize(t.min_size, t.max_size, t.interpolation, getattr(t, "antialias", True))
+        ],
         "RandomCrop": lambda t: [T.RandomCrop(t.size, _padding(t), t.pad_if_needed, _typed_fill(t), t.padding_mode)],
         "RandomHorizontalFlip": lambda t: [T.RandomHorizontalFlip(t.p)],
         "RandomVerticalFlip": lambda t: [T.RandomVerticalFlip(t.p)],
         "RandomRotation": lambda t: [T.RandomRotation(t.degrees, _interp(t), t.expand, t.center, _typed_fill(t))],
-        "RandomAffine": lambda t: [T.RandomAffine(t.degrees, t.translate, t.scale, t.shear, _interp(t),
-                                                  _typed_fill(t), t.center)],
+        "RandomAffine": lambda t: [
+            T.RandomAffine(t.degrees, t.translate, t.scale, t.shear, _interp(t), _typed_fill(t), t.center)
+        ],
         "ColorJitter": lambda t: [T.ColorJitter(t.brightness, t.contrast, t.saturation, t.hue)],
         "Grayscale": lambda t: [T.Grayscale(t.num_output_channels)],
         "RandomGrayscale": lambda t: [T.RandomGrayscale(t.p)],
@@ -205,8 +212,9 @@ def _rules(T: Any) -> dict[str, Callable[[Any], list]]:
         "RandomApply": lambda t: [T.RandomApply(_members(t, "RandomApply", T), t.p)],
         "RandomChoice": lambda t: [T.RandomChoice(_members(t, "RandomChoice", T), choice_p(t))],
         "RandomOrder": lambda t: [T.RandomOrder(_members(t, "RandomOrder", T))],
-        "RandAugment": lambda t: [T.RandAugment(t.num_ops, t.magnitude, t.num_magnitude_bins, t.interpolation,
-                                                _fill(t))],
+        "RandAugment": lambda t: [
+            T.RandAugment(t.num_ops, t.magnitude, t.num_magnitude_bins, t.interpolation, _fill(t))
+        ],
         "TrivialAugmentWide": lambda t: [T.TrivialAugmentWide(t.num_magnitude_bins, t.interpolation, _fill(t))],
         "AutoAugment": lambda t: [T.AutoAugment(t.policy, t.interpolation, _fill(t))],
         "Normalize": lambda t: [T.Normalize(list(t.mean), list(t.std))],

@@ -33,9 +33,11 @@ def split_fill(fill: Any, what: str) -> tuple[np.ndarray, int]:
         return check_fill(fill, what), MASK_FILL
     bad = [k for k in fill if k not in KINDS]
     if bad:
-        raise ValueError(f"{what}: fill={fill!r} has the key {bad[0]!r}; a fill per kind is keyed by 'image', "
-                         f"'mask' or 'others' (torchvision v2's tv_tensors.Image / tv_tensors.Mask are converted "
-                         f"to these)")
+        raise ValueError(
+            f"{what}: fill={fill!r} has the key {bad[0]!r}; a fill per kind is keyed by 'image', "
+            f"'mask' or 'others' (torchvision v2's tv_tensors.Image / tv_tensors.Mask are converted "
+            f"to these)"
+        )
     image = check_fill(fill.get("image", fill.get("others")), f"{what} (the image's fill)")
     mask = fill.get("mask", fill.get("others", MASK_FILL))
     return image, mask_value(mask, what)
@@ -46,8 +48,14 @@ def mask_value(value: Any, what: str) -> int:
     v = value[0] if isinstance(value, (list, tuple)) and len(value) == 1 else value
     if v is None:
         return 0  # torchvision: no fill is zeros
-    if (isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) or float(v) != int(v)
-            or not 0 <= int(v) <= 255):
-        raise ValueError(f"{what}: the mask's fill {value!r} should be one class id, an integer in [0, 255] (a mask "
-                         f"has one channel)")
+    if (
+        isinstance(v, bool)
+        or not isinstance(v, numbers.Real)
+        or not math.isfinite(v)
+        or float(v) != int(v)
+        or not 0 <= int(v) <= 255
+    ):
+        raise ValueError(
+            f"{what}: the mask's fill {value!r} should be one class id, an integer in [0, 255] (a mask has one channel)"
+        )
     return int(v)

@@ -110,8 +110,10 @@ class DecoderKind:
         if not augmented:
             return None
         if not self.augments:
-            return (f"executes crop, resize and horizontal flip only, and the image pipeline also has "
-                    f"{', '.join(augmented)}")
+            return (
+                f"executes crop, resize and horizontal flip only, and the image pipeline also has "
+                f"{', '.join(augmented)}"
+            )
         why = [f"{name} ({reason})" for name, reason in self.refuses if name in augmented]
         return f"cannot run {'; '.join(why)}" if why else None
 
@@ -138,8 +140,10 @@ def geometry_only(plan: Any, n: int, who: str) -> None:
     if aug.channels != 3:
         extra.append(f"{aug.channels}-channel output")
     if extra:
-        raise NotImplementedError(f"the {who} decoder executes crop, resize and horizontal flip only; this plan "
-                                  f"also has {' and '.join(extra)}")
+        raise NotImplementedError(
+            f"the {who} decoder executes crop, resize and horizontal flip only; this plan "
+            f"also has {' and '.join(extra)}"
+        )
 
 
 def check_augment(plan: Any, n: int, who: str) -> None:
@@ -151,8 +155,10 @@ def check_augment(plan: Any, n: int, who: str) -> None:
     if aug is None:
         return
     if aug.channels != 3:
-        raise NotImplementedError(f"the {who} decoder writes 3-channel rows; Grayscale(num_output_channels=1) is not "
-                                  f"supported in a loader (use num_output_channels=3)")
+        raise NotImplementedError(
+            f"the {who} decoder writes 3-channel rows; Grayscale(num_output_channels=1) is not "
+            f"supported in a loader (use num_output_channels=3)"
+        )
 
 
 class JpegOnly:
@@ -168,8 +174,18 @@ class JpegOnly:
         if not raw.size:
             return failures
         bad = {j for j, _ in failures}
-        return sorted(failures + [(j, f"a raw (not JPEG) image: decoder={self.option!r} decodes JPEG only on the "
-                                      f"GPU; use decoder='native'") for j in raw.tolist() if j not in bad])
+        return sorted(
+            failures
+            + [
+                (
+                    j,
+                    f"a raw (not JPEG) image: decoder={self.option!r} decodes JPEG only on the "
+                    f"GPU; use decoder='native'",
+                )
+                for j in raw.tolist()
+                if j not in bad
+            ]
+        )
 
     def fence(self, out: Any) -> None:
         self.decoder.fence(out)
@@ -215,8 +231,13 @@ class ImageSources:
         if n:
             meta[:, :2] = sizes
             meta[:, 2] = encodings
-        return cls(meta, list(blobs), np.arange(n, dtype=np.int64), np.zeros(n, np.int64),
-                   np.array([len(b) for b in blobs], np.int64))
+        return cls(
+            meta,
+            list(blobs),
+            np.arange(n, dtype=np.int64),
+            np.zeros(n, np.int64),
+            np.array([len(b) for b in blobs], np.int64),
+        )
 
     def __len__(self) -> int:
         return self.n
@@ -228,7 +249,7 @@ class ImageSources:
         start, size = int(self.offset[k]), int(self.length[k])
         if start == 0 and size == len(buf):
             return buf
-        return memoryview(buf)[start:start + size]
+        return memoryview(buf)[start : start + size]
 
     def __getitem__(self, k: int | slice) -> Any:
         n = self.n
@@ -237,8 +258,9 @@ class ImageSources:
             if step != 1:
                 raise ValueError(f"ImageSources slices must be contiguous, got step {step}")
             hi = max(lo, hi)
-            return ImageSources(self.meta[lo:hi], self.regions, self.region[lo:hi], self.offset[lo:hi],
-                                self.length[lo:hi])
+            return ImageSources(
+                self.meta[lo:hi], self.regions, self.region[lo:hi], self.offset[lo:hi], self.length[lo:hi]
+            )
         k = int(k)
         if not -n <= k < n:
             raise IndexError(f"sample {k} out of range for {n} images")

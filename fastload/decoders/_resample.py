@@ -28,8 +28,9 @@ import torch
 MAX_PIXELS = 1 << 24  # elements (padded H x W x C, summed over a chunk) resampled at once: 128 MB in float64
 
 
-def axis_weights(start: torch.Tensor, length: torch.Tensor, out: int, size: int,
-                 used: torch.Tensor | None = None) -> torch.Tensor:
+def axis_weights(
+    start: torch.Tensor, length: torch.Tensor, out: int, size: int, used: torch.Tensor | None = None
+) -> torch.Tensor:
     """``(n, out, size)`` float64 weights resampling ``[start, start + length)`` of an axis of ``size``
     source pixels to ``out`` pixels with PIL's antialiased triangle (bilinear) filter. ``used`` (n,): to that
     many pixels per sample instead (<= ``out``; a padded crop's box at its own size), the rows past it zero."""
@@ -53,8 +54,15 @@ def axis_weights(start: torch.Tensor, length: torch.Tensor, out: int, size: int,
     return torch.where(total > 0, w / torch.where(total > 0, total, torch.ones_like(total)), w)
 
 
-def crop_resize_flip(images: torch.Tensor, crops: torch.Tensor, flips: torch.Tensor, out_hw: tuple[int, int],
-                     out: torch.Tensor, chunk: int = 32, sizes: torch.Tensor | None = None) -> None:
+def crop_resize_flip(
+    images: torch.Tensor,
+    crops: torch.Tensor,
+    flips: torch.Tensor,
+    out_hw: tuple[int, int],
+    out: torch.Tensor,
+    chunk: int = 32,
+    sizes: torch.Tensor | None = None,
+) -> None:
     """Write ``images`` (``(n, C, H, W)`` uint8, padded), each cropped to ``crops[k]`` = (top, left,
     height, width), resized to ``out_hw`` and mirrored where ``flips[k]``, into ``out`` (``(n, oh, ow, C)``
     uint8). ``crops`` and ``flips`` may be CPU tensors; they are moved to the images' device once.
@@ -94,13 +102,27 @@ def chunks(sizes: Sequence[tuple[int, int, int]], max_pixels: int = MAX_PIXELS) 
     return out
 
 
-def resample(images: Sequence[torch.Tensor], crops: torch.Tensor, flips: torch.Tensor, out_hw: tuple[int, int],
-             out: torch.Tensor, max_pixels: int = MAX_PIXELS, sizes: torch.Tensor | None = None) -> None:
+def resample(
+    images: Sequence[torch.Tensor],
+    crops: torch.Tensor,
+    flips: torch.Tensor,
+    out_hw: tuple[int, int],
+    out: torch.Tensor,
+    max_pixels: int = MAX_PIXELS,
+    sizes: torch.Tensor | None = None,
+) -> None:
     """``crop_resize_flip`` over decoded images of any sizes (``(C, H, W)`` uint8 each) into ``out``
     (``(n, oh, ow, C)``), padded chunk by chunk with chunks sized by ``max_pixels``; ``sizes`` as there."""
     for lo, hi in chunks([tuple(im.shape) for im in images], max_pixels):
         with warnings.catch_warnings():  # strided nested tensors are 'prototype'; padding is all we use
             warnings.filterwarnings("ignore", message="The PyTorch API of nested tensors")
             padded = torch.nested.as_nested_tensor(list(images[lo:hi])).to_padded_tensor(0)
-        crop_resize_flip(padded, crops[lo:hi], flips[lo:hi], out_hw, out[lo:hi], chunk=hi - lo,
-                         sizes=None if sizes is None else sizes[lo:hi])
+        crop_resize_flip(
+            padded,
+            crops[lo:hi],
+            flips[lo:hi],
+            out_hw,
+            out[lo:hi],
+            chunk=hi - lo,
+            sizes=None if sizes is None else sizes[lo:hi],
+        )

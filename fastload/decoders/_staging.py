@@ -52,7 +52,7 @@ class Uploads:
         entry[1] = s.record(s.side)
         out, at = [], 0
         for a, src in zip(flat, arrays):
-            out.append(dev[at:at + a.size].view(np.shape(src)))
+            out.append(dev[at : at + a.size].view(np.shape(src)))
             at += a.size
         return out
 
@@ -67,16 +67,18 @@ class Uploads:
             total += -(-a.nbytes // 8) * 8
         s = self.streams
         entry = self._buffer(total // 8)
-        host = entry[0][:total // 8]
+        host = entry[0][: total // 8]
         raw = host.numpy().view(np.uint8)
         for a, off in zip(flat, offsets):
-            raw[off:off + a.nbytes] = a.reshape(-1).view(np.uint8)
+            raw[off : off + a.nbytes] = a.reshape(-1).view(np.uint8)
         dev = s.empty((total // 8,), torch.int64, False)
         s.copy(dev, host)
         entry[1] = s.record(s.side)
         dev_bytes = dev.view(torch.uint8)
-        return [dev_bytes[off:off + a.nbytes].view(_TORCH_DTYPES[a.dtype.str[1:]]).view(a.shape)
-                for a, off in zip(flat, offsets)]
+        return [
+            dev_bytes[off : off + a.nbytes].view(_TORCH_DTYPES[a.dtype.str[1:]]).view(a.shape)
+            for a, off in zip(flat, offsets)
+        ]
 
 
 def augment_queued(s: Any, uploads: Uploads, aug: Any, out: torch.Tensor, what: str) -> None:
@@ -135,5 +137,14 @@ def beyond_flips(aug: Any) -> bool:
     return bool(aug.steps) or bool(geo.vflip.any()) or bool(geo.has_affine.any())
 
 
-_TORCH_DTYPES = {"b1": torch.bool, "u1": torch.uint8, "i1": torch.int8, "i2": torch.int16, "i4": torch.int32,
-                 "i8": torch.int64, "f2": torch.float16, "f4": torch.float32, "f8": torch.float64}
+_TORCH_DTYPES = {
+    "b1": torch.bool,
+    "u1": torch.uint8,
+    "i1": torch.int8,
+    "i2": torch.int16,
+    "i4": torch.int32,
+    "i8": torch.int64,
+    "f2": torch.float16,
+    "f4": torch.float32,
+    "f8": torch.float64,
+}

@@ -117,9 +117,11 @@ def _import_dali(strict: bool = False) -> tuple[Any, Any, Any]:
         raise ImportError(f"{INSTALL_HINT}; importing DALI failed: {type(e).__name__}: {e}") from e
     version = getattr(dali, "__version__", "0")
     if _version(version) < MIN_VERSION:
-        raise ImportError(f"DALI {version} is too old for decoder='dali': fastload needs DALI >= "
-                          f"{'.'.join(map(str, MIN_VERSION))} (its dynamic executor and run(cuda_stream)); "
-                          f"{INSTALL_HINT}")
+        raise ImportError(
+            f"DALI {version} is too old for decoder='dali': fastload needs DALI >= "
+            f"{'.'.join(map(str, MIN_VERSION))} (its dynamic executor and run(cuda_stream)); "
+            f"{INSTALL_HINT}"
+        )
     return fn, types, pipeline_def
 
 
@@ -140,8 +142,9 @@ def _dali_text(err: BaseException) -> str:
     if "encountered:" in text:
         text = text.split("encountered:", 1)[1]
     lines = [ln.strip() for ln in text.splitlines()]
-    keep = [ln for ln in lines if ln and not ln.startswith("C++ context")
-            and "pipeline object is no longer valid" not in ln]
+    keep = [
+        ln for ln in lines if ln and not ln.startswith("C++ context") and "pipeline object is no longer valid" not in ln
+    ]
     return " ".join(keep).strip() or type(err).__name__
 
 
@@ -160,18 +163,26 @@ class DaliDecoder:
     (nothing random runs inside DALI: fastload plans the crops and flips).
     """
 
-    def __init__(self, batch_size: int, out_hw: tuple[int, int], *, device_id: int | None = None,
-                 num_threads: int = 1, seed: int = 0, streams: Any = None) -> None:
+    def __init__(
+        self,
+        batch_size: int,
+        out_hw: tuple[int, int],
+        *,
+        device_id: int | None = None,
+        num_threads: int = 1,
+        seed: int = 0,
+        streams: Any = None,
+    ) -> None:
         self.batch_size = _positive(batch_size, "batch_size")
         try:
             h, w = out_hw
         except (TypeError, ValueError):
             raise ValueError(f"out_hw={out_hw!r} should be (height, width)") from None
         self.out_hw = (_positive(h, "out_hw height"), _positive(w, "out_hw width"))
-        if device_id is not None and (isinstance(device_id, bool) or not isinstance(device_id, int)
-                                      or device_id < 0):
-            raise ValueError(f"device_id={device_id!r} should be None (DALI's CPU-only mode) or a CUDA "
-                             f"device index >= 0")
+        if device_id is not None and (isinstance(device_id, bool) or not isinstance(device_id, int) or device_id < 0):
+            raise ValueError(
+                f"device_id={device_id!r} should be None (DALI's CPU-only mode) or a CUDA device index >= 0"
+            )
         self.device_id = device_id
         self.num_threads = _positive(num_threads, "num_threads")
         self.seed = int(seed)
@@ -186,9 +197,11 @@ class DaliDecoder:
         if device_id is not None:
             if streams is None:
                 if not torch.cuda.is_available() or device_id >= torch.cuda.device_count():
-                    raise ValueError(f"device_id={device_id} but torch sees "
-                                     f"{torch.cuda.device_count() if torch.cuda.is_available() else 0} CUDA "
-                                     f"device(s); pass device_id=None for DALI's CPU-only mode")
+                    raise ValueError(
+                        f"device_id={device_id} but torch sees "
+                        f"{torch.cuda.device_count() if torch.cuda.is_available() else 0} CUDA "
+                        f"device(s); pass device_id=None for DALI's CPU-only mode"
+                    )
                 streams = streams_for(torch.device("cuda", device_id)).fork("dali")
             self.streams = streams
         self._pipe = None
@@ -196,8 +209,10 @@ class DaliDecoder:
         self._make_pipe()  # now, in the thread that makes the decoder: a DALI that cannot run here says so at once
 
     def __repr__(self) -> str:
-        return (f"DaliDecoder(batch_size={self.batch_size}, out_hw={self.out_hw}, device_id={self.device_id}, "
-                f"num_threads={self.num_threads})")
+        return (
+            f"DaliDecoder(batch_size={self.batch_size}, out_hw={self.out_hw}, device_id={self.device_id}, "
+            f"num_threads={self.num_threads})"
+        )
 
     # -- pipeline --------------------------------------------------------------------------------
     def _build(self) -> None:
@@ -213,15 +228,22 @@ class DaliDecoder:
         # inputs): on the GPU run() returns outputs bound to our stream ("asynchronous outputs", which the
         # legacy synchronous executor refuses: the H100 run failed every batch with exec_async=False); decode()
         # queues its copy there and hands the rows on with an event, without waiting for the stream.
-        @self._pipeline_def(batch_size=self.batch_size, num_threads=self.num_threads, device_id=self.device_id,
-                            seed=self.seed, exec_dynamic=True, prefetch_queue_depth=1)
+        @self._pipeline_def(
+            batch_size=self.batch_size,
+            num_threads=self.num_threads,
+            device_id=self.device_id,
+            seed=self.seed,
+            exec_dynamic=True,
+            prefetch_queue_depth=1,
+        )
         def graph():
             data = fn.external_source(name="data", dtype=types.UINT8, ndim=1, no_copy=False)
             anchor = fn.external_source(name="anchor", dtype=types.INT32, ndim=1)  # top, left
             shape = fn.external_source(name="shape", dtype=types.INT32, ndim=1)  # height, width
             flip = fn.external_source(name="flip", dtype=types.INT32, ndim=0)
-            img = fn.decoders.image_slice(data, anchor, shape, axis_names="HW", output_type=types.RGB,
-                                          adjust_orientation=False, **decode_kw)
+            img = fn.decoders.image_slice(
+                data, anchor, shape, axis_names="HW", output_type=types.RGB, adjust_orientation=False, **decode_kw
+            )
             size = fn.external_source(name="size", dtype=types.FLOAT, ndim=1) if padded else [out_h, out_w]
             img = fn.resize(img, size=size, interp_type=types.INTERP_LINEAR, antialias=True)
             img = fn.flip(img, horizontal=flip)
@@ -237,8 +259,9 @@ class DaliDecoder:
             self._build()
         except Exception as e:  # noqa: BLE001  (whatever DALI raises: named in the error)
             where = "in its CPU-only mode" if self.device_id is None else f"on cuda:{self.device_id}"
-            raise DaliBuildError(f"DALI could not build its decoding pipeline {where}: {type(e).__name__}: "
-                                 f"{_dali_text(e)}") from e
+            raise DaliBuildError(
+                f"DALI could not build its decoding pipeline {where}: {type(e).__name__}: {_dali_text(e)}"
+            ) from e
 
     def _run(self, data: list, crops: np.ndarray, flips: np.ndarray, sizes: np.ndarray | None = None) -> Any:
         """Run the pipeline on one batch (``sizes``: each sample's resized size, with padded windows)."""
@@ -249,9 +272,14 @@ class DaliDecoder:
             self._make_pipe()
         extra = {} if sizes is None else {"size": sizes.astype(np.float32)}
         try:
-            (images,) = self._pipe.run(self._side(), data=data, anchor=np.ascontiguousarray(crops[:, :2]),
-                                       shape=np.ascontiguousarray(crops[:, 2:]),
-                                       flip=flips.astype(np.int32), **extra)
+            (images,) = self._pipe.run(
+                self._side(),
+                data=data,
+                anchor=np.ascontiguousarray(crops[:, :2]),
+                shape=np.ascontiguousarray(crops[:, 2:]),
+                flip=flips.astype(np.int32),
+                **extra,
+            )
         except RuntimeError:
             self._held.append(self._pipe)  # its earlier outputs may still be read by copies queued on our stream
             self._pipe = None  # DALI invalidates a pipeline that raised; the next run rebuilds it
@@ -260,8 +288,9 @@ class DaliDecoder:
         expected = [self.out_hw[0], self.out_hw[1], 3]
         shapes = images.shape()
         if len(shapes) != len(data) or any(list(s) != expected for s in shapes):
-            raise RuntimeError(f"DALI returned shapes {shapes[:3]}... for {len(data)} samples, expected "
-                               f"{len(data)} x {expected}")
+            raise RuntimeError(
+                f"DALI returned shapes {shapes[:3]}... for {len(data)} samples, expected {len(data)} x {expected}"
+            )
         return images
 
     def _side(self) -> Any:
@@ -318,19 +347,25 @@ class DaliDecoder:
     def _check_out(self, out: Any, n: int) -> torch.Tensor:
         t = torch.from_numpy(out) if isinstance(out, np.ndarray) else out
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"out: expected a uint8 torch tensor (or numpy array) of shape "
-                            f"({n}, {self.out_hw[0]}, {self.out_hw[1]}, 3), got {type(out).__name__}")
+            raise TypeError(
+                f"out: expected a uint8 torch tensor (or numpy array) of shape "
+                f"({n}, {self.out_hw[0]}, {self.out_hw[1]}, 3), got {type(out).__name__}"
+            )
         expected = (n, self.out_hw[0], self.out_hw[1], 3)
         if t.dtype != torch.uint8 or tuple(t.shape) != expected:
             raise ValueError(f"out: expected uint8 of shape {expected}, got {t.dtype} of shape {tuple(t.shape)}")
         if not t.is_contiguous():
             raise ValueError(f"out: expected a contiguous (NHWC) buffer, got strides {t.stride()}")
         if self.device_id is None and t.device.type != "cpu":
-            raise ValueError(f"out is on {t.device} but this DaliDecoder runs in DALI's CPU-only mode "
-                             f"(device_id=None); pass a CPU buffer or build it with device_id={t.device.index}")
+            raise ValueError(
+                f"out is on {t.device} but this DaliDecoder runs in DALI's CPU-only mode "
+                f"(device_id=None); pass a CPU buffer or build it with device_id={t.device.index}"
+            )
         if self.device_id is not None and (t.device.type != "cuda" or t.device.index != self.device_id):
-            raise ValueError(f"out is on {t.device} but this DaliDecoder decodes on cuda:{self.device_id}; "
-                             f"pass a buffer on cuda:{self.device_id}")
+            raise ValueError(
+                f"out is on {t.device} but this DaliDecoder decodes on cuda:{self.device_id}; "
+                f"pass a buffer on cuda:{self.device_id}"
+            )
         return t
 
     def decode(self, blobs: Sequence[Any], plan: Any, out: Any) -> list[tuple[int, str]]:
@@ -349,7 +384,9 @@ class DaliDecoder:
         if n > self.batch_size:
             raise ValueError(f"{n} samples but this DaliDecoder was built for batch_size={self.batch_size}")
         if crops.shape != (n, 4) or not np.issubdtype(crops.dtype, np.integer):
-            raise ValueError(f"plan.crops: expected an integer array of shape ({n}, 4), got {crops.dtype} {crops.shape}")
+            raise ValueError(
+                f"plan.crops: expected an integer array of shape ({n}, 4), got {crops.dtype} {crops.shape}"
+            )
         if flips.shape != (n,):
             raise ValueError(f"plan.flips: expected shape ({n},), got {flips.shape}")
         t = self._check_out(out, n)
@@ -376,16 +413,28 @@ class DaliDecoder:
             good = np.array([k for k in range(n) if k not in failures], dtype=np.int64)
             if good.size:
                 try:
-                    images = self._run([data[k] for k in good.tolist()], crops[good], flips[good],
-                                       None if sizes is None else sizes[good])
+                    images = self._run(
+                        [data[k] for k in good.tolist()],
+                        crops[good],
+                        flips[good],
+                        None if sizes is None else sizes[good],
+                    )
                     self._copy_out(images, t, good)
                 except DaliBuildError:
                     raise
                 except RuntimeError:
                     for k in good.tolist():  # find the bad samples; keep the good ones
                         try:
-                            self._copy_out(self._run([data[k]], crops[k:k + 1], flips[k:k + 1],
-                                                     None if sizes is None else sizes[k:k + 1]), t, np.array([k]))
+                            self._copy_out(
+                                self._run(
+                                    [data[k]],
+                                    crops[k : k + 1],
+                                    flips[k : k + 1],
+                                    None if sizes is None else sizes[k : k + 1],
+                                ),
+                                t,
+                                np.array([k]),
+                            )
                         except DaliBuildError:
                             raise
                         except RuntimeError as e:
@@ -450,15 +499,22 @@ def probe() -> None:
 def _make(ctx: DecoderContext) -> JpegOnly:
     dev = ctx.device
     try:
-        dec = DaliDecoder(ctx.batch_size, ctx.out_hw, device_id=None if dev is None else dev.index,
-                          num_threads=max(1, ctx.num_threads), seed=0,
-                          streams=None if dev is None else ctx.fork_stream("dali"))
+        dec = DaliDecoder(
+            ctx.batch_size,
+            ctx.out_hw,
+            device_id=None if dev is None else dev.index,
+            num_threads=max(1, ctx.num_threads),
+            seed=0,
+            streams=None if dev is None else ctx.fork_stream("dali"),
+        )
     except DaliBuildError as e:
         if ctx.option != "dali":  # decoder='auto' falls back and says why (decoders/hybrid.py)
             raise
         # asked for by name: the user's choice does not silently change
-        raise DaliBuildError(f"decoder='dali': {e}; use decoder='native' (CPU threads) or 'auto' (CPU threads "
-                             f"with another GPU decoder where one works)") from e.__cause__
+        raise DaliBuildError(
+            f"decoder='dali': {e}; use decoder='native' (CPU threads) or 'auto' (CPU threads "
+            f"with another GPU decoder where one works)"
+        ) from e.__cause__
     return JpegOnly(dec, ctx.option)
 
 

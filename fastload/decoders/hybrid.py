@@ -108,8 +108,9 @@ class HybridSplit:
                 self._pending.popleft()
                 self._update(0, 0.0, m, seconds)
 
-    def run(self, n: int, cpu: Callable[[int], list], gpu: Callable[[int], list],
-            timer: DeviceTimer | None = None) -> list[tuple[int, str]]:
+    def run(
+        self, n: int, cpu: Callable[[int], list], gpu: Callable[[int], list], timer: DeviceTimer | None = None
+    ) -> list[tuple[int, str]]:
         """``cpu(k)`` decodes samples ``[0, k)``, ``gpu(k)`` samples ``[k, n)`` (positions relative to ``k``
         in its failures); both return ``[(position, message)]``. Returns the batch's failures. ``timer``: the
         GPU half's work is queued on its stream and timed there (None: it is complete when ``gpu`` returns)."""
@@ -213,8 +214,9 @@ class HybridDecoder:
                 fails = cpu(n)
             else:
                 try:
-                    fails = self.split.run(n, cpu, lambda k: self.gpu.decode(sources[k:], plan.take(k, n), out[k:]),
-                                           self._timer())
+                    fails = self.split.run(
+                        n, cpu, lambda k: self.gpu.decode(sources[k:], plan.take(k, n), out[k:]), self._timer()
+                    )
                 except DecoderSetupError as e:  # set up again inside decode (DALI's rebuild) and failed
                     self._lose_gpu(e)
                     fails = cpu(n)  # the whole batch again, ordered after the GPU half's queued writes
@@ -234,8 +236,11 @@ class HybridDecoder:
             self.streams.wait(self.streams.side, gs.record(gs.side))
         self.split.gpu_fields[self.field] = False
         name = type(getattr(gpu, "decoder", gpu)).__name__
-        warn_once(f"auto-lost-{name}", f"fastload: decoder='auto' cannot use its GPU decoder any more "
-                                       f"({name}: {err}); image field {self.field!r} is decoded by CPU threads only")
+        warn_once(
+            f"auto-lost-{name}",
+            f"fastload: decoder='auto' cannot use its GPU decoder any more "
+            f"({name}: {err}); image field {self.field!r} is decoded by CPU threads only",
+        )
         gpu.close()
 
     def ready_event(self) -> Any:
@@ -267,6 +272,7 @@ class HybridDecoder:
 
 # -- the registry's 'auto' ----------------------------------------------------------------------------
 
+
 def _installed_gpu_decoder() -> tuple[DecoderKind | None, list[str]]:
     """The first registered GPU decoder 'auto' may pair (``DecoderKind.pairs``) whose package imports and is
     usable. Any failure counts, not only ImportError: a torchvision built for another torch raises RuntimeError
@@ -296,7 +302,7 @@ def _next_gpu_decoder(failed: DecoderKind, first: DecoderKind, why: list[str]) -
     from . import kind, names
 
     order = names()
-    for name in order[order.index(failed.name) + 1:]:
+    for name in order[order.index(failed.name) + 1 :]:
         k = kind(name)
         if not k.pairs or (first.augments and not k.augments) or not set(k.refuses) <= set(first.refuses):
             continue
@@ -317,15 +323,23 @@ def _choose(on_gpu: bool) -> DecoderKind:
         return kind("native")
     partner, broken = _installed_gpu_decoder()
     if broken:
-        instead = "images are decoded by CPU threads only" if partner is None else \
-            f"CPU threads share each batch with {partner.name!r} instead"
-        warn_once("auto-broken", "fastload: decoder='auto' could not use an installed GPU decoder ("
-                                 + "; ".join(broken) + f"); {instead}")
+        instead = (
+            "images are decoded by CPU threads only"
+            if partner is None
+            else f"CPU threads share each batch with {partner.name!r} instead"
+        )
+        warn_once(
+            "auto-broken",
+            "fastload: decoder='auto' could not use an installed GPU decoder (" + "; ".join(broken) + f"); {instead}",
+        )
     if partner is None:
         if not broken:
-            warn_once("auto-decoder", "fastload: decoder='auto' found no GPU JPEG decoder (pip install "
-                                      "nvidia-dali-cuda130, or a CUDA torchvision for nvJPEG); images are "
-                                      "decoded by CPU threads only")
+            warn_once(
+                "auto-decoder",
+                "fastload: decoder='auto' found no GPU JPEG decoder (pip install "
+                "nvidia-dali-cuda130, or a CUDA torchvision for nvJPEG); images are "
+                "decoded by CPU threads only",
+            )
         return kind("native")
     split = HybridSplit()
     chosen = [partner]  # the GPU decoder this loader pairs: another one (or None) once its set-up failed
@@ -343,8 +357,11 @@ def _choose(on_gpu: bool) -> DecoderKind:
                 why.append(f"{chosen[0].name!r} ({type(e).__name__}: {e})")
                 chosen[0] = _next_gpu_decoder(chosen[0], partner, why)
         if why:
-            instead = "images are decoded by CPU threads only" if gpu is None else \
-                f"CPU threads share each batch with {chosen[0].name!r} instead"
+            instead = (
+                "images are decoded by CPU threads only"
+                if gpu is None
+                else f"CPU threads share each batch with {chosen[0].name!r} instead"
+            )
             warn_once("auto-unusable", f"fastload: decoder='auto' cannot use {', '.join(why)}; {instead}")
         return HybridDecoder(ctx.native, gpu, split, ctx.batch_size, ctx.fork_stream("hybrid copy"), ctx.field)
 

@@ -45,16 +45,27 @@ class NativeDecoder:
         if planned != sources.n:
             raise ValueError(f"the plan has {planned} samples but {sources.n} images were given")
         if augment is not None and augment.channels != 3:
-            raise NotImplementedError("the native decoder writes 3-channel rows; Grayscale(num_output_channels=1) "
-                                      "is not supported in a loader (use num_output_channels=3)")
+            raise NotImplementedError(
+                "the native decoder writes 3-channel rows; Grayscale(num_output_channels=1) "
+                "is not supported in a loader (use num_output_channels=3)"
+            )
         if isinstance(out, torch.Tensor):
             out = out.numpy()
         meta = sources.meta
         if self.pool is None:
             self.pool = native().Pool(0)
-        args = (self.pool, sources.regions, sources.region, sources.offset, sources.length,
-                meta[:, 2].astype(np.uint8), np.ascontiguousarray(meta[:, :2], dtype=np.int32),
-                np.ascontiguousarray(plan.crops, dtype=np.int32), np.ascontiguousarray(plan.flips, dtype=np.uint8), out)
+        args = (
+            self.pool,
+            sources.regions,
+            sources.region,
+            sources.offset,
+            sources.length,
+            meta[:, 2].astype(np.uint8),
+            np.ascontiguousarray(meta[:, :2], dtype=np.int32),
+            np.ascontiguousarray(plan.crops, dtype=np.int32),
+            np.ascontiguousarray(plan.flips, dtype=np.uint8),
+            out,
+        )
         if augment is not None:
             return native().decode_augment_batch(*args, augment_arrays(augment), dct_scaling=self.dct_scaling)
         if self.dct_scaling:

@@ -65,8 +65,10 @@ from ._base import DecoderContext, DecoderKind, JpegOnly, check_augment
 from ._resample import MAX_PIXELS, resample
 from ._staging import Uploads, augment_queued, decode_sizes
 
-INSTALL_HINT = ("decoder='nvjpeg' needs torchvision built with CUDA (pip install torchvision); decoder='dali' "
-                "or the default native decoder work without it")
+INSTALL_HINT = (
+    "decoder='nvjpeg' needs torchvision built with CUDA (pip install torchvision); decoder='dali' "
+    "or the default native decoder work without it"
+)
 
 
 def _import_torchvision() -> tuple[Any, Any]:
@@ -99,8 +101,10 @@ def _check_decodes(decode: Callable[[list], list], device: torch.device) -> None
     try:
         decode([torch.frombuffer(bytearray(_tiny_jpeg()), dtype=torch.uint8)])
     except Exception as e:  # noqa: BLE001  (whatever torchvision raises: named in the error)
-        raise ImportError(f"torchvision {getattr(sys.modules.get('torchvision'), '__version__', '')} cannot decode "
-                          f"JPEG on {device} ({type(e).__name__}: {e}); {INSTALL_HINT}") from e
+        raise ImportError(
+            f"torchvision {getattr(sys.modules.get('torchvision'), '__version__', '')} cannot decode "
+            f"JPEG on {device} ({type(e).__name__}: {e}); {INSTALL_HINT}"
+        ) from e
 
 
 def _tiny_jpeg() -> bytes:
@@ -112,9 +116,16 @@ def _tiny_jpeg() -> bytes:
 
 
 class NvjpegDecoder:
-    def __init__(self, batch_size: int, out_hw: tuple[int, int], *, device: torch.device,
-                 decode_fn: Callable[[list], list] | None = None, streams: Any = None,
-                 max_pixels: int = MAX_PIXELS):
+    def __init__(
+        self,
+        batch_size: int,
+        out_hw: tuple[int, int],
+        *,
+        device: torch.device,
+        decode_fn: Callable[[list], list] | None = None,
+        streams: Any = None,
+        max_pixels: int = MAX_PIXELS,
+    ):
         dev = torch.device(device) if device is not None else None
         check = decode_fn is None
         if decode_fn is None:
@@ -127,8 +138,11 @@ class NvjpegDecoder:
         self.batch_size, self.out_hw, self.device = batch_size, tuple(out_hw), dev
         self.max_pixels = max_pixels
         # the decoder's own stream, reached through the ring's backend (tests/sim_streams.py runs it late)
-        self.streams = streams if streams is not None else streams_for(dev if dev is not None else
-                                                                       torch.device("cpu")).fork("nvjpeg")
+        self.streams = (
+            streams
+            if streams is not None
+            else streams_for(dev if dev is not None else torch.device("cpu")).fork("nvjpeg")
+        )
         # the stream current while the library runs: its outputs are allocated there (module docstring)
         self.outputs = self.streams.fork("nvjpeg outputs")
         self._uploads = Uploads(self.streams)
@@ -141,8 +155,10 @@ class NvjpegDecoder:
     def _check_out(self, out: torch.Tensor, n: int) -> None:
         expected = (n,) + self.out_hw + (3,)
         if tuple(out.shape) != expected or out.dtype != torch.uint8 or out.device != self.device:
-            raise ValueError(f"out should be a uint8 {self.device} tensor of shape {expected}, got "
-                             f"{out.dtype} {out.device} {tuple(out.shape)}")
+            raise ValueError(
+                f"out should be a uint8 {self.device} tensor of shape {expected}, got "
+                f"{out.dtype} {out.device} {tuple(out.shape)}"
+            )
 
     def _decode_each(self, datas: list, failures: dict) -> list:
         images = []
@@ -180,8 +196,10 @@ class NvjpegDecoder:
             return []
         crops = np.asarray(plan.crops, dtype=np.int64).reshape(n, 4)
         sizes, flips = decode_sizes(plan, self.out_hw)  # padded windows: their boxes, at their size, unflipped
-        datas = [torch.frombuffer(bytearray(b), dtype=torch.uint8) if len(b) else torch.empty(0, dtype=torch.uint8)
-                 for b in blobs]
+        datas = [
+            torch.frombuffer(bytearray(b), dtype=torch.uint8) if len(b) else torch.empty(0, dtype=torch.uint8)
+            for b in blobs
+        ]
         failures: dict[int, str] = {k: "empty image data" for k, d in enumerate(datas) if d.numel() == 0}
         s, lib = self.streams, self.outputs
         with self._lock, s.side_context():
@@ -203,14 +221,17 @@ class NvjpegDecoder:
             outside = (top < 0) | (left < 0) | (h < 1) | (w < 1) | (top + h > hw[:, 0]) | (left + w > hw[:, 1])
             for k in np.flatnonzero(outside).tolist():
                 if k not in failures:
-                    failures[k] = (f"crop (top, left, height, width)={tuple(crops[k].tolist())} lies outside the "
-                                   f"{hw[k, 0]}x{hw[k, 1]} image")
+                    failures[k] = (
+                        f"crop (top, left, height, width)={tuple(crops[k].tolist())} lies outside the "
+                        f"{hw[k, 0]}x{hw[k, 1]} image"
+                    )
             good = [k for k in range(n) if k not in failures]
             bad = sorted(failures)
             # the plan's arrays reach the device through pinned staging: from pageable memory each copy
             # would make this thread wait for the stream's queued work
             crops_t, flips_t, good_t, bad_t, *sizes_t = self._uploads.put(
-                crops[good], flips[good], good, bad, *([] if sizes is None else [sizes[good]]))
+                crops[good], flips[good], good, bad, *([] if sizes is None else [sizes[good]])
+            )
             sizes_t = sizes_t[0] if sizes_t else None
             if good:
                 todo = [images[k] for k in good]
@@ -227,8 +248,12 @@ class NvjpegDecoder:
                 s.launch(write, reads=reads, writes=(out,), what="nvjpeg resample")
             augment_queued(s, self._uploads, plan.augment, out, "nvjpeg augment")
             if bad:  # after the augmentation, so that failed rows stay zero
-                s.launch(lambda out=out, bad_t=bad_t: out.index_fill_(0, bad_t, 0), reads=(bad_t,), writes=(out,),
-                         what="nvjpeg zero failed")
+                s.launch(
+                    lambda out=out, bad_t=bad_t: out.index_fill_(0, bad_t, 0),
+                    reads=(bad_t,),
+                    writes=(out,),
+                    what="nvjpeg zero failed",
+                )
             del images
             # handed on with an event, not a host wait: whoever reads the rows waits on it on the device
             self.ready = s.record(s.side)
@@ -248,8 +273,9 @@ def probe() -> None:
 
 
 def _make(ctx: DecoderContext) -> JpegOnly:
-    return JpegOnly(NvjpegDecoder(ctx.batch_size, ctx.out_hw, device=ctx.device, streams=ctx.fork_stream("nvjpeg")),
-                    ctx.option)
+    return JpegOnly(
+        NvjpegDecoder(ctx.batch_size, ctx.out_hw, device=ctx.device, streams=ctx.fork_stream("nvjpeg")), ctx.option
+    )
 
 
 KIND = DecoderKind("nvjpeg", make=_make, probe=probe, gpu=True, needs_gpu=True, pairs=True, augments=True)

@@ -28,8 +28,9 @@ from .producer import FillPolicy, Produce
 from .readahead import ReadAhead
 
 
-def order_for(dataset, batch_size: int, kind: str, seed: int, r: int, w: int, *, drop_last: bool, window: int,
-              split: str | None):
+def order_for(
+    dataset, batch_size: int, kind: str, seed: int, r: int, w: int, *, drop_last: bool, window: int, split: str | None
+):
     """The Order for a fastload.Dataset: ``PackedOrder`` (PackSequences), ``BucketOrder`` (Bucket) or ``Order``;
     ``split`` None picks whole shards per rank for a remote dataset with world size > 1 (else samples)."""
     explicit = split is not None
@@ -67,8 +68,9 @@ def for_rank(order: Order, rank: int, world: int) -> Order:
             return order
     elif (order.rank, order.world_size) == (rank, world):
         return order
-    common = dict(kind=order.kind, seed=order.seed, rank=rank, world_size=world, drop_last=order.drop_last,
-                  window=order.window)
+    common = dict(
+        kind=order.kind, seed=order.seed, rank=rank, world_size=world, drop_last=order.drop_last, window=order.window
+    )
     if isinstance(order, PackedOrder):
         return PackedOrder(order.lengths, order.tokens_per_batch, **common)
     if isinstance(order, BucketOrder):
@@ -78,18 +80,26 @@ def for_rank(order: Order, rank: int, world: int) -> Order:
 
 
 def _strided(why: str) -> str:
-    warnings.warn(f"fastload: a remote dataset with world_size > 1 reads whole shards per rank by default "
-                  f"(split='shards'), which cannot apply here ({why}): every rank reads every shard it needs "
-                  f"(split='samples')", RuntimeWarning, stacklevel=5)  # the line that made the loader
+    warnings.warn(
+        f"fastload: a remote dataset with world_size > 1 reads whole shards per rank by default "
+        f"(split='shards'), which cannot apply here ({why}): every rank reads every shard it needs "
+        f"(split='samples')",
+        RuntimeWarning,
+        stacklevel=5,
+    )  # the line that made the loader
     return "samples"
 
 
-SUPERSEDED = ("fastload: this iterator of the DataLoader was stopped when a newer iter(loader) of the same loader "
-              "started: a loader runs one iteration at a time (its slots, plans and decoders are shared). Iterate "
-              "the newer iterator, or use two loaders")
+SUPERSEDED = (
+    "fastload: this iterator of the DataLoader was stopped when a newer iter(loader) of the same loader "
+    "started: a loader runs one iteration at a time (its slots, plans and decoders are shared). Iterate "
+    "the newer iterator, or use two loaders"
+)
 
 
-class FastIterator(Count, _BaseDataLoaderIter):  # a torch DataLoader iterator by type (Lightning checks); no base __init__
+class FastIterator(
+    Count, _BaseDataLoaderIter
+):  # a torch DataLoader iterator by type (Lightning checks); no base __init__
     """One iteration of the fast path: the chain's last stage (``Count``), plus what an iterator the loop
     holds must do: its length, and stopping the producer thread when the epoch ends or it is dropped.
 
@@ -154,18 +164,36 @@ def replaceable(live: FastIterator | None, what: str) -> FastIterator | None:
     owner, me = live.owner, threading.current_thread()
     if owner is me or not owner.is_alive():
         return live
-    raise RuntimeError(f"fastload: {what} in thread {me.name!r} while an iteration of this DataLoader runs in thread "
-                       f"{owner.name!r}: on the fast path a loader runs one iteration at a time (its batch buffers, "
-                       f"plans and decoders are shared), so two threads cannot iterate it at once. Give each thread "
-                       f"its own loader, e.g. fastload.DataLoader(dataset, ...) made in that thread (one dataset can "
-                       f"serve several loaders), or end the other iteration first (let it run out, or call close() on "
-                       f"its iterator)")
+    raise RuntimeError(
+        f"fastload: {what} in thread {me.name!r} while an iteration of this DataLoader runs in thread "
+        f"{owner.name!r}: on the fast path a loader runs one iteration at a time (its batch buffers, "
+        f"plans and decoders are shared), so two threads cannot iterate it at once. Give each thread "
+        f"its own loader, e.g. fastload.DataLoader(dataset, ...) made in that thread (one dataset can "
+        f"serve several loaders), or end the other iteration first (let it run out, or call close() on "
+        f"its iterator)"
+    )
 
 
-def fast_iterator(*, plan: Any, epoch: int, start: int, batcher: Any, slots: Any, progress: Progress,
-                  policy: FillPolicy, stats: Any, length: int, num_workers: int, depth: int, timeout: float,
-                  persistent: bool, reading: Any = None, image_keys: list | None = None,
-                  device: Any = None, guard: Any = None) -> FastIterator:
+def fast_iterator(
+    *,
+    plan: Any,
+    epoch: int,
+    start: int,
+    batcher: Any,
+    slots: Any,
+    progress: Progress,
+    policy: FillPolicy,
+    stats: Any,
+    length: int,
+    num_workers: int,
+    depth: int,
+    timeout: float,
+    persistent: bool,
+    reading: Any = None,
+    image_keys: list | None = None,
+    device: Any = None,
+    guard: Any = None,
+) -> FastIterator:
     """The iteration over epoch ``epoch`` from batch ``start``, every stage given what it uses.
 
     ``plan``: the ``Order`` (or ``_sampling.SamplerOrder``); ``slots``: the host ``SlotRing``; ``reading``:
@@ -185,16 +213,36 @@ def fast_iterator(*, plan: Any, epoch: int, start: int, batcher: Any, slots: Any
     # GPU decoders: always in a producer thread, even at num_workers=0 (long host work per batch; the rows
     # are handed on with an event, so no thread waits for the GPU)
     gpu_rows = batcher.images.device is not None
-    producer = source = Produce(source, policy, stats, threads=num_workers > 0 or gpu_rows, always=gpu_rows,
-                                depth=depth, timeout=timeout, on_close=None if persistent else batcher.end_epoch,
-                                release=reserved.release)
+    producer = source = Produce(
+        source,
+        policy,
+        stats,
+        threads=num_workers > 0 or gpu_rows,
+        always=gpu_rows,
+        depth=depth,
+        timeout=timeout,
+        on_close=None if persistent else batcher.end_epoch,
+        release=reserved.release,
+    )
     on_device = device is not None
     # a device prefetcher keeps each host batch until its copy ran: bound the host ring by those copies
     slots.pending, slots.limit = (device[0].holds, host_limit(depth)) if on_device else (None, None)
-    source = Collate(source, Collator.for_batcher(batcher), reserved, stats, policy.steps,
-                     tensor_transforms=not on_device, contiguous=None if on_device else image_keys)
+    source = Collate(
+        source,
+        Collator.for_batcher(batcher),
+        reserved,
+        stats,
+        policy.steps,
+        tensor_transforms=not on_device,
+        contiguous=None if on_device else image_keys,
+    )
     if on_device:
         ring, transforms = device
-        source = DevicePrefetcher(source, depth=depth, transforms=transforms, ring=ring,
-                                  contiguous=image_keys if batcher.packed is None else ())
+        source = DevicePrefetcher(
+            source,
+            depth=depth,
+            transforms=transforms,
+            ring=ring,
+            contiguous=image_keys if batcher.packed is None else (),
+        )
     return FastIterator(source, progress, producer, length, guard)

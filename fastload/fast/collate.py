@@ -40,8 +40,9 @@ class Collator:
         # fastload.open's batch_transforms (MixUp/CutMix, _augment/mix.py): run by the Collate stage
         self.mix = getattr(dataset, "batch_mix", None) if packed is None else None
         # the mixed image field's ToDtype/Normalize (or None), which collate_mixed runs with the mix fused in
-        self._mix_pipeline = next((getattr(p, "tensor", None) for p in parts
-                                   if self.mix is not None and p.name == self.mix.image), None)
+        self._mix_pipeline = next(
+            (getattr(p, "tensor", None) for p in parts if self.mix is not None and p.name == self.mix.image), None
+        )
         self._cpu_outputs: dict[str, SlotRing] = {}  # per image field: CPU ToDtype/Normalize results
         self._cpu_outputs_lock = threading.Lock()
 
@@ -60,8 +61,9 @@ class Collator:
             ring = self._cpu_outputs.get(name)
             if ring is None:
                 ring = self._cpu_outputs[name] = SlotRing(
-                    lambda: Slot({"out": torch.empty(shape, dtype=dtype, memory_format=torch.channels_last)}))
-            return ring.acquire().tensors["out"][:images.shape[0]]
+                    lambda: Slot({"out": torch.empty(shape, dtype=dtype, memory_format=torch.channels_last)})
+                )
+            return ring.acquire().tensors["out"][: images.shape[0]]
 
     def mix_output(self, images: torch.Tensor) -> torch.Tensor:
         """Where MixUp/CutMix on the CPU write their result: a reused buffer as ``_cpu_output``'s (a fresh 38 MB
@@ -72,8 +74,9 @@ class Collator:
             ring = self._cpu_outputs.get(key)
             if ring is None:
                 ring = self._cpu_outputs[key] = SlotRing(
-                    lambda: Slot({"out": torch.empty(shape, dtype=images.dtype, memory_format=torch.channels_last)}))
-            return ring.acquire().tensors["out"][:images.shape[0]]
+                    lambda: Slot({"out": torch.empty(shape, dtype=images.dtype, memory_format=torch.channels_last)})
+                )
+            return ring.acquire().tensors["out"][: images.shape[0]]
 
     def collate(self, slot: Slot, n: int, objects: list, tensor_transforms: bool = True, raw: str | None = None) -> Any:
         """The batch as ``default_collate`` would structure it: list for tuple samples, dict for dicts.
@@ -83,12 +86,16 @@ class Collator:
         if self.packed is not None:
             name, spec = self.packed
             k = objects[0]
-            return {name: tensors[name].view(self.batch_size, spec.row_length),
-                    "cu_seqlens": tensors[name + ":cu"][: k + 1],
-                    "sample_ids": tensors[name + ":ids"][:k]}
+            return {
+                name: tensors[name].view(self.batch_size, spec.row_length),
+                "cu_seqlens": tensors[name + ":cu"][: k + 1],
+                "sample_ids": tensors[name + ":ids"][:k],
+            }
         cpu_output = self._cpu_output
-        values = [part.collate(tensors, n, obj, tensor_transforms and part.name != raw, cpu_output)
-                  for part, obj in zip(self.parts, objects)]
+        values = [
+            part.collate(tensors, n, obj, tensor_transforms and part.name != raw, cpu_output)
+            for part, obj in zip(self.parts, objects)
+        ]
         if self.as_dict:
             return dict(zip(self.names, values))
         return values
@@ -124,8 +131,16 @@ class Collate(Stage):
     step also goes to ``steps``, the fill policy's window, which decides between the calling thread and a
     producer thread)."""
 
-    def __init__(self, source: Any, collator: Collator, reserved: Any, stats: Any, steps: Any,
-                 tensor_transforms: bool = True, contiguous: list | None = None):
+    def __init__(
+        self,
+        source: Any,
+        collator: Collator,
+        reserved: Any,
+        stats: Any,
+        steps: Any,
+        tensor_transforms: bool = True,
+        contiguous: list | None = None,
+    ):
         self.source, self.collator, self.reserved, self.stats, self.steps = source, collator, reserved, stats, steps
         self.tensor_transforms = tensor_transforms
         self.contiguous = contiguous if contiguous and collator.packed is None else None

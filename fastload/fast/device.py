@@ -47,8 +47,10 @@ def check_device(device: Any) -> torch.device:
     dev = torch.device(device)
     if dev.type == "cuda":
         if not cuda_available():
-            raise RuntimeError(f"device={device!r} but CUDA is not available (torch.cuda.is_available() is "
-                               f"False); use device=None to keep batches on the CPU")
+            raise RuntimeError(
+                f"device={device!r} but CUDA is not available (torch.cuda.is_available() is "
+                f"False); use device=None to keep batches on the CPU"
+            )
     elif dev.type != "cpu":
         raise ValueError(f"device={device!r}: fastload prefetches to 'cuda' devices (or 'cpu')")
     return dev
@@ -182,9 +184,16 @@ class DevicePrefetcher(_BaseDataLoaderIter):  # a torch DataLoader iterator by t
     layout on the device.
     """
 
-    def __init__(self, source: Iterable, device: Any = None, depth: int = 2,
-                 transforms: Mapping[Any, TensorPipeline] | None = None, on_yield=None,
-                 ring: DeviceRing | None = None, contiguous: Iterable = ()):
+    def __init__(
+        self,
+        source: Iterable,
+        device: Any = None,
+        depth: int = 2,
+        transforms: Mapping[Any, TensorPipeline] | None = None,
+        on_yield=None,
+        ring: DeviceRing | None = None,
+        contiguous: Iterable = (),
+    ):
         _check_depth(depth)
         self.ring = ring if ring is not None else DeviceRing(device)
         self.ring.begin_pass()
@@ -247,8 +256,9 @@ class DevicePrefetcher(_BaseDataLoaderIter):  # a torch DataLoader iterator by t
             consts = self.ring.constants(pipe, leaf.shape[1]) if pipe is not None and leaf.dim() > 1 else None
             out = None
             if pipe is not None or layout:
-                out = self._buffer(slot, (i, "out"), leaf.shape, pipe.dtype if pipe is not None else leaf.dtype,
-                                   cl and not layout)
+                out = self._buffer(
+                    slot, (i, "out"), leaf.shape, pipe.dtype if pipe is not None else leaf.dtype, cl and not layout
+                )
             if leaf.device.type != "cpu":  # e.g. a GPU decoder's rows: freed only after this read (rule 4)
                 s.record_stream(leaf, s.side)
                 keep_host = True
@@ -260,8 +270,7 @@ class DevicePrefetcher(_BaseDataLoaderIter):  # a torch DataLoader iterator by t
                 pinned = slot.tensors.get((i, "pin"))
                 if pinned is None or pinned.shape != leaf.shape or pinned.dtype != leaf.dtype:
                     pinned = slot.put((i, "pin"), s.host_empty(tuple(leaf.shape), leaf.dtype))
-                leaf = pinned.as_strided(leaf.shape, leaf.stride()).copy_(leaf) if _dense(leaf) else \
-                    pinned.copy_(leaf)
+                leaf = pinned.as_strided(leaf.shape, leaf.stride()).copy_(leaf) if _dense(leaf) else pinned.copy_(leaf)
             plans.append((leaf, staging, pipe, out, consts))
         # after the allocations and after the caller's last use (rule 3): the allocations were made on the
         # current stream, the last use was on the stream the slot was handed to (a consumer may switch)
@@ -281,8 +290,11 @@ class DevicePrefetcher(_BaseDataLoaderIter):  # a torch DataLoader iterator by t
                 src, staging, pipe, out, consts = plan
                 s.copy(staging, src)
                 if pipe is not None:
-                    s.launch(lambda p=pipe, x=staging, o=out, c=consts: p.apply(x, out=o, consts=c),
-                             reads=(staging,) + tuple(consts or ()), writes=(out,))
+                    s.launch(
+                        lambda p=pipe, x=staging, o=out, c=consts: p.apply(x, out=o, consts=c),
+                        reads=(staging,) + tuple(consts or ()),
+                        writes=(out,),
+                    )
                     staging = out
                 elif out is not None:
                     s.copy(out, staging)  # the layout change, a device kernel
@@ -353,9 +365,11 @@ class DeviceLoader:
     def __iter__(self) -> DevicePrefetcher:
         it = iter(self.source)
         if it is self.source and self._passes:
-            raise TypeError(f"to_device() was given a one-shot iterator ({type(self.source).__name__}) that an "
-                            f"earlier pass has consumed; pass a re-iterable source (a DataLoader, a list of "
-                            f"batches) to iterate more than once")
+            raise TypeError(
+                f"to_device() was given a one-shot iterator ({type(self.source).__name__}) that an "
+                f"earlier pass has consumed; pass a re-iterable source (a DataLoader, a list of "
+                f"batches) to iterate more than once"
+            )
         self._passes += 1
         if self.ring is None:  # a loader wrapped before torch.cuda.set_device(local_rank) uses the rank's GPU
             self.ring = DeviceRing(self._device)
@@ -370,8 +384,9 @@ class DeviceLoader:
         return len(self.source)
 
 
-def to_device(iterable: Iterable, device: Any = "cuda", *, depth: int = 2,
-              transforms: Mapping[Any, Any] | None = None) -> DeviceLoader:
+def to_device(
+    iterable: Iterable, device: Any = "cuda", *, depth: int = 2, transforms: Mapping[Any, Any] | None = None
+) -> DeviceLoader:
     """Prefetch batches of any iterable (e.g. a ``torch.utils.data.DataLoader``) to ``device``.
 
     Copies run on a side CUDA stream with ``non_blocking=True`` into device buffers allocated once;

@@ -141,9 +141,20 @@ class Order:
     the loader: it returns the epoch to iterate and advances by one when nobody set the epoch since.
     """
 
-    def __init__(self, num_samples: int, batch_size: int, *, kind: str = "sequential", seed: int = 0,
-                 rank: int = 0, world_size: int = 1, drop_last: bool = False,
-                 shard_sizes: Sequence[int] | None = None, window: int = 8, split: str = "samples"):
+    def __init__(
+        self,
+        num_samples: int,
+        batch_size: int,
+        *,
+        kind: str = "sequential",
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        drop_last: bool = False,
+        shard_sizes: Sequence[int] | None = None,
+        window: int = 8,
+        split: str = "samples",
+    ):
         self.num_samples = as_int("num_samples", num_samples, 0)
         self.batch_size = as_int("batch_size", batch_size, 1)
         if kind not in KINDS:
@@ -166,8 +177,10 @@ class Order:
                 raise ValueError(f"shard_sizes should be a 1-d sequence of sample counts >= 0, got {shard_sizes!r}")
             sizes = sizes.astype(np.int64)
             if int(sizes.sum()) != self.num_samples:
-                raise ValueError(f"shard_sizes sum to {int(sizes.sum())} but {num_samples=}; give one count "
-                                 f"per shard, in dataset order")
+                raise ValueError(
+                    f"shard_sizes sum to {int(sizes.sum())} but {num_samples=}; give one count "
+                    f"per shard, in dataset order"
+                )
         self.shard_sizes = sizes
         w, n = self.world_size, self.num_samples
         if split not in ("samples", "shards"):
@@ -178,9 +191,11 @@ class Order:
         if split == "shards":
             self._owned = _assign_shards(sizes, w)
             if shard_sizes is None or any(len(k) == 0 for k in self._owned):
-                raise ValueError(f"split='shards' needs the dataset's shards and at least one per rank: "
-                                 f"{len(sizes)} shard(s) for world_size={w}; pack with a smaller shard_size, or "
-                                 f"use split='samples'")
+                raise ValueError(
+                    f"split='shards' needs the dataset's shards and at least one per rank: "
+                    f"{len(sizes)} shard(s) for world_size={w}; pack with a smaller shard_size, or "
+                    f"use split='samples'"
+                )
             shares = [int(sizes[k].sum()) for k in self._owned]
             self._per_rank = min(shares) if self.drop_last else max(shares)
         if self.drop_last:
@@ -193,8 +208,10 @@ class Order:
         self._cache: tuple[int, np.ndarray] | None = None
 
     def __repr__(self) -> str:
-        return (f"Order({self.num_samples}, batch_size={self.batch_size}, kind={self.kind!r}, seed={self.seed}, "
-                f"rank={self.rank}, world_size={self.world_size}, drop_last={self.drop_last}, window={self.window})")
+        return (
+            f"Order({self.num_samples}, batch_size={self.batch_size}, kind={self.kind!r}, seed={self.seed}, "
+            f"rank={self.rank}, world_size={self.world_size}, drop_last={self.drop_last}, window={self.window})"
+        )
 
     # -- epochs ------------------------------------------------------------------------------
     @property
@@ -234,7 +251,7 @@ class Order:
         else:
             seq = self._global_sequence(e)
             seq = np.resize(seq, total) if total > n else seq[:total]  # resize wraps around, like the sampler
-            mine = np.ascontiguousarray(seq[self.rank::w])
+            mine = np.ascontiguousarray(seq[self.rank :: w])
         if self.drop_last:
             mine = mine[: self._num_batches * self.batch_size]
         mine.flags.writeable = False
@@ -282,7 +299,7 @@ class Order:
     def _epoch_batches(self, e: int, start: int) -> Iterator[Any]:
         """Batches ``start ..`` of epoch ``e``: what an order of another kind (``packing.py``) defines."""
         b, idx = self.batch_size, self.indices(e)
-        return (idx[i * b:(i + 1) * b] for i in range(start, self._num_batches))
+        return (idx[i * b : (i + 1) * b] for i in range(start, self._num_batches))
 
     def batch_rng(self, epoch: int, batch_index: int) -> np.random.Generator:
         """A generator for augmentation of one batch, keyed by (seed, epoch, rank, batch_index)."""
@@ -298,8 +315,13 @@ class Order:
 
     def _config(self) -> dict:
         """What a saved position must agree with to resume here; an order of another kind adds its own."""
-        cfg = {"kind": self.kind, "num_samples": self.num_samples, "batch_size": self.batch_size,
-               "world_size": self.world_size, "drop_last": self.drop_last}
+        cfg = {
+            "kind": self.kind,
+            "num_samples": self.num_samples,
+            "batch_size": self.batch_size,
+            "world_size": self.world_size,
+            "drop_last": self.drop_last,
+        }
         if self.split != "samples":
             cfg["split"] = self.split
         if self.kind == "quasi":
@@ -315,15 +337,16 @@ class Order:
         k = as_int("batches_done", batches_done, 0)
         if k > self._num_batches:
             raise ValueError(f"batches_done={k} should be <= num_batches={self._num_batches}")
-        return {"version": STATE_VERSION, "epoch": e, "batches_done": k, "seed": self.seed,
-                **self._config()}
+        return {"version": STATE_VERSION, "epoch": e, "batches_done": k, "seed": self.seed, **self._config()}
 
     def load_state_dict(self, state: dict) -> int:
         """Adopt the saved seed and epoch; the next ``batches()`` of that epoch starts at the saved batch."""
         if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
             got = state.get("version") if isinstance(state, dict) else type(state).__name__
-            raise ValueError(f"not a saved loader position (version {got!r}, expected {STATE_VERSION}): pass the dict "
-                             f"that loader.state_dict() returned (Order.state_dict() for an Order used alone)")
+            raise ValueError(
+                f"not a saved loader position (version {got!r}, expected {STATE_VERSION}): pass the dict "
+                f"that loader.state_dict() returned (Order.state_dict() for an Order used alone)"
+            )
         mine = self._config()
         saved = {k: state.get(k) for k in set(mine) | ({"window", "shards", "split"} & set(state))}
         diff = sorted(k for k in saved if saved[k] != mine.get(k))
@@ -366,12 +389,21 @@ def _not_resumable(diff: list[str], saved: dict, mine: dict) -> str:
     now = ", ".join(_user_terms(k, mine.get(k)) for k in diff)
     same = [_user_terms(k, saved[k]) for k in diff if k not in _DATASET_KEYS]
     data = [k for k in diff if k in _DATASET_KEYS]
-    build = " and ".join(filter(None, [", ".join(same) and f"build this DataLoader with {', '.join(same)}",
-                                       data and "open the dataset it was saved on"]))
-    return (f"cannot resume from this state: it was saved by a loader with {was}, and this loader has {now}. A saved "
-            f"position counts batches of that loader's order over its dataset, so it goes on only in a loader built "
-            f"the same way: to resume, {build} (the rank may differ); to start over with the new settings, leave "
-            f"load_state_dict out (or load only the model's and optimizer's state)")
+    build = " and ".join(
+        filter(
+            None,
+            [
+                ", ".join(same) and f"build this DataLoader with {', '.join(same)}",
+                data and "open the dataset it was saved on",
+            ],
+        )
+    )
+    return (
+        f"cannot resume from this state: it was saved by a loader with {was}, and this loader has {now}. A saved "
+        f"position counts batches of that loader's order over its dataset, so it goes on only in a loader built "
+        f"the same way: to resume, {build} (the rank may differ); to start over with the new settings, leave "
+        f"load_state_dict out (or load only the model's and optimizer's state)"
+    )
 
 
 def _assign_shards(sizes: np.ndarray, world: int) -> list[np.ndarray]:
@@ -383,9 +415,6 @@ def _assign_shards(sizes: np.ndarray, world: int) -> list[np.ndarray]:
         owned[r].append(k)
         load[r] += int(sizes[k])
     return [np.array(sorted(o), dtype=np.int64) for o in owned]
-
-
-
 
 
 class Jobs(Stage):

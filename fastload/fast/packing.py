@@ -51,13 +51,13 @@ class BucketOrder(Order):
             if self.kind != "sequential":
                 members = members[rng.permutation(len(members))]
             stop = len(members) - len(members) % b if self.drop_last else len(members)
-            batches.extend(members[i:i + b] for i in range(0, stop, b))
+            batches.extend(members[i : i + b] for i in range(0, stop, b))
         if self.kind != "sequential":
             batches = [batches[i] for i in rng.permutation(len(batches))]
         need = self._num_batches * self.world_size
         if batches and need > len(batches):
             batches = [batches[i % len(batches)] for i in range(need)]
-        return batches[:need][self.rank::self.world_size]
+        return batches[:need][self.rank :: self.world_size]
 
     def indices(self, epoch: int | None = None) -> np.ndarray:
         e = self._epoch if epoch is None else as_int("epoch", epoch, 0)
@@ -85,8 +85,7 @@ def packed_batches(stream: np.ndarray, lengths: np.ndarray, tokens_per_batch: in
         sel = sel[lens[sel] > 0]
         piece_lo = np.maximum(begins[sel], lo)
         piece_hi = np.minimum(ends[sel], hi)
-        yield PackJob(stream[sel], piece_lo - begins[sel], piece_hi - piece_lo, piece_lo - lo,
-                      int(min(hi, total) - lo))
+        yield PackJob(stream[sel], piece_lo - begins[sel], piece_hi - piece_lo, piece_lo - lo, int(min(hi, total) - lo))
 
 
 class PackedOrder(Order):
@@ -127,5 +126,7 @@ class PackedOrder(Order):
         return packed_batches(self._cache[1], self.lengths, self.tokens_per_batch, ids)
 
     def _config(self) -> dict:
-        return super()._config() | {"world_size": self.pack_world,
-                                     "packed": f"{self.tokens_per_batch}:{digest(self.lengths)}"}
+        return super()._config() | {
+            "world_size": self.pack_world,
+            "packed": f"{self.tokens_per_batch}:{digest(self.lengths)}",
+        }

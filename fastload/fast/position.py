@@ -77,10 +77,12 @@ class Count(Stage):
 
     def __next__(self) -> Any:
         if self.forks != _forks:  # before the guard: a thread of the parent may have held it at the fork
-            raise RuntimeError(f"fastload: this iterator of the DataLoader was started in process {self.pid}, and "
-                               f"this process ({os.getpid()}) was forked from it: its producer thread and the "
-                               f"batches it had ready stayed there. Call iter(loader) in this process for an "
-                               f"iteration of its own")
+            raise RuntimeError(
+                f"fastload: this iterator of the DataLoader was started in process {self.pid}, and "
+                f"this process ({os.getpid()}) was forked from it: its producer thread and the "
+                f"batches it had ready stayed there. Call iter(loader) in this process for an "
+                f"iteration of its own"
+            )
         with self.guard:
             if self.stopped is not None:
                 raise RuntimeError(self.stopped)

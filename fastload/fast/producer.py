@@ -127,8 +127,19 @@ class Produce(Stage):
     non-persistent loader's ``Batcher.end_epoch``); ``stats.end_epoch`` then too. ``release(slot)`` ends the
     reservation of a filled slot that ``reset`` drops from the queue (``fill.Reservations.release``)."""
 
-    def __init__(self, source: Any, policy: FillPolicy, stats: Any, *, threads: bool, always: bool, depth: int,
-                 timeout: float, on_close=None, release=None):
+    def __init__(
+        self,
+        source: Any,
+        policy: FillPolicy,
+        stats: Any,
+        *,
+        threads: bool,
+        always: bool,
+        depth: int,
+        timeout: float,
+        on_close=None,
+        release=None,
+    ):
         self.source, self.policy, self.stats, self.release = source, policy, stats, release
         self.ready = 0
         self.threads, self.always, self.depth, self.timeout = threads, always, depth, timeout
@@ -146,8 +157,9 @@ class Produce(Stage):
     def _start_producer(self) -> None:
         """Fill the remaining batches in a background thread (the batch sequence and RNGs are unchanged)."""
         self.producer = _Producer(self.depth)
-        self.thread = threading.Thread(target=_produce, name="fastload-batcher", daemon=True,
-                                       args=(self.producer, self.source, self.release))
+        self.thread = threading.Thread(
+            target=_produce, name="fastload-batcher", daemon=True, args=(self.producer, self.source, self.release)
+        )
         self.producer.thread = self.thread
         _LIVE.add(self.producer)
         self.thread.start()

@@ -12,5 +12,17 @@ from __future__ import annotations
 from ._codec import Codec, Column, FixedPart, NotFastPath, ObjectPart, Part, ReadContext, RowsPart
 from .registry import CODECS, codec_of, kinds, register
 
-__all__ = ["CODECS", "Codec", "Column", "FixedPart", "NotFastPath", "ObjectPart", "Part", "ReadContext", "RowsPart",
-           "codec_of", "kinds", "register"]
+__all__ = [
+    "CODECS",
+    "Codec",
+    "Column",
+    "FixedPart",
+    "NotFastPath",
+    "ObjectPart",
+    "Part",
+    "ReadContext",
+    "RowsPart",
+    "codec_of",
+    "kinds",
+    "register",
+]

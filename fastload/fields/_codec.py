@@ -196,8 +196,7 @@ class Part:
         """Slot tensors for ``b`` samples by name; ``alloc(shape, torch dtype)`` makes one."""
         return {}
 
-    def fill(self, batcher: Any, slot: Any, at: Any, indices: np.ndarray, rng: Any, pool: Any,
-             failed: dict) -> Any:
+    def fill(self, batcher: Any, slot: Any, at: Any, indices: np.ndarray, rng: Any, pool: Any, failed: dict) -> Any:
         """Fill this field's buffers of ``slot``; record bad samples in ``failed`` (k -> message naming
         the field). Returns what ``collate`` needs besides the slot (None, a length, a list)."""
         return None
@@ -241,11 +240,9 @@ class FixedPart(RowsPart):
     def buffers(self, batcher: Any, b: int, alloc: Callable) -> dict:
         return {self.name: alloc((b,) + tuple(self.column.shape), torch_dtype(self.column.dtype))}
 
-    def fill(self, batcher: Any, slot: Any, at: Any, indices: np.ndarray, rng: Any, pool: Any,
-             failed: dict) -> None:
+    def fill(self, batcher: Any, slot: Any, at: Any, indices: np.ndarray, rng: Any, pool: Any, failed: dict) -> None:
         # the reader says where the rows lie; the native gather copies them
         native().gather_rows(pool, *batcher.reader.row_sources(at, self.name), slot.arrays[self.name][: len(indices)])
-
 
 
 class ObjectPart(Part):
@@ -256,8 +253,7 @@ class ObjectPart(Part):
         super().__init__(field)
         self.value, self.empty = value, empty
 
-    def fill(self, batcher: Any, slot: Any, at: Any, indices: np.ndarray, rng: Any, pool: Any,
-             failed: dict) -> list:
+    def fill(self, batcher: Any, slot: Any, at: Any, indices: np.ndarray, rng: Any, pool: Any, failed: dict) -> list:
         out = []
         blob, value = batcher.reader.blob, self.value
         for k in range(len(at)):

@@ -94,8 +94,10 @@ class ArrayCodec(Codec):
             if d is not None:
                 bad = np.nonzero(shape[:, j] != d)[0]
                 if bad.size:
-                    return (f"sample {first + int(bad[0])}: dimension {j} is {int(shape[bad[0], j])}, "
-                            f"the schema fixes it to {d}")
+                    return (
+                        f"sample {first + int(bad[0])}: dimension {j} is {int(shape[bad[0], j])}, "
+                        f"the schema fixes it to {d}"
+                    )
         bad = np.nonzero((shape < 0).any(axis=1))[0] if shape.size else np.array([], dtype=np.int64)
         if bad.size:
             return f"sample {first + int(bad[0])}: negative array shape {shape[bad[0]].tolist()}"
@@ -113,8 +115,10 @@ class ArrayCodec(Codec):
             arr = arr.astype(dt)
         if arr.ndim != len(field.shape) or any(d is not None and d != a for d, a in zip(field.shape, arr.shape)):
             want = tuple("*" if d is None else d for d in field.shape)
-            raise SchemaError(f"array of shape {arr.shape} does not match the schema's shape {want} "
-                              f"(give an explicit schema with None for dimensions that vary)")
+            raise SchemaError(
+                f"array of shape {arr.shape} does not match the schema's shape {want} "
+                f"(give an explicit schema with None for dimensions that vary)"
+            )
         if self.fixed_size(field):
             return (arr,), None
         return (np.array(arr.shape, dtype="<i8"),), np.ascontiguousarray(arr, dtype=dt.newbyteorder("<")).tobytes()
@@ -141,13 +145,25 @@ class ArrayCodec(Codec):
             return FixedPart(field, self.columns(field)[0])
         seq = dataset.sequences.get(field.name)
         if seq is None:
-            raise NotFastPath(f"ndarray field '{field.name}' has a variable shape {field.shape} and no Pad/Bucket "
-                              f"transform to batch it to a fixed shape")
+            raise NotFastPath(
+                f"ndarray field '{field.name}' has a variable shape {field.shape} and no Pad/Bucket "
+                f"transform to batch it to a fixed shape"
+            )
         return SequencePart(field, seq, dataset.path)
 
 
-def gather_pieces(reader: Any, path: Any, field: Any, out: np.ndarray, at: Any, indices: np.ndarray,
-                  skip: np.ndarray, nbytes: np.ndarray, dst: np.ndarray, pool: Any) -> None:
+def gather_pieces(
+    reader: Any,
+    path: Any,
+    field: Any,
+    out: np.ndarray,
+    at: Any,
+    indices: np.ndarray,
+    skip: np.ndarray,
+    nbytes: np.ndarray,
+    dst: np.ndarray,
+    pool: Any,
+) -> None:
     """One native copy of variable-length pieces: piece j is ``nbytes[j]`` bytes of batch position j's
     value of ``field`` (``at`` locates them), from byte ``skip[j]`` of that value, to byte ``dst[j]`` of ``out``
     (padding is the caller's). A piece past the end of its value (an LMDB record shorter than its recorded
@@ -156,10 +172,13 @@ def gather_pieces(reader: Any, path: Any, field: Any, out: np.ndarray, at: Any, 
     short = np.flatnonzero(skip + nbytes > length)
     if short.size:
         p = int(short[0])
-        raise DecodeError(f"{where(path, None, int(indices[p]), field.name)}: the value is "
-                          f"{int(length[p])} bytes, its recorded length needs {int(skip[p] + nbytes[p])}")
-    native().gather_pieces(pool, regions, region, offset + skip, nbytes.astype(np.int64, copy=False),
-                           dst.astype(np.int64, copy=False), out)
+        raise DecodeError(
+            f"{where(path, None, int(indices[p]), field.name)}: the value is "
+            f"{int(length[p])} bytes, its recorded length needs {int(skip[p] + nbytes[p])}"
+        )
+    native().gather_pieces(
+        pool, regions, region, offset + skip, nbytes.astype(np.int64, copy=False), dst.astype(np.int64, copy=False), out
+    )
 
 
 class SequencePart(Part):
@@ -175,15 +194,16 @@ class SequencePart(Part):
 
     def buffers(self, batcher: Any, b: int, alloc: Callable) -> dict:
         size = b * self.seq.max_length * self.rest_items
-        return {self.name: alloc((size,), torch_dtype(np.dtype(self.field.dtype))),
-                self.name + ":len": alloc((b,), torch.int64)}
+        return {
+            self.name: alloc((size,), torch_dtype(np.dtype(self.field.dtype))),
+            self.name + ":len": alloc((b,), torch.int64),
+        }
 
     def _view(self, flat: Any, n: int, bound: int) -> Any:
         shape = (n, bound) + self.rest
         return flat[: int(np.prod(shape, dtype=np.int64))].reshape(shape)
 
-    def fill(self, batcher: Any, slot: Any, at: Any, indices: np.ndarray, rng: Any, pool: Any,
-             failed: dict) -> int:
+    def fill(self, batcher: Any, slot: Any, at: Any, indices: np.ndarray, rng: Any, pool: Any, failed: dict) -> int:
         """Pad/bucket the field into the slot; returns the batch's padded length."""
         seq, reader, n = self.seq, batcher.reader, len(at)
         lengths = reader.take(at, self.name, "shape")[:, 0].astype(np.int64)
@@ -199,8 +219,18 @@ class SequencePart(Part):
         cut = np.minimum(lengths, bound)
         out = self._view(slot.arrays[self.name], n, bound)
         out[...] = seq.value
-        gather_pieces(reader, self.path, self.field, out, at, indices, np.zeros(n, np.int64), cut * self.row_bytes,
-                      np.arange(n, dtype=np.int64) * (bound * self.row_bytes), pool)
+        gather_pieces(
+            reader,
+            self.path,
+            self.field,
+            out,
+            at,
+            indices,
+            np.zeros(n, np.int64),
+            cut * self.row_bytes,
+            np.arange(n, dtype=np.int64) * (bound * self.row_bytes),
+            pool,
+        )
         slot.arrays[self.name + ":len"][:n] = cut
         return bound
 

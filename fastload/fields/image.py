@@ -46,6 +46,7 @@ class FileImage:
 
 # -- encoding -------------------------------------------------------------------------------------
 
+
 def check_jpeg(data: bytes, check: str = "decode") -> tuple[int, int]:
     """Return (height, width) of a JPEG after validating it (see ImageOptions.check), or raise."""
     C = native()
@@ -74,11 +75,17 @@ def _to_pil(value: Any):
         return value
     arr = as_array(value)
     if arr is None:
-        raise SchemaError(f"an image field needs a PIL image, an image file or a uint8 array, got "
-                          f"{type(value).__name__}")
+        raise SchemaError(
+            f"an image field needs a PIL image, an image file or a uint8 array, got {type(value).__name__}"
+        )
     if arr.dtype != np.uint8:
         raise SchemaError(f"an image array must be uint8, got {arr.dtype}")
-    if arr.ndim == 3 and arr.shape[0] in (1, 3) and arr.shape[2] not in (1, 3) and type(value).__module__.startswith("torch"):
+    if (
+        arr.ndim == 3
+        and arr.shape[0] in (1, 3)
+        and arr.shape[2] not in (1, 3)
+        and type(value).__module__.startswith("torch")
+    ):
         arr = arr.transpose(1, 2, 0)  # torch CHW -> HWC
     if arr.ndim == 3 and arr.shape[2] == 1:
         arr = arr[:, :, 0]
@@ -160,12 +167,16 @@ def _note_reencoded(value: Any, data: bytes | None, quality: int) -> None:
     if data is not None:
         what = "its encoded bytes are not a JPEG (PNG, WebP, ...)"
     elif is_pil_image(value):
-        what = ("it is a PIL image not opened from a JPEG file, or changed since (converted, resized, drawn on), so "
-                "no JPEG bytes of it are at hand")
+        what = (
+            "it is a PIL image not opened from a JPEG file, or changed since (converted, resized, drawn on), so "
+            "no JPEG bytes of it are at hand"
+        )
     else:
         what = f"it is a {type(value).__name__} of pixels, not encoded bytes"
-    notes.append(f"re-encoded as JPEG at quality={quality} (lossy: its pixels differ slightly from the source's), "
-                 f"because {what} and it is larger than {SMALL_IMAGE_PIXELS:,} pixels (smaller ones are stored raw)")
+    notes.append(
+        f"re-encoded as JPEG at quality={quality} (lossy: its pixels differ slightly from the source's), "
+        f"because {what} and it is larger than {SMALL_IMAGE_PIXELS:,} pixels (smaller ones are stored raw)"
+    )
 
 
 def encode_image(value: Any, opts: Any) -> tuple[tuple, bytes]:
@@ -181,10 +192,15 @@ def encode_image(value: Any, opts: Any) -> tuple[tuple, bytes]:
         if opts.mode == "passthrough" or (opts.mode == "auto" and _fit((w, h), opts.max_side) is None):
             return (np.array([h, w, IMAGE_JPEG], dtype="<u4"),), data
     elif opts.mode == "passthrough":
-        what = "encoded bytes that are not a JPEG" if data is not None else \
-            f"pixels (a {type(value).__name__}), not a JPEG file's bytes"
-        raise SchemaError(f"image_mode='passthrough' stores JPEG files untouched, but this image is {what}; "
-                          f"use image_mode='auto', 'jpeg' or 'raw'")
+        what = (
+            "encoded bytes that are not a JPEG"
+            if data is not None
+            else f"pixels (a {type(value).__name__}), not a JPEG file's bytes"
+        )
+        raise SchemaError(
+            f"image_mode='passthrough' stores JPEG files untouched, but this image is {what}; "
+            f"use image_mode='auto', 'jpeg' or 'raw'"
+        )
     Image = pil("packing an image that is not a JPEG kept as it is (re-encoding, resizing)")
 
     if data is not None:
@@ -217,6 +233,7 @@ def encode_image(value: Any, opts: Any) -> tuple[tuple, bytes]:
 
 # -- the codec ------------------------------------------------------------------------------------
 
+
 class ImageCodec(Codec):
     kind = "image"
 
@@ -239,8 +256,10 @@ class ImageCodec(Codec):
         if bad.size:
             h, w, enc = (int(v) for v in meta[bad[0]])
             kind = "JPEG" if enc == IMAGE_JPEG else "raw"
-            return (f"sample {first + int(bad[0])}: {kind} image size {h}x{w} is impossible (each side must be "
-                    f"1..{MAX_JPEG_SIDE if enc == IMAGE_JPEG else MAX_RAW_SIDE})")
+            return (
+                f"sample {first + int(bad[0])}: {kind} image size {h}x{w} is impossible (each side must be "
+                f"1..{MAX_JPEG_SIDE if enc == IMAGE_JPEG else MAX_RAW_SIDE})"
+            )
         return None
 
     def encode(self, field: Any, value: Any, opts: Any) -> tuple[tuple, bytes]:
@@ -266,8 +285,10 @@ class ImageCodec(Codec):
     def batch(self, field: Any, dataset: Any) -> "ImagePart":
         p = dataset.pipelines.get(field.name)
         if p is None or p.output_size is None:
-            raise NotFastPath(f"image field '{field.name}' has no transform giving a fixed output size "
-                              f"(e.g. RandomResizedCrop(224)); images of different sizes cannot be batched")
+            raise NotFastPath(
+                f"image field '{field.name}' has no transform giving a fixed output size "
+                f"(e.g. RandomResizedCrop(224)); images of different sizes cannot be batched"
+            )
         return ImagePart(field, p)
 
 
@@ -291,8 +312,9 @@ class ImagePart(Part):
             out[self.after_key] = alloc((b, h, w, 3), self.pipeline.tensor.dtype)
         return out
 
-    def fill(self, batcher: Any, slot: Any, at: Any, indices: np.ndarray, rng: Any, pool: Any,
-             failed: dict) -> list | None:
+    def fill(
+        self, batcher: Any, slot: Any, at: Any, indices: np.ndarray, rng: Any, pool: Any, failed: dict
+    ) -> list | None:
         """Decodes the batch; for a GPU decoder's rows returns ``[event]``, the event after its last write of
         them (``replace`` renews it after fix-ups), which the batch's tensor carries to the device prefetcher."""
         images = batcher.images

@@ -39,11 +39,14 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 # -- encoding -------------------------------------------------------------------------------------
 
+
 def _pil_mask(img: Any) -> np.ndarray:
     """A PIL image as its (H, W) class ids: ``L`` as it is, ``P`` by its palette indices."""
     if img.mode not in ("L", "P"):
-        raise SchemaError(f"a mask must be single-channel (PIL mode 'L', or 'P' whose palette indices are kept), "
-                          f"got mode {img.mode!r}; convert it to class ids first")
+        raise SchemaError(
+            f"a mask must be single-channel (PIL mode 'L', or 'P' whose palette indices are kept), "
+            f"got mode {img.mode!r}; convert it to class ids first"
+        )
     if img.mode == "P":
         img = img.copy()
         img.info.pop("transparency", None)
@@ -70,8 +73,10 @@ def mask_array(value: Any) -> np.ndarray:
     else:
         arr = as_array(value)
         if arr is None:
-            raise SchemaError(f"a mask field needs an (H, W) uint8 array, a PIL image (mode L or P) or a PNG file, "
-                              f"got {type(value).__name__}")
+            raise SchemaError(
+                f"a mask field needs an (H, W) uint8 array, a PIL image (mode L or P) or a PNG file, "
+                f"got {type(value).__name__}"
+            )
         if arr.dtype != np.uint8:
             raise SchemaError(f"a mask array must be uint8 class ids, got {arr.dtype}")
         if arr.ndim != 2:
@@ -97,22 +102,28 @@ def decode_png(blob: Any, h: int, w: int) -> np.ndarray:
 
 # -- following the image --------------------------------------------------------------------------
 
+
 def follows(field: Any, pipelines: dict) -> str | None:
     """The image field whose plan mask ``field`` follows: the one image field with transforms; None when no
     image has any (the mask comes back as stored). ValueError when several could be meant."""
     if len(pipelines) > 1:
-        raise ValueError(f"mask field '{field.name}' follows its image's transforms, but {len(pipelines)} fields "
-                         f"have transforms ({', '.join(sorted(pipelines))}): a dataset with masks can transform "
-                         f"one image field")
+        raise ValueError(
+            f"mask field '{field.name}' follows its image's transforms, but {len(pipelines)} fields "
+            f"have transforms ({', '.join(sorted(pipelines))}): a dataset with masks can transform "
+            f"one image field"
+        )
     return next(iter(pipelines), None)
 
 
 def size_mismatch(mask_hw: Any, image_hw: Any) -> str:
-    return (f"mask is {int(mask_hw[0])}x{int(mask_hw[1])} but its image is {int(image_hw[0])}x{int(image_hw[1])}: "
-            f"a mask must have its image's size to follow its geometry")
+    return (
+        f"mask is {int(mask_hw[0])}x{int(mask_hw[1])} but its image is {int(image_hw[0])}x{int(image_hw[1])}: "
+        f"a mask must have its image's size to follow its geometry"
+    )
 
 
 # -- the codec ------------------------------------------------------------------------------------
+
 
 class MaskCodec(Codec):
     kind = "mask"
@@ -169,15 +180,21 @@ class MaskCodec(Codec):
             raise NotFastPath(str(e)) from None
         p = None if image is None else dataset.pipelines[image]
         if p is None or p.output_size is None:
-            raise NotFastPath(f"mask field '{field.name}' follows an image with no transform giving a fixed output "
-                              f"size (e.g. RandomResizedCrop(224)); masks of different sizes cannot be batched")
+            raise NotFastPath(
+                f"mask field '{field.name}' follows an image with no transform giving a fixed output "
+                f"size (e.g. RandomResizedCrop(224)); masks of different sizes cannot be batched"
+            )
         if p.fallback:  # run on the image alone: a geometric one would move the image and not its mask
             import warnings
 
-            warnings.warn(f"fastload: mask field '{field.name}' follows the native transforms of image '{image}' "
-                          f"only; {', '.join(t.name for t in p.fallback)} run per sample on the image alone, so a "
-                          f"geometric one moves the image and not its mask (use fastload.transforms' equivalents "
-                          f"for geometry)", UserWarning, stacklevel=2)
+            warnings.warn(
+                f"fastload: mask field '{field.name}' follows the native transforms of image '{image}' "
+                f"only; {', '.join(t.name for t in p.fallback)} run per sample on the image alone, so a "
+                f"geometric one moves the image and not its mask (use fastload.transforms' equivalents "
+                f"for geometry)",
+                UserWarning,
+                stacklevel=2,
+            )
         return MaskPart(field, image, p.output_size)
 
 
@@ -194,8 +211,7 @@ class MaskPart(RowsPart):
     def buffers(self, batcher: Any, b: int, alloc: Callable) -> dict:
         return {self.name: alloc((b,) + tuple(self.out_hw), torch.uint8)}
 
-    def fill(self, batcher: Any, slot: Any, at: Any, indices: np.ndarray, rng: Any, pool: Any,
-             failed: dict) -> None:
+    def fill(self, batcher: Any, slot: Any, at: Any, indices: np.ndarray, rng: Any, pool: Any, failed: dict) -> None:
         plan = batcher.plans.get(self.image)
         if plan is None:
             raise RuntimeError(f"mask field '{self.name}': its image '{self.image}' was not planned before it")

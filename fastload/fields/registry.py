@@ -16,15 +16,18 @@ from . import array, image, mask, number, text
 from ._codec import Codec
 
 # Order: the order ``Field``'s error message lists the kinds in.
-CODECS: dict[str, Codec] = {c.kind: c for c in (
-    image.IMAGE,
-    number.INT,
-    number.FLOAT,
-    array.NDARRAY,
-    text.BYTES,
-    text.STR,
-    mask.MASK,
-)}
+CODECS: dict[str, Codec] = {
+    c.kind: c
+    for c in (
+        image.IMAGE,
+        number.INT,
+        number.FLOAT,
+        array.NDARRAY,
+        text.BYTES,
+        text.STR,
+        mask.MASK,
+    )
+}
 
 
 def register(codec: Codec) -> Codec:

@@ -39,7 +39,7 @@ import xxhash
 from ._manifest import ShardEntry
 
 _PART = ".part"
-_LOCK = ".lock"          # shared while a shard is used; the evictor takes it exclusively, without waiting
+_LOCK = ".lock"  # shared while a shard is used; the evictor takes it exclusively, without waiting
 _DOWNLOAD = ".download"  # exclusive while a shard is downloaded
 _counter = itertools.count()
 _KEY = re.compile(r"[0-9a-f]{16}")  # a dataset folder: dataset_key(url)
@@ -50,8 +50,16 @@ _CACHED = re.compile(r"shard-[0-9]+\.[0-9a-f]{16}\.fls(\.[0-9]+-[0-9]+\.part)?|u
 class CacheStats:
     """Counters of one dataset's remote reads (``loader.stats()["remote"]``)."""
 
-    FIELDS = ("hits", "downloads", "bytes_downloaded", "download_s", "retries", "corrupt_downloads",
-              "evictions", "wait_s")
+    FIELDS = (
+        "hits",
+        "downloads",
+        "bytes_downloaded",
+        "download_s",
+        "retries",
+        "corrupt_downloads",
+        "evictions",
+        "wait_s",
+    )
 
     def __init__(self):
         self._lock = threading.Lock()
@@ -99,7 +107,7 @@ class ShardCache:
 
     @staticmethod
     def file_name(entry: ShardEntry) -> str:
-        return f"{entry.file[:-len('.fls')]}.{entry.xxh3_64}.fls"
+        return f"{entry.file[: -len('.fls')]}.{entry.xxh3_64}.fls"
 
     # -- use -------------------------------------------------------------------------------------
     def acquire(self, path: Path, entry: ShardEntry, download: Callable[[Path], None], count: bool = True) -> int:
@@ -194,10 +202,13 @@ class ShardCache:
                 total -= size
                 self.stats.add(evictions=1)
         if total + need > self.limit:
-            self.warn_once("over", f"fastload: the shard cache {self.root} holds {total / 1e6:,.0f} MB of shards "
-                                   f"in use and needs {need / 1e6:,.0f} MB more, past its cache_limit of "
-                                   f"{self.limit / 1e6:,.0f} MB: it goes over the limit. Raise cache_limit, or "
-                                   f"use order='quasi' (its working set is `window` shards per phase)")
+            self.warn_once(
+                "over",
+                f"fastload: the shard cache {self.root} holds {total / 1e6:,.0f} MB of shards "
+                f"in use and needs {need / 1e6:,.0f} MB more, past its cache_limit of "
+                f"{self.limit / 1e6:,.0f} MB: it goes over the limit. Raise cache_limit, or "
+                f"use order='quasi' (its working set is `window` shards per phase)",
+            )
 
     def _clean_parts(self) -> None:
         for path, _, _ in self._files():

@@ -61,14 +61,32 @@ class Format:
         raise NotImplementedError
 
     # -- writing (the packer, ``fastload/pack/``) -----------------------------------------------
-    def sink(self, dest: Path, src: Any, params: dict, shard_bytes: int, state: dict | None,
-             span: tuple[int, int], on_shard: Callable[[Path], None] | None, keep_state: bool) -> Any:
+    def sink(
+        self,
+        dest: Path,
+        src: Any,
+        params: dict,
+        shard_bytes: int,
+        state: dict | None,
+        span: tuple[int, int],
+        on_shard: Callable[[Path], None] | None,
+        keep_state: bool,
+    ) -> Any:
         """The writer taking encoded samples one at a time: ``next_sample``, ``state["skipped"]``, ``add(i,
         encoded)``, ``skip(record)``, ``finish() -> Manifest``, ``close()``, ``total_bytes()``."""
         raise NotImplementedError
 
-    def array_sink(self, dest: Path, src: Any, params: dict, shard_bytes: int, state: dict | None,
-                   span: tuple[int, int], on_shard: Callable[[Path], None] | None, keep_state: bool) -> Any:
+    def array_sink(
+        self,
+        dest: Path,
+        src: Any,
+        params: dict,
+        shard_bytes: int,
+        state: dict | None,
+        span: tuple[int, int],
+        on_shard: Callable[[Path], None] | None,
+        keep_state: bool,
+    ) -> Any:
         """Where ``arrays`` is True: a writer for a fixed-size numpy source a column slice at a time
         (``run(progress, label)``, then ``finish``); otherwise ``sink`` takes the samples one by one."""
         raise NotImplementedError

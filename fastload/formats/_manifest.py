@@ -80,7 +80,7 @@ class Manifest:
         except (ValueError, UnicodeDecodeError, RecursionError) as e:  # RecursionError: "[[[[..." nesting
             raise FormatError(f"{where}: manifest is not valid JSON ({type(e).__name__}: {e})") from None
         if not isinstance(doc, dict) or doc.get("format") != MAGIC:
-            raise FormatError(f"{where}: not a fastload manifest (expected \"format\": \"{MAGIC}\")")
+            raise FormatError(f'{where}: not a fastload manifest (expected "format": "{MAGIC}")')
         version = doc.get("version")
         if not _is_int(version) or version < 1:
             raise FormatError(f"{where}: bad format version {version!r}")
@@ -98,18 +98,25 @@ class Manifest:
             # ever sees the few strings a writer produces
             dtype = f.get("dtype") if isinstance(f, dict) else None
             if dtype is not None and not (isinstance(dtype, str) and DTYPE.fullmatch(dtype)):
-                raise FormatError(f"{where}: bad schema: field {k} has dtype {dtype!r}, expected one of "
-                                  f"b1 i1 i2 i4 i8 u1 u2 u4 u8 f2 f4 f8 with an optional byte order, e.g. '<f4'")
+                raise FormatError(
+                    f"{where}: bad schema: field {k} has dtype {dtype!r}, expected one of "
+                    f"b1 i1 i2 i4 i8 u1 u2 u4 u8 f2 f4 f8 with an optional byte order, e.g. '<f4'"
+                )
         try:
             schema = Schema.from_json(raw_schema)
         except (SchemaError, ValueError, TypeError, OverflowError) as e:
             raise FormatError(f"{where}: bad schema: {e}") from None
         for f in schema:  # exact sizes of the fixed dimensions: numpy would refuse (or wrap) larger ones
-            row = math.prod(d for d in f.shape if d is not None) * np.dtype(f.dtype).itemsize \
-                if f.kind == "ndarray" else 0
+            row = (
+                math.prod(d for d in f.shape if d is not None) * np.dtype(f.dtype).itemsize
+                if f.kind == "ndarray"
+                else 0
+            )
             if row > MAX_ROW_BYTES:
-                raise FormatError(f"{where}: field '{f.name}' shape {f.shape} needs {row} bytes per sample, "
-                                  f"more than the {MAX_ROW_BYTES} allowed")
+                raise FormatError(
+                    f"{where}: field '{f.name}' shape {f.shape} needs {row} bytes per sample, "
+                    f"more than the {MAX_ROW_BYTES} allowed"
+                )
         num = doc.get("num_samples")
         if not _is_int(num) or not 0 <= num <= MAX_COUNT:
             raise FormatError(f"{where}: num_samples {num!r} is not an integer in 0..{MAX_COUNT}")

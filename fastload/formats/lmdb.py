@@ -102,8 +102,9 @@ class LmdbWriter:
         self.path = path
         self.schema = schema
         self.rows = rows_per_chunk or DEFAULT_ROWS_PER_CHUNK
-        self.env = _lmdb().open(str(path), map_size=map_size, subdir=True, readonly=False,
-                                metasync=True, sync=True, max_dbs=0)
+        self.env = _lmdb().open(
+            str(path), map_size=map_size, subdir=True, readonly=False, metasync=True, sync=True, max_dbs=0
+        )
         with self.env.begin() as txn:
             raw = txn.get(STATE_KEY)
         state = json.loads(raw) if raw else {"committed": 0}
@@ -199,8 +200,9 @@ class LmdbSegment:
             where = f"samples {chunk * self.rows}..{chunk * self.rows + nrows - 1}, field '{field}': "
             buf = self._get(chunk_key(field, col, chunk), where)
             if len(buf) != nrows * c.row_bytes:
-                raise self._fail(f"{where}column chunk {field}/{col}/{chunk} is {len(buf)} bytes, expected "
-                                 f"{nrows} x {c.row_bytes}")
+                raise self._fail(
+                    f"{where}column chunk {field}/{col}/{chunk} is {len(buf)} bytes, expected {nrows} x {c.row_bytes}"
+                )
             arr = np.frombuffer(buf, dtype=c.dtype, count=nrows * c.row_items).reshape((nrows,) + c.shape)
             msg = check_columns(self.schema[field], {col: arr}, chunk * self.rows)
             if msg:
@@ -224,8 +226,10 @@ class LmdbSegment:
         idx = np.asarray(idx, dtype=np.int64)
         chunks = idx // self.rows
         first = self._chunk(field, col, int(chunks[0])) if len(idx) else None
-        out = np.empty((len(idx),) + (first.shape[1:] if first is not None else ()),
-                       dtype=first.dtype if first is not None else np.uint8)
+        out = np.empty(
+            (len(idx),) + (first.shape[1:] if first is not None else ()),
+            dtype=first.dtype if first is not None else np.uint8,
+        )
         for c in np.unique(chunks):
             sel = chunks == c
             out[sel] = self._chunk(field, col, int(c))[idx[sel] % self.rows]
@@ -237,8 +241,12 @@ class LmdbSegment:
         """Where samples ``idx``'s values of blob ``field`` lie: each value (a view into its record) is its
         own region."""
         regions = [self.blob(field, int(i)) for i in idx.tolist()]
-        return regions, np.arange(len(regions), dtype=np.int64), np.zeros(len(regions), np.int64), \
-            np.array([len(b) for b in regions], dtype=np.int64)
+        return (
+            regions,
+            np.arange(len(regions), dtype=np.int64),
+            np.zeros(len(regions), np.int64),
+            np.array([len(b) for b in regions], dtype=np.int64),
+        )
 
     def column_region(self, field: str) -> None:
         """None: a column is stored in chunks (``row_sources`` says where each row lies)."""
@@ -257,22 +265,24 @@ class LmdbSegment:
         k = self.blob_fields.index(field)
         nb = len(self.blob_fields)
         if len(rec) < 8 * nb:
-            raise self._fail(f"sample {i}, field '{field}': record is {len(rec)} bytes, shorter than its "
-                             f"{8 * nb}-byte header")
+            raise self._fail(
+                f"sample {i}, field '{field}': record is {len(rec)} bytes, shorter than its {8 * nb}-byte header"
+            )
         ends = np.frombuffer(rec, dtype="<u8", count=nb)
         start = int(ends[k - 1]) if k else 0
         end = int(ends[k])
         payload = len(rec) - 8 * nb
         if not (start <= end <= payload) or int(ends[-1]) != payload:
-            raise self._fail(f"sample {i}, field '{field}': blob range {start}..{end} does not fit the "
-                             f"{payload}-byte record")
+            raise self._fail(
+                f"sample {i}, field '{field}': blob range {start}..{end} does not fit the {payload}-byte record"
+            )
         f = self.schema[field]
         cols = {c.name: self.row(field, c.name, i)[None] for c in columns_of(f)}
         expected = expected_blob_length(f, cols)
         if expected is not None and (expected[0] == -2 or (expected[0] >= 0 and expected[0] != end - start)):
             need = "is impossible" if expected[0] == -2 else f"needs {int(expected[0])}"
             raise self._fail(f"sample {i}, field '{field}': {end - start} bytes of data, the recorded shape {need}")
-        return rec[8 * nb + start:8 * nb + end]
+        return rec[8 * nb + start : 8 * nb + end]
 
     def close(self) -> None:
         self._chunks = {}
@@ -295,10 +305,9 @@ def acquire_env(path: Path):
             entry[2] += 1
             return entry[1]
         if entry is not None:  # forked from the process that opened it: py-lmdb refuses a second open while
-            entry[1].close()   # its copy lives here; closing it (lock=False) only unmaps this process's copy
+            entry[1].close()  # its copy lives here; closing it (lock=False) only unmaps this process's copy
         try:
-            env = _lmdb().open(str(path), readonly=True, lock=False, subdir=True, readahead=False,
-                               max_readers=1024)
+            env = _lmdb().open(str(path), readonly=True, lock=False, subdir=True, readahead=False, max_readers=1024)
         except _lmdb().Error as e:
             raise FormatError(f"dataset '{path}': cannot open as LMDB: {e}") from None
         try:
@@ -319,8 +328,10 @@ def _check_not_truncated(path: Path, env) -> None:
     except (_lmdb().Error, OSError) as e:
         raise FormatError(f"dataset '{path}': cannot read the LMDB environment: {e}") from None
     if size < need:
-        raise FormatError(f"dataset '{path}': {DATA_FILE} is {size} bytes, but its last committed page ends "
-                          f"at byte {need}: the file is truncated (an incomplete copy?)")
+        raise FormatError(
+            f"dataset '{path}': {DATA_FILE} is {size} bytes, but its last committed page ends "
+            f"at byte {need}: the file is truncated (an incomplete copy?)"
+        )
 
 
 def release_env(path: Path) -> None:
@@ -354,8 +365,10 @@ def read_manifest(path: Path) -> Manifest:
     size = os.path.getsize(path / DATA_FILE)
     need = min_bytes(m.schema, m.num_samples)
     if need > size:
-        raise FormatError(f"dataset '{path}': the manifest claims {m.num_samples} samples, whose columns alone "
-                          f"need {need} bytes, but {DATA_FILE} is {size} bytes")
+        raise FormatError(
+            f"dataset '{path}': the manifest claims {m.num_samples} samples, whose columns alone "
+            f"need {need} bytes, but {DATA_FILE} is {size} bytes"
+        )
     return m
 
 
@@ -370,8 +383,9 @@ def verify_lmdb(path: Path, manifest: Manifest, progress: Callable[[int], None] 
     problems = []
     n_chunks = -(-manifest.num_samples // seg.rows)
     if not isinstance(digests, list) or len(digests) != n_chunks:
-        return [f"manifest lists {len(digests) if isinstance(digests, list) else 'no'} chunk digests, "
-                f"expected {n_chunks}"]
+        return [
+            f"manifest lists {len(digests) if isinstance(digests, list) else 'no'} chunk digests, expected {n_chunks}"
+        ]
     try:
         seg.open()
         for c in range(n_chunks):
@@ -405,6 +419,7 @@ def verify_lmdb(path: Path, manifest: Manifest, progress: Callable[[int], None] 
 
 # -- writing: the pack's sink and what a destination holds (driven by fastload/pack/) ----------------
 
+
 class LmdbSink:
     """Samples are committed a chunk at a time; skipped samples do not take an index."""
 
@@ -432,10 +447,19 @@ class LmdbSink:
     def finish(self) -> Manifest:
         if self.buffer:
             self._flush(len(self.src))
-        metadata = dict(self.src.metadata,
-                        lmdb={"rows_per_chunk": self.rows, "chunk_digests": self.state["chunk_digests"]})
-        m = Manifest("lmdb", self.src.schema, self.writer.committed, [], self.params["image_mode"],
-                     self.state["skipped"], metadata, created_by=f"fastload {__version__}")
+        metadata = dict(
+            self.src.metadata, lmdb={"rows_per_chunk": self.rows, "chunk_digests": self.state["chunk_digests"]}
+        )
+        m = Manifest(
+            "lmdb",
+            self.src.schema,
+            self.writer.committed,
+            [],
+            self.params["image_mode"],
+            self.state["skipped"],
+            metadata,
+            created_by=f"fastload {__version__}",
+        )
         self.writer.finish(m)
         return m
 
@@ -480,7 +504,6 @@ def _lmdb_half_created(dest: Path) -> bool:
     two meta pages LMDB writes first. No transaction was ever committed there."""
     data = dest / "data.mdb"
     return not data.exists() or data.stat().st_size < 2 * mmap.PAGESIZE
-
 
 
 def _nothing_committed(dest: Path, names: list[str]) -> bool:
@@ -545,8 +568,10 @@ class LmdbFormat(Format):
 
     def foreign(self, dest: Path, names: list[str]) -> str | None:
         if DATA_FILE in names and _foreign_lmdb(dest):
-            return ("an LMDB database fastload did not write (its data.mdb has entries but no fastload manifest or "
-                    "pack state)")
+            return (
+                "an LMDB database fastload did not write (its data.mdb has entries but no fastload manifest or "
+                "pack state)"
+            )
         return None
 
     def nothing_committed(self, dest: Path, names: list[str]) -> bool:

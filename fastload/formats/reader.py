@@ -33,8 +33,9 @@ def read_manifest(path: Path) -> Manifest:
         if f.detect(path):
             return f.manifest(path)
     if (path / STATE_NAME).exists():
-        raise FormatError(f"dataset '{path}' is an unfinished pack (no manifest yet); run the same pack command "
-                          f"again to resume it")
+        raise FormatError(
+            f"dataset '{path}' is an unfinished pack (no manifest yet); run the same pack command again to resume it"
+        )
     raise NotADataset(f"'{path}' is not a fastload dataset: no " + " and no ".join(f.marker for f in FORMATS.values()))
 
 
@@ -148,8 +149,12 @@ class PackedReader:
     def locate_one(self, i: int) -> Located:
         """The batch view of the one global sample ``i`` (``ds[i]``), its segment opened."""
         k = int(np.searchsorted(self.starts, i, side="right")) - 1
-        return Located(np.array([k]), np.array([i - int(self.starts[k])]), [(k, np.zeros(1, np.int64))],
-                       {k: self.segments[k].open()})
+        return Located(
+            np.array([k]),
+            np.array([i - int(self.starts[k])]),
+            [(k, np.zeros(1, np.int64))],
+            {k: self.segments[k].open()},
+        )
 
     def row(self, at: Located, field: str, column: str, position: int) -> np.ndarray:
         """One sample's row of a column (``values``, ``shape``, ``meta``): a view, not a copy."""

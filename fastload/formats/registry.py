@@ -14,10 +14,13 @@ from .._errors import FormatError
 from . import lmdb, shards
 from ._format import Format
 
-FORMATS: dict[str, Format] = {f.name: f for f in (
-    shards.FORMAT,
-    lmdb.FORMAT,
-)}
+FORMATS: dict[str, Format] = {
+    f.name: f
+    for f in (
+        shards.FORMAT,
+        lmdb.FORMAT,
+    )
+}
 
 
 DEFAULT_FORMAT = "shards"  # ``pack(format=...)``'s and ``fastload pack --format``'s default

@@ -33,7 +33,7 @@ from ._manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, ShardEntry
 from .shards import FORMAT as SHARDS
 from .shards import ShardSegment, file_digest, shard_segments, verify_shard
 
-RETRIES = 5              # attempts after the first, for one request, with exponential backoff
+RETRIES = 5  # attempts after the first, for one request, with exponential backoff
 LOOKAHEAD_BATCHES = 1024  # the most batches a read plan looks ahead
 DEFAULT_LOOKAHEAD_BYTES = 8 << 30
 DOWNLOAD_THREADS = 4
@@ -56,8 +56,9 @@ def url_to_fs(url: str, storage_options: dict | None) -> tuple[Any, str]:
     try:
         import fsspec.core
     except ImportError:
-        raise ImportError(f"remote datasets need fsspec: {pip_extra('remote')} (s3fs for s3://; "
-                          "gcsfs for gs://, adlfs for az://)") from None
+        raise ImportError(
+            f"remote datasets need fsspec: {pip_extra('remote')} (s3fs for s3://; gcsfs for gs://, adlfs for az://)"
+        ) from None
     opts = dict(storage_options or {})
     protocol = url.split("://", 1)[0]
     one_layer = protocol in ("s3", "s3a") and "config_kwargs" not in opts
@@ -77,8 +78,19 @@ def url_to_fs(url: str, storage_options: dict | None) -> tuple[Any, str]:
 
 def permanent(e: BaseException) -> bool:
     """An error that retrying cannot fix: missing object or bucket, denied access, no credentials, bad input."""
-    if isinstance(e, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, ValueError,
-                      TypeError, ImportError, FastloadError)):
+    if isinstance(
+        e,
+        (
+            FileNotFoundError,
+            PermissionError,
+            IsADirectoryError,
+            NotADirectoryError,
+            ValueError,
+            TypeError,
+            ImportError,
+            FastloadError,
+        ),
+    ):
         return True
     return any("Credential" in c.__name__ or c.__name__ == "NoSuchBucket" for c in type(e).__mro__)
 
@@ -104,9 +116,16 @@ def describe(e: BaseException) -> str:
 class Remote:
     """One remote dataset: its filesystem, manifest, cache and download threads."""
 
-    def __init__(self, url: str, *, cache_dir: str | os.PathLike | None = None, cache_limit: int | None = None,
-                 storage_options: dict | None = None, download_threads: int = DOWNLOAD_THREADS,
-                 retries: int = RETRIES):
+    def __init__(
+        self,
+        url: str,
+        *,
+        cache_dir: str | os.PathLike | None = None,
+        cache_limit: int | None = None,
+        storage_options: dict | None = None,
+        download_threads: int = DOWNLOAD_THREADS,
+        retries: int = RETRIES,
+    ):
         self.url = url.rstrip("/")
         self.storage_options = dict(storage_options or {})
         self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
@@ -117,13 +136,17 @@ class Remote:
         self._setup()
         self.manifest = self._read_manifest()
         if self.manifest.layout != SHARDS.name:  # a URL is a way to reach shards, not a format of its own
-            raise FormatError(f"dataset '{self.url}': layout {self.manifest.layout!r}; remote datasets are read a "
-                              f"shard at a time and must be packed as {SHARDS.name} (--format {SHARDS.name})")
+            raise FormatError(
+                f"dataset '{self.url}': layout {self.manifest.layout!r}; remote datasets are read a "
+                f"shard at a time and must be packed as {SHARDS.name} (--format {SHARDS.name})"
+            )
         SHARDS.check(self.manifest, f"dataset '{self.url}'")
         biggest = max((e.bytes for e in self.manifest.shards), default=0)
         if cache_limit is not None and biggest > cache_limit:
-            raise ValueError(f"cache_limit={cache_limit} bytes is smaller than the largest shard of {self.url} "
-                             f"({biggest} bytes): the cache must hold at least the shards of one batch")
+            raise ValueError(
+                f"cache_limit={cache_limit} bytes is smaller than the largest shard of {self.url} "
+                f"({biggest} bytes): the cache must hold at least the shards of one batch"
+            )
         self.starts = np.concatenate([[0], np.cumsum([e.num_samples for e in self.manifest.shards])]).astype(np.int64)
 
     def _setup(self) -> None:
@@ -149,8 +172,16 @@ class Remote:
         return self._fs
 
     def __getstate__(self) -> dict:
-        keep = ("url", "storage_options", "cache_dir", "cache_limit", "download_threads", "retries", "manifest",
-                "starts")
+        keep = (
+            "url",
+            "storage_options",
+            "cache_dir",
+            "cache_limit",
+            "download_threads",
+            "retries",
+            "manifest",
+            "starts",
+        )
         return {k: self.__dict__[k] for k in keep}
 
     def __setstate__(self, state: dict) -> None:
@@ -170,10 +201,14 @@ class Remote:
             raw = retrying(read, self.stats, self.retries)
         except FileNotFoundError as e:
             if self._exists(f"{self.root}/pack_state.json"):
-                raise FormatError(f"dataset '{self.url}' is an unfinished pack (no manifest yet): run the same "
-                                  f"pack command again to finish it") from None
-            raise RemoteError(f"cannot open {where}: {describe(e)} (is the bucket and path right? a dataset "
-                              f"is complete once its manifest is uploaded)") from None
+                raise FormatError(
+                    f"dataset '{self.url}' is an unfinished pack (no manifest yet): run the same "
+                    f"pack command again to finish it"
+                ) from None
+            raise RemoteError(
+                f"cannot open {where}: {describe(e)} (is the bucket and path right? a dataset "
+                f"is complete once its manifest is uploaded)"
+            ) from None
         except Exception as e:
             raise RemoteError(f"cannot open {where}: {describe(e)}") from None
         return Manifest.parse(raw, f"dataset '{self.url}'")
@@ -207,8 +242,10 @@ class Remote:
             try:
                 retrying(lambda: self.fs.get_file(rpath, str(tmp)), self.stats, self.retries)
             except FileNotFoundError as e:
-                raise FormatError(f"dataset '{self.url}', shard '{entry.file}': missing in storage ({url}: "
-                                  f"{describe(e)}); the dataset is incomplete") from None
+                raise FormatError(
+                    f"dataset '{self.url}', shard '{entry.file}': missing in storage ({url}: "
+                    f"{describe(e)}); the dataset is incomplete"
+                ) from None
             except Exception as e:
                 raise RemoteError(f"cannot download {url}: {describe(e)}") from None
             size, digest = file_digest(tmp)
@@ -216,9 +253,11 @@ class Remote:
             if size == entry.bytes and digest == entry.xxh3_64:
                 return
             self.stats.add(corrupt_downloads=1)
-        raise FormatError(f"{url}: downloaded twice, and the copy is {size} bytes with XXH3-64 {digest} where the "
-                          f"manifest says {entry.bytes} bytes, {entry.xxh3_64}: the object in storage is corrupt or "
-                          f"was replaced (re-upload the dataset)")
+        raise FormatError(
+            f"{url}: downloaded twice, and the copy is {size} bytes with XXH3-64 {digest} where the "
+            f"manifest says {entry.bytes} bytes, {entry.xxh3_64}: the object in storage is corrupt or "
+            f"was replaced (re-upload the dataset)"
+        )
 
     def verify(self, progress: Callable[[int], None] | None = None) -> list[str]:
         """``fastload verify URL``: download every shard (one at a time, into a scratch folder beside the cache,
@@ -448,5 +487,9 @@ def _close_when_done(fut: Future) -> None:
 def warn_local_options(path: Any, **options: Any) -> None:
     given = [k for k, v in options.items() if v is not None]
     if given:
-        warnings.warn(f"fastload.open('{path}'): {', '.join(given)} apply to remote datasets (URLs) only and are "
-                      f"ignored for a local path", RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            f"fastload.open('{path}'): {', '.join(given)} apply to remote datasets (URLs) only and are "
+            f"ignored for a local path",
+            RuntimeWarning,
+            stacklevel=3,
+        )

@@ -33,10 +33,17 @@ from .._schema import Field, Schema
 from .._version import __version__
 from ..fields.registry import blob_problem
 from ._format import Format
-from ._layout import (FORMAT_VERSION, check_columns, columns_of, expected_blob_length, has_blob, min_bytes,
-                      section_names)
-from ._manifest import (MANIFEST_NAME, SHARD_NAME, STATE_NAME, Manifest, ShardEntry, fsync_dir, read_manifest_file,
-                        write_manifest)
+from ._layout import FORMAT_VERSION, check_columns, columns_of, expected_blob_length, has_blob, min_bytes, section_names
+from ._manifest import (
+    MANIFEST_NAME,
+    SHARD_NAME,
+    STATE_NAME,
+    Manifest,
+    ShardEntry,
+    fsync_dir,
+    read_manifest_file,
+    write_manifest,
+)
 
 SHARD_MAGIC = b"FLSHARD1"
 HEADER = struct.Struct("<8sIIQQ32s")
@@ -53,7 +60,7 @@ def shard_index(name: str) -> int:
     """K of ``shard-K.fls`` (the name is checked when the manifest is parsed, or here when writing)."""
     if not SHARD_NAME.fullmatch(name):
         raise ValueError(f"shard file name {name!r} is not of the form shard-NNNNN.fls")
-    return int(name[len("shard-"):-len(".fls")])
+    return int(name[len("shard-") : -len(".fls")])
 
 
 def _pad(n: int) -> int:
@@ -61,6 +68,7 @@ def _pad(n: int) -> int:
 
 
 # -- writing ------------------------------------------------------------------------------------
+
 
 def _sections(schema: Schema, samples: Sequence[list]) -> list[bytes | memoryview]:
     n = len(samples)
@@ -135,6 +143,7 @@ def file_digest(path: Path, chunk: int = 8 << 20) -> tuple[int, str]:
 
 # -- reading ------------------------------------------------------------------------------------
 
+
 class ShardSegment:
     """One memory-mapped shard: columns as numpy views, blobs as slices of the mapping."""
 
@@ -163,7 +172,9 @@ class ShardSegment:
             with open(self.path, "rb") as fh:
                 size = os.fstat(fh.fileno()).st_size
                 if size != self.entry.bytes:
-                    raise self._fail(f"file is {size} bytes, the manifest says {self.entry.bytes} (truncated or replaced)")
+                    raise self._fail(
+                        f"file is {size} bytes, the manifest says {self.entry.bytes} (truncated or replaced)"
+                    )
                 if size < HEADER.size:
                     raise self._fail(f"file is {size} bytes, shorter than the {HEADER.size}-byte header")
                 mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
@@ -186,8 +197,10 @@ class ShardSegment:
         if magic != SHARD_MAGIC:
             raise self._fail(f"bad magic {magic!r}, expected {SHARD_MAGIC!r}")
         if version > FORMAT_VERSION:
-            raise VersionError(f"dataset '{self.dataset}', shard '{self.name}': written with format version "
-                               f"{version}, this fastload reads up to version {FORMAT_VERSION}; upgrade fastload")
+            raise VersionError(
+                f"dataset '{self.dataset}', shard '{self.name}': written with format version "
+                f"{version}, this fastload reads up to version {FORMAT_VERSION}; upgrade fastload"
+            )
         if version != FORMAT_VERSION:
             raise self._fail(f"shard format version {version}, this fastload reads version {FORMAT_VERSION}")
         if n != self.count:
@@ -207,8 +220,10 @@ class ShardSegment:
         prev_end = table_end  # sections lie in file order after the table and never overlap
         for (field, part), (off, length) in zip(names, table.tolist()):
             if off < prev_end or off % ALIGN or length > size or off > size - length:
-                raise self._fail(f"section {field}.{part} at offset {off} length {length} lies outside "
-                                 f"bytes {prev_end}..{size} of the file (or is not {ALIGN}-byte aligned)")
+                raise self._fail(
+                    f"section {field}.{part} at offset {off} length {length} lies outside "
+                    f"bytes {prev_end}..{size} of the file (or is not {ALIGN}-byte aligned)"
+                )
             sections[(field, part)] = (off, length)
             prev_end = off + length
         for f in self.schema:
@@ -220,8 +235,9 @@ class ShardSegment:
         for col in columns_of(f):
             off, length = sections[(f.name, col.name)]
             if length != n * col.row_bytes:
-                raise self._fail(f"field '{f.name}' column {col.name} is {length} bytes, expected "
-                                 f"{n} x {col.row_bytes}")
+                raise self._fail(
+                    f"field '{f.name}' column {col.name} is {length} bytes, expected {n} x {col.row_bytes}"
+                )
             arr = np.frombuffer(mm, dtype=col.dtype, count=n * col.row_items, offset=off).reshape((n,) + col.shape)
             cols[col.name] = arr
             self.columns[(f.name, col.name)] = arr
@@ -237,12 +253,16 @@ class ShardSegment:
         offsets = np.frombuffer(mm, dtype="<u8", count=n + 1, offset=off)
         doff, dlen = sections[(f.name, "data")]
         if offsets[0] != 0 or offsets[-1] != dlen:
-            raise self._fail(f"field '{f.name}' offsets run from {int(offsets[0])} to {int(offsets[-1])}, "
-                             f"expected 0 to {dlen} (the data size)")
+            raise self._fail(
+                f"field '{f.name}' offsets run from {int(offsets[0])} to {int(offsets[-1])}, "
+                f"expected 0 to {dlen} (the data size)"
+            )
         bad = np.nonzero(offsets[1:] < offsets[:-1])[0]
         if bad.size:
-            raise self._fail(f"sample {self.start + int(bad[0])}, field '{f.name}': offsets decrease "
-                             f"({int(offsets[bad[0]])} then {int(offsets[bad[0] + 1])})")
+            raise self._fail(
+                f"sample {self.start + int(bad[0])}, field '{f.name}': offsets decrease "
+                f"({int(offsets[bad[0]])} then {int(offsets[bad[0] + 1])})"
+            )
         lengths = (offsets[1:] - offsets[:-1]).astype(np.int64)
         expected = expected_blob_length(f, cols)
         if expected is not None:
@@ -250,10 +270,12 @@ class ShardSegment:
             if bad.size:
                 k = int(bad[0])
                 need = "is impossible" if expected[k] == -2 else f"needs {int(expected[k])}"
-                raise self._fail(f"sample {self.start + k}, field '{f.name}': {int(lengths[k])} bytes of data, "
-                                 f"the recorded shape {need}")
+                raise self._fail(
+                    f"sample {self.start + k}, field '{f.name}': {int(lengths[k])} bytes of data, "
+                    f"the recorded shape {need}"
+                )
         self.offsets[f.name] = offsets
-        self.data[f.name] = memoryview(mm)[doff:doff + dlen]
+        self.data[f.name] = memoryview(mm)[doff : doff + dlen]
         self.data_start[f.name] = doff
 
     def row(self, field: str, col: str, i: int) -> np.ndarray:
@@ -271,8 +293,12 @@ class ShardSegment:
         """Where samples ``idx``'s values of blob ``field`` lie: byte ranges of the one mapped file."""
         buffer = self.buffer
         offs = self.offsets[field]
-        return [buffer], None, self.data_start[field] + offs[idx].astype(np.int64), \
-            (offs[idx + 1] - offs[idx]).astype(np.int64)
+        return (
+            [buffer],
+            None,
+            self.data_start[field] + offs[idx].astype(np.int64),
+            (offs[idx + 1] - offs[idx]).astype(np.int64),
+        )
 
     def column_region(self, field: str) -> tuple[mmap.mmap, int]:
         """Fixed-size column ``field`` in one piece: the mapped file and the column's byte offset in it (the
@@ -282,7 +308,7 @@ class ShardSegment:
     def blob(self, field: str, i: int) -> memoryview:
         self.open()
         offs = self.offsets[field]
-        return self.data[field][int(offs[i]):int(offs[i + 1])]
+        return self.data[field][int(offs[i]) : int(offs[i + 1])]
 
     def close(self) -> None:
         self.columns.clear()
@@ -312,10 +338,14 @@ def shard_segments(root: Path, manifest: Manifest) -> list[ShardSegment]:
     for e in manifest.shards:  # before anything is sized from the schema: a shard holds its samples' columns
         need = HEADER.size + min_bytes(manifest.schema, e.num_samples)
         if e.num_samples and need > e.bytes:
-            raise FormatError(f"dataset '{root}', shard '{e.file}': the manifest says {e.num_samples} samples, "
-                              f"whose columns alone need {need} bytes, and {e.bytes} bytes for the shard")
-    return [ShardSegment(root / e.file, e, manifest.schema, str(root), start)
-            for e, start in zip(manifest.shards, _starts(manifest))]
+            raise FormatError(
+                f"dataset '{root}', shard '{e.file}': the manifest says {e.num_samples} samples, "
+                f"whose columns alone need {need} bytes, and {e.bytes} bytes for the shard"
+            )
+    return [
+        ShardSegment(root / e.file, e, manifest.schema, str(root), start)
+        for e, start in zip(manifest.shards, _starts(manifest))
+    ]
 
 
 def verify_shards(root: Path, manifest: Manifest, progress: Callable[[int], None] | None = None) -> list[str]:
@@ -365,6 +395,7 @@ def _told(items, progress: Callable[[int], None] | None):
 
 # -- writing: the pack's sinks (driven by fastload/pack/) -------------------------------------------
 
+
 def _write_state(dest: Path, state: dict) -> None:
     """``pack_state.json``, atomically. (``Path.open``: tests that fill the disk under the shard writer's
     ``open`` count shard bytes only, as they did when this lived in the packer.)"""
@@ -380,8 +411,17 @@ def _write_state(dest: Path, state: dict) -> None:
 class ShardSink:
     """Samples to shard files, a block at a time; ``pack_state.json`` after each shard says what is done."""
 
-    def __init__(self, dest: Path, src: Any, params: dict, shard_bytes: int, state: dict | None,
-                 span: tuple[int, int], on_shard: Callable[[Path], None] | None = None, keep_state: bool = False):
+    def __init__(
+        self,
+        dest: Path,
+        src: Any,
+        params: dict,
+        shard_bytes: int,
+        state: dict | None,
+        span: tuple[int, int],
+        on_shard: Callable[[Path], None] | None = None,
+        keep_state: bool = False,
+    ):
         self.dest, self.src, self.params, self.limit = dest, src, params, shard_bytes
         self.on_shard = on_shard
         self.keep_state = keep_state  # a staged pack: its resume state says what it is until it is uploaded
@@ -429,9 +469,16 @@ class ShardSink:
         metadata = dict(self.src.metadata)
         if "part" in self.params:
             metadata["part"] = self.params["part"]  # merge removes it
-        m = Manifest("shards", self.src.schema, sum(s.num_samples for s in shards), shards,
-                     self.params["image_mode"], self.state["skipped"], metadata,
-                     created_by=f"fastload {__version__}")
+        m = Manifest(
+            "shards",
+            self.src.schema,
+            sum(s.num_samples for s in shards),
+            shards,
+            self.params["image_mode"],
+            self.state["skipped"],
+            metadata,
+            created_by=f"fastload {__version__}",
+        )
         write_manifest(self.dest, m)
         if not self.keep_state:
             (self.dest / STATE_NAME).unlink(missing_ok=True)
@@ -469,8 +516,7 @@ class ArraySink(ShardSink):
         if progress:
             from tqdm import tqdm
 
-            bar = tqdm(total=n - first, initial=self.next_sample - first, unit="sample",
-                       desc=f"pack {label}")
+            bar = tqdm(total=n - first, initial=self.next_sample - first, unit="sample", desc=f"pack {label}")
         for lo in range(self.next_sample, n, rows):
             hi = min(n, lo + rows)
             cols = [np.asarray(a[lo:hi]).astype(dt, copy=False) for a, dt in columns]
@@ -484,8 +530,6 @@ class ArraySink(ShardSink):
                 bar.update(hi - lo)
         if bar is not None:
             bar.close()
-
-
 
 
 class ShardsFormat(Format):
@@ -521,7 +565,8 @@ class ShardsFormat(Format):
         total = sum(s.bytes for s in manifest.shards)
         return [f"shards    {len(manifest.shards)}, {total / 1e6:,.1f} MB in all"] + [
             f"  {s.file}  {s.num_samples:>9,} samples  {s.bytes / 1e6:>10,.1f} MB  xxh3 {s.xxh3_64}"
-            for s in manifest.shards]
+            for s in manifest.shards
+        ]
 
     def verified(self, manifest: Manifest) -> str:
         return f"{manifest.num_samples:,} samples, {len(manifest.shards)} shard(s) verified"

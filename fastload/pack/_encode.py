@@ -46,8 +46,10 @@ class ImageOptions:
         if not 1 <= self.quality <= 100:
             raise ValueError(f"quality={self.quality} should be between 1 and 100")
         if self.mode == "passthrough" and self.max_side is not None:
-            raise ValueError("max_side cannot be used with image_mode='passthrough' (bytes are stored "
-                             "untouched); use image_mode='auto' or 'jpeg' to shrink large images")
+            raise ValueError(
+                "max_side cannot be used with image_mode='passthrough' (bytes are stored "
+                "untouched); use image_mode='auto' or 'jpeg' to shrink large images"
+            )
 
 
 def encode_value(field: Field, value: Any, opts: ImageOptions) -> tuple[tuple, bytes | None]:

@@ -65,8 +65,9 @@ def _threaded(fn, indices: range, workers: int) -> Iterator:
             yield pending.popleft().result()
 
 
-def _encoded(source: Source, opts: ImageOptions, start: int, workers: int,
-             stop: int | None = None) -> Iterator[tuple[int, list | None, str | None, str | None]]:
+def _encoded(
+    source: Source, opts: ImageOptions, start: int, workers: int, stop: int | None = None
+) -> Iterator[tuple[int, list | None, str | None, str | None]]:
     indices = range(start, len(source) if stop is None else stop)
     cheap = opts.mode == "passthrough" and opts.check == "header" and source.files_only
     if workers <= 1 or not source.parallel or cheap:  # cheap: any pool costs more than it saves
@@ -114,8 +115,10 @@ def _in_processes(source: Source, opts: ImageOptions, indices: range, workers: i
                     proc.terminate()
         ex.shutdown(wait=True, cancel_futures=True)  # every worker joined: their exit codes are known
     if broken:
-        raise FastloadError(f"a pack worker process died unexpectedly ({_deaths(procs)}); the shards finished "
-                            f"so far are kept: run the same pack again to resume")
+        raise FastloadError(
+            f"a pack worker process died unexpectedly ({_deaths(procs)}); the shards finished "
+            f"so far are kept: run the same pack again to resume"
+        )
 
 
 def _deaths(procs: dict) -> str:

@@ -72,8 +72,10 @@ class PackSummary:
         if self.resumed_from:
             lines.append(f"resumed after {self.resumed_from} samples already packed")
         if self.reencoded:
-            lines.append(f"{self.reencoded} sample(s) had pixels, not JPEG bytes, and were re-encoded as JPEG (lossy; "
-                         f"image_mode='raw' keeps exact pixels)")
+            lines.append(
+                f"{self.reencoded} sample(s) had pixels, not JPEG bytes, and were re-encoded as JPEG (lossy; "
+                f"image_mode='raw' keeps exact pixels)"
+            )
         if self.skipped:
             lines.append(f"skipped {len(self.skipped)} bad source sample(s):")
             lines.extend(f"  {s['source']}: {s['error']}" for s in self.skipped[:20])
@@ -100,6 +102,7 @@ def parse_size(text: str | int) -> int:
 
 # -- the pack into a local folder -----------------------------------------------------------------
 
+
 def part_unit(src: Source, format: str, shard_bytes: int, block: int) -> int:
     """How many source samples a part packs whole (``part_span``'s unit): ``block``, or for fixed-size arrays
     the rows of one shard."""
@@ -108,17 +111,42 @@ def part_unit(src: Source, format: str, shard_bytes: int, block: int) -> int:
     return fmt.array_rows(src, shard_bytes) if arrays else block
 
 
-def pack_local(src: Source, dest: Path, *, format: str, image_mode: str, max_side: int | None, quality: int,
-                check: str, shard_size: int | str, workers: int | None, overwrite: bool, skip_bad: bool,
-                max_skipped: float, progress: bool, block: int, part: Any, on_shard: Callable[[Path], None] | None,
-                staged_for: str | None = None) -> PackSummary:
+def pack_local(
+    src: Source,
+    dest: Path,
+    *,
+    format: str,
+    image_mode: str,
+    max_side: int | None,
+    quality: int,
+    check: str,
+    shard_size: int | str,
+    workers: int | None,
+    overwrite: bool,
+    skip_bad: bool,
+    max_skipped: float,
+    progress: bool,
+    block: int,
+    part: Any,
+    on_shard: Callable[[Path], None] | None,
+    staged_for: str | None = None,
+) -> PackSummary:
     """The pack into a local folder (``dest``, or the staging folder of a URL pack: ``staged_for``)."""
     opts = ImageOptions(image_mode, max_side, quality, check)
     shard_bytes = parse_size(shard_size)
     workers = os.cpu_count() or 1 if workers is None else int(workers)
-    params = {"format": format, "image_mode": image_mode, "max_side": max_side, "quality": quality, "check": check,
-              "shard_size": shard_bytes, "schema": src.schema.to_json(), "fingerprint": src.fingerprint(),
-              "version": __version__, "block": block}
+    params = {
+        "format": format,
+        "image_mode": image_mode,
+        "max_side": max_side,
+        "quality": quality,
+        "check": check,
+        "shard_size": shard_bytes,
+        "schema": src.schema.to_json(),
+        "fingerprint": src.fingerprint(),
+        "version": __version__,
+        "block": block,
+    }
     fmt = format_named(format)
     arrays = fmt.arrays and isinstance(src, ArraySource) and all(f.fixed_size for f in src.schema)
     span = (0, len(src))
@@ -127,10 +155,14 @@ def pack_local(src: Source, dest: Path, *, format: str, image_mode: str, max_sid
         unit = part_unit(src, format, shard_bytes, block)
         span = part_span(len(src), unit, i, n)
         if span[0] == span[1] and len(src):
-            warnings.warn(f"fastload pack --part {i}/{n}: this part holds no sample: the source's {len(src)} samples fill "
-                          f"{-(-len(src) // unit)} unit(s) of {unit} (a part packs whole blocks, or a shard's rows of "
-                          f"fixed-size arrays), fewer than the {n} parts; split into fewer parts or pass a smaller "
-                          f"block", UserWarning, stacklevel=4)
+            warnings.warn(
+                f"fastload pack --part {i}/{n}: this part holds no sample: the source's {len(src)} samples fill "
+                f"{-(-len(src) // unit)} unit(s) of {unit} (a part packs whole blocks, or a shard's rows of "
+                f"fixed-size arrays), fewer than the {n} parts; split into fewer parts or pass a smaller "
+                f"block",
+                UserWarning,
+                stacklevel=4,
+            )
         params["part"] = {"index": i, "parts": n, "samples": list(span)}
         dest = dest / "parts" / str(i)
     label = staged_for or str(dest)  # what the user named: the URL, not the staging folder
@@ -141,23 +173,40 @@ def pack_local(src: Source, dest: Path, *, format: str, image_mode: str, max_sid
             state = prepare_dest(dest, overwrite, params, staged_for)
             if state is not None and state.get("complete"):
                 m = read_manifest(dest)
-                return PackSummary(str(dest), format, m.num_samples, m.skipped, sum(s.bytes for s in m.shards),
-                                   len(m.shards), time.perf_counter() - t0, m.num_samples)
+                return PackSummary(
+                    str(dest),
+                    format,
+                    m.num_samples,
+                    m.skipped,
+                    sum(s.bytes for s in m.shards),
+                    len(m.shards),
+                    time.perf_counter() - t0,
+                    m.num_samples,
+                )
             if arrays:
                 writer = fmt.array_sink(dest, src, params, shard_bytes, state, span, on_shard, staged_for is not None)
                 start = writer.next_sample
                 writer.run(progress, label)
                 manifest = writer.finish()
-                return PackSummary(str(dest), format, manifest.num_samples, [], writer.total_bytes(),
-                                   len(manifest.shards), time.perf_counter() - t0, start - span[0])
+                return PackSummary(
+                    str(dest),
+                    format,
+                    manifest.num_samples,
+                    [],
+                    writer.total_bytes(),
+                    len(manifest.shards),
+                    time.perf_counter() - t0,
+                    start - span[0],
+                )
             writer = sink_for(dest, src, params, shard_bytes, state, span, on_shard, staged_for is not None)
         start = writer.next_sample
         bar = None
         if progress:
             from tqdm import tqdm
 
-            bar = tqdm(total=span[1] - span[0], initial=start - span[0], unit="sample", desc=f"pack {label}",
-                       smoothing=0.1)
+            bar = tqdm(
+                total=span[1] - span[0], initial=start - span[0], unit="sample", desc=f"pack {label}", smoothing=0.1
+            )
         samples = _encoded(src, opts, start, workers, span[1])
         limit = _SkipLimit(src, span, max_skipped, len(writer.state["skipped"]))
         reencoded = 0
@@ -184,27 +233,41 @@ def pack_local(src: Source, dest: Path, *, format: str, image_mode: str, max_sid
             writer.close()
             if bar is not None:
                 bar.close()
-        return PackSummary(str(dest), format, manifest.num_samples, manifest.skipped, writer.total_bytes(),
-                           len(manifest.shards), time.perf_counter() - t0, start - span[0], reencoded=reencoded)
+        return PackSummary(
+            str(dest),
+            format,
+            manifest.num_samples,
+            manifest.skipped,
+            writer.total_bytes(),
+            len(manifest.shards),
+            time.perf_counter() - t0,
+            start - span[0],
+            reencoded=reencoded,
+        )
 
 
 def _warn_reencoded(sample: str, note: str) -> None:
     """Once per pack: pixels changed by a JPEG re-encode nobody asked for (``fields/image.py`` says why)."""
-    warnings.warn(f"fastload.pack re-encoded pixels as JPEG: {sample}: the image was {note}. Every such image of "
-                  f"this pack is re-encoded alike (warned once; the summary counts them). To store exact pixels, pass "
-                  f"image_mode='raw' (--image-mode raw; larger files); to store the source's own JPEG bytes, give them "
-                  f"as they are (a file path, bytes, a Hugging Face image column, a PIL image as Image.open returned "
-                  f"it)",
-                  UserWarning, stacklevel=2)
+    warnings.warn(
+        f"fastload.pack re-encoded pixels as JPEG: {sample}: the image was {note}. Every such image of "
+        f"this pack is re-encoded alike (warned once; the summary counts them). To store exact pixels, pass "
+        f"image_mode='raw' (--image-mode raw; larger files); to store the source's own JPEG bytes, give them "
+        f"as they are (a file path, bytes, a Hugging Face image column, a PIL image as Image.open returned "
+        f"it)",
+        UserWarning,
+        stacklevel=2,
+    )
 
 
 def _hint(error: str) -> str:
     """What to do about a failed sample. A schema mismatch fails every sample alike: skipping would pack an
     empty dataset, so the hint is to fix the data or the schema, never ``skip_bad``."""
     if error.startswith("SchemaError:"):
-        return (" (every sample like this one fails alike, so skipping is no fix: make the data and the schema "
-                "agree, converting the data or declaring the field with schema=..., or change the options the "
-                "error names)")
+        return (
+            " (every sample like this one fails alike, so skipping is no fix: make the data and the schema "
+            "agree, converting the data or declaring the field with schema=..., or change the options the "
+            "error names)"
+        )
     return " (pass skip_bad=True / --skip-bad to skip bad samples and list them in the manifest)"
 
 
@@ -229,10 +292,12 @@ class _SkipLimit:
 
     def _fail(self, what: str) -> None:
         shown = "; ".join(self.first)
-        raise SourceError(f"skip_bad would skip {what} (skipped {self.skipped} so far), so the dataset would be "
-                          f"{'empty' if self.skipped >= self.total else 'missing much of its data'}; first "
-                          f"failures: {shown}. Fix the source, or raise max_skipped= (--max-skipped) if that many "
-                          f"bad samples are expected")
+        raise SourceError(
+            f"skip_bad would skip {what} (skipped {self.skipped} so far), so the dataset would be "
+            f"{'empty' if self.skipped >= self.total else 'missing much of its data'}; first "
+            f"failures: {shown}. Fix the source, or raise max_skipped= (--max-skipped) if that many "
+            f"bad samples are expected"
+        )
 
 
 @contextmanager
@@ -251,8 +316,11 @@ def _writing(dest: Path) -> Iterator[None]:
             what, full = str(e), False
         else:
             raise
-        hint = "the disk is full or a file size limit was reached" if full else \
-            "is the disk full, read-only or failing?"
-        raise FastloadError(f"cannot write the dataset at {dest}: {what} ({hint}). Nothing incomplete is marked "
-                            f"as finished: free some space and run the same pack again to resume where it "
-                            f"stopped") from e
+        hint = (
+            "the disk is full or a file size limit was reached" if full else "is the disk full, read-only or failing?"
+        )
+        raise FastloadError(
+            f"cannot write the dataset at {dest}: {what} ({hint}). Nothing incomplete is marked "
+            f"as finished: free some space and run the same pack again to resume where it "
+            f"stopped"
+        ) from e

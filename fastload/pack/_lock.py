@@ -37,9 +37,11 @@ def writer_lock(dest: Path, label: str | None = None) -> Iterator[None]:
         busy = path in _held
         _held.add(path)
     if busy:
-        raise FastloadError(f"another fastload pack (pid {os.getpid()}, this process) is writing {label or dest}: two "
-                            f"packs into one folder would mix their files; wait for it to finish, or pack into another "
-                            f"folder")
+        raise FastloadError(
+            f"another fastload pack (pid {os.getpid()}, this process) is writing {label or dest}: two "
+            f"packs into one folder would mix their files; wait for it to finish, or pack into another "
+            f"folder"
+        )
     try:
         fd = _acquire(dest, path, label or str(dest))
         try:
@@ -64,9 +66,11 @@ def _acquire(dest: Path, path: str, label: str) -> int:
         except BlockingIOError:
             holder = _holder(fd)
             os.close(fd)
-            raise FastloadError(f"another fastload pack ({holder}) is writing {label}: two packs into one folder "
-                                f"would mix their files; wait for it to finish, stop it, or pack into another "
-                                f"folder") from None
+            raise FastloadError(
+                f"another fastload pack ({holder}) is writing {label}: two packs into one folder "
+                f"would mix their files; wait for it to finish, stop it, or pack into another "
+                f"folder"
+            ) from None
         except BaseException:
             os.close(fd)
             raise

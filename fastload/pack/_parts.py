@@ -45,14 +45,17 @@ def part_span(num_samples: int, unit: int, i: int, n: int) -> tuple[int, int]:
 def _part_manifests(dest: Path) -> list[tuple[str, Manifest]]:
     root = dest / PARTS_DIR
     if not root.is_dir():
-        raise FastloadError(f"{dest} has no {PARTS_DIR}/ folder: pack the parts first (fastload pack SRC {dest} "
-                            f"--part I/N for each I)")
+        raise FastloadError(
+            f"{dest} has no {PARTS_DIR}/ folder: pack the parts first (fastload pack SRC {dest} --part I/N for each I)"
+        )
     found = []
     for name in _sorted_parts(os.listdir(root), root):
         path = root / name
         if not (path / MANIFEST_NAME).is_file():
-            raise FastloadError(f"part {path} is unfinished (no {MANIFEST_NAME}): run its pack command again "
-                                f"(fastload pack SRC {dest} --part {name}/N) to finish it, then merge")
+            raise FastloadError(
+                f"part {path} is unfinished (no {MANIFEST_NAME}): run its pack command again "
+                f"(fastload pack SRC {dest} --part {name}/N) to finish it, then merge"
+            )
         found.append((str(path), Manifest.parse((path / MANIFEST_NAME).read_bytes(), f"part '{path}'")))
     return found
 
@@ -71,14 +74,18 @@ def _joined(dest: Any, parts: list[tuple[str, Manifest]]) -> Manifest:
     infos = [m.metadata.get("part") for _, m in parts]
     for (path, _), p in zip(parts, infos):
         if not isinstance(p, dict):
-            raise FastloadError(f"{path}: its manifest has no part information (metadata.part): not written by "
-                                f"fastload pack --part")
+            raise FastloadError(
+                f"{path}: its manifest has no part information (metadata.part): not written by fastload pack --part"
+            )
     n = infos[0]["parts"]
     have = [p["index"] for p in infos]
     if have != list(range(n)) or any(p["parts"] != n for p in infos):
         missing = sorted(set(range(n)) - set(have))
-        raise FastloadError(f"{dest}/{PARTS_DIR}: the pack was split into {n} parts; found {have}"
-                            + (f", missing {missing}" if missing else "") + ": pack the missing parts first")
+        raise FastloadError(
+            f"{dest}/{PARTS_DIR}: the pack was split into {n} parts; found {have}"
+            + (f", missing {missing}" if missing else "")
+            + ": pack the missing parts first"
+        )
     first = parts[0][1]
     fmt = FORMATS.get(first.layout)
     if fmt is None or not fmt.parts:
@@ -90,16 +97,28 @@ def _joined(dest: Any, parts: list[tuple[str, Manifest]]) -> Manifest:
         return {k: v for k, v in m.metadata.items() if k != "part"}
 
     for path, m in parts:
-        if m.layout != first.layout or m.schema != first.schema or m.image_mode != first.image_mode or \
-                rest(m) != rest(first):
+        if (
+            m.layout != first.layout
+            or m.schema != first.schema
+            or m.image_mode != first.image_mode
+            or rest(m) != rest(first)
+        ):
             raise FastloadError(f"part {path} comes from a different source or settings than part 0")
     spans = [p["samples"] for p in infos]
     if any(a[1] != b[0] for a, b in zip(spans, spans[1:])) or spans[0][0] != 0:
         raise FastloadError(f"{dest}/{PARTS_DIR}: the parts' sample ranges {spans} do not follow one another")
     shards = [e for _, m in parts for e in m.shards]
     skipped = [s for _, m in parts for s in m.skipped]
-    return Manifest(first.layout, first.schema, sum(e.num_samples for e in shards), shards, first.image_mode,
-                    skipped, rest(first), created_by=first.created_by)
+    return Manifest(
+        first.layout,
+        first.schema,
+        sum(e.num_samples for e in shards),
+        shards,
+        first.image_mode,
+        skipped,
+        rest(first),
+        created_by=first.created_by,
+    )
 
 
 def merge(dest: str | os.PathLike, *, storage_options: dict | None = None, progress: bool = False) -> Manifest:
@@ -114,9 +133,12 @@ def merge(dest: str | os.PathLike, *, storage_options: dict | None = None, progr
         return _merge_url(str(dest).rstrip("/"), storage_options, progress)
     dest = Path(dest)
     if not dest.is_dir():
-        raise FastloadError(f"cannot merge {dest}: " + ("it is not a folder" if dest.exists() else "no such folder")
-                            + f" (merge joins the parts in DST/{PARTS_DIR}/ that `fastload pack SRC DST --part I/N` "
-                              f"wrote)")
+        raise FastloadError(
+            f"cannot merge {dest}: "
+            + ("it is not a folder" if dest.exists() else "no such folder")
+            + f" (merge joins the parts in DST/{PARTS_DIR}/ that `fastload pack SRC DST --part I/N` "
+            f"wrote)"
+        )
     if (dest / MANIFEST_NAME).is_file() and not (dest / PARTS_DIR).exists():
         raise FastloadError(f"{dest} already holds a finished dataset and no {PARTS_DIR}/ folder: nothing to merge")
     parts = _part_manifests(dest)
@@ -124,8 +146,10 @@ def merge(dest: str | os.PathLike, *, storage_options: dict | None = None, progr
     if (dest / MANIFEST_NAME).is_file():
         _same_or_refuse(dest, (dest / MANIFEST_NAME).read_bytes(), merged)
     if (dest / STATE_NAME).exists():  # its shards have the names the parts' have: they would be replaced
-        raise FastloadError(f"{dest} holds an unfinished pack ({STATE_NAME}) whose shards merging would replace; "
-                            f"finish or remove that pack first, or merge into a new folder (move {PARTS_DIR}/ there)")
+        raise FastloadError(
+            f"{dest} holds an unfinished pack ({STATE_NAME}) whose shards merging would replace; "
+            f"finish or remove that pack first, or merge into a new folder (move {PARTS_DIR}/ there)"
+        )
     for path, _m, e in _shards_told(parts, merged, dest, progress):
         src, dst = Path(path) / e.file, dest / e.file
         if src.exists():
@@ -154,9 +178,11 @@ def _same_or_refuse(dest: Any, raw: bytes, merged: Manifest) -> None:
     except FastloadError:
         same = False
     if not same:
-        raise FastloadError(f"{dest} already holds a packed dataset other than these parts; merging would replace "
-                            f"its shards and manifest. Merge into a new folder (move {PARTS_DIR}/ there), or remove "
-                            f"the dataset first")
+        raise FastloadError(
+            f"{dest} already holds a packed dataset other than these parts; merging would replace "
+            f"its shards and manifest. Merge into a new folder (move {PARTS_DIR}/ there), or remove "
+            f"the dataset first"
+        )
 
 
 def _shards_told(parts: list[tuple[str, Manifest]], merged: Manifest, dest: Any, progress: bool):
@@ -184,18 +210,21 @@ def _merge_url(url: str, storage_options: dict | None, progress: bool = False) -
         names = [n.rstrip("/").rsplit("/", 1)[-1] for n in fs.ls(proot, detail=False)]
     except FileNotFoundError:
         if fs.exists(f"{root}/{MANIFEST_NAME}"):
-            raise FastloadError(f"{url} already holds a finished dataset and no {PARTS_DIR}/: nothing to "
-                                f"merge") from None
-        raise FastloadError(f"{url} has no {PARTS_DIR}/: pack the parts first (fastload pack SRC {url} "
-                            f"--part I/N for each I)") from None
+            raise FastloadError(
+                f"{url} already holds a finished dataset and no {PARTS_DIR}/: nothing to merge"
+            ) from None
+        raise FastloadError(
+            f"{url} has no {PARTS_DIR}/: pack the parts first (fastload pack SRC {url} --part I/N for each I)"
+        ) from None
     parts = []
     for name in _sorted_parts(names, f"{url}/{PARTS_DIR}"):
         where = f"{url}/{PARTS_DIR}/{name}"
         try:
             raw = fs.cat_file(f"{proot}/{name}/{MANIFEST_NAME}")
         except FileNotFoundError:
-            raise FastloadError(f"part {where} is unfinished (no {MANIFEST_NAME}): run its pack command again "
-                                f"to finish it, then merge") from None
+            raise FastloadError(
+                f"part {where} is unfinished (no {MANIFEST_NAME}): run its pack command again to finish it, then merge"
+            ) from None
         parts.append((where, Manifest.parse(raw, f"part '{where}'")))
     merged = _joined(url, parts)
     if fs.exists(f"{root}/{MANIFEST_NAME}"):

@@ -26,9 +26,21 @@ def _ray():
 
 def _pack_part(source: Any, dest: str, i: int, n: int, kwargs: dict) -> dict:
     kw = dict(kwargs)  # the router checked them on the driver
-    s = pack_to(source, dest, part=(i, n), on_shard=None, staging=None, storage_options=kw.pop("storage_options", None),
-                overwrite=kw.pop("overwrite"), schema=kw.pop("schema"), root=kw.pop("root"),
-                path_column=kw.pop("path_column"), missing=kw.pop("missing"), progress=False, **kw)
+    s = pack_to(
+        source,
+        dest,
+        part=(i, n),
+        on_shard=None,
+        staging=None,
+        storage_options=kw.pop("storage_options", None),
+        overwrite=kw.pop("overwrite"),
+        schema=kw.pop("schema"),
+        root=kw.pop("root"),
+        path_column=kw.pop("path_column"),
+        missing=kw.pop("missing"),
+        progress=False,
+        **kw,
+    )
     return {"part": i, "samples": s.samples, "seconds": s.seconds, "skipped": len(s.skipped), "bytes": s.bytes}
 
 
@@ -40,9 +52,14 @@ def _parts_with_samples(source: Any, parts: int, kwargs: dict, asked: bool) -> i
     from ..sources import as_source
     from ._local import parse_size, part_unit
 
-    src = as_source(source, schema=kwargs.get("schema"), root=kwargs.get("root"),  # its errors before any task
-                    path_column=kwargs.get("path_column", "path"), missing=kwargs.get("missing"),
-                    storage_options=kwargs.get("storage_options"))
+    src = as_source(
+        source,
+        schema=kwargs.get("schema"),
+        root=kwargs.get("root"),  # its errors before any task
+        path_column=kwargs.get("path_column", "path"),
+        missing=kwargs.get("missing"),
+        storage_options=kwargs.get("storage_options"),
+    )
     unit = part_unit(src, kwargs["format"], parse_size(kwargs["shard_size"]), kwargs["block"])
     filled = max(1, -(-len(src) // unit))
     if filled >= parts or not asked:
@@ -53,15 +70,19 @@ def _parts_with_samples(source: Any, parts: int, kwargs: dict, asked: bool) -> i
     else:
         why = f"a part of fixed-size arrays packs whole shards, here of {unit} rows"
         fix = "pass a smaller shard_size (fastload pack --shard-size)"
-    warnings.warn(f"fastload pack on ray: the source's {len(src)} samples fill {filled} of the {parts} parts asked for "
-                  f"({why}, so that its shards are the ones a one-machine pack writes; the other parts would be "
-                  f"empty): it is packed as {filled} part(s); {fix} to spread it over more tasks",
-                  UserWarning, stacklevel=3)
+    warnings.warn(
+        f"fastload pack on ray: the source's {len(src)} samples fill {filled} of the {parts} parts asked for "
+        f"({why}, so that its shards are the ones a one-machine pack writes; the other parts would be "
+        f"empty): it is packed as {filled} part(s); {fix} to spread it over more tasks",
+        UserWarning,
+        stacklevel=3,
+    )
     return filled
 
 
-def pack_on_ray(source: Any, dest: str | os.PathLike, *, parts: int | None, address: str | None, progress: bool,
-                **kwargs: Any):
+def pack_on_ray(
+    source: Any, dest: str | os.PathLike, *, parts: int | None, address: str | None, progress: bool, **kwargs: Any
+):
     """Pack ``source`` as ``parts`` Ray tasks (one CPU each; ``workers`` processes inside each, default 1),
     then merge. ``source`` and ``dest`` must be paths every Ray node sees (a shared filesystem)."""
     ray = _ray()
@@ -109,5 +130,13 @@ def pack_on_ray(source: Any, dest: str | os.PathLike, *, parts: int | None, addr
         if started_here:
             ray.shutdown()
     m = merge(dest, storage_options=kwargs.get("storage_options"))
-    return PackSummary(str(dest), m.layout, m.num_samples, m.skipped, sum(e.bytes for e in m.shards), len(m.shards),
-                       time.perf_counter() - t0, 0)
+    return PackSummary(
+        str(dest),
+        m.layout,
+        m.num_samples,
+        m.skipped,
+        sum(e.bytes for e in m.shards),
+        len(m.shards),
+        time.perf_counter() - t0,
+        0,
+    )

@@ -82,11 +82,12 @@ def pack(
     by_file = ", ".join(f"format={n!r}" for n, f in FORMATS.items() if f.parts)  # written file by file
     url = is_url(str(dest))
     if url and not fmt.parts:
-        raise ValueError(f"format={format!r} cannot be packed to a URL ({dest}): a URL dataset is uploaded file by "
-                         f"file as each is finished; use {by_file}")
+        raise ValueError(
+            f"format={format!r} cannot be packed to a URL ({dest}): a URL dataset is uploaded file by "
+            f"file as each is finished; use {by_file}"
+        )
     if on_shard is not None and not fmt.parts:
-        raise ValueError(f"on_shard= is called with each finished shard file, so it needs {by_file}, not "
-                         f"{format!r}")
+        raise ValueError(f"on_shard= is called with each finished shard file, so it needs {by_file}, not {format!r}")
     if engine == "ray" and part is not None:
         raise ValueError("engine='ray' packs every part itself: leave part=None")
     if part is not None and not fmt.parts:
@@ -94,27 +95,67 @@ def pack(
     if isinstance(block, bool) or not isinstance(block, int) or block < 1:
         raise ValueError(f"block={block!r} should be a positive number of samples")
     if isinstance(max_skipped, bool) or not isinstance(max_skipped, (int, float)) or not 0 <= max_skipped <= 1:
-        raise ValueError(f"max_skipped={max_skipped!r} should be a share of the samples between 0 and 1 "
-                         f"(0.1: fail when more than 10% would be skipped)")
+        raise ValueError(
+            f"max_skipped={max_skipped!r} should be a share of the samples between 0 and 1 "
+            f"(0.1: fail when more than 10% would be skipped)"
+        )
     if part is not None:
         parse_part(part)
     ImageOptions(image_mode, max_side, quality, check)  # checked now, before anything is written
     try:
         parse_size(shard_size)
     except (ValueError, TypeError, AttributeError):
-        raise ValueError(f"shard_size={shard_size!r} should be a positive size in bytes, or a string with a K/M/G/T "
-                         f"unit such as '256MB'") from None
+        raise ValueError(
+            f"shard_size={shard_size!r} should be a positive size in bytes, or a string with a K/M/G/T "
+            f"unit such as '256MB'"
+        ) from None
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 0):
         raise ValueError(f"workers={workers!r} should be an int >= 0 (or None: one per core)")
     if engine == "ray":
-        return pack_on_ray(source, dest, parts=parts, address=ray_address, progress=progress, format=format,
-                           image_mode=image_mode, max_side=max_side, quality=quality, check=check,
-                           shard_size=shard_size, workers=workers, overwrite=overwrite, skip_bad=skip_bad,
-                           max_skipped=max_skipped, schema=schema, root=root, path_column=path_column,
-                           missing=missing, block=block,
-                           **({"storage_options": dict(storage_options)} if storage_options else {}))
-    return pack_to(source, dest, overwrite=overwrite, part=part, on_shard=on_shard, staging=staging,
-                   storage_options=storage_options, schema=schema, root=root, path_column=path_column,
-                   missing=missing, format=format, image_mode=image_mode, max_side=max_side, quality=quality,
-                   check=check, shard_size=shard_size, workers=workers, skip_bad=skip_bad, max_skipped=max_skipped,
-                   progress=progress, block=block)
+        return pack_on_ray(
+            source,
+            dest,
+            parts=parts,
+            address=ray_address,
+            progress=progress,
+            format=format,
+            image_mode=image_mode,
+            max_side=max_side,
+            quality=quality,
+            check=check,
+            shard_size=shard_size,
+            workers=workers,
+            overwrite=overwrite,
+            skip_bad=skip_bad,
+            max_skipped=max_skipped,
+            schema=schema,
+            root=root,
+            path_column=path_column,
+            missing=missing,
+            block=block,
+            **({"storage_options": dict(storage_options)} if storage_options else {}),
+        )
+    return pack_to(
+        source,
+        dest,
+        overwrite=overwrite,
+        part=part,
+        on_shard=on_shard,
+        staging=staging,
+        storage_options=storage_options,
+        schema=schema,
+        root=root,
+        path_column=path_column,
+        missing=missing,
+        format=format,
+        image_mode=image_mode,
+        max_side=max_side,
+        quality=quality,
+        check=check,
+        shard_size=shard_size,
+        workers=workers,
+        skip_bad=skip_bad,
+        max_skipped=max_skipped,
+        progress=progress,
+        block=block,
+    )

@@ -17,8 +17,16 @@ from ..formats.registry import FORMATS, format_named
 from ._lock import LOCK_NAME, remove_if_free
 
 
-def sink_for(dest: Path, src: Any, params: dict, shard_bytes: int, state: dict | None, span: tuple[int, int],
-             on_shard: Callable[[Path], None] | None = None, keep_state: bool = False) -> Any:
+def sink_for(
+    dest: Path,
+    src: Any,
+    params: dict,
+    shard_bytes: int,
+    state: dict | None,
+    span: tuple[int, int],
+    on_shard: Callable[[Path], None] | None = None,
+    keep_state: bool = False,
+) -> Any:
     """The writer for ``params["format"]`` that takes samples one at a time (``add``/``skip``/``finish``)."""
     return format_named(params["format"]).sink(dest, src, params, shard_bytes, state, span, on_shard, keep_state)
 
@@ -29,6 +37,7 @@ def is_write_error(e: BaseException) -> bool:
 
 
 # -- the destination: what a pack finds there, and its resume state -----------------------------
+
 
 def _own_file(name: str) -> bool:
     """Exactly the names a pack writes (and their temporary names): only these are ever removed."""
@@ -51,8 +60,10 @@ def prepare_dest(dest: Path, overwrite: bool, params: dict, staged_for: str | No
     names = [n for n in os.listdir(dest) if n != LOCK_NAME]  # the lock: this pack's own (pack_local holds it)
     foreign = [n for n in names if not _own_file(n) or (dest / n).is_dir()]
     if foreign:
-        raise FastloadError(f"{where} holds files fastload did not write ({', '.join(sorted(foreign)[:5])}); "
-                            f"refusing to write there — choose an empty or new directory")
+        raise FastloadError(
+            f"{where} holds files fastload did not write ({', '.join(sorted(foreign)[:5])}); "
+            f"refusing to write there — choose an empty or new directory"
+        )
     for f in FORMATS.values():
         what = f.foreign(dest, names)
         if what:
@@ -72,14 +83,15 @@ def prepare_dest(dest: Path, overwrite: bool, params: dict, staged_for: str | No
     if staged_for is not None and (MANIFEST_NAME in names or STATE_NAME in names):
         state = fmt.read_state(dest)
         if state is None or state.get("params") != params:
-            raise FastloadError(f"{where} holds a pack of a different source or different options, not yet "
-                                f"uploaded; run the command that started it to finish it, pass overwrite=True "
-                                f"(--overwrite) to discard it (and replace any dataset at {staged_for}), or "
-                                f"choose another staging folder (--staging / staging=)")
+            raise FastloadError(
+                f"{where} holds a pack of a different source or different options, not yet "
+                f"uploaded; run the command that started it to finish it, pass overwrite=True "
+                f"(--overwrite) to discard it (and replace any dataset at {staged_for}), or "
+                f"choose another staging folder (--staging / staging=)"
+            )
         return state
     if any(f.complete(dest) for f in FORMATS.values()):
-        raise FastloadError(f"{where} already holds a packed dataset; pass overwrite=True (--overwrite) "
-                            f"to replace it")
+        raise FastloadError(f"{where} already holds a packed dataset; pass overwrite=True (--overwrite) to replace it")
     state = fmt.read_state(dest)
     if state is None:
         if names and not _nothing_committed(dest, names):
@@ -88,8 +100,10 @@ def prepare_dest(dest: Path, overwrite: bool, params: dict, staged_for: str | No
             (dest / n).unlink()
         return None
     if state.get("params") != params:
-        raise FastloadError(f"{where} holds an unfinished pack with different parameters or source; "
-                            f"run the original command to resume it, or pass --overwrite to start over")
+        raise FastloadError(
+            f"{where} holds an unfinished pack with different parameters or source; "
+            f"run the original command to resume it, or pass --overwrite to start over"
+        )
     return state
 
 
@@ -100,8 +114,10 @@ def clear_pack(dest: Path, keep: str) -> None:
     foreign = [n for n in names if n != keep and (not _own_file(n) or (dest / n).is_dir())]
     if foreign:
         shown = ", ".join(sorted(foreign)[:5])
-        raise FastloadError(f"destination {dest} holds files fastload did not write ({shown}); refusing to write "
-                            f"there — choose an empty or new directory")
+        raise FastloadError(
+            f"destination {dest} holds files fastload did not write ({shown}); refusing to write "
+            f"there — choose an empty or new directory"
+        )
     for n in names:
         if n != keep:
             (dest / n).unlink()

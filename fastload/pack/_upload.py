@@ -69,8 +69,10 @@ class Uploader:
         try:
             retrying(lambda: self.fs.pipe_file(probe, b""), self.stats)
         except Exception as e:
-            raise RemoteError(f"cannot write to {self.url}: {describe(e)}. Checked before packing: does the bucket "
-                              f"exist, and may these credentials write to it?") from None
+            raise RemoteError(
+                f"cannot write to {self.url}: {describe(e)}. Checked before packing: does the bucket "
+                f"exist, and may these credentials write to it?"
+            ) from None
         try:
             self.fs.rm_file(probe)
         except Exception:  # an object store that allows writes but not deletes: a harmless empty object
@@ -78,8 +80,9 @@ class Uploader:
         if not exists:
             return
         if not overwrite:
-            raise FastloadError(f"{self.url} already holds a packed dataset; pass overwrite=True (--overwrite) to "
-                                f"replace it")
+            raise FastloadError(
+                f"{self.url} already holds a packed dataset; pass overwrite=True (--overwrite) to replace it"
+            )
         self.fs.rm_file(manifest)  # from now on readers see no dataset there
         for name in self.fs.ls(self.root, detail=False):
             if SHARD_NAME.fullmatch(name.rsplit("/", 1)[-1]):
@@ -130,8 +133,6 @@ class Uploader:
         self._ex.shutdown(wait=True)
 
 
-
-
 class Staging:
     """The local folder a URL pack is staged in, and proof that it is fastload's own.
 
@@ -147,24 +148,31 @@ class Staging:
         if self.created:
             return
         if not root.is_dir():
-            raise FastloadError(f"staging folder {root} exists and is not a folder; choose a new or empty folder "
-                                f"(--staging / staging=)")
+            raise FastloadError(
+                f"staging folder {root} exists and is not a folder; choose a new or empty folder (--staging / staging=)"
+            )
         if mark.is_file():
             try:
                 note = json.loads(mark.read_text())
                 self.created, staged = bool(note["created"]), note["url"]
             except (ValueError, KeyError, TypeError):
-                raise FastloadError(f"staging folder {root}: its {MARK} file is unreadable; choose a new or empty "
-                                    f"folder (--staging / staging=)") from None
+                raise FastloadError(
+                    f"staging folder {root}: its {MARK} file is unreadable; choose a new or empty "
+                    f"folder (--staging / staging=)"
+                ) from None
             if staged != url:
-                raise FastloadError(f"staging folder {root} holds a pack staged for {staged}, not {url}: run that "
-                                    f"pack again to finish it, or choose a new or empty folder (--staging / staging=)")
+                raise FastloadError(
+                    f"staging folder {root} holds a pack staged for {staged}, not {url}: run that "
+                    f"pack again to finish it, or choose a new or empty folder (--staging / staging=)"
+                )
             return
         names = sorted(os.listdir(root))
         if names:
-            raise FastloadError(f"staging folder {root} holds files fastload did not write ({', '.join(names[:5])}); "
-                                f"a staging folder must be new or empty (fastload cleans it up after the upload): "
-                                f"choose another folder (--staging / staging=)")
+            raise FastloadError(
+                f"staging folder {root} holds files fastload did not write ({', '.join(names[:5])}); "
+                f"a staging folder must be new or empty (fastload cleans it up after the upload): "
+                f"choose another folder (--staging / staging=)"
+            )
 
     def claim(self) -> None:
         """Create and mark the folder (after the URL was checked: a refused pack leaves nothing behind)."""
@@ -175,8 +183,10 @@ class Staging:
             self.root.mkdir(parents=True, exist_ok=True)
             mark.write_text(json.dumps({"url": self.url, "created": self.created}))
         except OSError as e:
-            raise FastloadError(f"cannot create the staging folder {self.root}: {e.strerror or e}; choose a folder "
-                                f"you can write (--staging / staging=)") from None
+            raise FastloadError(
+                f"cannot create the staging folder {self.root}: {e.strerror or e}; choose a folder "
+                f"you can write (--staging / staging=)"
+            ) from None
 
     def done(self, pack_dir: Path, record_dir: Path) -> None:
         """After the manifest is up: remove the staged pack and the upload record, then the folders they
@@ -200,8 +210,16 @@ def _rmdir_if_empty(d: Path) -> bool:
         return not d.exists()
 
 
-def pack_to_url(source: Any, url: str, *, staging: str | os.PathLike | None,
-                storage_options: dict | None, overwrite: bool, part: Any = None, **kwargs: Any) -> Any:
+def pack_to_url(
+    source: Any,
+    url: str,
+    *,
+    staging: str | os.PathLike | None,
+    storage_options: dict | None,
+    overwrite: bool,
+    part: Any = None,
+    **kwargs: Any,
+) -> Any:
     """``pack_local(source, staging, on_shard=upload)`` then the manifest: see the module docstring. A part
     (``part=(i, n)``) goes to ``URL/parts/i``, for ``fastload merge URL``."""
     t0 = time.perf_counter()
@@ -217,8 +235,9 @@ def pack_to_url(source: Any, url: str, *, staging: str | os.PathLike | None,
     stage.claim()
     ok = False
     try:
-        summary = pack_local(source, local, on_shard=up.shard_done, overwrite=overwrite, part=part,
-                             staged_for=target, **kwargs)
+        summary = pack_local(
+            source, local, on_shard=up.shard_done, overwrite=overwrite, part=part, staged_for=target, **kwargs
+        )
         up.finish([e.file for e in read_manifest(shards_dir).shards], shards_dir)
         ok = True
     finally:

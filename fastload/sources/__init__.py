@@ -32,8 +32,18 @@ from ._files import is_pattern
 from .parquet import ParquetSource
 from .webdataset import WebDatasetSource
 
-__all__ = ["Source", "ArraySource", "DatasetSource", "ImageFolderSource", "ManifestSource", "ParquetSource",
-           "WebDatasetSource", "as_source", "is_pattern", "local_source"]
+__all__ = [
+    "Source",
+    "ArraySource",
+    "DatasetSource",
+    "ImageFolderSource",
+    "ManifestSource",
+    "ParquetSource",
+    "WebDatasetSource",
+    "as_source",
+    "is_pattern",
+    "local_source",
+]
 
 # Sources named by a path, a URL, a glob or a brace pattern of their files (the files' suffixes pick the kind)
 FILE_KINDS = ((parquet.SUFFIXES, ParquetSource), (webdataset.SUFFIXES + (".tar.gz", ".tgz"), WebDatasetSource))
@@ -49,8 +59,10 @@ def _file_kind(spec: str, deep: bool = False) -> type[Source] | None:
         return None
     held = [kind for suffixes, kind in FILE_KINDS if _files.folder_holds(Path(spec), suffixes, deep)]
     if len(held) > 1:
-        raise SourceError(f"the folder {spec} holds both Parquet files and tar shards: name the ones to pack with a "
-                          f"glob such as '{spec.rstrip('/')}/*.parquet'")
+        raise SourceError(
+            f"the folder {spec} holds both Parquet files and tar shards: name the ones to pack with a "
+            f"glob such as '{spec.rstrip('/')}/*.parquet'"
+        )
     return held[0] if held else None
 
 
@@ -72,9 +84,15 @@ def local_source(path: Path) -> Source | None:
         return kind(path)
 
 
-def as_source(obj: Any, *, schema: Mapping[str, Field] | None = None, root: str | os.PathLike | None = None,
-              path_column: str = "path", missing: Mapping[str, Any] | None = None,
-              storage_options: Mapping[str, Any] | None = None) -> Source:
+def as_source(
+    obj: Any,
+    *,
+    schema: Mapping[str, Field] | None = None,
+    root: str | os.PathLike | None = None,
+    path_column: str = "path",
+    missing: Mapping[str, Any] | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+) -> Source:
     """Pick the adapter for ``obj``: a path (folder, .npy/.npz, .csv/.jsonl, Parquet, tar shards; those two also
     as a glob, a brace pattern or a URL, read with ``storage_options``), arrays, or a Dataset."""
     if isinstance(obj, Source):
@@ -85,19 +103,25 @@ def as_source(obj: Any, *, schema: Mapping[str, Field] | None = None, root: str 
             names = _files.url_folder_files(os.fspath(obj), dict(storage_options or {}))
             held = [k for suffixes, k in FILE_KINDS if any(n.lower().endswith(suffixes) for n in names)]
             if len(held) != 1:
-                raise SourceError(f"source {os.fspath(obj)}: a URL source names Parquet files (.parquet) or "
-                                  f"WebDataset shards (.tar): a file, a folder holding one of the two, a glob or a "
-                                  f"brace pattern")
+                raise SourceError(
+                    f"source {os.fspath(obj)}: a URL source names Parquet files (.parquet) or "
+                    f"WebDataset shards (.tar): a file, a folder holding one of the two, a glob or a "
+                    f"brace pattern"
+                )
             kind = held[0]
         if kind is not None:
             if schema or missing:
-                raise SourceError(f"schema= and missing= are not supported for {kind.__name__} sources: their "
-                                  f"fields come from the files")
+                raise SourceError(
+                    f"schema= and missing= are not supported for {kind.__name__} sources: their "
+                    f"fields come from the files"
+                )
             return kind(obj, storage_options=dict(storage_options or {}))
     manifest = isinstance(obj, (str, os.PathLike)) and Path(obj).suffix.lower() in (".csv", ".jsonl", ".ndjson")
     if missing and not manifest:
-        raise SourceError("missing= declares what blank cells of a CSV/JSONL manifest's columns stand for; this "
-                          "source is not a manifest")
+        raise SourceError(
+            "missing= declares what blank cells of a CSV/JSONL manifest's columns stand for; this "
+            "source is not a manifest"
+        )
     if isinstance(obj, (str, os.PathLike)):
         path = Path(obj)
         if not path.exists():
@@ -113,14 +137,19 @@ def as_source(obj: Any, *, schema: Mapping[str, Field] | None = None, root: str 
             if schema:
                 raise SourceError("schema overrides are not supported for manifest sources")
             return ManifestSource(path, root=root, path_column=path_column, missing=missing)
-        raise SourceError(f"source {path}: expected a folder, .npy, .npz, .csv or .jsonl file, Parquet files "
-                          f"(.parquet) or WebDataset shards (.tar)")
-    if isinstance(obj, np.ndarray) or (isinstance(obj, Mapping) and obj and
-                                        all(isinstance(v, np.ndarray) for v in obj.values())):
+        raise SourceError(
+            f"source {path}: expected a folder, .npy, .npz, .csv or .jsonl file, Parquet files "
+            f"(.parquet) or WebDataset shards (.tar)"
+        )
+    if isinstance(obj, np.ndarray) or (
+        isinstance(obj, Mapping) and obj and all(isinstance(v, np.ndarray) for v in obj.values())
+    ):
         return ArraySource(obj, schema)
     if isinstance(obj, (tuple, list)) and obj and all(isinstance(v, np.ndarray) for v in obj):
         return ArraySource(obj, schema)
     if hasattr(obj, "__getitem__") and hasattr(obj, "__len__"):
         return DatasetSource(obj, schema)
-    raise SourceError(f"cannot pack a {type(obj).__name__}: expected a folder, a numpy file or arrays, a CSV/JSONL "
-                      f"manifest, or a map-style torch Dataset")
+    raise SourceError(
+        f"cannot pack a {type(obj).__name__}: expected a folder, a numpy file or arrays, a CSV/JSONL "
+        f"manifest, or a map-style torch Dataset"
+    )

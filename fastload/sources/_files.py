@@ -49,16 +49,19 @@ def expand_braces(spec: str) -> list[str]:
     elif "," in body:
         options = body.split(",")
     else:
-        raise SourceError(f"source {spec!r}: the brace group {{{body}}} is neither a range such as {{000..009}} nor "
-                          f"a list such as {{a,b}}")
-    return [out for opt in options for out in expand_braces(spec[:m.start()] + opt + spec[m.end():])]
+        raise SourceError(
+            f"source {spec!r}: the brace group {{{body}}} is neither a range such as {{000..009}} nor "
+            f"a list such as {{a,b}}"
+        )
+    return [out for opt in options for out in expand_braces(spec[: m.start()] + opt + spec[m.end() :])]
 
 
 class Files:
     """The sorted files a spec names (``what``: the kind, for messages; ``suffixes``: a folder's files)."""
 
-    def __init__(self, spec: str | os.PathLike, suffixes: tuple[str, ...], what: str,
-                 storage_options: dict | None = None):
+    def __init__(
+        self, spec: str | os.PathLike, suffixes: tuple[str, ...], what: str, storage_options: dict | None = None
+    ):
         self.spec = os.fspath(spec)
         self.what = what
         self.url = is_url(self.spec)
@@ -81,14 +84,18 @@ class Files:
             try:
                 import fsspec.core
             except ImportError:
-                raise ImportError(f"reading {self.spec} needs fsspec: {pip_extra('remote')} (s3fs for "
-                                  f"s3://; gcsfs for gs://, adlfs for az://)") from None
+                raise ImportError(
+                    f"reading {self.spec} needs fsspec: {pip_extra('remote')} (s3fs for "
+                    f"s3://; gcsfs for gs://, adlfs for az://)"
+                ) from None
             try:
-                self._fs, _ = fsspec.core.url_to_fs(self.spec.split("{")[0] or self.spec, skip_instance_cache=True,
-                                                    **self.storage_options)
+                self._fs, _ = fsspec.core.url_to_fs(
+                    self.spec.split("{")[0] or self.spec, skip_instance_cache=True, **self.storage_options
+                )
             except ImportError as e:
-                raise ImportError(f"{self.spec}: {e} (fastload reads object storage through fsspec's backends)") \
-                    from None
+                raise ImportError(
+                    f"{self.spec}: {e} (fastload reads object storage through fsspec's backends)"
+                ) from None
             self._pid = os.getpid()
         return self._fs
 
@@ -114,8 +121,14 @@ class Files:
             info = self.fs.info(path)
         except OSError as e:
             raise SourceError(f"cannot read {self.name(path)}: {e}") from None
-        stamp = next((info[k] for k in ("ETag", "etag", "md5", "mtime", "LastModified", "last_modified")
-                      if info.get(k) is not None), "")
+        stamp = next(
+            (
+                info[k]
+                for k in ("ETag", "etag", "md5", "mtime", "LastModified", "last_modified")
+                if info.get(k) is not None
+            ),
+            "",
+        )
         return f"{path}\0{info.get('size')}\0{stamp}"
 
     # -- expansion ------------------------------------------------------------------------------
@@ -157,8 +170,12 @@ class Files:
 
 def warn_one_process(files: Files, why: str) -> None:
     """A URL source is packed by one process (``Source.parallel`` False): said once, with the reason."""
-    warnings.warn(f"fastload: {files.spec} is read by one pack process, not one per core: {why}. For a faster "
-                  f"pack, copy the files to a local disk and pack the copy", UserWarning, stacklevel=4)
+    warnings.warn(
+        f"fastload: {files.spec} is read by one pack process, not one per core: {why}. For a faster "
+        f"pack, copy the files to a local disk and pack the copy",
+        UserWarning,
+        stacklevel=4,
+    )
 
 
 def url_folder_files(spec: str, storage_options: dict | None) -> list[str]:
@@ -196,7 +213,7 @@ def check_one_split(spec: str, path: str, files: list[str], suffixes: tuple[str,
     naming a pattern that picks one."""
     splits: dict[str, str] = {}
     for f in files:
-        rel = os.path.relpath(f, path) if "://" not in f else f[len(path):].lstrip("/")
+        rel = os.path.relpath(f, path) if "://" not in f else f[len(path) :].lstrip("/")
         s = _split_of(rel)
         if s is not None:
             splits.setdefault(s, rel)
@@ -205,11 +222,13 @@ def check_one_split(spec: str, path: str, files: list[str], suffixes: tuple[str,
     split, example = next(iter(splits.items()))
     parts = example.replace("\\", "/").split("/")
     if split in (p.lower() for p in parts[:-1]):  # a split folder: name it
-        pick = "/".join([spec.rstrip("/")] + parts[:[p.lower() for p in parts].index(split) + 1])
+        pick = "/".join([spec.rstrip("/")] + parts[: [p.lower() for p in parts].index(split) + 1])
     else:
-        pick = "/".join([spec.rstrip("/")] + parts[:-1] + [f"{parts[-1][:len(split)]}*{suffixes[0]}"])
-    raise SourceError(f"the folder {spec} holds the splits {', '.join(sorted(splits))} ({len(files)} files), which "
-                      f"one dataset should not mix: name one split, e.g. '{pick}'")
+        pick = "/".join([spec.rstrip("/")] + parts[:-1] + [f"{parts[-1][: len(split)]}*{suffixes[0]}"])
+    raise SourceError(
+        f"the folder {spec} holds the splits {', '.join(sorted(splits))} ({len(files)} files), which "
+        f"one dataset should not mix: name one split, e.g. '{pick}'"
+    )
 
 
 def _strip_protocol(url: str) -> str:

@@ -24,12 +24,16 @@ INFER_SAMPLES = 8
 class DatasetSource(Source):
     def __init__(self, dataset: Any, schema: Mapping[str, Field] | None = None, infer_samples: int = INFER_SAMPLES):
         if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
-            raise SourceError(f"{type(dataset).__name__} is not a map-style dataset (it needs __len__ and "
-                              f"__getitem__); iterable datasets cannot be packed")
+            raise SourceError(
+                f"{type(dataset).__name__} is not a map-style dataset (it needs __len__ and "
+                f"__getitem__); iterable datasets cannot be packed"
+            )
         self.name = type(dataset).__name__
         if self.name.endswith("DatasetDict") and type(dataset).__module__.split(".")[0] == "datasets":
-            raise SourceError(f"a Hugging Face {self.name} holds splits ({', '.join(map(str, dataset))}), not samples: "
-                              f"pack one split, e.g. fastload.pack(ds['{next(iter(dataset), 'train')}'], ...)")
+            raise SourceError(
+                f"a Hugging Face {self.name} holds splits ({', '.join(map(str, dataset))}), not samples: "
+                f"pack one split, e.g. fastload.pack(ds['{next(iter(dataset), 'train')}'], ...)"
+            )
         n = len(dataset)
         if n == 0:
             raise SourceError(f"the source {self.name} has no samples (its len() is 0): nothing to pack")
@@ -80,6 +84,7 @@ class DatasetSource(Source):
 
 
 # -- Hugging Face datasets (duck-typed: fastload does not import ``datasets``) --------------------------------
+
 
 def _hf_features(dataset: Any) -> Mapping | None:
     """The ``features`` of a Hugging Face ``datasets.Dataset``, else None."""

@@ -34,14 +34,16 @@ class ImageFolderSource(Source):
         empty = []
         loops: list[str] = []
         seen = {_key(self.root): str(self.root)}  # each real folder once, across the classes: a link into another
-        for cls in classes:                       # class's folder is that class's, and a link to the root a loop
+        for cls in classes:  # class's folder is that class's, and a link to the root a loop
             seen.setdefault(_key(self.root / cls), str(self.root / cls))
         for idx, cls in enumerate(classes):
             before = len(self.samples)
             top = str(self.root / cls)
             if seen[_key(top)] != top:  # the class folder is a link to the root or to another class's folder
-                loops.append(f"the class folder {top} -> {os.readlink(top) if os.path.islink(top) else top} is "
-                             f"{seen[_key(top)]}, reached already")
+                loops.append(
+                    f"the class folder {top} -> {os.readlink(top) if os.path.islink(top) else top} is "
+                    f"{seen[_key(top)]}, reached already"
+                )
                 empty.append(cls)
                 continue
             for dirpath, files in _walk(self.root / cls, seen, loops):
@@ -53,18 +55,24 @@ class ImageFolderSource(Source):
         if loops:
             loops.sort(key=lambda m: "symlink loop" not in m)  # a loop first: the worst (it repeats files endlessly)
             more = f" (and {len(loops) - 1} more such link(s))" if len(loops) > 1 else ""
-            warnings.warn(f"a link in an ImageFolder leads to a folder reached already, under {self.root}: "
-                          f"{loops[0]}{more}; each file is packed once, under the first path that reaches it (a "
-                          f"folder reached again through a link is skipped)",
-                          UserWarning, stacklevel=2)
+            warnings.warn(
+                f"a link in an ImageFolder leads to a folder reached already, under {self.root}: "
+                f"{loops[0]}{more}; each file is packed once, under the first path that reaches it (a "
+                f"folder reached again through a link is skipped)",
+                UserWarning,
+                stacklevel=2,
+            )
         if not self.samples:
             raise SourceError(f"ImageFolder root {self.root} has no files with extensions {', '.join(exts)}")
         if empty:  # as torchvision's ImageFolder: a folder with no image is not a class (an earlier pack's output?)
-            shown = ", ".join(str(self.root / c) for c in empty[:5]) + (f" and {len(empty) - 5} more" if len(empty) > 5
-                                                                         else "")
-            raise SourceError(f"ImageFolder root {self.root}: class folder(s) {shown} hold no image (extensions "
-                              f"{', '.join(exts)}); torchvision's ImageFolder refuses them too. Remove or move them, "
-                              f"or add their images")
+            shown = ", ".join(str(self.root / c) for c in empty[:5]) + (
+                f" and {len(empty) - 5} more" if len(empty) > 5 else ""
+            )
+            raise SourceError(
+                f"ImageFolder root {self.root}: class folder(s) {shown} hold no image (extensions "
+                f"{', '.join(exts)}); torchvision's ImageFolder refuses them too. Remove or move them, "
+                f"or add their images"
+            )
         self.schema = Schema([Field.image("image"), Field.int("label")])
         self.metadata = {"source": "imagefolder", "classes": classes}
 

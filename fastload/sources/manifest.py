@@ -84,8 +84,13 @@ def _parse_float(v: str) -> float | None:
 class ManifestSource(Source):
     files_only = True
 
-    def __init__(self, manifest: str | os.PathLike, root: str | os.PathLike | None = None, path_column: str = "path",
-                 missing: Mapping[str, Any] | None = None):
+    def __init__(
+        self,
+        manifest: str | os.PathLike,
+        root: str | os.PathLike | None = None,
+        path_column: str = "path",
+        missing: Mapping[str, Any] | None = None,
+    ):
         """``missing``: column -> the value a blank (CSV) or null (JSONL) cell of that column stands for;
         without it such a cell stops the pack."""
         self.manifest = Path(manifest)
@@ -96,18 +101,24 @@ class ManifestSource(Source):
             raise SourceError(f"manifest {self.manifest} has no rows")
         columns = list(rows[0].keys())
         if path_column not in columns:
-            raise SourceError(f"manifest {self.manifest} has no '{path_column}' column (columns: {columns}); "
-                              f"name the path column with path_column= / --path-column")
+            raise SourceError(
+                f"manifest {self.manifest} has no '{path_column}' column (columns: {columns}); "
+                f"name the path column with path_column= / --path-column"
+            )
         unknown = sorted(set(self.missing) - set(columns) | ({path_column} & set(self.missing)))
         if unknown:
-            raise SourceError(f"missing= names {unknown}, not a value column of manifest {self.manifest} (value "
-                              f"columns: {[c for c in columns if c != path_column]})")
+            raise SourceError(
+                f"missing= names {unknown}, not a value column of manifest {self.manifest} (value "
+                f"columns: {[c for c in columns if c != path_column]})"
+            )
         for line, row in zip(self.lines, rows):
             if list(row.keys()) != columns:
                 got = [k for k in row if k is not None]
-                raise SourceError(f"manifest {self.manifest}, line {line}: columns {got}"
-                                  f"{' and values past the last column' if None in row else ''} differ from "
-                                  f"the first row's {columns}")
+                raise SourceError(
+                    f"manifest {self.manifest}, line {line}: columns {got}"
+                    f"{' and values past the last column' if None in row else ''} differ from "
+                    f"the first row's {columns}"
+                )
         self.paths = [str(r[path_column]) for r in rows]
         images = all(p.lower().endswith(IMG_EXTENSIONS) for p in self.paths)
         file_field = Field.image("image") if images else Field.bytes("data")
@@ -132,8 +143,14 @@ class ManifestSource(Source):
             vals = [token if _blank(v) else v for v in vals]
         for line, v in zip(self.lines, vals):
             if v is None or isinstance(v, (list, dict)):
-                what = (f"is missing (null or absent; declare what that means with missing={{'{name}': VALUE}}, "
-                        f"--missing {name}=VALUE)") if v is None else f"holds {v!r}, not a number or string"
+                what = (
+                    (
+                        f"is missing (null or absent; declare what that means with missing={{'{name}': VALUE}}, "
+                        f"--missing {name}=VALUE)"
+                    )
+                    if v is None
+                    else f"holds {v!r}, not a number or string"
+                )
                 raise SourceError(f"{where}, line {line}, column '{name}' {what}")
         if all(isinstance(v, str) for v in vals):  # CSV, or JSON strings
             return self._text_column(name, safe, vals)
@@ -144,8 +161,10 @@ class ManifestSource(Source):
         first = type(vals[0])
         line, odd = next((ln, v) for ln, v in zip(self.lines, vals) if not isinstance(v, first))
         kinds = sorted({type(v).__name__ for v in vals})
-        raise SourceError(f"{where}, column '{name}' mixes value types {kinds}: line {line} holds {odd!r}, line "
-                          f"{self.lines[0]} {vals[0]!r}")
+        raise SourceError(
+            f"{where}, column '{name}' mixes value types {kinds}: line {line} holds {odd!r}, line "
+            f"{self.lines[0]} {vals[0]!r}"
+        )
 
     def _text_column(self, name: str, safe: str, vals: list[str]) -> tuple[Field, list[Any]]:
         """int, float or str, never a type chosen because of one bad cell (see the module docstring)."""
@@ -158,18 +177,22 @@ class ManifestSource(Source):
         if filled and all(numbers):
             blank = next((ln for ln, v in zip(self.lines, vals) if not v.strip()), None)
             if blank is not None:
-                raise SourceError(f"{where}, line {blank}, column '{name}' is blank, in a column of numbers: fill "
-                                  f"it in, remove the line, or declare what a blank means with "
-                                  f"missing={{'{name}': VALUE}} (--missing {name}=VALUE); fastload does not guess one")
+                raise SourceError(
+                    f"{where}, line {blank}, column '{name}' is blank, in a column of numbers: fill "
+                    f"it in, remove the line, or declare what a blank means with "
+                    f"missing={{'{name}': VALUE}} (--missing {name}=VALUE); fastload does not guess one"
+                )
             ints = [_parse_int(v) for v in vals]
             if all(i is not None for i in ints):
                 return Field.int(safe), ints
             return Field.float(safe), [_parse_float(v) for v in vals]
         if sum(numbers) * 2 > len(numbers):
             line, bad = next(c for c, num in zip(filled, numbers) if not num)
-            raise SourceError(f"{where}, line {line}, column '{name}': {bad!r} is not a number, though "
-                              f"{sum(numbers)} of the column's {len(filled)} values are: fix the cell (a column is "
-                              f"text only when most of its values are)")
+            raise SourceError(
+                f"{where}, line {line}, column '{name}': {bad!r} is not a number, though "
+                f"{sum(numbers)} of the column's {len(filled)} values are: fix the cell (a column is "
+                f"text only when most of its values are)"
+            )
         return Field.str(safe), vals
 
     def __len__(self) -> int:

@@ -100,13 +100,17 @@ class ParquetSource(Source):
             if first is None:
                 first = schema
             elif not schema.remove_metadata().equals(first.remove_metadata()):
-                raise SourceError(f"Parquet file {self.files.name(path)} has columns {_describe(schema)}, but "
-                                  f"{self.files.name(self.files.paths[0])} has {_describe(first)}: a source's "
-                                  f"files must share their columns")
+                raise SourceError(
+                    f"Parquet file {self.files.name(path)} has columns {_describe(schema)}, but "
+                    f"{self.files.name(self.files.paths[0])} has {_describe(first)}: a source's "
+                    f"files must share their columns"
+                )
             elif _class_names(_hf_features(schema)) != _class_names(_hf_features(first)):
-                raise SourceError(f"Parquet file {self.files.name(path)} names its classes "
-                                  f"{_class_names(_hf_features(schema))}, but {self.files.name(self.files.paths[0])} "
-                                  f"{_class_names(_hf_features(first))}: one dataset has one list of class names")
+                raise SourceError(
+                    f"Parquet file {self.files.name(path)} names its classes "
+                    f"{_class_names(_hf_features(schema))}, but {self.files.name(self.files.paths[0])} "
+                    f"{_class_names(_hf_features(first))}: one dataset has one list of class names"
+                )
             within = 0
             for g in range(meta.num_row_groups):
                 rows = meta.row_group(g).num_rows
@@ -120,13 +124,14 @@ class ParquetSource(Source):
             raise SourceError(f"Parquet source {self.files.spec} has no rows")
         self.arrow_schema = first
         features = _hf_features(first)
-        self.columns = [self._column(name, first.field(name).type, features.get(name) or {})
-                        for name in first.names]
+        self.columns = [self._column(name, first.field(name).type, features.get(name) or {}) for name in first.names]
         names = [c.field.name for c in self.columns]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
-            raise SourceError(f"Parquet source {self.files.spec}: columns {[c.name for c in self.columns]} give "
-                              f"the same field name(s) {dup} once made Python identifiers")
+            raise SourceError(
+                f"Parquet source {self.files.spec}: columns {[c.name for c in self.columns]} give "
+                f"the same field name(s) {dup} once made Python identifiers"
+            )
         self.schema = Schema(c.field for c in self.columns)
         self.metadata = {"source": "parquet", "spec": self.files.spec}
         classes = _class_names(features)
@@ -168,9 +173,11 @@ class ParquetSource(Source):
                 shape = [d if isinstance(d, int) and d >= 0 else None for d in fixed]
             dtype = np.bool_ if pa.types.is_boolean(leaf) else leaf.to_pandas_dtype()
             return _Column(name, "list", Field.ndarray(safe, dtype, shape))
-        raise SourceError(f"Parquet source {self.files.spec}: column '{name}' is of type {t}, which fastload has "
-                          f"no field for (it stores images, bytes, strings, numbers and lists of numbers); "
-                          f"write the files without it, or convert it to one of those")
+        raise SourceError(
+            f"Parquet source {self.files.spec}: column '{name}' is of type {t}, which fastload has "
+            f"no field for (it stores images, bytes, strings, numbers and lists of numbers); "
+            f"write the files without it, or convert it to one of those"
+        )
 
     def _first_value(self, name: str, child: str | None = None) -> bytes | None:
         """The first non-null value of a binary column (or struct child), to tell pictures from other bytes."""
@@ -219,8 +226,7 @@ class ParquetSource(Source):
 
     def _null(self, c: _Column) -> str:
         what = "no image bytes" if c.field.kind == "image" else "no value"
-        return (f"column '{c.name}' is null ({what}); fastload does not guess a value: fill it in or "
-                f"remove the row")
+        return f"column '{c.name}' is null ({what}); fastload does not guess a value: fill it in or remove the row"
 
     # -- rows -----------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -265,8 +271,10 @@ class ParquetSource(Source):
                 try:
                     v = np.asarray(v, dtype=np.dtype(c.field.dtype))
                 except ValueError:
-                    raise ValueError(f"column '{c.name}' holds nested lists of different lengths (a ragged "
-                                     f"array), which an ndarray field cannot store") from None
+                    raise ValueError(
+                        f"column '{c.name}' holds nested lists of different lengths (a ragged "
+                        f"array), which an ndarray field cannot store"
+                    ) from None
             out.append(v)
         return out
 

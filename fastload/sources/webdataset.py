@@ -65,14 +65,17 @@ class WebDatasetSource(Source):
     def __init__(self, spec: str | os.PathLike, storage_options: dict | None = None):
         spec = os.fspath(spec)
         if spec.lower().endswith((".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar.zst")):
-            raise SourceError(f"WebDataset source {spec}: compressed shards cannot be read member by member; "
-                              f"decompress them to .tar first (gunzip, xz -d, zstd -d)")
+            raise SourceError(
+                f"WebDataset source {spec}: compressed shards cannot be read member by member; "
+                f"decompress them to .tar first (gunzip, xz -d, zstd -d)"
+            )
         self.files = Files(spec, SUFFIXES, "WebDataset", storage_options)
         self.root = self.files.spec
         self.parallel = not self.files.url
         if self.files.url:
-            warn_one_process(self.files, "each pack worker would download the blocks around its samples, most of "
-                                         "every shard")
+            warn_one_process(
+                self.files, "each pack worker would download the blocks around its samples, most of every shard"
+            )
         self.shard: list[int] = []  # per sample
         self.keys: list[str] = []
         self.members: dict[str, list[tuple[int, int]]] = {}  # extension -> (offset, size) per sample
@@ -86,8 +89,10 @@ class WebDatasetSource(Source):
             name = _field_name(ext)
             if name in [f.name for f in fields]:
                 other = next(e for e in self.members if _field_name(e) == name)
-                raise SourceError(f"WebDataset source {self.files.spec}: extensions '{other}' and '{ext}' both give "
-                                  f"the field name '{name}'")
+                raise SourceError(
+                    f"WebDataset source {self.files.spec}: extensions '{other}' and '{ext}' both give "
+                    f"the field name '{name}'"
+                )
             fields.append(self._field(ext, name))
         self.exts = list(self.members)
         # numpy, not lists of tuples: a pack worker forked from this process reads them without copying pages
@@ -113,28 +118,36 @@ class WebDatasetSource(Source):
                         if not m.isreg():
                             if m.isdir():
                                 continue
-                            raise SourceError(f"WebDataset shard {name}: member '{m.name}' is not a regular file "
-                                              f"(a link or device); shards hold files only")
+                            raise SourceError(
+                                f"WebDataset shard {name}: member '{m.name}' is not a regular file "
+                                f"(a link or device); shards hold files only"
+                            )
                         base = m.name.rsplit("/", 1)[-1]
                         if "/" not in m.name and base.startswith("__") and base.endswith("__"):
                             continue  # webdataset's metadata members
                         parts = split_key(m.name)
                         if parts is None:
-                            raise SourceError(f"WebDataset shard {name}: member '{m.name}' has no extension, so it "
-                                              f"belongs to no sample's field (members are named key.extension)")
+                            raise SourceError(
+                                f"WebDataset shard {name}: member '{m.name}' has no extension, so it "
+                                f"belongs to no sample's field (members are named key.extension)"
+                            )
                         mkey, ext = parts
                         if mkey != key:
                             if current is not None:
                                 self._add(k, name, key, current)
                             if mkey in seen:
-                                raise SourceError(f"WebDataset shard {name}: key '{mkey}' appears again after other "
-                                                  f"keys (member '{m.name}'); a sample's members must be "
-                                                  f"consecutive")
+                                raise SourceError(
+                                    f"WebDataset shard {name}: key '{mkey}' appears again after other "
+                                    f"keys (member '{m.name}'); a sample's members must be "
+                                    f"consecutive"
+                                )
                             seen.add(mkey)
                             key, current = mkey, {}
                         if ext in current:
-                            raise SourceError(f"WebDataset shard {name}, key '{key}': extension '{ext}' appears "
-                                              f"twice (member '{m.name}')")
+                            raise SourceError(
+                                f"WebDataset shard {name}, key '{key}': extension '{ext}' appears "
+                                f"twice (member '{m.name}')"
+                            )
                         current[ext] = (m.offset_data, m.size)
                         if ext == "npy":
                             self._npy_header(name, key, tf.extractfile(m))
@@ -148,8 +161,10 @@ class WebDatasetSource(Source):
                 raise SourceError(f"WebDataset shard {name} is corrupt or truncated{after}: {e}") from None
         if len(tail) < 512 or tail.count(0) != 512:
             after = f" after member '{last}'" if last else " at its start"
-            raise SourceError(f"WebDataset shard {name} is corrupt or truncated{after} (offset {end}): what follows "
-                              f"is neither a member header nor the end-of-archive marker")
+            raise SourceError(
+                f"WebDataset shard {name} is corrupt or truncated{after} (offset {end}): what follows "
+                f"is neither a member header nor the end-of-archive marker"
+            )
         if current is not None:
             self._add(k, name, key, current)
 
@@ -158,10 +173,12 @@ class WebDatasetSource(Source):
             missing = [e for e in self.members if e not in members]
             extra = [e for e in members if e not in self.members]
             if missing or extra:
-                what = (f"has no '{missing[0]}' member" if missing else f"has a '{extra[0]}' member")
+                what = f"has no '{missing[0]}' member" if missing else f"has a '{extra[0]}' member"
                 first = f"{self.files.name(self.files.paths[self.shard[0]])}, key '{self.keys[0]}'"
-                raise SourceError(f"WebDataset shard {name}, key '{key}' {what}, unlike the first sample ({first}: "
-                                  f"{', '.join(self.members)}); every sample needs the same fields")
+                raise SourceError(
+                    f"WebDataset shard {name}, key '{key}' {what}, unlike the first sample ({first}: "
+                    f"{', '.join(self.members)}); every sample needs the same fields"
+                )
         else:
             self.members = {e: [] for e in members}
         for e, at in members.items():
@@ -175,17 +192,20 @@ class WebDatasetSource(Source):
             read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
             shape, _, dtype = read(f)
         except (ValueError, OSError, EOFError) as e:
-            raise SourceError(f"WebDataset shard {name}, key '{key}': the .npy member is not a numpy file ({e})") \
-                from None
+            raise SourceError(
+                f"WebDataset shard {name}, key '{key}': the .npy member is not a numpy file ({e})"
+            ) from None
         seen = self.npy.get("npy")
         if seen is None:
             self.npy["npy"] = (dtype, list(shape), f"{name}, key '{key}'")
             return
         dt, dims, first = seen
         if dtype != dt or len(shape) != len(dims):
-            raise SourceError(f"WebDataset shard {name}, key '{key}': the .npy member is {dtype} of shape {shape}, "
-                              f"but the first ({first}) is {dt} with {len(dims)} dimensions; an ndarray field has "
-                              f"one dtype and one number of dimensions")
+            raise SourceError(
+                f"WebDataset shard {name}, key '{key}': the .npy member is {dtype} of shape {shape}, "
+                f"but the first ({first}) is {dt} with {len(dims)} dimensions; an ndarray field has "
+                f"one dtype and one number of dimensions"
+            )
         self.npy["npy"] = (dt, [d if d == s else None for d, s in zip(dims, shape)], first)
 
     def _field(self, ext: str, name: str) -> Field:
@@ -200,8 +220,9 @@ class WebDatasetSource(Source):
             try:
                 return Field.ndarray(name, dtype, shape)
             except SchemaError as e:
-                raise SourceError(f"WebDataset source {self.files.spec}: the .npy members ({first}) cannot be "
-                                  f"stored: {e}") from None
+                raise SourceError(
+                    f"WebDataset source {self.files.spec}: the .npy members ({first}) cannot be stored: {e}"
+                ) from None
         return Field.bytes(name)
 
     # -- samples --------------------------------------------------------------------------------
