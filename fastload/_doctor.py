@@ -368,7 +368,8 @@ def _report(s: _Session, measure_workers: bool, budget_s: float) -> Report:
             Finding(
                 "anomaly",
                 "autograd anomaly detection is on",
-                f"on during {s.anomaly_steps} of {max(s.steps - 1, 1)} steps (every backward records and checks each op)",
+                f"on during {s.anomaly_steps} of {max(s.steps - 1, 1)} steps "
+                "(every backward records and checks each op)",
                 s.anomaly_at or "torch.autograd.set_detect_anomaly(True) before the doctor ran",
                 "remove torch.autograd.set_detect_anomaly(True) / detect_anomaly() outside debugging",
             )

@@ -88,7 +88,8 @@ def warn_refused(reason: str, order: Any = None, stacklevel: int = 3, batched: b
     )
     warnings.warn(
         f"fastload.DataLoader is not on the fast path for this fastload.Dataset: {reason}. It takes the "
-        f"generic path: {speed}; {kept}. Silence with warnings.filterwarnings('ignore', category=fastload.FastPathWarning)",
+        f"generic path: {speed}; {kept}. Silence with "
+        "warnings.filterwarnings('ignore', category=fastload.FastPathWarning)",
         FastPathWarning,
         stacklevel=stacklevel,
     )

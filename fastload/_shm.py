@@ -14,12 +14,12 @@ layout's strides (e.g. channels_last). Everything else (str, bytes, objects, ten
 pickled as usual, so any picklable batch works. If the in-slot collate raises, torch's ``default_collate``
 runs instead, so errors are torch's own.
 
-Main side (``MappedSlot``, ``map_slot``, ``SlotUnpickler``; leases are ``_ring.Slot``). Ownership: a slot is the worker's
-until its result is sent, then the main process's. The main process rebuilds the batch as views of a
+Main side (``MappedSlot``, ``map_slot``, ``SlotUnpickler``; leases are ``_ring.Slot``). Ownership: a slot is the
+worker's until its result is sent, then the main process's. The main process rebuilds the batch as views of a
 per-batch ``torch.frombuffer`` over the slot (zero copy) and hands the slot back only once that storage's
-use count is back to baseline (the slot ring's rule 1): no tensor, view or numpy array of the batch is alive. A worker with no free
-slot maps another (holding batches never blocks nor aliases; memory then grows like torch's per-batch
-shared memory); a slot coming back to a worker that already owns ``prefetch_factor + 1`` is unmapped. A
+use count is back to baseline (the slot ring's rule 1): no tensor, view or numpy array of the batch is alive. A
+worker with no free slot maps another (holding batches never blocks nor aliases; memory then grows like torch's
+per-batch shared memory); a slot coming back to a worker that already owns ``prefetch_factor + 1`` is unmapped. A
 mapping goes with its last view, so batches stay valid after the iterator, loader and workers are gone.
 """
 

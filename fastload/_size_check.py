@@ -1,10 +1,11 @@
-"""``fastload.open``'s check of a dataset's stored image sizes against its image pipeline (``ImagePipeline.check_sizes``):
-every sample planned once as a batch would plan it, in chunks, each crop-plan step recording what it cannot plan
-(``_State.refuse``) instead of raising at the first, and each augmentation with a ``tile_refusal`` (GaussianBlur)
-asked about the output tile. Only sizes are tracked: a ``RandomResizedCrop`` (which takes any image) and a padded
-window (only flips follow it) set the size without drawing boxes or index maps, a ``RandomResize`` plans its
-``min_size`` (the worst case for every later step); other random draws never decide whether a sample plans.
-So a sample no batch could take is refused at open, counted and named, not met at whichever batch holds it.
+"""``fastload.open``'s check of a dataset's stored image sizes against its image pipeline
+(``ImagePipeline.check_sizes``): every sample planned once as a batch would plan it, in chunks, each crop-plan step
+recording what it cannot plan (``_State.refuse``) instead of raising at the first, and each augmentation with a
+``tile_refusal`` (GaussianBlur) asked about the output tile. Only sizes are tracked: a ``RandomResizedCrop`` (which
+takes any image) and a padded window (only flips follow it) set the size without drawing boxes or index maps, a
+``RandomResize`` plans its ``min_size`` (the worst case for every later step); other random draws never decide
+whether a sample plans. So a sample no batch could take is refused at open, counted and named, not met at whichever
+batch holds it.
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ drop-in for that one call::
 
 Each fastload loader on the fast path is set up for the accelerator's process (rank = ``process_index``,
 world size = ``num_processes``: disjoint, equally long shards, like ``DistributedSampler``; batches
-placed on ``accelerator.device`` when that is a GPU, with the decoder chosen for it), marked as prepared and registered with the
-accelerator, so ``accelerator.save_state`` / ``load_state`` save and restore its exact position (a
+placed on ``accelerator.device`` when that is a GPU, with the decoder chosen for it), marked as prepared and registered
+with the accelerator, so ``accelerator.save_state`` / ``load_state`` save and restore its exact position (a
 mid-epoch ``load_state`` resumes at the next batch). Everything else goes to ``accelerator.prepare``.
 
 Not covered (these fall back to ``accelerator.prepare`` with a ``FastPathWarning``): ``split_batches``

@@ -583,7 +583,8 @@ class _State:
 
 def _flatten(transforms: Any) -> list[Any]:
     """The pipeline's transforms in order: fastload's own, torchvision and timm objects converted to fastload's
-    (``_augment/torchvision_convert.py``, ``timm_convert.py``), and any other callable as a ``UserTransform`` (run per sample)."""
+    (``_augment/torchvision_convert.py``, ``timm_convert.py``), and any other callable as a ``UserTransform`` (run per
+    sample)."""
     if isinstance(transforms, ImagePipeline):
         return (
             list(transforms.transforms)

@@ -11,27 +11,33 @@ reference engine on its natively decoded tile. ``RandomCrop`` with padding (``ra
 
 One file per concern:
 
-| file | role |
-|---|---|
-| ``plan.py`` | the plan (geometry + ordered columnar pixel steps), the op registry, the builder, ``plan_batch`` |
-| ``ops.py`` | the one list of the modules that define pixel operations: the registry complete, as the engines read it |
-| ``color.py`` | brightness, contrast, saturation, hue, grayscale: ColorJitter, Grayscale, RandomGrayscale |
-| ``tone.py`` | solarize, posterize, equalize, autocontrast, invert, sharpness and their Random* transforms |
-| ``filters.py`` | gaussian blur and erasing: GaussianBlur, RandomErasing |
-| ``geometry.py`` | flips and affine matrices (torchvision's inverse-affine formula): RandomHorizontalFlip, RandomVerticalFlip, RandomRotation, RandomAffine |
-| ``policies.py`` | TrivialAugmentWide, RandAugment, AutoAugment (ImageNet policy), ThreeAugment (DeiT III) |
-| ``combinators.py`` | RandomApply, RandomChoice, RandomOrder |
-| ``engine_pil.py`` / ``engine_torch.py`` | the two engines (images; masks follow the geometry only) |
-| ``engine_native.py`` | the plan as the native arrays (``_C.decode_augment_batch`` in the decoder, ``_C.augment_tiles`` on tiles); operation ids by name from ``_C.AUGMENT_OPS``, checked against ``ops.py`` at import |
-| ``masks.py`` | a mask field moved with its image's plan: the PIL reference (``ds[i]``) and the native batch call (csrc/mask.cc), handed to ``fields/mask.py`` |
-| ``pipeline.py`` | the augmentations in ``fastload.open(transforms=...)``: split from the crops, planned per batch, ``ds[i]``'s reference |
-| ``random_crop.py`` / ``padding.py`` | RandomCrop (a crop-plan transform) and its padded windows: index maps, assembly |
-| ``random_resize.py`` / ``pad_if_smaller.py`` | RandomResize and PadIfSmaller (torchvision's segmentation preset; crop-plan transforms) |
-| ``type_fill.py`` | a fill per kind (``{"image": 0, "mask": 255}``) for RandomCrop, PadIfSmaller, RandomRotation, RandomAffine |
-| ``mix.py`` | batch transforms MixUp, CutMix (and a random choice of them) |
-| ``fallback.py`` / ``fallback_workers.py`` | transforms fastload does not know, run per sample on the decoded rows (in forked workers over shared-memory staging rows, or in the calling thread) |
-| ``torchvision_convert.py`` | torchvision transform objects rebuilt as fastload's from their public attributes |
-| ``timm_convert.py`` | timm transform objects rebuilt the same way (its policies, and erasing with noise, run per sample) |
+- ``plan.py``: the plan (geometry + ordered columnar pixel steps), the op registry, the builder, ``plan_batch``
+- ``ops.py``: the one list of the modules that define pixel operations: the registry complete, as the engines read it
+- ``color.py``: brightness, contrast, saturation, hue, grayscale: ColorJitter, Grayscale, RandomGrayscale
+- ``tone.py``: solarize, posterize, equalize, autocontrast, invert, sharpness and their Random* transforms
+- ``filters.py``: gaussian blur and erasing: GaussianBlur, RandomErasing
+- ``geometry.py``: flips and affine matrices (torchvision's inverse-affine formula): RandomHorizontalFlip,
+  RandomVerticalFlip, RandomRotation, RandomAffine
+- ``policies.py``: TrivialAugmentWide, RandAugment, AutoAugment (ImageNet policy), ThreeAugment (DeiT III)
+- ``combinators.py``: RandomApply, RandomChoice, RandomOrder
+- ``engine_pil.py`` / ``engine_torch.py``: the two engines (images; masks follow the geometry only)
+- ``engine_native.py``: the plan as the native arrays (``_C.decode_augment_batch`` in the decoder, ``_C.augment_tiles``
+  on tiles); operation ids by name from ``_C.AUGMENT_OPS``, checked against ``ops.py`` at import
+- ``masks.py``: a mask field moved with its image's plan: the PIL reference (``ds[i]``) and the native batch call
+  (csrc/mask.cc), handed to ``fields/mask.py``
+- ``pipeline.py``: the augmentations in ``fastload.open(transforms=...)``: split from the crops, planned per batch,
+  ``ds[i]``'s reference
+- ``random_crop.py`` / ``padding.py``: RandomCrop (a crop-plan transform) and its padded windows: index maps, assembly
+- ``random_resize.py`` / ``pad_if_smaller.py``: RandomResize and PadIfSmaller (torchvision's segmentation preset;
+  crop-plan transforms)
+- ``type_fill.py``: a fill per kind (``{"image": 0, "mask": 255}``) for RandomCrop, PadIfSmaller, RandomRotation,
+  RandomAffine
+- ``mix.py``: batch transforms MixUp, CutMix (and a random choice of them)
+- ``fallback.py`` / ``fallback_workers.py``: transforms fastload does not know, run per sample on the decoded rows (in
+  forked workers over shared-memory staging rows, or in the calling thread)
+- ``torchvision_convert.py``: torchvision transform objects rebuilt as fastload's from their public attributes
+- ``timm_convert.py``: timm transform objects rebuilt the same way (its policies, and erasing with noise,
+  run per sample)
 
 Not wired: ``Grayscale(num_output_channels=1)`` in a loader (rows are RGB). The batched torch engine runs on the
 GPU decoders' rows (``decoders/_staging.py`` ``augment_queued``); MixUp/CutMix on the collated batch (the Collate

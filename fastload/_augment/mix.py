@@ -199,7 +199,8 @@ class BatchMix:
         self.num_classes = _members_num_classes(transform)
 
     def plan(self, batch: Any, rng: np.random.Generator) -> MixPlan:
-        """The plan for ``batch`` (host tensors, before any copy), RandomChoice's pick included; checks the labels here, on the host, where no device would have to sync for it."""
+        """The plan for ``batch`` (host tensors, before any copy), RandomChoice's pick included; checks the labels
+        here, on the host, where no device would have to sync for it."""
         images, labels = batch[self.image_key], batch[self.label_key]
         if labels.numel():
             lo, hi = int(labels.min()), int(labels.max())

@@ -4,9 +4,10 @@ A GPU machine has both a hardware/GPU JPEG decoder and many CPU cores; a loader 
 them leaves the other idle. :class:`HybridDecoder` is one decoder (``decode(sources, plan, out)``,
 ``_base.py``) made of two: :class:`HybridSplit` cuts each batch in two, the first ``k`` samples go to
 the native decoder (libjpeg-turbo threads, GIL released) in a helper thread, into pinned host rows that
-are then copied into ``out``, the other ``n - k`` to the GPU decoder in the calling thread, at the same time. Both halves are timed while they run side by side,
-and ``k`` follows the ratio of the measured rates (smoothed), so both finish together: the batch takes
-about ``n / (cpu_rate + gpu_rate)``. Each side keeps at least one sample so its rate stays measured.
+are then copied into ``out``, the other ``n - k`` to the GPU decoder in the calling thread, at the same time. Both
+halves are timed while they run side by side, and ``k`` follows the ratio of the measured rates (smoothed), so both
+finish together: the batch takes about ``n / (cpu_rate + gpu_rate)``. Each side keeps at least one sample so its rate
+stays measured.
 
 The GPU half is timed on the device: its work is queued and handed on with an event (nothing waits for it
 on the host), so the time its call takes in this thread is how fast work is queued, not decoded (a slow GPU

@@ -4,8 +4,8 @@ field's entry made by its kind's part, ``fields/``).
 Images come out NCHW in channels_last memory (the decoder's layout, at no cost); ToDtype/Normalize run
 here on the CPU into a small ring of reused output buffers, unless a device prefetcher runs them on the
 device (``tensor_transforms=False``). MixUp/CutMix (``batch_transforms``) run here too on the CPU, fused into
-the images' native ToDtype/Normalize pass (``Collator.collate_mixed``); ``contiguous`` lists the image entries to copy into torch's
-default layout (``memory_format=torch.contiguous_format``). ``Collator`` is also what ``ds.__getitems__``
+the images' native ToDtype/Normalize pass (``Collator.collate_mixed``); ``contiguous`` lists the image entries to copy
+into torch's default layout (``memory_format=torch.contiguous_format``). ``Collator`` is also what ``ds.__getitems__``
 uses (``_getitems.py``); the batcher, which the chain drives, knows none of this.
 """
 
@@ -106,8 +106,8 @@ class Collator:
         images' native uint8 -> float32 ToDtype/Normalize pass, reading each sample and its neighbour from the
         slot: a pass of its own over the float batch (38 MB at 64x3x224x224) cost about as much as the
         conversion itself (the soft labels: ``mix.mix_labels``, in numpy). Elsewhere (float16/bfloat16, ...)
-        the mix runs after the pipeline into reused buffers (``mix_output``); CutMix on uint8 images pastes the boxes in the slot itself (a batch's slot is only
-        refilled once nothing views it, and nothing has viewed it yet)."""
+        the mix runs after the pipeline into reused buffers (``mix_output``); CutMix on uint8 images pastes the boxes in
+        the slot itself (a batch's slot is only refilled once nothing views it, and nothing has viewed it yet)."""
         mix, pipeline = self.mix, self._mix_pipeline
         batch = self.collate(slot, n, objects, True, raw=mix.image)
         plan = mix.plan(batch, slot.batch_rng)

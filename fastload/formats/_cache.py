@@ -15,8 +15,9 @@ Protocol (``flock`` on the lock file; the kernel drops a dead process's locks, S
 * a user of a shard holds a *shared* use lock on it for as long as it reads it (while it is mapped,
   or pinned by a read plan), taken before it even looks for the file;
 * a downloader also holds the *exclusive* download lock: it writes ``.part``, checks size and XXH3-64
-  against the manifest, and renames; the others wait for that lock, then find the file. Only a verified file ever has the final name, so a process killed
-  mid-download leaves a ``.part`` that nothing takes for complete (removed by the next eviction scan);
+  against the manifest, and renames; the others wait for that lock, then find the file. Only a verified file ever has
+  the final name, so a process killed mid-download leaves a ``.part`` that nothing takes for complete (removed by the
+  next eviction scan);
 * the evictor removes least-recently-used complete files (mtime, touched on every use) while the
   cache is over its limit, taking each one's use lock exclusively without waiting: a shard anyone uses
   is never removed.

@@ -4,8 +4,8 @@ Paths are relative to ``root`` (default: the manifest's directory). Files with a
 become an ``image`` field named ``image``; other files a ``bytes`` field named ``data``. Other
 columns become ``int``, ``float`` or ``str`` fields: a CSV column is ``int`` when every value is an integer
 as a CSV writes one, else ``float`` when every value is a number, else ``str``. Zero-padded integers ("007")
-make a column of ids text, kept as written; "1_000", "+5" are not numbers (Python's int() would read them). A column is never
-quietly turned into text by a bad cell: a blank cell among numbers, or a value that is not a number in
+make a column of ids text, kept as written; "1_000", "+5" are not numbers (Python's int() would read them). A column is
+never quietly turned into text by a bad cell: a blank cell among numbers, or a value that is not a number in
 a column whose values mostly are, stops the pack naming its line and column.
 
 Rows are named by their line in the file, counted from 1 as an editor does: in a CSV the header is
