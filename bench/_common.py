@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import csv
 import os
+import shlex
 import statistics
 import sys
 import time
@@ -157,8 +158,8 @@ def heading(title: str) -> str:
 
 
 def command() -> str:
-    """This run's command line as the report quotes it, to run again."""
-    return f"python bench/{Path(sys.argv[0]).name} {' '.join(sys.argv[1:])}".strip()
+    """This run's command line as the report quotes it, to run again (arguments shell-quoted)."""
+    return f"python bench/{Path(sys.argv[0]).name} {shlex.join(sys.argv[1:])}".strip()
 
 
 def publish(lines: list[str], out: Path | None) -> str:
