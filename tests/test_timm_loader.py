@@ -75,7 +75,11 @@ def timm(monkeypatch, tmp_path):
         return tvs.Compose([tvs.Resize(int(size / (crop_pct or 0.875))), tvs.CenterCrop(size), *tail])
 
     pkg, data = types.ModuleType("timm"), types.ModuleType("timm.data")
-    data.create_transform, data.ImageDataset, data.FastCollateMixup = create_transform, tvs.ImageDataset, FastCollateMixup
+    data.create_transform, data.ImageDataset, data.FastCollateMixup = (
+        create_transform,
+        tvs.ImageDataset,
+        FastCollateMixup,
+    )
     sampler, erasing = types.ModuleType("timm.data.distributed_sampler"), types.ModuleType("timm.data.random_erasing")
     sampler.OrderedDistributedSampler, sampler.RepeatAugSampler = OrderedDistributedSampler, RepeatAugSampler
     erasing.RandomErasing = RandomErasing
