@@ -75,6 +75,36 @@ def _adapt_to_chs(x: Any, n: int, name: str) -> tuple:
     return tuple(float(v) for v in x)
 
 
+def _with_fallback(dataset: Any) -> Any:
+    """timm's folder dataset whose transform does not convert whole (timm's RandAugment, the DeiT recipe) as the
+    fastload.Dataset over its pack, those transforms run per sample (warned once by the pipeline), where
+    ``fastload.DataLoader`` given the folder dataset keeps torch's path; else ``dataset`` as given (the loader
+    takes the fast path itself, or says why not)."""
+    from ._errors import FastPathWarning
+    from .fields import NotFastPath
+    from ._tvfolder import folder_dataset, kind_of
+    from .transforms import ImagePipeline
+
+    if kind_of(dataset) is None:
+        return dataset
+    try:
+        if not ImagePipeline(dataset.transform).fallback:
+            return dataset
+        packed = folder_dataset(dataset, fallback=True)
+    except (NotFastPath, ValueError, TypeError):
+        return dataset  # fastload.DataLoader says why, as for any folder dataset
+    slow = "; ".join(f"{u.name} ({u.reason})" for u in packed.pipelines["image"].fallback)
+    warnings.warn(
+        f"fastload.timm.create_loader: {type(dataset).__name__} ({len(dataset)} samples) takes the fast path "
+        f"over its pack in {packed.path}, in its order and with its labels; what does not convert runs per "
+        f"sample: {slow}. The loader's dataset is that fastload.Dataset (the prefetching loader's .dataset "
+        f"stays yours)",
+        FastPathWarning,
+        stacklevel=3,
+    )
+    return packed
+
+
 class PrefetchLoader:
     """timm's ``PrefetchLoader`` over a :class:`fastload.DataLoader`: each ``(uint8 images, targets)`` batch
     moved to ``device`` (fastload's loader copies it there itself on CUDA), cast to ``img_dtype`` and normalized
@@ -91,12 +121,14 @@ class PrefetchLoader:
         img_dtype: torch.dtype,
         random_erasing: Any = None,
         mixup: Optional[TimmMixup] = None,
+        dataset: Any = None,
     ) -> None:
         shape = (1, channels, 1, 1)
         self.loader, self.device, self.img_dtype = loader, device, img_dtype
         self.mean = torch.tensor([m * 255 for m in mean], device=device, dtype=img_dtype).view(shape)
         self.std = torch.tensor([s * 255 for s in std], device=device, dtype=img_dtype).view(shape)
         self.random_erasing, self.mixup = random_erasing, mixup
+        self._dataset = dataset  # timm's dataset, where the loader reads its pack
 
     def __iter__(self):
         for x, y in self.loader:
@@ -128,7 +160,7 @@ class PrefetchLoader:
 
     @property
     def dataset(self) -> Any:
-        return self.loader.dataset
+        return self._dataset if self._dataset is not None else self.loader.dataset
 
     @property
     def mixup_enabled(self) -> bool:
@@ -287,7 +319,7 @@ def create_loader(
 
     device = torch.device(device)
     loader = DataLoader(
-        dataset,
+        _with_fallback(dataset),
         batch_size=batch_size,
         shuffle=not iterable and sampler is None and is_training,
         sampler=sampler,
@@ -324,4 +356,5 @@ def create_loader(
         dtype,
         erasing,
         mixup,
+        dataset,
     )

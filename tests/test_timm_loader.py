@@ -17,6 +17,7 @@ import warnings
 
 import pytest
 import torch
+from PIL import ImageOps
 
 import fastload
 import fastload.timm as ft
@@ -62,6 +63,16 @@ class RepeatAugSampler(OrderedDistributedSampler):
         self.num_repeats = num_repeats
 
 
+class Invert:
+    """Stands for timm's policies (timm.data.auto_augment), which take PIL images only and have no native
+    equivalent: inverts the image (PIL's ImageOps, an AttributeError on a tensor, as timm's ``img.transform``)."""
+
+    __module__ = "timm.data.auto_augment"
+
+    def __call__(self, img):
+        return ImageOps.invert(img)
+
+
 @pytest.fixture
 def timm(monkeypatch, tmp_path):
     """The stand-in timm (``calls``: create_transform's arguments) and a folder of JPEGs."""
@@ -72,7 +83,8 @@ def timm(monkeypatch, tmp_path):
         calls.append(dict(input_size=input_size, use_prefetcher=use_prefetcher, crop_pct=crop_pct, **kw))
         size = input_size if isinstance(input_size, int) else input_size[-1]
         tail = [tvs.PILToTensor()] if use_prefetcher else [tvs.ToTensor(), tvs.Normalize(mean, std)]
-        return tvs.Compose([tvs.Resize(int(size / (crop_pct or 0.875))), tvs.CenterCrop(size), *tail])
+        policy = [Invert()] if kw.get("auto_augment") == "invert" else []
+        return tvs.Compose([tvs.Resize(int(size / (crop_pct or 0.875))), tvs.CenterCrop(size), *policy, *tail])
 
     pkg, data = types.ModuleType("timm"), types.ModuleType("timm.data")
     data.create_transform, data.ImageDataset, data.FastCollateMixup = (
@@ -186,3 +198,13 @@ def test_without_timm_the_error_says_how_to_install_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "timm.data", None)
     with pytest.raises(ImportError, match="pip install timm"):
         ft.create_loader(object(), 32, 4)
+
+
+def test_a_transform_that_does_not_convert_runs_per_sample_on_the_fast_path(timm):
+    """timm's policies (the DeiT recipe's RandAugment) run per sample on the pack's decoded images, where
+    fastload.DataLoader given the folder dataset would keep torch's path; the batches are timm's."""
+    loader, said = create(timm, auto_augment="invert")
+    assert fast(loader) and any("runs per sample" in s and "Invert" in s for s in said), said
+    assert isinstance(loader.dataset, tvs.ImageDataset)  # the prefetching loader's dataset stays timm's
+    _, said = quietly(assert_same_batches, loader, reference(timm, auto_augment="invert"))
+    assert any("run per sample" in s for s in said), said  # the pipeline's own note, with the cost

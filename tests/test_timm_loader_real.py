@@ -117,3 +117,21 @@ def test_a_custom_collate_is_said_not_dropped(root):
     x, _ = next(iter(ours))
     rx, _ = next(iter(theirs))
     assert np.allclose(x.numpy(), rx.numpy())
+
+
+def test_the_migration_guides_timm_diff_runs(tmp_path, monkeypatch):
+    """docs/guide/migrating.md's "Migrating a timm script" (marked network there: CI has no timm), run here on a
+    two-class folder; on a machine without CUDA with device="cpu", and one batch instead of the loop's body."""
+    from test_docs import ROOT, blocks, diff_after
+
+    page = ROOT / "docs" / "guide" / "migrating.md"
+    (block,) = [b for b in blocks(page) if b.lang == "diff" and "fastload.timm" in b.body]
+    script = diff_after(block.body).replace("     ...", "     assert images.shape == (64, 3, 224, 224); break")
+    if not torch.cuda.is_available():
+        script = script.replace('torch.device("cuda")', 'torch.device("cpu")')
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("FASTLOAD_CACHE_DIR", str(tmp_path / "cache"))
+    make_image_folder(tmp_path / "data" / "train", classes=2, per_class=40)
+    ns: dict = {}
+    _, said = quietly(exec, compile(script, str(page), "exec"), ns)
+    assert ns["loader"].loader.fast_path_reason is None and ns["targets"].shape == (64, 2), said
