@@ -299,6 +299,8 @@ def create_loader(
     dataset.transform = td.create_transform(input_size, **transform_kwargs)
 
     iterable = isinstance(dataset, torch.utils.data.IterableDataset)
+    if iterable and hasattr(dataset, "set_loader_cfg"):  # timm's IterableImageDataset sizes its shards by workers
+        dataset.set_loader_cfg(num_workers=num_workers)
     sampler = None
     if distributed and not iterable:
         from timm.data.distributed_sampler import OrderedDistributedSampler, RepeatAugSampler
