@@ -105,8 +105,9 @@ def _timm_samples(dataset: Any) -> tuple[list, list]:
     return [(str(p), int(t)) for p, t in reader.samples], [c for c, _ in by_index]
 
 
-def _check_transforms(dataset: Any) -> Any:
-    """The dataset's transform, when the fast path can run it with torchvision's meaning; else NotFastPath."""
+def _check_transforms(dataset: Any, fallback: bool = False) -> Any:
+    """The dataset's transform, when the fast path can run it with torchvision's meaning; else NotFastPath.
+    ``fallback``: transforms fastload does not convert may run per sample (``fastload.timm.create_loader``)."""
     target_transform = getattr(dataset, "target_transform", None)
     if target_transform is not None:
         raise NotFastPath(
@@ -116,7 +117,7 @@ def _check_transforms(dataset: Any) -> Any:
     t = getattr(dataset, "transform", None)
     if t is None:
         raise NotFastPath("transform=None: torchvision then gives PIL images, which the fast path does not make")
-    _check_pipeline(t)  # before packing: a transform that cannot run natively packs nothing
+    _check_pipeline(t, fallback)  # before packing: a transform that cannot run natively packs nothing
     members, stack = [], [t]
     while stack:  # a Compose's members, nested ones too
         m = stack.pop()
@@ -167,16 +168,17 @@ def _variant(root: Any, samples: list) -> str | None:
     return h.hexdigest()
 
 
-def folder_dataset(dataset: Any, cache_dir: Any = None) -> Any:
+def folder_dataset(dataset: Any, cache_dir: Any = None, fallback: bool = False) -> Any:
     """``dataset`` (a torchvision DatasetFolder or timm ImageDataset, see :func:`kind_of`) as a fastload.Dataset
     over its cached pack, its transform converted; ``NotFastPath`` with the reason when that cannot give what
-    ``dataset[i]`` gives."""
+    ``dataset[i]`` gives. ``fallback``: the transforms fastload does not convert run per sample, as in
+    ``fastload.open`` (warned there), instead of refusing the fast path."""
     kind = kind_of(dataset)
     if kind is None:
         raise NotFastPath(f"{type(dataset).__name__} is not a torchvision DatasetFolder or timm ImageDataset")
     _check_item_methods(dataset, kind)
     samples, classes = _torchvision_samples(dataset) if kind == "torchvision" else _timm_samples(dataset)
-    transform = _check_transforms(dataset)
+    transform = _check_transforms(dataset, fallback)
     if not samples:
         raise NotFastPath("it has no samples")
     root = getattr(dataset, "root", None) or getattr(getattr(dataset, "reader", None), "root", None)  # timm's: reader's
@@ -198,15 +200,16 @@ def folder_dataset(dataset: Any, cache_dir: Any = None) -> Any:
     return leased(packed, lease)
 
 
-def _check_pipeline(transform: Any) -> None:
-    """NotFastPath unless ``transform`` converts whole to fastload's native pipeline (no per-sample fallback)."""
+def _check_pipeline(transform: Any, fallback: bool = False) -> None:
+    """NotFastPath unless ``transform`` converts whole to fastload's native pipeline (no per-sample fallback, unless
+    ``fallback``)."""
     from .transforms import ImagePipeline
 
     try:
         pipe = ImagePipeline(transform)
     except (ValueError, TypeError) as e:
         raise NotFastPath(f"its transform cannot run natively: {e}") from None
-    if pipe.fallback:
+    if pipe.fallback and not fallback:
         raise NotFastPath(
             "its transform is not converted whole: "
             + "; ".join(f"{u.name} ({u.reason or 'a callable fastload does not know'})" for u in pipe.fallback)

@@ -38,6 +38,8 @@ One file per concern:
 - ``torchvision_convert.py``: torchvision transform objects rebuilt as fastload's from their public attributes
 - ``timm_convert.py``: timm transform objects rebuilt the same way (its policies, and erasing with noise,
   run per sample)
+- ``timm_mix.py``: timm's ``Mixup`` / ``FastCollateMixup`` run as timm's own object on the loader's normalized
+  batch (no exact native equivalent)
 
 Not wired: ``Grayscale(num_output_channels=1)`` in a loader (rows are RGB). The batched torch engine runs on the
 GPU decoders' rows (``decoders/_staging.py`` ``augment_queued``); MixUp/CutMix on the collated batch (the Collate

@@ -266,6 +266,13 @@ def resolve_batch(spec: Any, schema: Any, pipelines: dict, as_dict: bool) -> Bat
     chooses = not isinstance(spec, _MixBase) and hasattr(spec, "plan_batch") and hasattr(spec, "transforms")
     members = list(spec.transforms) if chooses else [spec]
     bad = [m for m in members if not isinstance(m, _MixBase)]
+    if bad and type(bad[0]).__module__ == "timm.data.mixup":
+        raise TypeError(
+            f"batch_transforms: timm's {type(bad[0]).__name__} has no exact fastload equivalent (it pairs the "
+            f"batch flipped, draws its own box, smooths the labels, and draws from numpy's global generator; "
+            f"timm_mix.py says more): call it on the loader's batch as timm's train.py does "
+            f"(x, y = mixup_fn(x, y)), or build the loader with fastload.timm.create_loader(collate_fn=...)"
+        )
     if bad:
         raise TypeError(
             f"batch_transforms: {bad[0]!r} is not a batch transform; fastload runs MixUp, CutMix and "
