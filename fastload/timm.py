@@ -320,7 +320,7 @@ def create_loader(
         )
 
     device = torch.device(device)
-    loader = DataLoader(
+    loader: DataLoader = DataLoader(
         _with_fallback(dataset),
         batch_size=batch_size,
         shuffle=not iterable and sampler is None and is_training,

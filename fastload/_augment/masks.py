@@ -15,7 +15,6 @@ from typing import Any
 import numpy as np
 
 from .._native import native
-from .engine_pil import run_pil_mask
 from .plan import AugmentPlan, PlanBuilder
 from .type_fill import MASK_FILL
 
@@ -32,6 +31,8 @@ def geometry_of(plan: Any) -> AugmentPlan:
 def move_mask(mask: np.ndarray, geometry: AugmentPlan, k: int, fill: int | None = None) -> np.ndarray:
     """Sample ``k``'s mask (the source's size, which its image has: the caller checks) moved by the plan
     ``geometry`` (``geometry_of``). ``fill`` None: each transform's mask fill, from the plan."""
+    from .engine_pil import run_pil_mask  # PIL only when a mask is moved: fastload imports without PIL
+
     return run_pil_mask(mask, geometry, k, fill=fill, source=True)
 
 
