@@ -62,6 +62,7 @@ from typing import Any
 
 import numpy as np
 
+from .._draws import BatchDraws
 from .stage import Stage
 
 
@@ -302,10 +303,11 @@ class Order:
         return (idx[i * b : (i + 1) * b] for i in range(start, self._num_batches))
 
     def batch_rng(self, epoch: int, batch_index: int) -> np.random.Generator:
-        """A generator for augmentation of one batch, keyed by (seed, epoch, rank, batch_index)."""
+        """A generator for the batch transforms of one batch, keyed by (seed, epoch, rank, batch_index); its
+        per-sample draws (``_draws.py``), for everything else, are keyed by (seed, epoch, sample index)."""
         e = as_int("epoch", epoch, 0)
         i = as_int("batch_index", batch_index, 0)
-        return np.random.default_rng(seed_key(BATCH_STREAM, self.seed, e, self.batch_rank, i))
+        return BatchDraws(seed_key(BATCH_STREAM, self.seed, e, self.batch_rank, i), self.seed, e)
 
     # -- resume ------------------------------------------------------------------------------
     @property
