@@ -33,7 +33,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .._draws import at  # noqa: F401  (the ops' one import for drawing for a subset of a batch)
+from .._draws import SampleDraws, at  # noqa: F401  (at: the ops' one import for drawing for a subset of a batch)
 
 __all__ = ["OPS", "Augment", "AugmentPlan", "Geometry", "OpDef", "PlanBuilder", "Step", "define_op", "plan_batch"]
 
@@ -296,8 +296,10 @@ class Augment:
 
 def plan_batch(transforms: Sequence[Augment], out_hw: Any, rng: np.random.Generator, crops: Any = None) -> AugmentPlan:
     """Plan ``transforms`` (in order) for a batch whose tiles are ``out_hw`` (n, 2), drawing only from ``rng``."""
-    if not isinstance(rng, np.random.Generator):
-        raise TypeError(f"rng must be a numpy.random.Generator (the batch's generator), got {type(rng).__name__}")
+    if not isinstance(rng, (np.random.Generator, SampleDraws)):
+        raise TypeError(
+            f"rng must be a numpy.random.Generator or the loader's per-sample draws, got {type(rng).__name__}"
+        )
     b = PlanBuilder(out_hw, crops)
     everyone = np.arange(b.n)
     for t in transforms:
