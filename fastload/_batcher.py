@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from ._augment.masks import decode_masks
+from ._draws import for_samples
 from ._errors import DecodeError, where
 from ._images import ImageDecoding
 from ._native import native
@@ -154,6 +155,7 @@ class Batcher:
         failed: dict[int, str] = {}
         self.plans = {}
         objects: list = [None] * len(self.parts)
+        rng = for_samples(rng, indices)  # the loader's: each sample's draws keyed by (seed, epoch, index)
         for j in self._order:
             objects[j] = self.parts[j].fill(self, slot, at, indices, rng, pool, failed)
         if failed:

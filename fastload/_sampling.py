@@ -37,6 +37,7 @@ import torch
 from torch.utils.data import BatchSampler, DistributedSampler, RandomSampler, SequentialSampler
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
+from ._draws import BatchDraws
 from .fast.order import BATCH_STREAM, KINDS, seed_key
 
 STATE_VERSION = 1
@@ -282,7 +283,7 @@ class SamplerOrder:
 
     def batch_rng(self, epoch: int, batch_index: int) -> np.random.Generator:
         """Augmentation randomness of one batch, keyed by (seed, epoch, rank, batch) like ``Order.batch_rng``."""
-        return np.random.default_rng(seed_key(BATCH_STREAM, self.seed, epoch, self.rank, batch_index))
+        return BatchDraws(seed_key(BATCH_STREAM, self.seed, epoch, self.rank, batch_index), self.seed, epoch)
 
     # -- resume ------------------------------------------------------------------------------------
     def _config(self) -> dict:

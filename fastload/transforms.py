@@ -18,7 +18,8 @@ inside the image. Each edge therefore moves by at most half a source pixel relat
 resize-then-crop; with no resize before a crop (e.g. ``RandomResizedCrop`` first) the box is exact.
 
 Randomness comes only from the ``rng`` passed to :meth:`ImagePipeline.plan`, drawn step by step in
-pipeline order with a fixed number of draws per sample, so a seed fixes the plan.
+pipeline order with a fixed number of draws per sample, so a seed fixes the plan. The loader passes
+per-sample draws (``_draws.py``): a sample's plan then depends only on (seed, epoch, sample index).
 
 ``CenterCrop`` larger than the (virtual) image zero-pads it as torchvision does (the padding split as
 ``F.center_crop`` splits it: ``(crop - size) // 2`` before, the rest after; masks padded with 0 too), executed as a
@@ -722,8 +723,10 @@ class ImagePipeline:
         """The (H, W) every sample comes out as, or None if it depends on the source size."""
         return self._output_size
 
-    def plan(self, heights: np.ndarray, widths: np.ndarray, rng: np.random.Generator) -> Plan:
-        """Plan a batch of images of sizes ``heights[i] x widths[i]``, drawing only from ``rng``."""
+    def plan(self, heights: np.ndarray, widths: np.ndarray, rng: Any) -> Plan:
+        """Plan a batch of images of sizes ``heights[i] x widths[i]``, drawing only from ``rng``: a numpy
+        ``Generator`` (the whole batch from one stream) or the loader's ``_draws.SampleDraws`` (each sample from
+        its own (seed, epoch, index) key, whatever batch it is in)."""
         h, w = np.asarray(heights), np.asarray(widths)
         if h.ndim != 1 or h.shape != w.shape:
             raise ValueError(f"heights and widths must be 1-D of equal length, got shapes {h.shape} and {w.shape}")

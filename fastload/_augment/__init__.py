@@ -2,7 +2,7 @@
 
 status: wired into the fast path, on CPU threads and on the GPU decoders. ``fastload.open(transforms=...)``
 takes these transforms after the crops (``pipeline.py``; exported from ``fastload.transforms`` under torchvision
-v2's names, not from ``fastload/__init__.py``); each batch's plan is drawn from the batch's generator after the crop
+v2's names, not from ``fastload/__init__.py``); each batch's plan is drawn from its samples' draws after the crop
 plan and attached with ``Plan.with_augment``; the native decoder executes it fused with decoding (each pool thread
 decodes a sample, crops/resizes/flips it, then runs its padded-window assembly, vertical flip, affine warp and
 pixel operations on the tile, GIL released: csrc/augment_plan.cc, warp.cc, augment.cc); ``ds[i]`` runs the PIL

@@ -11,7 +11,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .plan import Augment, PlanBuilder, check_p
+from .plan import Augment, PlanBuilder, at, check_p
 
 __all__ = ["RandomApply", "RandomChoice", "RandomOrder"]
 
@@ -38,7 +38,7 @@ class RandomApply(Augment):
     def plan(self, b: PlanBuilder, index: np.ndarray, rng: np.random.Generator) -> None:
         sel = index[rng.random(index.size) < self.p]
         for t in self.transforms:
-            t.plan(b, sel, rng)
+            t.plan(b, sel, at(rng, sel))
 
 
 class RandomChoice(Augment):
@@ -70,7 +70,8 @@ class RandomChoice(Augment):
         _members(self.transforms, "RandomChoice")
         pick = _categorical(rng, self.p, index.size)
         for j, t in enumerate(self.transforms):
-            t.plan(b, index[pick == j], rng)
+            sel = index[pick == j]
+            t.plan(b, sel, at(rng, sel))
 
     # Over batch transforms (MixUp, CutMix): one choice per batch, as torchvision's RandomChoice on a batch.
     def plan_batch(self, n: int, hw: tuple[int, int], rng: np.random.Generator) -> Any:
@@ -109,4 +110,5 @@ class RandomOrder(Augment):
         order = np.argsort(rng.random((index.size, n)), axis=1)  # one uniform permutation per sample
         for pos in range(n):
             for j, t in enumerate(self.transforms):
-                t.plan(b, index[order[:, pos] == j], rng)
+                sel = index[order[:, pos] == j]
+                t.plan(b, sel, at(rng, sel))

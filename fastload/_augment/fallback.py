@@ -16,8 +16,9 @@ too. Anything else raises ``ValueError`` naming the transform and what was expec
 the dataset, sample and field).
 
 Randomness: each sample's transforms run with ``random``, ``numpy.random`` and ``torch`` seeded from that
-sample's seed, which the pipeline draws from the batch's generator (``Plan.seeds``): the result is a function of
-(seed, epoch, sample) whichever process runs it, so it never depends on ``num_workers``. The caller's global
+sample's seed, which the pipeline draws from the sample's own draws (``Plan.seeds``, ``_draws.py``): the result is a
+function of (seed, epoch, sample index) whichever process runs it and whichever batch holds the sample, so it never
+depends on ``num_workers``, the batch size or the rank. The caller's global
 generators are restored afterwards (at ``num_workers=0`` this runs in the training thread).
 
 After ToDtype/Normalize (issue 30 item 2): a callable that follows them in the list (timm's ``RandomErasing``

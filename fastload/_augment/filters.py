@@ -28,7 +28,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .plan import Augment, PlanBuilder, applied, check_p, define_op
+from .plan import Augment, PlanBuilder, applied, at, check_p, define_op
 
 if TYPE_CHECKING:
     from PIL import Image
@@ -314,6 +314,7 @@ class RandomErasing(Augment):
 
     def plan(self, b: PlanBuilder, index: np.ndarray, rng: np.random.Generator) -> None:
         sel = applied(rng, index, self.p)
+        rng = at(rng, sel)  # the rest is drawn for the erased samples only
         k = sel.size
         img_h, img_w = b.out_hw[sel, 0][:, None], b.out_hw[sel, 1][:, None]
         area = (img_h * img_w).astype(np.float64)

@@ -4,8 +4,9 @@ An image field's list reads as torchvision's: crops, resizes and flips first (``
 RandomResizedCrop, Resize, CenterCrop, RandomHorizontalFlip, folded into the crop plan the decoder executes
 while decoding), then the augmentations of this package (policies, colour, tone, blur, erasing, rotations and
 affines, vertical flips, combinators), then ToDtype/Normalize. :func:`split` divides the list;
-:func:`plan_batch` draws the augmentations for a batch from the batch's generator, after the crop plan and from
-the same generator (so seed, resume and num_workers-independence hold as for the crop plan), and attaches them
+:func:`plan_batch` draws the augmentations for a batch from the batch's draws, after the crop plan and from
+the same draws (the loader's are per sample: ``_draws.py``; so seed, resume and num_workers-independence hold as for
+the crop plan), and attaches them
 with ``Plan.with_augment``; the native decoder executes them on each output tile right after decoding it.
 :func:`reference` is ``ds[i]``'s engine for the augmentation: PIL (``engine_pil.run_pil``) on the decoded tile.
 A padded ``RandomCrop`` (``random_crop.py``; or any RandomCrop right after a ``PadIfSmaller``,

@@ -1,7 +1,8 @@
 """The augmentation plan: one batch's per-sample geometry and ordered pixel operations, drawn on the host.
 
 A transform never touches pixels while planning. For a batch of ``n`` samples whose output tiles are
-``out_hw[i]`` it draws, from the batch's numpy generator, and records:
+``out_hw[i]`` it draws, from the batch's draws (a numpy generator, or the loader's per-sample draws: ``_draws.py``;
+a transform that draws for a subset of its samples draws from ``at(rng, subset)``), and records:
 
 - a **geometric part** per sample (:class:`Geometry`): the crop box and output size the decoder already
   executes, horizontal and vertical flips, and a 2x3 inverse affine matrix (output pixel coordinates -> input
@@ -31,6 +32,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import numpy as np
+
+from .._draws import SampleDraws, at  # noqa: F401  (at: the ops' one import for drawing for a subset of a batch)
 
 __all__ = ["OPS", "Augment", "AugmentPlan", "Geometry", "OpDef", "PlanBuilder", "Step", "define_op", "plan_batch"]
 
@@ -293,8 +296,10 @@ class Augment:
 
 def plan_batch(transforms: Sequence[Augment], out_hw: Any, rng: np.random.Generator, crops: Any = None) -> AugmentPlan:
     """Plan ``transforms`` (in order) for a batch whose tiles are ``out_hw`` (n, 2), drawing only from ``rng``."""
-    if not isinstance(rng, np.random.Generator):
-        raise TypeError(f"rng must be a numpy.random.Generator (the batch's generator), got {type(rng).__name__}")
+    if not isinstance(rng, (np.random.Generator, SampleDraws)):
+        raise TypeError(
+            f"rng must be a numpy.random.Generator or the loader's per-sample draws, got {type(rng).__name__}"
+        )
     b = PlanBuilder(out_hw, crops)
     everyone = np.arange(b.n)
     for t in transforms:

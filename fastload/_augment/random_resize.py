@@ -43,7 +43,7 @@ def shorter_side_to(height: np.ndarray, width: np.ndarray, size: np.ndarray) -> 
 
 class RandomResize(Transform):
     """Resize each sample's shorter side to ``int(torch.randint(min_size, max_size, ()))`` (torchvision v2: max
-    excluded), the longer side keeping the aspect ratio. One integer draw per sample from the batch's generator."""
+    excluded), the longer side keeping the aspect ratio. One integer draw per sample from the batch's draws."""
 
     def __init__(self, min_size: int, max_size: int, interpolation: Any = "bilinear", antialias: bool = True) -> None:
         self.min_size = _positive_int(min_size, "RandomResize min_size")

@@ -62,6 +62,7 @@ from typing import Any
 
 import numpy as np
 
+from .._draws import BatchDraws
 from .stage import Stage
 
 
@@ -302,16 +303,23 @@ class Order:
         return (idx[i * b : (i + 1) * b] for i in range(start, self._num_batches))
 
     def batch_rng(self, epoch: int, batch_index: int) -> np.random.Generator:
-        """A generator for augmentation of one batch, keyed by (seed, epoch, rank, batch_index)."""
+        """The batch transforms' generator of one batch (MixUp/CutMix), keyed by (seed, epoch, global batch index:
+        ``batch_index * world + rank``); its per-sample draws (``_draws.py``), for every other transform, are keyed
+        by (seed, epoch, sample index)."""
         e = as_int("epoch", epoch, 0)
         i = as_int("batch_index", batch_index, 0)
-        return np.random.default_rng(seed_key(BATCH_STREAM, self.seed, e, self.batch_rank, i))
+        return BatchDraws(seed_key(BATCH_STREAM, self.seed, e, i * self.batch_world + self.batch_rank), self.seed, e)
 
     # -- resume ------------------------------------------------------------------------------
     @property
     def batch_rank(self) -> int:
         """The rank that keys the batch generators (``PackedOrder``'s ranks split batches, not samples)."""
         return self.rank
+
+    @property
+    def batch_world(self) -> int:
+        """The number of ranks the batches of one step are spread over (``batch_rank``'s world)."""
+        return self.world_size
 
     def _config(self) -> dict:
         """What a saved position must agree with to resume here; an order of another kind adds its own."""
@@ -421,7 +429,8 @@ class Jobs(Stage):
     """The chain's first stage: ``(indices, generator)`` per batch of one epoch, from batch ``start`` on.
 
     ``plan`` is an ``Order`` or a ``_sampling.SamplerOrder`` (both have ``batches(epoch, start)`` and
-    ``batch_rng(epoch, b)``); the generator keys the batch's augmentation by (seed, epoch, rank, batch) and
+    ``batch_rng(epoch, b)``); the generator keys the batch transforms by (seed, epoch, global batch), the samples'
+    draws by (seed, epoch, sample index) (``_draws.py``), and
     is None when the dataset has no random transform (a Generator per batch costs more than a tiny batch)."""
 
     def __init__(self, plan: Any, epoch: int, start: int, needs_rng: bool):

@@ -118,6 +118,10 @@ class PackedOrder(Order):
     def batch_rank(self) -> int:
         return self.pack_rank
 
+    @property
+    def batch_world(self) -> int:
+        return self.pack_world
+
     def _epoch_batches(self, e: int, start: int) -> Iterator[PackJob]:
         w, r = self.pack_world, self.pack_rank
         ids = [(b * w + r) % max(self._global, 1) for b in range(start, self._num_batches)]

@@ -176,7 +176,7 @@ def draw_from_every_generator(img: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.filterwarnings("ignore::UserWarning")  # 3 threads on a 2-CPU machine
 def test_resume_mid_epoch_and_three_workers_give_the_same_images(image_shards):
-    """A checked property (it held): the per-sample seeds come from the batch's generator, so neither the number
+    """A checked property (it held): the per-sample seeds are keyed by (seed, epoch, sample index), so neither the number
     of worker processes (0 to 3) nor a resume with another number changes a sample."""
     from conftest import resumed_and_reference
 

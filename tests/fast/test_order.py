@@ -254,6 +254,17 @@ def test_batch_rng_is_deterministic_and_distinct():
     assert not np.array_equal(o.batch_rng(0, 0).permutation(100), o.indices(0))  # another stream
 
 
+def test_batch_rng_is_keyed_by_the_global_batch_index():
+    """MixUp/CutMix draw from the batch's generator, keyed by (seed, epoch, batch * world + rank): rank 1's batch 0
+    of 2 ranks is global batch 1, as a single rank's batch 1; the samples' draws (``_draws.py``) do not use it."""
+    def draw(rank, world, batch):
+        return Order(100, 10, kind="random", seed=3, rank=rank, world_size=world).batch_rng(0, batch).random(3).tolist()
+
+    assert draw(1, 2, 0) == draw(0, 1, 1) == draw(1, 4, 0)
+    assert draw(1, 2, 1) == draw(0, 1, 3) == draw(3, 4, 0)
+    assert draw(0, 2, 1) != draw(1, 2, 0)
+
+
 # -- arguments ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("kwargs, message", [
     (dict(batch_size=0), "batch_size=0 should be >= 1"),

@@ -1,0 +1,156 @@
+"""Randomness keyed per sample: a sample's draws depend only on (seed, epoch, sample index).
+
+The loader's order hands each batch a :class:`BatchDraws`: a numpy ``Generator`` keyed by (seed, epoch, global
+batch index), which batch-level transforms (MixUp/CutMix) draw from, that also knows the seed and the epoch. The
+batcher turns it into :class:`SampleDraws` for the batch's sample indices, and the crop plan draws from that: every
+call draws one row per sample from a counter-based hash of (sample key, call number, column), so a sample's crop,
+flip, resize and per-sample seeds do not depend on which batch it lands in, the batch size, the rank, the world
+size or the number of workers. Only the call sequence matters, and a pipeline makes the same calls for every
+sample (a fixed number of draws per sample and step, ``transforms.py``).
+
+The hash is SplitMix64's finaliser (a bijection of 64-bit words), vectorised over the batch: a batch costs a few
+numpy operations per draw, not a generator per sample. Uniform floats take its top 53 bits, as numpy's do;
+integers in ``[low, high)`` are ``floor(u * (high - low))`` (a bias under ``(high - low) / 2**53``, none for the
+ranges of crop positions and sizes). Augmentations drawing for a subset of a batch (``RandomApply``, a policy's
+chosen operation) draw from :meth:`SampleDraws.at` of that subset: each sample counts its own calls, so the
+draws of one sample never depend on the others'.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+SAMPLE_STREAM = 0x53414D50  # "SAMP": never meets SHUFFLE_STREAM or BATCH_STREAM (fast/order.py)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+
+
+def mix64(x: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser over a uint64 array (wrapping arithmetic)."""
+    x = np.asarray(x, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        x = x + _GOLDEN
+        x = (x ^ (x >> np.uint64(30))) * _M1
+        x = (x ^ (x >> np.uint64(27))) * _M2
+    return x ^ (x >> np.uint64(31))
+
+
+def _key_words(stream: int, *parts: int) -> list[int]:
+    words = [stream]
+    for p in parts:
+        words += [p & 0xFFFFFFFF, p >> 32]
+    return words
+
+
+def epoch_key(seed: int, epoch: int) -> int:
+    """One 64-bit word for (seed, epoch), from numpy's SeedSequence (well mixed, platform-independent)."""
+    return int(np.random.SeedSequence(_key_words(SAMPLE_STREAM, seed, epoch)).generate_state(1, np.uint64)[0])
+
+
+class SampleDraws:
+    """Draws for the samples ``indices`` of one epoch: each call returns one row per sample (leading axis: the
+    samples this object covers), the row a function of (seed, epoch, index, how many calls covered that sample
+    before) alone. Speaks the part of numpy's ``Generator`` the plans use (``random``, ``integers``, ``uniform``,
+    ``normal``). :meth:`at` covers a subset of the batch (an augmentation applied to some samples only): the other
+    samples' counts do not move, so what one sample draws never depends on what the others drew."""
+
+    def __init__(self, seed: int, epoch: int, indices: Any):
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        self.seed, self.epoch, self.indices = int(seed), int(epoch), idx
+        self.keys = mix64(np.uint64(epoch_key(seed, epoch)) ^ mix64(idx.astype(np.uint64)))
+        self.counts = np.zeros(idx.size, dtype=np.uint64)  # calls that covered each sample (shared by views)
+        self.rows = np.arange(idx.size)  # the batch positions this object draws for
+
+    @property
+    def n(self) -> int:
+        return int(self.rows.size)
+
+    def at(self, rows: Any) -> SampleDraws:
+        """The draws of batch positions ``rows`` (a subset of this object's), sharing the counts."""
+        view = object.__new__(SampleDraws)
+        view.__dict__.update(self.__dict__)
+        view.rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+        return view
+
+    def _words(self, size: Any) -> np.ndarray:
+        shape = (self.n,) if size is None else ((size,) if np.ndim(size) == 0 else tuple(size))
+        if not shape or shape[0] != self.n:
+            raise ValueError(
+                f"per-sample draws come one row per sample: size {shape} should start with the {self.n} samples "
+                f"drawn for (an augmentation drawing for a subset of them draws from draws.at(subset))"
+            )
+        cols = int(np.prod(shape[1:], dtype=np.int64))
+        rows = self.rows
+        self.counts[rows] += np.uint64(1)
+        with np.errstate(over="ignore"):
+            counter = mix64(self.counts[rows][:, None] * _GOLDEN + np.arange(cols, dtype=np.uint64)[None, :])
+        return mix64(self.keys[rows][:, None] ^ counter).reshape(shape)
+
+    def random(self, size: Any = None) -> np.ndarray:
+        """Uniform float64 in [0, 1), 53 bits, like ``Generator.random``."""
+        return (self._words(size) >> np.uint64(11)).astype(np.float64) * (1.0 / 9007199254740992.0)
+
+    def _size(self, size: Any, *params: Any) -> Any:
+        if size is None:
+            size = np.broadcast_shapes(*(np.shape(p) for p in params))
+            if size == ():
+                size = (self.n,)
+        return size
+
+    def uniform(self, low: Any = 0.0, high: Any = 1.0, size: Any = None) -> np.ndarray:
+        """Uniform float64 in [low, high), like ``Generator.uniform``."""
+        u = self.random(self._size(size, low, high))
+        return np.asarray(low, dtype=np.float64) + (np.asarray(high, dtype=np.float64) - low) * u
+
+    def normal(self, loc: Any = 0.0, scale: Any = 1.0, size: Any = None) -> np.ndarray:
+        """Normal float64 (Box-Muller over two uniforms per value)."""
+        shape = self._size(size, loc, scale)
+        shape = (shape,) if np.ndim(shape) == 0 else tuple(shape)
+        u = self.random((*shape, 2))
+        z = np.sqrt(-2.0 * np.log1p(-u[..., 0])) * np.cos(2.0 * np.pi * u[..., 1])
+        return np.asarray(loc, dtype=np.float64) + np.asarray(scale, dtype=np.float64) * z
+
+    def integers(self, low: Any, high: Any = None, size: Any = None, dtype: Any = np.int64) -> np.ndarray:
+        """Uniform integers in ``[low, high)`` (``[0, low)`` without ``high``), broadcast to one per sample."""
+        if high is None:
+            low, high = 0, low
+        size = self._size(size, low, high)
+        words = self._words(size)
+        if np.ndim(low) == 0 and np.ndim(high) == 0 and int(high) - int(low) > 2**53:
+            span = int(high) - int(low)  # the per-sample seeds' full range: a power of two, exact from the low bits
+            if span & (span - 1):
+                raise ValueError(f"integers: a span over 2**53 must be a power of two, got {span}")
+            return (words % np.uint64(span) + np.uint64(int(low))).astype(dtype)
+        lo, hi = np.asarray(low, dtype=np.int64), np.asarray(high, dtype=np.int64)
+        span = hi - lo
+        if np.any(span <= 0):
+            raise ValueError(f"integers: high should be > low (low={low}, high={high})")
+        u = (words >> np.uint64(11)).astype(np.float64) * (1.0 / 9007199254740992.0)
+        pick = np.minimum(np.floor(u * span).astype(np.int64), span - 1)
+        return (lo + pick).astype(dtype)
+
+
+class BatchDraws(np.random.Generator):
+    """A batch's generator (``key``: its SeedSequence words, from the order) that also hands out per-sample draws
+    keyed by (seed, epoch, index): MixUp/CutMix draw from the generator, the crop plan from the samples'."""
+
+    def __init__(self, key: list[int], seed: int, epoch: int):
+        super().__init__(np.random.PCG64(np.random.SeedSequence(key)))
+        self.seed, self.epoch = int(seed), int(epoch)
+
+    def samples(self, indices: Any) -> SampleDraws:
+        return SampleDraws(self.seed, self.epoch, indices)
+
+
+def at(rng: Any, rows: np.ndarray) -> Any:
+    """What an augmentation drawing for batch positions ``rows`` only draws from: ``rng.at(rows)`` for per-sample
+    draws, a plain generator as it is."""
+    return rng.at(rows) if isinstance(rng, SampleDraws) else rng
+
+
+def for_samples(rng: Any, indices: Any) -> Any:
+    """What a batch of samples ``indices`` plans from: per-sample draws when ``rng`` is a loader's
+    :class:`BatchDraws`, else ``rng`` itself (a plain generator: ``ds[i]``, tests, benchmarks)."""
+    return rng.samples(indices) if isinstance(rng, BatchDraws) else rng
