@@ -124,11 +124,11 @@ class SampleDraws:
                 raise ValueError(f"integers: a span over 2**53 must be a power of two, got {span}")
             return (words % np.uint64(span) + np.uint64(int(low))).astype(dtype)
         lo, hi = np.asarray(low, dtype=np.int64), np.asarray(high, dtype=np.int64)
-        span = hi - lo
-        if np.any(span <= 0):
+        spans = hi - lo
+        if np.any(spans <= 0):
             raise ValueError(f"integers: high should be > low (low={low}, high={high})")
         u = (words >> np.uint64(11)).astype(np.float64) * (1.0 / 9007199254740992.0)
-        pick = np.minimum(np.floor(u * span).astype(np.int64), span - 1)
+        pick = np.minimum(np.floor(u * spans).astype(np.int64), spans - 1)
         return (lo + pick).astype(dtype)
 
 
