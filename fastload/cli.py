@@ -33,6 +33,18 @@ def main() -> None:
     """fastload: pack datasets into shards or LMDB, check them, and measure loading speed."""
 
 
+# --storage-option, the command-line form of fastload.open's storage_options= (verify, inspect and bench).
+storage_option = click.option(
+    "--storage-option",
+    "storage_options",
+    multiple=True,
+    metavar="KEY=VALUE",
+    callback=lambda c, p, v: _storage_options(v),
+    help="For a URL: an option of its fsspec backend, as fastload.open's storage_options= (e.g. anon=true, "
+    "endpoint_url=...); repeat for more.",
+)
+
+
 @main.command()
 @click.argument("src", callback=lambda c, p, v: _source(c, p, v))
 @click.argument("dst")
@@ -226,15 +238,7 @@ def merge(dst, quiet) -> None:
 
 @main.command()
 @click.argument("dst", type=DatasetArg())
-@click.option(
-    "--storage-option",
-    "storage_options",
-    multiple=True,
-    metavar="KEY=VALUE",
-    callback=lambda c, p, v: _storage_options(v),
-    help="For a URL: an option of its fsspec backend, as fastload.open's storage_options= (e.g. anon=true, "
-    "endpoint_url=...); repeat for more.",
-)
+@storage_option
 def inspect(dst, storage_options) -> None:
     """Show the schema, sample counts and sizes of the dataset at DST (a folder or a URL)."""
     from .fields import codec_of
@@ -263,15 +267,7 @@ def inspect(dst, storage_options) -> None:
 @main.command()
 @click.argument("dst", type=DatasetArg())
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-@click.option(
-    "--storage-option",
-    "storage_options",
-    multiple=True,
-    metavar="KEY=VALUE",
-    callback=lambda c, p, v: _storage_options(v),
-    help="For a URL: an option of its fsspec backend, as fastload.open's storage_options= (e.g. anon=true, "
-    "endpoint_url=...); repeat for more.",
-)
+@storage_option
 def verify(dst, quiet, storage_options) -> None:
     """Check every shard's size, checksum and structure; exit 1 naming each bad shard.
 
@@ -296,15 +292,7 @@ def verify(dst, quiet, storage_options) -> None:
 
 @main.command()
 @click.argument("dst", type=DatasetArg())
-@click.option(
-    "--storage-option",
-    "storage_options",
-    multiple=True,
-    metavar="KEY=VALUE",
-    callback=lambda c, p, v: _storage_options(v),
-    help="For a URL: an option of its fsspec backend, as fastload.open's storage_options= (e.g. anon=true, "
-    "endpoint_url=...); repeat for more.",
-)
+@storage_option
 @click.option("--batch-size", type=click.IntRange(min=1), default=64, show_default=True)
 @click.option(
     "--transforms",
