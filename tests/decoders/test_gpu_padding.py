@@ -156,12 +156,16 @@ def test_a_loader_with_a_padded_random_crop_runs_on_dali_as_on_native(small_imag
     native = [(x.clone(), y.clone()) for x, y in fastload.DataLoader(ds, **kw)]
     dali = [(x.clone(), y.clone()) for x, y in fastload.DataLoader(ds, decoder="dali", **kw)]
     assert len(native) == len(dali) == 3
+    bordered = 0
     for (a, la), (b, lb) in zip(native, dali):
         assert a.shape == b.shape and torch.equal(la, lb)
         a, b = a.permute(0, 2, 3, 1), b.permute(0, 2, 3, 1)  # NCHW batches
-        fill = (a == torch.tensor(FILL, dtype=torch.uint8)).all(dim=-1)  # some border in every batch
-        assert fill.any() and torch.equal(b[fill], a[fill])
+        fill = (a == torch.tensor(FILL, dtype=torch.uint8)).all(dim=-1)
+        bordered += int(fill.any())
+        assert torch.equal(b[fill], a[fill])
         assert (a.float() - b.float()).abs().mean() < 2.0
+    # a border in some batch (which ones depends on the draws: a window may stay inside its image)
+    assert bordered
 
 
 @needs_dali
