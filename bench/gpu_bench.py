@@ -492,7 +492,10 @@ def synthetic_photos(root: Path, classes: int = 10, per_class: int = 40, seed: i
 
 def photo_folder(data: Path, per_class: int, lines: list[str]) -> Path:
     """bench/photos.py's real photographs where its wheels are here (never downloading), else synthetic."""
-    os.environ.setdefault("PIP_NO_INDEX", "1")  # no network: a missing wheel fails at once, not after retries
+    # No network: a missing wheel fails at once, not after retries. Set for this call only: a caller in the same
+    # process (a test session) must not inherit it (tests/test_wheel.py's fresh venv then found no index).
+    had = os.environ.get("PIP_NO_INDEX")
+    os.environ.setdefault("PIP_NO_INDEX", "1")
     photos = data / f"photos_{per_class}"
     try:
         from photos import build_photo_folder
@@ -505,6 +508,9 @@ def photo_folder(data: Path, per_class: int, lines: list[str]) -> Path:
         lines += [f"Photos: bench/photos.py could not build real photos ({type(e).__name__}: "
                   f"{str(e).splitlines()[0][:200]}); using synthetic JPEGs made here", ""]
         return synthetic
+    finally:
+        if had is None:
+            os.environ.pop("PIP_NO_INDEX", None)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -229,6 +229,9 @@ def test_photos_are_made_offline_when_the_photo_wheels_are_not_here(gpu_bench, t
     assert time.perf_counter() - t < 30  # pip is told there is no index: it fails at once, no network tries
     assert folder.name == "synthetic_2" and len(list(folder.rglob("*.jpg"))) == 20
     assert "bench/photos.py could not build real photos" in lines[0] and "using synthetic JPEGs" in lines[0]
+    # set for that call only: monkeypatch has no undo for a variable that was absent, and a later test's fresh
+    # venv (tests/test_wheel.py) copied os.environ and found no package index
+    assert "PIP_NO_INDEX" not in os.environ
 
 
 def test_cpu_cores_are_the_affinity_mask_capped_by_the_cgroup_quota(gpu_bench, tmp_path, monkeypatch):
