@@ -354,16 +354,13 @@ def _storage_options(pairs: tuple[str, ...]) -> dict | None:
     read as JSON (true, 3, "x") when it parses, else kept as text."""
     import json
 
-    out = {}
-    for pair in pairs:
-        key, eq, value = pair.partition("=")
-        if not eq or not key:
-            raise click.BadParameter(f"{pair!r} should be KEY=VALUE, e.g. anon=true", param_hint="'--storage-option'")
+    def json_or_text(value: str) -> object:
         try:
-            out[key] = json.loads(value)
+            return json.loads(value)
         except ValueError:
-            out[key] = value
-    return out or None
+            return value
+
+    return _key_values(pairs, "--storage-option", "KEY", "anon=true", json_or_text)
 
 
 def _checked(check, value):
@@ -386,12 +383,17 @@ def _source(ctx, param, value: str):
 
 def _missing(pairs: tuple[str, ...]) -> dict | None:
     """--missing label=-1 --missing note=... -> {"label": "-1", ...} (parsed as the column's cells are)."""
+    return _key_values(pairs, "--missing", "COLUMN", "label=-1", str)
+
+
+def _key_values(pairs: tuple[str, ...], option: str, key_name: str, example: str, value) -> dict | None:
+    """A repeated ``option KEY=VALUE`` as a dict (None when not given), each value through ``value``."""
     out = {}
     for pair in pairs:
-        name, eq, value = pair.partition("=")
-        if not eq or not name:
-            raise click.BadParameter(f"{pair!r} should be COLUMN=VALUE, e.g. label=-1", param_hint="'--missing'")
-        out[name] = value
+        key, eq, text = pair.partition("=")
+        if not eq or not key:
+            raise click.BadParameter(f"{pair!r} should be {key_name}=VALUE, e.g. {example}", param_hint=f"'{option}'")
+        out[key] = value(text)
     return out or None
 
 
