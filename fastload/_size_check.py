@@ -92,11 +92,15 @@ def _collect(state: Any, step: int, groups: dict) -> None:
 
 
 def _nested(transforms: Sequence[Any]) -> list[Any]:
-    """``transforms`` and those inside their combinators (RandomApply, RandomChoice, RandomOrder), in order."""
+    """``transforms`` and those inside them, in order: a combinator's (RandomApply, RandomChoice, RandomOrder:
+    ``transforms``) and a transform's own parts (ThreeAugment's blur: ``parts()``)."""
     out: list[Any] = []
     for t in transforms:
         out.append(t)
         inner = getattr(t, "transforms", None)
         if isinstance(inner, (list, tuple)):
             out.extend(_nested(inner))
+        parts = getattr(t, "parts", None)
+        if callable(parts):
+            out.extend(_nested(parts()))
     return out

@@ -397,6 +397,10 @@ class ThreeAugment(Augment):
             "blur_kernel_size": self.blur_kernel_size,
         }
 
+    def parts(self) -> tuple[Augment, ...]:
+        """The transforms it plans with (its blur's kernel is checked against every sample's tile at open)."""
+        return (self._choice,) if self._jitter is None else (self._choice, self._jitter)
+
     def plan(self, b: PlanBuilder, index: np.ndarray, rng: np.random.Generator) -> None:
         self._choice.plan(b, index, rng)
         if self._jitter is not None:

@@ -162,3 +162,14 @@ def test_five_crop_is_refused_at_open_with_what_to_write(tmp_path):
     with unchanged(path), user_error(ValueError, "transforms['image']", "FiveCrop makes 5 images of each sample",
                                      "five_crop(images, size)"):
         fastload.open(path, transforms={"image": [T.Resize((16, 16)), FiveCrop(8)]})
+
+
+def test_a_blur_inside_three_augment_is_checked_at_open(tmp_path):
+    """ThreeAugment blurs a third of the samples with its own GaussianBlur (not in a ``transforms`` list): a tile
+    too small for its kernel is refused at open, as a GaussianBlur in RandomApply is. Was: opened, then whichever
+    batch drew the blur for the small sample raised."""
+    path = pack_with_last(tmp_path, last_hw=(20, 60))
+    chain = [T.Resize(24, max_size=40), T.ThreeAugment(blur_kernel_size=29)]
+    with unchanged(path), user_error(ValueError, "fastload.open", "transforms['image']", f"sample {N - 1}",
+                                     "GaussianBlur(kernel_size=(29, 29)", "13x40"):
+        fastload.open(path, transforms={"image": chain})
