@@ -21,6 +21,7 @@ import torch
 from ._augment.masks import decode_masks
 from ._draws import for_samples
 from ._errors import DecodeError, where
+from .decoders._base import PER_SAMPLE
 from ._images import ImageDecoding
 from ._native import native
 from .fields import codec_of
@@ -188,7 +189,7 @@ def beyond_geometry(pipelines: dict) -> tuple[str, ...]:
         for t in getattr(p, "augment", ()):
             names[type(t).__name__] = None
         for t in getattr(p, "fallback", ()):  # run per sample on host rows after the native decoder
-            names[f"{t.name} (a transform run per sample)"] = None
+            names[f"{t.name} {PER_SAMPLE})"] = None
         for t in getattr(p, "after", ()):  # the same, on the host's float rows after ToDtype/Normalize
-            names[f"{t.name} (a transform run per sample after ToDtype/Normalize)"] = None
+            names[f"{t.name} {PER_SAMPLE} after ToDtype/Normalize)"] = None
     return tuple(names)

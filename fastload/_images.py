@@ -33,7 +33,7 @@ from ._augment.fallback_workers import FallbackRunner
 from ._errors import where
 from ._ring import warn_once
 from ._schema import Field
-from .decoders._base import DecoderContext, ImageSources
+from .decoders._base import DecoderContext, ImageSources, host_rows_refusal
 from .decoders._staging import Uploads
 from .decoders.native import NativeDecoder
 
@@ -58,6 +58,8 @@ class ImageDecoding:
         if kind.choose is not None:
             kind = kind.choose(on_gpu)  # 'auto': native threads alone, or with a GPU decoder (hybrid)
         why = kind.refusal(augmented)  # None: it runs the whole pipeline
+        if why is None and kind.gpu and on_gpu:  # its rows on the device: not the per-sample transforms' host rows
+            why = host_rows_refusal(augmented)
         if why is not None:
             if requested.choose is None:  # asked for by name: refuse it now, not at the first batch
                 raise ValueError(f"decoder={decoder!r} {why}: use decoder='native' (or 'auto')")

@@ -465,3 +465,25 @@ def test_dali_asked_for_by_name_that_cannot_build_its_pipeline_says_so(dali_on_s
     assert "C++ context" not in str(err.value)
     assert not [w for w in caught if "fastload" in str(w.message)], [str(w.message) for w in caught]
     assert built == ["fastload-batcher"]
+
+
+def _blacken(img):
+    """A transform fastload does not know: run per sample on the decoded host rows (``_augment/fallback.py``)."""
+    return img * 0
+
+
+def test_a_transform_run_per_sample_is_never_skipped_by_a_gpu_decoder(nvjpeg_on_sim, one_truncated):
+    """A GPU decoder writes its rows on the device, where the per-sample transforms (run on host rows after the
+    decoder) never ran: was, decoder='nvjpeg' handed out the un-blackened pixels (max 253) without a word. Now
+    asked for by name it is refused when the loader is made; 'auto' decodes with native threads, saying why."""
+    sim = nvjpeg_on_sim
+    ds = fastload.open(one_truncated, transforms={"image": [T.Resize((16, 16)), _blacken]})
+    with pytest.raises(ValueError, match=r"decoder='nvjpeg' cannot run \S*_blacken \(a transform run per sample\).*"
+                                         r"on the device: use decoder='native'"):
+        fastload.DataLoader(ds, batch_size=4, decoder="nvjpeg", on_error="skip", device="cuda")
+    with pytest.warns(RuntimeWarning, match=r"decoder='auto' decodes with native threads only.*_blacken"):
+        loader = fastload.DataLoader(ds, batch_size=4, decoder="auto", on_error="skip", device="cuda")
+        with sim.stream(sim.new_stream("user")):
+            x, _ = next(iter(loader))
+    sim.run_all()
+    assert x.shape == (4, 3, 16, 16) and int(x.max()) == 0

@@ -122,6 +122,23 @@ class DecoderKind:
 # that ``augments`` assembles padded windows now: the GPU ones with ``engine_torch.assemble_rows``).
 PADDED_CROP = "RandomCrop with padding"
 
+# What _batcher.beyond_geometry puts in the name of a transform fastload does not know: it runs per sample on the
+# decoded rows on the host (``_augment/fallback.py``), after the decoder, so a decoder writing device rows cannot run
+# it, whatever else of the augmentation it runs (``host_rows_refusal``).
+PER_SAMPLE = "(a transform run per sample"
+
+
+def host_rows_refusal(augmented: Sequence[str]) -> str | None:
+    """Why a decoder that writes its rows on the device cannot run a pipeline planning ``augmented`` (names,
+    ``_batcher.beyond_geometry``): the transforms in it that run per sample on host rows; None when there is none."""
+    names = [name for name in augmented if PER_SAMPLE in name]
+    if not names:
+        return None
+    return (
+        f"cannot run {', '.join(names)}: such a transform runs on the decoded rows on the host, and this decoder "
+        f"writes them on the device"
+    )
+
 
 def geometry_only(plan: Any, n: int, who: str) -> None:
     """Refuse a plan a crop/resize/flip decoder cannot execute: one of another length, or one with issue 21's
