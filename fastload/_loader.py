@@ -40,6 +40,7 @@ from ._dropin import (
 from .fast.device import DevicePrefetcher, DeviceRing, check_device
 from ._ring import SlotRing
 from ._stats import LoaderStats
+from .fast.collate import Collator
 from .fast.chain import fast_iterator, for_rank, order_for, replaceable
 from .fast.producer import FillPolicy
 from .fast.order import Order, as_int, default_seed, dist_info
@@ -130,6 +131,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     _resume_at = 0
     _sampler_epoch_seen = 0  # a user's DistributedSampler's epoch at the last iteration (or set_epoch, or load)
     _ring = None
+    _collator = None
     _device_ring = None
     _live = None  # the fast path's latest started iteration (a weak reference), superseded by the next one
     _deciding = False  # inside fastload's __init__, until it knows its path
@@ -551,7 +553,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
         state["_remake"] = state.pop("_batcher", None) is not None  # a native thread pool (and GPU decoders)
-        state["_ring"] = None  # host slots (pinned memory is this process's)
+        state["_ring"] = state["_collator"] = None  # host slots (pinned memory is this process's), their collator
         state["_device_ring"] = None  # device slots and a CUDA stream
         state["_iterator"] = None  # a persistent iterator's worker processes stay with this process
         state.pop("_live", None)  # an iteration of this process (a weak reference)
@@ -615,6 +617,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         self._progress = progress = Progress(epoch, start)
         if self._ring is None:
             self._ring = SlotRing(self._batcher.new_slot)
+            # its CPU ToDtype/Normalize and mix buffers: like the slots, made once, not per iteration
+            self._collator = Collator.for_batcher(self._batcher)
         self._batcher.images.fallback_timeout = self.timeout  # per-sample transform workers' answers (_images.py)
         ds = self._fast_dataset
         image_keys = (
@@ -648,6 +652,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             image_keys=image_keys,
             device=device,
             guard=self._guard,
+            collator=self._collator,
         )
         self._live = weakref.ref(it)
         return it
@@ -726,7 +731,7 @@ def place_on(loader: DataLoader, device: torch.device) -> None:
     for the device (decoder='auto' pairs a GPU decoder only with device='cuda'); slots made before go with it."""
     loader.device = check_device(device)
     if loader._batcher is not None:
-        loader._batcher, loader._ring = loader._new_batcher(), None
+        loader._batcher, loader._ring, loader._collator = loader._new_batcher(), None, None
     loader._device_ring = None
 
 

@@ -158,3 +158,25 @@ def test_constants_made_through_a_streams_backend_round_once_from_float32(dtype)
     assert torch.equal(a.flatten(), f32([1 / 255 / s for s in STD]))
     assert torch.equal(b.flatten(), f32([-m / s for m, s in zip(MEAN, STD)]))
     assert all(torch.equal(x, y) for x, y in zip((a, b), pipe._constants(3, torch.device("cpu"))))
+
+
+def test_cpu_results_are_allocated_once_not_every_epoch(tmp_path, monkeypatch):
+    """The CPU ToDtype/Normalize buffers (``fast/collate.py``) are the loader's for its lifetime, as its slots are:
+    was, each iteration made a new Collator and so a new ring of float batches (38 MB each at 64x3x224x224), fresh
+    pages every epoch (FFCV's #365)."""
+    from fastload.fast import collate
+
+    made = []
+    real_slot = collate.Slot
+    monkeypatch.setattr(collate, "Slot", lambda tensors: made.append(1) or real_slot(tensors))
+    make_image_folder(tmp_path / "src", classes=2, per_class=8)
+    fastload.pack(tmp_path / "src", tmp_path / "ds", workers=0)
+    ds = fastload.open(tmp_path / "ds", transforms={"image": [T.Resize((16, 16)), T.ToDtype(torch.float32, scale=True),
+                                                              T.Normalize(MEAN, STD)]})
+    loader = fastload.DataLoader(ds, batch_size=4, shuffle=True, seed=7)
+    counts = []
+    for _ in range(3):
+        for images, _ in loader:
+            del images
+        counts.append(len(made))
+    assert counts[0] > 0 and counts == [counts[0]] * 3, f"buffers made by the end of each epoch: {counts}"

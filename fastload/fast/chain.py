@@ -193,6 +193,7 @@ def fast_iterator(
     image_keys: list | None = None,
     device: Any = None,
     guard: Any = None,
+    collator: Collator | None = None,
 ) -> FastIterator:
     """The iteration over epoch ``epoch`` from batch ``start``, every stage given what it uses.
 
@@ -200,7 +201,9 @@ def fast_iterator(
     a remote dataset's read plan (None: local); ``image_keys``: image entries to hand out in torch's
     contiguous layout (``memory_format``); ``device``: ``(ring, transforms)`` of the device prefetcher for
     ``device='cuda'`` (there ToDtype/Normalize and the contiguous copy run on the device); ``guard``: the loader's
-    lock that every ``next()`` holds (``FastIterator``; None: one of the iteration's own)."""
+    lock that every ``next()`` holds (``FastIterator``; None: one of the iteration's own); ``collator``: the
+    ``Collator`` of ``batcher``'s slots, which the loader keeps with its slots, so that its CPU output buffers are
+    made once, not every epoch (None: a new one)."""
     source: Any = Jobs(plan, epoch, start, batcher.needs_rng)
     if reading is not None:
         source = ReadAhead(source, reading)
@@ -229,7 +232,7 @@ def fast_iterator(
     slots.pending, slots.limit = (device[0].holds, host_limit(depth)) if on_device else (None, None)
     source = Collate(
         source,
-        Collator.for_batcher(batcher),
+        collator if collator is not None else Collator.for_batcher(batcher),
         reserved,
         stats,
         policy.steps,
