@@ -41,7 +41,7 @@ from .fast.device import DevicePrefetcher, DeviceRing, check_device
 from ._ring import SlotRing
 from ._stats import LoaderStats
 from .fast.collate import Collator
-from .fast.chain import fast_iterator, for_rank, order_for, replaceable
+from .fast.chain import RELOADED, fast_iterator, for_rank, order_for, replaceable
 from .fast.producer import FillPolicy
 from .fast.order import Order, as_int, default_seed, dist_info
 from .fast.position import Progress, loader_guard
@@ -107,11 +107,11 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     an uninterrupted one sees, at epoch ends and mid-epoch (``_begin_epoch``).
 
     Threads and fork: a fast-path loader runs one iteration at a time (its buffers, plans and decoders are
-    shared). A new ``iter(loader)`` in the thread running the current one stops it (its ``next()`` then says
-    so), as torch's persistent iterator is reset; from another thread, while it runs, ``iter(loader)`` and
-    ``load_state_dict()`` raise at once: give each thread its own loader (a dataset can serve several). One
-    iterator shared by threads hands each batch whole to one of them; ``state_dict()`` works from any thread. A
-    forked child starts iterations of its own (``fast/chain.py`` ``FastIterator``).
+    shared). A new ``iter(loader)`` or ``load_state_dict()`` in the thread running the current one stops it (its
+    ``next()`` then says so), as torch's persistent iterator is reset; from another thread, while it runs,
+    ``iter(loader)`` and ``load_state_dict()`` raise at once: give each thread its own loader (a dataset can serve
+    several). One iterator shared by threads hands each batch whole to one of them; ``state_dict()`` works from any
+    thread. A forked child starts iterations of its own (``fast/chain.py`` ``FastIterator``).
     """
 
     # What a loader whose __init__ was torch's has (a subclass calling torch.utils.data.DataLoader.__init__,
@@ -477,7 +477,11 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     def load_state_dict(self, state: dict) -> None:
         with self._guard:
             if self._batcher is not None:
-                self._running_here("load_state_dict()")  # the order and position the running iteration reads
+                # the order and position the running iteration reads: from another thread refused; in this one
+                # the iteration stops first (its producer thread reads the seed), its next() saying why
+                running = self._running_here("load_state_dict()")
+                if running is not None:
+                    running.supersede(RELOADED)
             self._load_state_dict(state)
 
     def _load_state_dict(self, state: dict) -> None:

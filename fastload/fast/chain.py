@@ -95,6 +95,11 @@ SUPERSEDED = (
     "started: a loader runs one iteration at a time (its slots, plans and decoders are shared). Iterate "
     "the newer iterator, or use two loaders"
 )
+RELOADED = (
+    "fastload: this iterator of the DataLoader was stopped when load_state_dict() was called on its loader: that "
+    "replaces the position and seed the iteration reads, so it could only go on with batches of neither. Call "
+    "iter(loader) for an iteration from the loaded position"
+)
 
 
 class FastIterator(
@@ -127,12 +132,12 @@ class FastIterator(
     def __len__(self) -> int:
         return self.length
 
-    def supersede(self) -> None:
-        """A newer iteration of the same loader starts (called under ``guard``): stop this one (its producer
-        and what it holds). Its ``next()`` then raises, saying why, unless it had run out already
-        (StopIteration, as before)."""
+    def supersede(self, why: str = SUPERSEDED) -> None:
+        """A newer iteration of the same loader starts, or a state is loaded into it (``why``: ``RELOADED``; called
+        under ``guard``): stop this one (its producer and what it holds). Its ``next()`` then raises ``why``,
+        unless it had run out already (StopIteration, as before)."""
         if not self.ended:
-            self.stopped = SUPERSEDED
+            self.stopped = why
         self._close()
 
     def close(self) -> None:

@@ -305,6 +305,26 @@ def test_load_state_dict_from_another_thread_during_an_iteration_is_refused(imag
     assert seen[1]["seed"] == 99 and seen[1]["batches_done"] == 2
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_load_state_dict_in_the_iterating_thread_stops_the_running_iteration(image_shards, workers):
+    """load_state_dict() in the thread that runs an iteration replaces the position and seed that iteration reads:
+    was, it went on (a producer thread filling ahead too) with the loaded seed's crops over its own order, batches
+    neither loader makes. Now it stops, its next() saying why, and iter(loader) runs from the loaded position."""
+    kw = KW | dict(num_workers=workers)
+    saved = fastload.DataLoader(open_train(image_shards), **(kw | dict(seed=99)))
+    ref = reference(image_shards, epochs=1, **(kw | dict(seed=99)))[0]
+    it0 = iter(saved)
+    next(it0), next(it0)
+    state = saved.state_dict()
+    loader = fastload.DataLoader(open_train(image_shards), **kw)
+    it = iter(loader)
+    next(it)
+    loader.load_state_dict(state)
+    with pytest.raises(RuntimeError, match=r"load_state_dict\(\) was called on its loader.*iter\(loader\)"):
+        next(it)
+    assert same(grab(loader), ref[2:])
+
+
 @pytest.mark.parametrize("fmt", ["shards", "lmdb"])
 @pytest.mark.parametrize("workers", [0, 2])
 def test_loaders_over_one_dataset_in_threads_are_independent(packed_images_by_format, fmt, workers):
