@@ -184,12 +184,13 @@ class MaskCodec(Codec):
                 f"mask field '{field.name}' follows an image with no transform giving a fixed output "
                 f"size (e.g. RandomResizedCrop(224)); masks of different sizes cannot be batched"
             )
-        if p.fallback:  # run on the image alone: a geometric one would move the image and not its mask
+        alone = p.fallback + p.after  # before and after ToDtype/Normalize
+        if alone:  # run on the image alone: a geometric one would move the image and not its mask
             import warnings
 
             warnings.warn(
                 f"fastload: mask field '{field.name}' follows the native transforms of image '{image}' "
-                f"only; {', '.join(t.name for t in p.fallback)} run per sample on the image alone, so a "
+                f"only; {', '.join(t.name for t in alone)} run per sample on the image alone, so a "
                 f"geometric one moves the image and not its mask (use fastload.transforms' equivalents "
                 f"for geometry)",
                 UserWarning,
