@@ -414,12 +414,14 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     # -- epochs and resume -------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
         """Like ``DistributedSampler.set_epoch``: the next iteration runs this epoch's order (from the position a
-        loaded state holds, when it is that state's epoch)."""
-        self._adopt_epoch(as_int("epoch", epoch, 0))
-        driver = self._driver()
-        if self._user_sampler and hasattr(driver, "set_epoch"):
-            driver.set_epoch(epoch)
-            self._sampler_epoch_seen = getattr(driver, "epoch", 0)
+        loaded state holds, when it is that state's epoch). Under the loader's lock: an iteration starting in
+        another thread reads all of it or none (``_begin_epoch``)."""
+        with self._guard:
+            self._adopt_epoch(as_int("epoch", epoch, 0))
+            driver = self._driver()
+            if self._user_sampler and hasattr(driver, "set_epoch"):
+                driver.set_epoch(epoch)
+                self._sampler_epoch_seen = getattr(driver, "epoch", 0)
 
     def _driver(self):
         """The sampler that picks the indices (under a batch sampler, its sampler)."""

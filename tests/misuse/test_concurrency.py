@@ -325,6 +325,44 @@ def test_load_state_dict_in_the_iterating_thread_stops_the_running_iteration(ima
     assert same(grab(loader), ref[2:])
 
 
+def test_set_epoch_from_another_thread_is_whole_before_an_iteration_starts(image_shards, monkeypatch):
+    """set_epoch() writes the next epoch, drops a loaded mid-epoch position and sets the user's sampler's epoch in
+    several steps; an iteration starting in another thread meanwhile read half of it: was, "epoch 3" run with the
+    sampler still at the loaded epoch 0 (epoch 0's order). It now holds the loader's lock, as iter() does."""
+    from fastload import _sampling
+
+    ds = open_train(image_shards)
+
+    def make():
+        sampler = torch.utils.data.DistributedSampler(ds, num_replicas=1, rank=0, shuffle=True, seed=5)
+        return fastload.DataLoader(ds, batch_size=8, sampler=sampler, seed=3)
+
+    ref = make()
+    ref.set_epoch(3)
+    want = [y.clone() for _, y in ref]
+    saved = make()
+    it = iter(saved)
+    next(it), next(it)
+    state = saved.state_dict()
+    loader = make()
+    loader.load_state_dict(state)  # a mid-epoch position of epoch 0
+    real = _sampling.SamplerOrder.drop_resume
+    inside = threading.Event()
+
+    def slow_drop(self):
+        inside.set()
+        time.sleep(0.5)  # the window: the epoch is written, the loaded position not yet dropped
+        real(self)
+
+    monkeypatch.setattr(_sampling.SamplerOrder, "drop_resume", slow_drop)
+    setter = threading.Thread(target=lambda: loader.set_epoch(3), daemon=True)
+    setter.start()
+    assert inside.wait(JOIN)
+    got = [y.clone() for _, y in loader]
+    setter.join(JOIN)
+    assert len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want))
+
+
 @pytest.mark.parametrize("fmt", ["shards", "lmdb"])
 @pytest.mark.parametrize("workers", [0, 2])
 def test_loaders_over_one_dataset_in_threads_are_independent(packed_images_by_format, fmt, workers):
