@@ -247,8 +247,8 @@ class Order:
         if self.split == "shards":
             mine = self._own_sequence(e)
             mine = np.resize(mine, self._per_rank) if len(mine) < self._per_rank else mine[: self._per_rank]
-        elif self.kind == "sequential":
-            mine = np.arange(self.rank, total, w, dtype=np.int64) % max(n, 1)
+        elif self.kind == "sequential" and type(self)._global_sequence is Order._global_sequence:
+            mine = np.arange(self.rank, total, w, dtype=np.int64) % max(n, 1)  # 0 .. n-1 split, without the sequence
         else:
             seq = self._global_sequence(e)
             seq = np.resize(seq, total) if total > n else seq[:total]  # resize wraps around, like the sampler
