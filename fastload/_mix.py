@@ -74,15 +74,22 @@ class Mixed(Dataset):
     their concatenation (in the mix's field names); ``fastload.DataLoader`` draws its epochs by weight
     (``mixing``, ``fast/mixing.py``). ``members`` are the datasets by name."""
 
-    def __init__(self, members: dict[str, Dataset], mixing: Mixing, schema: Schema, stored: dict[str, dict],
-                 pipelines: dict, sequences: dict, batch_transforms: Any):
+    def __init__(
+        self,
+        members: dict[str, Dataset],
+        mixing: Mixing,
+        schema: Schema,
+        stored: dict[str, dict],
+        pipelines: dict,
+        sequences: dict,
+        batch_transforms: Any,
+    ):
         first = next(iter(members.values()))
         self.members, self.mixing, self.schema, self._stored = members, mixing, schema, stored
         self.as_dict, self.decode = first.as_dict, first.decode
         self.pipelines, self.sequences = pipelines, sequences
         self.transforms = {name: p for name, p in pipelines.items()} | sequences
         self.path = f"mix({', '.join(members)})"
-        self.manifest = None  # several: each member's
         self._remote = None
         self._lease = None
         self.batch_mix = resolve_batch(batch_transforms, schema, pipelines, self.as_dict)
@@ -197,8 +204,13 @@ def mix(
         _same_fields(first, schema, name, schemas[name], renames[name])
     stored = {name: {f: _stored(renames[name], f) for f in schema.names} for name in names}
     pipelines, sequences = _same_transforms(members, stored, schema)
-    mixing = Mixing(names, [len(ds) for ds in members.values()], _weights(members, weights),
-                    _num_samples(members, num_samples), seed)
+    mixing = Mixing(
+        names,
+        [len(ds) for ds in members.values()],
+        _weights(members, weights),
+        _num_samples(members, num_samples),
+        seed,
+    )
     return Mixed(members, mixing, schema, stored, pipelines, sequences, batch_transforms)
 
 
@@ -254,8 +266,9 @@ def _renames(members: dict[str, Dataset], fields: Any) -> dict[str, dict[str, st
     for name, ds in members.items():
         mapping = fields.get(name) or {}
         if not isinstance(mapping, Mapping):
-            raise TypeError(f"fastload.mix: fields['{name}'] should be a dict {{stored field: mix field}}, got "
-                            f"{mapping!r}")
+            raise TypeError(
+                f"fastload.mix: fields['{name}'] should be a dict {{stored field: mix field}}, got {mapping!r}"
+            )
         for stored, new in mapping.items():
             if stored not in ds.schema:
                 raise ValueError(

@@ -7,6 +7,7 @@ else. ``loader.stats()`` returns them; ``summary()`` says in one line whether th
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import numpy as np
 
@@ -17,10 +18,11 @@ class LoaderStats:
     INPUT_BOUND = 0.10  # waiting more than this share of the loop's time means the GPU/CPU step starves
 
     def __init__(self):
-        self.mixing = None  # a mix's (fast/mixing.py): samples handed out are then counted per dataset
+        self.mixing: Any = None  # a mix's (fast/mixing.py): samples handed out are then counted per dataset
+        self.from_datasets: np.ndarray | None = None
         self.reset()
 
-    def count_datasets(self, mixing) -> None:
+    def count_datasets(self, mixing: Any) -> None:
         """Count the samples of the batches handed out by the dataset of ``mixing`` (``fastload.mix``) they
         come from (``mix_counts``)."""
         self.mixing = mixing
@@ -38,12 +40,12 @@ class LoaderStats:
         self.from_datasets = None if self.mixing is None else np.zeros(len(self.mixing.names), np.int64)
 
     # consumer side
-    def took(self, started: float, samples: int, ready: int = 0, fill_s: float = 0.0, indices=None) -> None:
+    def took(self, started: float, samples: int, ready: int = 0, fill_s: float = 0.0, indices: Any = None) -> None:
         """A batch handed to the caller: ``started`` when it asked (the step before it: since the last one);
         ``ready`` batches were queued behind it; filling it took ``fill_s`` (in whichever thread filled it);
         ``indices``: its samples (counted per dataset for a mix)."""
         now = time.perf_counter()
-        if self.mixing is not None and indices is not None:
+        if self.from_datasets is not None and indices is not None:
             self.from_datasets += self.mixing.counts(indices)
         self.fill_s += fill_s
         if self._last is not None:
@@ -56,7 +58,7 @@ class LoaderStats:
 
     def mix_counts(self) -> dict[str, int] | None:
         """Samples handed out per dataset of a mix (by name); None for any other dataset."""
-        if self.mixing is None:
+        if self.from_datasets is None:
             return None
         return dict(zip(self.mixing.names, self.from_datasets.tolist()))
 

@@ -61,8 +61,14 @@ def check_kind(kind: str) -> None:
 class Mixing:
     """The datasets of a mix by size, their weights and epoch length: the global sequence of each epoch."""
 
-    def __init__(self, names: Sequence[str], sizes: Sequence[int], weights: Sequence[float], num_samples: int,
-                 seed: int | None = None):
+    def __init__(
+        self,
+        names: Sequence[str],
+        sizes: Sequence[int],
+        weights: Sequence[float],
+        num_samples: int,
+        seed: int | None = None,
+    ):
         self.names = list(names)
         self.sizes = np.asarray(sizes, dtype=np.int64)
         self.offsets = np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64)
@@ -131,8 +137,19 @@ class MixOrder(Order):
     """An ``Order`` over a mix: its global sequence is ``Mixing.sequence`` (keyed by the mix's seed when it has
     one, else the loader's); everything else (padding, ranks, batches, resume) is ``Order``'s."""
 
-    def __init__(self, mixing: Mixing, batch_size: int, *, kind: str = "random", seed: int = 0, rank: int = 0,
-                 world_size: int = 1, drop_last: bool = False, window: int = 8, split: str = "samples"):
+    def __init__(
+        self,
+        mixing: Mixing,
+        batch_size: int,
+        *,
+        kind: str = "random",
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        drop_last: bool = False,
+        window: int = 8,
+        split: str = "samples",
+    ):
         check_kind(kind)
         if split != "samples":
             raise ValueError(
@@ -140,8 +157,16 @@ class MixOrder(Order):
                 f"samples of its sequence (split='samples')"
             )
         self.mixing = mixing
-        super().__init__(mixing.num_samples, batch_size, kind=kind, seed=seed, rank=rank, world_size=world_size,
-                         drop_last=drop_last, window=window)
+        super().__init__(
+            mixing.num_samples,
+            batch_size,
+            kind=kind,
+            seed=seed,
+            rank=rank,
+            world_size=world_size,
+            drop_last=drop_last,
+            window=window,
+        )
 
     def __repr__(self) -> str:
         return "Mix" + super().__repr__() + f" of {self.mixing!r}"
