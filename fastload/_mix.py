@@ -27,46 +27,7 @@ from ._schema import Schema
 from ._augment.mix import resolve_batch
 from ._sequences import Pad
 from .fast.mixing import Mixing
-from .formats.reader import PackedReader
-
-
-class MixedSegment:
-    """One segment of a mixed dataset's member, answering in the mix's field names: ``fields`` maps a mix field
-    to the member's stored name; ``label`` (for messages) names the member."""
-
-    def __init__(self, inner: Any, member: str, schema: Schema, fields: dict[str, str]):
-        self.inner, self.member, self.schema, self.fields = inner, member, schema, fields
-        self.count = inner.count
-
-    def open(self) -> MixedSegment:
-        self.inner.open()
-        return self
-
-    def close(self) -> None:
-        self.inner.close()
-
-    @property
-    def label(self) -> str:
-        inner = self.inner.label
-        return f"{self.member}" if inner is None else f"{self.member}: {inner}"
-
-    def row(self, field: str, col: str, i: int) -> np.ndarray:
-        return self.inner.row(self.fields[field], col, i)
-
-    def take(self, field: str, col: str, idx: np.ndarray) -> np.ndarray:
-        return self.inner.take(self.fields[field], col, idx)
-
-    def blob_sources(self, field: str, idx: np.ndarray) -> Any:
-        return self.inner.blob_sources(self.fields[field], idx)
-
-    def column_region(self, field: str) -> Any:
-        return self.inner.column_region(self.fields[field])
-
-    def row_sources(self, field: str, idx: np.ndarray, row_bytes: int) -> Any:
-        return self.inner.row_sources(self.fields[field], idx, row_bytes)
-
-    def blob(self, field: str, i: int) -> Any:
-        return self.inner.blob(self.fields[field], i)
+from .formats.reader import joined
 
 
 class Mixed(Dataset):
@@ -96,12 +57,8 @@ class Mixed(Dataset):
         self._open_reader()
 
     def _open_reader(self) -> None:
-        segments = [
-            MixedSegment(seg, name, self.schema, self._stored[name])
-            for name, ds in self.members.items()
-            for seg in ds.reader.segments
-        ]
-        self._reader = PackedReader(segments, self.path)
+        parts = [(name, ds.reader, self._stored[name]) for name, ds in self.members.items()]
+        self._reader = joined(parts, self.schema, self.path)
         self._finalizer = weakref.finalize(self, self._reader.close)
 
     @property
