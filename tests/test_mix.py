@@ -205,6 +205,13 @@ def test_ranks_take_disjoint_shares_that_make_up_the_epoch(packed):
     assert sorted(zero + one) == sorted(whole)  # together the epoch's sequence, each position once
     # disjoint positions: rank r takes positions r, r + 2, ... of the epoch's sequence
     assert zero == whole[0::2] and one == whole[1::2]
+    # the same order for another rank (what fastload.accelerate does to a loader it prepares)
+    from fastload._loader import retarget
+
+    moved = strict_loader(fastload.mix(opened(packed, "a", "b"), [1, 1], num_samples=30), batch_size=4, shuffle=True,
+                          seed=9, rank=0, world_size=2)
+    retarget(moved, 1, 2)
+    assert tags(moved) == one
 
 
 # -- fields -------------------------------------------------------------------------------------------------
@@ -344,3 +351,10 @@ def test_a_mix_pickles_and_serves_torchs_own_loader(packed):
     batch = next(iter(torch.utils.data.DataLoader(again, batch_size=6)))  # Dataset.__getitems__: one native batch
     assert batch[2].tolist() == [2000, 2001, 2002, 2003, 2004, 0]
     assert torch.equal(batch[0][5], mixed[5][0])
+
+
+def test_num_workers_auto_measures_a_mix(packed, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # the measured choice is cached per dataset: here
+    mixed = fastload.mix(opened(packed, "a", "b"), [1, 1], num_samples=16)
+    dl = strict_loader(mixed, batch_size=4, shuffle=True, seed=0, num_workers="auto")
+    assert isinstance(dl.num_workers, int) and len(tags(dl)) == 16
