@@ -49,7 +49,7 @@ class Mixed(Dataset):
         self.members, self.mixing, self.schema, self._stored = members, mixing, schema, stored
         self.as_dict, self.decode = first.as_dict, first.decode
         self.pipelines, self.sequences = pipelines, sequences
-        self.transforms = {name: p for name, p in pipelines.items()} | sequences
+        self.transforms = dict(pipelines) | sequences  # by the mix's field names
         self.path = f"mix({', '.join(members)})"
         self._remote = None
         self._lease = None

@@ -125,11 +125,12 @@ class Mixing:
     def sequence(self, kind: str, seed: int, epoch: int) -> np.ndarray:
         """The epoch's global sequence of sample indices (int64, ``num_samples`` long), the same on every rank."""
         check_kind(kind)
-        labels = self._labels(kind, seed, epoch)
+        positions = np.argsort(self._labels(kind, seed, epoch), kind="stable")  # dataset d's, in order, in turn
         out = np.empty(self.num_samples, dtype=np.int64)
+        at = 0
         for d, q in enumerate(self.quotas.tolist()):
-            if q:
-                out[labels == d] = self.offsets[d] + self._stream(kind, seed, d, epoch * q, q)
+            out[positions[at : at + q]] = self.offsets[d] + self._stream(kind, seed, d, epoch * q, q)
+            at += q
         return out
 
 
