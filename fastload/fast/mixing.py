@@ -115,7 +115,8 @@ class Mixing:
     def _labels(self, kind: str, seed: int, epoch: int) -> np.ndarray:
         """The dataset number of each position of the epoch."""
         q = self.quotas
-        labels = np.repeat(np.arange(len(q), dtype=np.int64), q)
+        small = np.uint8 if len(q) <= 256 else np.uint16 if len(q) <= 65536 else np.int64  # shuffled and radix-sorted
+        labels = np.repeat(np.arange(len(q), dtype=small), q)
         if kind == "sequential":
             where = np.concatenate([(np.arange(k) + 0.5) / k for k in q if k])
             return labels[np.lexsort((labels, where))]
