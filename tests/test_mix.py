@@ -327,6 +327,9 @@ def test_a_remote_member_is_read_through_its_cache(packed, tmp_path):
 
         return real(seen())
 
+    # ranks of a remote dataset read whole shards each by default (split='shards'): not a mix's, and it says so
+    with pytest.warns(RuntimeWarning, match="cannot apply here \\(a mix draws its samples across datasets by weight"):
+        fastload.DataLoader(mixed, batch_size=4, shuffle=True, seed=0, rank=0, world_size=2)
     remote.read_plan = spy
     dl = strict_loader(mixed, batch_size=4, shuffle=True, seed=0)
     wanted = [[t - 1000 for t in batch[2].tolist() if t >= 1000] for batch in dl]
