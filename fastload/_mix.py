@@ -117,11 +117,6 @@ class Mixed(Dataset):
             idx = np.asarray(item, dtype=np.int64)
             yield idx[(idx >= lo) & (idx < hi)] - lo
 
-    def locate_member(self, i: int) -> tuple[str, int]:
-        """(member name, its index) of the mix's sample ``i``."""
-        d = int(self.mixing.dataset_of([i])[0])
-        return self.mixing.names[d], int(i - self.mixing.offsets[d])
-
 
 def mix(
     datasets: Mapping[str, Dataset],
@@ -265,7 +260,7 @@ def _stored(rename: dict[str, str | None], mixed: str) -> str:
     return next((old for old, new in rename.items() if new == mixed), mixed)
 
 
-def _as_stored(name: str, mixed: str, rename: dict) -> str:
+def _as_stored(mixed: str, rename: dict) -> str:
     old = _stored(rename, mixed)
     return f"field '{mixed}'" if old == mixed else f"field '{mixed}' (stored as '{old}')"
 
@@ -281,7 +276,7 @@ def _same_fields(first: str, ref: Schema, name: str, schema: Schema, rename: dic
     extra = [f for f in schema.names if f not in ref]
     if extra:
         raise ValueError(
-            f"fastload.mix: dataset '{name}' has {_as_stored(name, extra[0], rename)}, which dataset '{first}' "
+            f"fastload.mix: dataset '{name}' has {_as_stored(extra[0], rename)}, which dataset '{first}' "
             f"has not (its fields: {list(ref.names)}): rename it to one of those, or leave it out with "
             f"fields={{'{name}': {{'{_stored(rename, extra[0])}': None}}}}"
         )
@@ -289,7 +284,7 @@ def _same_fields(first: str, ref: Schema, name: str, schema: Schema, rename: dic
         g = schema[f.name]
         if (g.kind, g.dtype, g.shape) != (f.kind, f.dtype, f.shape):
             raise ValueError(
-                f"fastload.mix: dataset '{name}' {_as_stored(name, f.name, rename)} is {_describe(g)}, but dataset "
+                f"fastload.mix: dataset '{name}' {_as_stored(f.name, rename)} is {_describe(g)}, but dataset "
                 f"'{first}''s is {_describe(f)}: a batch holds both, so they must agree"
             )
 
