@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from .order import Order, as_int, digest, seed_key
+from .order import Order, as_int, seed_key
 
 MIX_STREAM = 0x4D495843  # "MIXC": never meets the order's, batch or sample streams
 
@@ -82,11 +82,11 @@ class Mixing:
         return f"Mixing({parts} per epoch of {self.num_samples})"
 
     def describe(self) -> str:
-        """What a saved position must agree with (``MixOrder._config``): names, sizes, quotas, epoch, seed."""
-        return (
-            f"{','.join(self.names)}:{digest(self.sizes)}:{digest(self.quotas)}:{self.num_samples}:"
-            f"{'loader' if self.seed is None else self.seed}"
-        )
+        """What a saved position must agree with (``MixOrder._config``), in words: each dataset's name, size and
+        quota (which the epoch's sequence depends on, not the weights that gave them), and the mix's seed."""
+        parts = [f"'{n}': {s} samples, {q} an epoch" for n, s, q in zip(self.names, self.sizes, self.quotas)]
+        seed = "the loader's" if self.seed is None else str(self.seed)
+        return "; ".join(parts) + f"; seed={seed}"
 
     def dataset_of(self, indices: Any) -> np.ndarray:
         """The dataset number of each global index."""

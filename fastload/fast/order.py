@@ -380,8 +380,9 @@ _TERMS = {
     "num_samples": lambda v: f"a dataset of {v} samples",
     "shards": lambda v: f"a dataset of {str(v).split(':')[0]} shards (digest of their sizes {str(v).split(':')[-1]})",
     "world_size": lambda v: f"world_size={v} (processes)",
+    "mix": lambda v: f"a mix of {v}",  # fast/mixing.py
 }
-_DATASET_KEYS = frozenset(("num_samples", "shards"))
+_DATASET_KEYS = frozenset(("num_samples", "shards", "mix"))
 
 
 def _user_terms(key: str, value: Any) -> str:
