@@ -9,6 +9,7 @@ from . import transforms
 from ._dataset import Dataset, open
 from ._doctor import doctor
 from ._loader import DataLoader
+from ._mix import mix
 from .fast.device import to_device
 from ._errors import (
     DecodeError,
@@ -42,6 +43,7 @@ __all__ = [
     "__version__",
     "doctor",
     "merge",
+    "mix",
     "open",
     "pack",
     "to_device",

@@ -27,6 +27,10 @@ def cache_path() -> Path:
 
 
 def _key(dataset, batch_size: int) -> str:
+    members = getattr(dataset, "members", None)  # fastload.mix: its datasets' keys, and how it mixes them
+    if members is not None:
+        parts = [_key(ds, batch_size) for ds in members.values()] + [repr(dataset.mixing)]
+        return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
     m = dataset.manifest
     parts = [
         os.path.realpath(dataset.path),

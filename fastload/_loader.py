@@ -24,6 +24,7 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter, _DatasetKind
 from ._batcher import Batcher
 from .fields import NotFastPath
 from ._dataset import Dataset as PackedDataset
+from ._mix import Mixed
 from ._getitems import batch_decodable
 from ._dropin import (
     check_batch_sampler,
@@ -190,6 +191,13 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         self._deciding = True  # torch's __init__ checks num_workers; fastload does once it knows its path
         self._user_sampler = sampler is not None or batch_sampler is not None
         check_order_args(sampler, batch_sampler, order, shuffle, rank, world_size)
+        if self._user_sampler and isinstance(dataset, Mixed):
+            raise ValueError(
+                "a fastload.mix draws its samples by weight in its own order: a sampler or batch_sampler would "
+                "replace that order (and its weights) by the sampler's over the concatenated datasets. Leave "
+                "sampler= out (fastload.DataLoader splits the mix over ranks itself: rank=, world_size=, default "
+                "torch.distributed's; under Lightning, Trainer(use_distributed_sampler=False))"
+            )
         given = sampler
         if not self._user_sampler and not isinstance(dataset, IterableDataset):
             # torch's default samplers, plus set_epoch: how Lightning's epoch reaches the loader (EpochInput)
@@ -267,6 +275,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             return
         self._deciding = False
         check_worker_init_fn(worker_init_fn)
+        if isinstance(dataset, Mixed):
+            self._stats.count_datasets(dataset.mixing)  # stats()["mix"]
         if self._packed is not None:
             dataset = self._packed  # the fast path reads the pack; loader.dataset stays the user's dataset
             warn_folder_fast(self.dataset, dataset)
@@ -691,7 +701,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         """Counters since the loader was made: batches, time the loop waited for data, time filling
         batches, queue depth, slots in the ring, skipped samples (see ``stats_summary()``); with
         ``decoder="auto"`` pairing a GPU decoder, ``hybrid``: the CPU threads' share of each batch and the two
-        halves' measured rates (samples/s; the GPU's from device timing events)."""
+        halves' measured rates (samples/s; the GPU's from device timing events); for a ``fastload.mix`` on the fast
+        path, ``mix``: the samples of the batches handed out from each of its datasets, by name (else None)."""
         return self._stats.as_dict() | {
             "slots": len(self._ring or ()),
             "slot_bytes": self._ring.nbytes if self._ring else 0,
@@ -701,6 +712,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             "num_workers": self.num_workers,
             "remote": getattr(self._fast_dataset, "remote_stats", lambda: None)(),
             "hybrid": self._batcher.images.split_stats() if self._batcher else None,
+            "mix": self._stats.mix_counts(),
         }
 
     def stats_summary(self) -> str:

@@ -7,6 +7,9 @@ else. ``loader.stats()`` returns them; ``summary()`` says in one line whether th
 from __future__ import annotations
 
 import time
+from typing import Any
+
+import numpy as np
 
 
 class LoaderStats:
@@ -15,7 +18,15 @@ class LoaderStats:
     INPUT_BOUND = 0.10  # waiting more than this share of the loop's time means the GPU/CPU step starves
 
     def __init__(self):
+        self.mixing: Any = None  # a mix's (fast/mixing.py): samples handed out are then counted per dataset
+        self.from_datasets: np.ndarray | None = None
         self.reset()
+
+    def count_datasets(self, mixing: Any) -> None:
+        """Count the samples of the batches handed out by the dataset of ``mixing`` (``fastload.mix``) they
+        come from (``mix_counts``)."""
+        self.mixing = mixing
+        self.from_datasets = np.zeros(len(mixing.names), np.int64)
 
     def reset(self) -> None:
         self.batches = 0
@@ -26,12 +37,16 @@ class LoaderStats:
         self.queue_depth = 0  # sum of ready batches seen at each __next__ (mean = / batches)
         self.skipped = 0
         self._last: float | None = None
+        self.from_datasets = None if self.mixing is None else np.zeros(len(self.mixing.names), np.int64)
 
     # consumer side
-    def took(self, started: float, samples: int, ready: int = 0, fill_s: float = 0.0) -> None:
+    def took(self, started: float, samples: int, ready: int = 0, fill_s: float = 0.0, indices: Any = None) -> None:
         """A batch handed to the caller: ``started`` when it asked (the step before it: since the last one);
-        ``ready`` batches were queued behind it; filling it took ``fill_s`` (in whichever thread filled it)."""
+        ``ready`` batches were queued behind it; filling it took ``fill_s`` (in whichever thread filled it);
+        ``indices``: its samples (counted per dataset for a mix)."""
         now = time.perf_counter()
+        if self.from_datasets is not None and indices is not None:
+            self.from_datasets += self.mixing.counts(indices)
         self.fill_s += fill_s
         if self._last is not None:
             self.step_s += started - self._last
@@ -40,6 +55,12 @@ class LoaderStats:
         self.samples += samples
         self.queue_depth += ready
         self._last = now
+
+    def mix_counts(self) -> dict[str, int] | None:
+        """Samples handed out per dataset of a mix (by name); None for any other dataset."""
+        if self.from_datasets is None:
+            return None
+        return dict(zip(self.mixing.names, self.from_datasets.tolist()))
 
     def end_epoch(self) -> None:
         self._last = None  # time between epochs is not a training step

@@ -62,7 +62,7 @@ def test_public_api_is_deliberate():
     assert sorted(fastload.__all__) == sorted([
         "DataLoader", "Dataset", "DecodeError", "FastPathWarning", "FastloadError", "Field", "FormatError",
         "PackSummary", "RemoteError", "Schema", "SchemaError", "SourceError", "VersionError", "__version__", "doctor",
-        "merge", "open", "pack", "to_device", "transforms",
+        "merge", "mix", "open", "pack", "to_device", "transforms",
     ])
     for name in fastload.__all__:
         assert hasattr(fastload, name)

@@ -21,6 +21,7 @@ from .._sequences import Bucket, PackSequences
 from ..fields.image import ImagePart
 from .collate import Collate, Collator
 from .fill import Fill, Reservations, host_limit
+from .mixing import MixOrder
 from .order import Jobs, Order
 from .packing import BucketOrder, PackedOrder
 from .position import Count, Progress, in_own_process
@@ -38,6 +39,13 @@ def order_for(
         split = "shards" if getattr(dataset, "remote", False) and w > 1 else "samples"
     shard_sizes = dataset.reader.sizes if kind == "quasi" or split == "shards" else None
     common = dict(kind=kind, seed=seed, rank=r, world_size=w, drop_last=drop_last, window=window)
+    mixing = getattr(dataset, "mixing", None)  # fastload.mix: drawn by weight over several datasets (mixing.py)
+    if mixing is not None:
+        if split == "shards":
+            if explicit:
+                raise ValueError("split='shards' cannot apply to a mix: it draws samples across datasets by weight")
+            split = _strided("a mix draws its samples across datasets by weight")
+        return MixOrder(mixing, batch_size, **common)
     bucketed = [(n, t) for n, t in dataset.sequences.items() if isinstance(t, Bucket)]
     packed = [(n, t) for n, t in dataset.sequences.items() if isinstance(t, PackSequences)]
     if (packed or bucketed) and split == "shards":
@@ -71,6 +79,8 @@ def for_rank(order: Order, rank: int, world: int) -> Order:
     common = dict(
         kind=order.kind, seed=order.seed, rank=rank, world_size=world, drop_last=order.drop_last, window=order.window
     )
+    if isinstance(order, MixOrder):
+        return MixOrder(order.mixing, order.batch_size, **common)
     if isinstance(order, PackedOrder):
         return PackedOrder(order.lengths, order.tokens_per_batch, **common)
     if isinstance(order, BucketOrder):

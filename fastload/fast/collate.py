@@ -164,7 +164,7 @@ class Collate(Stage):
         r = self.reserved
         with r.lock:
             r.ids.discard(id(slot))
-        self.stats.took(started, n, self.source.ready, fill)
+        self.stats.took(started, n, self.source.ready, fill, getattr(slot, "indices", None))
         if self.contiguous is not None:
             out = contiguous_images(out, self.contiguous)  # (never on the device path, so never an AfterCopy)
         self._returned_at = time.perf_counter()

@@ -85,6 +85,7 @@ class Fill(Stage):
         t = time.perf_counter()
         objects = self.batcher.fill(slot, indices, rng, self.pool)
         slot.batch_rng = rng  # the collate stage draws the batch transform's plan from it (MixUp/CutMix)
+        slot.indices = indices  # and counts them (a mix's samples per dataset, ``LoaderStats.took``)
         cost = time.perf_counter() - t
         self.fills.append(cost)  # the policy's window (a deque; appended from the filling thread)
         return slot, len(indices), objects, cost

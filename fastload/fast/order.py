@@ -247,8 +247,8 @@ class Order:
         if self.split == "shards":
             mine = self._own_sequence(e)
             mine = np.resize(mine, self._per_rank) if len(mine) < self._per_rank else mine[: self._per_rank]
-        elif self.kind == "sequential":
-            mine = np.arange(self.rank, total, w, dtype=np.int64) % max(n, 1)
+        elif self.kind == "sequential" and type(self)._global_sequence is Order._global_sequence:
+            mine = np.arange(self.rank, total, w, dtype=np.int64) % max(n, 1)  # 0 .. n-1 split, without the sequence
         else:
             seq = self._global_sequence(e)
             seq = np.resize(seq, total) if total > n else seq[:total]  # resize wraps around, like the sampler
@@ -380,8 +380,9 @@ _TERMS = {
     "num_samples": lambda v: f"a dataset of {v} samples",
     "shards": lambda v: f"a dataset of {str(v).split(':')[0]} shards (digest of their sizes {str(v).split(':')[-1]})",
     "world_size": lambda v: f"world_size={v} (processes)",
+    "mix": lambda v: f"a mix of {v}",  # fast/mixing.py
 }
-_DATASET_KEYS = frozenset(("num_samples", "shards"))
+_DATASET_KEYS = frozenset(("num_samples", "shards", "mix"))
 
 
 def _user_terms(key: str, value: Any) -> str:

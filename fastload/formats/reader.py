@@ -6,6 +6,8 @@ regions and offsets; the caller makes the call, with its own thread pool), and r
 names for messages. Segments of every format (shards, local or cached from a URL, and LMDB) answer the
 same methods: nothing here or above checks a segment's class.
 
+``joined`` reads several datasets as one (``fastload.mix``), each segment answering in the mix's field names.
+
 ``read_manifest``, ``local_segments``, ``verify`` and ``describe_storage`` are the format-neutral entries
 for a local path: each asks the ``Format`` of ``registry.py`` that recognises what is on disk.
 
@@ -244,3 +246,51 @@ class PackedReader:
             seg.open()
             parts.append(seg.take(field, "meta", np.arange(seg.count))[:, :2].astype(np.int64))
         return np.concatenate(parts) if parts else np.zeros((0, 2), np.int64)
+
+
+def joined(parts: list, schema: Any, path: Path | str) -> PackedReader:
+    """One reader over several datasets' segments, in order (``fastload.mix``: the global index space is their
+    concatenation): ``parts`` is ``[(name, reader, fields)]``, ``fields`` mapping each of ``schema``'s field names
+    to that dataset's stored name."""
+    return PackedReader(
+        [RenamedSegment(seg, name, schema, fields) for name, reader, fields in parts for seg in reader.segments], path
+    )
+
+
+class RenamedSegment:
+    """A segment answering in other field names (``joined``): ``fields`` maps each name to the segment's stored
+    one; ``label`` (for messages) starts with ``member``, the dataset the segment belongs to."""
+
+    def __init__(self, inner: Any, member: str, schema: Any, fields: dict[str, str]):
+        self.inner, self.member, self.schema, self.fields = inner, member, schema, fields
+        self.count = inner.count
+
+    def open(self) -> "RenamedSegment":
+        self.inner.open()
+        return self
+
+    def close(self) -> None:
+        self.inner.close()
+
+    @property
+    def label(self) -> str:
+        inner = self.inner.label
+        return f"{self.member}" if inner is None else f"{self.member}: {inner}"
+
+    def row(self, field: str, col: str, i: int) -> np.ndarray:
+        return self.inner.row(self.fields[field], col, i)
+
+    def take(self, field: str, col: str, idx: np.ndarray) -> np.ndarray:
+        return self.inner.take(self.fields[field], col, idx)
+
+    def blob_sources(self, field: str, idx: np.ndarray) -> Any:
+        return self.inner.blob_sources(self.fields[field], idx)
+
+    def column_region(self, field: str) -> Any:
+        return self.inner.column_region(self.fields[field])
+
+    def row_sources(self, field: str, idx: np.ndarray, row_bytes: int) -> Any:
+        return self.inner.row_sources(self.fields[field], idx, row_bytes)
+
+    def blob(self, field: str, i: int) -> Any:
+        return self.inner.blob(self.fields[field], i)
