@@ -163,6 +163,7 @@ class SlotRing:
         self.pid = os.getpid()
         self.pending: CopyHolds | None = None
         self.limit: int | None = None  # the bound a producer thread fills under (None: grow), ``fast/fill.py``
+        self.groups: dict[int, SlotRing] = {}  # group slots of several batches each, by batches (fast/group.py)
 
     def acquire(
         self, skip: Iterable[int] = (), ready: Callable[[Slot], bool] | None = None, bound: int | None = None
@@ -179,14 +180,15 @@ class SlotRing:
         return slot
 
     def __len__(self) -> int:
-        return len(self.slots)
+        return len(self.slots) + sum(len(g) for g in self.groups.values())
 
     @property
     def nbytes(self) -> int:
-        return sum(s.nbytes for s in self.slots)
+        return sum(s.nbytes for s in self.slots) + sum(g.nbytes for g in self.groups.values())
 
     def clear(self) -> None:
         self.slots = []
+        self.groups = {}
 
 
 # -- pinned host memory, and fork -------------------------------------------------------------------
