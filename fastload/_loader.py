@@ -649,6 +649,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             device=device,
             guard=self._guard,
         )
+        if self._order is not None:
+            self._order.prepare(epoch + 1)  # the next epoch's shuffle, in the background while this one runs
         self._live = weakref.ref(it)
         return it
 

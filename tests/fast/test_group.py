@@ -158,3 +158,35 @@ def test_a_group_stays_reserved_until_its_last_batch_is_collated(records):
     del last
     assert not items[0][0].group.held()
     assert stats.batches == size
+
+
+def test_an_epoch_prepared_in_the_background_is_the_epoch_computed_in_place():
+    import pickle
+
+    def make():
+        return Order(10_000, 64, kind="random", seed=4, rank=1, world_size=3)
+
+    a = make()
+    a.prepare(2)
+    b = pickle.loads(pickle.dumps(a))  # the thread does not travel; the copy computes in place
+    assert b._ahead is None
+    want = make().indices(2)
+    assert np.array_equal(a.indices(2), want) and a._ahead is None  # taken from the background thread
+    assert np.array_equal(b.indices(2), want)
+    a.prepare(3)
+    a.set_epoch(5)  # the epoch set is not the one prepared: computed in place
+    assert np.array_equal(a.indices(), make().indices(5))
+
+
+def test_the_loader_prepares_the_next_epoch_and_its_batches_stay_the_same(records, ungrouped):
+    def make():
+        return fastload.DataLoader(records, batch_size=100, shuffle=True, seed=8)
+
+    want = ungrouped(lambda: (lambda ld: [_batches(ld) for _ in range(3)])(make()))
+    loader = make()
+    got = []
+    for e in range(3):
+        got.append(_batches(loader))
+        assert loader._order._ahead is not None and loader._order._ahead[0] == e + 1
+    for a, b in zip(got, want):
+        _same(a, b)
