@@ -118,6 +118,10 @@ class GroupFill(Stage):
                 break
         if not jobs:
             raise StopIteration
+        b = self.batcher.batch_size
+        for job in jobs:
+            if len(job) > b:  # Fill's native call refuses it; here it would run into the next batch's rows
+                raise ValueError(f"fastload: a batch of {len(job)} indices for slots of batch_size={b}")
         r = self.reserved
         with r.lock:
             group = self.ring.acquire(r.ids)

@@ -190,3 +190,12 @@ def test_the_loader_prepares_the_next_epoch_and_its_batches_stay_the_same(record
         assert loader._order._ahead is not None and loader._order._ahead[0] == e + 1
     for a, b in zip(got, want):
         _same(a, b)
+
+
+def test_a_batch_larger_than_the_slots_is_refused_not_written_into_the_next(records):
+    batcher = Batcher(records, 16, 0)
+    ring = group_ring(SlotRing(batcher.new_slot), batcher, 4)
+    jobs = Jobs(Order(len(records), 17, kind="sequential"), 0, 0, needs_rng=False)
+    fill = GroupFill(jobs, batcher, batcher.pool, ring, Reservations(), FillPolicy().fills, 4)
+    with pytest.raises(ValueError, match="17 indices for slots of batch_size=16"):
+        next(fill)
