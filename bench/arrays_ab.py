@@ -73,7 +73,7 @@ def main() -> None:
     ap.add_argument("case", choices=sorted(CASES))
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--no-torch", action="store_true",
-                    help="leave torch's DataLoader out (on a loaded 2-vCPU machine the ceiling rounds after it ran slower)")
+                    help="leave torch's DataLoader out (on a loaded 2-vCPU VM the ceiling ran slower after it)")
     args = ap.parse_args()
     ds = fastload.open(data(args.data, args.case))
     batch = CASES[args.case][3]
@@ -87,7 +87,8 @@ def main() -> None:
         fns[f"fastload before, num_workers={w}"] = loader_run(ds, batch, w, True)
         fns[f"fastload after, num_workers={w}"] = loader_run(ds, batch, w, False)
     torch_key = "torch DataLoader(TensorDataset), num_workers=0"
-    if args.case == "raw" and not args.no_torch:  # tiny: per-sample indexing of 262,144 rows takes seconds a round (arrays_bench has it)
+    # tiny: torch indexes 262,144 rows one by one, seconds a round (arrays_bench has it)
+    if args.case == "raw" and not args.no_torch:
         tds = torch.utils.data.TensorDataset(*[torch.from_numpy(a) for a in arrays.values()])
         tdl = torch.utils.data.DataLoader(tds, batch_size=batch, shuffle=True, drop_last=True)
         fns[torch_key] = lambda: drain(tdl)
@@ -109,7 +110,8 @@ def main() -> None:
     top = next(iter(fns))
     print(f"{args.case}, batch {batch}, {n:,} samples an epoch, {args.rounds} interleaved rounds, "
           f"{os.cpu_count()} cores, load average {load:.1f} -> {os.getloadavg()[0]:.1f}\n")
-    print("| reader | samples/s (wall) | / ceiling (wall) | samples per CPU-s | / ceiling (CPU) |\n|---|---:|---:|---:|---:|")
+    print("| reader | samples/s (wall) | / ceiling (wall) | samples per CPU-s | / ceiling (CPU) |")
+    print("|---|---:|---:|---:|---:|")
     for k in fns:
         print(f"| {k} | {n / np.median(wall[k]):,.0f} | {ratio(wall, top, k):.2f} | {n / np.median(cpu[k]):,.0f} | "
               f"{ratio(cpu, top, k):.2f} |")
