@@ -128,6 +128,12 @@ def case(name, arrays, packed, batch, repeat, cores, rows, tiny: bool):
         print(f"| {k} | {v:,.0f} | {best_fl / v:.2f}x |")
         rows.append((name, k, v))
     print(f"\nfastload best = {best_fl / best_ceiling:.0%} of the best gather ceiling")
+    ram = res["numpy take ceiling from RAM, 1 thread"]
+    torch0 = res["torch DataLoader(TensorDataset), num_workers=0"]
+    for w in sorted({0, 1, cores}):
+        fl = res[f"fastload, num_workers={w}"]
+        print(f"fastload num_workers={w}: {fl / ram:.0%} of the in-RAM 1-thread ceiling, {fl / torch0:.2f}x torch's "
+              f"DataLoader(TensorDataset) at num_workers=0")
 
 
 def main() -> None:
@@ -136,6 +142,7 @@ def main() -> None:
     ap.add_argument("--tiny", type=int, default=2_000_000, help="tiny records (48 int32 tokens + label)")
     ap.add_argument("--raw-batch", type=int, default=256)
     ap.add_argument("--tiny-batch", type=int, default=4096)
+    ap.add_argument("--tiny-tokens", type=int, default=48, help="int32 tokens per tiny record (issue 32: 64)")
     args = ap.parse_args()
     if args.raw < args.raw_batch or args.tiny < args.tiny_batch:  # whole batches only (drop_last)
         ap.error(f"--raw {args.raw} / --tiny {args.tiny}: need at least one batch each "
@@ -143,14 +150,15 @@ def main() -> None:
     cores = os.cpu_count() or 1
     rng = np.random.default_rng(0)
     rows = []
-    print(f"{cores} cores; random order; medians of {args.repeat}")
+    print(f"{cores} cores; random order; medians of {args.repeat}; load average {os.getloadavg()[0]:.1f} at the start")
 
     raw = {"image": rng.integers(0, 255, (args.raw, 3, 224, 224), dtype=np.uint8),
            "label": rng.integers(0, 1000, args.raw)}
-    tiny = {"tokens": rng.integers(0, 50000, (args.tiny, 48), dtype=np.int32),
+    tiny = {"tokens": rng.integers(0, 50000, (args.tiny, args.tiny_tokens), dtype=np.int32),
             "label": rng.integers(0, 2, args.tiny)}
     for name, arrays, batch, is_tiny in ((f"raw uint8 3x224x224, batch {args.raw_batch}", raw, args.raw_batch, False),
-                                         (f"tiny records (200 bytes), batch {args.tiny_batch}", tiny, args.tiny_batch,
+                                         (f"tiny records ({4 * args.tiny_tokens + 8} bytes), batch {args.tiny_batch}",
+                                          tiny, args.tiny_batch,
                                           True)):
         packed = args.data / ("arrays_raw" if not is_tiny else "arrays_tiny")
         shutil.rmtree(packed, ignore_errors=True)
@@ -159,6 +167,7 @@ def main() -> None:
         nbytes = sum(a.nbytes for a in arrays.values())
         print(f"\npacked {name.split(',')[0]}: {nbytes / 1e6:,.0f} MB in {time.perf_counter() - t:.2f} s")
         case(name, arrays, packed, batch, args.repeat, cores, rows, is_tiny)
+    print(f"\nload average {os.getloadavg()[0]:.1f} at the end")
     write_csv(args.csv, rows, ["case", "reader", "samples_per_s"])
 
 

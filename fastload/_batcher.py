@@ -90,10 +90,11 @@ class Batcher:
         at 0 that way). A persistent loader keeps everything."""
         self.images.end_epoch()
 
-    def new_slot(self, pin: bool | None = None) -> Slot:
+    def new_slot(self, pin: bool | None = None, rows: int | None = None) -> Slot:
         """One batch of buffers; ``pin`` None: pinned where CUDA is usable. ``Dataset.__getitems__`` passes
-        False: its batches are copied by the caller's collate, so pinning them would only cost."""
-        b = self.batch_size
+        False: its batches are copied by the caller's collate, so pinning them would only cost. ``rows``: that
+        many samples instead of a batch (a group slot of several batches, ``fast/group.py``)."""
+        b = self.batch_size if rows is None else rows
         tensors = {}
         if pin is None:
             pin = pinned_memory_usable()  # asked per slot: a forked child must not pin (_ring.py, rule 6)

@@ -670,6 +670,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             guard=self._guard,
             collator=self._collator,
         )
+        if self._order is not None:
+            self._order.prepare(epoch + 1)  # the next epoch's shuffle, in the background while this one runs
         self._live = weakref.ref(it)
         return it
 

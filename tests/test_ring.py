@@ -580,3 +580,40 @@ def test_staged_batches_are_let_go_at_once_and_staging_waits_for_its_copy():
     pf = DevicePrefetcher(pinned, depth=2, ring=DeviceRing("cpu", streams=sim))
     next(pf)
     assert len(pf.ring.holds) == 2  # DMA reads them: kept until it ran
+
+
+def _vm_flags(addr: int) -> list[str]:
+    """The VmFlags of this process's mapping that holds ``addr`` (/proc/self/smaps)."""
+    inside, flags = False, None
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo <= addr < hi
+            elif inside and head == "VmFlags:":
+                flags = line.split()[1:]
+                break
+    assert flags is not None, f"no mapping holds {addr:#x}"
+    return flags
+
+
+@pytest.mark.skipif(not hasattr(mmap, "MADV_HUGEPAGE") or not os.path.exists("/sys/kernel/mm/transparent_hugepage"),
+                    reason="transparent huge pages are Linux's, with THP built into the kernel")
+def test_large_unpinned_slot_buffers_ask_for_huge_pages():
+    """A 9.6 MB raw image slot lies in a mapping marked MADV_HUGEPAGE (smaps' ``hg``), whatever the THP mode
+    (in ``madvise`` mode, this machine's, torch.empty's memory gets none); a small buffer stays torch's."""
+    big = _ring.host_empty((64, 3, 224, 224), torch.uint8, False)
+    assert big.shape == (64, 3, 224, 224) and big.dtype == torch.uint8 and big.is_contiguous()
+    assert big.data_ptr() % _ring.HUGE_PAGE == 0
+    assert "hg" in _vm_flags(big.data_ptr())
+    wide = _ring.host_empty((1024, 1024, 3), torch.bfloat16, False)  # a dtype numpy has not
+    wide.fill_(2)
+    assert wide.shape == (1024, 1024, 3) and float(wide.sum()) == 2 * wide.numel()
+    slot = _ring.Slot({"x": big})
+    view = big[:3]
+    assert slot.held()
+    del view
+    assert not slot.held()
+    small = _ring.host_empty((1024,), torch.int64, False)
+    assert small.untyped_storage().nbytes() == 8192

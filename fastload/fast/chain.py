@@ -21,7 +21,11 @@ from .._sequences import Bucket, PackSequences
 from ..fields.image import ImagePart
 from .collate import Collate, Collator
 from .fill import Fill, Reservations, host_limit
+<<<<<<< HEAD
 from .mixing import MixOrder
+=======
+from .group import GroupFill, group_ring, group_size
+>>>>>>> tiny
 from .order import Jobs, Order
 from .packing import BucketOrder, PackedOrder
 from .position import Count, Progress, in_own_process
@@ -224,7 +228,12 @@ def fast_iterator(
         source = ReadAhead(source, reading)
     reserved = Reservations()
     batcher.images.bind_device()
-    source = Fill(source, batcher, batcher.pool, slots, reserved, policy.fills)
+    group = group_size(batcher, remote=reading is not None, device=device is not None)
+    if group > 1:  # cheap batches: several per fill (group.py)
+        ring = group_ring(slots, batcher, group)
+        source = GroupFill(source, batcher, batcher.pool, ring, reserved, policy.fills, group)
+    else:
+        source = Fill(source, batcher, batcher.pool, slots, reserved, policy.fills)
     # per-sample transform workers: forked here, in the caller's thread, before the producer thread runs
     images = {p.name: p.pipeline for p in batcher.parts if isinstance(p, ImagePart)}
     batcher.images.start_fallbacks(batcher.pool, images)

@@ -58,7 +58,10 @@ def mark_producer(stop: threading.Event | None = None) -> None:
 
 
 class Reservations:
-    """Slots filled and not yet collated (by ``id``), shared by ``Fill`` (adds) and ``Collate`` (discards)."""
+    """Slots filled and not yet collated (by ``id``), shared by ``Fill`` (adds) and ``Collate`` (discards).
+
+    A batch of a group slot (``group.Member``, ``fast/group.py``) reserves its group: ``Collate`` ends the
+    reservation at the group's last batch, ``release`` (a batch dropped, not collated) at once."""
 
     __slots__ = ("ids", "lock")
 
@@ -67,8 +70,9 @@ class Reservations:
         self.lock = threading.Lock()
 
     def release(self, slot: Any) -> None:
+        """``slot``'s batch is dropped (a reset, a stopped producer): nothing will view it."""
         with self.lock:
-            self.ids.discard(id(slot))
+            self.ids.discard(id(getattr(slot, "group", slot)))
 
 
 class Fill(Stage):
