@@ -21,11 +21,8 @@ from .._sequences import Bucket, PackSequences
 from ..fields.image import ImagePart
 from .collate import Collate, Collator
 from .fill import Fill, Reservations, host_limit
-<<<<<<< HEAD
-from .mixing import MixOrder
-=======
 from .group import GroupFill, group_ring, group_size
->>>>>>> tiny
+from .mixing import MixOrder
 from .order import Jobs, Order
 from .packing import BucketOrder, PackedOrder
 from .position import Count, Progress, in_own_process
