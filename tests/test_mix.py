@@ -362,3 +362,29 @@ def test_num_workers_auto_measures_a_mix(packed, tmp_path, monkeypatch):
     mixed = fastload.mix(opened(packed, "a", "b"), [1, 1], num_samples=16)
     dl = strict_loader(mixed, batch_size=4, shuffle=True, seed=0, num_workers="auto")
     assert isinstance(dl.num_workers, int) and len(tags(dl)) == 16
+
+
+def test_a_mix_of_fixed_size_columns_is_counted_when_its_batches_are_filled_in_groups(tmp_path):
+    # no image, no random transform: the fast path fills several batches per native call (fast/group.py); each
+    # batch of a group must still carry its own indices to the per-dataset counts
+    from fastload.fast.group import GroupFill
+
+    for name, base, n in (("a", 0, 24), ("b", 1000, 7)):
+        rows = [{"label": i % 3, "tag": base + i} for i in range(n)]
+        fastload.pack(rows, tmp_path / name, workers=0)
+    ds = {n: fastload.open(tmp_path / n, as_dict=True) for n in ("a", "b")}
+    dl = strict_loader(fastload.mix(ds, weights={"a": 1, "b": 3}, num_samples=40), batch_size=4, shuffle=True)
+    it = iter(dl)
+    got = [int(t) for batch in it for t in batch["tag"]]
+    assert any(isinstance(s, GroupFill) for s in _stages(it)), "the batches were not filled in groups"
+    assert (len(got), sum(t >= 1000 for t in got)) == (40, 30)
+    assert dl.stats()["mix"] == {"a": 10, "b": 30}
+
+
+def _stages(it) -> list:
+    """The stages of a fast iterator's chain, followed through their ``source``."""
+    found, stage = [], it
+    while stage is not None:
+        found.append(stage)
+        stage = getattr(stage, "source", None)
+    return found

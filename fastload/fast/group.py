@@ -65,10 +65,11 @@ class Member:
     """One batch of a group slot: ``tensors`` are views of the group's rows ``[j * batch, (j + 1) * batch)``;
     ``last`` is set by each fill on the group's last member holding a batch (its collate ends the reservation)."""
 
-    __slots__ = ("tensors", "group", "last", "batch_rng")
+    __slots__ = ("tensors", "group", "last", "batch_rng", "indices")
 
     def __init__(self, tensors: dict, group: Any):
         self.tensors, self.group, self.last, self.batch_rng = tensors, group, False, None
+        self.indices: Any = None
 
 
 def new_group(batcher: Any, size: int) -> Any:
