@@ -9,9 +9,12 @@
 namespace fastload {
 namespace {
 
-// Columns/rows decoded beyond the requested window before libjpeg's block alignment, so that
-// the edge handling of chroma upsampling at a crop boundary never reaches requested pixels.
-constexpr int kMargin = 4;
+// Smooth chroma upsampling treats the edges of a jpeg_crop_scanline window as image edges, so the
+// window's first and last columns can differ from a full decode: one column more on each side
+// (before libjpeg widens the window to whole iMCUs) keeps them off the requested pixels. Rows need
+// no margin: jpeg_skip_scanlines decodes the context rows the first kept row needs.
+// tests/native/test_jpeg_window.py checks both against a full decode, byte for byte.
+constexpr int kMarginX = 1;
 
 struct ErrorMgr {
   jpeg_error_mgr pub;
@@ -180,14 +183,14 @@ bool JpegDecoder::decode_body(int denom, int x0, int y0, int x1, int y1, uint8_t
       s.open = false;
       return false;
     }
-    const int m0 = x0 > kMargin ? x0 - kMargin : 0;
-    const int m1 = x1 + kMargin < out_w ? x1 + kMargin : out_w;
+    const int m0 = x0 > kMarginX ? x0 - kMarginX : 0;
+    const int m1 = x1 + kMarginX < out_w ? x1 + kMarginX : out_w;
     if (m1 - m0 < out_w) {
       col0 = static_cast<JDIMENSION>(m0);
       cols = static_cast<JDIMENSION>(m1 - m0);
       jpeg_crop_scanline(cinfo, &col0, &cols);  // widens to whole iMCU columns
     }
-    row0 = y0 > kMargin ? y0 - kMargin : 0;
+    row0 = y0;
     rows = y1 - row0;
     if (row0 > 0) jpeg_skip_scanlines(cinfo, static_cast<JDIMENSION>(row0));
     stride = static_cast<ptrdiff_t>(cinfo->output_width) * 3;
