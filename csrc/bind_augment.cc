@@ -171,8 +171,10 @@ void augment_tiles(BatchEngine& pool, py::handle images, py::handle augment) {
 // decode_batch fused with the augmentation: each sample augmented by the thread that decoded it.
 py::list decode_augment_batch(BatchEngine& pool, py::handle regions, py::handle region, py::handle offset,
                               py::handle length, py::handle encoding, py::handle src_hw, py::handle crop,
-                              py::handle flip, py::handle out, py::handle augment, bool dct_scaling) {
-  DecodeBatchArgs args(regions, region, offset, length, encoding, src_hw, crop, flip, out, dct_scaling);
+                              py::handle flip, py::handle out, py::handle augment, bool dct_scaling,
+                              py::handle interpolation) {
+  DecodeBatchArgs args(regions, region, offset, length, encoding, src_hw, crop, flip, out, dct_scaling,
+                       interpolation);
   AugArrays a(augment, args.n(), args.spec.out_h, args.spec.out_w);
   std::vector<fastload::Failure> failures;
   std::string err;
@@ -213,10 +215,13 @@ void register_augment(py::module_& m) {
   m.def("decode_augment_batch", &decode_augment_batch, py::arg("pool"), py::arg("regions"), py::arg("region"),
         py::arg("offset"), py::arg("length"), py::arg("encoding"), py::arg("src_hw"), py::arg("crop"),
         py::arg("flip"), py::arg("out"), py::arg("augment"), py::arg("dct_scaling") = true,
-        "decode_augment_batch(pool, regions, ..., flip, out, augment, dct_scaling=True) -> failures\n"
+        py::arg("interpolation") = py::none(),
+        "decode_augment_batch(pool, regions, ..., flip, out, augment, dct_scaling=True, interpolation=None)\n"
+        "-> failures\n"
         "decode_batch, each sample then augmented (augment as in augment_tiles) by the thread that decoded\n"
         "it, while its tile is in that core's cache. A bad augmentation raises ValueError before any\n"
-        "sample is written; failed samples are zeroed and listed as decode_batch's.");
+        "sample is written; failed samples are zeroed and listed as decode_batch's (interpolation: as\n"
+        "decode_batch's).");
 }
 
 }  // namespace fastload_bind

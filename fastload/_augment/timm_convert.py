@@ -12,9 +12,9 @@ What converts, and why it is the same:
 - ``RandomResizedCropAndInterpolation`` -> ``RandomResizedCrop``: its ``get_params`` draws as torchvision's
   (10 tries of a uniform area and a log-uniform ratio, rounded sides, a uniform position, else the centre crop
   clamped to the ratio range; timm does not reject a side that rounds to 0 pixels, which only a scale near 0
-  can draw) and resizes with PIL. Bilinear only: ``interpolation='random'`` (timm's ``train.py`` default,
-  bilinear or bicubic per image) and ``'bicubic'`` are not converted (the native engine resizes bilinear), so
-  the pipeline is refused at open with that reason.
+  can draw) and resizes with PIL: bilinear, bicubic (the native resize is PIL's, a = -0.5, antialiased), or
+  ``interpolation='random'`` (timm's ``train.py`` default): bilinear or bicubic per image with probability 1/2,
+  drawn per sample (``fastload/_draws.py``) where timm calls ``random.choice``.
 - ``RandomErasing`` in mode ``'const'`` with one box (``max_count`` 1) -> ``RandomErasing(value=0)`` after
   Normalize, which the pipeline plans on the uint8 image (``pipeline.lift_erasing``): timm draws the box as
   torchvision does (``p``, a uniform area in ``[min_area, max_area]``, a log-uniform aspect, rounded sides
@@ -78,14 +78,8 @@ def convert(t: Any, classes: Any) -> list | None:
 
 
 def _rrc(T: Any, t: Any) -> list:
-    interp = t.interpolation
-    if isinstance(interp, (tuple, list)):
-        raise ValueError(
-            "RandomResizedCropAndInterpolation(interpolation='random') resizes each image bilinear or "
-            "bicubic at random; fastload's native engine resizes with antialiased bilinear only: use "
-            "interpolation='bilinear' (timm's train.py: --train-interpolation bilinear)"
-        )
-    return [T.RandomResizedCrop(t.size, tuple(t.scale), tuple(t.ratio), interp, True)]
+    # bilinear, bicubic, or timm's 'random' (stored as the pair of modes it chooses from per image)
+    return [T.RandomResizedCrop(t.size, tuple(t.scale), tuple(t.ratio), t.interpolation, True)]
 
 
 def _erasing(T: Any, t: Any) -> list:
