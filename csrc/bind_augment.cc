@@ -112,7 +112,7 @@ struct AugArrays {
     vflip_v = narrow<uint8_t>(int_array(t[0], "augment vflip", &nn, 0), "augment vflip", 0, 1);
     has_affine_v = narrow<uint8_t>(int_array(t[1], "augment has_affine", &nn, 0), "augment has_affine", 0, 1);
     affine = float_array(t[2], "augment affine", n, 6);
-    interpolation_v = narrow<uint8_t>(int_array(t[3], "augment interpolation", &nn, 0), "augment interpolation", 0, 1);
+    interpolation_v = narrow<uint8_t>(int_array(t[3], "augment interpolation", &nn, 0), "augment interpolation", 0, 2);
     fill = float_array(t[4], "augment fill", n, 3);
     pixel.emplace(t[5], t[6], t[7], t[8], t[9], "augment ");
     spec.n = n;
@@ -209,7 +209,7 @@ void register_augment(py::module_& m) {
   m.def("augment_tiles", &augment_tiles, py::arg("pool"), py::arg("images"), py::arg("augment"),
         "augment_tiles(pool, images, augment) -> None\n"
         "augment_batch with the plan's geometry: augment = (vflip (n,), has_affine (n,), affine (n, 6),\n"
-        "interpolation (n,) 0 nearest / 1 bilinear, fill (n, 3), op, offset, sample, fparams, iparams); each\n"
+        "interpolation (n,) 0 nearest / 1 bilinear / 2 bicubic, fill (n, 3), op, offset, sample, fparams, iparams); each\n"
         "tile is flipped top-bottom, warped (PIL's Image.transform AFFINE), then runs its operations. Checked\n"
         "first (ValueError, images untouched). The GIL is released.");
   m.def("decode_augment_batch", &decode_augment_batch, py::arg("pool"), py::arg("regions"), py::arg("region"),
