@@ -150,3 +150,24 @@ def test_a_pipeline_with_timms_policy_plans_and_runs_in_the_loader_engines():
     out = run_native(tiles.copy(), plan)
     for k in range(16):
         assert np.array_equal(out[k], run_pil(tiles[k], plan, k)), k
+
+
+def test_the_torch_engine_runs_the_bicubic_affine_and_solarize_add_as_pil():
+    """The GPU decoders run the plan with the batched torch engine: PIL's bicubic transform (float64 gathers) and
+    the solarize_add table give PIL's bytes there too."""
+    import torch
+
+    from fastload._augment.engine_pil import run_pil
+    from fastload._augment.engine_torch import run_torch
+
+    ra = TimmRandAugment([TimmOp(n, 1.0, 9, magnitude_std=1.0, interpolation=BICUBIC, fill=FILL)
+                          for n in ("Rotate", "ShearX", "TranslateYRel", "SolarizeAdd")], 2)
+    rng = np.random.default_rng(2)
+    tiles = rng.integers(0, 256, (24, 20, 28, 3), dtype=np.uint8)
+    b = PlanBuilder(np.tile([20, 28], (24, 1)))
+    ra.plan(b, np.arange(24), SampleDraws(4, 0, np.arange(24)))
+    plan = b.finish()
+    assert (plan.geometry.interpolation[plan.geometry.has_affine] == BICUBIC).all() and plan.geometry.has_affine.sum() > 10
+    out = run_torch(torch.from_numpy(tiles).permute(0, 3, 1, 2).contiguous(), plan, flips=False)
+    for k in range(24):
+        assert np.array_equal(out[k].permute(1, 2, 0).numpy(), run_pil(tiles[k], plan, k)), k
