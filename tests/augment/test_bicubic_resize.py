@@ -110,3 +110,22 @@ def test_other_interpolations_are_refused_naming_what_is_supported(bad):
         T.RandomResizedCrop(8, interpolation=bad)
     with pytest.raises(ValueError, match="bilinear or bicubic"):
         T.Resize(8, interpolation="random")  # 'random' is RandomResizedCrop's (timm's) only
+
+
+def test_ds_getitem_resizes_with_the_plans_interpolation(image_shards):
+    """``ds[i]`` (the same native calls as the loader, one sample) honours the pipeline's bicubic resize: for the
+    same torch seed (the same crop) it is the bilinear item's crop resized otherwise, and the same again."""
+    import torch
+
+    import fastload
+
+    items = {}
+    for mode in ("bilinear", "bicubic"):
+        ds = fastload.open(image_shards, transforms={"image": [T.RandomResizedCrop(20, interpolation=mode)]})
+        torch.manual_seed(3)
+        items[mode] = ds[0]["image"] if isinstance(ds[0], dict) else ds[0][0]
+        torch.manual_seed(3)
+        again = ds[0]["image"] if isinstance(ds[0], dict) else ds[0][0]
+        assert torch.equal(items[mode], again)
+    diff = (items["bilinear"].int() - items["bicubic"].int()).abs()
+    assert items["bicubic"].shape == (3, 20, 20) and 0 < diff.float().mean() < 20
