@@ -274,6 +274,15 @@ void posterize(uint8_t* t, int h, int w, ptrdiff_t stride, int64_t bits) {
   });
 }
 
+// timm's solarize_add: img.point(lut), lut[v] = min(255, v + add) for v < threshold, else v.
+void solarize_add(uint8_t* t, int h, int w, ptrdiff_t stride, int64_t add, int64_t threshold) {
+  uint8_t lut[256];
+  for (int v = 0; v < 256; ++v) lut[v] = static_cast<uint8_t>(v < threshold ? std::min<int64_t>(255, v + add) : v);
+  for_rows(t, h, w, stride, [&lut](uint8_t* __restrict p, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) p[i] = lut[p[i]];
+  });
+}
+
 void invert(uint8_t* t, int h, int w, ptrdiff_t stride) {
   for_rows(t, h, w, stride, [](uint8_t* __restrict p, int64_t n) {
     for (int64_t i = 0; i < n; ++i) p[i] = static_cast<uint8_t>(~p[i]);
@@ -560,6 +569,13 @@ bool check_aug_op(const AugOpParams& p, int h, int w, std::string* err) {
         return false;
       }
       return true;
+    case kAugSolarizeAdd:
+      if (p.i[0] < 0 || p.i[0] > 255 || p.i[1] < 0 || p.i[1] > 256) {
+        *err = "add " + std::to_string(p.i[0]) + " / threshold " + std::to_string(p.i[1]) +
+               " is outside [0, 255] / [0, 256]";
+        return false;
+      }
+      return true;
     case kAugPosterize:
       if (p.i[0] < 0 || p.i[0] > 8) {
         *err = "bits " + std::to_string(p.i[0]) + " is outside [0, 8]";
@@ -633,6 +649,7 @@ bool apply_ops(uint8_t* tile, int h, int w, ptrdiff_t stride, const AugOpParams*
       case kAugGrayscale: grayscale(tile, h, w, stride, scratch); break;
       case kAugSolarize: solarize(tile, h, w, stride, p.f[0]); break;
       case kAugPosterize: posterize(tile, h, w, stride, p.i[0]); break;
+      case kAugSolarizeAdd: solarize_add(tile, h, w, stride, p.i[0], p.i[1]); break;
       case kAugInvert: invert(tile, h, w, stride); break;
       case kAugEqualize: equalize(tile, h, w, stride); break;
       case kAugAutocontrast: autocontrast(tile, h, w, stride); break;

@@ -50,7 +50,9 @@ namespace fastload {
   X(kAugGaussianBlur, "gaussian_blur")   /* i[0..1] = kernel size x, y (odd, half < the tile); */             \
                                          /* f[0..1] = sigma x, y > 0 */                                       \
   X(kAugEraseRandom, "erase_random")     /* i[0..3] = box as kAugErase; f[0] = seed, an integer in */         \
-                                         /* [0, 2^53): per-pixel noise */
+                                         /* [0, 2^53): per-pixel noise */                                     \
+  X(kAugSolarizeAdd, "solarize_add")     /* i[0] = add 0..255, i[1] = threshold 0..256: values below */      \
+                                         /* it get min(255, v + add) (timm's SolarizeAdd) */
 
 enum AugOp : int32_t {
 #define FASTLOAD_AUG_OP_ID(id, name) id,

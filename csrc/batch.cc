@@ -33,8 +33,8 @@ bool plan(const SampleJob& j, int denom, int scaled_h, int scaled_w, ResizeScrat
   const int64_t right = int64_t{j.left} + j.width;
   const int y_hi = static_cast<int>(std::min<int64_t>(scaled_h, (bottom + denom - 1) / denom));
   const int x_hi = static_cast<int>(std::min<int64_t>(scaled_w, (right + denom - 1) / denom));
-  return plan_axis(j.left / d, right / d, x_lo, x_hi, j.out_w, &s->x, err) &&
-         plan_axis(j.top / d, bottom / d, y_lo, y_hi, j.out_h, &s->y, err);
+  return plan_axis(j.left / d, right / d, x_lo, x_hi, j.out_w, &s->x, err, j.interpolation) &&
+         plan_axis(j.top / d, bottom / d, y_lo, y_hi, j.out_h, &s->y, err, j.interpolation);
 }
 
 bool process_raw(Worker* w, const SampleJob& j, std::string* err) {
@@ -125,6 +125,7 @@ bool make_job(const BatchSpec& b, int64_t k, SampleJob* j, std::string* err) {
   j->height = b.crop[4 * k + 2];
   j->width = b.crop[4 * k + 3];
   j->flip = b.flip[k] != 0;
+  j->interpolation = b.interpolation == nullptr ? kResizeBilinear : b.interpolation[k];
   j->out_h = b.out_h;
   j->out_w = b.out_w;
   j->dct_scaling = b.dct_scaling;

@@ -40,6 +40,7 @@ struct SampleJob {
   int src_h = 0, src_w = 0;  // JPEG: 0, 0 means "take from the header"; else must match it
   int top = 0, left = 0, height = 0, width = 0;
   bool flip = false;
+  int interpolation = kResizeBilinear;  // a ResizeFilter (resize.h)
   int out_h = 0, out_w = 0;
   bool dct_scaling = true;
   uint8_t* out = nullptr;  // out_h * out_w * 3 contiguous bytes
@@ -64,6 +65,7 @@ struct BatchSpec {
   const int32_t* src_hw = nullptr;
   const int32_t* crop = nullptr;
   const uint8_t* flip = nullptr;
+  const uint8_t* interpolation = nullptr;  // n ResizeFilter values (resize.h); null: all bilinear
   uint8_t* out = nullptr;  // n x out_h x out_w x 3, contiguous
   int out_h = 0, out_w = 0;
   bool dct_scaling = true;

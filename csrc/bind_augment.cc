@@ -112,7 +112,7 @@ struct AugArrays {
     vflip_v = narrow<uint8_t>(int_array(t[0], "augment vflip", &nn, 0), "augment vflip", 0, 1);
     has_affine_v = narrow<uint8_t>(int_array(t[1], "augment has_affine", &nn, 0), "augment has_affine", 0, 1);
     affine = float_array(t[2], "augment affine", n, 6);
-    interpolation_v = narrow<uint8_t>(int_array(t[3], "augment interpolation", &nn, 0), "augment interpolation", 0, 1);
+    interpolation_v = narrow<uint8_t>(int_array(t[3], "augment interpolation", &nn, 0), "augment interpolation", 0, 2);
     fill = float_array(t[4], "augment fill", n, 3);
     pixel.emplace(t[5], t[6], t[7], t[8], t[9], "augment ");
     spec.n = n;
@@ -171,8 +171,10 @@ void augment_tiles(BatchEngine& pool, py::handle images, py::handle augment) {
 // decode_batch fused with the augmentation: each sample augmented by the thread that decoded it.
 py::list decode_augment_batch(BatchEngine& pool, py::handle regions, py::handle region, py::handle offset,
                               py::handle length, py::handle encoding, py::handle src_hw, py::handle crop,
-                              py::handle flip, py::handle out, py::handle augment, bool dct_scaling) {
-  DecodeBatchArgs args(regions, region, offset, length, encoding, src_hw, crop, flip, out, dct_scaling);
+                              py::handle flip, py::handle out, py::handle augment, bool dct_scaling,
+                              py::handle interpolation) {
+  DecodeBatchArgs args(regions, region, offset, length, encoding, src_hw, crop, flip, out, dct_scaling,
+                       interpolation);
   AugArrays a(augment, args.n(), args.spec.out_h, args.spec.out_w);
   std::vector<fastload::Failure> failures;
   std::string err;
@@ -207,16 +209,19 @@ void register_augment(py::module_& m) {
   m.def("augment_tiles", &augment_tiles, py::arg("pool"), py::arg("images"), py::arg("augment"),
         "augment_tiles(pool, images, augment) -> None\n"
         "augment_batch with the plan's geometry: augment = (vflip (n,), has_affine (n,), affine (n, 6),\n"
-        "interpolation (n,) 0 nearest / 1 bilinear, fill (n, 3), op, offset, sample, fparams, iparams); each\n"
+        "interpolation (n,) 0 nearest / 1 bilinear / 2 bicubic, fill (n, 3), op, offset, sample, fparams, iparams); each\n"
         "tile is flipped top-bottom, warped (PIL's Image.transform AFFINE), then runs its operations. Checked\n"
         "first (ValueError, images untouched). The GIL is released.");
   m.def("decode_augment_batch", &decode_augment_batch, py::arg("pool"), py::arg("regions"), py::arg("region"),
         py::arg("offset"), py::arg("length"), py::arg("encoding"), py::arg("src_hw"), py::arg("crop"),
         py::arg("flip"), py::arg("out"), py::arg("augment"), py::arg("dct_scaling") = true,
-        "decode_augment_batch(pool, regions, ..., flip, out, augment, dct_scaling=True) -> failures\n"
+        py::arg("interpolation") = py::none(),
+        "decode_augment_batch(pool, regions, ..., flip, out, augment, dct_scaling=True, interpolation=None)\n"
+        "-> failures\n"
         "decode_batch, each sample then augmented (augment as in augment_tiles) by the thread that decoded\n"
         "it, while its tile is in that core's cache. A bad augmentation raises ValueError before any\n"
-        "sample is written; failed samples are zeroed and listed as decode_batch's.");
+        "sample is written; failed samples are zeroed and listed as decode_batch's (interpolation: as\n"
+        "decode_batch's).");
 }
 
 }  // namespace fastload_bind

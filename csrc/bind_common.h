@@ -189,11 +189,15 @@ class DecodeBatchArgs {
  public:
   DecodeBatchArgs(py::handle regions, py::handle region, py::handle offset, py::handle length,
                   py::handle encoding, py::handle src_hw, py::handle crop, py::handle flip, py::handle out,
-                  bool dct_scaling)
+                  bool dct_scaling, py::handle interpolation = py::none())
       : sources_(regions, region, offset), n_(sources_.n()) {
     length_ = int_array(length, "length", &n_, 0);
     encoding_ = narrow<uint8_t>(int_array(encoding, "encoding", &n_, 0), "encoding", 0, 255);
     flip_ = narrow<uint8_t>(int_array(flip, "flip", &n_, 0), "flip", 0, 1);
+    if (!interpolation.is_none()) {  // per sample: 0 bilinear, 1 bicubic (resize.h's ResizeFilter)
+      interpolation_ = narrow<uint8_t>(int_array(interpolation, "interpolation", &n_, 0), "interpolation", 0, 1);
+      spec.interpolation = interpolation_.data();
+    }
     src_hw_ = narrow<int32_t>(int_array(src_hw, "src_hw", &n_, 2), "src_hw", INT32_MIN, INT32_MAX);
     crop_ = narrow<int32_t>(int_array(crop, "crop", &n_, 4), "crop", INT32_MIN, INT32_MAX);
     if (!py::isinstance<py::array_t<uint8_t>>(out)) {
@@ -232,7 +236,7 @@ class DecodeBatchArgs {
   Sources sources_;
   int64_t n_;
   py::array_t<int64_t, py::array::c_style> length_;
-  std::vector<uint8_t> encoding_, flip_;
+  std::vector<uint8_t> encoding_, flip_, interpolation_;
   std::vector<int32_t> src_hw_, crop_;
 };
 

@@ -17,8 +17,12 @@ fastload::Worker& local_worker() {
 }
 
 fastload::SampleJob single_job(py::handle crop, py::handle out_hw, bool flip, int img_h,
-                               int img_w) {
+                               int img_w, int interpolation) {
+  if (interpolation != fastload::kResizeBilinear && interpolation != fastload::kResizeBicubic) {
+    throw py::value_error("interpolation: expected 0 (bilinear) or 1 (bicubic), got " + std::to_string(interpolation));
+  }
   fastload::SampleJob job;
+  job.interpolation = interpolation;
   if (crop.is_none()) {
     job.height = img_h;
     job.width = img_w;
@@ -86,7 +90,7 @@ py::array run_single(fastload::SampleJob& job) {
   return out;
 }
 
-py::array resize_crop(py::handle src, py::handle crop, py::handle out_hw, bool flip) {
+py::array resize_crop(py::handle src, py::handle crop, py::handle out_hw, bool flip, int interpolation) {
   if (!py::isinstance<py::array_t<uint8_t>>(src)) {
     throw py::type_error("src: expected a uint8 numpy array of shape (H, W, 3), got " +
                          describe_array(src));
@@ -98,7 +102,7 @@ py::array resize_crop(py::handle src, py::handle crop, py::handle out_hw, bool f
                           std::string(py::str(img.attr("shape"))));
   }
   fastload::SampleJob job = single_job(crop, out_hw, flip, static_cast<int>(img.shape(0)),
-                                       static_cast<int>(img.shape(1)));
+                                       static_cast<int>(img.shape(1)), interpolation);
   job.encoding = fastload::kEncodingRawRgb;
   job.data = img.data();
   job.size = static_cast<size_t>(img.size());
@@ -108,7 +112,7 @@ py::array resize_crop(py::handle src, py::handle crop, py::handle out_hw, bool f
 }
 
 py::array decode_crop_resize(py::handle buf, py::handle crop, py::handle out_hw, bool flip,
-                             bool dct_scaling) {
+                             bool dct_scaling, int interpolation) {
   BufferView b(buf, "buf");
   int img_h = 0, img_w = 0;
   if (crop.is_none()) {  // the crop is the whole image: read its size first
@@ -116,7 +120,7 @@ py::array decode_crop_resize(py::handle buf, py::handle crop, py::handle out_hw,
     img_h = info[0].cast<int>();
     img_w = info[1].cast<int>();
   }
-  fastload::SampleJob job = single_job(crop, out_hw, flip, img_h, img_w);
+  fastload::SampleJob job = single_job(crop, out_hw, flip, img_h, img_w, interpolation);
   job.encoding = fastload::kEncodingJpeg;
   job.data = b.data();
   job.size = static_cast<size_t>(b.size());
@@ -126,8 +130,9 @@ py::array decode_crop_resize(py::handle buf, py::handle crop, py::handle out_hw,
 
 py::list decode_batch(BatchEngine& pool, py::handle regions, py::handle region, py::handle offset,
                       py::handle length, py::handle encoding, py::handle src_hw, py::handle crop,
-                      py::handle flip, py::handle out, bool dct_scaling) {
-  DecodeBatchArgs args(regions, region, offset, length, encoding, src_hw, crop, flip, out, dct_scaling);
+                      py::handle flip, py::handle out, bool dct_scaling, py::handle interpolation) {
+  DecodeBatchArgs args(regions, region, offset, length, encoding, src_hw, crop, flip, out, dct_scaling,
+                       interpolation);
   std::vector<fastload::Failure> failures;
   {
     py::gil_scoped_release nogil;
@@ -151,22 +156,24 @@ void register_decode(py::module_& m) {
         "decode_jpeg(buf) -> uint8 array (H, W, 3), full-size RGB.\n"
         "Grayscale is replicated; CMYK/YCCK is converted like PIL's convert('RGB').");
   m.def("resize_crop", &resize_crop, py::arg("src"), py::arg("crop"), py::arg("out_hw"),
-        py::arg("flip") = false,
-        "resize_crop(src, crop, out_hw, flip=False) -> uint8 array (out_h, out_w, 3).\n"
-        "crop = (top, left, height, width) or None for the whole image; PIL BILINEAR "
-        "(antialiased) resize, then horizontal flip if flip.");
+        py::arg("flip") = false, py::arg("interpolation") = 0,
+        "resize_crop(src, crop, out_hw, flip=False, interpolation=0) -> uint8 array (out_h, out_w, 3).\n"
+        "crop = (top, left, height, width) or None for the whole image; PIL's antialiased resize,\n"
+        "interpolation 0 = BILINEAR, 1 = BICUBIC; then horizontal flip if flip.");
   m.def("decode_crop_resize", &decode_crop_resize, py::arg("buf"), py::arg("crop"),
-        py::arg("out_hw"), py::arg("flip") = false, py::arg("dct_scaling") = true,
-        "decode_crop_resize(buf, crop, out_hw, flip=False, dct_scaling=True) -> uint8 array\n"
-        "(out_h, out_w, 3): decode a JPEG, crop, resize and flip like one decode_batch sample.");
+        py::arg("out_hw"), py::arg("flip") = false, py::arg("dct_scaling") = true, py::arg("interpolation") = 0,
+        "decode_crop_resize(buf, crop, out_hw, flip=False, dct_scaling=True, interpolation=0) -> uint8\n"
+        "array (out_h, out_w, 3): decode a JPEG, crop, resize and flip like one decode_batch sample.");
   m.def("decode_batch", &decode_batch, py::arg("pool"), py::arg("regions"), py::arg("region"),
         py::arg("offset"), py::arg("length"), py::arg("encoding"), py::arg("src_hw"),
         py::arg("crop"), py::arg("flip"), py::arg("out"), py::arg("dct_scaling") = true,
+        py::arg("interpolation") = py::none(),
         "decode_batch(pool, regions, region, offset, length, encoding, src_hw, crop, flip, out,\n"
-        "             dct_scaling=True) -> list[(index, message)] of failed samples.\n"
+        "             dct_scaling=True, interpolation=None) -> list[(index, message)] of failed samples.\n"
         "Sample k's bytes are regions[region[k]][offset[k]:offset[k]+length[k]]; encoding 0 = JPEG,\n"
         "1 = raw RGB (src_hw[k] = (H, W)); crop[k] = (top, left, height, width); the result is\n"
-        "written into out[k] (out: C-contiguous uint8 (n, H, W, 3)); failed samples are zeroed.");
+        "written into out[k] (out: C-contiguous uint8 (n, H, W, 3)); failed samples are zeroed.\n"
+        "interpolation: None (all bilinear) or uint8 (n,), 0 = PIL's BILINEAR, 1 = PIL's BICUBIC.");
 }
 
 }  // namespace fastload_bind

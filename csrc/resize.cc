@@ -19,6 +19,15 @@ inline double triangle(double x) {
   return x < 1.0 ? 1.0 - x : 0.0;
 }
 
+// PIL's bicubic_filter (libImaging/Resample.c), a = -0.5.
+inline double bicubic(double x) {
+  constexpr double a = -0.5;
+  x = std::fabs(x);
+  if (x < 1.0) return ((a + 2.0) * x - (a + 3.0)) * x * x + 1;
+  if (x < 2.0) return (((x - 5) * x + 8) * x - 4) * a;
+  return 0.0;
+}
+
 inline uint8_t clip8(int32_t v, int shift) {
   v >>= shift;
   return static_cast<uint8_t>(v < 0 ? 0 : (v > 255 ? 255 : v));
@@ -355,7 +364,11 @@ void mirror_row(uint8_t* row, int n) {
 
 }  // namespace
 
-bool plan_axis(double in0, double in1, int lo, int hi, int out, AxisPlan* p, std::string* err) {
+bool plan_axis(double in0, double in1, int lo, int hi, int out, AxisPlan* p, std::string* err, int filter) {
+  if (filter != kResizeBilinear && filter != kResizeBicubic) {
+    *err = "unknown resize interpolation " + std::to_string(filter) + " (expected 0 = bilinear or 1 = bicubic)";
+    return false;
+  }
   if (out <= 0 || hi <= lo || !(in1 > in0) || in0 < lo || in1 > hi) {
     *err = "invalid resample axis: box [" + std::to_string(in0) + ", " + std::to_string(in1) +
            ") window [" + std::to_string(lo) + ", " + std::to_string(hi) + ") out " +
@@ -367,7 +380,8 @@ bool plan_axis(double in0, double in1, int lo, int hi, int out, AxisPlan* p, std
   const double b0 = in0 - lo;
   const double scale = (in1 - in0) / out;
   const double filterscale = std::max(scale, 1.0);
-  const double support = 1.0 * filterscale;  // the triangle filter's support is 1
+  const bool cubic = filter == kResizeBicubic;
+  const double support = (cubic ? 2.0 : 1.0) * filterscale;  // the triangle's support is 1, the cubic's 2
   const double taps = std::ceil(support) * 2 + 2;  // PIL's ceil(support) * 2 + 1, made even
   if (taps * out > 1e9) {
     *err = "resample filter too large: " + std::to_string(out) + " outputs x " +
@@ -398,7 +412,8 @@ bool plan_axis(double in0, double in1, int lo, int hi, int out, AxisPlan* p, std
     double* w = &p->weights[static_cast<size_t>(xx) * ksize];
     double ww = 0.0;
     for (int k = 0; k < ksize; ++k) {
-      w[k] = k < cnt ? triangle((k + xmin - center + 0.5) * ss) : 0.0;
+      const double x = (k + xmin - center + 0.5) * ss;
+      w[k] = k < cnt ? (cubic ? bicubic(x) : triangle(x)) : 0.0;
       ww += w[k];
     }
     for (int k = 0; k < cnt; ++k) {

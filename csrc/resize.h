@@ -1,5 +1,6 @@
 // Antialiased separable resampling of RGB uint8 images, following PIL's
-// Image.resize(size, Image.BILINEAR, box=...) (libImaging/Resample.c): a triangle filter whose
+// Image.resize(size, Image.BILINEAR or Image.BICUBIC, box=...) (libImaging/Resample.c): a triangle
+// filter (bilinear, support 1) or Keys' cubic with a = -0.5 (bicubic, support 2, negative lobes) whose
 // support grows with the downscale factor, a horizontal pass first (rounded to uint8) and then a
 // vertical pass. Weights are int16 fixed point (14-15 fractional bits, as Pillow-SIMD) instead of
 // PIL's int32 with 22 bits, so that SIMD multiply-adds apply; results differ from PIL by at most
@@ -19,6 +20,9 @@
 
 namespace fastload {
 
+// The resampling filter of an axis plan (the per-sample `interpolation` of a batch: 0 or 1).
+enum ResizeFilter : int { kResizeBilinear = 0, kResizeBicubic = 1 };
+
 // Filter taps for one axis. Buffers are reused across calls (they only grow).
 struct AxisPlan {
   int out = 0;       // output size
@@ -33,9 +37,10 @@ struct AxisPlan {
   std::vector<double> weights;  // scratch for the double-precision weights
 };
 
-// Plans resampling of the source interval [in0, in1) to `out` samples, reading only source
-// indices in [lo, hi). Returns false with a message if the arguments are invalid.
-bool plan_axis(double in0, double in1, int lo, int hi, int out, AxisPlan* plan, std::string* err);
+// Plans resampling of the source interval [in0, in1) to `out` samples with `filter` (a ResizeFilter),
+// reading only source indices in [lo, hi). Returns false with a message if the arguments are invalid.
+bool plan_axis(double in0, double in1, int lo, int hi, int out, AxisPlan* plan, std::string* err,
+               int filter = kResizeBilinear);
 
 struct ResizeScratch {
   AxisPlan x, y;

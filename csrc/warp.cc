@@ -108,11 +108,61 @@ void bilinear(const uint8_t* src, int h, int w, uint8_t* tile, ptrdiff_t stride,
   }
 }
 
+// PIL's generic transform with its bicubic_filter32RGB: Keys' cubic with a = -1 on the 4x4 neighbours (clamped
+// to the tile), rows first, in double; clipped to [0, 255] and truncated.
+inline double cubic(double v1, double v2, double v3, double v4, double d) {
+  const double p1 = v2;
+  const double p2 = -v1 + v3;
+  const double p3 = 2 * (v1 - v2) + v3 - v4;
+  const double p4 = -v1 + v2 - v3 + v4;
+  return p1 + d * (p2 + d * (p3 + d * p4));
+}
+
+void bicubic(const uint8_t* src, int h, int w, uint8_t* tile, ptrdiff_t stride, const double* a,
+             const uint8_t* fill) {
+  const ptrdiff_t row = static_cast<ptrdiff_t>(w) * 3;
+  auto clip = [](int v, int n) { return v < 0 ? 0 : v < n ? v : n - 1; };
+  for (int y = 0; y < h; ++y) {
+    uint8_t* out = tile + y * stride;
+    const double yc = y + 0.5;
+    for (int x = 0; x < w; ++x) {
+      const double xc = x + 0.5;
+      double xin = a[0] * xc + a[1] * yc + a[2];
+      double yin = a[3] * xc + a[4] * yc + a[5];
+      if (xin < 0.0 || xin >= w || yin < 0.0 || yin >= h) {
+        put_fill(out + 3 * x, fill);
+        continue;
+      }
+      xin -= 0.5;
+      yin -= 0.5;
+      int xi = floor_int(xin), yi = floor_int(yin);
+      const double dx = xin - xi, dy = yin - yi;
+      --xi;
+      --yi;
+      int xs[4];
+      for (int k = 0; k < 4; ++k) xs[k] = clip(xi + k, w) * 3;
+      // PIL: the first row clamped; a later row outside the tile repeats the row above (the same as clamping)
+      const uint8_t* rows[4];
+      rows[0] = src + clip(yi, h) * row;
+      for (int k = 1; k < 4; ++k) rows[k] = (yi + k >= 0 && yi + k < h) ? src + (yi + k) * row : rows[k - 1];
+      for (int c = 0; c < 3; ++c) {
+        double v[4];
+        for (int k = 0; k < 4; ++k) {
+          const uint8_t* r = rows[k];
+          v[k] = cubic(r[xs[0] + c], r[xs[1] + c], r[xs[2] + c], r[xs[3] + c], dx);
+        }
+        const double o = cubic(v[0], v[1], v[2], v[3], dy);
+        out[3 * x + c] = o <= 0.0 ? 0 : o >= 255.0 ? 255 : static_cast<uint8_t>(o);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 bool check_geometry(const AugGeometry& g, std::string* err) {
-  if (g.interpolation != 0 && g.interpolation != 1) {
-    *err = "interpolation " + std::to_string(g.interpolation) + " is neither 0 (nearest) nor 1 (bilinear)";
+  if (g.interpolation < 0 || g.interpolation > 2) {
+    *err = "interpolation " + std::to_string(g.interpolation) + " is not 0 (nearest), 1 (bilinear) or 2 (bicubic)";
     return false;
   }
   for (int k = 0; k < 6; ++k) {
@@ -147,7 +197,9 @@ void apply_geometry(uint8_t* tile, int h, int w, ptrdiff_t stride, const AugGeom
   for (int y = 0; y < h; ++y) std::memcpy(src + y * row, tile + y * stride, row);
   uint8_t fill[3];
   for (int c = 0; c < 3; ++c) fill[c] = static_cast<uint8_t>(g.fill[c]);
-  if (g.interpolation == 1) {
+  if (g.interpolation == 2) {
+    bicubic(src, h, w, tile, stride, g.m, fill);
+  } else if (g.interpolation == 1) {
     bilinear(src, h, w, tile, stride, g.m, fill);
   } else if (g.m[1] == 0.0 && g.m[3] == 0.0) {
     scale_nearest(src, h, w, tile, stride, g.m, fill);

@@ -1,6 +1,6 @@
 // The geometric part of an augmentation plan on an output tile (uint8 RGB, HWC, in place): a
 // vertical flip, then an inverse affine map (output pixel -> input pixel of the tile) with
-// nearest or bilinear sampling and a fill colour outside the tile.
+// nearest, bilinear or bicubic sampling and a fill colour outside the tile.
 //
 // The maps follow PIL's Image.transform(size, AFFINE, data, resample, fillcolor=...), the
 // reference engine (fastload/_augment/engine_pil.py), so the native engine writes the same bytes:
@@ -8,7 +8,9 @@
 // - nearest, a map that only scales and translates (a[1] == a[3] == 0): PIL's per-row and per-column
 //   tables in double (ImagingScaleAffine), where COORD truncates toward zero and -1 below 0;
 // - bilinear: PIL's generic transform, the sample point (x + 0.5, y + 0.5) mapped in double, half a
-//   pixel subtracted, the four neighbours clamped to the tile, the blend truncated to uint8.
+//   pixel subtracted, the four neighbours clamped to the tile, the blend truncated to uint8;
+// - bicubic: the same sample point, PIL's cubic (a = -1) over the 4x4 neighbours clamped to the tile, clipped
+//   to [0, 255] and truncated (timm's policies resample so).
 // Pixels whose sample point falls outside the tile take the fill.
 #pragma once
 
@@ -22,7 +24,7 @@ namespace fastload {
 struct AugGeometry {
   bool vflip = false;
   bool affine = false;
-  int interpolation = 0;  // 0: nearest, 1: bilinear
+  int interpolation = 0;  // 0: nearest, 1: bilinear, 2: bicubic
   double m[6] = {1, 0, 0, 0, 1, 0};  // x_in = m0 x + m1 y + m2, y_in = m3 x + m4 y + m5 (pixel centres at +0.5)
   double fill[3] = {0, 0, 0};        // 0..255 per channel (truncated to uint8 as PIL's fillcolor ints)
 };

@@ -23,6 +23,7 @@ from ._draws import for_samples
 from ._errors import DecodeError, where
 from .decoders._base import PER_SAMPLE
 from ._images import ImageDecoding
+from .decoders._base import BICUBIC_RESIZE
 from ._native import native
 from .fields import codec_of
 from .fields._codec import torch_dtype
@@ -187,6 +188,8 @@ def beyond_geometry(pipelines: dict) -> tuple[str, ...]:
         for t in getattr(p, "transforms", ()):
             if getattr(t, "pads", False):
                 names["RandomCrop with padding"] = None
+            if getattr(t, "interpolation", "bilinear") != "bilinear":  # bicubic or random: the native resize
+                names[BICUBIC_RESIZE] = None
         for t in getattr(p, "augment", ()):
             names[type(t).__name__] = None
         for t in getattr(p, "fallback", ()):  # run per sample on host rows after the native decoder

@@ -60,7 +60,8 @@ from ._augment.filters import GaussianBlur, RandomErasing  # noqa: E402
 from ._augment.mix import CutMix, MixUp  # noqa: E402  (batch transforms: fastload.open(batch_transforms=...))
 from ._augment.geometry import RandomAffine, RandomRotation, RandomVerticalFlip  # noqa: E402
 from ._augment.plan import Augment  # noqa: E402
-from ._augment.random_resize import RandomResize, check_bilinear as _interpolation  # noqa: E402  (crop plan)
+from ._augment.random_resize import RESIZE_CODES as _RESIZE_CODES  # noqa: E402  (crop plan)
+from ._augment.random_resize import RandomResize, check_resize as _interpolation  # noqa: E402
 from ._augment.policies import AutoAugment, RandAugment, ThreeAugment, TrivialAugmentWide  # noqa: E402
 from ._augment.tone import (
     RandomAdjustSharpness,
@@ -146,7 +147,11 @@ def _min_max(value: Any, what: str) -> tuple[float, float]:
 
 
 class RandomResizedCrop(Transform):
-    """Crop a random area and aspect ratio, then resize to ``size`` (torchvision's algorithm)."""
+    """Crop a random area and aspect ratio, then resize to ``size`` (torchvision's algorithm).
+
+    ``interpolation``: "bilinear", "bicubic" (PIL's, antialiased), or "random": each sample bilinear or bicubic
+    with probability 1/2 (timm's ``RandomResizedCropAndInterpolation(interpolation='random')``), one more draw per
+    sample after the crop's."""
 
     def __init__(
         self,
@@ -163,7 +168,7 @@ class RandomResizedCrop(Transform):
             raise ValueError(f"RandomResizedCrop: scale={scale!r} must be (min, max) with 0 <= min <= max")
         if not 0.0 < self.ratio[0] <= self.ratio[1]:
             raise ValueError(f"RandomResizedCrop: ratio={ratio!r} must be (min, max) with 0 < min <= max")
-        self.interpolation = _interpolation(interpolation, antialias, "RandomResizedCrop")
+        self.interpolation = _interpolation(interpolation, antialias, "RandomResizedCrop", random=True)
         self.antialias = True
 
     def _params(self) -> dict[str, Any]:
@@ -188,7 +193,10 @@ class RandomResizedCrop(Transform):
             return
         top, left, h, w, _ = _rrc_params(state.h, state.w, self.scale, self.ratio, rng)
         state.crop(top, left, h, w)
-        state.resize(np.full_like(h, self.size[0]), np.full_like(w, self.size[1]))
+        mode: Any = self.interpolation
+        if mode == "random":  # timm: random.choice((BILINEAR, BICUBIC)) per image
+            mode = rng.integers(0, 2, size=h.shape[0]).astype(np.uint8)
+        state.resize(np.full_like(h, self.size[0]), np.full_like(w, self.size[1]), mode)
 
     def _static_size(self, hw: tuple[int, int] | None) -> tuple[int, int] | None:
         return self.size
@@ -309,7 +317,7 @@ class Resize(Transform):
         )
         if keep is not None:
             nh, nw = nh[keep], nw[keep]
-        state.resize(nh, nw)
+        state.resize(nh, nw, self.interpolation)
 
     def _static_size(self, hw: tuple[int, int] | None) -> tuple[int, int] | None:
         if len(self._size) == 2:
@@ -426,10 +434,14 @@ class Plan:
 
     ``after_seeds``: the same for the transforms after ToDtype/Normalize (``ImagePipeline.after``).
 
+    ``interp``: None (every sample resized bilinear), or uint8 ``(n,)``: each sample's resize, 0 PIL's BILINEAR,
+    1 PIL's BICUBIC (``_augment/random_resize.py`` ``RESIZE_CODES``; csrc/resize.h). Only the native decoder
+    resizes bicubic; the GPU decoders refuse such a pipeline when made (``decoders/_base.py`` ``BICUBIC_RESIZE``).
+
     ``plan.take(lo, hi)``: the plan of samples ``lo .. hi-1``; ``plan.n``: how many samples.
     """
 
-    __slots__ = ("crops", "flips", "out_hw", "augment", "seeds", "after_seeds")
+    __slots__ = ("crops", "flips", "out_hw", "augment", "seeds", "after_seeds", "interp")
 
     def __init__(
         self,
@@ -439,9 +451,10 @@ class Plan:
         augment: Any = None,
         seeds: np.ndarray | None = None,
         after_seeds: np.ndarray | None = None,
+        interp: np.ndarray | None = None,
     ) -> None:
         self.crops, self.flips, self.out_hw, self.augment = crops, flips, out_hw, augment
-        self.seeds, self.after_seeds = seeds, after_seeds
+        self.seeds, self.after_seeds, self.interp = seeds, after_seeds, interp
 
     @property
     def n(self) -> int:
@@ -459,7 +472,12 @@ class Plan:
         augment = None if self.augment is None else self.augment.take(lo, hi)
         seeds = None if self.seeds is None else self.seeds[lo:hi]
         after = None if self.after_seeds is None else self.after_seeds[lo:hi]
-        return Plan(self.crops[lo:hi], self.flips[lo:hi], self.out_hw[lo:hi], augment, seeds, after)
+        interp = None if self.interp is None else self.interp[lo:hi]
+        return Plan(self.crops[lo:hi], self.flips[lo:hi], self.out_hw[lo:hi], augment, seeds, after, interp)
+
+    def interp_of(self, k: int) -> int:
+        """Sample ``k``'s resize: 0 bilinear, 1 bicubic (the native calls' ``interpolation``)."""
+        return 0 if self.interp is None else int(self.interp[k])
 
     def with_augment(self, augment: Any) -> Plan:
         """This plan extended by ``augment`` (an ``AugmentPlan`` begun with ``PlanBuilder.from_crop_plan(self)``):
@@ -471,7 +489,13 @@ class Plan:
                 f"({self.n} samples): begin it with PlanBuilder.from_crop_plan(plan)"
             )
         return Plan(
-            self.crops, geo.hflip.astype(np.uint8), geo.out_hw.astype(np.int32), augment, self.seeds, self.after_seeds
+            self.crops,
+            geo.hflip.astype(np.uint8),
+            geo.out_hw.astype(np.int32),
+            augment,
+            self.seeds,
+            self.after_seeds,
+            self.interp,
         )
 
     def __repr__(self) -> str:
@@ -492,6 +516,7 @@ class _State:
         "sy",
         "sx",
         "flip",
+        "interp",
         "pad",
         "tile_hw",
         "rest",
@@ -506,6 +531,7 @@ class _State:
         self.oy = self.ox = np.zeros(heights.shape[0])
         self.sy = self.sx = np.ones(heights.shape[0])
         self.flip = np.zeros(heights.shape[0], dtype=bool)
+        self.interp = np.zeros(heights.shape[0], dtype=np.uint8)  # each sample's resize (RESIZE_CODES)
         self.pad, self.tile_hw = None, None  # a padded RandomCrop's windows (_augment/random_crop.py)
         self.rest: tuple = ()  # the crop-plan transforms after the one planning now
         self.index = np.arange(heights.shape[0])  # each row's sample: its position in the batch, or the dataset
@@ -532,7 +558,7 @@ class _State:
             Refusal(step, need, fix, self.index[where], [detail(int(i)) for i in where[: Refusal.SHOWN]])
         )
         keep = ~bad
-        for name in ("src_h", "src_w", "h", "w", "oy", "ox", "sy", "sx", "flip", "index"):
+        for name in ("src_h", "src_w", "h", "w", "oy", "ox", "sy", "sx", "flip", "interp", "index"):
             setattr(self, name, getattr(self, name)[keep])
         if self.pad is not None:  # a PadIfSmaller's Pending (per-sample bottom, right) or padded windows
             self.pad = self.pad.take_rows(keep)
@@ -544,7 +570,15 @@ class _State:
         self.ox = self.ox + left * self.sx
         self.h, self.w = h, w
 
-    def resize(self, h: np.ndarray, w: np.ndarray) -> None:
+    def resize(self, h: np.ndarray, w: np.ndarray, interpolation: Any = "bilinear") -> None:
+        """Resize every row to ``h`` x ``w`` with ``interpolation``: a name of ``RESIZE_CODES``, or one code per row.
+        The crop plan resizes once (every resize is folded into one box): the last resize's interpolation is the
+        one the decoder uses."""
+        self.interp = (
+            np.full(h.shape[0], _RESIZE_CODES[interpolation], np.uint8)
+            if isinstance(interpolation, str)
+            else np.asarray(interpolation, np.uint8)
+        )
         self.sy = self.sy * (self.h / h)
         self.sx = self.sx * (self.w / w)
         self.h, self.w = h, w
@@ -579,6 +613,7 @@ class _State:
             crops=np.stack([top, left, height, width], axis=1).astype(np.int32),
             flips=self.flip.astype(np.uint8),
             out_hw=np.stack(hw, axis=1).astype(np.int32),
+            interp=self.interp.copy() if self.interp.any() else None,  # None: all bilinear (nothing changes)
         )
 
 
@@ -786,7 +821,7 @@ class ImagePipeline:
 
 
 def apply_pil(pipeline: Any, image: Any, rng: np.random.Generator) -> Any:
-    """Run a pipeline (or list/Compose) on one PIL image with PIL: crop → bilinear resize → flip.
+    """Run a pipeline (or list/Compose) on one PIL image with PIL: crop → resize (bilinear or bicubic) → flip.
 
     The slow reference engine: it executes exactly the plan the native engine gets.
     """
@@ -794,11 +829,11 @@ def apply_pil(pipeline: Any, image: Any, rng: np.random.Generator) -> Any:
     pipe = pipeline if isinstance(pipeline, ImagePipeline) else ImagePipeline(pipeline)
     p = pipe.plan(np.array([image.height]), np.array([image.width]), rng)
 
+    resample = Image.Resampling.BICUBIC if p.interp_of(0) else Image.Resampling.BILINEAR
+
     def decode(crop: Sequence[int], out_hw: Sequence[int]) -> Any:
         top, left, h, w = (int(v) for v in crop)
-        return image.crop((left, top, left + w, top + h)).resize(
-            (int(out_hw[1]), int(out_hw[0])), Image.Resampling.BILINEAR
-        )
+        return image.crop((left, top, left + w, top + h)).resize((int(out_hw[1]), int(out_hw[0])), resample)
 
     out = decode(p.crops[0], p.out_hw[0])
     if p.augment is not None:  # padded windows, flips, the affine and the pixel operations: the PIL reference engine

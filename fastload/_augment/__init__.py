@@ -36,8 +36,10 @@ One file per concern:
 - ``fallback.py`` / ``fallback_workers.py``: transforms fastload does not know, run per sample on the decoded rows (in
   forked workers over shared-memory staging rows, or in the calling thread)
 - ``torchvision_convert.py``: torchvision transform objects rebuilt as fastload's from their public attributes
-- ``timm_convert.py``: timm transform objects rebuilt the same way (its policies, and erasing with noise,
-  run per sample)
+- ``timm_convert.py``: timm transform objects rebuilt the same way (its AugMix, ``3a`` policy and erasing with
+  noise run per sample)
+- ``timm_policies.py``: timm's RandAugment / AutoAugment as plans: its op set (``solarize_add``, relative
+  translations, increasing variants), magnitude rules and draws, bilinear/bicubic/random resampling
 - ``timm_mix.py``: timm's ``Mixup`` / ``FastCollateMixup`` run as timm's own object on the loader's normalized
   batch (no exact native equivalent)
 

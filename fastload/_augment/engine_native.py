@@ -41,6 +41,7 @@ _LAYOUT: dict[str, tuple[tuple[str, str, int], ...]] = {
     "sharpness": (("factor", "f", 0),),
     "solarize": (("threshold", "f", 0),),
     "posterize": (("bits", "i", 0),),
+    "solarize_add": (("add", "i", 0), ("threshold", "i", 1)),
     "erase": (("box", "i", 0), ("value", "f", 0)),
     "gaussian_blur": (("ksize", "i", 0), ("sigma", "f", 0)),
     "erase_random": (("box", "i", 0), ("seed", "f", 0)),

@@ -17,7 +17,7 @@ import numpy as np
 from .._install import pil
 from .ops import OPS
 from .padding import assemble
-from .plan import BILINEAR, AugmentPlan
+from .plan import BICUBIC, BILINEAR, AugmentPlan
 
 pil("the PIL reference engine (ds[i] with augmentations or a mask field)")  # else the hint naming Pillow and -SIMD
 from PIL import Image  # noqa: E402
@@ -37,7 +37,9 @@ def run_pil(image: Any, plan: AugmentPlan, sample: int, *, source: bool = False)
     if not 0 <= sample < plan.n:
         raise IndexError(f"run_pil: sample {sample} is outside the plan's batch of {plan.n}")
     geo = plan.geometry
-    bilinear = geo.interpolation[sample] == BILINEAR
+    resample = {BILINEAR: Image.Resampling.BILINEAR, BICUBIC: Image.Resampling.BICUBIC}.get(
+        int(geo.interpolation[sample]), Image.Resampling.NEAREST
+    )
     img = _geometry(
         img,
         plan,
@@ -46,7 +48,7 @@ def run_pil(image: Any, plan: AugmentPlan, sample: int, *, source: bool = False)
         "run_pil",
         "tile",
         Image.Resampling.BILINEAR,
-        Image.Resampling.BILINEAR if bilinear else Image.Resampling.NEAREST,
+        resample,
         tuple(int(v) for v in geo.fill[sample]),
     )
     for name, params in plan.ops_of(sample):

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from .ops import OPS
-from .plan import BILINEAR, AugmentPlan
+from .plan import BICUBIC, BILINEAR, NEAREST, AugmentPlan
 
 __all__ = ["assemble_rows", "augment_rows", "host_columns", "padding_columns", "run_torch", "run_torch_mask"]
 
@@ -126,7 +126,7 @@ def host_columns(plan: AugmentPlan, flips: bool = True) -> list[np.ndarray]:
     itself (a decoder's pinned staging) passes the device copies to :func:`run_torch`/:func:`augment_rows`."""
     geo = plan.geometry
     host: list[np.ndarray] = [np.flatnonzero(geo.hflip) if flips else np.zeros(0, np.int64), np.flatnonzero(geo.vflip)]
-    for mode in (0, 1):
+    for mode in (NEAREST, BILINEAR, BICUBIC):
         rows = np.flatnonzero(geo.has_affine & (geo.interpolation == mode))
         host += [rows, geo.affine[rows], geo.fill[rows]]
     for step in plan.steps:
@@ -151,7 +151,7 @@ def _execute(x: torch.Tensor, plan: AugmentPlan, flips: bool, columns: list[torc
     for axis in (-1, -2):  # horizontal, vertical
         sel = next(dev_arrays)
         _subset(x, next(rows), sel, lambda t, axis=axis: t.flip(axis))
-    for mode in (0, 1):
+    for mode in (NEAREST, BILINEAR, BICUBIC):
         sel, m, fill = next(dev_arrays), next(dev_arrays), next(dev_arrays)
         sel_rows = next(rows)
         next(rows), next(rows)
@@ -248,6 +248,39 @@ def _subset(x: torch.Tensor, rows: np.ndarray, sel: torch.Tensor, fn: Any) -> No
         x.index_copy_(0, sel, fn(x.index_select(0, sel)))
 
 
+def _cubic(v1: torch.Tensor, v2: torch.Tensor, v3: torch.Tensor, v4: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """PIL's BICUBIC macro (Geometry.c): Keys' cubic with a = -1, in float64."""
+    p2, p3, p4 = v3 - v1, 2 * (v1 - v2) + v3 - v4, v2 - v1 - v3 + v4
+    return v2 + d * (p2 + d * (p3 + d * p4))
+
+
+def _bicubic(x: torch.Tensor, u: torch.Tensor, v: torch.Tensor, fill: torch.Tensor) -> torch.Tensor:
+    """PIL's ``Image.transform(AFFINE, resample=BICUBIC)`` (bicubic_filter32RGB): the sample point ``(u, v)``
+    less half a pixel, the 4x4 neighbours clamped to the tile, rows then columns in float64, clipped and truncated
+    (uint8; a float batch is left unrounded); a point outside the tile takes the fill. Gathers, no convolution."""
+    k, c, h, w = x.shape
+    outside = (u < 0) | (u >= w) | (v < 0) | (v >= h)
+    xin, yin = u - 0.5, v - 0.5
+    xi, yi = xin.floor(), yin.floor()
+    dx, dy = (xin - xi).unsqueeze(1), (yin - yi).unsqueeze(1)
+    xi, yi = xi.long() - 1, yi.long() - 1
+    src = x.to(torch.float64).reshape(k, c, h * w)
+    rows = []
+    for j in range(4):
+        yy = (yi + j).clamp(0, h - 1)
+        taps = []
+        for i in range(4):
+            idx = (yy * w + (xi + i).clamp(0, w - 1)).view(k, 1, h * w).expand(k, c, h * w)
+            taps.append(src.gather(2, idx).view(k, c, h, w))
+        rows.append(_cubic(taps[0], taps[1], taps[2], taps[3], dx))
+    out = _cubic(rows[0], rows[1], rows[2], rows[3], dy)
+    fill_t = fill[:, :c].to(torch.float64).view(k, c, 1, 1)
+    if x.is_floating_point():
+        return torch.where(outside.unsqueeze(1), fill_t, out).to(x.dtype)
+    out = out.clamp(0, 255).floor()
+    return torch.where(outside.unsqueeze(1), fill_t.floor(), out).to(x.dtype)
+
+
 def _affine(x: torch.Tensor, mt: torch.Tensor, mode: int, fill: torch.Tensor) -> torch.Tensor:
     """Resample each tile through its inverse matrix (pixel centres, PIL's convention), fill outside (the fill
     is in the batch's own units, as torchvision applies it)."""
@@ -260,6 +293,8 @@ def _affine(x: torch.Tensor, mt: torch.Tensor, mode: int, fill: torch.Tensor) ->
     v = mt[:, 1, 0].view(-1, 1, 1) * xs + mt[:, 1, 1].view(-1, 1, 1) * ys + mt[:, 1, 2].view(-1, 1, 1)
     # grid_sample (align_corners=False) reads pixel coordinate p at normalised 2p/size - 1.
     grid = torch.stack([u * (2.0 / w) - 1.0, v * (2.0 / h) - 1.0], dim=-1)
+    if mode == BICUBIC:
+        return _bicubic(x, u, v, fill)
     xf = x.to(torch.float32)
     src = torch.cat([xf, torch.ones_like(xf[:, :1])], dim=1)
     if mode == BILINEAR:

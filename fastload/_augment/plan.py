@@ -37,7 +37,9 @@ from .._draws import SampleDraws, at  # noqa: F401  (at: the ops' one import for
 
 __all__ = ["OPS", "Augment", "AugmentPlan", "Geometry", "OpDef", "PlanBuilder", "Step", "define_op", "plan_batch"]
 
-NEAREST, BILINEAR = 0, 1
+#: the affine's resampling (Geometry.interpolation): PIL's NEAREST, BILINEAR and BICUBIC (Image.transform); bicubic
+#: only timm's policies plan (``timm_policies.py``), torchvision's take nearest or bilinear (``check_interpolation``)
+NEAREST, BILINEAR, BICUBIC = 0, 1, 2
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,8 @@ uniformly from ``[min_size, max_size)``, folded into the crop box and resize the
 torchvision's segmentation reference starts with it (``RandomResize(0.5 * base, 2.0 * base)``, then a flip and a
 ``RandomCrop``): the output size varies per sample, so a fixed-size crop must follow for the images to batch; without
 one the image field has no fixed output size and the loader leaves the fast path saying so (as for ``Resize(int)``).
-Also here: the interpolation check the crop-plan transforms share (moved out of ``transforms.py``).
+Also here: the interpolation check the crop-plan transforms share (moved out of ``transforms.py``): bilinear or
+bicubic (PIL's, csrc/resize.cc), and for ``RandomResizedCrop`` timm's per-sample "random".
 """
 
 from __future__ import annotations
@@ -15,21 +16,45 @@ import numpy as np
 
 from .._transform_base import Transform, _positive_int
 
-__all__ = ["RandomResize", "check_bilinear"]
+__all__ = ["RESIZE_CODES", "RandomResize", "check_resize"]
 
 
-def check_bilinear(interpolation: Any, antialias: Any, what: str) -> str:
-    """ "bilinear" or torchvision's InterpolationMode.BILINEAR (its ``.value`` is "bilinear"), antialiased: what the
-    native engine resizes with (a mask following the image is resized NEAREST, as torchvision resizes masks)."""
-    mode = getattr(interpolation, "value", interpolation)
-    if mode != "bilinear":
+#: a resize's interpolation, as the plan's per-sample ``interp`` codes it (csrc/resize.h ``ResizeFilter``)
+RESIZE_CODES = {"bilinear": 0, "bicubic": 1}
+
+
+def check_resize(interpolation: Any, antialias: Any, what: str, random: bool = False) -> str:
+    """What the native engine resizes with: "bilinear" or "bicubic" (torchvision's InterpolationMode, whose
+    ``.value`` is that name, or PIL's ``Resampling`` constants), antialiased as PIL resizes; with ``random`` also
+    "random" (timm's ``RandomResizedCropAndInterpolation``: bilinear or bicubic per sample, uniformly), given as
+    "random" or as the pair of modes timm stores for it. A mask following the image is resized NEAREST, as
+    torchvision resizes masks."""
+    modes = interpolation if isinstance(interpolation, (tuple, list)) else None
+    if random and modes is not None and len(modes) == 2:
+        names = {_mode_name(m) for m in modes}
+        if names == {"bilinear", "bicubic"}:
+            return "random"
+    mode = None if modes is not None else _mode_name(interpolation)
+    if mode == "random" and random:
+        return mode
+    if mode not in RESIZE_CODES:
+        also = ", 'bicubic' or 'random' (bilinear or bicubic per sample)" if random else " or 'bicubic'"
         raise ValueError(
-            f"{what}: interpolation={interpolation!r} is not supported; the native engine resizes "
-            "with antialiased bilinear only. Use interpolation='bilinear'."
+            f"{what}: interpolation={interpolation!r} is not supported; the native engine resizes with PIL's "
+            f"antialiased bilinear or bicubic. Use interpolation='bilinear'{also}."
         )
     if antialias is not True:
         raise ValueError(f"{what}: antialias={antialias!r} is not supported; use antialias=True.")
     return mode
+
+
+def _mode_name(interpolation: Any) -> Any:
+    """torchvision's InterpolationMode (``.value``), PIL's ``Resampling`` (an int enum: 2 BILINEAR, 3 BICUBIC), or a
+    string, as a lower-case name; anything else as it is."""
+    mode = getattr(interpolation, "value", interpolation)
+    if type(interpolation).__name__ == "Resampling" or (isinstance(mode, int) and not isinstance(mode, bool)):
+        return {2: "bilinear", 3: "bicubic"}.get(int(mode), interpolation)
+    return mode.lower() if isinstance(mode, str) else mode
 
 
 def shorter_side_to(height: np.ndarray, width: np.ndarray, size: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -43,7 +68,8 @@ def shorter_side_to(height: np.ndarray, width: np.ndarray, size: np.ndarray) -> 
 
 class RandomResize(Transform):
     """Resize each sample's shorter side to ``int(torch.randint(min_size, max_size, ()))`` (torchvision v2: max
-    excluded), the longer side keeping the aspect ratio. One integer draw per sample from the batch's draws."""
+    excluded), the longer side keeping the aspect ratio. One integer draw per sample from the batch's draws.
+    ``interpolation``: "bilinear" or "bicubic"."""
 
     def __init__(self, min_size: int, max_size: int, interpolation: Any = "bilinear", antialias: bool = True) -> None:
         self.min_size = _positive_int(min_size, "RandomResize min_size")
@@ -54,7 +80,7 @@ class RandomResize(Transform):
                 f"is drawn from [min_size, max_size), max_size excluded, as torchvision draws it); for "
                 f"one size use Resize({min_size})"
             )
-        self.interpolation = check_bilinear(interpolation, antialias, "RandomResize")
+        self.interpolation = check_resize(interpolation, antialias, "RandomResize")
         self.antialias = True
 
     def _params(self) -> dict[str, Any]:
@@ -76,7 +102,7 @@ class RandomResize(Transform):
         # checking a dataset at open: the smallest size, the worst case for every crop after it
         size = np.full(n, self.min_size) if state.checking else rng.integers(self.min_size, self.max_size, size=n)
         state.smallest = state.smallest or state.checking
-        state.resize(*shorter_side_to(state.h, state.w, size))
+        state.resize(*shorter_side_to(state.h, state.w, size), self.interpolation)
 
     def _static_size(self, hw: tuple[int, int] | None) -> tuple[int, int] | None:
         return None  # drawn per sample: a fixed-size crop after it gives the batch its size

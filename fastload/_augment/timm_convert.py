@@ -12,9 +12,9 @@ What converts, and why it is the same:
 - ``RandomResizedCropAndInterpolation`` -> ``RandomResizedCrop``: its ``get_params`` draws as torchvision's
   (10 tries of a uniform area and a log-uniform ratio, rounded sides, a uniform position, else the centre crop
   clamped to the ratio range; timm does not reject a side that rounds to 0 pixels, which only a scale near 0
-  can draw) and resizes with PIL. Bilinear only: ``interpolation='random'`` (timm's ``train.py`` default,
-  bilinear or bicubic per image) and ``'bicubic'`` are not converted (the native engine resizes bilinear), so
-  the pipeline is refused at open with that reason.
+  can draw) and resizes with PIL: bilinear, bicubic (the native resize is PIL's, a = -0.5, antialiased), or
+  ``interpolation='random'`` (timm's ``train.py`` default): bilinear or bicubic per image with probability 1/2,
+  drawn per sample (``fastload/_draws.py``) where timm calls ``random.choice``.
 - ``RandomErasing`` in mode ``'const'`` with one box (``max_count`` 1) -> ``RandomErasing(value=0)`` after
   Normalize, which the pipeline plans on the uint8 image (``pipeline.lift_erasing``): timm draws the box as
   torchvision does (``p``, a uniform area in ``[min_area, max_area]``, a log-uniform aspect, rounded sides
@@ -25,10 +25,13 @@ What converts, and why it is the same:
   ``ToNumpy`` -> nothing (fastload's decoder gives the uint8 CHW image they make; the loader collates it as a
   tensor, as timm's ``fast_collate`` does with ``ToNumpy``'s arrays); timm's ``ToTensor(dtype)`` ->
   ``ToDtype(dtype)`` (no rescaling).
-- timm's ``RandAugment``, ``AutoAugment`` and ``AugMixAugment`` (their own op sets, e.g. ``SolarizeAdd``,
-  ``TranslateXRel``, the increasing variants, magnitude noise ``mstd``, with PIL's arithmetic) have no exact
-  native equivalent yet: each runs per sample on an RGB PIL image of the decoded tile (as timm calls them),
-  named in the warning.
+- timm's ``RandAugment`` and ``AutoAugment`` (all its policies but ``3a``) -> ``TimmRandAugment`` /
+  ``TimmAutoAugment`` (``timm_policies.py``): timm's op set (``SolarizeAdd``, ``TranslateXRel``, the increasing
+  and original variants), magnitude rules (``mstd``, ``mmax``, ``inc``), per-op probabilities, ``img_mean`` fill
+  and per-op interpolation (bilinear, bicubic, or timm's random choice of the two), read from its ``AugmentOp``
+  objects. ``AugMixAugment`` (a blend of several augmented copies) and the ``3a`` ops (PIL's blur) have no native
+  equivalent: they run per sample on an RGB PIL image of the decoded tile (as timm calls them), named in the
+  warning.
 
 :func:`convert` returns None for an object that is not timm's; for one that is, its fastload equivalents, or a
 ``UserTransform`` whose ``reason`` says why it was not converted.
@@ -43,11 +46,9 @@ from typing import Any, Callable
 import torch
 
 from .fallback import UserTransform
+from .timm_policies import _RESAMPLE, RANDOM, TimmAutoAugment, TimmOp, TimmRandAugment, check_ops
 
 __all__ = ["convert", "is_timm"]
-
-#: timm's policies, which take and give PIL images (``timm/data/auto_augment.py``)
-_POLICIES = ("RandAugment", "AutoAugment", "AugMixAugment")
 
 
 def is_timm(t: Any) -> bool:
@@ -78,14 +79,8 @@ def convert(t: Any, classes: Any) -> list | None:
 
 
 def _rrc(T: Any, t: Any) -> list:
-    interp = t.interpolation
-    if isinstance(interp, (tuple, list)):
-        raise ValueError(
-            "RandomResizedCropAndInterpolation(interpolation='random') resizes each image bilinear or "
-            "bicubic at random; fastload's native engine resizes with antialiased bilinear only: use "
-            "interpolation='bilinear' (timm's train.py: --train-interpolation bilinear)"
-        )
-    return [T.RandomResizedCrop(t.size, tuple(t.scale), tuple(t.ratio), interp, True)]
+    # bilinear, bicubic, or timm's 'random' (stored as the pair of modes it chooses from per image)
+    return [T.RandomResizedCrop(t.size, tuple(t.scale), tuple(t.ratio), t.interpolation, True)]
 
 
 def _erasing(T: Any, t: Any) -> list:
@@ -103,10 +98,46 @@ def _erasing(T: Any, t: Any) -> list:
     return [T.RandomErasing(t.probability, (t.min_area, t.max_area), (math.exp(lo), math.exp(hi)), value=0)]
 
 
-def _policy(t: Any) -> list:
+def _timm_op(op: Any) -> TimmOp:
+    """timm's ``AugmentOp`` (its public attributes) as a :class:`TimmOp`."""
+    resample = op.kwargs.get("resample", (2, 3))
+    if isinstance(resample, (tuple, list)):
+        if sorted(int(r) for r in resample) != [2, 3]:
+            raise ValueError(f"{op.name} resamples at random among {resample!r}; fastload draws bilinear or bicubic")
+        interpolation = RANDOM
+    elif int(resample) in _RESAMPLE:
+        interpolation = _RESAMPLE[int(resample)]
+    else:
+        raise ValueError(f"{op.name} resamples with {resample!r}; fastload's warp is nearest, bilinear or bicubic")
+    fill = op.kwargs.get("fillcolor", (128, 128, 128))
+    fill = (fill,) * 3 if isinstance(fill, (int, float)) else tuple(fill)
+    return TimmOp(
+        op.name,
+        op.prob,
+        op.magnitude,
+        magnitude_std=op.magnitude_std,
+        magnitude_max=op.magnitude_max,
+        translate_pct=op.hparams.get("translate_pct", 0.45),
+        translate_const=op.hparams.get("translate_const", 250),
+        fill=fill,
+        interpolation=interpolation,
+    )
+
+
+def _rand_augment(t: Any) -> list:
+    check_ops([op.name for op in t.ops], "RandAugment")
+    return [TimmRandAugment([_timm_op(op) for op in t.ops], t.num_layers, t.choice_weights)]
+
+
+def _auto_augment(t: Any) -> list:
+    check_ops([op.name for sub in t.policy for op in sub], "AutoAugment")
+    return [TimmAutoAugment([[_timm_op(op) for op in sub] for sub in t.policy])]
+
+
+def _augmix(t: Any) -> list:
     raise ValueError(
-        f"timm's {type(t).__name__} (its own op set and magnitude rules, with PIL's arithmetic) has "
-        f"no exact native equivalent in fastload yet"
+        "timm's AugMixAugment blends several augmented copies of the image (Dirichlet/Beta weights), which a "
+        "plan of one chain of operations per sample cannot express"
     )
 
 
@@ -120,5 +151,7 @@ def _rules(T: Any) -> dict[str, Callable[[Any], list]]:
         "MaybePILToTensor": lambda t: [],
         "ToNumpy": lambda t: [],
         "ToTensor": lambda t: [T.ToDtype(t.dtype)],
-        **{name: _policy for name in _POLICIES},
+        "RandAugment": _rand_augment,
+        "AutoAugment": _auto_augment,
+        "AugMixAugment": _augmix,
     }

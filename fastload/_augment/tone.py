@@ -42,6 +42,18 @@ def _posterize_torch(x: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Tenso
     return x & mask
 
 
+def _solarize_add_lut(p: dict[str, Any]) -> list[int]:
+    add, threshold = int(p["add"]), int(p["threshold"])
+    return [min(255, v + add) if v < threshold else v for v in range(256)]
+
+
+def _solarize_add_torch(x: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Tensor:
+    add = p["add"].to(torch.int16).view(-1, 1, 1, 1)
+    thr = p["threshold"].to(torch.int16).view(-1, 1, 1, 1)
+    wide = x.to(torch.int16)
+    return torch.where(wide < thr, (wide + add).clamp_(max=255), wide).to(torch.uint8)
+
+
 def _equalize_torch(x: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Tensor:
     k, c, h, w = x.shape
     flat = x.reshape(k * c, h * w).to(torch.int64)
@@ -112,6 +124,13 @@ define_op(
     {"bits": ("uint8", ())},
     pil=lambda img, p: _ops().posterize(img, int(p["bits"])),
     torch=_posterize_torch,
+)
+# timm's SolarizeAdd (timm/data/auto_augment.py ``solarize_add``): a lookup table, the same in every engine
+define_op(
+    "solarize_add",
+    {"add": ("int64", ()), "threshold": ("int64", ())},
+    pil=lambda img, p: img.point(_solarize_add_lut(p) * 3),
+    torch=_solarize_add_torch,
 )
 define_op("equalize", {}, pil=lambda img, p: _ops().equalize(img), torch=_equalize_torch)
 define_op("autocontrast", {}, pil=lambda img, p: _ops().autocontrast(img), torch=_autocontrast_torch, floats=True)

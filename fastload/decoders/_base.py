@@ -118,6 +118,12 @@ class DecoderKind:
         return f"cannot run {'; '.join(why)}" if why else None
 
 
+# What _batcher.beyond_geometry calls a crop-plan resize that is not bilinear (Resize/RandomResizedCrop with
+# interpolation 'bicubic' or 'random', csrc/resize.cc): the GPU decoders' resizes are not PIL's bicubic, so they
+# refuse it (their ``refuses``), and 'auto' decodes with native threads instead.
+BICUBIC_RESIZE = "bicubic resize"
+BICUBIC_REASON = "its resize is not PIL's antialiased bicubic; the native decoder resizes so"
+
 # What _batcher.beyond_geometry calls a padded RandomCrop (a decoder's ``refuses`` could name it; every decoder
 # that ``augments`` assembles padded windows now: the GPU ones with ``engine_torch.assemble_rows``).
 PADDED_CROP = "RandomCrop with padding"
@@ -165,9 +171,12 @@ def geometry_only(plan: Any, n: int, who: str) -> None:
 
 def check_augment(plan: Any, n: int, who: str) -> None:
     """What a decoder running ``plan.augment`` with the batched torch engine on its rows cannot run: a plan of
-    another length, one channel. (Padded crop windows it runs: ``_staging.decode_sizes`` and ``augment_queued``.)"""
+    another length, a bicubic resize (``plan.interp``), one channel. (Padded crop windows it runs:
+    ``_staging.decode_sizes`` and ``augment_queued``.)"""
     if plan.n != n:
         raise ValueError(f"the plan has {plan.n} samples but {n} images were given")
+    if getattr(plan, "interp", None) is not None and np.any(plan.interp):
+        raise NotImplementedError(f"the {who} decoder cannot run a {BICUBIC_RESIZE} ({BICUBIC_REASON})")
     aug = plan.augment
     if aug is None:
         return

@@ -87,7 +87,15 @@ from .._install import pip_extra
 from .._native import is_jpeg
 from .._ring import streams_for
 from .._augment.engine_torch import assemble_rows, augment_rows, padding_columns
-from ._base import DecoderContext, DecoderKind, DecoderSetupError, JpegOnly, check_augment
+from ._base import (
+    BICUBIC_REASON,
+    BICUBIC_RESIZE,
+    DecoderContext,
+    DecoderKind,
+    DecoderSetupError,
+    JpegOnly,
+    check_augment,
+)
 from ._staging import Uploads, augment_queued, beyond_flips, decode_sizes
 
 __all__ = ["DaliBuildError", "DaliDecoder", "INSTALL_HINT"]
@@ -519,7 +527,9 @@ def _make(ctx: DecoderContext) -> JpegOnly:
 
 
 # on the GPU with device='cuda', else DALI's CPU-only mode into the host slot
-KIND = DecoderKind("dali", make=_make, probe=probe, gpu=True, pairs=True, augments=True)
+KIND = DecoderKind(
+    "dali", make=_make, probe=probe, gpu=True, pairs=True, augments=True, refuses=((BICUBIC_RESIZE, BICUBIC_REASON),)
+)
 
 
 def _stream_handle(stream: Any) -> Any:

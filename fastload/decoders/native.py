@@ -66,11 +66,12 @@ class NativeDecoder:
             np.ascontiguousarray(plan.flips, dtype=np.uint8),
             out,
         )
+        interp = None if plan.interp is None else np.ascontiguousarray(plan.interp, dtype=np.uint8)
         if augment is not None:
-            return native().decode_augment_batch(*args, augment_arrays(augment), dct_scaling=self.dct_scaling)
-        if self.dct_scaling:
-            return native().decode_batch(*args)
-        return native().decode_batch(*args, dct_scaling=False)
+            return native().decode_augment_batch(
+                *args, augment_arrays(augment), dct_scaling=self.dct_scaling, interpolation=interp
+            )
+        return native().decode_batch(*args, dct_scaling=self.dct_scaling, interpolation=interp)
 
     def close(self) -> None:
         pass

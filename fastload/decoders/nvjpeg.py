@@ -61,7 +61,7 @@ import torch
 
 from .._install import pil
 from .._ring import streams_for
-from ._base import DecoderContext, DecoderKind, JpegOnly, check_augment
+from ._base import BICUBIC_REASON, BICUBIC_RESIZE, DecoderContext, DecoderKind, JpegOnly, check_augment
 from ._resample import MAX_PIXELS, resample
 from ._staging import Uploads, augment_queued, decode_sizes
 
@@ -278,4 +278,13 @@ def _make(ctx: DecoderContext) -> JpegOnly:
     )
 
 
-KIND = DecoderKind("nvjpeg", make=_make, probe=probe, gpu=True, needs_gpu=True, pairs=True, augments=True)
+KIND = DecoderKind(
+    "nvjpeg",
+    make=_make,
+    probe=probe,
+    gpu=True,
+    needs_gpu=True,
+    pairs=True,
+    augments=True,
+    refuses=((BICUBIC_RESIZE, BICUBIC_REASON),),
+)

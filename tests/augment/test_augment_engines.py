@@ -5,7 +5,7 @@ each op's whole range), with why:
 
 | op | max | mean | why they differ |
 |---|---|---|---|
-| brightness, invert, solarize, posterize, equalize, sharpness, erase, erase_random, flips, integer translations | 0 | 0 | same formula and rounding |
+| brightness, invert, solarize, solarize_add, posterize, equalize, sharpness, erase, erase_random, flips, integer translations | 0 | 0 | same formula and rounding |
 | contrast, saturation | 1 | 0.35 | PIL's luma rounds (and contrast's mean is rounded to an int); torchvision floors |
 | grayscale | 1 | 0.6 | PIL rounds 0.299 R + ...; torchvision truncates 0.2989 R + ... |
 | autocontrast | 1 | 0.01 | ``x * scale + offset`` (PIL) vs ``(x - lo) / inv_scale`` (torchvision) at integer boundaries |
@@ -45,6 +45,7 @@ def _columns(name: str, rng: np.random.Generator) -> dict:
         "sharpness": lambda: dict(factor=rng.uniform(0, 2, N)),
         "solarize": lambda: dict(threshold=rng.integers(0, 256, N).astype(float)),  # values equal to it: >= vs >
         "posterize": lambda: dict(bits=rng.integers(0, 9, N)),
+        "solarize_add": lambda: dict(add=rng.integers(0, 256, N), threshold=rng.integers(0, 257, N)),
         "gaussian_blur": lambda: dict(ksize=np.array([5, 7]), sigma=np.stack([rng.uniform(0.1, 2, N)] * 2, 1)),
         "erase": lambda: dict(box=np.stack([rng.integers(0, H // 2, N), rng.integers(0, W // 2, N),
                                             rng.integers(0, H // 2, N), rng.integers(0, W // 2, N)], 1),
@@ -61,6 +62,7 @@ BOUNDS = {
     "invert": (0, 0.0),
     "solarize": (0, 0.0),
     "posterize": (0, 0.0),
+    "solarize_add": (0, 0.0),
     "equalize": (0, 0.0),
     "sharpness": (0, 0.0),
     "erase": (0, 0.0),

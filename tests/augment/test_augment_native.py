@@ -104,6 +104,7 @@ def columns(name: str, n: int, h: int, w: int, rng: np.random.Generator) -> dict
         "sharpness": lambda: dict(factor=rng.uniform(0, 2, n)),
         "solarize": lambda: dict(threshold=rng.integers(0, 256, n).astype(float)),
         "posterize": lambda: dict(bits=rng.integers(0, 9, n)),
+        "solarize_add": lambda: dict(add=rng.integers(0, 256, n), threshold=rng.integers(0, 257, n)),
         "gaussian_blur": lambda: dict(ksize=np.array([5, 7]), sigma=np.stack([rng.uniform(0.1, 2, n)] * 2, 1)),
         "erase": lambda: dict(box=np.stack([rng.integers(0, h // 2, n), rng.integers(0, w // 2, n),
                                             rng.integers(0, h // 2 + 2, n), rng.integers(0, w // 2 + 2, n)], 1),
@@ -317,8 +318,8 @@ def test_the_valid_call_runs():
     (dict(images=np.zeros((4, 3, 8, 8), np.uint8).transpose(0, 2, 3, 1)), ValueError,
      r"images: expected a C-contiguous .*strides \(192, 8, 1, 64\)"),
     (dict(op=np.array([7.0, 6.0])), TypeError, r"op: expected an integer array.*float64"),
-    (dict(op=np.array([7, 14])), ValueError, r"step 1: operation id 14 is outside \[0, 13\]"),
-    (dict(op=np.array([-1, 6])), ValueError, r"step 0: operation id -1 is outside \[0, 13\]"),
+    (dict(op=np.array([7, 15])), ValueError, r"step 1: operation id 15 is outside \[0, 14\]"),
+    (dict(op=np.array([-1, 6])), ValueError, r"step 0: operation id -1 is outside \[0, 14\]"),
     (dict(offset=np.array([0, 4])), ValueError, r"offset: expected shape \(3,\), got shape \(2,\)"),
     (dict(offset=np.array([0, 2, 3])), ValueError, "offset should run from 0 to the number of rows 4, got 0 to 3"),
     (dict(offset=np.array([0, 3, 2, 4]), op=np.array([7, 7, 6])), ValueError,
@@ -358,6 +359,8 @@ def test_read_only_images_are_refused():
     (12, [1, 1, 0, 0], [4, 3, 0, 0], "gaussian_blur.*kernel size x 4 should be odd"),
     (12, [1, 1, 0, 0], [3, 17, 0, 0], "kernel size y 17 .* tile's height 8"),
     (12, [1, 0, 0, 0], [3, 3, 0, 0], "gaussian_blur.*sigma y 0 should be positive"),
+    (14, [0, 0, 0, 0], [256, 128, 0, 0], r"solarize_add.*add 256 / threshold 128 is outside \[0, 255\] / \[0, 256\]"),
+    (14, [0, 0, 0, 0], [10, 257, 0, 0], r"solarize_add.*add 10 / threshold 257 is outside"),
 ])
 def test_bad_parameters_name_the_operation_and_value(op, f, i, pattern):
     with pytest.raises(ValueError, match=pattern):

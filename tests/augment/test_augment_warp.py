@@ -5,7 +5,8 @@ Measured over 48 tiles of 48x64 (smooth and photo-like) per case, 3 seeds: max 0
 native warp reproduces PIL's arithmetic (16.16 fixed point for nearest maps with rotation or shear, per-row and
 per-column tables for scale/translate-only maps, PIL's bilinear filter with its edge clamping and truncation).
 A bug put back fails these tests: the fixed-point rounding without ``+ 0.5`` (the nearest rotation and affine
-cases), bilinear rounding instead of truncating (the bilinear cases), the fill not written (every fill case).
+cases), bilinear rounding instead of truncating (the bilinear cases), the fill not written (every fill case),
+bicubic's taps or its clipping changed (the timm cases).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from fastload._augment.engine_pil import run_pil
 from fastload._augment.geometry import RandomAffine, RandomHorizontalFlip, RandomRotation, RandomVerticalFlip
 from fastload._augment.plan import plan_batch
 from fastload._augment.policies import AutoAugment
+from fastload._augment.plan import BICUBIC
+from fastload._augment.timm_policies import RANDOM, TimmOp, TimmRandAugment
 
 _C = pytest.importorskip("fastload._C")
 
@@ -33,6 +36,10 @@ CASES = {
     "translate only (scale path)": [RandomAffine(0, translate=(0.3, 0.3), fill=99)],
     "scale only": [RandomAffine(0, scale=(0.5, 1.5), fill=(1, 2, 3))],
     "flips after a rotation": [RandomRotation(30), RandomHorizontalFlip(0.5), RandomVerticalFlip(0.5)],
+    # timm's policies: PIL's bicubic transform (a = -1, clamped taps, clipped and truncated), and its random choice
+    "timm bicubic": [TimmRandAugment([TimmOp(name, 1.0, 9, magnitude_std=2.0, interpolation=BICUBIC, fill=(124, 116, 104))
+                                      for name in ("Rotate", "ShearX", "ShearY", "TranslateXRel", "TranslateY")], 2)],
+    "timm random interpolation": [TimmRandAugment([TimmOp("Rotate", 1.0, 10, interpolation=RANDOM, fill=(5, 5, 5))], 1)],
 }
 
 

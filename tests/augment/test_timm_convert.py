@@ -24,7 +24,7 @@ import fastload
 import fastload.transforms as T
 from fastload._augment.fallback import AfterNormalize, UserTransform
 from fastload._augment.timm_convert import convert
-from test_torchvision_convert import BILINEAR, BICUBIC, V1, same, tv
+from test_torchvision_convert import BILINEAR, BICUBIC, NEAREST as V1_NEAREST, V1, same, tv
 
 TRANSFORMS, ERASING, AUTO = "timm.data.transforms", "timm.data.random_erasing", "timm.data.auto_augment"
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -61,10 +61,15 @@ Erasing.__module__, Erasing.__name__, Erasing.__qualname__ = ERASING, "RandomEra
 
 
 class RandAugment:
-    """timm's RandAugment as far as these tests need: PIL in, PIL out (here an inversion, drawn with ``random``)."""
+    """timm's RandAugment as far as these tests need: PIL in, PIL out (here an inversion, drawn with ``random``).
+    Its one op is ``3a``'s GaussianBlurRand, which fastload does not plan (test_timm_policies.py converts the others),
+    so that it runs per sample as timm's object."""
 
     def __init__(self):
-        self.ops, self.num_layers, self.choice_weights = [], 2, None
+        blur = tv(AUTO, "AugmentOp", prob=0.5, magnitude=9, magnitude_std=0.0, magnitude_max=None, hparams={},
+                  kwargs={"fillcolor": (128, 128, 128), "resample": (2, 3)})
+        blur.name = "GaussianBlurRand"
+        self.ops, self.num_layers, self.choice_weights = [blur], 2, None
 
     def __call__(self, img):
         img.size  # noqa: B018  (a tensor has no .size attribute that is a tuple; PIL's is)
@@ -79,6 +84,10 @@ RandAugment.__module__ = AUTO
 CASES = {
     "RandomResizedCropAndInterpolation bilinear": (rrc(224), [T.RandomResizedCrop(224)]),
     "RandomResizedCropAndInterpolation scale": (rrc(176, scale=(0.35, 1.0)), [T.RandomResizedCrop(176, (0.35, 1.0))]),
+    "RandomResizedCropAndInterpolation bicubic": (rrc(224, BICUBIC), [T.RandomResizedCrop(224, interpolation="bicubic")]),
+    # timm's interpolation='random' is kept as the pair it chooses from per image
+    "RandomResizedCropAndInterpolation random": (
+        rrc(224, (BILINEAR, BICUBIC)), [T.RandomResizedCrop(224, interpolation="random")]),
     "MaybeToTensor": (tv(TRANSFORMS, "MaybeToTensor"), [T.ToDtype(torch.float32, scale=True)]),
     "MaybePILToTensor": (tv(TRANSFORMS, "MaybePILToTensor"), []),
     "ToNumpy": (tv(TRANSFORMS, "ToNumpy"), []),
@@ -106,15 +115,14 @@ def test_const_erasing_converts_with_timms_area_and_aspect_range(min_aspect):
 
 
 @pytest.mark.parametrize("given, why, pil", [
-    (rrc(interpolation=(BILINEAR, BICUBIC)), "interpolation='random'", True),
-    (rrc(interpolation=BICUBIC), "bilinear", True),
+    (rrc(interpolation=(BILINEAR, V1_NEAREST)), "bilinear or bicubic", True),
     (Erasing(0.25, mode="pixel"), "mode='pixel'", False),
     (Erasing(0.25, mode="rand"), "mode='rand'", False),
     (Erasing(0.25, max_count=3), "max_count=3", False),
     (RandAugment(), "RandAugment", True),
     (tv(AUTO, "AugMixAugment", ops=[], alpha=1.0, width=3, depth=-1, blended=False), "AugMixAugment", True),
     (tv(TRANSFORMS, "ResizeKeepRatio", size=(224, 224)), "no fastload equivalent", True),
-], ids=["random interpolation", "bicubic", "pixel", "rand", "max_count", "RandAugment", "AugMix", "unknown"])
+], ids=["random of another pair", "pixel", "rand", "max_count", "RandAugment", "AugMix", "unknown"])
 def test_without_an_exact_equivalent_it_runs_as_timms_object_saying_why(given, why, pil):
     (got,) = convert(given, T)
     assert isinstance(got, UserTransform) and got.fn is given and why in got.reason, got.reason
@@ -180,7 +188,7 @@ def test_the_deit_recipe_opens_and_loads_warning_once_per_stage_naming_what_runs
     assert len(ours) == 2, ours
     policy = next(m for m in ours if "after the native decode" in m)
     erasing = next(m for m in ours if "after ToDtype/Normalize" in m)
-    assert "RandAugment" in policy and "no exact native equivalent" in policy and "RandomErasing" not in policy
+    assert "RandAugment" in policy and "no native plan" in policy and "RandomErasing" not in policy
     assert "RandomErasing" in erasing and "follows timm.data.auto_augment.RandAugment" in erasing
 
 
@@ -215,7 +223,20 @@ def test_erasing_with_noise_runs_timms_object_on_the_normalized_floats(image_sha
     assert "RandomErasing" in ours and "after ToDtype/Normalize" in ours and f"mode='{mode}'" in ours
 
 
-def test_random_interpolation_is_refused_at_open_with_the_fix(image_shards):
-    with pytest.raises(ValueError, match=r"interpolation='random'.*--train-interpolation bilinear.*give it parameters "
-                                         r"fastload converts"):
-        fastload.open(image_shards, transforms={"image": deit(interpolation=(BILINEAR, BICUBIC))})
+@pytest.mark.parametrize("interpolation", [(BILINEAR, BICUBIC), BICUBIC], ids=["random", "bicubic"])
+def test_the_deit_recipe_with_timms_bicubic_or_random_crop_keeps_its_crop_native(image_shards, interpolation):
+    """timm's train.py default (--train-interpolation random) and the DeiT recipe's bicubic: the crop is planned
+    and resized natively; only the policy (and the erasing after it) run per sample, as with bilinear."""
+    p = T.ImagePipeline(deit(interpolation=interpolation))
+    mode = "random" if isinstance(interpolation, tuple) else "bicubic"
+    assert p.transforms[0] == T.RandomResizedCrop(24, interpolation=mode)
+    assert [type(u.fn) for u in p.fallback] == [RandAugment]
+    ds = fastload.open(image_shards, transforms={"image": deit(interpolation=interpolation)})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        x, _ = next(iter(fastload.DataLoader(ds, batch_size=6, shuffle=True, seed=1, num_workers=0)))
+    assert x.shape == (6, 3, 24, 24)
+    ours = " ".join(str(w.message) for w in caught if issubclass(w.category, fastload.FastPathWarning))
+    assert "RandomResizedCrop" not in ours and "RandAugment" in ours
+
+

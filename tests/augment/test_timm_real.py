@@ -39,16 +39,18 @@ def deit(size=224, **kw):
     return create_transform(size, is_training=True, auto_augment="rand-m9-mstd0.5", re_prob=0.25, **kw)
 
 
-def test_the_deit_recipe_from_timms_factory_converts_its_geometry():
+def test_the_deit_recipe_from_timms_factory_converts_entirely():
+    """Crop, flip, timm's RandAugment (its ops and magnitude rules: timm_policies.py), MaybeToTensor, Normalize and
+    the const erasing after them: nothing runs per sample (test_timm_policies_real.py checks the policy's ops)."""
+    from fastload._augment.timm_policies import TimmRandAugment
+
     p = T.ImagePipeline(deit())
     assert [type(t) for t in p.transforms] == [T.RandomResizedCrop, T.RandomHorizontalFlip]
     assert p.transforms[0].size == (224, 224) and p.output_size == (224, 224)
-    (policy,) = p.fallback
-    assert type(policy.fn).__name__ == "RandAugment" and policy.pil and "no exact native equivalent" in policy.reason
+    assert not p.fallback and not p.after
+    assert [type(t) for t in p.augment] == [TimmRandAugment, T.RandomErasing]
     assert [type(t) for t in p.tensor.transforms] == [T.ToDtype, T.Normalize]
     assert p.tensor.transforms[1].mean == pytest.approx(MEAN) and p.tensor.transforms[1].std == pytest.approx(STD)
-    (erasing,) = p.after  # after RandAugment, which runs per sample: timm's own, on the float image
-    assert isinstance(erasing, AfterNormalize) and isinstance(erasing.fn, RandomErasing)
 
 
 def test_the_colour_jitter_recipe_runs_entirely_natively():
@@ -69,19 +71,50 @@ def test_erasing_timm_cannot_be_planned_natively_runs_as_timms_object(mode, coun
     assert isinstance(erasing.fn, RandomErasing) and "not converted" in erasing.reason
 
 
-def test_random_and_bicubic_interpolation_are_not_converted_and_say_why():
-    for interpolation, why in (("random", "--train-interpolation bilinear"), ("bicubic", "bilinear only")):
-        t = timm_transforms.RandomResizedCropAndInterpolation(224, interpolation=interpolation)
-        (got,) = T._foreign(t)
-        assert isinstance(got, UserTransform) and why in got.reason, got.reason
+@pytest.mark.parametrize("interpolation", ["random", "bicubic"])
+def test_random_and_bicubic_crops_convert_and_resize_as_timms_on_the_same_draws(monkeypatch, interpolation):
+    """timm's RandomResizedCropAndInterpolation(64, interpolation=...) on a PIL image, fed the crop's uniforms and
+    positions and (``random.choice``) the interpolation fastload drew, against the native resize of fastload's
+    plan: PIL's bicubic within 1 level (tests/native/test_resize.py); 'random' draws both over the samples."""
+    from PIL import Image
+
+    t = timm_transforms.RandomResizedCropAndInterpolation(64, interpolation=interpolation)
+    (ours,) = T._foreign(t)
+    assert type(ours) is T.RandomResizedCrop and ours.interpolation == interpolation
+    rng = np.random.default_rng(0)
+    pixels = np.clip(np.asarray(Image.linear_gradient("L").resize((420, 300)))[..., None].astype(np.float64)
+                     + rng.normal(0, 40, (300, 420, 3)), 0, 255).astype(np.uint8)
+    pil = Image.fromarray(pixels)
+    seen = set()
+    for _ in range(8):
+        state = rng.bit_generator.state
+        plan = T.ImagePipeline([ours]).plan(np.array([300]), np.array([420]), rng)
+        replay = np.random.default_rng()
+        replay.bit_generator.state = state
+        u_area, u_ratio = replay.random(10), replay.random(10)
+        top, left, _, _ = (int(v) for v in plan.crops[0])
+        code = plan.interp_of(0)
+        seen.add(code)
+        draws = Replay([u for p in zip(u_area, u_ratio) for u in p], [top, left], choice=code)
+        monkeypatch.setattr(timm_transforms, "random", draws)
+        theirs = np.asarray(t(pil)).astype(np.int32)
+        got = native().resize_crop(pixels, tuple(int(v) for v in plan.crops[0]), (64, 64), False, interpolation=code)
+        diff = np.abs(got.astype(np.int32) - theirs)
+        assert diff.max() <= 1 and diff.mean() <= 0.05, (code, diff.max(), diff.mean())
+    assert seen == ({0, 1} if interpolation == "random" else {1})
 
 
 class Replay:
     """Stands for the ``random`` module in timm's transforms for one call: ``uniform`` hands out the given
-    uniforms in order (as ``a + (b - a) * u``, Python's formula), ``randint`` the given integers."""
+    uniforms in order (as ``a + (b - a) * u``, Python's formula), ``randint`` the given integers, ``choice`` the
+    given interpolation."""
 
-    def __init__(self, uniforms, ints):
-        self.uniforms, self.ints = list(uniforms), list(ints)
+    def __init__(self, uniforms, ints, choice=None):
+        self.uniforms, self.ints, self.index = list(uniforms), list(ints), choice
+
+    def choice(self, seq):  # timm's interpolation='random': the mode fastload drew (0 bilinear, 1 bicubic)
+        (mode,) = [m for m in seq if m.value == ("bicubic" if self.index else "bilinear")]
+        return mode
 
     def uniform(self, a, b):
         return a + (b - a) * self.uniforms.pop(0)
@@ -171,8 +204,8 @@ def test_the_erasing_box_is_drawn_as_timms():
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_the_deit_recipe_with_timms_objects_loads(image_shards, num_workers):
-    """timm's RandAugment runs per sample on PIL images, its erasing on the normalized floats; the batch is the
-    recipe's size and dtype, and the warnings name both."""
+    """The DeiT recipe with timm's own objects loads on the fast path with no transform per sample (no warning);
+    the batch is the recipe's size and dtype, the same for the same seed."""
     ds = fastload.open(image_shards, transforms={"image": deit(24)})
     def first_batch():
         return next(iter(fastload.DataLoader(ds, batch_size=4, shuffle=True, seed=0, num_workers=num_workers)))
@@ -184,7 +217,7 @@ def test_the_deit_recipe_with_timms_objects_loads(image_shards, num_workers):
     assert x.shape == (4, 3, 24, 24) and x.dtype == torch.float32 and torch.equal(x, again)  # seeded per sample
     assert x.abs().max() < 3  # normalized: (0..1 - mean) / std
     text = " ".join(str(w.message) for w in caught if issubclass(w.category, fastload.FastPathWarning))
-    assert "RandAugment" in text and "RandomErasing" in text
+    assert text == ""
 
 
 def test_the_eval_recipe_converts_entirely():

@@ -68,6 +68,7 @@ def color_jitter_v1():  # ColorJitter(0.4, 0.4, 0.4, 0.1): v1's _check_input sto
 CASES = {
     "v1 RandomResizedCrop": (rrc(), [T.RandomResizedCrop(224)]),
     "v2 RandomResizedCrop": (rrc(V2["geometry"], (176, 176)), [T.RandomResizedCrop(176)]),
+    "v1 RandomResizedCrop bicubic": (rrc(interpolation=BICUBIC), [T.RandomResizedCrop(224, interpolation="bicubic")]),
     "v1 Resize": (tv(V1, "Resize", size=256, interpolation=BILINEAR, max_size=None, antialias=True), [T.Resize(256)]),
     "v2 Resize": (tv(V2["geometry"], "Resize", size=[256], interpolation=BILINEAR, max_size=None, antialias=True),
                   [T.Resize([256])]),
@@ -146,10 +147,10 @@ def test_not_torchvision_is_not_converted():
      ["torchvision's ElasticTransform has no fastload equivalent"]),
     (tv(V1_AUTO, "AutoAugment", policy=Mode("cifar10"), interpolation=NEAREST, fill=None),
      ["not converted", "AutoAugment: policy=", "only the ImageNet policy"]),
-    (rrc(interpolation=BICUBIC), ["not converted", "interpolation=", "bilinear"]),
+    (rrc(interpolation=NEAREST), ["not converted", "interpolation=", "bilinear or bicubic"]),
     (tv(V1, "RandomApply", transforms=[tv(V2["geometry"], "ElasticTransform")], p=0.5),
      ["ElasticTransform", "has no fastload equivalent, so the whole RandomApply runs per sample"]),
-], ids=["no equivalent", "AutoAugment CIFAR10", "bicubic RandomResizedCrop", "RandomApply of an unknown"])
+], ids=["no equivalent", "AutoAugment CIFAR10", "nearest RandomResizedCrop", "RandomApply of an unknown"])
 def test_without_an_equivalent_it_runs_per_sample_saying_why(given, words):
     (got,) = convert(given, T)
     assert isinstance(got, UserTransform) and got.fn is given
@@ -197,6 +198,7 @@ def _real_cases(tvt, v2):
     IM = tvt.InterpolationMode
     return [
         (tvt.RandomResizedCrop(224), T.RandomResizedCrop(224)),
+        (tvt.RandomResizedCrop(224, interpolation=tvt.InterpolationMode.BICUBIC), T.RandomResizedCrop(224, interpolation="bicubic")),
         (v2.RandomResizedCrop(176, antialias=True), T.RandomResizedCrop(176)),
         (tvt.Resize(256), T.Resize(256)),
         (v2.Resize(256), T.Resize([256])),
@@ -252,7 +254,7 @@ def test_real_torchvision_objects_convert():
         assert convert(noop, T) == [], noop
     for unconvertible, why in ((tvt.AutoAugment(tvt.AutoAugmentPolicy.CIFAR10), "ImageNet"),
                                (v2.ElasticTransform(), "no fastload equivalent"),
-                               (tvt.RandomResizedCrop(224, interpolation=tvt.InterpolationMode.BICUBIC), "bilinear"),
+                               (tvt.RandomResizedCrop(224, interpolation=tvt.InterpolationMode.NEAREST), "bicubic"),
                                (tvt.RandomApply([v2.ElasticTransform()]), "whole RandomApply")):
         (got,) = convert(unconvertible, T)
         assert isinstance(got, UserTransform) and why in got.reason, (unconvertible, got.reason)

@@ -1,0 +1,173 @@
+"""timm's RandAugment / AutoAugment as native plans (``fastload/_augment/timm_policies.py``), without timm: stand-ins
+with the attributes timm 1.0's ``AugmentOp``, ``RandAugment``, ``AutoAugment`` and ``AugMixAugment`` have
+(``timm/data/auto_augment.py``), and the arguments of timm's ``LEVEL_TO_ARG`` written out for a few magnitudes.
+test_timm_policies_real.py holds each op against timm's own objects on the same draws, where timm imports."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import fastload.transforms as T
+from fastload._augment.plan import BICUBIC, BILINEAR, PlanBuilder
+from fastload._augment.timm_convert import convert
+from fastload._augment.timm_policies import RANDOM, TimmAutoAugment, TimmOp, TimmRandAugment
+from fastload._draws import SampleDraws
+from fastload._augment.fallback import UserTransform
+from test_torchvision_convert import tv
+
+AUTO = "timm.data.auto_augment"
+FILL = (124, 116, 104)
+
+
+def op(name, prob=0.5, magnitude=9, std=0.5, resample=(2, 3), mmax=None):
+    """timm's AugmentOp's attributes (``name`` set after: ``tv`` takes the class name as its own)."""
+    o = tv(AUTO, "AugmentOp", prob=prob, magnitude=magnitude, magnitude_std=std, magnitude_max=mmax,
+           hparams={"translate_const": 100, "img_mean": FILL, "magnitude_std": std},
+           kwargs={"fillcolor": FILL, "resample": resample})
+    o.name = name
+    return o
+
+
+def test_timms_rand_augment_converts_with_each_ops_settings():
+    ra = tv(AUTO, "RandAugment", ops=[op("SolarizeAdd"), op("TranslateXRel", resample=3), op("Rotate", resample=2)],
+            num_layers=2, choice_weights=None)
+    (got,) = convert(ra, T)
+    assert type(got) is TimmRandAugment and got.num_layers == 2 and got.choice_weights is None
+    assert [(o.name, o.prob, o.magnitude, o.magnitude_std, o.fill) for o in got.ops] == [
+        (n, 0.5, 9.0, 0.5, FILL) for n in ("SolarizeAdd", "TranslateXRel", "Rotate")]
+    assert [o.interpolation for o in got.ops] == [RANDOM, BICUBIC, BILINEAR]
+    aa = tv(AUTO, "AutoAugment", policy=[[op("Equalize", 0.8, 1), op("ShearY", 0.8, 4)], [op("Invert", 0.4, 9)]])
+    (got,) = convert(aa, T)
+    assert type(got) is TimmAutoAugment and [[o.name for o in sp] for sp in got.policy] == [["Equalize", "ShearY"],
+                                                                                          ["Invert"]]
+
+
+@pytest.mark.parametrize("given, why", [
+    (tv(AUTO, "AugMixAugment", ops=[], alpha=1.0, width=3, depth=-1, blended=False), "blends several augmented"),
+    (tv(AUTO, "RandAugment", ops=[op("GaussianBlurRand")], num_layers=2, choice_weights=None), "GaussianBlurRand"),
+    (tv(AUTO, "RandAugment", ops=[op("Rotate", resample=1)], num_layers=2, choice_weights=None), "resamples with 1"),
+], ids=["AugMix", "3a's blur", "lanczos"])
+def test_what_has_no_native_plan_runs_timms_object_saying_why(given, why):
+    (got,) = convert(given, T)
+    assert isinstance(got, UserTransform) and got.fn is given and why in got.reason, got.reason
+
+
+def plan_one(name, m, negate=False, bicubic=False, hw=(40, 60), **kw):
+    b = PlanBuilder(np.array([hw]))
+    TimmOp(name, 1.0, 10, fill=FILL, **kw).apply(b, np.array([0]), np.array([m]), np.array([negate]),
+                                                  np.array([bicubic]))
+    return b.finish()
+
+
+@pytest.mark.parametrize("name, m, negate, step, column, value", [
+    # timm: min(128, int((m / 10) * 110)), threshold 128
+    ("SolarizeAdd", 9.0, False, "solarize_add", "add", 99),
+    ("SolarizeAdd", 10.0, False, "solarize_add", "add", 110),
+    # 256 - min(256, int((m / 10) * 256)): 256 - 230
+    ("SolarizeIncreasing", 9.0, False, "solarize", "threshold", 26.0),
+    ("Solarize", 9.0, False, "solarize", "threshold", 230.0),
+    # 4 - int((m / 10) * 4); int(...) + 4
+    ("PosterizeIncreasing", 9.0, False, "posterize", "bits", 1),
+    ("PosterizeOriginal", 5.0, False, "posterize", "bits", 6),
+    # max(0.1, 1.0 -/+ (m / 10) * 0.9); (m / 10) * 1.8 + 0.1
+    ("ColorIncreasing", 9.0, True, "saturation", "factor", 1.0 - 0.9 * 0.9),
+    ("BrightnessIncreasing", 9.0, False, "brightness", "factor", 1.0 + 0.9 * 0.9),
+    ("Contrast", 5.0, False, "contrast", "factor", 0.5 * 1.8 + 0.1),
+])
+def test_each_ops_argument_is_timms_level_to_arg(name, m, negate, step, column, value):
+    plan = plan_one(name, m, negate)
+    (s,) = plan.steps
+    assert s.op == step and s.params[column][0] == pytest.approx(value, abs=0)
+    if name == "SolarizeAdd":
+        assert s.params["threshold"][0] == 128
+
+
+def test_posterize_at_8_bits_and_the_geometric_ops_matrices():
+    assert not plan_one("PosterizeOriginal", 10.0).steps  # int(4) + 4 = 8 bits: timm leaves the image
+    g = plan_one("TranslateXRel", 5.0, negate=True, bicubic=True, hw=(40, 60)).geometry
+    assert np.allclose(g.affine[0], [[1, 0, -0.225 * 60], [0, 1, 0]]) and g.interpolation[0] == BICUBIC
+    assert tuple(g.fill[0]) == FILL
+    g = plan_one("ShearY", 10.0, interpolation=BILINEAR).geometry
+    assert np.allclose(g.affine[0], [[1, 0, 0], [0.3, 1, 0]]) and g.interpolation[0] == BILINEAR
+    g = plan_one("TranslateY", 5.0, translate_const=100).geometry
+    assert np.allclose(g.affine[0], [[1, 0, 0], [0, 1, 50]])
+    g = plan_one("Rotate", 10.0, hw=(40, 60), interpolation=RANDOM).geometry  # PIL's rotate by 30 degrees
+    t = np.radians(-30)
+    assert np.allclose(g.affine[0][:, :2], [[np.cos(t), np.sin(t)], [-np.sin(t), np.cos(t)]])
+    assert g.interpolation[0] == BILINEAR  # random: bicubic only where drawn
+
+
+def test_draws_are_per_sample_and_follow_timms_probabilities():
+    n = 8000
+    ra = TimmRandAugment([TimmOp("SolarizeAdd", 0.5, 9, magnitude_std=0.5), TimmOp("Invert", 0.5, 9)], 2)
+    b = PlanBuilder(np.tile([8, 8], (n, 1)))
+    ra.plan(b, np.arange(n), SampleDraws(3, 0, np.arange(n)))
+    plan = b.finish()
+    calls = {s.op: 0 for s in plan.steps}
+    for s in plan.steps:
+        calls[s.op] += s.index.size
+    # 2 layers x n samples, each op chosen with probability 1/2 and applied with probability 1/2
+    for op_name in ("solarize_add", "invert"):
+        assert abs(calls[op_name] - n / 2) < 4.5 * np.sqrt(n / 2 * 0.75), calls
+    adds = np.concatenate([s.params["add"] for s in plan.steps if s.op == "solarize_add"])
+    # int(clip(N(9, 0.5), 0, 10) / 10 * 110): mostly 93..104, never above 110
+    assert adds.max() <= 110 and 96 <= adds.mean() <= 98.5 and len(np.unique(adds)) > 5
+    sub = np.random.default_rng(0).permutation(n)[:50]  # the same samples in another batch draw the same
+    b2 = PlanBuilder(np.tile([8, 8], (50, 1)))
+    ra.plan(b2, np.arange(50), SampleDraws(3, 0, sub))
+    mine = {(s.op, int(sub[i])) for s in b2.finish().steps for i in s.index}
+    full = {(s.op, int(i)) for s in plan.steps for i in s.index if i in set(sub.tolist())}
+    assert mine == full
+
+
+def test_weighted_choice_is_without_replacement():
+    ra = TimmRandAugment([TimmOp("Invert", 1.0), TimmOp("Equalize", 1.0), TimmOp("AutoContrast", 1.0)], 2,
+                         choice_weights=[0.7, 0.2, 0.1])
+    chosen = ra._choose(5000, np.random.default_rng(0))
+    assert (chosen[:, 0] != chosen[:, 1]).all()
+    first = np.bincount(chosen[:, 0], minlength=3) / 5000
+    assert np.allclose(first, [0.7, 0.2, 0.1], atol=0.03)
+    with pytest.raises(ValueError, match="choice_weights"):
+        TimmRandAugment([TimmOp("Invert")], 2, choice_weights=[1.0])
+
+
+def test_a_pipeline_with_timms_policy_plans_and_runs_in_the_loader_engines():
+    """The policy is an augmentation of the pipeline: planned per batch, executed by the native and PIL engines
+    alike (the same pixels; test_augment_warp.py holds the bicubic warp to PIL)."""
+    from fastload._augment.engine_native import run_native
+    from fastload._augment.engine_pil import run_pil
+
+    ra = TimmRandAugment([TimmOp(n, 0.5, 9, magnitude_std=0.5, fill=FILL) for n in
+                          ("SolarizeAdd", "Rotate", "PosterizeIncreasing", "SharpnessIncreasing", "TranslateYRel")], 2)
+    p = T.ImagePipeline([T.RandomResizedCrop(24), ra])
+    assert p.augment == (ra,) or list(p.augment) == [ra]
+    rng = np.random.default_rng(0)
+    tiles = rng.integers(0, 256, (16, 24, 24, 3), dtype=np.uint8)
+    b = PlanBuilder(np.tile([24, 24], (16, 1)))
+    ra.plan(b, np.arange(16), SampleDraws(1, 0, np.arange(16)))
+    plan = b.finish()
+    out = run_native(tiles.copy(), plan)
+    for k in range(16):
+        assert np.array_equal(out[k], run_pil(tiles[k], plan, k)), k
+
+
+def test_the_torch_engine_runs_the_bicubic_affine_and_solarize_add_as_pil():
+    """The GPU decoders run the plan with the batched torch engine: PIL's bicubic transform (float64 gathers) and
+    the solarize_add table give PIL's bytes there too."""
+    import torch
+
+    from fastload._augment.engine_pil import run_pil
+    from fastload._augment.engine_torch import run_torch
+
+    ra = TimmRandAugment([TimmOp(n, 1.0, 9, magnitude_std=1.0, interpolation=BICUBIC, fill=FILL)
+                          for n in ("Rotate", "ShearX", "TranslateYRel", "SolarizeAdd")], 2)
+    rng = np.random.default_rng(2)
+    tiles = rng.integers(0, 256, (24, 20, 28, 3), dtype=np.uint8)
+    b = PlanBuilder(np.tile([20, 28], (24, 1)))
+    ra.plan(b, np.arange(24), SampleDraws(4, 0, np.arange(24)))
+    plan = b.finish()
+    assert (plan.geometry.interpolation[plan.geometry.has_affine] == BICUBIC).all() and plan.geometry.has_affine.sum() > 10
+    out = run_torch(torch.from_numpy(tiles).permute(0, 3, 1, 2).contiguous(), plan, flips=False)
+    for k in range(24):
+        assert np.array_equal(out[k].permute(1, 2, 0).numpy(), run_pil(tiles[k], plan, k)), k
