@@ -46,7 +46,8 @@ from typing import Any, Callable
 import torch
 
 from .fallback import UserTransform
-from .timm_policies import _RESAMPLE, RANDOM, TimmAutoAugment, TimmOp, TimmRandAugment, check_ops
+from .._ring import warn_once
+from .timm_policies import _RESAMPLE, GEOMETRIC, RANDOM, TimmAutoAugment, TimmOp, TimmRandAugment, check_ops
 
 __all__ = ["convert", "is_timm"]
 
@@ -126,12 +127,30 @@ def _timm_op(op: Any) -> TimmOp:
 
 def _rand_augment(t: Any) -> list:
     check_ops([op.name for op in t.ops], "RandAugment")
+    names = [op.name for op in t.ops]
+    if t.num_layers >= 2 and GEOMETRIC.intersection(names) and len(names) > 1:
+        _warn_reordered(f"RandAugment(num_layers={t.num_layers})")
     return [TimmRandAugment([_timm_op(op) for op in t.ops], t.num_layers, t.choice_weights)]
 
 
 def _auto_augment(t: Any) -> list:
     check_ops([op.name for sub in t.policy for op in sub], "AutoAugment")
+    if any(len(sub) > 1 and GEOMETRIC.intersection(op.name for op in sub) for sub in t.policy):
+        _warn_reordered("AutoAugment")
     return [TimmAutoAugment([[_timm_op(op) for op in sub] for sub in t.policy])]
+
+
+def _warn_reordered(what: str) -> None:
+    """The one difference from timm a native policy keeps (``timm_policies.py``'s docstring), said once."""
+    warn_once(
+        "timm-reordered",
+        f"fastload: timm's {what} runs natively with a sample's geometric ops (Rotate, Shear*, Translate*) "
+        f"before its colour ops and resampled once, where timm applies them in the drawn order: a sample that "
+        f"draws a colour op before a geometric one, or two geometric ops, differs from timm's in the fill area "
+        f"and by a resampling's rounding. To run timm's object exactly (per sample, slower), wrap it in a "
+        f"function: lambda image: policy(image)",
+        UserWarning,
+    )
 
 
 def _augmix(t: Any) -> list:

@@ -5,6 +5,8 @@ test_timm_policies_real.py holds each op against timm's own objects on the same 
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -41,6 +43,28 @@ def test_timms_rand_augment_converts_with_each_ops_settings():
     (got,) = convert(aa, T)
     assert type(got) is TimmAutoAugment and [[o.name for o in sp] for sp in got.policy] == [["Equalize", "ShearY"],
                                                                                           ["Invert"]]
+
+
+def test_a_policy_whose_ops_the_plan_reorders_says_so_once(monkeypatch):
+    import fastload._ring as ring
+
+    monkeypatch.setattr(ring, "_warned", set())
+    one_layer = tv(AUTO, "RandAugment", ops=[op("Invert"), op("Rotate")], num_layers=1, choice_weights=None)
+    colour_only = tv(AUTO, "RandAugment", ops=[op("Invert"), op("Posterize")], num_layers=2, choice_weights=None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        convert(one_layer, T)  # one op per sample: nothing to reorder
+        convert(colour_only, T)
+        convert(tv(AUTO, "AutoAugment", policy=[[op("Rotate", 0.8, 1)], [op("Invert"), op("Equalize")]]), T)
+    two = tv(AUTO, "RandAugment", ops=[op("Invert"), op("Rotate")], num_layers=2, choice_weights=None)
+    with pytest.warns(UserWarning, match=r"RandAugment\(num_layers=2\) runs natively .* lambda image"):
+        convert(two, T)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        convert(two, T)  # once
+    monkeypatch.setattr(ring, "_warned", set())
+    with pytest.warns(UserWarning, match="timm's AutoAugment runs natively"):
+        convert(tv(AUTO, "AutoAugment", policy=[[op("Equalize", 0.8, 1), op("ShearY", 0.8, 4)]]), T)
 
 
 @pytest.mark.parametrize("given, why", [
