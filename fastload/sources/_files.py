@@ -163,8 +163,22 @@ class Files:
     def _folder_files(self, path: str, suffixes: tuple[str, ...]) -> list[str]:
         if self.url:
             files: Iterable[str] = self.fs.find(path)
-        else:
-            files = (os.path.join(d, n) for d, _, names in os.walk(path, followlinks=True) for n in names)
+        else:  # links followed, each real folder once (a loop such as d/up -> .. repeated every file ~40 times)
+            from .imagefolder import _key, _walk
+
+            loops: list[str] = []
+            found = _walk(Path(path), {_key(path): path}, loops, f"a {self.what} source")
+            files = (os.path.join(d, n) for d, names in found for n in names)
+            if loops:
+                loops.sort(key=lambda m: "symlink loop" not in m)
+                more = f" (and {len(loops) - 1} more such link(s))" if len(loops) > 1 else ""
+                warnings.warn(
+                    f"a link in a {self.what} source folder leads to a folder reached already, under {path}: "
+                    f"{loops[0]}{more}; each file is read once, under the first path that reaches it (a folder "
+                    f"reached again through a link is skipped)",
+                    UserWarning,
+                    stacklevel=5,
+                )
         return sorted(f for f in files if f.lower().endswith(suffixes))
 
 
