@@ -152,6 +152,30 @@ class Files:
                 out.append(path)
             else:
                 raise SourceError(f"{self.what} source {spec} does not exist")
+        return self._once(out)
+
+    def _once(self, paths: list[str]) -> list[str]:
+        """``paths`` with each file once, in order: a recursive glob follows a symlink loop (every file ~40 times
+        over) and a brace pattern may name one file twice; said in one warning."""
+        seen: set = set()
+        out, again = [], []
+        for p in paths:
+            try:
+                key = p if self.url else os.stat(p)[1:3]  # (st_ino, st_dev)
+            except OSError:  # a dangling link: reading it says so, naming it
+                key = p
+            if key in seen:
+                again.append(p)
+                continue
+            seen.add(key)
+            out.append(p)
+        if again:
+            warnings.warn(
+                f"the {self.what} source {self.spec} reaches {len(again)} file(s) more than once (a symlink loop, "
+                f"or a pattern naming a file twice), e.g. {self.name(again[0])}: each file is read once",
+                UserWarning,
+                stacklevel=5,
+            )
         return out
 
     def _isdir(self, path: str) -> bool:

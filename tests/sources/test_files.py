@@ -146,3 +146,19 @@ def test_a_symlink_loop_in_a_source_folder_reads_each_file_once(tmp_path):
     os.symlink("..", tmp_path / "pq" / "d" / "up")
     with pytest.warns(UserWarning, match="a symlink loop"):
         assert len(as_source(tmp_path / "pq")) == 3
+
+
+def test_a_file_a_pattern_reaches_twice_is_read_once(tmp_path):
+    # a recursive glob follows a symlink loop too (~40 copies of each file), and a brace pattern may name one file
+    # twice: each file is read once, said in one warning naming the second path
+    import os
+
+    from fastload.sources import as_source
+
+    shards(tmp_path / "wds" / "d", n=2, per=2)
+    os.symlink("..", tmp_path / "wds" / "d" / "up")
+    with pytest.warns(UserWarning, match=r"reaches .* more than once .*d/up/d/train-000.tar"):
+        src = as_source(f"{tmp_path}/wds/**/*.tar")
+    assert len(src) == 4 and len(src.files.paths) == 2
+    with pytest.warns(UserWarning, match=r"reaches .* more than once"):
+        assert len(as_source(f"{tmp_path}/wds/d/train-{{000,001,000}}.tar")) == 4
