@@ -198,7 +198,8 @@ def test_pack_and_merge_take_storage_options_on_the_command_line(s3_photos, moto
         for k in range(3):
             tf.add(photos / "class_0" / sorted(os.listdir(photos / "class_0"))[k], f"{k:04d}.jpg")
     moto.fs().put_file(str(tmp_path / "s.tar"), f"{url.removeprefix('s3://')}-src/s.tar")
-    res = run("pack", f"{url}-src/s.tar", str(tmp_path / "from-url"), "-q", "--workers", "0", *given)
+    with pytest.warns(UserWarning, match="read by one pack process"):
+        res = run("pack", f"{url}-src/s.tar", str(tmp_path / "from-url"), "-q", "--workers", "0", *given)
     assert res.exit_code == 0, res.output
     assert len(fastload.open(tmp_path / "from-url")) == 3
     cli_error(run("pack", str(photos), str(tmp_path / "local"), *given), "--storage-option", "local path")
