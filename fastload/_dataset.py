@@ -325,6 +325,9 @@ def open(
 
 def leased(ds: Dataset, lease: Any) -> Dataset:
     """``ds`` holding ``lease`` (the open lock file of a folder's cached pack, ``_folder_cache.py``) for as long
-    as it lives: the pack is then never removed as stale while this dataset reads it."""
+    as it lives: the pack is then never removed as stale while this dataset reads it. The lease is closed when
+    the dataset is collected (not left to the file object's own collection: "unclosed file" warnings)."""
     ds._lease = lease
+    if lease is not None:
+        weakref.finalize(ds, lease.close)
     return ds

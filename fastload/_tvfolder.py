@@ -202,7 +202,7 @@ def folder_dataset(dataset: Any, cache_dir: Any = None, fallback: bool = False) 
 
 def _check_pipeline(transform: Any, fallback: bool = False) -> None:
     """NotFastPath unless ``transform`` converts whole to fastload's native pipeline (no per-sample fallback, unless
-    ``fallback``)."""
+    ``fallback``) with one output size (the fast path batches)."""
     from .transforms import ImagePipeline
 
     try:
@@ -213,4 +213,9 @@ def _check_pipeline(transform: Any, fallback: bool = False) -> None:
         raise NotFastPath(
             "its transform is not converted whole: "
             + "; ".join(f"{u.name} ({u.reason or 'a callable fastload does not know'})" for u in pipe.fallback)
+        )
+    if pipe.output_size is None:  # knowable now: the loader's batches would refuse it once the folder is packed
+        raise NotFastPath(
+            "its transform gives no fixed output size (e.g. RandomResizedCrop(224) or Resize + CenterCrop); "
+            "images of different sizes cannot be batched"
         )

@@ -33,7 +33,8 @@ def main() -> None:
     """fastload: pack datasets into shards or LMDB, check them, and measure loading speed."""
 
 
-# --storage-option, the command-line form of fastload.open's storage_options= (verify, inspect and bench).
+# --storage-option, the command-line form of fastload.open's (and fastload.pack's) storage_options= (pack, merge,
+# verify, inspect and bench).
 storage_option = click.option(
     "--storage-option",
     "storage_options",
@@ -147,6 +148,7 @@ storage_option = click.option(
     help="For a URL DST: a new or empty local folder to stage the pack in (only what the pack writes "
     "there is removed after the upload) [default: under ~/.cache/fastload/staging].",
 )
+@storage_option
 def pack(
     src,
     dst,
@@ -169,6 +171,7 @@ def pack(
     ray_address,
     parts,
     staging,
+    storage_options,
 ) -> None:
     """Pack SRC (an ImageFolder directory, .npy/.npz, a CSV/JSONL manifest, Parquet files or WebDataset tar
     shards) into a dataset at DST.
@@ -177,10 +180,13 @@ def pack(
     ('shards/train-{000..009}.tar'), local or at a URL (s3://..., read through fsspec).
 
     DST may be a URL (s3://bucket/ds, any fsspec URL): shards are uploaded as they are finished, the
-    manifest last. Interrupted packs resume when the same command is run again.
+    manifest last. --storage-option goes to the backend of a URL SRC and DST alike. Interrupted packs resume when
+    the same command is run again.
     """
     from .pack import pack as do_pack
 
+    if storage_options and not (is_url(str(src)) or is_url(dst)):
+        _url_only(str(src), storage_options)
     if parts is not None and ray_address is None:
         raise click.UsageError("--parts goes with --ray (for one part at a time, use --part I/N)")
     engine = "ray" if ray_address is not None else "local"
@@ -210,6 +216,7 @@ def pack(
                 parts=parts,
                 ray_address=address,
                 staging=staging,
+                storage_options=storage_options,
             )
         )
     click.echo(str(summary))
@@ -220,7 +227,8 @@ def pack(
 @main.command()
 @click.argument("dst")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-def merge(dst, quiet) -> None:
+@storage_option
+def merge(dst, quiet, storage_options) -> None:
     """Join the parts in DST/parts/ (from `fastload pack --part I/N`) into one dataset at DST.
 
     Shard files are moved, not copied; the result is what one `fastload pack` would have written.
@@ -232,7 +240,8 @@ def merge(dst, quiet) -> None:
             f"folder {dst!r} does not exist" if not Path(dst).exists() else f"{dst!r} is not a folder",
             param_hint="'DST'",
         )
-    m = _run(lambda: do_merge(dst if "://" in dst else Path(dst), progress=not quiet))
+    _url_only(dst, storage_options)
+    m = _run(lambda: do_merge(dst if "://" in dst else Path(dst), storage_options=storage_options, progress=not quiet))
     click.echo(f"merged {dst}: {m.num_samples:,} samples in {len(m.shards)} shard(s)")
 
 
@@ -438,11 +447,25 @@ def _command_line(ctx: click.Context, leave_out: tuple[str, ...] = ()) -> str:
             opt = max(param.opts, key=len)
             if value is True:
                 words.append(opt)
-            elif isinstance(value, dict):  # --missing: COLUMN=VALUE pairs
-                words += [w for k, v in value.items() for w in (opt, f"{k}={v}")]
+            elif isinstance(value, dict):  # --missing, --storage-option: KEY=VALUE pairs, as they were parsed
+                words += [w for k, v in value.items() for w in (opt, f"{k}={_as_given(param.name, v)}")]
             else:
                 words += [opt, str(value)]
     return shlex.join(words)
+
+
+def _as_given(option: str, value: object) -> str:
+    """A parsed KEY=VALUE's value as text that parses back to it: --storage-option's values are read as JSON."""
+    import json
+
+    if option != "storage_options":
+        return str(value)
+    if isinstance(value, str):
+        try:
+            json.loads(value)
+        except ValueError:
+            return value  # text that is not JSON is kept as text
+    return json.dumps(value)
 
 
 @contextmanager

@@ -165,3 +165,19 @@ def test_missing_values_on_the_command_line(runner, tmp_path):
     ctx = main.make_context("fastload", base + ["--missing", "label=-1", "--overwrite"])
     sub = ctx.command.get_command(ctx, "pack").make_context("pack", base[1:] + ["--missing", "label=-1"], parent=ctx)
     assert "--missing label=-1" in _command_line(sub)  # the resume hint repeats it
+
+
+def test_the_resume_hint_repeats_storage_options_as_they_parse(tmp_path):
+    import shlex
+
+    from fastload.cli import _command_line, _storage_options
+
+    given = ["anon=true", "endpoint_url=http://h:9000", "block=3", 'tag="7"']
+    args = ["pack", str(tmp_path), "s3://bkt/ds", "-q"] + [w for g in given for w in ("--storage-option", g)]
+    ctx = main.make_context("fastload", args)
+    sub = ctx.command.get_command(ctx, "pack").make_context("pack", args[1:], parent=ctx)
+    line = _command_line(sub)
+    words = shlex.split(line)
+    again = [words[i + 1].split("=", 1) for i, w in enumerate(words) if w == "--storage-option"]
+    assert _storage_options(tuple(f"{k}={v}" for k, v in again)) == sub.params["storage_options"] == {
+        "anon": True, "endpoint_url": "http://h:9000", "block": 3, "tag": "7"}

@@ -147,3 +147,17 @@ def test_a_bad_image_names_the_file_and_the_command_with_skip_bad(tmp_path):
     (folder / "class_0" / "broken.jpg").write_bytes(b"not a jpeg")
     with user_error(fastload.SourceError, "broken.jpg", f"fastload pack {folder} {folder}_packed --skip-bad"):
         fastload.open(folder, cache_dir=tmp_path / "cache")
+
+
+def test_a_folder_dataset_closes_its_lease_when_it_is_collected(tmp_path):
+    # the lease is an open lock file: left to the file object's own collection, it was never closed while any
+    # reference to it lived, and warned "unclosed file" (ResourceWarning) when collected
+    import gc
+
+    root = make_image_folder(tmp_path / "photos", classes=2, per_class=2)
+    ds = fastload.open(root, cache_dir=tmp_path / "c")
+    lease = ds._lease
+    assert lease is not None and not lease.closed
+    del ds
+    gc.collect()
+    assert lease.closed

@@ -183,6 +183,9 @@ REFUSED = {
     "custom collate_fn": (lambda root: tv.ImageFolder(root, transform=recipe()), {"collate_fn": lambda b: b},
                           "a custom collate_fn"),
     "transform None": (lambda root: tv.ImageFolder(root), {}, "transform=None"),
+    # images of different sizes cannot be batched: said before the whole folder is packed for nothing
+    "no fixed size": (lambda root: tv.ImageFolder(root, transform=tv.Compose([tv.Resize(36), tv.ToTensor()])), {},
+                      r"fixed output size .*RandomResizedCrop\(224\)"),
     "no ToTensor": (lambda root: tv.ImageFolder(root, transform=tv.Compose([tv.Resize(36), tv.CenterCrop(32)])), {},
                     "no ToTensor/PILToTensor/ToImage"),
     "unconvertible": (lambda root: tv.ImageFolder(root, transform=tv.Compose([

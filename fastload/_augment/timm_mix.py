@@ -14,7 +14,8 @@ calls ``mixup_fn``: that is timm's semantics by construction.
 samples while collating, rounding the blend to uint8, before the prefetcher normalizes. Here the same draws
 (its parent ``Mixup.__call__``: the same parameters, the same order of ``np.random`` calls) mix the batch after
 it is normalized on the device: CutMix's boxes and all labels are identical, a MixUp blend differs by timm's
-uint8 rounding only (at most half a level, ``0.5 / 255 / std`` after normalizing), said once in a warning.
+uint8 rounding only (at most half a level, ``0.5 / 255 / std`` after normalizing), said once in a warning. A
+half-precision batch (``img_dtype``) is mixed in float32 and written back, so its labels are timm's too.
 
 Classes are matched by module and name: timm is never imported here.
 """
@@ -104,6 +105,13 @@ class TimmMixup:
                 f"{name}: the targets should be a tensor of {x.shape[0]} class indices, got "
                 f"{tuple(getattr(target, 'shape', ())) or type(target).__name__}"
             )
+        if self.collates and x.dtype in (torch.float16, torch.bfloat16):
+            # timm's draws per pair and per sample ('pair', 'elem') make ``lam`` a tensor of the images' dtype: in
+            # half precision the soft labels would lose the digits timm's collate keeps (float32), and a blend would
+            # round twice. So a float32 copy is mixed and written back (create_loader(fp16=True), img_dtype=...).
+            # (A plain Mixup is timm's call as it is, in the batch's dtype, as timm's train.py would make it.)
+            wide, target = self._call(self.mixup, x.float(), target)
+            return x.copy_(wide), target
         return self._call(self.mixup, x, target)
 
     def __repr__(self) -> str:

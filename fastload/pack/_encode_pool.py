@@ -6,9 +6,12 @@ raise instead of hang; Ctrl-C is the main process's to handle.
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing as mp
+import os
 import re
 import signal
+import sys
 from collections import deque
 from typing import Any, Iterator
 
@@ -19,6 +22,7 @@ from ..fields.image import reencodings
 from ..sources import Source
 
 _WORKER: dict[str, Any] = {}
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
@@ -27,10 +31,24 @@ def _init_worker(source: Source, opts: ImageOptions) -> None:
     _WORKER["opts"] = opts
 
 
-def _init_process_worker(source: Source, opts: ImageOptions) -> None:
+def _init_process_worker(source: Source, opts: ImageOptions, parent: int) -> None:
     # Ctrl-C is the main process's to handle: it stops the pack and ends the workers
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with(parent)
     _init_worker(source, opts)
+
+
+def _die_with(parent: int) -> None:
+    """End this worker when the pack process dies: one killed with SIGKILL cannot end its workers, which would wait
+    on their task queue for ever (Linux's parent-death signal; elsewhere the pack ends them as it stops)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # it died before the signal was set up
+        os._exit(1)
 
 
 def _encode_one(i: int) -> tuple[int, list | None, str | None, str | None]:
@@ -91,7 +109,9 @@ def _in_processes(source: Source, opts: ImageOptions, indices: range, workers: i
 
     methods = mp.get_all_start_methods()
     ctx = mp.get_context("fork" if "fork" in methods else "spawn")
-    ex = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_process_worker, initargs=(source, opts))
+    ex = ProcessPoolExecutor(
+        workers, mp_context=ctx, initializer=_init_process_worker, initargs=(source, opts, os.getpid())
+    )
     procs: dict = {}  # pid -> Process, to name a dead worker
     pending: deque = deque()
     ok = broken = False

@@ -3,9 +3,13 @@ before it looks at ``DST`` until its manifest is written, so a second pack into 
 once, naming the first (its pid, written in the file), instead of mixing or deleting the first one's files.
 
 The kernel releases the lock when its holder dies, however it dies (SIGKILL included): a lock file left by a
-killed pack is taken over by the next one. A finished pack removes the file while it still holds the lock;
-whoever opened the old file meanwhile finds, once it has the lock, that the path is no longer that file, and
-starts again with the new one (the usual protocol for removable lock files).
+killed pack is taken over by the next one. A process forked while the lock is held (the pack's worker processes)
+closes its copy of the descriptor at once: an ``flock`` lasts while any descriptor of it is open, and a killed
+pack's workers live on as orphans, which would otherwise keep its folder locked with the dead pack's pid.
+
+A finished pack removes the file while it still holds the lock; whoever opened the old file meanwhile finds, once
+it has the lock, that the path is no longer that file, and starts again with the new one (the usual protocol for
+removable lock files).
 """
 
 from __future__ import annotations
@@ -25,6 +29,20 @@ LOCK_NAME = ".fastload-pack.lock"
 
 _held: set[str] = set()  # the lock paths this process holds
 _held_lock = threading.Lock()
+_fds: set[int] = set()  # their descriptors, closed in a forked child (the module docstring)
+
+
+def _close_in_child() -> None:
+    for fd in _fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _fds.clear()
+    _held.clear()
+
+
+os.register_at_fork(after_in_child=_close_in_child)
 
 
 @contextmanager
@@ -44,6 +62,7 @@ def writer_lock(dest: Path, label: str | None = None) -> Iterator[None]:
         )
     try:
         fd = _acquire(dest, path, label or str(dest))
+        _fds.add(fd)
         try:
             yield
         finally:
@@ -51,6 +70,7 @@ def writer_lock(dest: Path, label: str | None = None) -> Iterator[None]:
                 os.unlink(path)  # while still held: see the module docstring
             except FileNotFoundError:
                 pass
+            _fds.discard(fd)
             os.close(fd)
     finally:
         with _held_lock:

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -76,12 +77,17 @@ def local_source(path: Path) -> Source | None:
     if not path.is_dir():
         return None
     try:
-        return ImageFolderSource(path)
+        with warnings.catch_warnings(record=True) as said:  # the ImageFolder's own, once it is one
+            warnings.simplefilter("always")
+            folder = ImageFolderSource(path)
     except SourceError:
         kind = _file_kind(os.fspath(path), deep=True)
         if kind is None:
             raise
         return kind(path)
+    for w in said:
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return folder
 
 
 def as_source(

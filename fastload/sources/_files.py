@@ -152,6 +152,30 @@ class Files:
                 out.append(path)
             else:
                 raise SourceError(f"{self.what} source {spec} does not exist")
+        return self._once(out)
+
+    def _once(self, paths: list[str]) -> list[str]:
+        """``paths`` with each file once, in order: a recursive glob follows a symlink loop (every file ~40 times
+        over) and a brace pattern may name one file twice; said in one warning."""
+        seen: set = set()
+        out, again = [], []
+        for p in paths:
+            try:
+                key = p if self.url else os.stat(p)[1:3]  # (st_ino, st_dev)
+            except OSError:  # a dangling link: reading it says so, naming it
+                key = p
+            if key in seen:
+                again.append(p)
+                continue
+            seen.add(key)
+            out.append(p)
+        if again:
+            warnings.warn(
+                f"the {self.what} source {self.spec} reaches {len(again)} file(s) more than once (a symlink loop, "
+                f"or a pattern naming a file twice), e.g. {self.name(again[0])}: each file is read once",
+                UserWarning,
+                stacklevel=5,
+            )
         return out
 
     def _isdir(self, path: str) -> bool:
@@ -163,8 +187,22 @@ class Files:
     def _folder_files(self, path: str, suffixes: tuple[str, ...]) -> list[str]:
         if self.url:
             files: Iterable[str] = self.fs.find(path)
-        else:
-            files = (os.path.join(d, n) for d, _, names in os.walk(path, followlinks=True) for n in names)
+        else:  # links followed, each real folder once (a loop such as d/up -> .. repeated every file ~40 times)
+            from .imagefolder import _key, _walk
+
+            loops: list[str] = []
+            found = _walk(Path(path), {_key(path): path}, loops, f"a {self.what} source")
+            files = (os.path.join(d, n) for d, names in found for n in names)
+            if loops:
+                loops.sort(key=lambda m: "symlink loop" not in m)
+                more = f" (and {len(loops) - 1} more such link(s))" if len(loops) > 1 else ""
+                warnings.warn(
+                    f"a link in a {self.what} source folder leads to a folder reached already, under {path}: "
+                    f"{loops[0]}{more}; each file is read once, under the first path that reaches it (a folder "
+                    f"reached again through a link is skipped)",
+                    UserWarning,
+                    stacklevel=5,
+                )
         return sorted(f for f in files if f.lower().endswith(suffixes))
 
 

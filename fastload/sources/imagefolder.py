@@ -99,7 +99,9 @@ def _key(path: str | os.PathLike) -> tuple[int, int]:
     return st.st_dev, st.st_ino
 
 
-def _walk(top: Path, seen: dict[tuple[int, int], str], loops: list[str]) -> list[tuple[str, list[str]]]:
+def _walk(
+    top: Path, seen: dict[tuple[int, int], str], loops: list[str], what: str = "an ImageFolder"
+) -> list[tuple[str, list[str]]]:
     """``(folder, sorted file names)`` of every folder under ``top``, links followed, sorted by path: the order of
     ``sorted(os.walk(top, followlinks=True))`` (torchvision's), but each real folder once, by its (st_dev, st_ino)
     in ``seen`` (folder identity -> the path it was first reached by). A link to a folder already reached (a loop
@@ -111,7 +113,7 @@ def _walk(top: Path, seen: dict[tuple[int, int], str], loops: list[str]) -> list
         try:
             entries = sorted(os.scandir(path), key=lambda entry: entry.name)
         except OSError as err:
-            raise SourceError(f"cannot list the folder {path} of an ImageFolder: {err.strerror or err}") from None
+            raise SourceError(f"cannot list the folder {path} of {what}: {err.strerror or err}") from None
         files: list[os.DirEntry] = []
         dirs: list[os.DirEntry] = []
         for e in entries:
@@ -127,8 +129,8 @@ def _walk(top: Path, seen: dict[tuple[int, int], str], loops: list[str]) -> list
             if first != e.path:
                 target = os.readlink(e.path) if e.is_symlink() else e.path
                 inside = os.path.commonpath([os.path.abspath(first), os.path.abspath(path)]) == os.path.abspath(first)
-                what = "a symlink loop" if inside else "a second path to one folder"
-                loops.append(f"{what}: {e.path} -> {target} leads to {first}, reached already")
+                link = "a symlink loop" if inside else "a second path to one folder"
+                loops.append(f"{link}: {e.path} -> {target} leads to {first}, reached already")
                 continue
             visit(e.path)
 

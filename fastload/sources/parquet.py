@@ -10,7 +10,7 @@ Hugging Face ``Audio``, other ``{bytes, path}``  ``bytes``: the encoded bytes un
 binary                                  ``image`` when its first value is a picture PIL knows (and no
                                         Hugging Face feature says otherwise), else ``bytes``
 string                                  ``str``
-integer, bool                           ``int`` (a ``ClassLabel``'s names become the dataset's ``classes``)
+integer, bool                           ``int`` (the label ``ClassLabel``'s names: the dataset's ``classes``)
 float                                   ``float``
 list / fixed-size list of numbers       ``ndarray``: fixed-size lists give fixed dimensions, others vary
 ======================================  ===========================================================
@@ -108,8 +108,8 @@ class ParquetSource(Source):
             elif _class_names(_hf_features(schema)) != _class_names(_hf_features(first)):
                 raise SourceError(
                     f"Parquet file {self.files.name(path)} names its classes "
-                    f"{_class_names(_hf_features(schema))}, but {self.files.name(self.files.paths[0])} "
-                    f"{_class_names(_hf_features(first))}: one dataset has one list of class names"
+                    f"{_shown(_class_names(_hf_features(schema)))}, but {self.files.name(self.files.paths[0])} "
+                    f"{_shown(_class_names(_hf_features(first)))}: one dataset has one list of class names"
                 )
             within = 0
             for g in range(meta.num_row_groups):
@@ -134,9 +134,7 @@ class ParquetSource(Source):
             )
         self.schema = Schema(c.field for c in self.columns)
         self.metadata = {"source": "parquet", "spec": self.files.spec}
-        classes = _class_names(features)
-        if classes is not None:
-            self.metadata["classes"] = classes
+        self.metadata.update(_class_names(features))
         self._cached: tuple[Any, list[list]] | None = None
         self._file: tuple[int, int, Any, Any] | None = None  # (pid, file, ParquetFile, file handle)
         self._check_nulls()
@@ -347,12 +345,28 @@ def _hf_features(schema: Any) -> dict:
     return features if isinstance(features, dict) else {}
 
 
-def _class_names(features: dict) -> list[str] | None:
-    """A ``ClassLabel``'s names (the column named label/labels first, else the first ClassLabel)."""
-    labels = [(name, f) for name, f in features.items() if isinstance(f, dict) and f.get("_type") == "ClassLabel"]
-    labels.sort(key=lambda nf: nf[0] not in ("label", "labels"))
-    for _, f in labels:
-        names = f.get("names")
-        if isinstance(names, list) and all(isinstance(n, str) for n in names):
-            return names
-    return None
+def _class_names(features: dict) -> dict:
+    """Every ``ClassLabel`` column's names under ``class_names``, and ``classes``: the names of the column called
+    label/labels, or of the only ClassLabel (as ``sources/dataset.py`` for a ``datasets.Dataset``). With several
+    and none of them the label (CIFAR-100's fine_label and coarse_label), no ``classes``: either would be a guess."""
+    labels = {
+        name: f["names"]
+        for name, f in features.items()
+        if isinstance(f, dict)
+        and f.get("_type") == "ClassLabel"
+        and isinstance(f.get("names"), list)
+        and all(isinstance(n, str) for n in f["names"])
+    }
+    if not labels:
+        return {}
+    out: dict = {"class_names": labels}
+    main = next((k for k in ("label", "labels") if k in labels), None)
+    if main is None and len(labels) == 1:
+        main = next(iter(labels))
+    if main is not None:
+        out["classes"] = labels[main]
+    return out
+
+
+def _shown(names: dict) -> Any:
+    return names.get("classes", names.get("class_names"))

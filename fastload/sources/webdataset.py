@@ -18,7 +18,8 @@ anything else (``seg.png``, ``mp3``, ``pth``, ...)  ``bytes``, untouched (never 
 
 A field is named by its extension, dots made underscores (``jpg``, ``cls``, ``seg_png``). The shards' headers
 are read at open (a seek per member; a URL's are read through fsspec's read-ahead), so a corrupt or truncated
-shard, a sample missing a field another has, or a repeated extension fails there, naming the shard and key.
+shard, a sample missing a field another has, a sample split across two shards (which webdataset joins), or a
+repeated extension fails there, naming the shard and key.
 Samples are named ``shard key``. Compressed shards (``.tar.gz``) are refused: members cannot be read by offset.
 """
 
@@ -80,8 +81,13 @@ class WebDatasetSource(Source):
         self.keys: list[str] = []
         self.members: dict[str, list[tuple[int, int]]] = {}  # extension -> (offset, size) per sample
         self.npy: dict[str, tuple[np.dtype, list[int | None], str]] = {}
+        # a shard's last sample, added once the next shard's first member shows it does not continue there
+        self._pending: tuple[int, str, str, dict[str, tuple[int, int]]] | None = None
         for k, path in enumerate(self.files.paths):
             self._scan(k, path)
+        if self._pending is not None:
+            self._add(*self._pending)
+        del self._pending
         if not self.keys:
             raise SourceError(f"WebDataset source {self.files.spec} holds no sample (no member named key.extension)")
         fields = []
@@ -135,6 +141,8 @@ class WebDatasetSource(Source):
                         if mkey != key:
                             if current is not None:
                                 self._add(k, name, key, current)
+                            else:
+                                self._continues(name, mkey, ext)
                             if mkey in seen:
                                 raise SourceError(
                                     f"WebDataset shard {name}: key '{mkey}' appears again after other "
@@ -166,7 +174,23 @@ class WebDatasetSource(Source):
                 f"is neither a member header nor the end-of-archive marker"
             )
         if current is not None:
-            self._add(k, name, key, current)
+            self._pending = (k, name, key, current)
+
+    def _continues(self, name: str, key: str, ext: str) -> None:
+        """At a shard's first member: refuse the shard before's last sample going on here (webdataset's
+        ``group_by_keys`` joins one key's consecutive members across shards; a sample here lies in one shard),
+        else add that sample. The same key with an extension it already has starts a new sample, as there."""
+        if self._pending is None:
+            return
+        k, before, pkey, members = self._pending
+        self._pending = None
+        if pkey == key and ext not in members:
+            raise SourceError(
+                f"WebDataset key '{key}' is split across shards: {before} holds its {', '.join(members)} "
+                f"members, {name} its {ext} member (and any that follow); fastload reads each sample from one "
+                f"shard: write each sample's members into one shard (webdataset's ShardWriter does)"
+            )
+        self._add(k, before, pkey, members)
 
     def _add(self, k: int, name: str, key: str, members: dict[str, tuple[int, int]]) -> None:
         if self.keys:

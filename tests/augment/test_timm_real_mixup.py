@@ -40,6 +40,21 @@ def test_fastload_matches_timms_collate_mixup(mode, kind, seed):
 
 
 @pytest.mark.parametrize("mode", ["batch", "pair", "elem"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_batches_keep_timms_labels(mode, dtype):
+    # create_loader(fp16=True or img_dtype=torch.bfloat16): the batch is normalized in that dtype before it is
+    # mixed; timm's collate mixed the uint8 samples with float32 labels, which fastload keeps exactly too
+    for seed in range(4):
+        m = FastCollateMixup(num_classes=5, mode=mode, **KINDS["both"])
+        (want_x, want_y), (got_x, got_y) = versus_collate(m, seed, dtype=dtype)
+        assert got_x.dtype == want_x.dtype == dtype and got_y.dtype == want_y.dtype
+        assert torch.allclose(got_y, want_y, atol=1e-6), (got_y - want_y).abs().max()
+        # the blend: timm's rounding to uint8, plus one rounding to dtype of values below 3 in magnitude
+        spacing = 3 * torch.finfo(dtype).eps
+        assert (got_x.float() - want_x.float()).abs().max() <= half_level() + spacing
+
+
+@pytest.mark.parametrize("mode", ["batch", "pair", "elem"])
 def test_fastload_runs_timms_mixup_on_the_batch(mode):
     x, y = torch.randn(6, 3, 8, 8), torch.tensor([0, 1, 2, 3, 4, 0])
     kw = dict(mixup_alpha=0.8, cutmix_alpha=1.0, num_classes=5, mode=mode)

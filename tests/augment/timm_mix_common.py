@@ -19,23 +19,23 @@ def samples(n=8, h=12, w=10, num_classes=5, seed=0):
     return [(rng.integers(0, 256, (3, h, w), dtype=np.uint8), int(rng.integers(0, num_classes))) for _ in range(n)]
 
 
-def normalize(u8: torch.Tensor) -> torch.Tensor:
-    """timm's PrefetchLoader's arithmetic: float, minus mean * 255, over std * 255."""
-    mean = torch.tensor([m * 255 for m in MEAN]).view(1, 3, 1, 1)
-    std = torch.tensor([s * 255 for s in STD]).view(1, 3, 1, 1)
-    return u8.float().sub_(mean).div_(std)
+def normalize(u8: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """timm's PrefetchLoader's arithmetic in its ``img_dtype``: minus mean * 255, over std * 255."""
+    mean = torch.tensor([m * 255 for m in MEAN], dtype=dtype).view(1, 3, 1, 1)
+    std = torch.tensor([s * 255 for s in STD], dtype=dtype).view(1, 3, 1, 1)
+    return u8.to(dtype).sub_(mean).div_(std)
 
 
-def versus_collate(collate_mixup, seed: int, n=8):
+def versus_collate(collate_mixup, seed: int, n=8, dtype: torch.dtype = torch.float32):
     """(timm's batch, fastload's batch) for one batch of ``samples``: timm's ``FastCollateMixup`` collating and
     mixing the uint8 samples, then normalized; fastload's ``TimmMixup`` over the same object mixing the
     normalized uint8 batch, from the same numpy global state. Each is (images, soft targets)."""
     batch = samples(n)
     # before timm's collate, which in mode 'pair' pastes CutMix's boxes into the samples it is given
-    x = normalize(torch.stack([torch.from_numpy(a.copy()) for a, _ in batch]))
+    x = normalize(torch.stack([torch.from_numpy(a.copy()) for a, _ in batch]), dtype)
     np.random.seed(seed)
     u8, want_y = collate_mixup(batch)
-    want_x = normalize(u8)
+    want_x = normalize(u8, dtype)
     y = torch.tensor([c for _, c in batch])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the one note on FastCollateMixup's rounding

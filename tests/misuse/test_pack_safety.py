@@ -175,6 +175,36 @@ def test_storage_options_on_the_command_line(s3_photos, moto, monkeypatch):
     cli_error(run("inspect", ".", *given), "--storage-option", "local path")
 
 
+
+def test_pack_and_merge_take_storage_options_on_the_command_line(s3_photos, moto, monkeypatch, tmp_path):
+    """A URL source or destination that only --storage-option reaches (no endpoint in the environment)."""
+    import tarfile
+
+    url, _ = s3_photos
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    given = ["--storage-option", f"endpoint_url={moto.endpoint}", "--storage-option", "key=testing",
+             "--storage-option", "secret=testing"]
+    photos = tmp_path / "photos"
+    dst = f"{url}-cli"
+    for i in (0, 1):  # to a URL, in parts, then merged there
+        res = run("pack", str(photos), dst, "-q", "--part", f"{i}/2", "--block", "2", "--staging",
+                  str(tmp_path / f"stage{i}"), *given)
+        assert res.exit_code == 0, res.output
+    res = run("merge", dst, "-q", *given)
+    assert res.exit_code == 0 and "merged" in res.output, res.output
+    packed = fastload.open(dst, cache_dir=tmp_path / "c", storage_options=moto.options())
+    assert len(packed) == 6 and packed.classes == ["class_0", "class_1"]
+    with tarfile.open(tmp_path / "s.tar", "w") as tf:  # from a URL source
+        for k in range(3):
+            tf.add(photos / "class_0" / sorted(os.listdir(photos / "class_0"))[k], f"{k:04d}.jpg")
+    moto.fs().put_file(str(tmp_path / "s.tar"), f"{url.removeprefix('s3://')}-src/s.tar")
+    with pytest.warns(UserWarning, match="read by one pack process"):
+        res = run("pack", f"{url}-src/s.tar", str(tmp_path / "from-url"), "-q", "--workers", "0", *given)
+    assert res.exit_code == 0, res.output
+    assert len(fastload.open(tmp_path / "from-url")) == 3
+    cli_error(run("pack", str(photos), str(tmp_path / "local"), *given), "--storage-option", "local path")
+
+
 def test_url_mistakes_get_open_s_errors(s3_photos):
     url, _ = s3_photos
     for verb in ("verify", "inspect", "bench"):

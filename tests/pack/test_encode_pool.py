@@ -55,3 +55,54 @@ def test_pack_worker_killed_is_an_error_not_a_hang(tmp_path):
     fastload.pack(SlowSamples(), dest, workers=2, shard_size="4K")
     fastload.pack(SlowSamples(), tmp_path / "ref", workers=2, shard_size="4K")
     assert dir_bytes(dest) == dir_bytes(tmp_path / "ref")
+
+
+KILLED_PACK = """
+import os, sys, time
+import numpy as np
+import fastload
+
+class Waiting:
+    def __len__(self):
+        return 40
+
+    def __getitem__(self, i):
+        if i >= 8:
+            print("waiting", flush=True)
+            time.sleep(120)
+        return np.full(4, i, np.float32), i
+
+fastload.pack(Waiting(), sys.argv[1], workers=2)
+"""
+
+
+def test_a_killed_pack_s_worker_processes_end_with_it(tmp_path):
+    # a pack killed with SIGKILL cannot end its workers: left alone they waited on their task queue (or in the
+    # source) for ever, as orphans, each holding a copy of the source
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = dict(os.environ, PYTHONPATH=str(Path(fastload.__file__).parents[1]))
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_PACK, str(tmp_path / "ds")], env=env,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "waiting"  # a worker is inside the source now
+        kids = [int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
+        assert len(kids) == 2, kids
+    finally:
+        proc.kill()
+        proc.wait()
+    deadline = time.time() + 10
+    while time.time() < deadline and any(os.path.exists(f"/proc/{k}") for k in kids):
+        time.sleep(0.05)
+    def running(pid):  # a zombie is dead: its state in /proc/PID/stat, after the command's parenthesis, is Z
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except FileNotFoundError:
+            return False
+
+    alive = [k for k in kids if running(k)]
+    for k in alive:
+        os.kill(k, signal.SIGKILL)
+    assert alive == []

@@ -56,3 +56,29 @@ def test_a_dead_holder_s_lock_file_is_taken_over_and_cleaned_up(tmp_path):
         remove_if_free(dest / LOCK_NAME)  # held: left alone
         remove_pack(dest)                 # nor does a clean-up of pack files touch it
         assert (dest / LOCK_NAME).exists()
+
+
+def test_a_forked_child_does_not_keep_a_killed_holder_s_lock(tmp_path):
+    # a pack's worker processes are forked while it holds the lock; killed with SIGKILL, the pack leaves them
+    # orphaned (blocked on their task queue): they must not hold its flock, or every later pack is refused
+    # naming the dead pack's pid
+    dest = tmp_path / "ds"
+    code = ("import sys, os, signal, time; from pathlib import Path; from fastload.pack._lock import writer_lock\n"
+            "with writer_lock(Path(sys.argv[1])):\n"
+            "    child = os.fork()\n"
+            "    if child == 0:\n"
+            "        os.close(1), os.close(2)  # the test reads the holder's output to its end\n"
+            "        time.sleep(120)\n"
+            "        os._exit(0)\n"
+            "    print(child, flush=True)\n"
+            "    os.kill(os.getpid(), signal.SIGKILL)\n")
+    env = dict(os.environ, PYTHONPATH=str(Path(fastload.__file__).parents[1]))
+    proc = subprocess.run([sys.executable, "-c", code, str(dest)], env=env, capture_output=True, text=True)
+    child = int(proc.stdout.split()[0])
+    try:
+        assert proc.returncode == -9 and os.path.exists(f"/proc/{child}")  # the holder is dead, its child alive
+        with writer_lock(dest):
+            pass
+        fastload.pack(np.arange(4), dest, workers=0)
+    finally:
+        os.kill(child, 9)

@@ -123,3 +123,42 @@ def test_sources_pickle_without_their_open_files(tmp_path):
         assert all(v is None for k, v in state.items() if k in ("_file", "_cached")) and state["files"]._fs is None
         copy = pickle.loads(pickle.dumps(src))
         assert same(tuple(copy.load(4)), tuple(first)) and copy.describe(4) == src.describe(4)
+
+
+def test_a_symlink_loop_in_a_source_folder_reads_each_file_once(tmp_path):
+    # os.walk(followlinks=True) follows a loop (d/up -> ..) until the path grows too long: every file was read
+    # about 40 times over, silently; as in an ImageFolder, each real folder is read once and the link is named
+    import os
+    import warnings
+
+    from fastload.sources import as_source
+
+    shards(tmp_path / "wds" / "d", n=2, per=2)
+    os.symlink("..", tmp_path / "wds" / "d" / "up")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        src = as_source(tmp_path / "wds")
+    said = [str(w.message) for w in caught if "reached already" in str(w.message)]
+    assert len(src) == 4 and len(src.files.paths) == 2
+    assert len(said) == 1 and "a symlink loop" in said[0] and str(tmp_path / "wds" / "d" / "up") in said[0], said
+    (tmp_path / "pq" / "d").mkdir(parents=True)
+    pq.write_table(hf_table(3), tmp_path / "pq" / "d" / "a.parquet")
+    os.symlink("..", tmp_path / "pq" / "d" / "up")
+    with pytest.warns(UserWarning, match="a symlink loop"):
+        assert len(as_source(tmp_path / "pq")) == 3
+
+
+def test_a_file_a_pattern_reaches_twice_is_read_once(tmp_path):
+    # a recursive glob follows a symlink loop too (~40 copies of each file), and a brace pattern may name one file
+    # twice: each file is read once, said in one warning naming the second path
+    import os
+
+    from fastload.sources import as_source
+
+    shards(tmp_path / "wds" / "d", n=2, per=2)
+    os.symlink("..", tmp_path / "wds" / "d" / "up")
+    with pytest.warns(UserWarning, match=r"reaches .* more than once .*d/up/d/train-000.tar"):
+        src = as_source(f"{tmp_path}/wds/**/*.tar")
+    assert len(src) == 4 and len(src.files.paths) == 2
+    with pytest.warns(UserWarning, match=r"reaches .* more than once"):
+        assert len(as_source(f"{tmp_path}/wds/d/train-{{000,001,000}}.tar")) == 4

@@ -255,3 +255,24 @@ def test_a_null_struct_is_null_however_its_children_are_stored():
     built = pa.array([{"bytes": b"a", "path": None}, None, {"bytes": b"c", "path": "x"}], MEDIA).slice(1)
     column = _Column("image", "media", fastload.Field.image("image"))
     assert _columns_as_lists(pa.table({"image": built}), [column]) == [[None, b"c"]]
+
+
+def test_two_class_label_columns_give_no_guessed_classes(tmp_path):
+    # CIFAR-100's files: fine_label and coarse_label, neither called label. ds.classes from whichever came first
+    # would name the other column's labels wrongly: as for a datasets.Dataset, every ClassLabel's names are kept
+    # under class_names, and classes only where one column is the label
+    import json
+
+    features = {"fine_label": {"_type": "ClassLabel", "names": ["apple", "bee", "cup"]},
+                "coarse_label": {"_type": "ClassLabel", "names": ["food", "insect"]}}
+    table = pa.table({"fine_label": [0, 1, 2], "coarse_label": [0, 1, 0]})
+    table = table.replace_schema_metadata({"huggingface": json.dumps({"info": {"features": features}})})
+    pq.write_table(table, tmp_path / "c.parquet")
+    src = as_source(tmp_path / "c.parquet")
+    assert "classes" not in src.metadata
+    assert src.metadata["class_names"] == {"fine_label": ["apple", "bee", "cup"], "coarse_label": ["food", "insect"]}
+    features["label"] = {"_type": "ClassLabel", "names": ["a", "b"]}
+    table = table.append_column("label", pa.array([0, 1, 1])).replace_schema_metadata(
+        {"huggingface": json.dumps({"info": {"features": features}})})
+    pq.write_table(table, tmp_path / "d.parquet")
+    assert as_source(tmp_path / "d.parquet").metadata["classes"] == ["a", "b"]

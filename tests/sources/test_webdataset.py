@@ -185,3 +185,31 @@ def test_a_bad_member_fails_the_pack_naming_shard_and_key(tmp_path):
     write_tar(tmp_path / "b.tar", members)
     with pytest.raises(SourceError, match=r"b.tar key '000_0001': ValueError: member '000_0001.json': not valid JSON"):
         fastload.pack(tmp_path / "b.tar", tmp_path / "ds2", workers=0)
+
+
+def test_a_sample_split_across_shards_is_refused_naming_both(tmp_path):
+    # webdataset's group_by_keys joins consecutive members of one key across a shard boundary; fastload reads a
+    # sample from one shard, so the error says the sample is split, naming both shards and the key
+    whole = members_of(*(sample(0, i) for i in range(3)))
+    cut = next(j for j, (n, _) in enumerate(whole) if n == "000_0001.txt")
+    (tmp_path / "split").mkdir()
+    write_tar(tmp_path / "split" / "a.tar", whole[:cut])
+    write_tar(tmp_path / "split" / "b.tar", whole[cut:])
+    with pytest.raises(SourceError, match=r"key '000_0001' is split across shards: .*a.tar holds its jpg, cls "
+                                          r"members, .*b.tar its txt"):
+        as_source(tmp_path / "split")
+    # the first sample split: said as such, not as every other sample having fields the first lacks
+    (tmp_path / "first").mkdir()
+    cut = next(j for j, (n, _) in enumerate(whole) if n == "000_0000.cls")
+    write_tar(tmp_path / "first" / "a.tar", whole[:cut])
+    write_tar(tmp_path / "first" / "b.tar", whole[cut:])
+    with pytest.raises(SourceError, match=r"key '000_0000' is split across shards"):
+        as_source(tmp_path / "first")
+    # one key again at the next shard's start with a member the first already has is a new sample (webdataset's
+    # rule too), not a split one
+    (tmp_path / "again").mkdir()
+    write_tar(tmp_path / "again" / "a.tar", members_of(sample(0, 0)))
+    write_tar(tmp_path / "again" / "b.tar", members_of(sample(0, 0), sample(0, 1)))
+    src = as_source(tmp_path / "again")
+    assert [src.describe(i).rsplit("/", 1)[1] for i in range(len(src))] == [
+        "a.tar key '000_0000'", "b.tar key '000_0000'", "b.tar key '000_0001'"]
