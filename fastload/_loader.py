@@ -466,13 +466,19 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         epoch, done = self._progress.epoch, self._progress.done
         if self._order is None and self._sampled is None:
             return generic_state(self._torch_index_sampler(), self._num_samples(), epoch, done, self._plan.rng)
-        if done >= len(self):
-            epoch, done = epoch + 1, 0
         if self._sampled is not None:
+            if done >= len(self):
+                epoch, done = epoch + 1, 0
             return self._sampled.state_dict(epoch, done)
-        return self._order.state_dict(done) | {"epoch": epoch}
+        if done >= self._order.num_batches(epoch):
+            epoch, done = epoch + 1, 0
+        return self._order.state_dict(done, epoch)
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict | list) -> None:
+        """Go on from ``state`` (what ``state_dict()`` returned). With fastload's own order, a state saved with
+        another number of processes or another batch size resumes too (elastic, ``fast/elastic.py``): the rest of
+        the saved epoch is split over this loader's ranks, every sample read once. ``state`` may be one rank's
+        state (all ranks had received the same number of batches, as under DDP) or the list of all ranks'."""
         with self._guard:
             if self._batcher is not None:
                 self._running_here("load_state_dict()")  # the order and position the running iteration reads
@@ -487,7 +493,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             self._next_epoch, self._resume_at = self._sampled.load_state_dict(state)
             self.seed = self._sampled.seed
         else:
-            if isinstance(state, dict) and state.get("driver") == "sampler":
+            if any(isinstance(s, dict) and s.get("driver") == "sampler" for s in _as_list(state)):
                 raise ValueError(
                     "this state was saved by a loader whose sampler drove the order; this loader uses "
                     "fastload's own order (no sampler=): build it with the same kind of sampler"
@@ -695,6 +701,10 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     def stats_summary(self) -> str:
         """One line: throughput, the share of time the loop waited for data, whether it is input-bound."""
         return self._stats.summary()
+
+
+def _as_list(state: Any) -> list:
+    return list(state) if isinstance(state, (list, tuple)) else [state]
 
 
 def fill_parts(loader: DataLoader) -> tuple[Batcher, Order] | None:
