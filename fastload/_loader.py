@@ -98,7 +98,9 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     processes fetch (``_generic_order``); with none of them torch's samplers run, as in torch. What cannot be
     honoured is refused by name (``_sampling.check_order_args``).
 
-    Resume: ``state_dict()`` is a position (epoch, batches done) and loads on any rank. The epoch is an input
+    Resume: ``state_dict()`` is a position (epoch, batches done) and loads on any rank; with fastload's own order
+    also on another number of ranks or at another batch size (elastic: the rest of the epoch is split over the
+    new ranks, ``fast/elastic.py``; docs/guide/resume.md). The epoch is an input
     like ``DistributedSampler``'s: the next iteration runs the epoch ``set_epoch`` named last -- on the loader,
     on the sampler the loader made when given none (Lightning calls ``loader.sampler.set_epoch`` at every
     epoch's start, and after an end-of-epoch checkpoint loads no loader state), or on a user's

@@ -52,6 +52,10 @@ def sequences(path, spec, **kw):
     return fastload.DataLoader(ds, batch_size=3, shuffle=True, seed=5, **kw)
 
 
+def seeded(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
 CONFIGS = {
     "sequential": lambda d: images(d[0]),
     "random": lambda d: images(d[0], shuffle=True),
@@ -59,7 +63,7 @@ CONFIGS = {
     "drop_last": lambda d: images(d[0], shuffle=True, drop_last=True),
     "threads": lambda d: images(d[0], shuffle=True, num_workers=2),
     "rank 1 of 2": lambda d: images(d[0], shuffle=True, rank=1, world_size=2),
-    "RandomSampler": lambda d: images(d[0], sampler=RandomSampler(range(N), generator=torch.Generator().manual_seed(1))),
+    "RandomSampler": lambda d: images(d[0], sampler=RandomSampler(range(N), generator=seeded(1))),
     "DistributedSampler": lambda d: images(d[0], sampler=DistributedSampler(range(N), 2, 1, seed=3)),
     "generic": lambda d: fastload.DataLoader(Plain(), batch_size=3, shuffle=True, seed=5),
     "Bucket": lambda d: sequences(d[1], T.Bucket([8, 20])),

@@ -62,7 +62,8 @@ def unpack_mask(text: Any, n: int) -> np.ndarray | None:
     if data is None or len(data) != (n + 7) // 8:
         raise ValueError(
             f"the state's 'consumed' should be base64 text of {(n + 7) // 8} bytes (a bit per position of the "
-            f"epoch's {n}), got {type(text).__name__} {str(text)[:40]!r}; pass the dict state_dict() returned, unchanged"
+            f"epoch's {n}), got {type(text).__name__} {str(text)[:40]!r}; pass the dict state_dict() returned, "
+            f"unchanged"
         )
     return np.unpackbits(np.frombuffer(data, dtype=np.uint8), count=n).astype(bool)
 
