@@ -55,6 +55,7 @@ def first_batches(dl, k):
 def _rank(rank: int, port: int, root: str, ckpt: str, out) -> None:
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.stateful import Stateful
 
     faulthandler.dump_traceback_later(RANK_LIMIT, exit=True, file=sys.stderr)
     multiprocessing.set_start_method("fork", force=True)
@@ -70,6 +71,7 @@ def _rank(rank: int, port: int, root: str, ckpt: str, out) -> None:
                 dl.set_epoch(EPOCH)
                 result[(name, "saved")] = ledger(first_batches(dl, K))
                 if how == "dcp":
+                    assert isinstance(dl, Stateful)  # DCP calls its state_dict()/load_state_dict()
                     dcp.save({"loader": dl}, checkpoint_id=path, process_group=groups[w])
                 else:
                     states = [None] * w

@@ -420,7 +420,12 @@ class Order:
             return k
         why = self._not_elastic()
         if why:
-            raise ValueError(_not_resumable(diff, saved, mine) + f". {why}")
+            if diff:
+                raise ValueError(_not_resumable(diff, saved, mine) + f". {why}")
+            raise ValueError(
+                f"cannot resume from these states: the ranks had received different numbers of batches "
+                f"({sorted(set(done.values()))}), which only an elastic resume evens out. {why}"
+            )
         ranks = done if done is not None else {r: k for r in range(as_int("world_size", first["world_size"], 1))}
         self._adopt(seed, epoch, before)
         consumed = self._consumed(epoch, before, first, ranks)

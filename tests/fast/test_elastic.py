@@ -136,6 +136,10 @@ def test_incomplete_or_mixed_lists_and_shard_splits_are_refused():
     b = Order(20, 2, kind="random", seed=1, world_size=4, rank=1, shard_sizes=[5] * 4, split="shards")
     with pytest.raises(ValueError, match=r"world_size=2 \(processes\).*With split='shards' each rank orders its own"):
         b.load_state_dict(a.state_dict(1))
+    ranks = [Order(20, 2, kind="random", seed=1, world_size=2, rank=r, shard_sizes=[5] * 4, split="shards")
+             for r in range(2)]
+    with pytest.raises(ValueError, match=r"different numbers of batches \(\[1, 2\]\).*split='shards'"):
+        a.load_state_dict([ranks[0].state_dict(1), ranks[1].state_dict(2)])
 
 
 def test_a_version_1_state_still_loads():
