@@ -486,7 +486,13 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
                 self._running_here("load_state_dict()")  # the order and position the running iteration reads
             self._load_state_dict(state)
 
-    def _load_state_dict(self, state: dict) -> None:
+    def _load_state_dict(self, state: dict | list) -> None:
+        if self._order is None and isinstance(state, (list, tuple)):
+            raise ValueError(
+                "load_state_dict got a list of states: that is for fastload's own order (an elastic resume from "
+                "every rank's state); this loader's order is its sampler's, which resumes from one state: pass the "
+                "dict state_dict() returned on this rank"
+            )
         if self._order is None and self._sampled is None:
             self._next_epoch, self._resume_at, self._plan.pending = load_generic_state(
                 self._torch_index_sampler(), self._num_samples(), state

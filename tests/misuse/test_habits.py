@@ -5,6 +5,7 @@ and what to do, in the arguments the user wrote (not fastload's internal ``Order
 from __future__ import annotations
 
 import pytest
+import torch
 
 import fastload
 from fastload import transforms as T
@@ -106,6 +107,13 @@ def test_a_resume_at_another_batch_size_or_world_size_goes_on_elastically(images
     loader.load_state_dict(state)
     assert loader.state_dict()["seed"] == 1 and loader.state_dict()["consumed"]  # the first 4 samples
     assert sum(len(labels) for _, labels in loader) < len(ds)
+
+
+def test_a_list_of_states_for_a_samplers_order_says_what_to_pass(images):
+    ds = fastload.open(images, transforms={"image": [T.Resize((8, 8))]})
+    loader = fastload.DataLoader(ds, batch_size=4, sampler=torch.utils.data.RandomSampler(range(len(ds))))
+    with user_error(ValueError, "a list of states", "fastload's own order", "pass the dict state_dict() returned"):
+        loader.load_state_dict([loader.state_dict(), loader.state_dict()])
 
 
 def test_a_resume_into_another_dataset_says_to_open_the_saved_one(images, tmp_path):
