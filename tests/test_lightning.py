@@ -71,8 +71,8 @@ def main():
     ends = ModelCheckpoint(dirpath=out + "/ends", every_n_epochs=1, save_top_k=-1, filename="end-{{epoch}}")
     callbacks = [Record(out), ckpt, ends]
     if mode == "own":  # no DistributedSampler injected: fastload's own order splits the ranks (torch.distributed's)
-        trainer = L.Trainer(accelerator="cpu", devices=int(devices), strategy=strategy, max_epochs=args.epochs, logger=False,
-                            callbacks=callbacks, enable_progress_bar=False, enable_model_summary=False,
+        trainer = L.Trainer(accelerator="cpu", devices=int(devices), strategy=strategy, max_epochs=args.epochs,
+                            logger=False, callbacks=callbacks, enable_progress_bar=False, enable_model_summary=False,
                             default_root_dir=out, num_sanity_val_steps=0, use_distributed_sampler=False)
     else:
         trainer = ex.make_trainer(args, callbacks=callbacks)

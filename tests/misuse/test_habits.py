@@ -97,7 +97,8 @@ def test_a_resume_into_another_loader_says_it_in_the_loaders_terms(images, other
         assert "Order" not in str(e), e
 
 
-@pytest.mark.parametrize("other", [dict(batch_size=8), dict(batch_size=4, drop_last=True), dict(batch_size=3, world_size=2)])
+@pytest.mark.parametrize("other", [dict(batch_size=8), dict(batch_size=4, drop_last=True),
+                                   dict(batch_size=3, world_size=2)])
 def test_a_resume_at_another_batch_size_or_world_size_goes_on_elastically(images, other):
     """Was refused ("saved by a loader with batch_size=4 ... build this DataLoader with batch_size=4"): the rest of the
     epoch is split over the new loader's ranks and batches (``fast/elastic.py``); the samples read before are not."""
