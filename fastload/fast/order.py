@@ -331,10 +331,19 @@ class Order:
     def batch_rng(self, epoch: int, batch_index: int) -> np.random.Generator:
         """The batch transforms' generator of one batch (MixUp/CutMix), keyed by (seed, epoch, global batch index:
         ``batch_index * world + rank``); its per-sample draws (``_draws.py``), for every other transform, are keyed
-        by (seed, epoch, sample index)."""
+        by (seed, epoch, sample index). In an elastically resumed epoch the global batch index starts past the
+        consumed samples' count (more than the batches that read them), so no batch repeats a consumed one's draws."""
         e = as_int("epoch", epoch, 0)
         i = as_int("batch_index", batch_index, 0)
-        return BatchDraws(seed_key(BATCH_STREAM, self.seed, e, i * self.batch_world + self.batch_rank), self.seed, e)
+        g = self._batch_base(e) + i * self.batch_world + self.batch_rank
+        return BatchDraws(seed_key(BATCH_STREAM, self.seed, e, g), self.seed, e)
+
+    def _batch_base(self, e: int) -> int:
+        """The first global batch index of epoch ``e``'s current split: 0, or past what was consumed before it."""
+        partial = self._partial_of(e)
+        if partial is None:
+            return 0
+        return int(partial) if isinstance(partial, (int, np.integer)) else int(np.count_nonzero(partial))
 
     # -- resume ------------------------------------------------------------------------------
     @property

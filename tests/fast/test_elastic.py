@@ -200,3 +200,23 @@ def test_packed_order_resumes_elastically_from_the_next_token(drop_last):
         assert set(before) | set(after) == everything
     else:
         assert max(after.values()) == 1 and len(everything) - len(before) - len(after) < 3 * 48
+
+
+def test_the_batch_draws_of_a_resumed_epoch_repeat_none_of_the_consumed_batches():
+    """MixUp/CutMix draw from the batch's generator, keyed by the global batch index: after an elastic resume the
+    new batches must not take the keys (and so the mixing draws) of the batches read before the checkpoint."""
+    saved = [make("random", 2, r, 4) for r in range(2)]
+    for o in saved:
+        o.set_epoch(1)
+    before = {o.batch_rng(1, b).random() for o in saved for b in range(3)}
+    resumed = [make("random", 3, r, 5) for r in range(3)]
+    for o in resumed:
+        o.load_state_dict(saved[0].state_dict(3, epoch=1))
+        o.begin_epoch()
+    after = [o.batch_rng(1, b).random() for o in resumed for b in range(o.num_batches())]
+    assert not before & set(after) and len(set(after)) == len(after)
+    packed = PackedOrder(np.full(40, 8), 16, kind="random", seed=2, rank=0, world_size=2)
+    first = {packed.batch_rng(0, b).random() for b in range(2)}
+    other = PackedOrder(np.full(40, 8), 16, kind="random", seed=2, rank=0, world_size=3)
+    other.load_state_dict(packed.state_dict(2))
+    assert not first & {other.batch_rng(0, b).random() for b in range(other.num_batches())}
