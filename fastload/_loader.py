@@ -100,7 +100,9 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     processes fetch (``_generic_order``); with none of them torch's samplers run, as in torch. What cannot be
     honoured is refused by name (``_sampling.check_order_args``).
 
-    Resume: ``state_dict()`` is a position (epoch, batches done) and loads on any rank. The epoch is an input
+    Resume: ``state_dict()`` is a position (epoch, batches done) and loads on any rank; with fastload's own order
+    also on another number of ranks or at another batch size (elastic: the rest of the epoch is split over the
+    new ranks, ``fast/elastic.py``; docs/guide/resume.md). The epoch is an input
     like ``DistributedSampler``'s: the next iteration runs the epoch ``set_epoch`` named last -- on the loader,
     on the sampler the loader made when given none (Lightning calls ``loader.sampler.set_epoch`` at every
     epoch's start, and after an end-of-epoch checkpoint loads no loader state), or on a user's
@@ -480,13 +482,19 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         epoch, done = self._progress.epoch, self._progress.done
         if self._order is None and self._sampled is None:
             return generic_state(self._torch_index_sampler(), self._num_samples(), epoch, done, self._plan.rng)
-        if done >= len(self):
-            epoch, done = epoch + 1, 0
         if self._sampled is not None:
+            if done >= len(self):
+                epoch, done = epoch + 1, 0
             return self._sampled.state_dict(epoch, done)
-        return self._order.state_dict(done) | {"epoch": epoch}
+        if done >= self._order.num_batches(epoch):
+            epoch, done = epoch + 1, 0
+        return self._order.state_dict(done, epoch)
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict | list) -> None:
+        """Go on from ``state`` (what ``state_dict()`` returned). With fastload's own order, a state saved with
+        another number of processes or another batch size resumes too (elastic, ``fast/elastic.py``): the rest of
+        the saved epoch is split over this loader's ranks, every sample read once. ``state`` may be one rank's
+        state (all ranks had received the same number of batches, as under DDP) or the list of all ranks'."""
         with self._guard:
             if self._batcher is not None:
                 # the order and position the running iteration reads: from another thread refused; in this one
@@ -496,7 +504,13 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
                     running.supersede(RELOADED)
             self._load_state_dict(state)
 
-    def _load_state_dict(self, state: dict) -> None:
+    def _load_state_dict(self, state: dict | list) -> None:
+        if self._order is None and isinstance(state, (list, tuple)):
+            raise ValueError(
+                "load_state_dict got a list of states: that is for fastload's own order (an elastic resume from "
+                "every rank's state); this loader's order is its sampler's, which resumes from one state: pass the "
+                "dict state_dict() returned on this rank"
+            )
         if self._order is None and self._sampled is None:
             self._next_epoch, self._resume_at, self._plan.pending = load_generic_state(
                 self._torch_index_sampler(), self._num_samples(), state
@@ -505,7 +519,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             self._next_epoch, self._resume_at = self._sampled.load_state_dict(state)
             self.seed = self._sampled.seed
         else:
-            if isinstance(state, dict) and state.get("driver") == "sampler":
+            if any(isinstance(s, dict) and s.get("driver") == "sampler" for s in _as_list(state)):
                 raise ValueError(
                     "this state was saved by a loader whose sampler drove the order; this loader uses "
                     "fastload's own order (no sampler=): build it with the same kind of sampler"
@@ -720,6 +734,10 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     def stats_summary(self) -> str:
         """One line: throughput, the share of time the loop waited for data, whether it is input-bound."""
         return self._stats.summary()
+
+
+def _as_list(state: Any) -> list:
+    return list(state) if isinstance(state, (list, tuple)) else [state]
 
 
 def fill_parts(loader: DataLoader) -> tuple[Batcher, Order] | None:

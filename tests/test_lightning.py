@@ -61,9 +61,9 @@ class PlainImages(torch.utils.data.Dataset):  # not a fastload.Dataset: the gene
 
 
 def main():
-    strategy, out, resume, mode = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+    strategy, out, resume, mode, devices = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
     direct = mode == "direct"
-    args = ex.parse_args([{data!r}, "--devices", "2", "--strategy", strategy, "--epochs", "{epochs}",
+    args = ex.parse_args([{data!r}, "--devices", devices, "--strategy", strategy, "--epochs", "{epochs}",
                           "--batch-size", "{batch}", "--image-size", "16", "--root", out])
     L.seed_everything(3, workers=True)  # also makes Lightning set its seeding worker_init_fn
     ckpt = ModelCheckpoint(dirpath=out + "/ckpt", every_n_train_steps={step}, save_top_k=-1,
@@ -71,8 +71,8 @@ def main():
     ends = ModelCheckpoint(dirpath=out + "/ends", every_n_epochs=1, save_top_k=-1, filename="end-{{epoch}}")
     callbacks = [Record(out), ckpt, ends]
     if mode == "own":  # no DistributedSampler injected: fastload's own order splits the ranks (torch.distributed's)
-        trainer = L.Trainer(accelerator="cpu", devices=2, strategy=strategy, max_epochs=args.epochs, logger=False,
-                            callbacks=callbacks, enable_progress_bar=False, enable_model_summary=False,
+        trainer = L.Trainer(accelerator="cpu", devices=int(devices), strategy=strategy, max_epochs=args.epochs,
+                            logger=False, callbacks=callbacks, enable_progress_bar=False, enable_model_summary=False,
                             default_root_dir=out, num_sanity_val_steps=0, use_distributed_sampler=False)
     else:
         trainer = ex.make_trainer(args, callbacks=callbacks)
@@ -94,7 +94,8 @@ if __name__ == "__main__":
 """
 
 
-def run(tmp_path: Path, packed: Path, strategy: str, name: str, resume: str = "-", mode: str = "hook") -> dict:
+def run(tmp_path: Path, packed: Path, strategy: str, name: str, resume: str = "-", mode: str = "hook",
+        devices: int = 2) -> dict:
     script = tmp_path / "run.py"
     script.write_text(textwrap.dedent(RUN.format(data=str(packed), epochs=EPOCHS, batch=BATCH, step=CKPT_STEP, n=N)))
     out = tmp_path / name
@@ -104,9 +105,9 @@ def run(tmp_path: Path, packed: Path, strategy: str, name: str, resume: str = "-
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "examples")]), MASTER_ADDR="127.0.0.1",
                OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1")
     env.pop("LOCAL_RANK", None)
-    proc = subprocess.run([sys.executable, str(script), strategy, str(out), resume, mode],
+    proc = subprocess.run([sys.executable, str(script), strategy, str(out), resume, mode, str(devices)],
                           capture_output=True, text=True, timeout=280, env=env, cwd=tmp_path)
-    if proc.returncode != 0 and _aborted_after_training(proc, out):
+    if proc.returncode != 0 and _aborted_after_training(proc, out, devices):
         # A known, not yet explained abort of one spawned rank as it exits, after training and after its results
         # were written ("terminate called without an active exception"; seen in 2 of 4 fresh-clone `make test`
         # runs of this session, never when the test runs alone or in this file's run, ~40 tries; nor in ~140 runs of
@@ -117,17 +118,17 @@ def run(tmp_path: Path, packed: Path, strategy: str, name: str, resume: str = "-
                       "exception); repeating the run once. Its fault handler's report: " + said[:4000], RuntimeWarning)
         shutil.rmtree(out)
         out.mkdir()
-        proc = subprocess.run([sys.executable, str(script), strategy, str(out), resume, mode],
+        proc = subprocess.run([sys.executable, str(script), strategy, str(out), resume, mode, str(devices)],
                               capture_output=True, text=True, timeout=280, env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     assert "FastPathWarning" not in proc.stderr, proc.stderr[-3000:]
-    return {r: json.loads((out / f"rank{r}.json").read_text()) for r in range(2)}
+    return {r: json.loads((out / f"rank{r}.json").read_text()) for r in range(devices)}
 
 
-def _aborted_after_training(proc, out: Path) -> bool:
+def _aborted_after_training(proc, out: Path, devices: int = 2) -> bool:
     said = proc.stdout + proc.stderr
     return ("terminate called without an active exception" in said and "SIGABRT" in said and "max_epochs=" in said
-            and all((out / f"rank{r}.json").is_file() for r in range(2)))
+            and all((out / f"rank{r}.json").is_file() for r in range(devices)))
 
 
 def check_training_run(ranks: dict, fast: bool = True, sampler: str = "DistributedSampler") -> None:
@@ -211,3 +212,20 @@ def test_fastloads_own_order_under_ddp_resumes_mid_epoch_and_at_epoch_end(tmp_pa
         want = [r for r in first[rank] if r["epoch"] == 1][done:]
         assert [(r["ids"], r["pixels"]) for r in resumed[rank]] == [(r["ids"], r["pixels"]) for r in want]
     check_end_of_epoch_resume(tmp_path, packed, first, "ddp", "own")
+
+
+def test_fastloads_own_order_resumes_a_two_rank_checkpoint_on_three_ranks(tmp_path, numbered):
+    """Elastic resume under Lightning (use_distributed_sampler=False: fastload's own order): the mid-epoch checkpoint
+    of a 2-device run, resumed on 3 devices, reads the rest of the epoch once, split evenly over the 3 ranks."""
+    packed = numbered(N)
+    first = run(tmp_path, packed, "ddp", "first", mode="own")
+    ckpt = tmp_path / "first" / "ckpt" / f"epoch=1-step={CKPT_STEP}.ckpt"
+    resumed = run(tmp_path, packed, "ddp", "resumed", resume=str(ckpt), mode="own", devices=3)
+    done = CKPT_STEP - N // 2 // BATCH
+    before = [i for r in range(2) for row in [x for x in first[r] if x["epoch"] == 1][:done] for i in row["ids"]]
+    after = [i for r in range(3) for row in resumed[r] if row["epoch"] == 1 for i in row["ids"]]
+    assert len(before) == 2 * done * BATCH
+    assert not set(before) & set(after), "a sample read before the checkpoint was read again"
+    assert set(before) | set(after) == set(range(N)) and len(after) - len(set(after)) < 3
+    assert len({len(resumed[r]) for r in range(3)}) == 1  # equal shares: DDP steps together
+    assert all(r["fast_path"] for rows in resumed.values() for r in rows)

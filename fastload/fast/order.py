@@ -64,12 +64,13 @@ from typing import Any
 import numpy as np
 
 from .._draws import BatchDraws
+from .elastic import gather, pack_mask, split_batches, split_positions, unpack_mask
 from .stage import Stage
 
 
 KINDS = ("sequential", "random", "quasi")
 DEFAULT_BLOCK = 4096  # samples per pseudo-shard for ``quasi`` without ``shard_sizes``
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: adds rank and consumed (elastic resume); a version-1 state still loads
 # First word of every SeedSequence key: the shuffle and the augmentation streams never meet.
 SHUFFLE_STREAM = 0x53485546  # "SHUF"
 BATCH_STREAM = 0x42415443  # "BATC"
@@ -209,6 +210,8 @@ class Order:
         self._resume: tuple[int, int] | None = None  # (epoch, batch) from load_state_dict, used once
         self._cache: tuple[int, np.ndarray] | None = None
         self._ahead: tuple[int, threading.Thread, list] | None = None  # an epoch's indices computed ahead (prepare)
+        # (epoch, positions of its global sequence consumed before this split): an elastically resumed epoch
+        self._partial: tuple[int, Any] | None = None
 
     def __repr__(self) -> str:
         return (
@@ -224,20 +227,35 @@ class Order:
     def set_epoch(self, epoch: int) -> None:
         self._epoch = as_int("epoch", epoch, 0)
         self._fresh = True
+        self._leave_partial()
 
     def begin_epoch(self) -> int:
         """The epoch the loader's next pass should iterate: the one set (or loaded), else the last one + 1."""
         if not self._fresh:
             self._epoch += 1
         self._fresh = False
+        self._leave_partial()
         return self._epoch
 
+    def _leave_partial(self) -> None:
+        """Another epoch than an elastically resumed one: it is that of the current split, whole."""
+        if self._partial is not None and self._partial[0] != self._epoch:
+            self._partial, self._cache = None, None
+
+    def _partial_of(self, e: int) -> Any:
+        """What was consumed of epoch ``e`` before the current split (None: nothing, the epoch is whole)."""
+        return self._partial[1] if self._partial is not None and self._partial[0] == e else None
+
     # -- indices -----------------------------------------------------------------------------
-    def num_batches(self) -> int:
-        return self._num_batches
+    def num_batches(self, epoch: int | None = None) -> int:
+        """This rank's batches in ``epoch`` (default: the current one); fewer in an elastically resumed epoch."""
+        mask = self._partial_of(self._epoch if epoch is None else epoch)
+        if mask is None:
+            return self._num_batches
+        return split_batches(int((~mask).sum()), self.world_size, self.batch_size, self.drop_last)
 
     def __len__(self) -> int:
-        return self._num_batches
+        return self.num_batches()
 
     def indices(self, epoch: int | None = None) -> np.ndarray:
         """This rank's sample indices for ``epoch`` (int64, read-only), after padding or dropping."""
@@ -283,7 +301,12 @@ class Order:
     def _compute(self, e: int) -> np.ndarray:
         n, w = self.num_samples, self.world_size
         total = self._per_rank * w
-        if self.split == "shards":
+        mask = self._partial_of(e)
+        if mask is not None:  # the rest of an elastically resumed epoch, split as a fresh one would be
+            rest = np.flatnonzero(~mask)
+            pos = split_positions(len(rest), self.rank, w, self.batch_size, self.drop_last)
+            mine = self._global_sequence(e)[rest[pos]]
+        elif self.split == "shards":
             mine = self._own_sequence(e)
             mine = np.resize(mine, self._per_rank) if len(mine) < self._per_rank else mine[: self._per_rank]
         elif self.kind == "sequential" and type(self)._global_sequence is Order._global_sequence:
@@ -313,7 +336,9 @@ class Order:
         return samples[_quasi_sequence(rng, sizes, self.window)]
 
     def _global_sequence(self, e: int) -> np.ndarray:
-        """The epoch's sample sequence before the rank split (the same on every rank)."""
+        """The epoch's sample sequence before the rank split (the same on every rank): the one function an order
+        of another kind (a mix of datasets) overrides to have its own sequence, with padding, the rank split and
+        (elastic) resume inherited. Its length is ``num_samples``."""
         if self.kind == "sequential":
             return np.arange(self.num_samples, dtype=np.int64)
         rng = np.random.default_rng(seed_key(SHUFFLE_STREAM, self.seed, e))
@@ -330,23 +355,33 @@ class Order:
         if start is None:
             start = self._resume[1] if self._resume is not None and self._resume[0] == e else 0
         start = as_int("start", start, 0)
-        if start > self._num_batches:
-            raise ValueError(f"{start=} should be <= num_batches={self._num_batches}")
+        nb = self.num_batches(e)
+        if start > nb:
+            raise ValueError(f"{start=} should be <= num_batches={nb}")
         self._resume = None
         return self._epoch_batches(e, start)
 
     def _epoch_batches(self, e: int, start: int) -> Iterator[Any]:
         """Batches ``start ..`` of epoch ``e``: what an order of another kind (``packing.py``) defines."""
         b, idx = self.batch_size, self.indices(e)
-        return (idx[i * b : (i + 1) * b] for i in range(start, self._num_batches))
+        return (idx[i * b : (i + 1) * b] for i in range(start, self.num_batches(e)))
 
     def batch_rng(self, epoch: int, batch_index: int) -> np.random.Generator:
         """The batch transforms' generator of one batch (MixUp/CutMix), keyed by (seed, epoch, global batch index:
         ``batch_index * world + rank``); its per-sample draws (``_draws.py``), for every other transform, are keyed
-        by (seed, epoch, sample index)."""
+        by (seed, epoch, sample index). In an elastically resumed epoch the global batch index starts past the
+        consumed samples' count (more than the batches that read them), so no batch repeats a consumed one's draws."""
         e = as_int("epoch", epoch, 0)
         i = as_int("batch_index", batch_index, 0)
-        return BatchDraws(seed_key(BATCH_STREAM, self.seed, e, i * self.batch_world + self.batch_rank), self.seed, e)
+        g = self._batch_base(e) + i * self.batch_world + self.batch_rank
+        return BatchDraws(seed_key(BATCH_STREAM, self.seed, e, g), self.seed, e)
+
+    def _batch_base(self, e: int) -> int:
+        """The first global batch index of epoch ``e``'s current split: 0, or past what was consumed before it."""
+        partial = self._partial_of(e)
+        if partial is None:
+            return 0
+        return int(partial) if isinstance(partial, (int, np.integer)) else int(np.count_nonzero(partial))
 
     # -- resume ------------------------------------------------------------------------------
     @property
@@ -377,38 +412,123 @@ class Order:
     def state_dict(self, batches_done: int, epoch: int | None = None) -> dict:
         """The position after ``batches_done`` batches of ``epoch`` (default: the current one).
 
-        Rank-free: every rank is at the same position, so any rank's state (say rank 0's) loads on all.
-        """
+        Every rank is at the same position (all step together), so any rank's state (say rank 0's) loads on all,
+        also on another number of ranks or at another batch size (``elastic.py``); ``rank`` lets a list of all
+        ranks' states be checked complete. ``consumed``: the epoch's positions read before the current split
+        (empty unless this epoch was itself resumed elastically)."""
         e = self._epoch if epoch is None else as_int("epoch", epoch, 0)
         k = as_int("batches_done", batches_done, 0)
-        if k > self._num_batches:
-            raise ValueError(f"batches_done={k} should be <= num_batches={self._num_batches}")
-        return {"version": STATE_VERSION, "epoch": e, "batches_done": k, "seed": self.seed, **self._config()}
+        nb = self.num_batches(e)
+        if k > nb:
+            raise ValueError(f"batches_done={k} should be <= num_batches={nb}")
+        return {
+            "version": STATE_VERSION,
+            "epoch": e,
+            "batches_done": k,
+            "seed": self.seed,
+            "rank": self.batch_rank,
+            **self._config(),
+            **self._partial_state(e),
+        }
 
-    def load_state_dict(self, state: dict) -> int:
-        """Adopt the saved seed and epoch; the next ``batches()`` of that epoch starts at the saved batch."""
-        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
-            got = state.get("version") if isinstance(state, dict) else type(state).__name__
-            raise ValueError(
-                f"not a saved loader position (version {got!r}, expected {STATE_VERSION}): pass the dict "
-                f"that loader.state_dict() returned (Order.state_dict() for an Order used alone)"
-            )
+    def _partial_state(self, e: int) -> dict:
+        """What a state says of an elastically resumed epoch ``e`` (what was consumed before its split)."""
+        return {"consumed": pack_mask(self._partial_of(e))}
+
+    def load_state_dict(self, state: dict | list) -> int:
+        """Adopt the saved seed and epoch; the next ``batches()`` of that epoch starts where the saved one stopped.
+
+        ``state``: one state (all ranks at the same batch, as under DDP), or the list of all ranks' states. Saved
+        with this order's world size and batch size, the epoch goes on at the saved batch, as it would have;
+        saved with others, what the saved ranks consumed is worked out and the rest of the epoch is split over
+        this order's ranks (``elastic.py``). Returns the batch the epoch goes on at."""
+        first, done = gather(state, _is_position, _not_a_position)
         mine = self._config()
-        saved = {k: state.get(k) for k in set(mine) | ({"window", "shards", "split"} & set(state))}
+        saved = {k: first.get(k) for k in set(mine) | ({"window", "shards", "split"} & set(first))}
         diff = sorted(k for k in saved if saved[k] != mine.get(k))
-        if diff:
-            raise ValueError(_not_resumable(diff, saved, mine))
-        self.seed = as_int("seed", state["seed"], 0)
-        epoch = as_int("epoch", state["epoch"], 0)
-        k = as_int("batches_done", state["batches_done"], 0)
-        if k > self._num_batches:
-            raise ValueError(f"batches_done={k} should be <= num_batches={self._num_batches}")
-        self._cache = self._ahead = None  # the seed may differ
-        self._epoch = epoch
-        # A finished epoch resumes at the next one; an unfinished one resumes inside itself.
-        self._fresh = k < self._num_batches
-        self._resume = (epoch, k) if self._fresh else None
-        return k
+        fixed = [k for k in diff if k not in self.split_keys]
+        if fixed:
+            raise ValueError(_not_resumable(fixed, saved, mine))
+        epoch = as_int("epoch", first["epoch"], 0)
+        seed = as_int("seed", first["seed"], 0)
+        k = as_int("batches_done", first["batches_done"], 0)
+        before = self._saved_partial(first)
+        lockstep = done is None or len(set(done.values())) == 1
+        if done is not None:
+            k = max(done.values())
+        if not diff and lockstep:
+            self._adopt(seed, epoch, before)
+            nb = self.num_batches(epoch)
+            if k > nb:
+                raise ValueError(f"batches_done={k} should be <= num_batches={nb}")
+            # A finished epoch resumes at the next one; an unfinished one resumes inside itself.
+            self._fresh = k < nb
+            self._resume = (epoch, k) if self._fresh else None
+            return k
+        why = self._not_elastic()
+        if why:
+            if diff:
+                raise ValueError(_not_resumable(diff, saved, mine) + f". {why}")
+            raise ValueError(
+                f"cannot resume from these states: the ranks had received different numbers of batches "
+                f"({sorted(set(done.values()))}), which only an elastic resume evens out. {why}"
+            )
+        ranks = done if done is not None else {r: k for r in range(as_int("world_size", first["world_size"], 1))}
+        self._adopt(seed, epoch, before)
+        consumed = self._consumed(epoch, before, first, ranks)
+        self._adopt(seed, epoch, consumed)
+        if self.num_batches(epoch) == 0:  # nothing of it left for this split: the next epoch, whole
+            self._adopt(seed, epoch + 1, None)
+        self._fresh, self._resume = True, None
+        return 0
+
+    # -- elastic resume: what an order of another kind redefines (``packing.py``) ---------------------------------
+    split_keys: tuple[str, ...] = ("world_size", "batch_size", "drop_last")  # may differ at an (elastic) resume
+
+    def _adopt(self, seed: int, epoch: int, partial: Any) -> None:
+        self.seed, self._epoch, self._cache, self._ahead = seed, epoch, None, None  # (the seed may differ)
+        self._partial = None if partial is None else (epoch, partial)
+
+    def _saved_partial(self, state: dict) -> Any:
+        return unpack_mask(state.get("consumed"), self.num_samples)
+
+    def _not_elastic(self) -> str | None:
+        """Why this order cannot resume a position saved with another world size or batch size (None: it can)."""
+        if self.split == "shards":
+            return (
+                "With split='shards' each rank orders its own shards, so a position goes on only with the same "
+                "world_size and batch_size; resume elastically with split='samples'"
+            )
+        return None
+
+    def _consumed(self, e: int, before: Any, saved: dict, done: dict[int, int]) -> Any:
+        """The positions of epoch ``e``'s global sequence consumed once ranks ``done`` (rank: batches) of the
+        saved split had their batches, on top of ``before`` (consumed before that split)."""
+        n = self.num_samples
+        mask = np.zeros(n, dtype=bool) if before is None else before.copy()
+        rest = np.flatnonzero(~mask)
+        w = as_int("world_size", saved["world_size"], 1)
+        b = as_int("batch_size", saved["batch_size"], 1)
+        drop = bool(saved["drop_last"])
+        nb = split_batches(len(rest), w, b, drop)
+        for r, k in done.items():
+            if k > nb:
+                raise ValueError(f"batches_done={k} of rank {r} should be <= num_batches={nb} of the saved loader")
+            mask[rest[split_positions(len(rest), r, w, b, drop)[: k * b]]] = True
+        return mask
+
+
+def _is_position(state: Any) -> bool:
+    return isinstance(state, dict) and state.get("version") in (1, STATE_VERSION) and "driver" not in state
+
+
+def _not_a_position(state: Any) -> ValueError:
+    got = state.get("version") if isinstance(state, dict) else type(state).__name__
+    return ValueError(
+        f"not a saved loader position (version {got!r}, expected {STATE_VERSION}): pass the dict "
+        f"that loader.state_dict() returned (Order.state_dict() for an Order used alone), or the list of all "
+        f"ranks' dicts"
+    )
 
 
 # An order setting (``Order._config``'s keys) as the DataLoader argument or the dataset it comes from, for resume

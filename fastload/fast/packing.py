@@ -25,6 +25,10 @@ class BucketOrder(Order):
     is shuffled, padded by wrapping (or cut with ``drop_last``) to a multiple of ``world_size``, and
     rank ``r`` takes batches ``r, r + world, ...``. Every rank gets the same number of batches; the
     sequence depends only on (seed, epoch, rank, world size) and the bucket of every sample.
+
+    Elastic resume: the samples the saved ranks consumed are worked out from their batches; each bucket's
+    members not consumed, in the epoch's shuffled order, are cut into batches of the new batch size, the batch
+    list shuffled (the epoch's generator, drawn on) and split over the new ranks as above.
     """
 
     def __init__(self, bucket_ids: np.ndarray, batch_size: int, **kw):
@@ -42,22 +46,34 @@ class BucketOrder(Order):
         self._num_batches = total // w if self.drop_last else -(-total // w)
         self._total_batches = total
 
-    def _bucket_batches(self, e: int) -> list[np.ndarray]:
+    def _global_batches(self, e: int, consumed, batch: int, world: int, drop_last: bool) -> list[np.ndarray]:
+        """Epoch ``e``'s batches of ``batch`` samples not in ``consumed`` (None: all), shuffled, padded by wrapping
+        (or cut, ``drop_last``) to a multiple of ``world``: rank ``r`` takes ``[r::world]``."""
         rng = np.random.default_rng(seed_key(SHUFFLE_STREAM, self.seed, e))
-        b = self.batch_size
         batches: list[np.ndarray] = []
         for bucket in np.unique(self.bucket_ids):
             members = np.flatnonzero(self.bucket_ids == bucket)
             if self.kind != "sequential":
                 members = members[rng.permutation(len(members))]
-            stop = len(members) - len(members) % b if self.drop_last else len(members)
-            batches.extend(members[i : i + b] for i in range(0, stop, b))
+            if consumed is not None:
+                members = members[~consumed[members]]
+            stop = len(members) - len(members) % batch if drop_last else len(members)
+            batches.extend(members[i : i + batch] for i in range(0, stop, batch))
         if self.kind != "sequential":
             batches = [batches[i] for i in rng.permutation(len(batches))]
-        need = self._num_batches * self.world_size
+        total = len(batches)
+        need = (total // world if drop_last else -(-total // world)) * world
         if batches and need > len(batches):
             batches = [batches[i % len(batches)] for i in range(need)]
-        return batches[:need][self.rank :: self.world_size]
+        return batches[:need]
+
+    def _bucket_batches(self, e: int) -> list[np.ndarray]:
+        w = self.world_size
+        return self._global_batches(e, self._partial_of(e), self.batch_size, w, self.drop_last)[self.rank :: w]
+
+    def num_batches(self, epoch: int | None = None) -> int:
+        e = self._epoch if epoch is None else epoch
+        return self._num_batches if self._partial_of(e) is None else len(self._bucket_batches(e))
 
     def indices(self, epoch: int | None = None) -> np.ndarray:
         e = self._epoch if epoch is None else as_int("epoch", epoch, 0)
@@ -70,15 +86,28 @@ class BucketOrder(Order):
     def _config(self) -> dict:
         return super()._config() | {"buckets": digest(self.bucket_ids)}
 
+    def _consumed(self, e: int, before, saved: dict, done: dict[int, int]):
+        w, b = as_int("world_size", saved["world_size"], 1), as_int("batch_size", saved["batch_size"], 1)
+        batches = self._global_batches(e, before, b, w, bool(saved["drop_last"]))
+        mask = np.zeros(self.num_samples, dtype=bool) if before is None else before.copy()
+        nb = len(batches) // w
+        for r, k in done.items():
+            if k > nb:
+                raise ValueError(f"batches_done={k} of rank {r} should be <= num_batches={nb} of the saved loader")
+            for batch in batches[r::w][:k]:
+                mask[batch] = True
+        return mask
 
-def packed_batches(stream: np.ndarray, lengths: np.ndarray, tokens_per_batch: int, batch_ids):
-    """PackJobs for the given global batch numbers of the sample stream ``stream`` (one cumsum)."""
+
+def packed_batches(stream: np.ndarray, lengths: np.ndarray, tokens_per_batch: int, batch_ids, base: int = 0):
+    """PackJobs for the given global batch numbers of the sample stream ``stream`` (one cumsum); batch ``b`` holds
+    the stream's tokens ``base + b * tokens_per_batch ..`` (``base``: tokens consumed before, elastic resume)."""
     lens = lengths[stream]
     ends = np.cumsum(lens)
     begins = ends - lens
     total = int(ends[-1]) if len(ends) else 0
     for b in batch_ids:
-        lo, hi = b * tokens_per_batch, (b + 1) * tokens_per_batch
+        lo, hi = base + b * tokens_per_batch, base + (b + 1) * tokens_per_batch
         first = int(np.searchsorted(ends, lo, side="right"))
         last = int(np.searchsorted(begins, hi, side="left"))  # exclusive
         sel = np.arange(first, last)
@@ -96,7 +125,13 @@ class PackedOrder(Order):
     every rank has the same count in every epoch (the total token count never changes). Without
     ``drop_last`` the last global batch is partial and the count is padded to a multiple of
     ``world_size`` by wrapping around to the first batches.
+
+    Elastic resume: all ranks at batch ``k`` have consumed the stream's first ``k * world * tokens_per_batch``
+    tokens (``tokens_before`` more when the epoch was resumed already); the rest of the stream, from that token
+    (mid-sample too), is cut and split as above with the new ``tokens_per_batch`` and world size.
     """
+
+    split_keys = ("world_size", "tokens_per_batch", "drop_last")
 
     def __init__(self, lengths: np.ndarray, tokens_per_batch: int, **kw):
         self.lengths = np.asarray(lengths, dtype=np.int64)
@@ -105,10 +140,13 @@ class PackedOrder(Order):
         super().__init__(len(self.lengths), 1, rank=0, world_size=1, **kw)  # one global sample stream
         self.pack_rank, self.pack_world = rank, world
         self.tokens_per_batch = as_int("tokens_per_batch", tokens_per_batch, 1)
-        total = int(self.lengths.sum())
-        g = total // self.tokens_per_batch if self.drop_last else -(-total // self.tokens_per_batch)
-        self._global = g
-        self._num_batches = g // world if self.drop_last else -(-g // world)
+        self._total = int(self.lengths.sum())
+        self._global = self._global_count(0)
+        self._num_batches = self._global // world if self.drop_last else -(-self._global // world)
+
+    def _global_count(self, base: int) -> int:
+        left = max(self._total - base, 0)
+        return left // self.tokens_per_batch if self.drop_last else -(-left // self.tokens_per_batch)
 
     def indices(self, epoch: int | None = None) -> np.ndarray:
         """The epoch's whole sample stream (ranks split its batches, not its samples)."""
@@ -122,15 +160,62 @@ class PackedOrder(Order):
     def batch_world(self) -> int:
         return self.pack_world
 
+    def num_batches(self, epoch: int | None = None) -> int:
+        base = self._partial_of(self._epoch if epoch is None else epoch)
+        if base is None:
+            return self._num_batches
+        g = self._global_count(base)
+        return g // self.pack_world if self.drop_last else -(-g // self.pack_world)
+
     def _epoch_batches(self, e: int, start: int) -> Iterator[PackJob]:
         w, r = self.pack_world, self.pack_rank
-        ids = [(b * w + r) % max(self._global, 1) for b in range(start, self._num_batches)]
+        base = self._partial_of(e) or 0
+        g = self._global_count(base)
+        ids = [(b * w + r) % max(g, 1) for b in range(start, self.num_batches(e))]
         if self._cache is None or self._cache[0] != e:
             self._cache = (e, self._global_sequence(e))
-        return packed_batches(self._cache[1], self.lengths, self.tokens_per_batch, ids)
+        return packed_batches(self._cache[1], self.lengths, self.tokens_per_batch, ids, base)
 
     def _config(self) -> dict:
         return super()._config() | {
             "world_size": self.pack_world,
-            "packed": f"{self.tokens_per_batch}:{digest(self.lengths)}",
+            "packed": digest(self.lengths),
+            "tokens_per_batch": self.tokens_per_batch,
         }
+
+    def _partial_state(self, e: int) -> dict:
+        return {"tokens_before": self._partial_of(e) or 0}
+
+    def _saved_partial(self, state: dict):
+        return as_int("tokens_before", state.get("tokens_before", 0), 0) or None
+
+    def load_state_dict(self, state) -> int:
+        many = isinstance(state, (list, tuple))
+        group = [_settings_of_version_2(s) for s in (state if many else [state])]
+        return super().load_state_dict(group if many else group[0])
+
+    def _consumed(self, e: int, before, saved: dict, done: dict[int, int]):
+        counts = set(done.values())
+        if len(counts) != 1:
+            raise ValueError(
+                "PackSequences resumes elastically only from ranks that had all received the same number of "
+                f"batches (these had {sorted(counts)}): its ranks take turns along one token stream; load the "
+                "states all ranks saved at one step"
+            )
+        (k,) = counts
+        w, tpb = as_int("world_size", saved["world_size"], 1), as_int("tokens_per_batch", saved["tokens_per_batch"], 1)
+        base = before or 0
+        left = max(self._total - base, 0)
+        g = left // tpb if saved["drop_last"] else -(-left // tpb)
+        nb = g // w if saved["drop_last"] else -(-g // w)
+        if k > nb:
+            raise ValueError(f"batches_done={k} should be <= num_batches={nb} of the saved loader")
+        return min(base + k * w * tpb, self._total)
+
+
+def _settings_of_version_2(state):
+    """A version-1 state of a PackedOrder (``packed``: "tokens_per_batch:digest") in version 2's keys, as a copy."""
+    if not (isinstance(state, dict) and state.get("version") == 1 and ":" in str(state.get("packed"))):
+        return state
+    tpb, lengths = str(state["packed"]).split(":", 1)
+    return {**state, "packed": lengths, "tokens_per_batch": int(tpb)}

@@ -1,0 +1,141 @@
+"""The resume contract, torchdata's kind, over every configuration of the loader: save at every position of a short
+epoch (before the first batch, between any two, after the last), restore into a fresh loader, and the rest of the
+stream -- the epoch's remaining batches and the whole next epoch -- is identical, tensor for tensor. And the elastic
+one: restored at every position into two ranks at another batch size, every sample of the epoch is read once."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DistributedSampler, RandomSampler
+
+import fastload
+from fastload import transforms as T
+
+N = 14
+
+
+class Plain(torch.utils.data.Dataset):
+    def __len__(self):
+        return N
+
+    def __getitem__(self, i):
+        return torch.full((2,), float(i)), i
+
+
+class Tokens(torch.utils.data.Dataset):
+    def __init__(self):
+        self.lengths = np.random.default_rng(0).integers(1, 20, size=30)
+
+    def __len__(self):
+        return len(self.lengths)
+
+    def __getitem__(self, i):
+        return {"tokens": np.arange(int(self.lengths[i]), dtype=np.int32) + 1000 * i, "label": i}
+
+
+@pytest.fixture(scope="module")
+def data(numbered, pack_once):
+    tokens = pack_once("contract_tokens", Tokens, workers=0,
+                       schema={"tokens": fastload.Field.ndarray("tokens", np.int32, (None,))})
+    return numbered(N), tokens
+
+
+def images(path, **kw):
+    ds = fastload.open(path, transforms={"image": [T.RandomResizedCrop(8), T.RandomHorizontalFlip()]})
+    return fastload.DataLoader(ds, **{"batch_size": 3, "seed": 5, **kw})
+
+
+def sequences(path, spec, **kw):
+    ds = fastload.open(path, transforms={"tokens": spec})
+    return fastload.DataLoader(ds, batch_size=3, shuffle=True, seed=5, **kw)
+
+
+def seeded(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+CONFIGS = {
+    "sequential": lambda d: images(d[0]),
+    "random": lambda d: images(d[0], shuffle=True),
+    "quasi": lambda d: images(d[0], order="quasi"),
+    "drop_last": lambda d: images(d[0], shuffle=True, drop_last=True),
+    "threads": lambda d: images(d[0], shuffle=True, num_workers=2),
+    "rank 1 of 2": lambda d: images(d[0], shuffle=True, rank=1, world_size=2),
+    "RandomSampler": lambda d: images(d[0], sampler=RandomSampler(range(N), generator=seeded(1))),
+    "DistributedSampler": lambda d: images(d[0], sampler=DistributedSampler(range(N), 2, 1, seed=3)),
+    "generic": lambda d: fastload.DataLoader(Plain(), batch_size=3, shuffle=True, seed=5),
+    "Bucket": lambda d: sequences(d[1], T.Bucket([8, 20])),
+    "PackSequences": lambda d: sequences(d[1], T.PackSequences(16, drop_fields=["label"])),
+}
+
+
+def equal(x, y) -> bool:
+    """Batches (tensors, arrays, numbers, or lists/tuples/dicts of them) equal, value for value."""
+    if isinstance(x, dict):
+        return isinstance(y, dict) and x.keys() == y.keys() and all(equal(x[k], y[k]) for k in x)
+    if isinstance(x, (list, tuple)):
+        return isinstance(y, (list, tuple)) and len(x) == len(y) and all(equal(a, b) for a, b in zip(x, y))
+    if isinstance(x, torch.Tensor):
+        return isinstance(y, torch.Tensor) and torch.equal(x, y)
+    return bool(np.array_equal(x, y))
+
+
+def same(a, b) -> bool:
+    return len(a) == len(b) and all(equal(x, y) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_restored_at_every_position_the_rest_of_the_stream_is_identical(data, name):
+    make = CONFIGS[name]
+    whole = make(data)
+    ref = [list(whole), list(whole)]  # epochs 0 and 1
+    assert len(ref[0]) >= 3
+    for p in range(len(ref[0]) + 1):
+        first = make(data)
+        it = iter(first)
+        for _ in range(p):
+            next(it)
+        state = first.state_dict()
+        del it
+        restored = make(data)
+        restored.load_state_dict(state)
+        rest = list(restored)
+        if p < len(ref[0]):
+            assert same(rest, ref[0][p:]), f"{name}: the rest of epoch 0 differs after a restore at batch {p}"
+            rest = list(restored)
+        if name == "RandomSampler" and p == len(ref[0]):
+            # an end-of-epoch state holds no generator state: the next epoch is drawn from the user's generator
+            # as the restored loader has it (a fresh one here), as torch's RandomSampler would (known; see report)
+            continue
+        assert same(rest, ref[1]), f"{name}: epoch 1 differs after a restore at batch {p}"
+
+
+@pytest.mark.parametrize("name", ["sequential", "random", "quasi", "drop_last", "threads"])
+def test_restored_at_every_position_on_two_ranks_at_another_batch_size(data, name):
+    make = CONFIGS[name]
+    n = len(make(data))
+    for p in range(n + 1):
+        first = make(data)
+        it = iter(first)
+        read = [int(i) for _ in range(p) for i in next(it)[2]]
+        state = first.state_dict()
+        del it
+        rest = []
+        for rank in range(2):
+            like = CONFIGS[name](data)  # the same order, on 2 ranks at batch size 2
+            kind = like._order.kind
+            restored = images(data[0], batch_size=2, rank=rank, world_size=2, shuffle=kind != "sequential", order=kind,
+                              drop_last=like.drop_last, num_workers=like.num_workers)
+            restored.load_state_dict(state)
+            rest += [int(i) for b in restored for i in b[2]]
+        if p == n:  # an end-of-epoch state: the next epoch, whole, on the new ranks
+            assert state["epoch"] == 1 and (restored.drop_last or set(rest) == set(range(N)))
+            continue
+        assert not set(read) & set(rest), f"{name}: a sample read before batch {p} was read again"
+        if not restored.drop_last:
+            assert set(read) | set(rest) == set(range(N)), f"{name}: a sample was never read (restore at {p})"
+            assert len(rest) - len(set(rest)) < 2
+        if restored.drop_last:
+            assert len(rest) == len(set(rest))
