@@ -57,10 +57,32 @@ from ._ring import Slot
 POOL_SIZE = 6
 
 
+def _sendable(value: Any) -> Any:
+    """``value`` with its tensors copied: a row's tensors view the worker's slot, and torch would move the slot
+    itself into shared memory to send them (numpy views and native writers still pointing at the old memory)."""
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, (list, tuple)):
+        return type(value)(_sendable(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _sendable(v) for k, v in value.items()}
+    return value
+
+
 class Row(dict):
-    """One sample of a dict dataset, as ``ds[i]`` gives it, from a batch ``collate_rows`` can hand out whole."""
+    """One sample of a dict dataset, as ``ds[i]`` gives it, from a batch ``collate_rows`` can hand out whole.
+    Pickled (a ``collate_fn`` that returns the rows themselves), it is a plain dict of copies."""
 
     __slots__ = ()
+
+    def __reduce__(self) -> tuple:
+        return (dict, (_sendable(dict(self)),))
+
+    def __copy__(self) -> "Row":
+        return Row(self)
+
+    def __deepcopy__(self, memo: dict) -> dict:
+        return copy.deepcopy(dict(self), memo)
 
 
 class RowTuple(tuple):
@@ -68,15 +90,31 @@ class RowTuple(tuple):
 
     __slots__ = ()
 
+    def __reduce__(self) -> tuple:
+        return (tuple, (_sendable(tuple(self)),))
+
+    def __copy__(self) -> "RowTuple":
+        return self
+
+    def __deepcopy__(self, memo: dict) -> tuple:
+        return copy.deepcopy(tuple(self), memo)
+
 
 class Items(list):
-    """``__getitems__``'s rows in a worker, with the batch as the slot holds it (the Collator's views)."""
+    """``__getitems__``'s rows in a worker, with the batch as the slot holds it (the Collator's views).
+    Pickled, it is a plain list of its rows (each as ``Row`` pickles)."""
 
     __slots__ = ("batch", "rows", "values", "state")
     batch: Any  # the Collator's batch: views of the slot
     rows: list  # the rows as made, to see a list changed since
     values: list | None  # each dict row's values as made (None: tuple rows, which cannot change)
     state: Any  # the process's _getitems.BatchItems
+
+    def __reduce__(self) -> tuple:
+        return (list, (list(self),))
+
+    def __copy__(self) -> list:
+        return list(self)
 
 
 def items(state: Any, batch: Any, rows: list, as_dict: bool) -> Items:

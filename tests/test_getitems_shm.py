@@ -131,6 +131,20 @@ def change_every_other(rows):
     return out, changed, type(out).__name__
 
 
+def rows_themselves(rows):
+    return rows
+
+
+@pytest.mark.parametrize("as_dict", [False, True])
+def test_a_collate_fn_that_returns_the_rows_themselves_sends_plain_copies(packed_images, as_dict):
+    ds = fastload.open(packed_images, transforms=DETERMINISTIC, as_dict=as_dict)
+    got = list(TorchLoader(ds, batch_size=5, num_workers=2, collate_fn=rows_themselves))
+    assert [len(b) for b in got] == [5] * 9 + [3] and all(type(b) is list for b in got)
+    for i, rows in enumerate(got):
+        for j, row in enumerate(rows):
+            assert_same_sample(row, ds[i * 5 + j])  # a plain dict/tuple, equal to ds[i]
+
+
 def test_what_a_collate_fn_changes_in_the_rows_is_in_default_collate_s_batch(packed_images):
     ds = fastload.open(packed_images, transforms=DETERMINISTIC, as_dict=True)
     kinds = set()
