@@ -63,7 +63,9 @@ def test_images_are_written_by_one_native_pass_as_torch_s_copy():
 def worker_report(rows):
     """A collate_fn: default_collate's batch, with what the worker's pool looked like and what the batch was."""
     out = default_collate(rows)
-    shared = rows.state.shared
+    shared = getattr(getattr(rows, "state", None), "shared", None)  # None once the worker left the pool
+    if shared is None:
+        return out, type(out).__name__, 0, 0
     return out, type(out).__name__, sum(len(slots) for slots, _ in shared.pools.values()), shared.fresh
 
 
@@ -169,3 +171,27 @@ def test_a_list_the_user_built_goes_to_torch_s_collate(packed_images):
     for i, batch in enumerate(TorchLoader(ds, batch_size=4, num_workers=2, collate_fn=flipped)):
         want = default_collate([(ds[j][0].flip(-1), ds[j][1]) for j in range(i * 4 + 3, i * 4 - 1, -1)])
         assert_same_sample(batch, want)
+
+
+def test_a_worker_whose_first_batch_differs_from_torch_s_says_so_and_collates_as_torch(packed_images, monkeypatch):
+    ds = fastload.open(packed_images, transforms=DETERMINISTIC)
+    expected = expected_batches(ds, 4)
+
+    def wrong_copy(src, out):  # a pool copy gone wrong: the worker's first-batch comparison must catch it
+        out.zero_()
+
+    monkeypatch.setattr(_getitems_shm, "_copy", wrong_copy)  # before the fork: the workers inherit it
+    got = list(TorchLoader(ds, batch_size=4, num_workers=2, collate_fn=worker_report))
+    for (batch, kind, _, _), want in zip(got, expected):
+        assert_same_sample(batch, want)
+        assert kind == "list"  # torch's own collate, from the first batch on
+
+    # the warning, seen in this process posing as a worker (a forked worker's is caught by pytest's recorder there)
+    from torch.utils.data._utils import worker as torch_worker
+
+    monkeypatch.setattr(torch_worker, "_worker_info", torch_worker.WorkerInfo(id=0, num_workers=1, seed=0, dataset=None))
+    ds = fastload.open(packed_images, transforms=DETERMINISTIC)
+    with pytest.warns(fastload.FastPathWarning, match=r"differs from torch's default_collate .*\(batch\[0\]: other"):
+        assert_same_sample(default_collate(ds.__getitems__([0, 1, 2, 3])), expected[0])
+    rows = ds.__getitems__([4, 5, 6, 7])
+    assert type(rows) is list and type(rows[0]) is tuple  # this worker now hands torch plain rows
