@@ -217,4 +217,69 @@ bool mix_affine_u8_f32(const uint8_t* src, float* out, int64_t n, int64_t h, int
   return true;
 }
 
+namespace {
+
+void planes_portable(const uint8_t* s, uint8_t* d, int64_t hw, int channels) {
+  for (int c = 0; c < channels; ++c) {
+    uint8_t* plane = d + c * hw;
+    for (int64_t p = 0; p < hw; ++p) plane[p] = s[p * channels + c];
+  }
+}
+
+// 16 pixels (48 bytes) per step: each of the three 16-byte loads shuffled into the lanes of each channel.
+__attribute__((target("ssse3"))) void planes_rgb_ssse3(const uint8_t* s, uint8_t* d, int64_t hw) {
+  uint8_t* d0 = d;
+  uint8_t* d1 = d + hw;
+  uint8_t* d2 = d + 2 * hw;
+  // mask[c][k]: where load k's bytes of channel c go in the 16 output lanes (-1: zero)
+  const __m128i m00 = _mm_setr_epi8(0, 3, 6, 9, 12, 15, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+  const __m128i m01 = _mm_setr_epi8(-1, -1, -1, -1, -1, -1, 2, 5, 8, 11, 14, -1, -1, -1, -1, -1);
+  const __m128i m02 = _mm_setr_epi8(-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 1, 4, 7, 10, 13);
+  const __m128i m10 = _mm_setr_epi8(1, 4, 7, 10, 13, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+  const __m128i m11 = _mm_setr_epi8(-1, -1, -1, -1, -1, 0, 3, 6, 9, 12, 15, -1, -1, -1, -1, -1);
+  const __m128i m12 = _mm_setr_epi8(-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 2, 5, 8, 11, 14);
+  const __m128i m20 = _mm_setr_epi8(2, 5, 8, 11, 14, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+  const __m128i m21 = _mm_setr_epi8(-1, -1, -1, -1, -1, 1, 4, 7, 10, 13, -1, -1, -1, -1, -1, -1);
+  const __m128i m22 = _mm_setr_epi8(-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 3, 6, 9, 12, 15);
+  int64_t p = 0;
+  for (; p + 16 <= hw; p += 16) {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 3 * p));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 3 * p + 16));
+    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 3 * p + 32));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d0 + p),
+                     _mm_or_si128(_mm_or_si128(_mm_shuffle_epi8(a, m00), _mm_shuffle_epi8(b, m01)),
+                                  _mm_shuffle_epi8(c, m02)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d1 + p),
+                     _mm_or_si128(_mm_or_si128(_mm_shuffle_epi8(a, m10), _mm_shuffle_epi8(b, m11)),
+                                  _mm_shuffle_epi8(c, m12)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d2 + p),
+                     _mm_or_si128(_mm_or_si128(_mm_shuffle_epi8(a, m20), _mm_shuffle_epi8(b, m21)),
+                                  _mm_shuffle_epi8(c, m22)));
+  }
+  for (; p < hw; ++p) {
+    d0[p] = s[3 * p];
+    d1[p] = s[3 * p + 1];
+    d2[p] = s[3 * p + 2];
+  }
+}
+
+}  // namespace
+
+bool hwc_to_chw_u8(const uint8_t* src, uint8_t* out, int64_t n, int64_t hw, int channels, std::string* err) {
+  const int64_t per = hw * channels;
+  if (overlaps(src, n * per, out, n * per)) {
+    *err = "out overlaps src; write into a separate buffer";
+    return false;
+  }
+  const bool ssse3 = channels == 3 && __builtin_cpu_supports("ssse3");
+  for (int64_t i = 0; i < n; ++i) {
+    if (ssse3) {
+      planes_rgb_ssse3(src + i * per, out + i * per, hw);
+    } else {
+      planes_portable(src + i * per, out + i * per, hw, channels);
+    }
+  }
+  return true;
+}
+
 }  // namespace fastload

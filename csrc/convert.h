@@ -43,4 +43,11 @@ bool mix_affine_u8_f32(const uint8_t* src, float* out, int64_t n, int64_t h, int
                        const float* scale, const float* shift, const MixSpec& mix, bool allow_avx2,
                        std::string* err);
 
+// Channels-last pixels to planes: src holds n images of hw pixels of `channels` uint8 values each (NHWC,
+// contiguous), out the same values as n images of `channels` planes of hw values (NCHW, contiguous): what
+// torch's contiguous copy of the NCHW view of src gives, without its generic strided loop (about 5x slower
+// for 3 channels). Uses SSSE3 for 3 channels where the CPU has it. Returns false with a message in *err
+// (and out untouched) when src and out overlap.
+bool hwc_to_chw_u8(const uint8_t* src, uint8_t* out, int64_t n, int64_t hw, int channels, std::string* err);
+
 }  // namespace fastload

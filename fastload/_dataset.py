@@ -25,6 +25,7 @@ from .formats.remote import Remote, is_url, warn_local_options
 from ._augment.pipeline import reference as augment_reference
 from ._augment.masks import moved_mask
 from ._augment.mix import resolve_batch
+from . import _getitems_shm  # noqa: F401  (registers its rows in default_collate_fn_map before any copy of it)
 from ._field_transforms import check_lengths, check_sizes, resolve as resolve_transforms
 from ._sequences import PackSequences
 
@@ -163,7 +164,8 @@ class Dataset(torch.utils.data.Dataset):
         anything built on torch's fetchers): a fastload dataset decodes natively under any loader. The items
         are ds[i]'s; random transforms draw one seed per call from torch's generator (in a DataLoader worker,
         seeded by torch from the worker's seed). ``_getitems.py`` says what that means for reproducibility,
-        threads and forked workers."""
+        threads and forked workers; ``_getitems_shm.py`` how a worker's batch is collated into reused shared
+        memory (the items are then dict/tuple subclasses, equal to ds[i]'s)."""
         from ._getitems import get_items
 
         return get_items(self, indices)

@@ -50,6 +50,7 @@ import torch
 from ._batcher import Batcher
 from .fields import NotFastPath
 from ._errors import FastloadError, FastPathWarning
+from ._getitems_shm import SharedBatches, items as shared_items
 from ._ring import SlotRing
 from ._sequences import PackSequences
 from .fast.collate import Collator
@@ -74,6 +75,8 @@ class BatchItems:
         self.ring: SlotRing | None = None
         self.reason: str | None = None
         self.probe = False  # the batcher only showed that the dataset batches: the first call makes the real one
+        # in a torch DataLoader worker: the pool batches are collated into (_getitems_shm), None elsewhere
+        self.shared: SharedBatches | None = SharedBatches() if torch.utils.data.get_worker_info() else None
         if not ds.decode or any(isinstance(t, PackSequences) for t in ds.sequences.values()):
             self.reason = ""
         else:
@@ -167,7 +170,8 @@ def get_items(ds: Any, indices: Any) -> list:
         except (FastloadError, ValueError) as e:
             failed = e
         else:
-            return _split(ds, batcher.parts, batch, len(idx))
+            rows = _split(ds, batcher.parts, batch, len(idx))
+            return rows if state.shared is None else shared_items(state, batch, rows, ds.as_dict)
     for i in idx:  # ds[i] names the bad sample (and its error has no loader-only hint)
         ds[int(i)]
     raise failed
