@@ -3,7 +3,7 @@ pillow-simd, on the same photos with the same workers.
 
 A script that keeps ``torch.utils.data.DataLoader`` (or a framework that rebuilds the loader: accelerate's
 ``DataLoaderShard``, HF Trainer, Ray Train) and only swaps the dataset for ``fastload.open(...)`` gets one
-native batch decode per batch in each worker (``fastload/_getitems.py``). This measures what that is worth:
+native batch decode per batch in each worker (``fastload/_front/getitems.py``). This measures what that is worth:
 
   torch DataLoader + fastload dataset   ``torch.utils.data.DataLoader(fastload.open(packed, transforms=...))``
   ... + items collated by torch          the same, with __getitems__'s items handed to default_collate as plain
@@ -73,7 +73,7 @@ class Predecoded(torch.utils.data.Dataset):
 class PredecodedInWorker(torch.utils.data.Dataset):
     """The first row's ceiling: each worker decodes one batch once (``ds.__getitems__`` there) and hands the same
     rows out again, which default_collate writes from the slot into the worker's shared-memory pool
-    (``fastload/_getitems_shm.py``); only that copy and torch's hand-over are timed."""
+    (``fastload/_front/getitems_shm.py``); only that copy and torch's hand-over are timed."""
 
     def __init__(self, ds):
         self.ds, self.items = ds, None

@@ -5,7 +5,7 @@ batch 64). Each stage is the median of ``--repeat`` timed calls after one untime
 
   decode                  ``ds.__getitems__(indices)``: Batcher.fill (read, decode, crop, resize, flip into the
                           slot) and the per-sample rows
-  torch's collate         ``default_collate`` of the rows as plain tuples (before fastload/_getitems_shm.py):
+  torch's collate         ``default_collate`` of the rows as plain tuples (before fastload/_front/getitems_shm.py):
                           torch.stack of 64 CHW views of the NHWC slot into a fresh shared-memory segment
   pooled collate          ``default_collate`` of the rows as ``__getitems__`` returns them in a worker: one
                           native NHWC -> NCHW pass into a reused shared-memory buffer

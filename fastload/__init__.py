@@ -6,10 +6,10 @@ Pack a dataset once (``fastload pack`` / ``fastload.pack``), then open it with `
 from __future__ import annotations
 
 from . import transforms
-from ._dataset import Dataset, open
-from ._doctor import doctor
-from ._loader import DataLoader
-from ._mix import mix
+from ._front.dataset import Dataset, open
+from ._tools.doctor import doctor
+from ._front.loader import DataLoader
+from ._front.mix import mix
 from .fast.device import to_device
 from ._errors import (
     DecodeError,

@@ -58,6 +58,6 @@ def where(
 class FastPathWarning(UserWarning):
     """A fastload.Dataset that could take the fast path was refused it; the message says why and how to fix it.
     Also: a torchvision ImageFolder (or timm ImageDataset) given to fastload.DataLoader took the fast path over
-    its cached pack, or could not, and why (``_tvfolder.py``).
+    its cached pack, or could not, and why (``_front/tvfolder.py``).
 
     Given once per loader. Silence with ``warnings.filterwarnings("ignore", category=fastload.FastPathWarning)``."""

@@ -365,7 +365,7 @@ class HostStreams:
 # streams, NCCL's, torchvision's nvJPEG stream). Streams drawn often alias each other: fastload's would serialise a
 # decoder behind the training loop, and a GPU decoder's output stream (decoders/nvjpeg.py) must share its caching
 # allocator pool with no stream that frees memory its queued kernels still use. So fastload's backends keep their
-# streams for their lifetime (a loader's decoders are kept across epochs, _images.py) and draw each one past the
+# streams for their lifetime (a loader's decoders are kept across epochs, _fill/images.py) and draw each one past the
 # streams fastload holds and the training loops' streams seen (``draw_stream``); ordering never depends on two
 # streams being distinct (streams are compared with ==, never ``is``: torch.cuda.current_stream() is a new object
 # per call).

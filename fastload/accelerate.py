@@ -31,7 +31,7 @@ import warnings
 from typing import Any
 
 from ._errors import FastPathWarning
-from ._loader import (
+from ._front.loader import (
     DataLoader,
     accelerate_ready,
     mark_prepared,

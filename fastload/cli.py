@@ -329,7 +329,7 @@ def bench(dst, storage_options, batch_size, preset, size, max_workers, seconds, 
     """Measure the dataset at DST (a folder or a URL): samples/s per thread count (the fastest, and
     num_workers='auto''s pick), where time goes. A URL's shards are downloaded into the shard cache first, as
     fastload.open reads them."""
-    from ._benchcmd import plot, plot_ready, report, run
+    from ._tools.benchcmd import plot, plot_ready, report, run
 
     if plot_path:  # before the measuring, not after it
         if Path(plot_path).suffix.lower() != ".png":
@@ -506,7 +506,7 @@ def doctor(steps, no_measure_workers, script, script_args) -> None:
     Every DataLoader the script iterates is timed; the report gives the measured numbers, the line or
     setting, and the fix for each finding. GPU checks run only where CUDA is available.
     """
-    from ._doctor import run_script
+    from ._tools.doctor import run_script
 
     report = run_script(str(script), list(script_args), steps, measure_workers=not no_measure_workers)
     click.echo(str(report))

@@ -13,7 +13,7 @@ default) the same batches as timm's ``PrefetchLoader`` gives: uint8 images moved
 ``RandomErasing(device=...)`` on the batch (``re_prob``, ``re_mode``, ``re_count``, ``re_split``), and a
 ``FastCollateMixup`` given as ``collate_fn`` run on the normalized batch (``_augment/timm_mix.py`` says what
 that keeps exactly). The loader under it is a :class:`fastload.DataLoader`; timm's ``ImageDataset`` over a
-folder takes its fast path (``_tvfolder.py``).
+folder takes its fast path (``_front/tvfolder.py``).
 
 What fastload does differently, and why it keeps timm's meaning:
 
@@ -40,7 +40,7 @@ from typing import Any, Callable, Optional, Sequence, Tuple, Union
 import torch
 
 from ._augment.timm_mix import TimmMixup, is_timm_mixup
-from ._loader import DataLoader
+from ._front.loader import DataLoader
 
 __all__ = ["PrefetchLoader", "create_loader"]
 
@@ -82,7 +82,7 @@ def _with_fallback(dataset: Any) -> Any:
     takes the fast path itself, or says why not)."""
     from ._errors import FastPathWarning
     from .fields import NotFastPath
-    from ._tvfolder import folder_dataset, kind_of
+    from ._front.tvfolder import folder_dataset, kind_of
     from .transforms import ImagePipeline
 
     if kind_of(dataset) is None:

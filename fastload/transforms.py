@@ -43,17 +43,17 @@ from typing import Any, Sequence
 import numpy as np
 
 from ._install import pil
-from ._transform_base import Transform, _positive_int, _setup_size
-from ._tensor_transforms import Normalize, TensorPipeline, TensorTransform, ToDtype  # noqa: E402
-from ._sequences import Bucket, Pad, PackSequences  # noqa: E402  (variable-length fields, see _sequences.py)
+from ._transforms.base import Transform, _positive_int, _setup_size
+from ._transforms.tensor import Normalize, TensorPipeline, TensorTransform, ToDtype  # noqa: E402
+from ._transforms.sequences import Bucket, Pad, PackSequences  # noqa: E402  (variable-length fields, see _transforms/sequences.py)
 
 # The augmentations (issue 21), under torchvision v2's names; planned after the crop plan (_augment/pipeline.py).
 from ._augment import pipeline as _augment  # noqa: E402
 from ._augment import timm_convert as _timm  # noqa: E402
 from ._augment import torchvision_convert as _torchvision  # noqa: E402
 from ._augment.fallback import AfterNormalize, UserTransform, run_sample  # noqa: E402  (transforms fastload does not know)
-from . import _size_check  # noqa: E402  (ImagePipeline.check_sizes: what fastload.open refuses)
-from ._size_check import Refusal  # noqa: E402
+from ._transforms import size_check as _size_check  # noqa: E402  (ImagePipeline.check_sizes: what fastload.open refuses)
+from ._transforms.size_check import Refusal  # noqa: E402
 from ._augment.color import ColorJitter, Grayscale, RandomGrayscale  # noqa: E402
 from ._augment.combinators import RandomApply, RandomChoice, RandomOrder  # noqa: E402
 from ._augment.filters import GaussianBlur, RandomErasing  # noqa: E402
@@ -786,7 +786,7 @@ class ImagePipeline:
 
     def check_sizes(self, heights: np.ndarray, widths: np.ndarray, chunk: int = 8192) -> str | None:
         """What no batch could plan of a dataset's samples of stored sizes ``heights[i] x widths[i]``, every such
-        sample counted and the first named per step (``_size_check.py``); None when every sample plans."""
+        sample counted and the first named per step (``_transforms/size_check.py``); None when every sample plans."""
         return _size_check.check(self, heights, widths, _State, lambda t, state, rng: t._apply(state, rng), chunk)
 
     def run_fallback(self, image: np.ndarray, plan: Plan, k: int = 0) -> np.ndarray:

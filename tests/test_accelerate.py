@@ -75,7 +75,7 @@ def test_accelerate_launch_keeps_the_fast_path_and_resumes_mid_epoch(tmp_path, n
     per_epoch = N // 2 // BATCH
     for rows in first.values():
         assert len(rows) == 2 * per_epoch
-        assert all(r["fast_path"] and r["cls"] == "fastload._loader.DataLoader" and r["world"] == 2 for r in rows)
+        assert all(r["fast_path"] and r["cls"] == "fastload._front.loader.DataLoader" and r["world"] == 2 for r in rows)
         assert all(r["distributed"] == "DistributedType.MULTI_CPU" for r in rows)
     for epoch in range(2):
         seen = [[i for r in first[k] if r["epoch"] == epoch for i in r["ids"]] for k in range(2)]

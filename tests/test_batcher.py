@@ -1,4 +1,4 @@
-"""fastload/_batcher.py: one native call per batch fills a slot. A filled and collated batch holds, row for
+"""fastload/_fill/batcher.py: one native call per batch fills a slot. A filled and collated batch holds, row for
 row, what ``ds[i]`` gives; configurations the fast path cannot batch are refused with the reason; a sample
 that fails to decode is named, or with on_error='skip' replaced by a good sample of the same batch."""
 
@@ -13,7 +13,7 @@ import torch
 import fastload
 from fastload import DecodeError
 from fastload import transforms as T
-from fastload._batcher import Batcher
+from fastload._fill.batcher import Batcher
 from fastload.fast.collate import Collator
 from fastload.fields import NotFastPath
 

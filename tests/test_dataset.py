@@ -1,4 +1,4 @@
-"""fastload/_dataset.py: ``fastload.open`` gives a map-style Dataset, the same for shards and LMDB (each test runs
+"""fastload/_front/dataset.py: ``fastload.open`` gives a map-style Dataset, the same for shards and LMDB (each test runs
 once per format): samples against the source pictures, indexing and its errors, as_dict and decode=False,
 transforms seeded by torch, which fields take transforms, and pickling for worker processes."""
 

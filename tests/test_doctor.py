@@ -1,4 +1,4 @@
-"""fastload.doctor (fastload/_doctor.py): every finding provoked by a loop that has the problem, and silent on
+"""fastload.doctor (fastload/_tools/doctor.py): every finding provoked by a loop that has the problem, and silent on
 a clean loop; GPU findings skip cleanly without CUDA."""
 
 from __future__ import annotations

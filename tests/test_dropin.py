@@ -1,4 +1,4 @@
-"""Drop-in parity with torch's DataLoader (fastload/_dropin.py, the loader's pickling and typing): no silent
+"""Drop-in parity with torch's DataLoader (fastload/_front/dropin.py, the loader's pickling and typing): no silent
 fallback, pickle and deepcopy on both paths, DataLoader[T], worker_init_fn, pin_memory, memory format."""
 
 from __future__ import annotations

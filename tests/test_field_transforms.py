@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from fastload import transforms as T
-from fastload._field_transforms import check_lengths, resolve
+from fastload._transforms.fields import check_lengths, resolve
 from fastload._schema import Field, Schema
 from fastload.transforms import ImagePipeline
 

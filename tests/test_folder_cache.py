@@ -1,4 +1,4 @@
-"""fastload/_folder_cache.py: ``fastload.open`` on an unpacked ImageFolder packs it once into a cache keyed by the
+"""fastload/_front/folder_cache.py: ``fastload.open`` on an unpacked ImageFolder packs it once into a cache keyed by the
 folder's content (saying where, with a progress bar), reopens the pack while the folder is unchanged, packs a
 changed folder again and removes the old pack once nothing reads it; ``cache_dir=`` and ``$FASTLOAD_CACHE_DIR``
 choose the place; processes opening the folder at once pack it once; any other path with no dataset says
@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import fastload
-import fastload._folder_cache as folder_cache
+import fastload._front.folder_cache as folder_cache
 
 from conftest import jpeg_bytes, make_image_folder
 from misuse.conftest import unchanged, user_error
@@ -97,7 +97,7 @@ def test_an_interrupted_open_leaves_nothing_locked(tmp_path, monkeypatch):
 
 
 OPEN_IN_A_PROCESS = """
-import sys, time, pathlib, fastload, fastload._folder_cache as fc
+import sys, time, pathlib, fastload, fastload._front.folder_cache as fc
 real = fc._pack
 def slow(*a):  # holds the pack's lock a while, so that the others certainly meet it
     time.sleep(1.5)

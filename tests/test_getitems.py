@@ -1,4 +1,4 @@
-"""fastload/_getitems.py: ``Dataset.__getitems__`` decodes one batch natively for torch's own DataLoader (and
+"""fastload/_front/getitems.py: ``Dataset.__getitems__`` decodes one batch natively for torch's own DataLoader (and
 anything built on its fetchers). Items equal ``[ds[i] for i in idx]``; torch's loader at 0 and 2 workers gives
 the fast path's batches; randomness comes from torch's generators (workers, batches and epochs differ, a
 seeded run repeats); slots are never overwritten while an item is alive; forked workers make their own state;
@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader as TorchLoader
 
 import fastload
 from fastload import transforms as T
-from fastload._batcher import Batcher
+from fastload._fill.batcher import Batcher
 
 from conftest import jpeg_bytes
 from forking import in_child
@@ -211,7 +211,7 @@ def test_forked_workers_make_their_own_state(packed_images):
 
 
 def test_a_forked_child_never_destroys_its_parent_s_pool(packed_images):
-    import fastload._getitems as getitems
+    import fastload._front.getitems as getitems
 
     ds = fastload.open(packed_images, transforms=DETERMINISTIC)
     ds.__getitems__([0, 1])
@@ -268,7 +268,7 @@ def test_threads_calling_at_once_each_get_their_own_batch(packed_images):
 
 def test_accelerate_s_rebuilt_loader_decodes_in_batches(packed_images, monkeypatch):
     accelerate = pytest.importorskip("accelerate")
-    import fastload._getitems as getitems
+    import fastload._front.getitems as getitems
 
     calls = []
     real = getitems.get_items

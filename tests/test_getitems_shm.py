@@ -1,4 +1,4 @@
-"""fastload/_getitems_shm.py: in torch's DataLoader workers, ``__getitems__``'s batch is collated once from the
+"""fastload/_front/getitems_shm.py: in torch's DataLoader workers, ``__getitems__``'s batch is collated once from the
 slot into reused shared memory. What the user receives is exactly ``default_collate([ds[i] ...])`` (type, dtype,
 shape, strides, values) at 0 and 2 workers, persistent or not, with pin_memory; a batch the main process still
 holds is never overwritten, however many it holds; a buffer it let go of is reused; a user's collate_fn gets

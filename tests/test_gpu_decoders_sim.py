@@ -345,7 +345,7 @@ def test_an_abandoned_epochs_queued_decodes_are_ordered_before_the_next_decoders
     decoder's stream): the next epoch writes the same row buffers only after that work, with the decoder kept
     (persistent or not: its own stream and its wait on each buffer's latest hand-over order it), or with a new
     one, with a stream of its own, after ``ImageDecoding.close`` (as ``Batcher.close`` does). (The rule is in
-    _images.py, common to the decoders; with nvjpeg's stand-in this scenario did not reach a reused buffer in the
+    _fill/images.py, common to the decoders; with nvjpeg's stand-in this scenario did not reach a reused buffer in the
     runs tried, so the test runs DALI's fake.)"""
     sim = dali_on_sim
     ds = fastload.open(one_truncated, transforms={"image": [T.RandomResizedCrop(16)]})

@@ -34,7 +34,7 @@ BLOBS = [jpeg_bytes(48, 64, seed=k) for k in range(8)]  # one size: a batch's im
 
 def decode_two_batches(sim: SimGpu, lag: bool, host_sync: bool = True) -> list[torch.Tensor]:
     """Two batches of four through one NvjpegDecoder whose library is torchvision's stand-in, into row buffers made
-    on a rows stream (as _images.py does). ``lag``: the decoder's stream runs nothing between the two decodes (the
+    on a rows stream (as _fill/images.py does). ``lag``: the decoder's stream runs nothing between the two decodes (the
     second batch is decoded while the first one's resampling is still queued), as a busy GPU does."""
     dec = NvjpegDecoder(4, OUT_HW, device="cpu", decode_fn=PrivateStreamLibrary(sim, pil_decode, host_sync),
                         streams=sim.fork("nvjpeg"))

@@ -1,4 +1,4 @@
-"""fastload/_images.py: the decoder is picked by name from the registry (tests/decoders/test_registry.py), and
+"""fastload/_fill/images.py: the decoder is picked by name from the registry (tests/decoders/test_registry.py), and
 ``fill`` makes one ``decode(sources, plan, rows)`` call per image field and batch."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import torch
 import fastload
 from fastload import decoders
 from fastload import transforms as T
-from fastload._images import ImageDecoding
+from fastload._fill.images import ImageDecoding
 from fastload.decoders._base import DecoderKind, geometry_only
 from fastload.decoders.native import NativeDecoder
 

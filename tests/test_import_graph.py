@@ -21,12 +21,23 @@ NEVER: dict[tuple[str, str], str] = {
     ("fastload.fields", "fastload._augment"):
         "a field kind knows no engine: the augmentation moves a mask (_augment/masks.py), handed to fields/mask.py "
         "as ReadContext.moved_mask (ds[i]) and Batcher.move_masks (a batch)",
-    ("fastload._augment", "fastload._workers"):
+    ("fastload._augment", "fastload._generic.workers"):
         "the generic path's main side: what both pools of worker processes share (death_message, worker_start, "
-        "HoldCtrlC) is _worker_proc.py's",
-    ("fastload._batcher", "fastload.fast"):
-        "the chain drives the batcher: a packed batch (PackJob, cu_seqlens) is _sequences.py's, and the chain and "
-        "ds.__getitems__ make the Collator (fast/collate.py), not the batcher",
+        "HoldCtrlC) is _generic/worker_proc.py's",
+    ("fastload._fill", "fastload.fast"):
+        "the chain drives the batcher: a packed batch (PackJob, cu_seqlens) is _transforms/sequences.py's, and the "
+        "chain and ds.__getitems__ make the Collator (fast/collate.py), not the batcher",
+    # the folders of the top level (issue 31): each serves the one above it, never the other way
+    ("fastload._front", "fastload._tools"):
+        "the tools (doctor, bench) drive a loader; the loader never needs them",
+    ("fastload.fast", "fastload._front"):
+        "the loader's front builds the chain: what a stage needs is handed to it (fast/chain.py's builder)",
+    ("fastload._fill", "fastload._front"):
+        "the fill serves the chain and ds.__getitems__ alike; the front hands it the dataset",
+    ("fastload._generic", "fastload._front"):
+        "the generic path's workers run any Dataset; the loader's front starts them",
+    ("fastload._transforms", "fastload._front"):
+        "transform declarations are checked at open by the front, never the other way",
 }
 
 # Loops in other helpers' modules, each named with why it is allowed for now (none in the write wing or
@@ -160,7 +171,7 @@ def test_the_loop_check_catches_a_function_local_or_package_loop(module, line):
 
 def test_imports_point_down_the_layers():
     g = graph()
-    assert "fastload._augment.masks" in g and "fastload._batcher" in g and "fastload.fields.mask" in g
+    assert "fastload._augment.masks" in g and "fastload._fill.batcher" in g and "fastload.fields.mask" in g
     assert layer_breaks(g) == []
 
 
@@ -168,9 +179,15 @@ def test_imports_point_down_the_layers():
     # each of issue 31's three contradictions, put back
     ("fastload.fields.mask", "from .._augment.type_fill import MASK_FILL\n", 0),
     ("fastload.fields.mask", "def f():\n    from .._augment.engine_pil import run_pil_mask\n", 0),
-    ("fastload._augment.fallback_workers", "from .._workers import _death_message\n", 1),
-    ("fastload._batcher", "from .fast.collate import Collator\n", 2),
-    ("fastload._batcher", "from .fast.packing import PackJob, cu_seqlens\n", 2),
+    ("fastload._augment.fallback_workers", "from .._generic.workers import _death_message\n", 1),
+    ("fastload._fill.batcher", "from ..fast.collate import Collator\n", 2),
+    ("fastload._fill.batcher", "from ..fast.packing import PackJob, cu_seqlens\n", 2),
+    # the top level's folders, one per rule
+    ("fastload._front.loader", "def f():\n    from .._tools.doctor import doctor\n", 3),
+    ("fastload.fast.chain", "from .._front.dropin import warn_refused\n", 4),
+    ("fastload._fill.images", "from .._front.stats import LoaderStats\n", 5),
+    ("fastload._generic.workers", "from .._front.loader import DataLoader\n", 6),
+    ("fastload._transforms.size_check", "from .._front.dataset import Dataset\n", 7),
     # the same, one module further: a module that fields/ imports, importing the augmentation
     ("fastload._native", "from ._augment import plan\n", 0),
 ])

@@ -1,7 +1,7 @@
 """Real Lightning runs (CPU, devices=2, gloo on localhost) with examples/lightning_train.py: the fast path on
 every rank, disjoint and complete ranks, a new order each epoch, a mid-epoch checkpoint resumed exactly, and an
 end-of-epoch checkpoint too (Lightning loads no loader state then: the epoch reaches the loader through
-set_epoch, see fastload/_loader.py's DataLoader docstring on resume)."""
+set_epoch, see fastload/_front/loader.py's DataLoader docstring on resume)."""
 
 from __future__ import annotations
 

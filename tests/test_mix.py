@@ -1,4 +1,4 @@
-"""``fastload.mix``: several packed datasets sampled by weight, on the fast path (``_mix.py``, ``fast/mixing.py``).
+"""``fastload.mix``: several packed datasets sampled by weight, on the fast path (``_front/mix.py``, ``fast/mixing.py``).
 
 Every sample carries a ``tag``: its dataset's base (0, 1000, 2000) plus its index there, so a batch says which
 dataset and which sample each of its rows came from."""
@@ -207,7 +207,7 @@ def test_ranks_take_disjoint_shares_that_make_up_the_epoch(packed):
     # disjoint positions: rank r takes positions r, r + 2, ... of the epoch's sequence
     assert zero == whole[0::2] and one == whole[1::2]
     # the same order for another rank (what fastload.accelerate does to a loader it prepares)
-    from fastload._loader import retarget
+    from fastload._front.loader import retarget
 
     moved = strict_loader(fastload.mix(opened(packed, "a", "b"), [1, 1], num_samples=30), batch_size=4, shuffle=True,
                           seed=9, rank=0, world_size=2)

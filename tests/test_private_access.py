@@ -1,7 +1,7 @@
 """No module reaches into another module's objects' private attributes (issue 20).
 
 A module may use ``self._x`` / ``cls._x``, and ``obj._x`` where ``_x`` is its own (a private name it defines:
-a method, a class attribute, or ``self._x = ...``): the loader's internals are ``_loader.py``'s. Reaching
+a method, a class attribute, or ``self._x = ...``): the loader's internals are ``_front/loader.py``'s. Reaching
 ``obj._x`` that only another module defines is a hidden interface: the module that owns ``_x`` should
 offer a public one (or take the value as an argument). Private names of torch's loader protocol
 (``_index_sampler``, ``_dataset_kind``, ... that fastload's classes mirror) and of other libraries'

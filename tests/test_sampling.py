@@ -1,4 +1,4 @@
-"""fastload/_sampling.py: a user's sampler driving the fast path (the sampler's order, fastload's batches, resume
+"""fastload/_front/sampling.py: a user's sampler driving the fast path (the sampler's order, fastload's batches, resume
 as a position in the sampler's order), the generic path resuming the same way, and the generic path under
 fastload's Order."""
 
@@ -257,7 +257,7 @@ def test_generic_path_iterable_dataset_resumes_only_at_epoch_ends():
 
 # -- the generic path under fastload's Order (issue 17 row 3): rank, world_size, seed and order on a plain Dataset
 # mean what they mean on the fast path (the same Order, fast/order.py), resume included; a fastload.Dataset that
-# falls off the fast path keeps its order and says what it keeps (_sampling.py's GenericPlan and OrderIndices;
+# falls off the fast path keeps its order and says what it keeps (_front/sampling.py's GenericPlan and OrderIndices;
 # real torch.distributed: test_distributed.py)
 N = 23
 

@@ -1,4 +1,4 @@
-"""fastload/_shm.py: the generic path's shared-memory batch slots. Batches collated into a slot and pickled as
+"""fastload/_generic/shm.py: the generic path's shared-memory batch slots. Batches collated into a slot and pickled as
 slot descriptors come back as default_collate's batch, as views of the slot (zero copy), keeping a dense
 layout's strides; a larger batch moves to a bigger slot and retires the old one; through the loader, held
 batches are never overwritten and outlive it, and slots are reused, not made per batch."""
@@ -17,7 +17,7 @@ from torch.utils.data import Dataset
 from torch.utils.data import default_collate
 
 import fastload
-from fastload._shm import ALIGN, Arena, SlotUnpickler, map_slot
+from fastload._generic.shm import ALIGN, Arena, SlotUnpickler, map_slot
 
 from workers_common import Samples, both, memfd_mappings, same
 

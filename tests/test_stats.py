@@ -6,7 +6,7 @@ import pytest
 
 import fastload
 from fastload import _stats
-from fastload._stats import LoaderStats
+from fastload._front.stats import LoaderStats
 
 from conftest import open_train
 

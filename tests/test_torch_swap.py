@@ -104,7 +104,7 @@ if __name__ == "__main__":
     p.start()
     got = q.get(timeout=120)
     p.join()
-    assert got == ("fastload._loader", [i * i for i in range(10)], 3), got
+    assert got == ("fastload._front.loader", [i * i for i in range(10)], 3), got
     print("ok")
 """
 

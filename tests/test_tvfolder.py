@@ -23,7 +23,7 @@ from PIL import Image, ImageFile
 from torch.utils.data import DataLoader as TorchLoader, SubsetRandomSampler
 
 import fastload
-import fastload._folder_cache as folder_cache
+import fastload._front.folder_cache as folder_cache
 import tvfolder_common as tv
 from conftest import jpeg_bytes, make_image_folder
 

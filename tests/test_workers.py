@@ -1,4 +1,4 @@
-"""The generic path (fastload/_workers.py): shared-memory workers checked against torch's DataLoader (its slots:
+"""The generic path (fastload/_generic/workers.py): shared-memory workers checked against torch's DataLoader (its slots:
 test_shm.py; shutdown, Ctrl-C and leaks: test_shutdown.py), and its messages in torch's words."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader as TorchLoader
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 import fastload
-from fastload._workers import WorkerIterator
+from fastload._generic.workers import WorkerIterator
 
 from workers_common import Samples, Slow, both, same
 

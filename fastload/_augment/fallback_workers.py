@@ -22,7 +22,7 @@ the iteration's transforms itself, with a warning; the next iteration starts a p
 its ``ImageDecoding``
 (each epoch's end for a non-persistent loader, as torch's worker processes; the loader's collection
 otherwise, through a finalizer). Closing asks each worker to stop, then terminates and joins as the generic
-path's workers (``_workers.py``) do; a worker that dies mid-batch, or since the last batch, is reported in
+path's workers (``_generic/workers.py``) do; a worker that dies mid-batch, or since the last batch, is reported in
 torch's words (``_worker_proc.death_message``) and the pool is closed. The wait for a batch's answers ends at the
 loader's ``timeout=`` (``ImageDecoding.fallback_timeout``): the late workers are ended and named, as torch's
 "DataLoader timed out"; without it a stuck transform hung the producer thread, which the loader joins.
@@ -47,8 +47,8 @@ from torch._utils import ExceptionWrapper
 from torch.utils.data import _utils as _tutils
 
 from .._errors import FastPathWarning
-from .._shm import shared_buffer
-from .._worker_proc import HoldCtrlC, death_message, worker_start
+from .._generic.shm import shared_buffer
+from .._generic.worker_proc import HoldCtrlC, death_message, worker_start
 from .fallback import SampleTimes, run_rows
 
 OK, ERROR = range(2)
@@ -110,7 +110,7 @@ def _stop(workers: list, conns: list) -> None:
             c.send(None)
         except OSError:
             pass
-    with HoldCtrlC():  # an interrupt inside a join can lose a worker's exit status (see _workers.py)
+    with HoldCtrlC():  # an interrupt inside a join can lose a worker's exit status (see _generic/workers.py)
         try:
             live = {p.sentinel for p in workers if p.is_alive()}
             if live:

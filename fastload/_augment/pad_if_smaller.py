@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .._transform_base import Transform, _positive_int
+from .._transforms.base import Transform, _positive_int
 from .padding import fill_of
 
 __all__ = ["PadIfSmaller", "Pending"]

@@ -43,7 +43,7 @@ def lift_erasing(items: Sequence[Any]) -> list:
     ``value`` (0.5 / 255 / std). ``value="random"`` (normal noise in normalized units) has no such mapping and
     is refused with the order to use; anything else after ToDtype/Normalize is left for the caller (callables run
     per sample on the float image, ``fallback.AfterNormalize``; anything else is refused)."""
-    from .._tensor_transforms import Normalize, TensorTransform, ToDtype
+    from .._transforms.tensor import Normalize, TensorTransform, ToDtype
     from .fallback import UserTransform
 
     first = next((i for i, t in enumerate(items) if isinstance(t, TensorTransform)), len(items))

@@ -7,7 +7,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .._transform_base import Transform, _setup_size
+from .._transforms.base import Transform, _setup_size
 from .pad_if_smaller import Pending
 from .padding import Padding, check_mode, fill_of, index_map, parse_padding
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .._transform_base import Transform, _positive_int
+from .._transforms.base import Transform, _positive_int
 
 __all__ = ["RESIZE_CODES", "RandomResize", "check_resize"]
 

@@ -17,7 +17,7 @@ from typing import Any
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from .device import DevicePrefetcher
-from .._sequences import Bucket, PackSequences
+from .._transforms.sequences import Bucket, PackSequences
 from ..fields.image import ImagePart
 from .collate import Collate, Collator
 from .fill import Fill, Reservations, host_limit

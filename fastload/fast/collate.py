@@ -6,7 +6,7 @@ here on the CPU into a small ring of reused output buffers, unless a device pref
 device (``tensor_transforms=False``). MixUp/CutMix (``batch_transforms``) run here too on the CPU, fused into
 the images' native ToDtype/Normalize pass (``Collator.collate_mixed``); ``contiguous`` lists the image entries to copy
 into torch's default layout (``memory_format=torch.contiguous_format``). ``Collator`` is also what ``ds.__getitems__``
-uses (``_getitems.py``); the batcher, which the chain drives, knows none of this.
+uses (``_front/getitems.py``); the batcher, which the chain drives, knows none of this.
 """
 
 from __future__ import annotations

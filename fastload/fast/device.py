@@ -27,7 +27,7 @@ from torch.utils._pytree import tree_flatten_with_path, tree_unflatten
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from .._ring import CopyHolds, Slot, SlotRing, cuda_available, same_stream, seen_consumer, streams_for
-from .._tensor_transforms import TensorPipeline
+from .._transforms.tensor import TensorPipeline
 
 
 class AfterCopy:
@@ -239,7 +239,7 @@ class DevicePrefetcher(_BaseDataLoaderIter):  # a torch DataLoader iterator by t
         slot = self.ring.acquire(ready=self.ring.ready)
         plans = []
         keep_host = False  # a copy reads the caller's memory itself (pinned, or on the device), not staging
-        ready = []  # events after device sources' last writes (a GPU decoder's rows, _images.py): waited on the device
+        ready = []  # events after device sources' last writes (a GPU decoder's rows, _fill/images.py): waited on
         # allocate first, on the consumer's stream (rule 3a: the fence below is recorded after this)
         for i, leaf in enumerate(leaves):
             # tensors already on the device are copied too (device to device, cheap): the caller then

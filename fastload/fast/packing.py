@@ -1,8 +1,10 @@
-"""Orders of variable-length batches, declared in ``_sequences.py`` (``Bucket``, ``PackSequences``), planned here.
+"""Orders of variable-length batches, declared in ``_transforms/sequences.py`` (``Bucket``,
+``PackSequences``), planned here.
 
 ``BucketOrder`` (``Bucket``) shuffles within buckets and then the batches, so a batch holds one bucket;
-``PackedOrder`` (``PackSequences``) cuts the epoch's token stream into ``PackJob`` batches (``_sequences.py``) of
-``batch_size * row_length`` tokens, global batch ``b`` going to rank ``b % world``. Both are ``Order``s:
+``PackedOrder`` (``PackSequences``) cuts the epoch's token stream into ``PackJob`` batches
+(``_transforms/sequences.py``) of ``batch_size * row_length`` tokens, global batch ``b`` going to rank
+``b % world``. Both are ``Order``s:
 the resume logic (``batches(epoch, start)``, ``state_dict``/``load_state_dict`` and the configuration
 they check) is ``order.py``'s; each defines only its epoch's batches and what its configuration adds.
 """
@@ -13,7 +15,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from .._sequences import PackJob
+from .._transforms.sequences import PackJob
 from .order import SHUFFLE_STREAM, Order, as_int, digest, dist_info, seed_key
 
 

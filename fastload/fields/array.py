@@ -2,7 +2,7 @@
 
 Fixed shape: one column ``values`` (dtype, shape), gathered by the native row copy. Variable shape (``None``
 dimensions): a ``shape`` column (int64, ndim) and the array's bytes (C order) as the blob; batched only
-through a Pad/Bucket transform (``_sequences.py``), whose batches this module fills (``SequencePart``);
+through a Pad/Bucket transform (``_transforms/sequences.py``), whose batches this module fills (``SequencePart``);
 PackSequences batches are the batcher's (``fast/packing.py`` plans them, ``gather_pieces`` copies them).
 """
 

@@ -14,7 +14,7 @@ from PIL import Image
 
 import fastload.transforms as T
 from fastload import decoders
-from fastload._batcher import beyond_geometry
+from fastload._fill.batcher import beyond_geometry
 from fastload._draws import SampleDraws
 from fastload.decoders._base import BICUBIC_RESIZE, ImageSources, check_augment
 from fastload.decoders.native import NativeDecoder

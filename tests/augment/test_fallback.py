@@ -21,7 +21,7 @@ from PIL import Image
 
 import fastload
 import fastload.transforms as T
-from fastload._batcher import beyond_geometry
+from fastload._fill.batcher import beyond_geometry
 from test_batcher import one_corrupt  # noqa: F401  (a fixture: a pack with a corrupt JPEG)
 from test_shutdown import CTRL_C_NOISE, _run_until_interrupted, left_behind, resources
 
@@ -346,7 +346,7 @@ def test_apply_pil_runs_the_augmentations_and_the_per_sample_transforms():
 def test_samples_that_failed_to_decode_are_not_transformed_and_are_replaced_after(one_corrupt):
     """on_error='skip': a sample the decoder failed on is not handed to the transform; the good sample that
     replaces it is the transformed one."""
-    from fastload._batcher import Batcher
+    from fastload._fill.batcher import Batcher
     from test_batcher import batch_of
 
     seen = []

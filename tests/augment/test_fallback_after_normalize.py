@@ -16,7 +16,7 @@ import torch
 
 import fastload
 import fastload.transforms as T
-from fastload._batcher import beyond_geometry
+from fastload._fill.batcher import beyond_geometry
 from test_batcher import one_corrupt  # noqa: F401  (a fixture: a pack with a corrupt JPEG)
 from test_fallback import DRAWS, images
 from test_ring import lagging_loop, photos, sim_cuda  # noqa: F401  (fixtures: a simulated GPU, a pack)
@@ -188,7 +188,7 @@ def test_what_is_still_refused_says_why(image_shards):
 def test_failed_samples_are_not_transformed_and_their_float_rows_are_replaced_too(one_corrupt):
     """on_error='skip': the sample the decoder failed on is not handed to the transform, and the good sample that
     replaces it is replaced in the float rows as well (else its row would hold another batch's floats)."""
-    from fastload._batcher import Batcher
+    from fastload._fill.batcher import Batcher
     from test_batcher import batch_of
 
     seen = []

@@ -47,7 +47,7 @@ def decode(lagged: bool) -> list[torch.Tensor]:
             lag(LAG_MS)
     for blobs, plan in batches():
         out = torch.empty((N, *OUT_HW, 3), dtype=torch.uint8, device=dev)
-        dec.fence(out)  # as _images.py does with a new row buffer
+        dec.fence(out)  # as _fill/images.py does with a new row buffer
         assert dec.decode(blobs, plan, out) == []
         outs.append(out)
         if not lagged:

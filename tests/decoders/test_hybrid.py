@@ -15,7 +15,7 @@ import torch
 
 import fastload
 from fastload import transforms as T
-from fastload._images import ImageDecoding
+from fastload._fill.images import ImageDecoding
 from fastload import _C
 from fastload.decoders._base import ImageSources
 from fastload.decoders.hybrid import HybridDecoder, HybridSplit

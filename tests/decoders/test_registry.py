@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from fastload import decoders
-from fastload._images import ImageDecoding
+from fastload._fill.images import ImageDecoding
 from fastload.decoders._base import DecoderKind
 
 

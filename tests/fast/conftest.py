@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import fastload
-from fastload._sequences import PackJob
+from fastload._transforms.sequences import PackJob
 
 
 def as_plain(batch) -> tuple:

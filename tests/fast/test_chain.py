@@ -6,9 +6,9 @@ from __future__ import annotations
 import torch
 
 import fastload
-from fastload._batcher import Batcher
+from fastload._fill.batcher import Batcher
 from fastload._ring import SlotRing
-from fastload._stats import LoaderStats
+from fastload._front.stats import LoaderStats
 from fastload.fast.chain import fast_iterator
 from fastload.fast.order import Order
 from fastload.fast.position import Progress

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import torch
 
-from fastload._batcher import Batcher
+from fastload._fill.batcher import Batcher
 from fastload._ring import SlotRing
-from fastload._stats import LoaderStats
+from fastload._front.stats import LoaderStats
 from fastload.fast.collate import Collate, Collator
 from fastload.fast.fill import Fill, Reservations
 from fastload.fast.order import Jobs, Order

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import fastload
-from fastload._batcher import Batcher
+from fastload._fill.batcher import Batcher
 from fastload._ring import SlotRing
-from fastload._stats import LoaderStats
+from fastload._front.stats import LoaderStats
 from fastload.fast import group as group_mod
 from fastload.fast.collate import Collate, Collator
 from fastload.fast.fill import Fill, Reservations

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fastload._sequences import PackJob, cu_seqlens
+from fastload._transforms.sequences import PackJob, cu_seqlens
 from fastload.fast.packing import BucketOrder, PackedOrder, packed_batches
 
 from .conftest import all_batches

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 import fastload
-from fastload._batcher import Batcher
+from fastload._fill.batcher import Batcher
 from fastload._ring import SlotRing
-from fastload._stats import LoaderStats
+from fastload._front.stats import LoaderStats
 from fastload.fast import producer as _fastiter
 from fastload.fast.fill import Fill, Reservations
 from fastload.fast.order import Jobs, Order
@@ -167,10 +167,10 @@ def test_the_native_threads_outlive_an_epoch_and_per_sample_workers_do_not(recor
     tests/test_gpu_decoder_threads_sim.py), never the whole ``ImageDecoding`` (``close``); a persistent one keeps
     them."""
     closed = []
-    real_end = fastload._images.ImageDecoding.end_epoch
-    monkeypatch.setattr(fastload._images.ImageDecoding, "end_epoch",
+    real_end = fastload._fill.images.ImageDecoding.end_epoch
+    monkeypatch.setattr(fastload._fill.images.ImageDecoding, "end_epoch",
                         lambda self: (closed.append(1), real_end(self)))
-    monkeypatch.setattr(fastload._images.ImageDecoding, "close", lambda self: closed.append("decoders"))
+    monkeypatch.setattr(fastload._fill.images.ImageDecoding, "close", lambda self: closed.append("decoders"))
     loader = fastload.DataLoader(records, batch_size=256, num_workers=2, persistent_workers=persistent)
     pools, closes = [], []
     for _ in range(3):

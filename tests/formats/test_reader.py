@@ -14,7 +14,7 @@ from fastload import _C, Field
 
 ROOT = Path(__file__).resolve().parents[2] / "fastload"
 # The modules one batch crosses between the packed files and the caller: they read only through the reader.
-BATCH_PATH = ["_batcher.py", "_images.py", "_loader.py", "fast/chain.py", "fast/order.py", "fast/fill.py", "fast/producer.py", "fast/collate.py", "fast/position.py", "fast/readahead.py", "fast/device.py", "_ring.py", "_workers.py", "_worker_proc.py"]
+BATCH_PATH = ["_fill/batcher.py", "_fill/images.py", "_front/loader.py", "fast/chain.py", "fast/order.py", "fast/fill.py", "fast/producer.py", "fast/collate.py", "fast/position.py", "fast/readahead.py", "fast/device.py", "_ring.py", "_generic/workers.py", "_generic/worker_proc.py"]
 # The formats modules that code outside formats/ may import; every other one (shards, lmdb, _cache) is a
 # format's own business, reached only through these.
 BOUNDARY = {

@@ -26,7 +26,7 @@ import pytest
 import torch
 
 import fastload
-from fastload._batcher import Batcher
+from fastload._fill.batcher import Batcher
 from fastload.fast import producer
 
 from conftest import open_train

@@ -18,18 +18,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._augment.masks import decode_masks
-from ._draws import for_samples
-from ._errors import DecodeError, where
-from .decoders._base import PER_SAMPLE
-from ._images import ImageDecoding
-from .decoders._base import BICUBIC_RESIZE
-from ._native import native
-from .fields import codec_of
-from .fields._codec import torch_dtype
-from .fields.array import gather_pieces
-from ._ring import Slot, host_empty, pinned_memory_usable
-from ._sequences import PackJob, PackSequences, cu_seqlens
+from .._augment.masks import decode_masks
+from .._draws import for_samples
+from .._errors import DecodeError, where
+from ..decoders._base import PER_SAMPLE
+from .images import ImageDecoding
+from ..decoders._base import BICUBIC_RESIZE
+from .._native import native
+from ..fields import codec_of
+from ..fields._codec import torch_dtype
+from ..fields.array import gather_pieces
+from .._ring import Slot, host_empty, pinned_memory_usable
+from .._transforms.sequences import PackJob, PackSequences, cu_seqlens
 
 
 class Batcher:

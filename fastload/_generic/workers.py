@@ -1,5 +1,5 @@
 """The generic path's main side: dispatch to the worker processes, the iterator, errors and shutdown
-(what runs in a worker, and the messages both sides speak, are ``_worker_proc.py``'s).
+(what runs in a worker, and the messages both sides speak, are ``_generic/worker_proc.py``'s).
 
 Any Dataset that is not a ``fastload.Dataset`` runs here when ``num_workers > 0``. Workers run the user's
 code through torch's own fetchers (``__getitems__``, ``drop_last``, ``batch_size=None`` and the end of an
@@ -46,9 +46,9 @@ from torch.utils.data._utils import collate as _collate
 from torch.utils.data.dataloader import _BaseDataLoaderIter, _DatasetKind
 from torch.utils.data.datapipes.datapipe import IterDataPipe, MapDataPipe
 
-from ._ring import Slot
-from ._shm import LENT, PENDING, WORKER, MappedSlot, SlotUnpickler, map_slot
-from ._worker_proc import ACK, ERROR, RESET, RESULT, STOP, TASK, HoldCtrlC, death_message, worker_loop
+from .._ring import Slot
+from .shm import LENT, PENDING, WORKER, MappedSlot, SlotUnpickler, map_slot
+from .worker_proc import ACK, ERROR, RESET, RESULT, STOP, TASK, HoldCtrlC, death_message, worker_loop
 
 
 def fallback_reason(loader) -> str | None:

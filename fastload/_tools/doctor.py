@@ -171,7 +171,7 @@ class _Session:
         self._undo.append(lambda: setattr(owner, name, original))
 
     def __enter__(self) -> "_Session":
-        from . import _loader
+        from .._front import loader as _loader
 
         session = self
         # torch's own class from fastload's bases, not the module attribute: code that swapped
@@ -326,8 +326,8 @@ def doctor(
 
 
 def _report(s: _Session, measure_workers: bool, budget_s: float) -> Report:
-    from ._dataset import Dataset as PackedDataset
-    from ._loader import DataLoader as FastLoader, fill_parts
+    from .._front.dataset import Dataset as PackedDataset
+    from .._front.loader import DataLoader as FastLoader, fill_parts
 
     r = Report(steps=s.steps, wait_s=s.wait_s, step_s=s.step_s, loaders=len(s.loaders))
     loop = s.wait_s + s.step_s
@@ -413,8 +413,8 @@ def _input_fix(loader: Any, rates: dict[int, float] | None) -> str:
     """What would feed the loop faster, read from the loader it waited on and what was measured of it: no advice
     the loop already follows (fastload.DataLoader on the fast path), no "more num_workers" where the measured
     counts show they do not help."""
-    from ._dataset import Dataset as PackedDataset
-    from ._loader import DataLoader as FastLoader
+    from .._front.dataset import Dataset as PackedDataset
+    from .._front.loader import DataLoader as FastLoader
 
     fixes: list[str] = []
     fast = isinstance(loader, FastLoader) and loader.fast_path
@@ -457,12 +457,12 @@ def _input_fix(loader: Any, rates: dict[int, float] | None) -> str:
 def _workers_finding(
     loader, where: str, budget_s: float, r: Report, rates_by: dict[str, dict[int, float]] | None = None
 ) -> Finding | None:
-    from ._autotune import candidates, measure
+    from .._front.autotune import candidates, measure
 
     counts = candidates(os.cpu_count() or 1)
     if loader.num_workers not in counts:
         counts = sorted(set(counts) | {loader.num_workers})
-    from ._loader import fill_parts
+    from .._front.loader import fill_parts
 
     rates = measure(*fill_parts(loader), counts, budget_s)
     if rates_by is not None:

@@ -1,9 +1,9 @@
 """What runs in a generic-path worker process (``worker_loop``), and the messages it and the main side
-(``_workers.py``) speak over their pipe; the protocol is described there.
+(``_generic/workers.py``) speak over their pipe; the protocol is described there.
 
 ``HoldCtrlC`` is here because both sides need it: the main side holds Ctrl-C back around a worker's start,
 and a worker forked inside that window puts the real handler back first. ``death_message`` and ``worker_start``
-are here because both pools of worker processes use them: the generic path's (``_workers.py``) and the per-sample
+are here because both pools of worker processes use them: the generic path's (``workers.py``) and the per-sample
 transforms' (``_augment/fallback_workers.py``), which imports nothing of the generic path's main side.
 """
 
@@ -24,7 +24,7 @@ from torch.utils.data import _utils as _tutils
 from torch.utils.data._utils import worker as _worker
 from torch.utils.data.dataloader import _DatasetKind
 
-from ._shm import Arena
+from .shm import Arena
 
 TASK, RESET, RESULT, ERROR, STOP, ACK = range(6)
 

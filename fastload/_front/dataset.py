@@ -10,24 +10,24 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
-from ._errors import DecodeError, FormatError, where
-from ._native import native
-from ._schema import Field, Schema
-from .fields import ReadContext, codec_of
-from .formats._layout import IMAGE_JPEG
-from .formats.reader import (
+from .._errors import DecodeError, FormatError, where
+from .._native import native
+from .._schema import Field, Schema
+from ..fields import ReadContext, codec_of
+from ..formats._layout import IMAGE_JPEG
+from ..formats.reader import (
     Located,
     PackedReader,
     local_segments,  # noqa: F401  (read_manifest: re-exported)
     read_manifest,
 )
-from .formats.remote import Remote, is_url, warn_local_options
-from ._augment.pipeline import reference as augment_reference
-from ._augment.masks import moved_mask
-from ._augment.mix import resolve_batch
-from . import _getitems_shm  # noqa: F401  (registers its rows in default_collate_fn_map before any copy of it)
-from ._field_transforms import check_lengths, check_sizes, resolve as resolve_transforms
-from ._sequences import PackSequences
+from ..formats.remote import Remote, is_url, warn_local_options
+from .._augment.pipeline import reference as augment_reference
+from .._augment.masks import moved_mask
+from .._augment.mix import resolve_batch
+from . import getitems_shm as _getitems_shm  # noqa: F401  (registers its rows in default_collate_fn_map before any copy of it)
+from .._transforms.fields import check_lengths, check_sizes, resolve as resolve_transforms
+from .._transforms.sequences import PackSequences
 
 
 class Dataset(torch.utils.data.Dataset):
@@ -51,9 +51,9 @@ class Dataset(torch.utils.data.Dataset):
         batch_transforms: Any = None,
     ):
         self._remote: Remote | None = None
-        self._lease = None  # fastload.open's lock on a folder's cached pack (_folder_cache.py), set after this
+        self._lease = None  # fastload.open's lock on a folder's cached pack (_front/folder_cache.py), set after this
         if is_url(path):
-            from .pack import parse_size
+            from ..pack import parse_size
 
             limit = None if cache_limit is None else parse_size(cache_limit)
             self._remote = Remote(
@@ -163,10 +163,10 @@ class Dataset(torch.utils.data.Dataset):
         torch's DataLoader calls this with each batch's indices (so do accelerate, Hugging Face's Trainer and
         anything built on torch's fetchers): a fastload dataset decodes natively under any loader. The items
         are ds[i]'s; random transforms draw one seed per call from torch's generator (in a DataLoader worker,
-        seeded by torch from the worker's seed). ``_getitems.py`` says what that means for reproducibility,
-        threads and forked workers; ``_getitems_shm.py`` how a worker's batch is collated into reused shared
+        seeded by torch from the worker's seed). ``_front/getitems.py`` says what that means for reproducibility,
+        threads and forked workers; ``_front/getitems_shm.py`` how a worker's batch is collated into reused shared
         memory (the items are then dict/tuple subclasses, equal to ds[i]'s)."""
-        from ._getitems import get_items
+        from .getitems import get_items
 
         return get_items(self, indices)
 
@@ -224,7 +224,7 @@ class Dataset(torch.utils.data.Dataset):
         state["_reader"] = None
         state["_finalizer"] = None
         state["_items"] = None  # __getitems__'s native pool and slots are this process's
-        state["_lease"] = None  # an open lock file (_folder_cache.py): the process that opened the dataset holds it
+        state["_lease"] = None  # an open lock file (folder_cache.py): the process that opened the dataset holds it
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -246,7 +246,7 @@ def _torchvision_habits(fn: Any) -> Any:
         try:
             sig.bind(*args, **kwargs)
         except TypeError:
-            from ._field_transforms import open_habit
+            from .._transforms.fields import open_habit
 
             unknown = {k: v for k, v in kwargs.items() if k not in sig.parameters}
             if len(args) > 1 or unknown:
@@ -284,7 +284,7 @@ def open(
     defaults, with a progress bar and one log line saying where) into ``<cache>/folders/`` (``<cache>``:
     ``cache_dir``, else ``$FASTLOAD_CACHE_DIR``, else ``~/.cache/fastload``), keyed by the folder's listing,
     sizes and mtimes: the next open of the unchanged folder reads that pack, a changed folder is packed
-    again, an interrupted pack resumes, and processes opening it at once pack it once (``_folder_cache.py``).
+    again, an interrupted pack resumes, and processes opening it at once pack it once (``_front/folder_cache.py``).
     Local Parquet files and WebDataset tar shards (a file, a folder, a glob, a brace pattern) are packed once
     the same way, keyed by their files' paths, sizes and mtimes.
     Any other path that holds no dataset raises the ``fastload pack`` command that packs it.
@@ -302,7 +302,7 @@ def open(
     """
     lease = None
     if not is_url(path):
-        from ._folder_cache import resolve
+        from .folder_cache import resolve
 
         packed, lease = resolve(Path(path), cache_dir)
         if lease is not None:  # cache_dir chose where the folder's pack lives: it is not a remote option here
@@ -326,7 +326,7 @@ def open(
 
 
 def leased(ds: Dataset, lease: Any) -> Dataset:
-    """``ds`` holding ``lease`` (the open lock file of a folder's cached pack, ``_folder_cache.py``) for as long
+    """``ds`` holding ``lease`` (the open lock file of a folder's cached pack, ``_front/folder_cache.py``) for as long
     as it lives: the pack is then never removed as stale while this dataset reads it. The lease is closed when
     the dataset is collected (not left to the file object's own collection: "unclosed file" warnings)."""
     ds._lease = lease

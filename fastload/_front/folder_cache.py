@@ -44,8 +44,8 @@ from typing import IO
 
 import xxhash
 
-from ._errors import FormatError, SourceError
-from .formats.reader import NotADataset, read_manifest
+from .._errors import FormatError, SourceError
+from ..formats.reader import NotADataset, read_manifest
 
 log = logging.getLogger("fastload")
 
@@ -73,7 +73,7 @@ def resolve(path: Path, cache_dir: str | os.PathLike | None) -> tuple[Path, IO |
         return path, None
     except NotADataset as e:
         reason = str(e)
-    from .sources import is_pattern, local_source
+    from ..sources import is_pattern, local_source
 
     if not path.exists() and not is_pattern(str(path)):
         raise FormatError(f"'{path}' does not exist") from None
@@ -122,7 +122,7 @@ def folder_key(source) -> str:
 
 def cached_pack(source, cache_dir: str | os.PathLike | None) -> tuple[Path, IO]:
     """``(pack path, lease)`` of an ImageFolder-like ``source`` (``fastload.DataLoader`` over torchvision's
-    ImageFolder packs the dataset's own sample list, ``_tvfolder.py``), packed once into the cache as above.
+    ImageFolder packs the dataset's own sample list, ``_front/tvfolder.py``), packed once into the cache as above.
     A source whose ``cache_variant`` is not None (a sample list other than the folder's own listing) keeps
     entries of its own: older entries of the same folder and variant are removed, the folder's others kept."""
     return _cached_pack(source, cache_root(cache_dir))
@@ -172,7 +172,7 @@ def _cached_pack(source, root: Path) -> tuple[Path, IO]:
 
 
 def _pack(source, folder: Path, entry: Path) -> None:
-    from .pack import pack
+    from ..pack import pack
 
     what = "image folder" if hasattr(source, "samples") else source.metadata.get("source", "source")
     log.warning(

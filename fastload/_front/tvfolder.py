@@ -2,7 +2,7 @@
 
 ``fastload.DataLoader(torchvision.datasets.ImageFolder(root, transform=...))`` -- a training script with one
 changed import -- reads the dataset's own sample list packed once into ``fastload.open``'s folder cache
-(``_folder_cache.py``), with the dataset's transform converted to fastload's (``torchvision_convert.py``):
+(``_front/folder_cache.py``), with the dataset's transform converted to fastload's (``torchvision_convert.py``):
 
 * the pack is made from the dataset's ``samples`` (path, class index), in their order, so packed sample ``i``
   is ``dataset[i]`` with the same label (samplers, ``Subset`` indices and ``targets`` agree), whatever chose
@@ -22,10 +22,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ._errors import FastloadError, SourceError
-from .fields import NotFastPath
-from ._schema import Field, Schema
-from .sources import ImageFolderSource
+from .._errors import FastloadError, SourceError
+from ..fields import NotFastPath
+from .._schema import Field, Schema
+from ..sources import ImageFolderSource
 
 TV_MODULE = "torchvision.datasets.folder"
 TIMM_MODULE = "timm.data.dataset"
@@ -184,8 +184,8 @@ def folder_dataset(dataset: Any, cache_dir: Any = None, fallback: bool = False) 
     root = getattr(dataset, "root", None) or getattr(getattr(dataset, "reader", None), "root", None)  # timm's: reader's
     root = os.fspath(root or os.path.dirname(samples[0][0]))
     samples = [(os.fspath(p), int(t)) for p, t in samples]
-    from ._dataset import Dataset, leased
-    from ._folder_cache import cached_pack
+    from .dataset import Dataset, leased
+    from .folder_cache import cached_pack
 
     try:
         source = _ListedFolder(root, samples, classes, _variant(root, samples))
@@ -203,7 +203,7 @@ def folder_dataset(dataset: Any, cache_dir: Any = None, fallback: bool = False) 
 def _check_pipeline(transform: Any, fallback: bool = False) -> None:
     """NotFastPath unless ``transform`` converts whole to fastload's native pipeline (no per-sample fallback, unless
     ``fallback``) with one output size (the fast path batches)."""
-    from .transforms import ImagePipeline
+    from ..transforms import ImagePipeline
 
     try:
         pipe = ImagePipeline(transform)

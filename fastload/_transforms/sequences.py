@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ._schema import Field, Schema
+from .._schema import Field, Schema
 
 
 class _Sequence:

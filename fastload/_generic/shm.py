@@ -34,7 +34,7 @@ import pickle
 import torch
 from torch.utils.data._utils import collate as _collate
 
-from ._ring import use_count  # noqa: F401  (re-exported for the tests)
+from .._ring import use_count  # noqa: F401  (re-exported for the tests)
 
 ALIGN = 64  # byte alignment of every tensor in a slot
 WORKER, PENDING, LENT = range(3)  # who owns a slot, as the main process sees it

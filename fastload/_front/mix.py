@@ -22,12 +22,12 @@ from typing import Any
 
 import numpy as np
 
-from ._dataset import Dataset
-from ._schema import Schema
-from ._augment.mix import resolve_batch
-from ._sequences import Pad
-from .fast.mixing import Mixing
-from .formats.reader import joined
+from .dataset import Dataset
+from .._schema import Schema
+from .._augment.mix import resolve_batch
+from .._transforms.sequences import Pad
+from ..fast.mixing import Mixing
+from ..formats.reader import joined
 
 
 class Mixed(Dataset):

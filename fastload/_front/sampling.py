@@ -37,8 +37,8 @@ import torch
 from torch.utils.data import BatchSampler, DistributedSampler, RandomSampler, SequentialSampler
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
-from ._draws import BatchDraws
-from .fast.order import BATCH_STREAM, KINDS, seed_key
+from .._draws import BatchDraws
+from ..fast.order import BATCH_STREAM, KINDS, seed_key
 
 STATE_VERSION = 1
 

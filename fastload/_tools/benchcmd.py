@@ -18,7 +18,7 @@ PRESETS = ("train", "val", "none")
 
 
 def preset_transforms(name: str, schema, size: int) -> dict:
-    from . import transforms as T
+    from .. import transforms as T
 
     if name not in PRESETS:
         raise ValueError(f"transforms preset {name!r} should be one of {', '.join(PRESETS)}")
@@ -41,12 +41,12 @@ def run(
     seconds: float = 1.0,
     storage_options: dict | None = None,
 ) -> dict:
-    from ._autotune import choose, measure
-    from ._batcher import Batcher
-    from .fields import NotFastPath
-    from ._dataset import Dataset
-    from ._native import native
-    from .fast.order import Order
+    from .._front.autotune import choose, measure
+    from .._fill.batcher import Batcher
+    from ..fields import NotFastPath
+    from .._front.dataset import Dataset
+    from .._native import native
+    from ..fast.order import Order
 
     plain = Dataset(path, storage_options=storage_options)  # a folder or a URL, with fastload.open's errors
     schema = plain.schema

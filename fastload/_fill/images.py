@@ -28,14 +28,14 @@ from typing import Any
 
 import torch
 
-from . import _ring, decoders
-from ._augment.fallback_workers import FallbackRunner
-from ._errors import where
-from ._ring import warn_once
-from ._schema import Field
-from .decoders._base import DecoderContext, ImageSources, host_rows_refusal
-from .decoders._staging import Uploads
-from .decoders.native import NativeDecoder
+from .. import _ring, decoders
+from .._augment.fallback_workers import FallbackRunner
+from .._errors import where
+from .._ring import warn_once
+from .._schema import Field
+from ..decoders._base import DecoderContext, ImageSources, host_rows_refusal
+from ..decoders._staging import Uploads
+from ..decoders.native import NativeDecoder
 
 
 class ImageDecoding:

@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 import torch
 
-from ._native import native
+from .._native import native
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 

@@ -4,7 +4,7 @@
   when it cannot (``NotFastPath``);
 * the warning when a fastload.Dataset that could take the fast path is refused it (``FastPathWarning``,
   once per loader, never silently);
-* a torchvision ImageFolder / DatasetFolder (timm's ImageDataset) over its cached pack (``_tvfolder.py``): said
+* a torchvision ImageFolder / DatasetFolder (timm's ImageDataset) over its cached pack (``_front/tvfolder.py``): said
   once when it takes the fast path, and when it cannot, the reason (``FastPathWarning`` both);
 * torch's own warnings that the fast path must give too (``pin_memory`` without an accelerator);
 * the batch memory format, a declared choice (``memory_format=``).
@@ -20,8 +20,8 @@ import torch
 from torch.utils.data import BatchSampler
 from torch.utils.data._utils.collate import default_collate
 
-from .fields import NotFastPath
-from ._errors import FastPathWarning
+from ..fields import NotFastPath
+from .._errors import FastPathWarning
 
 MEMORY_FORMATS = (torch.channels_last, torch.contiguous_format)
 

@@ -22,10 +22,10 @@ from typing import Any
 
 import numpy as np
 
-from ._schema import Schema
-from ._sequences import Bucket, PackSequences, Pad, is_sequence_transform
-from ._tensor_transforms import Normalize
-from .transforms import _SUPPORTED, ImagePipeline, _type_name
+from .._schema import Schema
+from .sequences import Bucket, PackSequences, Pad, is_sequence_transform
+from .tensor import Normalize
+from ..transforms import _SUPPORTED, ImagePipeline, _type_name
 
 IMAGE_CHANNELS = 3  # every image field decodes to RGB (3, H, W)
 _EXAMPLE = "transforms={'image': [T.RandomResizedCrop(224), T.RandomHorizontalFlip()]}"
@@ -128,7 +128,7 @@ def check_sizes(dataset: Any) -> None:
 def _check_masks(dataset: Any) -> None:
     """A mask field that follows its image's transforms must have its image's size in every sample (each
     batch refuses one that does not: said here, for all of them)."""
-    from .fields.mask import follows
+    from ..fields.mask import follows
 
     for field in dataset.schema:
         if field.kind != "mask":
@@ -201,8 +201,8 @@ def open_habit(path: Any, extra_args: tuple, unknown: dict, accepted: list[str])
     keyword; it says what to write, naming the dataset's image fields when its manifest can be read."""
     images: list[str] = []
     try:
-        from .formats.reader import read_manifest
-        from .formats.remote import is_url
+        from ..formats.reader import read_manifest
+        from ..formats.remote import is_url
         from pathlib import Path
 
         if not is_url(path):

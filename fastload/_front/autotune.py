@@ -18,7 +18,7 @@ import time
 import warnings
 from pathlib import Path
 
-from ._version import __version__
+from .._version import __version__
 
 
 def cache_path() -> Path:
@@ -58,7 +58,7 @@ def candidates(cpus: int) -> list[int]:
 
 def measure(batcher, order, threads: list[int], budget_s: float) -> dict[int, float]:
     """samples/s of ``batcher`` filling batches of ``order`` (epoch 0) with each thread count."""
-    from ._native import native
+    from .._native import native
 
     slot = batcher.new_slot()
     batches = list(order.batches(0, 0))

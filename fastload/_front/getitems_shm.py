@@ -48,9 +48,9 @@ from typing import Any
 import torch
 from torch.utils.data._utils.collate import collate, default_collate_fn_map
 
-from ._errors import FastPathWarning
-from ._native import native
-from ._ring import Slot
+from .._errors import FastPathWarning
+from .._native import native
+from .._ring import Slot
 
 #: buffers per batch shape in one worker: torch keeps prefetch_factor (2) batches per worker in flight,
 #: the caller holds one, the pin-memory thread may hold one more

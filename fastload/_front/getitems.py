@@ -47,13 +47,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._batcher import Batcher
-from .fields import NotFastPath
-from ._errors import FastloadError, FastPathWarning
-from ._getitems_shm import SharedBatches, items as shared_items
-from ._ring import SlotRing
-from ._sequences import PackSequences
-from .fast.collate import Collator
+from .._fill.batcher import Batcher
+from ..fields import NotFastPath
+from .._errors import FastloadError, FastPathWarning
+from .getitems_shm import SharedBatches, items as shared_items
+from .._ring import SlotRing
+from .._transforms.sequences import PackSequences
+from ..fast.collate import Collator
 
 
 _INHERITED: list = []  # in a forked child: batchers made by the parent, kept here for good (BatchItems.__del__)

@@ -1,12 +1,12 @@
 """``fastload.DataLoader``: torch's DataLoader signature and semantics, fastload's speed.
 
 Fast path (a ``fastload.Dataset`` whose samples batch to fixed shapes): the Order picks each batch's
-indices (or the user's sampler does, ``_sampling.py``), the Batcher fills a preallocated slot in one
+indices (or the user's sampler does, ``_front/sampling.py``), the Batcher fills a preallocated slot in one
 native call with the GIL released, and a producer thread keeps ``prefetch_factor`` batches ready while
 the training step runs. Anything else (any other Dataset, a custom ``collate_fn``, a batch sampler that
 is not a torch ``BatchSampler``) takes the generic path: with ``num_workers > 0``, worker processes
-collate into shared-memory slots (``_workers.py``); with 0, torch's own single-process iterator. A
-fastload.Dataset refused the fast path says so once (``FastPathWarning``, ``_dropin.py``).
+collate into shared-memory slots (``_generic/workers.py``); with 0, torch's own single-process iterator. A
+fastload.Dataset refused the fast path says so once (``FastPathWarning``, ``_front/dropin.py``).
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ import torch
 from torch.utils.data import IterableDataset
 from torch.utils.data.dataloader import _BaseDataLoaderIter, _DatasetKind
 
-from ._batcher import Batcher
-from .fields import NotFastPath
-from ._dataset import Dataset as PackedDataset
-from ._mix import Mixed
-from ._getitems import batch_decodable
-from ._dropin import (
+from .._fill.batcher import Batcher
+from ..fields import NotFastPath
+from .dataset import Dataset as PackedDataset
+from .mix import Mixed
+from .getitems import batch_decodable
+from .dropin import (
     check_batch_sampler,
     check_collate,
     check_folder_worker_init_fn,
@@ -38,15 +38,15 @@ from ._dropin import (
     warn_pin_memory,
     warn_refused,
 )
-from .fast.device import DevicePrefetcher, DeviceRing, check_device
-from ._ring import SlotRing
-from ._stats import LoaderStats
-from .fast.collate import Collator
-from .fast.chain import RELOADED, fast_iterator, for_rank, order_for, replaceable
-from .fast.producer import FillPolicy
-from .fast.order import Order, as_int, default_seed, dist_info
-from .fast.position import Progress, loader_guard
-from ._sampling import (
+from ..fast.device import DevicePrefetcher, DeviceRing, check_device
+from .._ring import SlotRing
+from .stats import LoaderStats
+from ..fast.collate import Collator
+from ..fast.chain import RELOADED, fast_iterator, for_rank, order_for, replaceable
+from ..fast.producer import FillPolicy
+from ..fast.order import Order, as_int, default_seed, dist_info
+from ..fast.position import Progress, loader_guard
+from .sampling import (
     Counted,
     EpochInput,
     EpochRandomSampler,
@@ -62,9 +62,9 @@ from ._sampling import (
     load_generic_state,
     slot_batch_size,
 )
-from ._sequences import PackSequences
-from ._tvfolder import folder_dataset, kind_of as folder_kind
-from ._workers import WorkerIterator, fallback_reason
+from .._transforms.sequences import PackSequences
+from .tvfolder import folder_dataset, kind_of as folder_kind
+from .._generic.workers import WorkerIterator, fallback_reason
 
 T_co = TypeVar("T_co", covariant=True)
 
@@ -80,19 +80,19 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     ('native'; 'dali': NVIDIA DALI executes the same plans, on the GPU with ``device='cuda'``, else in
     its CPU-only mode; 'nvjpeg': torchvision's GPU decoder, needs ``device='cuda'``; 'auto': with
     ``device='cuda'`` and DALI or torchvision installed, CPU threads and the GPU decoder share each batch
-    in the ratio of their measured rates, else 'native'; see ``_images.py``), ``memory_format``
+    in the ratio of their measured rates, else 'native'; see ``_fill/images.py``), ``memory_format``
     (image batches: ``torch.channels_last``, the default, is the decoder's layout at no cost;
     ``torch.contiguous_format`` copies each batch to torch's default layout, where ``.view(B, -1)`` works),
     ``split`` ('samples': ranks take strided samples like DistributedSampler; 'shards': each rank reads
     only its own shards; default 'shards' for a remote dataset with world_size > 1, see ``fast/order.py``).
 
     A ``sampler`` (``DistributedSampler``, ``RandomSampler``, ...) or a torch ``BatchSampler`` keeps the fast
-    path: the sampler owns the order (``_sampling.py`` says what that means for determinism and resume).
+    path: the sampler owns the order (``_front/sampling.py`` says what that means for determinism and resume).
     ``collate_fn=default_collate`` is torch's default, not a custom collate. ``worker_init_fn`` is refused on
     the fast path (there are no worker processes; Lightning's seeding function is accepted and not needed).
 
     On the fast path ``num_workers`` is the number of native decode threads (0 decodes in the calling
-    thread; ``"auto"`` measures the best count once per dataset and machine, see ``_autotune.py``);
+    thread; ``"auto"`` measures the best count once per dataset and machine, see ``_front/autotune.py``);
     batches depend only on (seed, epoch, rank, world size), never on ``num_workers``.
 
     Off the fast path, ``seed``, ``order``, ``rank``/``world_size`` (or torch.distributed's, with more than
@@ -128,7 +128,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     fast_path_reason = "built by torch.utils.data.DataLoader.__init__, not fastload.DataLoader's"
     _order = None
     _sampled = None
-    _packed = None  # a torchvision/timm folder dataset's pack, which the fast path reads (_tvfolder.py)
+    _packed = None  # a torchvision/timm folder dataset's pack, which the fast path reads (_front/tvfolder.py)
     _user_sampler = False
     _next_epoch = 0
     _resume_at = 0
@@ -307,7 +307,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
                 dataset, batch_size, kind, self.seed, r, w, drop_last=drop_last, window=window, split=split
             )
         if auto and self._order is not None:
-            from ._autotune import autotune
+            from .autotune import autotune
 
             self.num_workers = autotune(self._batcher, self._order, dataset, batch_size)
             self._batcher.num_threads = self.num_workers
@@ -395,7 +395,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     def _fast_path(self, dataset, batch_size, batch_sampler, collate_fn) -> int:
         """The number of samples a slot holds; raises NotFastPath with the reason when there is no fast path.
         A torchvision/timm folder dataset is packed (once) and its transform converted last, after the checks
-        that need neither (``_tvfolder.py``); the fast path then reads ``_packed``."""
+        that need neither (``_front/tvfolder.py``); the fast path then reads ``_packed``."""
         folder = folder_kind(dataset) is not None
         if not folder and not isinstance(dataset, PackedDataset):
             raise NotFastPath("the dataset is not a fastload.Dataset (fastload.open)")
@@ -473,7 +473,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         """Where the loader is: restoring it yields exactly the batches that would have come next.
 
         With a sampler driving the order (and on the generic path) the state is a position in the
-        sampler's order (see ``_sampling.py``); Lightning and accelerate's ``save_state`` call this. From another
+        sampler's order (see ``_front/sampling.py``); Lightning and accelerate's ``save_state`` call this. From another
         thread during an iteration: the position between two batches (a ``next()`` in flight finishes first)."""
         with self._guard:
             return self._state_dict()
@@ -649,7 +649,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             self._ring = SlotRing(self._batcher.new_slot)
             # its CPU ToDtype/Normalize and mix buffers: like the slots, made once, not per iteration
             self._collator = Collator.for_batcher(self._batcher)
-        self._batcher.images.fallback_timeout = self.timeout  # per-sample transform workers' answers (_images.py)
+        self._batcher.images.fallback_timeout = self.timeout  # per-sample transform workers' answers (_fill/images.py)
         ds = self._fast_dataset
         image_keys = (
             []
@@ -702,7 +702,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             raise
 
     def _get_iterator(self):
-        """The generic path's iterator: worker processes writing into shared-memory slots (``_workers.py``),
+        """The generic path's iterator: worker processes writing into shared-memory slots (``_generic/workers.py``),
         or torch's own where those cannot run (``fallback_reason``: no workers, pin_memory, DataPipes)."""
         if self._batcher is None and fallback_reason(self) is None:
             return WorkerIterator(self)
