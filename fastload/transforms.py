@@ -807,10 +807,12 @@ class ImagePipeline:
         return [t.describe() for t in self.transforms + self.augment + self.fallback + self.after]
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, ImagePipeline) and (self.transforms, self.augment, self.fallback, self.after) == (
+        mine = (self.transforms, self.augment, self.fallback, self.tensor, self.after)
+        return isinstance(other, ImagePipeline) and mine == (
             other.transforms,
             other.augment,
             other.fallback,
+            other.tensor,
             other.after,
         )
 

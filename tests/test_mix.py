@@ -258,6 +258,13 @@ def test_what_cannot_mix_is_refused_at_construction_by_name(packed):
     other = fastload.open(packed["b"], transforms={"image": [T.Resize((20, 20))]})
     with pytest.raises(ValueError, match=r"dataset 'b' transforms\['image'\] are .*same transforms for field 'image'"):
         fastload.mix({"a": a, "b": other})
+    def normalized(mean):  # the same pipeline up to Normalize: each dataset's batches must get its own
+        return fastload.open(packed["b"], transforms={"image": [*FIXED["image"], T.ToDtype(torch.float32, scale=True),
+                                                               T.Normalize(mean, [0.5] * 3)]})
+
+    fastload.mix({"b": normalized([0.5] * 3), "c": normalized([0.5] * 3)})
+    with pytest.raises(ValueError, match=r"dataset 'c' transforms\['image'\] are .*same transforms for field 'image'"):
+        fastload.mix({"b": normalized([0.5] * 3), "c": normalized([0.4] * 3)})
     with pytest.raises(ValueError, match="dataset 'b' was opened with as_dict=True"):
         fastload.mix({"a": a, "b": fastload.open(packed["b"], transforms=FIXED, as_dict=True)})
     with pytest.raises(ValueError, match="renames field 'img', which dataset 'b' does not have"):

@@ -23,7 +23,13 @@ _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 class TensorTransform:
-    """Base of the transforms that run on whole batches on their device."""
+    """Base of the transforms that run on whole batches on their device; equal when their settings are."""
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and vars(other) == vars(self)
+
+    def __hash__(self) -> int:
+        return hash(repr(self))
 
 
 class ToDtype(TensorTransform):
@@ -97,6 +103,11 @@ def _current_stream(device: torch.device) -> Any:
 
 class TensorPipeline:
     """ToDtype/Normalize folded into ``out = convert(x) * a + b`` with per-channel ``a``, ``b``."""
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, TensorPipeline) and other.transforms == self.transforms
+
+    __hash__ = None  # type: ignore[assignment]
 
     def __init__(self, transforms: Sequence[TensorTransform]):
         self.transforms = tuple(transforms)
