@@ -168,7 +168,10 @@ def require_fast_path(recipe: Recipe) -> None:
     """Raise unless fastload converts every object of ``recipe`` to its native engine (no per-sample fallback):
     the fidelity comparison is torch running the objects per sample against fastload's native engine."""
     for split, objects in (("train", recipe.train), ("val", recipe.val)):
-        pipe = T.ImagePipeline(objects)
+        try:
+            pipe = T.ImagePipeline(objects)
+        except (TypeError, ValueError) as e:
+            raise SystemExit(f"--recipe {recipe.name}: fastload refuses the {split} recipe: {e}") from None
         slow = list(pipe.fallback) + list(pipe.after)
         if slow:
             reasons = "; ".join(getattr(t, "reason", repr(t)) for t in slow)
