@@ -92,20 +92,23 @@ def test_both_loaders_get_the_same_library_objects_and_fastload_runs_them_native
     assert float((tv_images - fl_images).abs().mean()) < 4 / 255 / 0.225
 
 
-@pytest.mark.parametrize(
-    ("options", "says"),
-    [
-        ({"re_prob": 0.25, "re_mode": "pixel"}, "per sample, not on its native engine.*mode='pixel'"),
-        ({"interpolation": "random"}, "fastload refuses the train recipe.*interpolation='random'"),
-    ],
-)
-def test_a_recipe_fastload_would_not_run_natively_is_refused(splits, timm_data, options, says) -> None:
+def test_a_recipe_fastload_would_run_per_sample_is_refused(splits, timm_data) -> None:
     """The comparison is torch vs fastload's native engine: a recipe with a per-sample fallback (timm's erasing
-    with normal noise) or one fastload refuses (timm's random interpolation) is an error with the reason."""
+    with normal noise in normalized units) is an error with the reason."""
     train, _ = splits
-    slow = timm_data.create_transform(32, is_training=True, **options)
-    with pytest.raises(SystemExit, match=says):
+    slow = timm_data.create_transform(32, is_training=True, re_prob=0.25, re_mode="pixel")
+    with pytest.raises(SystemExit, match="per sample, not on its native engine.*mode='pixel'"):
         train.require_fast_path(train.Recipe("timm", slow, timm_data.create_transform(32)))
+
+
+def test_a_recipe_fastload_refuses_is_reported_with_its_reason(splits) -> None:
+    """A recipe fastload refuses at build (a Lambda before the crop) ends the script with fastload's reason."""
+    import torchvision.transforms as tv1
+
+    train, _ = splits
+    refused = tv1.Compose([tv1.Lambda(lambda im: im), tv1.RandomResizedCrop(32), tv1.ToTensor()])
+    with pytest.raises(SystemExit, match="fastload refuses the train recipe: .*comes after Lambda"):
+        train.require_fast_path(train.Recipe("torchvision", refused, refused))
 
 
 def test_main_trains_both_loaders_with_the_timm_recipe(splits, tmp_path: Path) -> None:
