@@ -39,6 +39,25 @@ first, with the share of it spent waiting for the next batch.
     python examples/train.py --seeds 0,1,2                  # both loaders per seed, summary table
     python examples/train.py --seeds 0,1,2 --augment        # the same with TrivialAugmentWide + RandomErasing
 
+``--recipe torchvision|torchvision-v2|timm`` trains with a recipe built by that library's OWN objects instead
+(needs torchvision, and timm for ``timm``), and passes the same objects to both loaders: ``--loader torch``
+reads ``torchvision.datasets.ImageFolder(folder, transform=recipe)`` with torch's DataLoader (the objects run
+per sample on PIL images, as in torchvision's and timm's training scripts), ``--loader fastload`` reads
+``fastload.open(packed, transforms={"image": recipe})``, which converts them to its native engine; a recipe
+that would leave fastload's fast path (a per-sample fallback, a ``FastPathWarning``) is an error here, since the
+comparison is then not the one asked. The recipes (``library_recipe``), at ``--image-size`` S:
+
+- ``torchvision``: ``Compose([RandomResizedCrop(S), RandomHorizontalFlip(), ToTensor(), Normalize(...)])``;
+- ``torchvision-v2``: torchvision's new recipe, ``v2.Compose([RandomResizedCrop(S), RandomHorizontalFlip(),
+  TrivialAugmentWide(), PILToTensor(), ToDtype(float32, scale=True), Normalize(...), RandomErasing(0.1)])``;
+- ``timm``: ``timm.data.create_transform(S, is_training=True, re_prob=0.25)`` (timm's crop, flip,
+  ColorJitter(0.4), ToTensor, Normalize, RandomErasing(mode='const'));
+
+validation: ``Compose([Resize(S / 0.875), CenterCrop(S), ToTensor(), Normalize(...)])`` for torchvision,
+``timm.data.create_transform(S)`` for timm. Both loaders then yield normalized float images.
+
+    python examples/train.py --seeds 0,1,2,3,4 --recipe timm
+
 ``--out`` (default ``bench/data/train_example``, git-ignored) holds the photo folders, the packed
 datasets and ``results.csv`` (one row per run). ``--train-folder``/``--val-folder`` use existing
 ImageFolder trees instead of building the photo dataset (the smoke test does this).
@@ -54,8 +73,10 @@ import os
 import statistics
 import sys
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -72,6 +93,92 @@ DEFAULT_OUT = ROOT / "bench" / "data" / "train_example"
 # ImageNet statistics, on the 0..255 scale, shaped to broadcast over NCHW.
 MEAN = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1) * 255
 STD = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1) * 255
+
+
+RECIPES = ("fastload", "torchvision", "torchvision-v2", "timm")
+IMAGENET_MEAN, IMAGENET_STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A recipe built by torchvision's or timm's own objects: the same ``train`` and ``val`` objects go to both
+    loaders."""
+
+    name: str
+    train: Any
+    val: Any
+
+
+def library_recipe(name: str, size: int) -> Recipe:
+    """``--recipe``'s objects, built as the library's training scripts build them (see the module docstring)."""
+    try:
+        import torchvision.transforms as tv1
+        from torchvision.transforms import v2
+    except ImportError as e:
+        raise SystemExit(
+            f"--recipe {name} builds torchvision's own transform objects, but torchvision does not import here "
+            f"({e}); install torchvision (and timm for --recipe timm), or use --recipe fastload"
+        ) from None
+    val = tv1.Compose(
+        [
+            tv1.Resize(round(size / 0.875)),
+            tv1.CenterCrop(size),
+            tv1.ToTensor(),
+            tv1.Normalize(IMAGENET_MEAN, IMAGENET_STD),
+        ]
+    )
+    if name == "torchvision":
+        train = tv1.Compose(
+            [
+                tv1.RandomResizedCrop(size),
+                tv1.RandomHorizontalFlip(),
+                tv1.ToTensor(),
+                tv1.Normalize(IMAGENET_MEAN, IMAGENET_STD),
+            ]
+        )
+        return Recipe(name, train, val)
+    if name == "torchvision-v2":
+        train = v2.Compose(
+            [
+                v2.RandomResizedCrop(size),
+                v2.RandomHorizontalFlip(),
+                v2.TrivialAugmentWide(),
+                v2.PILToTensor(),
+                v2.ToDtype(torch.float32, scale=True),
+                v2.Normalize(IMAGENET_MEAN, IMAGENET_STD),
+                v2.RandomErasing(0.1),
+            ]
+        )
+        return Recipe(name, train, val)
+    if name == "timm":
+        try:
+            import timm.data
+        except ImportError as e:
+            raise SystemExit(
+                f"--recipe timm builds timm's own transform objects, but timm does not import here ({e}); "
+                f"install timm, or use --recipe torchvision"
+            ) from None
+        return Recipe(
+            name, timm.data.create_transform(size, is_training=True, re_prob=0.25), timm.data.create_transform(size)
+        )
+    raise ValueError(f"recipe={name!r} should be one of {RECIPES[1:]} (or 'fastload': fastload's own transforms)")
+
+
+def require_fast_path(recipe: Recipe) -> None:
+    """Raise unless fastload converts every object of ``recipe`` to its native engine (no per-sample fallback):
+    the fidelity comparison is torch running the objects per sample against fastload's native engine."""
+    for split, objects in (("train", recipe.train), ("val", recipe.val)):
+        try:
+            pipe = T.ImagePipeline(objects)
+        except (TypeError, ValueError) as e:
+            raise SystemExit(f"--recipe {recipe.name}: fastload refuses the {split} recipe: {e}") from None
+        slow = list(pipe.fallback) + list(pipe.after)
+        if slow:
+            reasons = "; ".join(getattr(t, "reason", repr(t)) for t in slow)
+            raise SystemExit(
+                f"--recipe {recipe.name}: fastload would run part of the {split} recipe per sample, not on its "
+                f"native engine ({reasons}), so the comparison would not be torch vs fastload's engine"
+            )
 
 
 def augment_transforms() -> list:
@@ -182,9 +289,21 @@ class PilImageFolder(torch.utils.data.Dataset):
         return torch.from_numpy(np.array(out)).permute(2, 0, 1), self.labels[i]
 
 
-def make_loaders(kind: str, splits: Splits, size: int, batch_size: int, workers: int, seed: int, augment: bool = False):
-    """(train loader, validation loader) of one kind; both yield uint8 (B, 3, size, size) and int64 labels.
-    ``augment``: the training split also gets ``augment_transforms()``."""
+def make_loaders(
+    kind: str,
+    splits: Splits,
+    size: int,
+    batch_size: int,
+    workers: int,
+    seed: int,
+    augment: bool = False,
+    recipe: Recipe | None = None,
+):
+    """(train loader, validation loader) of one kind; both yield (B, 3, size, size) images and int64 labels:
+    uint8 with fastload's own transforms (``augment``: the training split also gets ``augment_transforms()``),
+    normalized float32 with a library ``recipe``, whose objects both kinds are given unchanged."""
+    if recipe is not None:
+        return _recipe_loaders(kind, splits, batch_size, workers, seed, recipe)
     if kind == "fastload":
         train = fastload.open(splits.train_packed, transforms={"image": train_transforms(size, augment)})
         val = fastload.open(splits.val_packed, transforms={"image": val_transforms(size)})
@@ -223,6 +342,52 @@ def make_loaders(kind: str, splits: Splits, size: int, batch_size: int, workers:
     raise ValueError(f"loader={kind!r} should be 'torch' or 'fastload'")
 
 
+def _recipe_loaders(kind: str, splits: Splits, batch_size: int, workers: int, seed: int, recipe: Recipe):
+    """``make_loaders`` with a library recipe: torchvision's ImageFolder + torch's DataLoader running the objects
+    per sample, or fastload converting the same objects."""
+    if kind == "fastload":
+        require_fast_path(recipe)
+        train = fastload.open(splits.train_packed, transforms={"image": recipe.train})
+        val = fastload.open(splits.val_packed, transforms={"image": recipe.val})
+        if list(train.classes) != splits.classes:
+            raise ValueError(
+                f"{splits.train_packed} has classes {train.classes}, the folder {splits.classes}: "
+                f"repack it (delete {splits.train_packed})"
+            )
+        return (
+            fastload.DataLoader(
+                train, batch_size=batch_size, shuffle=True, num_workers=workers, drop_last=True, seed=seed
+            ),
+            fastload.DataLoader(val, batch_size=batch_size, shuffle=False, num_workers=workers),
+        )
+    if kind == "torch":
+        from torchvision.datasets import ImageFolder
+
+        extra = {"persistent_workers": True} if workers > 0 else {}
+        train_set = ImageFolder(str(splits.train_folder), transform=recipe.train)
+        if list(train_set.classes) != splits.classes:
+            raise ValueError(f"{splits.train_folder}: ImageFolder's classes {train_set.classes}, ours {splits.classes}")
+        return (
+            torch.utils.data.DataLoader(
+                train_set,
+                batch_size=batch_size,
+                shuffle=True,
+                num_workers=workers,
+                drop_last=True,
+                generator=torch.Generator().manual_seed(seed),
+                **extra,
+            ),
+            torch.utils.data.DataLoader(
+                ImageFolder(str(splits.val_folder), transform=recipe.val),
+                batch_size=batch_size,
+                shuffle=False,
+                num_workers=workers,
+                **extra,
+            ),
+        )
+    raise ValueError(f"loader={kind!r} should be 'torch' or 'fastload'")
+
+
 # ---------------------------------------------------------------------------------------- model
 
 
@@ -250,7 +415,10 @@ class SmallCNN(nn.Module):
 
 
 def to_input(images: torch.Tensor) -> torch.Tensor:
-    """uint8 (B, 3, H, W) -> normalized float32, channels_last."""
+    """uint8 (B, 3, H, W) -> normalized float32, channels_last; float images (a library recipe's, normalized by
+    its ``Normalize``) only change layout."""
+    if images.is_floating_point():
+        return images.contiguous(memory_format=torch.channels_last)
     x = images.to(memory_format=torch.channels_last).float()
     return x.sub_(MEAN).div_(STD)
 
@@ -268,6 +436,7 @@ class RunResult:
     data_wait: float  # share of that training time spent waiting for batches
     seconds: float  # the whole run, validation included
     epoch_img_per_s: list[float] = field(default_factory=list)
+    recipe: str = "fastload"
 
 
 def evaluate(model: nn.Module, loader) -> float:
@@ -280,11 +449,23 @@ def evaluate(model: nn.Module, loader) -> float:
     return correct / max(total, 1)
 
 
-def train_run(kind: str, seed: int, splits: Splits, args: argparse.Namespace) -> RunResult:
+def train_run(
+    kind: str, seed: int, splits: Splits, args: argparse.Namespace, recipe: Recipe | None = None
+) -> RunResult:
+    """One training run. With a library ``recipe``, fastload leaving its fast path is an error (a
+    ``FastPathWarning`` raised), not a warning: the run would no longer compare what it says it compares."""
+    if recipe is None or kind != "fastload":
+        return _train_run(kind, seed, splits, args, recipe)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", fastload.FastPathWarning)
+        return _train_run(kind, seed, splits, args, recipe)
+
+
+def _train_run(kind: str, seed: int, splits: Splits, args: argparse.Namespace, recipe: Recipe | None) -> RunResult:
     torch.manual_seed(seed)
     model = SmallCNN(len(splits.classes)).to(memory_format=torch.channels_last)
     train_loader, val_loader = make_loaders(
-        kind, splits, args.image_size, args.batch_size, args.workers, seed, args.augment
+        kind, splits, args.image_size, args.batch_size, args.workers, seed, args.augment, recipe
     )
     steps = len(train_loader) * args.epochs
     if steps == 0:
@@ -295,7 +476,8 @@ def train_run(kind: str, seed: int, splits: Splits, args: argparse.Namespace) ->
     print(
         f"-- {kind} loader, seed {seed}: {len(train_loader.dataset)} train / {len(val_loader.dataset)} val "
         f"images, {len(splits.classes)} classes, {args.image_size}px, batch {args.batch_size}, "
-        f"{args.workers} workers{', TrivialAugmentWide + RandomErasing(0.25)' if args.augment else ''}",
+        f"{args.workers} workers{', TrivialAugmentWide + RandomErasing(0.25)' if args.augment else ''}"
+        f"{f', recipe: {recipe.name} own objects' if recipe is not None else ''}",
         flush=True,
     )
     start = time.perf_counter()
@@ -334,7 +516,15 @@ def train_run(kind: str, seed: int, splits: Splits, args: argparse.Namespace) ->
     steady = slice(1, None) if args.epochs > 1 else slice(None)  # the first epoch starts workers
     rate = sum(images_seen[steady]) / sum(walls[steady])
     result = RunResult(
-        kind, seed, args.epochs, acc, rate, sum(waits[steady]) / sum(walls[steady]), time.perf_counter() - start, rates
+        kind,
+        seed,
+        args.epochs,
+        acc,
+        rate,
+        sum(waits[steady]) / sum(walls[steady]),
+        time.perf_counter() - start,
+        rates,
+        recipe.name if recipe is not None else "fastload",
     )
     print(f"  final val accuracy {100 * acc:.1f}%  ({kind}, seed {seed}; train {rate:.0f} img/s)", flush=True)
     return result
@@ -345,6 +535,26 @@ def train_run(kind: str, seed: int, splits: Splits, args: argparse.Namespace) ->
 
 def _mean_std(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def welch(a: list[float], b: list[float]) -> tuple[float, float, float]:
+    """Welch's t-test of ``b``'s mean against ``a``'s: (t, degrees of freedom, two-sided p)."""
+    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
+    if va + vb == 0:
+        return (0.0 if statistics.fmean(a) == statistics.fmean(b) else math.inf), math.nan, math.nan
+    t = (statistics.fmean(b) - statistics.fmean(a)) / math.sqrt(va + vb)
+    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+    return t, df, _t_two_sided(abs(t), df)
+
+
+def _t_two_sided(t: float, df: float, steps: int = 4000) -> float:
+    """P(|T| >= t) for Student's t with ``df`` degrees of freedom: 1 - the density's integral over [-t, t]
+    (Simpson's rule; the standard library has no t distribution and the example needs no scipy)."""
+    c = math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(df * math.pi)
+    h = t / steps
+    ys = [c * (1 + (i * h) ** 2 / df) ** (-(df + 1) / 2) for i in range(steps + 1)]
+    area = h / 3 * (ys[0] + ys[-1] + 4 * sum(ys[1:-1:2]) + 2 * sum(ys[2:-1:2]))
+    return max(0.0, 1 - 2 * area)
 
 
 def summary_table(results: list[RunResult]) -> str:
@@ -376,6 +586,10 @@ def summary_table(results: list[RunResult]) -> str:
             f"throughput fastload / torch: {rate['fastload'] / rate['torch']:.2f}x; "
             f"accuracy fastload - torch: {dm:+.1f} points (per-seed differences: std {ds:.1f})"
         )
+        accs = {k: [100 * r.accuracy for r in results if r.loader == k] for k in kinds}
+        if min(len(v) for v in accs.values()) > 1:
+            t, df, p = welch(accs["torch"], accs["fastload"])
+            lines.append(f"Welch's t-test, fastload vs torch accuracy: t = {t:+.2f}, df = {df:.1f}, p = {p:.2f}")
     return "\n".join(lines)
 
 
@@ -409,6 +623,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="train with TrivialAugmentWide + RandomErasing(0.25) after the crop and flip",
     )
     ap.add_argument(
+        "--recipe",
+        choices=RECIPES,
+        default="fastload",
+        help="the training recipe: fastload's own transforms (default), or one built by torchvision's / timm's own "
+        "objects, the same objects passed to both loaders",
+    )
+    ap.add_argument(
         "--threads",
         type=int,
         default=None,
@@ -425,6 +646,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error(f"--workers={args.workers} should be >= 0")
     if args.threads is not None and args.threads < 1:
         ap.error(f"--threads={args.threads} should be >= 1")
+    if args.augment and args.recipe != "fastload":
+        ap.error(f"--augment adds fastload's own augmentations; --recipe {args.recipe} brings its own: use one")
     return args
 
 
@@ -435,6 +658,10 @@ def _cores() -> int:
 def main(argv: list[str] | None = None) -> list[RunResult]:
     args = parse_args(argv)
     torch.set_num_threads(args.threads if args.threads is not None else max(1, _cores() - args.workers))
+    # one set of objects for every run, both loaders: what differs between them is only who runs the objects
+    recipe = library_recipe(args.recipe, args.image_size) if args.recipe != "fastload" else None
+    if recipe is not None:
+        require_fast_path(recipe)
     splits = prepare_data(args.out, args.per_class, args.val_per_class, args.train_folder, args.val_folder)
     if args.seeds is not None:
         try:
@@ -444,13 +671,14 @@ def main(argv: list[str] | None = None) -> list[RunResult]:
         runs = [(kind, s) for s in seeds for kind in ("torch", "fastload")]  # interleaved: load drifts hit both
     else:
         runs = [(args.loader, args.seed)]
-    results = [train_run(kind, seed, splits, args) for kind, seed in runs]
+    results = [train_run(kind, seed, splits, args, recipe) for kind, seed in runs]
     write_csv(args.out / "results.csv", results)
     if args.seeds is not None:
         print(
             f"\n== summary: {args.epochs} epochs, {args.image_size}px, {args.workers} workers, "
             f"torch threads {torch.get_num_threads()}"
-            f"{', augment: TrivialAugmentWide + RandomErasing(0.25)' if args.augment else ''}; "
+            f"{', augment: TrivialAugmentWide + RandomErasing(0.25)' if args.augment else ''}"
+            f"{f', recipe: {args.recipe} own objects in both loaders' if recipe is not None else ''}; "
             f"img/s = training loop (model included), epochs 2+"
         )
         print(summary_table(results), flush=True)
