@@ -8,13 +8,13 @@ import os
 import pytest
 
 import fastload
-from fastload import _autotune
+from fastload._front import autotune as _autotune
 
 from conftest import open_train
 
 
 def test_auto_workers_measures_once_then_uses_the_cache(image_shards, tmp_path, monkeypatch, capsys):
-    from fastload import _autotune
+    from fastload._front import autotune as _autotune
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     dl = fastload.DataLoader(open_train(image_shards), batch_size=8, num_workers="auto")

@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 import fastload
-from fastload import _benchcmd
+from fastload._tools import benchcmd as _benchcmd
 from fastload import transforms as T
 from fastload.cli import main
 from fastload._schema import Field, Schema

@@ -137,7 +137,7 @@ def image_loader(images, workers):
 
 
 def test_num_workers_far_from_the_measured_best(images, monkeypatch):
-    from fastload import _autotune
+    from fastload._front import autotune as _autotune
 
     # the rule, on fixed rates (this 2-core machine is shared: real rates are too noisy to assert a winner)
     monkeypatch.setattr(_autotune, "measure", lambda b, o, counts, budget: {0: 100.0, 1: 190.0, 2: 400.0})

@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader as TorchLoader
 from torch.utils.data import default_collate
 
 import fastload
-from fastload import _getitems_shm
+from fastload._front import getitems_shm as _getitems_shm
 from fastload import transforms as T
 from fastload._native import native
 

@@ -15,7 +15,7 @@ import time
 import pytest
 
 import fastload
-from fastload import _images
+from fastload._fill import images as _images
 from fastload import decoders
 from fastload import transforms as T
 from fastload.decoders import dali, hybrid, nvjpeg

@@ -20,7 +20,8 @@ import torch
 from PIL import Image
 
 import fastload
-from fastload import _images, _ring
+from fastload import _ring
+from fastload._fill import images as _images
 from fastload import transforms as T
 from fastload.decoders import dali, nvjpeg
 from conftest import jpeg_bytes

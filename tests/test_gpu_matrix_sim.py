@@ -18,7 +18,8 @@ import pytest
 import torch
 
 import fastload
-from fastload import _images, decoders
+from fastload import decoders
+from fastload._fill import images as _images
 from fastload import transforms as T
 from fastload.decoders import hybrid
 from test_gpu_decoders_sim import dali_on_sim, nvjpeg_on_sim, one_truncated, run  # noqa: F401  (fixtures)

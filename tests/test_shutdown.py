@@ -308,7 +308,7 @@ class Stuck(torch.utils.data.Dataset):
 
 
 def test_ctrl_c_while_workers_are_joined(packed_images_by_format, monkeypatch):
-    from fastload import _workers
+    from fastload._generic import workers as _workers
 
     before = resources(packed_images_by_format)
     monkeypatch.setattr(_workers._tutils, "MP_STATUS_CHECK_INTERVAL", 0.2)  # busy workers are terminated sooner
@@ -332,7 +332,7 @@ def test_ctrl_c_right_after_a_worker_is_reaped(packed_images_by_format, monkeypa
     code is stored: that Process would look alive for ever (waitpid then fails with ECHILD), stay among
     multiprocessing's children with its pipes open, and be sent SIGTERM/SIGKILL by pid later. The reap holds
     Ctrl-C back and raises it once every worker is reaped."""
-    from fastload import _workers
+    from fastload._generic import workers as _workers
 
     before = resources(packed_images_by_format)
     monkeypatch.setattr(_workers._tutils, "MP_STATUS_CHECK_INTERVAL", 0.2)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import fastload
-from fastload import _stats
+from fastload._front import stats as _stats
 from fastload._front.stats import LoaderStats
 
 from conftest import open_train

@@ -132,7 +132,7 @@ def test_the_pipelines_own_constants_are_made_per_stream(monkeypatch):
     """``apply`` without given constants (a caller running a pipeline on its own device tensors) keeps them on
     the pipeline per current stream: constants filled on one stream and read on another would need the
     reader to wait for the fills ('meta' stands in for CUDA, a counter for its current stream)."""
-    from fastload import _tensor_transforms
+    from fastload._transforms import tensor as _tensor_transforms
 
     stream = ["s1"]
     monkeypatch.setattr(_tensor_transforms, "_current_stream", lambda device: stream[0])

@@ -142,7 +142,7 @@ def test_no_pickle_or_eval_in_the_readers():
     import inspect
     import re
 
-    from fastload import _dataset
+    from fastload._front import dataset as _dataset
     from fastload.formats import _layout, _manifest, shards
 
     banned = re.compile(r"import pickle|pickle\.load|\beval\(|\bexec\(|allow_pickle|np\.load\(|torch\.load\(|marshal")

@@ -155,7 +155,7 @@ def test_the_batch_path_reads_packed_files_only_through_the_reader():
 
 def test_ds_getitem_and_fastload_bench_read_through_the_reader(packed_images, monkeypatch):
     """``ds[i]`` and ``fastload bench`` take rows and blobs from ``PackedReader``, never from a segment."""
-    from fastload import _benchcmd
+    from fastload._tools import benchcmd as _benchcmd
     from fastload.formats.reader import PackedReader
 
     calls = {"row": 0, "blob": 0}

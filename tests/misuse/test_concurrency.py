@@ -329,7 +329,7 @@ def test_set_epoch_from_another_thread_is_whole_before_an_iteration_starts(image
     """set_epoch() writes the next epoch, drops a loaded mid-epoch position and sets the user's sampler's epoch in
     several steps; an iteration starting in another thread meanwhile read half of it: was, "epoch 3" run with the
     sampler still at the loaded epoch 0 (epoch 0's order). It now holds the loader's lock, as iter() does."""
-    from fastload import _sampling
+    from fastload._front import sampling as _sampling
 
     ds = open_train(image_shards)
 

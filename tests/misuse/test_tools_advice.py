@@ -36,7 +36,7 @@ def test_doctor_on_a_fast_path_loader_whose_workers_do_not_help(images, monkeypa
     """Was: "more num_workers ...; pack the data with fastload and load it with fastload.DataLoader" for a loop
     that already loads a fastload pack with fastload.DataLoader on its fast path, while the table it printed beside
     showed 0, 1 and 2 workers equal. (The rates are fixed: this shared machine's real ones are noise.)"""
-    from fastload import _autotune
+    from fastload._front import autotune as _autotune
 
     monkeypatch.setattr(_autotune, "measure", lambda b, o, counts, budget: {c: 1000.0 + c for c in counts})
     loader = fast_loader(images)
@@ -48,7 +48,7 @@ def test_doctor_on_a_fast_path_loader_whose_workers_do_not_help(images, monkeypa
 
 
 def test_doctor_names_the_count_that_measured_faster(images, monkeypatch):
-    from fastload import _autotune
+    from fastload._front import autotune as _autotune
 
     monkeypatch.setattr(_autotune, "measure", lambda b, o, counts, budget: {c: 100.0 * (1 + c) for c in counts})
     top = max(_autotune.candidates(__import__("os").cpu_count() or 1))
@@ -85,7 +85,8 @@ NOISY = {"dataset": "/data/pets", "samples": 1234, "batch_size": 32, "preset": "
 def test_bench_marks_the_fastest_thread_count_not_the_auto_pick(tmp_path):
     """Was: "<- best num_workers" on 0 threads (autotune's choice: the fewest within 5% of the fastest) while 2
     measured faster. The fastest is marked the fastest; the auto pick is said for what it is."""
-    from fastload import _autotune, _benchcmd
+    from fastload._front import autotune as _autotune
+    from fastload._tools import benchcmd as _benchcmd
 
     text = _benchcmd.report({**NOISY, "auto": _autotune.choose(NOISY["rates"]), "best": 0})
     rows = {int(line.split()[0]): line for line in text.splitlines() if line[:7].strip().isdigit()}
@@ -95,7 +96,8 @@ def test_bench_marks_the_fastest_thread_count_not_the_auto_pick(tmp_path):
 
 
 def test_bench_run_says_which_count_was_fastest(images, monkeypatch):
-    from fastload import _autotune, _benchcmd
+    from fastload._front import autotune as _autotune
+    from fastload._tools import benchcmd as _benchcmd
 
     monkeypatch.setattr(_autotune, "measure", lambda b, o, counts, budget: {c: 1000.0 + 10 * c for c in counts})
     r = _benchcmd.run(images, batch_size=4, size=16, max_workers=2, seconds=0.05)
@@ -108,7 +110,7 @@ def test_bench_run_says_which_count_was_fastest(images, monkeypatch):
 def test_bench_plot_starts_its_y_axis_at_zero(tmp_path):
     """Was: matplotlib's automatic limits around 1000..1020, drawing 2% noise as a cliff."""
     pytest.importorskip("matplotlib")
-    from fastload import _benchcmd
+    from fastload._tools import benchcmd as _benchcmd
 
     fig = _benchcmd.plot({**NOISY, "fastest": 2, "auto": 0}, str(tmp_path / "bench.png"))
     low, high = fig.axes[0].get_ylim()
