@@ -107,7 +107,8 @@ class TensorPipeline:
     def __eq__(self, other: object) -> bool:
         return isinstance(other, TensorPipeline) and other.transforms == self.transforms
 
-    __hash__ = None  # type: ignore[assignment]
+    def __hash__(self) -> int:  # a key of the device ring's constants (equal pipelines: equal constants)
+        return hash(self.transforms)
 
     def __init__(self, transforms: Sequence[TensorTransform]):
         self.transforms = tuple(transforms)
