@@ -239,6 +239,10 @@ class TimmRandAugment(Augment):
         weights = None if self.choice_weights is None else self.choice_weights.tolist()
         return {"ops": [op.describe() for op in self.ops], "num_layers": self.num_layers, "choice_weights": weights}
 
+    def __repr__(self) -> str:  # the ops by name (describe() has every setting; a warning quotes this)
+        weighted = "" if self.choice_weights is None else ", weighted"
+        return f"TimmRandAugment(num_layers={self.num_layers}{weighted}, ops={self.ops!r})"
+
     def _choose(self, k: int, rng: Any) -> np.ndarray:
         """(k, num_layers) op indices: uniform with replacement, or weighted without replacement."""
         if self.choice_weights is None:
@@ -272,6 +276,9 @@ class TimmAutoAugment(Augment):
 
     def _params(self) -> dict[str, Any]:
         return {"policy": [[op.describe() for op in sp] for sp in self.policy]}
+
+    def __repr__(self) -> str:  # sub-policies by op name (describe() has every setting; a warning quotes this)
+        return f"TimmAutoAugment({len(self.policy)} sub-policies: {[[op.name for op in sp] for sp in self.policy]})"
 
     def plan(self, b: PlanBuilder, index: np.ndarray, rng: Any) -> None:
         chosen = rng.integers(0, len(self.policy), index.size)

@@ -195,3 +195,14 @@ def test_the_torch_engine_runs_the_bicubic_affine_and_solarize_add_as_pil():
     out = run_torch(torch.from_numpy(tiles).permute(0, 3, 1, 2).contiguous(), plan, flips=False)
     for k in range(24):
         assert np.array_equal(out[k].permute(1, 2, 0).numpy(), run_pil(tiles[k], plan, k)), k
+
+
+def test_a_policys_repr_names_its_ops_without_every_setting():
+    """The folder fast-path warning quotes the pipeline: a policy says its ops by name, not 15 settings dicts."""
+    names = ["AutoContrast", "Equalize", "Invert", "Rotate", "Posterize", "Solarize", "SolarizeAdd", "Color",
+             "Contrast", "Brightness", "Sharpness", "ShearX", "ShearY", "TranslateXRel", "TranslateYRel"]
+    ra = TimmRandAugment([TimmOp(n, magnitude=9, magnitude_std=0.5) for n in names], 2)
+    text = repr(ra)
+    assert all(f"'{n}'" in text for n in names) and "num_layers=2" in text and len(text) < 1000, text
+    aa = repr(TimmAutoAugment([[TimmOp("Rotate"), TimmOp("Invert")], [TimmOp("Equalize")]]))
+    assert aa == "TimmAutoAugment(2 sub-policies: [['Rotate', 'Invert'], ['Equalize']])"
