@@ -33,3 +33,19 @@ class Source:
     def fingerprint(self) -> str:
         """A string that changes when the source's content list changes (guards pack resume)."""
         return f"{type(self).__name__}:{len(self)}"
+
+
+def class_metadata(labels: dict[str, list[str]]) -> dict:
+    """A dataset's class names as metadata, from its ``ClassLabel`` columns (``labels``: column -> names): every
+    column's under ``class_names``, and ``classes``: the names of the column called label/labels, or of the only
+    one. With several and none of them the label (CIFAR-100's fine_label and coarse_label), no ``classes``:
+    either would be a guess. Shared by the Parquet and the Hugging Face ``datasets`` adapters."""
+    if not labels:
+        return {}
+    out: dict = {"class_names": labels}
+    main = next((k for k in ("label", "labels") if k in labels), None)
+    if main is None and len(labels) == 1:
+        main = next(iter(labels))
+    if main is not None:
+        out["classes"] = labels[main]
+    return out

@@ -16,7 +16,7 @@ from typing import Any, Mapping
 from .._errors import SchemaError, SourceError
 from .._schema import Field, infer_schema
 from ..fields.image import encoded_image
-from ._base import Source
+from ._base import Source, class_metadata
 
 INFER_SAMPLES = 8
 
@@ -114,15 +114,6 @@ def _encoded_view(dataset: Any, features: Mapping) -> tuple[Any, tuple[str, ...]
 
 
 def _class_names(features: Mapping) -> dict:
-    """``classes`` from the ``ClassLabel`` column (the one called label/labels when there are several), and every
-    ClassLabel column's names under ``class_names``."""
+    """The ``ClassLabel`` columns of a ``datasets.Dataset``'s features, as ``_base.class_metadata`` names them."""
     labels = {k: list(f.names) for k, f in features.items() if _feature(f, "ClassLabel") and getattr(f, "names", None)}
-    if not labels:
-        return {}
-    out: dict = {"class_names": labels}
-    main = next((k for k in ("label", "labels") if k in labels), None)
-    if main is None and len(labels) == 1:
-        main = next(iter(labels))
-    if main is not None:
-        out["classes"] = labels[main]
-    return out
+    return class_metadata(labels)

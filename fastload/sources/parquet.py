@@ -36,7 +36,7 @@ import numpy as np
 from .._errors import SourceError
 from .._install import pil, pip_extra
 from .._schema import Field, Schema
-from ._base import Source
+from ._base import Source, class_metadata
 from ._files import Files, warn_one_process
 
 SUFFIXES = (".parquet", ".pq")
@@ -346,9 +346,7 @@ def _hf_features(schema: Any) -> dict:
 
 
 def _class_names(features: dict) -> dict:
-    """Every ``ClassLabel`` column's names under ``class_names``, and ``classes``: the names of the column called
-    label/labels, or of the only ClassLabel (as ``sources/dataset.py`` for a ``datasets.Dataset``). With several
-    and none of them the label (CIFAR-100's fine_label and coarse_label), no ``classes``: either would be a guess."""
+    """The ``ClassLabel`` columns of Hugging Face's schema metadata, as ``_base.class_metadata`` names them."""
     labels = {
         name: f["names"]
         for name, f in features.items()
@@ -357,15 +355,7 @@ def _class_names(features: dict) -> dict:
         and isinstance(f.get("names"), list)
         and all(isinstance(n, str) for n in f["names"])
     }
-    if not labels:
-        return {}
-    out: dict = {"class_names": labels}
-    main = next((k for k in ("label", "labels") if k in labels), None)
-    if main is None and len(labels) == 1:
-        main = next(iter(labels))
-    if main is not None:
-        out["classes"] = labels[main]
-    return out
+    return class_metadata(labels)
 
 
 def _shown(names: dict) -> Any:
