@@ -32,8 +32,11 @@ def _init_worker(source: Source, opts: ImageOptions) -> None:
 
 
 def _init_process_worker(source: Source, opts: ImageOptions, parent: int) -> None:
-    # Ctrl-C is the main process's to handle: it stops the pack and ends the workers
+    # Ctrl-C is the main process's to handle: it stops the pack and ends the workers. SIGTERM is how it ends
+    # them: a handler the pack process had (a framework's, a test runner's), inherited through fork, would let a
+    # worker sleep through it, and the pack's shutdown then waits on that worker for ever
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _die_with(parent)
     _init_worker(source, opts)
 
@@ -130,9 +133,15 @@ def _in_processes(source: Source, opts: ImageOptions, indices: range, workers: i
         for f in pending:
             f.cancel()
         if not ok:  # stop at once: a worker may be stuck in user code
+            procs.update(getattr(ex, "_processes", None) or {})
             for proc in list(procs.values()):
                 if proc.is_alive():
                     proc.terminate()
+            for proc in list(procs.values()):  # one ended while holding the task queue's lock blocks the others
+                proc.join(timeout=10)
+                if proc.is_alive():
+                    proc.kill()
+                    proc.join(timeout=10)
         ex.shutdown(wait=True, cancel_futures=True)  # every worker joined: their exit codes are known
     if broken:
         raise FastloadError(

@@ -106,3 +106,33 @@ def test_a_killed_pack_s_worker_processes_end_with_it(tmp_path):
     for k in alive:
         os.kill(k, signal.SIGKILL)
     assert alive == []
+
+
+class BadThenStuck(torch.utils.data.Dataset):
+    """Sample 20 cannot be loaded; sample 28 (the next chunk of 8, so another worker's) takes minutes. The schema
+    is inferred from the first 8 samples."""
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        if i == 20:
+            raise ValueError("sample 20 is unreadable")
+        if i == 28:
+            time.sleep(120)
+        return {"x": np.full(4, i, np.float32)}
+
+
+def test_a_failed_pack_ends_its_workers_even_under_a_sigterm_handler(tmp_path):
+    """A handler for SIGTERM in the pack process (frameworks and test runners install them) is inherited by the
+    forked workers: a worker stuck in a sample slept through the pack's SIGTERM and the pack waited on it."""
+    previous = signal.signal(signal.SIGTERM, lambda *_: None)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(FastloadError, match="sample 20 is unreadable"):
+            fastload.pack(BadThenStuck(), tmp_path / "out", workers=2)
+        took = time.monotonic() - t0
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert took < 60, f"the failed pack took {took:.0f} s: it waited on a worker stuck in a sample"
+    assert multiprocessing.active_children() == []
