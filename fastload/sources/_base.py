@@ -43,7 +43,7 @@ def class_metadata(labels: dict[str, list[str]]) -> dict:
     if not labels:
         return {}
     out: dict = {"class_names": labels}
-    main = next((k for k in ("label", "labels") if k in labels), None)
+    main: str | None = next((k for k in ("label", "labels") if k in labels), None)
     if main is None and len(labels) == 1:
         main = next(iter(labels))
     if main is not None:
