@@ -21,7 +21,7 @@ from test_example_train import load_script, tiny_folder
 
 pytestmark = pytest.mark.timeout(180)
 
-RECIPES = ("torchvision", "torchvision-v2", "timm")
+RECIPES = ("torchvision", "torchvision-v2", "timm", "timm-ra")
 
 
 def test_without_torchvision_a_library_recipe_says_what_it_needs() -> None:
@@ -55,10 +55,11 @@ def test_both_loaders_get_the_same_library_objects_and_fastload_runs_them_native
     train, sp = splits
     size = 32
     recipe = train.library_recipe(name, size)
-    assert type(recipe.train).__module__.split(".")[0] == ("timm" if name == "timm" else "torchvision") or (
-        name == "timm" and type(recipe.train).__module__.startswith("torchvision")  # timm returns tv's Compose
+    timm_made = name.startswith("timm")
+    assert type(recipe.train).__module__.split(".")[0] == ("timm" if timm_made else "torchvision") or (
+        timm_made and type(recipe.train).__module__.startswith("torchvision")  # timm returns tv's Compose
     )
-    if name == "timm":
+    if timm_made:
         assert any(type(t).__module__.startswith("timm.") for t in recipe.train.transforms)
     torch_train, torch_val = train.make_loaders("torch", sp, size, 8, 0, 0, recipe=recipe)
     fl_train, fl_val = train.make_loaders("fastload", sp, size, 8, 1, 0, recipe=recipe)
@@ -90,6 +91,53 @@ def test_both_loaders_get_the_same_library_objects_and_fastload_runs_them_native
     # (std 30 levels) resampled by PIL and by fastload's resize (2.5 levels apart here); a wrong crop, size or
     # normalization is tens of levels
     assert float((tv_images - fl_images).abs().mean()) < 4 / 255 / 0.225
+
+
+def test_the_timm_ra_recipe_is_deits_randaugment_run_natively_and_its_reorder_warning_is_reported(
+    splits, timm_data, monkeypatch
+) -> None:
+    """--recipe timm-ra: timm's own RandAugment (DeiT's rand-m9-mstd0.5-inc1: 15 ops, 2 layers, magnitude 9, std
+    0.5, the increasing variants) after timm's bicubic crop, converted whole to the native engine. fastload warns
+    that it reorders a sample's geometric ops before its colour ops: a UserWarning the script neither hides nor
+    turns into an error, but returns to print with the results (it is part of what the runs measure)."""
+    from fastload import _ring
+
+    train, _ = splits
+    recipe = train.library_recipe("timm-ra", 32)
+    (ra,) = [t for t in recipe.train.transforms if type(t).__name__ == "RandAugment"]
+    assert type(ra).__module__.startswith("timm.") and ra.num_layers == 2 and len(ra.ops) == 15
+    names = {op.name for op in ra.ops}
+    assert {"Rotate", "ShearX", "TranslateXRel", "SolarizeAdd", "PosterizeIncreasing"} <= names, names
+    assert {(op.magnitude, op.magnitude_std) for op in ra.ops} == {(9, 0.5)}
+    (crop,) = [t for t in recipe.train.transforms if type(t).__name__ == "RandomResizedCropAndInterpolation"]
+    assert str(crop.interpolation).lower().endswith("bicubic"), crop.interpolation
+    erasing = recipe.train.transforms[-1]
+    assert type(erasing).__name__ == "RandomErasing" and erasing.probability == 0.25 and erasing.mode == "const"
+
+    monkeypatch.setattr(_ring, "_warned", set())  # warn_once: an earlier conversion in this process warned already
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", fastload.FastPathWarning)
+        notes = train.require_fast_path(recipe)
+    assert len(notes) == 1 and notes[0].startswith("train: UserWarning: ") and "RandAugment(num_layers=2)" in notes[0]
+    assert "geometric ops" in notes[0] and "before its colour ops" in notes[0], notes
+    pipe = T.ImagePipeline(recipe.train)
+    assert [type(t).__name__ for t in pipe.augment] == ["TimmRandAugment", "RandomErasing"], pipe
+    assert not pipe.fallback and not pipe.after, pipe
+
+
+def test_a_fast_path_warning_while_converting_a_recipe_is_an_error(splits, monkeypatch) -> None:
+    """A FastPathWarning fastload gives while building the pipeline ends the script; other warnings do not."""
+    train, _ = splits
+    recipe = train.library_recipe("torchvision", 32)
+
+    class WarningPipeline(T.ImagePipeline):
+        def __init__(self, objects) -> None:
+            warnings.warn("fastload: pretend this leaves the fast path", fastload.FastPathWarning, stacklevel=2)
+            super().__init__(objects)
+
+    monkeypatch.setattr(train.T, "ImagePipeline", WarningPipeline)
+    with pytest.raises(SystemExit, match="leaves its fast path on the train recipe.*pretend this leaves"):
+        train.require_fast_path(recipe)
 
 
 def test_a_recipe_fastload_would_run_per_sample_is_refused(splits, timm_data) -> None:
