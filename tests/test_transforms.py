@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from fastload import transforms as T
+from fastload._transforms.geometric import _rrc_params
 from fastload.transforms import (
     CenterCrop,
     Compose,
@@ -112,7 +112,7 @@ def test_rrc_distribution_matches_torchvision(hw, scale, ratio):
     H, W = hw
     rnd = random.Random(1234)
     ref = np.array([tv_rrc_params(H, W, scale, ratio, rnd) for _ in range(n)], dtype=np.int64)
-    top, left, h, w, fb = T._rrc_params(full(n, H), full(n, W), scale, ratio, np.random.default_rng(99))
+    top, left, h, w, fb = _rrc_params(full(n, H), full(n, W), scale, ratio, np.random.default_rng(99))
     ours = np.stack([top, left, h, w, fb], axis=1).astype(np.int64)
     crit = 1.95 * math.sqrt(2 / n)  # alpha = 0.001
     stats = {
@@ -139,7 +139,7 @@ def test_rrc_replays_torchvision_loop_on_the_same_draws():
     H, W = rng.integers(1, 800, 3000), rng.integers(1, 800, 3000)
     H[:300] = 2000  # elongated rows: fallbacks and late first hits
     scale, ratio = (0.08, 1.0), (3 / 4, 4 / 3)
-    top, left, h, w, fb = T._rrc_params(H, W, scale, ratio, np.random.default_rng(5))
+    top, left, h, w, fb = _rrc_params(H, W, scale, ratio, np.random.default_rng(5))
     replay = np.random.default_rng(5)
     ua, ur = replay.random((H.size, 10)), replay.random((H.size, 10))
     exp_h, exp_w, exp_fb = [], [], []
