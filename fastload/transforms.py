@@ -359,7 +359,10 @@ class ImagePipeline:
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
-        return f"ImagePipeline([{', '.join(map(repr, self.transforms + self.augment + self.fallback + self.after))}])"
+        # every stage, as __eq__ compares them: the repr keys num_workers='auto''s cache (_front/autotune.py) and
+        # tells two pipelines apart in messages (fastload.mix's refusal)
+        steps = self.transforms + self.augment + self.fallback + self.tensor.transforms + self.after
+        return f"ImagePipeline([{', '.join(map(repr, steps))}])"
 
 
 def apply_pil(pipeline: Any, image: Any, rng: np.random.Generator) -> Any:

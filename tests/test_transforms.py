@@ -437,6 +437,41 @@ def test_compose_forms_are_equivalent():
                                "max_size": None, "antialias": True}
 
 
+def _identity(img):  # a callable fastload does not know: run per sample
+    return img
+
+
+def _identity_after(img):  # the same, after Normalize (on the float image)
+    return img
+
+
+def test_pipelines_that_differ_in_one_stage_are_unequal_and_read_differently():
+    """Each stage, the tensor stage (ToDtype/Normalize) too, counts in ``==`` and shows in the repr: the repr tells
+    two pipelines apart in fastload.mix's refusal (which printed two identical reprs when only a Normalize
+    differed) and keys num_workers='auto''s cache."""
+    import torch
+
+    import fastload.transforms as T
+
+    to_float = T.ToDtype(torch.float32, scale=True)
+    base = [T.Resize(16), T.ColorJitter(0.2), _identity, to_float, T.Normalize([0.5] * 3, [0.5] * 3), _identity_after]
+    variants = {
+        "transforms": [T.Resize(17), *base[1:]],
+        "augment": [base[0], T.ColorJitter(0.3), *base[2:]],
+        "fallback": [*base[:2], lambda img: img, *base[3:]],
+        "tensor": [*base[:4], T.Normalize([0.4] * 3, [0.5] * 3), base[5]],
+        "after": [*base[:5], lambda img: img],
+    }
+    ref = ImagePipeline(base)
+    assert ref == ImagePipeline(list(base)) and repr(ref) == repr(ImagePipeline(list(base)))
+    assert "Normalize(mean=[0.5, 0.5, 0.5]" in repr(ref)
+    for stage, ts in variants.items():
+        other = ImagePipeline(ts)
+        assert other != ref, stage
+        if stage not in ("fallback", "after"):  # two callables of one name read alike (their names are all shown)
+            assert repr(other) != repr(ref), stage
+
+
 def test_reprs_match_torchvision():
     assert repr(RandomResizedCrop(224)) == (
         "RandomResizedCrop(size=(224, 224), scale=(0.08, 1.0), ratio=(0.75, 1.3333), "
