@@ -307,12 +307,18 @@ def resumed_and_reference(make, workers_after, done=4):
     """Resume mid-epoch: the images of an uninterrupted epoch of ``make(1)`` after its first ``done`` batches,
     and those of a loader ``make(workers_after)`` restored from the state saved after ``done`` batches."""
     ref = [b[0].clone() for b in make(1)]
-    dl = make(1)
-    it = iter(dl)
+    restored = restore_after(make(1), done, lambda: make(workers_after))
+    return [b[0].clone() for b in restored], ref[done:]
+
+
+def restore_after(loader, done, make):
+    """A new loader ``make()`` restored from ``loader``'s state after the first ``done`` batches of an epoch (the
+    iterator dropped before ``make`` runs, as when a job is stopped)."""
+    it = iter(loader)
     for _ in range(done):
         next(it)
-    state = dl.state_dict()
+    state = loader.state_dict()
     del it
-    restored = make(workers_after)
+    restored = make()
     restored.load_state_dict(state)
-    return [b[0].clone() for b in restored], ref[done:]
+    return restored
