@@ -75,10 +75,13 @@ void fixed_nearest(const uint8_t* src, int h, int w, uint8_t* tile, ptrdiff_t st
   }
 }
 
-// PIL's generic transform with its bilinear_filter32RGB.
-void bilinear(const uint8_t* src, int h, int w, uint8_t* tile, ptrdiff_t stride, const double* a,
-              const uint8_t* fill) {
-  const ptrdiff_t row = static_cast<ptrdiff_t>(w) * 3;
+// PIL's generic transform: the sample point (x + 0.5, y + 0.5) mapped in double; a point outside the tile takes
+// the fill, any other has half a pixel subtracted and `sample(out, xi, yi, dx, dy)` writes the pixel at `out` from
+// the point's floor (xi, yi) and fraction (dx, dy). One loop for both filters (a template, so each filter is
+// inlined into its own copy of it, as when the loop was written out twice).
+template <class Sample>
+void generic_transform(int h, int w, uint8_t* tile, ptrdiff_t stride, const double* a, const uint8_t* fill,
+                       Sample sample) {
   for (int y = 0; y < h; ++y) {
     uint8_t* out = tile + y * stride;
     const double yc = y + 0.5;
@@ -93,23 +96,31 @@ void bilinear(const uint8_t* src, int h, int w, uint8_t* tile, ptrdiff_t stride,
       xin -= 0.5;
       yin -= 0.5;
       const int xi = floor_int(xin), yi = floor_int(yin);
-      const double dx = xin - xi, dy = yin - yi;
-      const int x0 = (xi < 0 ? 0 : xi < w ? xi : w - 1) * 3;
-      const int x1 = (xi + 1 < 0 ? 0 : xi + 1 < w ? xi + 1 : w - 1) * 3;
-      const uint8_t* r0 = src + (yi < 0 ? 0 : yi < h ? yi : h - 1) * row;
-      const bool below = yi + 1 >= 0 && yi + 1 < h;
-      const uint8_t* r1 = below ? src + (yi + 1) * row : nullptr;
-      for (int c = 0; c < 3; ++c) {
-        const double v1 = r0[x0 + c] + (r0[x1 + c] - r0[x0 + c]) * dx;
-        const double v2 = below ? r1[x0 + c] + (r1[x1 + c] - r1[x0 + c]) * dx : v1;
-        out[3 * x + c] = static_cast<uint8_t>(v1 + (v2 - v1) * dy);
-      }
+      sample(out + 3 * x, xi, yi, xin - xi, yin - yi);
     }
   }
 }
 
-// PIL's generic transform with its bicubic_filter32RGB: Keys' cubic with a = -1 on the 4x4 neighbours (clamped
-// to the tile), rows first, in double; clipped to [0, 255] and truncated.
+// PIL's bilinear_filter32RGB: the four neighbours clamped to the tile, the blend truncated to uint8.
+void bilinear(const uint8_t* src, int h, int w, uint8_t* tile, ptrdiff_t stride, const double* a,
+              const uint8_t* fill) {
+  const ptrdiff_t row = static_cast<ptrdiff_t>(w) * 3;
+  generic_transform(h, w, tile, stride, a, fill, [=](uint8_t* out, int xi, int yi, double dx, double dy) {
+    const int x0 = (xi < 0 ? 0 : xi < w ? xi : w - 1) * 3;
+    const int x1 = (xi + 1 < 0 ? 0 : xi + 1 < w ? xi + 1 : w - 1) * 3;
+    const uint8_t* r0 = src + (yi < 0 ? 0 : yi < h ? yi : h - 1) * row;
+    const bool below = yi + 1 >= 0 && yi + 1 < h;
+    const uint8_t* r1 = below ? src + (yi + 1) * row : nullptr;
+    for (int c = 0; c < 3; ++c) {
+      const double v1 = r0[x0 + c] + (r0[x1 + c] - r0[x0 + c]) * dx;
+      const double v2 = below ? r1[x0 + c] + (r1[x1 + c] - r1[x0 + c]) * dx : v1;
+      out[c] = static_cast<uint8_t>(v1 + (v2 - v1) * dy);
+    }
+  });
+}
+
+// PIL's bicubic_filter32RGB: Keys' cubic with a = -1 on the 4x4 neighbours (clamped to the tile), rows first, in
+// double; clipped to [0, 255] and truncated.
 inline double cubic(double v1, double v2, double v3, double v4, double d) {
   const double p1 = v2;
   const double p2 = -v1 + v3;
@@ -122,40 +133,25 @@ void bicubic(const uint8_t* src, int h, int w, uint8_t* tile, ptrdiff_t stride, 
              const uint8_t* fill) {
   const ptrdiff_t row = static_cast<ptrdiff_t>(w) * 3;
   auto clip = [](int v, int n) { return v < 0 ? 0 : v < n ? v : n - 1; };
-  for (int y = 0; y < h; ++y) {
-    uint8_t* out = tile + y * stride;
-    const double yc = y + 0.5;
-    for (int x = 0; x < w; ++x) {
-      const double xc = x + 0.5;
-      double xin = a[0] * xc + a[1] * yc + a[2];
-      double yin = a[3] * xc + a[4] * yc + a[5];
-      if (xin < 0.0 || xin >= w || yin < 0.0 || yin >= h) {
-        put_fill(out + 3 * x, fill);
-        continue;
+  generic_transform(h, w, tile, stride, a, fill, [=](uint8_t* out, int xi, int yi, double dx, double dy) {
+    --xi;
+    --yi;
+    int xs[4];
+    for (int k = 0; k < 4; ++k) xs[k] = clip(xi + k, w) * 3;
+    // PIL: the first row clamped; a later row outside the tile repeats the row above (the same as clamping)
+    const uint8_t* rows[4];
+    rows[0] = src + clip(yi, h) * row;
+    for (int k = 1; k < 4; ++k) rows[k] = (yi + k >= 0 && yi + k < h) ? src + (yi + k) * row : rows[k - 1];
+    for (int c = 0; c < 3; ++c) {
+      double v[4];
+      for (int k = 0; k < 4; ++k) {
+        const uint8_t* r = rows[k];
+        v[k] = cubic(r[xs[0] + c], r[xs[1] + c], r[xs[2] + c], r[xs[3] + c], dx);
       }
-      xin -= 0.5;
-      yin -= 0.5;
-      int xi = floor_int(xin), yi = floor_int(yin);
-      const double dx = xin - xi, dy = yin - yi;
-      --xi;
-      --yi;
-      int xs[4];
-      for (int k = 0; k < 4; ++k) xs[k] = clip(xi + k, w) * 3;
-      // PIL: the first row clamped; a later row outside the tile repeats the row above (the same as clamping)
-      const uint8_t* rows[4];
-      rows[0] = src + clip(yi, h) * row;
-      for (int k = 1; k < 4; ++k) rows[k] = (yi + k >= 0 && yi + k < h) ? src + (yi + k) * row : rows[k - 1];
-      for (int c = 0; c < 3; ++c) {
-        double v[4];
-        for (int k = 0; k < 4; ++k) {
-          const uint8_t* r = rows[k];
-          v[k] = cubic(r[xs[0] + c], r[xs[1] + c], r[xs[2] + c], r[xs[3] + c], dx);
-        }
-        const double o = cubic(v[0], v[1], v[2], v[3], dy);
-        out[3 * x + c] = o <= 0.0 ? 0 : o >= 255.0 ? 255 : static_cast<uint8_t>(o);
-      }
+      const double o = cubic(v[0], v[1], v[2], v[3], dy);
+      out[c] = o <= 0.0 ? 0 : o >= 255.0 ? 255 : static_cast<uint8_t>(o);
     }
-  }
+  });
 }
 
 }  // namespace

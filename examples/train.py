@@ -337,12 +337,17 @@ def make_loaders(
 ):
     """(train loader, validation loader) of one kind; both yield (B, 3, size, size) images and int64 labels:
     uint8 with fastload's own transforms (``augment``: the training split also gets ``augment_transforms()``),
-    normalized float32 with a library ``recipe``, whose objects both kinds are given unchanged."""
-    if recipe is not None:
-        return _recipe_loaders(kind, splits, batch_size, workers, seed, recipe)
+    normalized float32 with a library ``recipe``, whose objects both kinds are given unchanged: fastload converts
+    them, torch's loader runs them per sample on torchvision's ImageFolder."""
+    if recipe is None:
+        train_tf, val_tf = train_transforms(size, augment), val_transforms(size)
+    else:
+        train_tf, val_tf = recipe.train, recipe.val
     if kind == "fastload":
-        train = fastload.open(splits.train_packed, transforms={"image": train_transforms(size, augment)})
-        val = fastload.open(splits.val_packed, transforms={"image": val_transforms(size)})
+        if recipe is not None:
+            require_fast_path(recipe)
+        train = fastload.open(splits.train_packed, transforms={"image": train_tf})
+        val = fastload.open(splits.val_packed, transforms={"image": val_tf})
         if list(train.classes) != splits.classes:
             raise ValueError(
                 f"{splits.train_packed} has classes {train.classes}, the folder {splits.classes}: "
@@ -355,54 +360,19 @@ def make_loaders(
             fastload.DataLoader(val, batch_size=batch_size, shuffle=False, num_workers=workers),
         )
     if kind == "torch":
+        if recipe is None:
+            train_set = PilImageFolder(splits.train_folder, train_tf)
+            val_set = PilImageFolder(splits.val_folder, val_tf)
+        else:
+            from torchvision.datasets import ImageFolder
+
+            train_set = ImageFolder(str(splits.train_folder), transform=train_tf)
+            if list(train_set.classes) != splits.classes:
+                raise ValueError(
+                    f"{splits.train_folder}: ImageFolder's classes {train_set.classes}, ours {splits.classes}"
+                )
+            val_set = ImageFolder(str(splits.val_folder), transform=val_tf)
         extra = {"persistent_workers": True} if workers > 0 else {}
-        generator = torch.Generator().manual_seed(seed)
-        return (
-            torch.utils.data.DataLoader(
-                PilImageFolder(splits.train_folder, train_transforms(size, augment)),
-                batch_size=batch_size,
-                shuffle=True,
-                num_workers=workers,
-                drop_last=True,
-                generator=generator,
-                **extra,
-            ),
-            torch.utils.data.DataLoader(
-                PilImageFolder(splits.val_folder, val_transforms(size)),
-                batch_size=batch_size,
-                shuffle=False,
-                num_workers=workers,
-                **extra,
-            ),
-        )
-    raise ValueError(f"loader={kind!r} should be 'torch' or 'fastload'")
-
-
-def _recipe_loaders(kind: str, splits: Splits, batch_size: int, workers: int, seed: int, recipe: Recipe):
-    """``make_loaders`` with a library recipe: torchvision's ImageFolder + torch's DataLoader running the objects
-    per sample, or fastload converting the same objects."""
-    if kind == "fastload":
-        require_fast_path(recipe)
-        train = fastload.open(splits.train_packed, transforms={"image": recipe.train})
-        val = fastload.open(splits.val_packed, transforms={"image": recipe.val})
-        if list(train.classes) != splits.classes:
-            raise ValueError(
-                f"{splits.train_packed} has classes {train.classes}, the folder {splits.classes}: "
-                f"repack it (delete {splits.train_packed})"
-            )
-        return (
-            fastload.DataLoader(
-                train, batch_size=batch_size, shuffle=True, num_workers=workers, drop_last=True, seed=seed
-            ),
-            fastload.DataLoader(val, batch_size=batch_size, shuffle=False, num_workers=workers),
-        )
-    if kind == "torch":
-        from torchvision.datasets import ImageFolder
-
-        extra = {"persistent_workers": True} if workers > 0 else {}
-        train_set = ImageFolder(str(splits.train_folder), transform=recipe.train)
-        if list(train_set.classes) != splits.classes:
-            raise ValueError(f"{splits.train_folder}: ImageFolder's classes {train_set.classes}, ours {splits.classes}")
         return (
             torch.utils.data.DataLoader(
                 train_set,
@@ -413,13 +383,7 @@ def _recipe_loaders(kind: str, splits: Splits, batch_size: int, workers: int, se
                 generator=torch.Generator().manual_seed(seed),
                 **extra,
             ),
-            torch.utils.data.DataLoader(
-                ImageFolder(str(splits.val_folder), transform=recipe.val),
-                batch_size=batch_size,
-                shuffle=False,
-                num_workers=workers,
-                **extra,
-            ),
+            torch.utils.data.DataLoader(val_set, batch_size=batch_size, shuffle=False, num_workers=workers, **extra),
         )
     raise ValueError(f"loader={kind!r} should be 'torch' or 'fastload'")
 

@@ -1,7 +1,7 @@
 """Image transforms: declared on a dataset, planned here, executed by an engine.
 
-The four geometric transforms below follow ``torchvision.transforms`` (v1) names, defaults and
-semantics. They never touch pixels themselves: :class:`ImagePipeline` folds a whole list of them into
+The four geometric transforms (``_transforms/geometric.py``) follow ``torchvision.transforms`` (v1) names,
+defaults and semantics. They never touch pixels themselves: :class:`ImagePipeline` folds a whole list of them into
 one *plan* per sample — a crop box in source-pixel coordinates, an output size and a flip flag — which
 the native batcher executes as decode (DCT-scaled) → crop → antialiased bilinear resize → flip,
 writing straight into the batch buffer. :func:`apply_pil` executes the same plan with PIL (``ds[i]``,
@@ -29,45 +29,46 @@ would make a side 0, a ``CenterCrop`` that would pad before a resize) raises ``V
 :meth:`ImagePipeline.check_sizes` finds every such sample of a dataset from its stored sizes, so that
 ``fastload.open`` refuses them before the first batch, naming how many and which.
 
-On-device transforms (``Normalize``, ``ToDtype``) will live here too; they are not geometric and will
-not go through :class:`ImagePipeline`.
+The plan and its planning state are ``_transforms/crop_plan.py``'s; this module assembles the pipeline
+(:class:`ImagePipeline`: the crop plan, the augmentations, the transforms fastload does not know, and
+``ToDtype``/``Normalize`` kept apart in a ``TensorPipeline``, ``_transforms/tensor.py``) and is the public surface.
 """
 
 from __future__ import annotations
 
-import math
-import numbers
 import sys
 from typing import Any, Sequence
 
 import numpy as np
 
 from ._install import pil
-from ._transforms.base import Transform, _positive_int, _setup_size
-from ._transforms.tensor import Normalize, TensorPipeline, TensorTransform, ToDtype  # noqa: E402
-from ._transforms.sequences import Bucket, Pad, PackSequences  # noqa: E402  (variable-length fields, see _transforms/sequences.py)
+from ._transforms.base import Transform, plan_step, static_size
+from ._transforms.crop_plan import Plan, _State  # the crop plan and its planning state
+from ._transforms.geometric import CenterCrop, RandomHorizontalFlip, RandomResizedCrop, Resize
+from ._transforms.tensor import Normalize, TensorPipeline, TensorTransform, ToDtype
+from ._transforms.sequences import Bucket, Pad, PackSequences  # variable-length fields, see _transforms/sequences.py
 
 # The augmentations (issue 21), under torchvision v2's names; planned after the crop plan (_augment/pipeline.py).
-from ._augment import pipeline as _augment  # noqa: E402
-from ._augment import timm_convert as _timm  # noqa: E402
-from ._augment import torchvision_convert as _torchvision  # noqa: E402
-from ._augment.fallback import AfterNormalize, UserTransform, run_sample  # noqa: E402  (transforms fastload does not know)
-from ._transforms import size_check as _size_check  # noqa: E402  (ImagePipeline.check_sizes: what fastload.open refuses)
-from ._transforms.size_check import Refusal  # noqa: E402
-from ._augment.color import ColorJitter, Grayscale, RandomGrayscale  # noqa: E402
-from ._augment.combinators import RandomApply, RandomChoice, RandomOrder  # noqa: E402
-from ._augment.filters import GaussianBlur, RandomErasing  # noqa: E402
-from ._augment.mix import CutMix, MixUp  # noqa: E402  (batch transforms: fastload.open(batch_transforms=...))
-from ._augment.geometry import RandomAffine, RandomRotation, RandomVerticalFlip  # noqa: E402
-from ._augment.plan import Augment  # noqa: E402
-from ._augment.random_resize import RESIZE_CODES as _RESIZE_CODES  # noqa: E402  (crop plan)
-from ._augment.random_resize import RandomResize, check_resize as _interpolation  # noqa: E402
-from ._augment.policies import AutoAugment, RandAugment, ThreeAugment, TrivialAugmentWide  # noqa: E402
+from ._augment import pipeline as _augment
+from ._augment import timm_convert as _timm
+from ._augment import torchvision_convert as _torchvision
+from ._augment.fallback import AfterNormalize, UserTransform, run_sample  # transforms fastload does not know
+from ._transforms import size_check as _size_check  # ImagePipeline.check_sizes: what fastload.open refuses
+from ._augment.color import ColorJitter, Grayscale, RandomGrayscale
+from ._augment.combinators import RandomApply, RandomChoice, RandomOrder
+from ._augment.filters import GaussianBlur, RandomErasing
+from ._augment.mix import CutMix, MixUp  # batch transforms: fastload.open(batch_transforms=...)
+from ._augment.geometry import RandomAffine, RandomRotation, RandomVerticalFlip
+from ._augment.pad_if_smaller import PadIfSmaller  # crop-plan Transforms defined beside their planning code
+from ._augment.plan import Augment
+from ._augment.random_crop import RandomCrop
+from ._augment.random_resize import RandomResize
+from ._augment.policies import AutoAugment, RandAugment, ThreeAugment, TrivialAugmentWide
 from ._augment.tone import (
     RandomAdjustSharpness,
     RandomAutocontrast,
     RandomEqualize,
-    RandomInvert,  # noqa: E402
+    RandomInvert,
     RandomPosterize,
     RandomSolarize,
 )
@@ -133,265 +134,6 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-_ATTEMPTS = 10  # torchvision's RandomResizedCrop.get_params tries 10 boxes before its fallback
-
-
-def _min_max(value: Any, what: str) -> tuple[float, float]:
-    """A ``(min, max)`` pair of numbers, e.g. RandomResizedCrop's ``scale``; its order is checked by the caller."""
-    if isinstance(value, Sequence) and not isinstance(value, str) and len(value) == 2:
-        try:
-            return (float(value[0]), float(value[1]))
-        except (TypeError, ValueError):
-            pass
-    raise TypeError(f"{what}={value!r} should be a (min, max) pair of numbers")
-
-
-class RandomResizedCrop(Transform):
-    """Crop a random area and aspect ratio, then resize to ``size`` (torchvision's algorithm).
-
-    ``interpolation``: "bilinear", "bicubic" (PIL's, antialiased), or "random": each sample bilinear or bicubic
-    with probability 1/2 (timm's ``RandomResizedCropAndInterpolation(interpolation='random')``), one more draw per
-    sample after the crop's."""
-
-    def __init__(
-        self,
-        size: int | Sequence[int],
-        scale: tuple[float, float] = (0.08, 1.0),
-        ratio: tuple[float, float] = (3.0 / 4.0, 4.0 / 3.0),
-        interpolation: Any = "bilinear",
-        antialias: bool = True,
-    ) -> None:
-        self.size = _setup_size(size, "RandomResizedCrop")
-        self.scale = _min_max(scale, "RandomResizedCrop: scale")
-        self.ratio = _min_max(ratio, "RandomResizedCrop: ratio")
-        if not 0.0 <= self.scale[0] <= self.scale[1]:
-            raise ValueError(f"RandomResizedCrop: scale={scale!r} must be (min, max) with 0 <= min <= max")
-        if not 0.0 < self.ratio[0] <= self.ratio[1]:
-            raise ValueError(f"RandomResizedCrop: ratio={ratio!r} must be (min, max) with 0 < min <= max")
-        self.interpolation = _interpolation(interpolation, antialias, "RandomResizedCrop", random=True)
-        self.antialias = True
-
-    def _params(self) -> dict[str, Any]:
-        return {
-            "size": list(self.size),
-            "scale": list(self.scale),
-            "ratio": list(self.ratio),
-            "interpolation": self.interpolation,
-            "antialias": self.antialias,
-        }
-
-    def __repr__(self) -> str:
-        return (
-            f"{type(self).__name__}(size={self.size}, scale={tuple(round(s, 4) for s in self.scale)}, "
-            f"ratio={tuple(round(r, 4) for r in self.ratio)}, interpolation={self.interpolation}, "
-            f"antialias={self.antialias})"
-        )
-
-    def _apply(self, state: _State, rng: np.random.Generator) -> None:
-        if state.checking:  # any image takes it (its fallback is the whole image): only the output size matters
-            state.sized(self.size)
-            return
-        top, left, h, w, _ = _rrc_params(state.h, state.w, self.scale, self.ratio, rng)
-        state.crop(top, left, h, w)
-        mode: Any = self.interpolation
-        if mode == "random":  # timm: random.choice((BILINEAR, BICUBIC)) per image
-            mode = rng.integers(0, 2, size=h.shape[0]).astype(np.uint8)
-        state.resize(np.full_like(h, self.size[0]), np.full_like(w, self.size[1]), mode)
-
-    def _static_size(self, hw: tuple[int, int] | None) -> tuple[int, int] | None:
-        return self.size
-
-
-def _rrc_params(
-    height: np.ndarray,
-    width: np.ndarray,
-    scale: tuple[float, float],
-    ratio: tuple[float, float],
-    rng: np.random.Generator,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """torchvision's ``RandomResizedCrop.get_params`` for a batch: (top, left, h, w, fell_back).
-
-    All 10 attempts are drawn for every sample at once (2 x (n, 10) uniforms), the first valid one per
-    row wins; rows with none take the centre-crop fallback. Then one position draw per sample.
-    """
-    n = height.shape[0]
-    area = (height * width).astype(np.float64)[:, None]
-    u_area = rng.random((n, _ATTEMPTS))
-    u_ratio = rng.random((n, _ATTEMPTS))
-    target = area * (scale[0] + (scale[1] - scale[0]) * u_area)
-    lo, hi = math.log(ratio[0]), math.log(ratio[1])
-    aspect = np.exp(lo + (hi - lo) * u_ratio)
-    ws = np.rint(np.sqrt(target * aspect)).astype(np.int64)  # rint: half to even, like round()
-    hs = np.rint(np.sqrt(target / aspect)).astype(np.int64)
-    ok = (ws > 0) & (ws <= width[:, None]) & (hs > 0) & (hs <= height[:, None])
-    found = ok.any(axis=1)
-    first = ok.argmax(axis=1)
-    rows = np.arange(n)
-    h, w = hs[rows, first], ws[rows, first]
-    # Fallback: centre crop at the nearest allowed aspect ratio (or the whole image).
-    in_ratio = width / height
-    too_tall, too_wide = in_ratio < ratio[0], in_ratio > ratio[1]
-    fb_h = np.where(too_tall, np.rint(width / ratio[0]).astype(np.int64), height)
-    fb_w = np.where(too_wide, np.rint(height * ratio[1]).astype(np.int64), width)
-    h, w = np.where(found, h, fb_h), np.where(found, w, fb_w)
-    top = rng.integers(0, height - h + 1)
-    left = rng.integers(0, width - w + 1)
-    top = np.where(found, top, (height - h) // 2)
-    left = np.where(found, left, (width - w) // 2)
-    return top, left, h, w, ~found
-
-
-def _resized_hw(
-    height: np.ndarray, width: np.ndarray, size: tuple[int, ...], max_size: int | None
-) -> tuple[np.ndarray, np.ndarray]:
-    """torchvision's ``_compute_resized_output_size``, vectorized; returns (new_h, new_w)."""
-    if len(size) == 2:
-        return np.full_like(height, size[0]), np.full_like(width, size[1])
-    short, long = np.minimum(height, width), np.maximum(height, width)
-    new_short = np.full_like(short, size[0])
-    new_long = np.floor(size[0] * long / short).astype(np.int64)  # int(s * long / short)
-    if max_size is not None:
-        over = new_long > max_size
-        new_short = np.where(over, np.floor(max_size * new_short / new_long).astype(np.int64), new_short)
-        new_long = np.where(over, max_size, new_long)
-    portrait = width <= height
-    return np.where(portrait, new_long, new_short), np.where(portrait, new_short, new_long)
-
-
-class Resize(Transform):
-    """Resize: int ``size`` -> shorter side becomes ``size`` (longer capped by ``max_size``); (h, w) exact."""
-
-    def __init__(
-        self,
-        size: int | Sequence[int],
-        interpolation: Any = "bilinear",
-        max_size: int | None = None,
-        antialias: bool = True,
-    ) -> None:
-        if isinstance(size, Sequence) and not isinstance(size, str):
-            if len(size) not in (1, 2):
-                raise ValueError(f"Resize: size={size!r} must be an int, [int] or (h, w)")
-            self.size: int | tuple[int, ...] = tuple(_positive_int(s, "Resize size") for s in size)
-            self._size = self.size
-        else:
-            self.size = _positive_int(size, "Resize size")
-            self._size = (self.size,)
-        self.max_size = None if max_size is None else _positive_int(max_size, "Resize max_size")
-        if self.max_size is not None:
-            if len(self._size) != 1:
-                raise ValueError(
-                    f"Resize: max_size={max_size} is only allowed when size is an int "
-                    f"(the shorter side), got size={size!r}"
-                )
-            if self.max_size <= self._size[0]:
-                raise ValueError(
-                    f"Resize: max_size={max_size} must be strictly greater than the "
-                    f"requested shorter side size={self._size[0]}"
-                )
-        self.interpolation = _interpolation(interpolation, antialias, "Resize")
-        self.antialias = True
-
-    def _params(self) -> dict[str, Any]:
-        size = self.size if isinstance(self.size, int) else list(self.size)
-        return {
-            "size": size,
-            "interpolation": self.interpolation,
-            "max_size": self.max_size,
-            "antialias": self.antialias,
-        }
-
-    def __repr__(self) -> str:
-        return (
-            f"{type(self).__name__}(size={self.size}, interpolation={self.interpolation}, "
-            f"max_size={self.max_size}, antialias={self.antialias})"
-        )
-
-    def _apply(self, state: _State, rng: np.random.Generator) -> None:
-        nh, nw = _resized_hw(state.h, state.w, self._size, self.max_size)
-        keep = state.refuse(
-            self,
-            (nh <= 0) | (nw <= 0),
-            "a result of at least one pixel per side",
-            lambda i: f"{state.describe(i)}, which it would make {int(nh[i])}x{int(nw[i])}",
-            "raise max_size, or leave such images (extreme aspect ratios) out of the dataset",
-        )
-        if keep is not None:
-            nh, nw = nh[keep], nw[keep]
-        state.resize(nh, nw, self.interpolation)
-
-    def _static_size(self, hw: tuple[int, int] | None) -> tuple[int, int] | None:
-        if len(self._size) == 2:
-            return (self._size[0], self._size[1])
-        if hw is None:
-            return None
-        nh, nw = _resized_hw(np.array([hw[0]]), np.array([hw[1]]), self._size, self.max_size)
-        return (int(nh[0]), int(nw[0]))
-
-
-class CenterCrop(Transform):
-    """Crop the centre ``size`` (int or (h, w)); an image smaller than that is zero-padded first, as torchvision's
-    ``F.center_crop`` pads it (``(crop - size) // 2`` pixels before, the rest after), masks with 0 too."""
-
-    def __init__(self, size: int | Sequence[int]) -> None:
-        self.size = _setup_size(size, "CenterCrop")
-
-    def _params(self) -> dict[str, Any]:
-        return {"size": list(self.size)}
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(size={self.size})"
-
-    def _apply(self, state: _State, rng: np.random.Generator) -> None:
-        ch, cw = self.size
-        small = (state.h < ch) | (state.w < cw)
-        later = next((t for t in state.rest if not isinstance(t, RandomHorizontalFlip)), None)
-        if later is not None:  # the padded window is the tile: nothing may resample or crop it after
-            keep = state.refuse(
-                self,
-                small,
-                f"an image of at least {ch}x{cw} (h x w) at this step when {later!r} follows it",
-                state.describe,
-                f"torchvision would zero-pad, which fastload does only when nothing but "
-                f"RandomHorizontalFlip follows CenterCrop among the crops and resizes; put a Resize of at least "
-                f"the crop size before CenterCrop, or move {later!r} before it",
-            )
-            if keep is not None:
-                small = small[keep]
-        # torchvision: pad (crop - size) // 2 before (then crop at 0 in the padded image), else crop at the centre
-        top = np.where(state.h < ch, -((ch - state.h) // 2), np.rint((state.h - ch) / 2.0)).astype(np.int64)
-        left = np.where(state.w < cw, -((cw - state.w) // 2), np.rint((state.w - cw) / 2.0)).astype(np.int64)
-        if not small.any():
-            state.crop(top, left, np.full_like(top, ch), np.full_like(left, cw))
-            return
-        if state.checking:  # only flips follow: the window's size is all the check needs (not its index maps)
-            state.sized(self.size, padded=True)
-            return
-        padded_window(state, top, left, (ch, cw), (state.h, state.w), "constant", np.zeros(3), 0)
-
-    def _static_size(self, hw: tuple[int, int] | None) -> tuple[int, int] | None:
-        return self.size
-
-
-class RandomHorizontalFlip(Transform):
-    """Mirror left-right with probability ``p`` (one uniform draw per sample)."""
-
-    def __init__(self, p: float = 0.5) -> None:
-        if isinstance(p, bool) or not isinstance(p, numbers.Real):
-            raise TypeError(f"RandomHorizontalFlip: p={p!r} should be a probability (a number in [0, 1])")
-        self.p = float(p)
-        if not 0.0 <= self.p <= 1.0:
-            raise ValueError(f"RandomHorizontalFlip: p={p!r} must be in [0, 1]")
-
-    def _params(self) -> dict[str, Any]:
-        return {"p": self.p}
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(p={self.p})"
-
-    def _apply(self, state: _State, rng: np.random.Generator) -> None:
-        state.flip ^= rng.random(state.h.shape[0]) < self.p
-
-
 class Compose:
     """A sequence of transforms, applied in order (as ``torchvision.transforms.Compose``)."""
 
@@ -413,208 +155,6 @@ class Compose:
 
     def __repr__(self) -> str:
         return "Compose(" + "".join(f"\n    {t}" for t in self.transforms) + "\n)"
-
-
-class Plan:
-    """One batch's plan for one image field: what every decoder executes, ``decode(sources, plan, out)``
-    (``fastload/decoders/_base.py``), and what :func:`apply_pil` executes for ``ds[i]``.
-
-    ``crops``: int32 ``(n, 4)``, top, left, height, width in source pixels, inside the image;
-    ``flips``: uint8 ``(n,)``, 1 = mirror left-right after resizing; ``out_hw``: int32 ``(n, 2)``, the output
-    height and width (a fixed-size pipeline's rows are that size).
-
-    ``augment``: None, or the per-sample augmentation of issue 21 over these tiles
-    (``fastload._augment.plan.AugmentPlan``: vertical flips, an affine matrix, ordered pixel operations),
-    attached by :meth:`with_augment` so that its geometry and the fields above never disagree. Decoders read
-    the plan through this one object, so adding a kind of operation extends the plan, not their signature;
-    a decoder that cannot execute part of a plan refuses it (``decoders/_base.py`` ``geometry_only``).
-
-    ``seeds``: None, or uint64 ``(n,)``: each sample's seed for the transforms fastload does not know
-    (``ImagePipeline.fallback``, run per sample after the decoder; ``_augment/fallback.py``).
-
-    ``after_seeds``: the same for the transforms after ToDtype/Normalize (``ImagePipeline.after``).
-
-    ``interp``: None (every sample resized bilinear), or uint8 ``(n,)``: each sample's resize, 0 PIL's BILINEAR,
-    1 PIL's BICUBIC (``_augment/random_resize.py`` ``RESIZE_CODES``; csrc/resize.h). Only the native decoder
-    resizes bicubic; the GPU decoders refuse such a pipeline when made (``decoders/_base.py`` ``BICUBIC_RESIZE``).
-
-    ``plan.take(lo, hi)``: the plan of samples ``lo .. hi-1``; ``plan.n``: how many samples.
-    """
-
-    __slots__ = ("crops", "flips", "out_hw", "augment", "seeds", "after_seeds", "interp")
-
-    def __init__(
-        self,
-        crops: np.ndarray,
-        flips: np.ndarray,
-        out_hw: np.ndarray,
-        augment: Any = None,
-        seeds: np.ndarray | None = None,
-        after_seeds: np.ndarray | None = None,
-        interp: np.ndarray | None = None,
-    ) -> None:
-        self.crops, self.flips, self.out_hw, self.augment = crops, flips, out_hw, augment
-        self.seeds, self.after_seeds, self.interp = seeds, after_seeds, interp
-
-    @property
-    def n(self) -> int:
-        """How many samples the plan is for."""
-        return len(self.crops)
-
-    def __iter__(self):
-        """``crops, flips, out_hw = plan`` unpacks as it did when the plan was a named tuple of those three."""
-        return iter((self.crops, self.flips, self.out_hw))
-
-    def take(self, lo: int, hi: int) -> Plan:
-        """The plan of samples ``lo .. hi-1`` (the hybrid decoder's halves), ``augment`` included."""
-        lo, hi, _ = slice(lo, hi).indices(self.n)
-        hi = max(lo, hi)
-        augment = None if self.augment is None else self.augment.take(lo, hi)
-        seeds = None if self.seeds is None else self.seeds[lo:hi]
-        after = None if self.after_seeds is None else self.after_seeds[lo:hi]
-        interp = None if self.interp is None else self.interp[lo:hi]
-        return Plan(self.crops[lo:hi], self.flips[lo:hi], self.out_hw[lo:hi], augment, seeds, after, interp)
-
-    def interp_of(self, k: int) -> int:
-        """Sample ``k``'s resize: 0 bilinear, 1 bicubic (the native calls' ``interpolation``)."""
-        return 0 if self.interp is None else int(self.interp[k])
-
-    def with_augment(self, augment: Any) -> Plan:
-        """This plan extended by ``augment`` (an ``AugmentPlan`` begun with ``PlanBuilder.from_crop_plan(self)``):
-        the flips and output sizes become the augmentation's (a transform there may flip again)."""
-        geo = augment.geometry
-        if augment.n != self.n or (geo.crops is not None and not np.array_equal(geo.crops, self.crops)):
-            raise ValueError(
-                f"the augmentation plan ({augment.n} samples) was not made from this plan "
-                f"({self.n} samples): begin it with PlanBuilder.from_crop_plan(plan)"
-            )
-        return Plan(
-            self.crops,
-            geo.hflip.astype(np.uint8),
-            geo.out_hw.astype(np.int32),
-            augment,
-            self.seeds,
-            self.after_seeds,
-            self.interp,
-        )
-
-    def __repr__(self) -> str:
-        extra = "" if self.augment is None else f", augment={len(self.augment.steps)} steps"
-        return f"Plan({self.n} samples{extra})"
-
-
-class _State:
-    """The batch's virtual images while planning (see "Composition" in the module docstring)."""
-
-    __slots__ = (
-        "src_h",
-        "src_w",
-        "h",
-        "w",
-        "oy",
-        "ox",
-        "sy",
-        "sx",
-        "flip",
-        "interp",
-        "pad",
-        "tile_hw",
-        "rest",
-        "index",
-        "refusals",
-        "smallest",
-    )
-
-    def __init__(self, heights: np.ndarray, widths: np.ndarray, checking: bool = False) -> None:
-        self.src_h, self.src_w = heights, widths
-        self.h, self.w = heights, widths
-        self.oy = self.ox = np.zeros(heights.shape[0])
-        self.sy = self.sx = np.ones(heights.shape[0])
-        self.flip = np.zeros(heights.shape[0], dtype=bool)
-        self.interp = np.zeros(heights.shape[0], dtype=np.uint8)  # each sample's resize (RESIZE_CODES)
-        self.pad, self.tile_hw = None, None  # a padded RandomCrop's windows (_augment/random_crop.py)
-        self.rest: tuple = ()  # the crop-plan transforms after the one planning now
-        self.index = np.arange(heights.shape[0])  # each row's sample: its position in the batch, or the dataset
-        #: checking a dataset at open (ImagePipeline.check_sizes): what each step refused, instead of raising
-        self.refusals: list[Refusal] | None = [] if checking else None
-        self.smallest = False  # checking: a RandomResize planned its min_size (said in the messages)
-
-    @property
-    def checking(self) -> bool:
-        """Planning every sample of a dataset at open: ``RandomResize`` plans its smallest size (the worst case)."""
-        return self.refusals is not None
-
-    def refuse(self, step: Any, bad: np.ndarray, need: str, detail: Any, fix: str) -> np.ndarray | None:
-        """The samples ``bad`` (bool (n,)) that ``step`` cannot plan: it needs ``need``; ``detail(i)`` says what
-        row ``i`` is. Planning a batch: ``ValueError`` naming the first. Checking a dataset: recorded, and those
-        rows are dropped from the state; returns the mask of the rows kept (None when none was bad)."""
-        if not bad.any():
-            return None
-        where = np.flatnonzero(bad)
-        if self.refusals is None:
-            i = int(where[0])
-            raise ValueError(f"{step!r} needs {need}, but sample {i} of the batch is {detail(i)}; {fix}")
-        self.refusals.append(
-            Refusal(step, need, fix, self.index[where], [detail(int(i)) for i in where[: Refusal.SHOWN]])
-        )
-        keep = ~bad
-        for name in ("src_h", "src_w", "h", "w", "oy", "ox", "sy", "sx", "flip", "interp", "index"):
-            setattr(self, name, getattr(self, name)[keep])
-        if self.pad is not None:  # a PadIfSmaller's Pending (per-sample bottom, right) or padded windows
-            self.pad = self.pad.take_rows(keep)
-        return keep
-
-    def crop(self, top: np.ndarray, left: np.ndarray, h: np.ndarray, w: np.ndarray) -> None:
-        left = np.where(self.flip, self.w - left - w, left)  # the crop was chosen on the mirror
-        self.oy = self.oy + top * self.sy
-        self.ox = self.ox + left * self.sx
-        self.h, self.w = h, w
-
-    def resize(self, h: np.ndarray, w: np.ndarray, interpolation: Any = "bilinear") -> None:
-        """Resize every row to ``h`` x ``w`` with ``interpolation``: a name of ``RESIZE_CODES``, or one code per row.
-        The crop plan resizes once (every resize is folded into one box): the last resize's interpolation is the
-        one the decoder uses."""
-        self.interp = (
-            np.full(h.shape[0], _RESIZE_CODES[interpolation], np.uint8)
-            if isinstance(interpolation, str)
-            else np.asarray(interpolation, np.uint8)
-        )
-        self.sy = self.sy * (self.h / h)
-        self.sx = self.sx * (self.w / w)
-        self.h, self.w = h, w
-
-    def sized(self, hw: tuple[int, int], padded: bool = False) -> None:
-        """Checking a dataset (no plan is made): every row is ``hw`` after this step; ``padded``: a padded window,
-        the tile (only flips may follow it)."""
-        n = self.h.shape[0]
-        self.h, self.w = np.full(n, hw[0], np.int64), np.full(n, hw[1], np.int64)
-        if padded:
-            self.tile_hw = (int(hw[0]), int(hw[1]))
-
-    def describe(self, i: int) -> str:
-        smallest = ", RandomResize at its min_size" if self.checking and self.smallest else ""
-        return f"{int(self.h[i])}x{int(self.w[i])} (source {int(self.src_h[i])}x{int(self.src_w[i])}{smallest})"
-
-    def finish(self) -> Plan:
-        def edges(o: np.ndarray, extent: np.ndarray, limit: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-            lo = np.clip(np.rint(o), 0, limit - 1).astype(np.int64)
-            hi = np.clip(np.rint(o + extent), lo + 1, limit).astype(np.int64)
-            return lo, hi - lo
-
-        top, height = edges(self.oy, self.h * self.sy, self.src_h)
-        left, width = edges(self.ox, self.w * self.sx, self.src_w)
-        # a padded RandomCrop decodes its box at pad.decode_hw (self.h, self.w) into tiles of tile_hw
-        hw = (
-            (self.h, self.w)
-            if self.tile_hw is None
-            else (np.full_like(self.h, self.tile_hw[0]), np.full_like(self.w, self.tile_hw[1]))
-        )
-        return Plan(
-            crops=np.stack([top, left, height, width], axis=1).astype(np.int32),
-            flips=self.flip.astype(np.uint8),
-            out_hw=np.stack(hw, axis=1).astype(np.int32),
-            interp=self.interp.copy() if self.interp.any() else None,  # None: all bilinear (nothing changes)
-        )
 
 
 def _flatten(transforms: Any) -> list[Any]:
@@ -744,7 +284,7 @@ class ImagePipeline:
         self.augment: tuple[Augment, ...] = tuple(augment)
         hw: tuple[int, int] | None = None
         for t in self.transforms:
-            hw = t._static_size(hw)
+            hw = static_size(t, hw)
         self._output_size = hw
 
     @property
@@ -774,7 +314,7 @@ class ImagePipeline:
         state = _State(h, w)
         for k, t in enumerate(self.transforms):
             state.rest = self.transforms[k + 1 :]
-            t._apply(state, rng)
+            plan_step(t, state, rng)
         plan = state.finish()
         if self.augment or state.pad:
             plan = _augment.plan_batch(self.augment, plan, rng, state.pad)
@@ -787,7 +327,7 @@ class ImagePipeline:
     def check_sizes(self, heights: np.ndarray, widths: np.ndarray, chunk: int = 8192) -> str | None:
         """What no batch could plan of a dataset's samples of stored sizes ``heights[i] x widths[i]``, every such
         sample counted and the first named per step (``_transforms/size_check.py``); None when every sample plans."""
-        return _size_check.check(self, heights, widths, _State, lambda t, state, rng: t._apply(state, rng), chunk)
+        return _size_check.check(self, heights, widths, _State, plan_step, chunk)
 
     def run_fallback(self, image: np.ndarray, plan: Plan, k: int = 0) -> np.ndarray:
         """``ds[i]``: the per-sample transforms on sample ``k``'s decoded HWC uint8 ``image`` (in place)."""
@@ -819,7 +359,10 @@ class ImagePipeline:
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
-        return f"ImagePipeline([{', '.join(map(repr, self.transforms + self.augment + self.fallback + self.after))}])"
+        # every stage, as __eq__ compares them: the repr keys num_workers='auto''s cache (_front/autotune.py) and
+        # tells two pipelines apart in messages (fastload.mix's refusal)
+        steps = self.transforms + self.augment + self.fallback + self.tensor.transforms + self.after
+        return f"ImagePipeline([{', '.join(map(repr, steps))}])"
 
 
 def apply_pil(pipeline: Any, image: Any, rng: np.random.Generator) -> Any:
@@ -845,8 +388,3 @@ def apply_pil(pipeline: Any, image: Any, rng: np.random.Generator) -> Any:
     if pipe.fallback:  # the transforms fastload does not know, per sample as the loader runs them
         out = Image.fromarray(pipe.run_fallback(np.array(out.convert("RGB")), p))
     return out
-
-
-from ._augment.random_crop import RandomCrop  # noqa: E402  (a crop-plan Transform: defined after its base)
-from ._augment.pad_if_smaller import PadIfSmaller  # noqa: E402  (the same)
-from ._augment.random_crop import padded_window  # noqa: E402  (CenterCrop's zero padding)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
+import os
 import signal
 from pathlib import Path
 
@@ -15,6 +17,99 @@ import torch
 # they start (an ignored signal stays ignored across exec; a handled one does not).
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+# Signals whose handler a test must leave as it found it (Lightning's signal connector, accelerate and
+# job-scheduler code install handlers for these): a handler left in the pytest process changes every later
+# test, and every process they fork (a pack's encode workers inherited a SIGTERM handler and slept through
+# terminate()). SIGALRM is pytest-timeout's.
+WATCHED_SIGNALS = [signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
+                   signal.SIGCHLD, signal.SIGPIPE]
+# torch's DataLoader installs its SIGCHLD handler (it reports a dead worker) at its first multi-process iterator
+# and keeps it for the life of the process, on purpose: installed here, it is every test's starting point, not a
+# change made by whichever test first starts torch's workers.
+torch.utils.data._utils.signal_handling._set_SIGCHLD_handler()
+
+
+def signal_handlers() -> dict[str, object]:
+    return {s.name: signal.getsignal(s) for s in WATCHED_SIGNALS}
+
+
+def put_back_signal_handlers(before: dict[str, object]) -> dict[str, tuple]:
+    """Puts back the handlers of ``before`` (a ``signal_handlers()``) that have changed since; returns those
+    (name: (before, after))."""
+    after = signal_handlers()
+    changed = {name: (before[name], after[name]) for name in before if after[name] != before[name]}
+    for name, (old, _) in changed.items():
+        if old is not None:  # None: a handler not installed from Python, which Python cannot put back
+            signal.signal(signal.Signals[name], old)
+    return changed
+
+
+@contextlib.contextmanager
+def signal_handlers_kept():
+    """Puts the watched signal handlers back as they were once the block ends: around code that installs
+    handlers for good (``ray.init()`` installs a SIGTERM handler that ``ray.shutdown()`` leaves in place)."""
+    before = signal_handlers()
+    try:
+        yield
+    finally:
+        put_back_signal_handlers(before)
+
+
+def _left_changed(who: str, changed: dict[str, tuple]) -> str:
+    return (f"{who} left signal handlers changed (before -> after): {changed}; put back what it changes "
+            "(conftest.signal_handlers_kept does)")
+
+
+@pytest.fixture(autouse=True)
+def _signal_handlers_restored(request):
+    """Fails a test that leaves a signal handler other than it found it (and puts the old one back, so that one
+    offender does not fail every test after it). A module- or class-scoped fixture is checked when the last test of
+    its module has been torn down (pytest_runtest_teardown below)."""
+    before = signal_handlers()
+    yield
+    changed = put_back_signal_handlers(before)
+    if changed:
+        pytest.fail(_left_changed(request.node.nodeid, changed), pytrace=False)
+
+
+_module_handlers: dict[str, dict[str, object]] = {}
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    module = item.getparent(pytest.Module)
+    if module is not None:  # the handlers before the module's fixtures
+        _module_handlers.setdefault(module.nodeid, signal_handlers())
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    result = yield
+    module = item.getparent(pytest.Module)
+    if module is not None and (nextitem is None or nextitem.getparent(pytest.Module) is not module):
+        changed = put_back_signal_handlers(_module_handlers.pop(module.nodeid))
+        if changed:  # its fixtures are torn down: what a module- or class-scoped fixture changed is still there
+            pytest.fail(_left_changed(f"{module.nodeid} (a module- or class-scoped fixture)", changed),
+                        pytrace=False)
+    return result
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """A local Ray cluster (2 CPUs) for the tests of one module; skips without ray. ``ray.init()`` installs a
+    SIGTERM handler that ``ray.shutdown()`` leaves in place: put back, so that the rest of the suite (and every
+    process it forks) does not run under it."""
+    ray = pytest.importorskip("ray")
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    with signal_handlers_kept():
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        try:
+            yield ray
+        finally:
+            ray.shutdown()
 
 
 def jpeg_bytes(h: int, w: int, seed: int = 0, quality: int = 90, mode: str = "RGB") -> bytes:
@@ -212,12 +307,18 @@ def resumed_and_reference(make, workers_after, done=4):
     """Resume mid-epoch: the images of an uninterrupted epoch of ``make(1)`` after its first ``done`` batches,
     and those of a loader ``make(workers_after)`` restored from the state saved after ``done`` batches."""
     ref = [b[0].clone() for b in make(1)]
-    dl = make(1)
-    it = iter(dl)
+    restored = restore_after(make(1), done, lambda: make(workers_after))
+    return [b[0].clone() for b in restored], ref[done:]
+
+
+def restore_after(loader, done, make):
+    """A new loader ``make()`` restored from ``loader``'s state after the first ``done`` batches of an epoch (the
+    iterator dropped before ``make`` runs, as when a job is stopped)."""
+    it = iter(loader)
     for _ in range(done):
         next(it)
-    state = dl.state_dict()
+    state = loader.state_dict()
     del it
-    restored = make(workers_after)
+    restored = make()
     restored.load_state_dict(state)
-    return [b[0].clone() for b in restored], ref[done:]
+    return restored

@@ -95,6 +95,25 @@ def test_another_batch_size_or_transform_is_measured_afresh(small_images, tmp_pa
     assert len(json.loads(_autotune.cache_path().read_text())) == 3
 
 
+def test_a_pipeline_that_differs_only_in_normalize_is_measured_afresh(small_images, tmp_path, monkeypatch, measured):
+    """The key holds the transforms as declared: the same steps given as an ImagePipeline instead of a list key
+    alike only when every stage does (the pipeline's repr once left out ToDtype/Normalize)."""
+    import torch
+
+    from fastload import transforms as T
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+
+    def opened(mean):
+        steps = [T.Resize(16), T.ToDtype(torch.float32, scale=True), T.Normalize(mean, [0.5] * 3)]
+        return fastload.open(small_images, transforms={"image": T.ImagePipeline(steps)})
+
+    assert _autotune._key(opened([0.5] * 3), 4) == _autotune._key(opened([0.5] * 3), 4)
+    _autotune.autotune(None, None, opened([0.5] * 3), 4)
+    _autotune.autotune(None, None, opened([0.4] * 3), 4)
+    assert len(measured) == 2
+
+
 @pytest.mark.parametrize("content", ["{not json", "[]", '{"KEY": {"num_workers": "2"}}'],
                          ids=["broken", "a list", "a str count"])
 def test_a_damaged_cache_is_measured_over_and_rewritten(small_images, tmp_path, monkeypatch, measured, content):

@@ -5,11 +5,6 @@ permutation for the same seed (and a new one each epoch), and the same on both p
 
 from __future__ import annotations
 
-import faulthandler
-import multiprocessing
-import queue
-import socket
-import sys
 import warnings
 
 import pytest
@@ -17,11 +12,9 @@ import torch
 
 import fastload
 from fastload import transforms as T
+from gloo_common import run_ranks
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
-# seconds a rank may take (about 10 on a quiet machine, 60-90 at load 6; pytest's limit is 300), then it prints
-# its stack and exits
-RANK_LIMIT = 240
 N = 22  # not a multiple of the world size: the last rank's share wraps around, as DistributedSampler's does
 
 
@@ -41,79 +34,37 @@ def ids(loader, key) -> list[int]:
     return [int(i) for batch in loader for i in key(batch)]
 
 
-def _rank(rank: int, port: int, root: str, out) -> None:
-    import torch.distributed as dist
-
-    # A stuck rank prints every thread's stack to stderr (pytest shows it) and exits, so a hang fails here,
-    # well inside pytest's timeout, instead of leaving processes for the interpreter's exit to wait on.
-    faulthandler.dump_traceback_later(RANK_LIMIT, exit=True, file=sys.stderr)
-    # The workers fork, as they do under torchrun (whose ranks are fresh interpreters). A spawned rank would
-    # spawn its workers too: two fresh interpreters importing torch per epoch, 30 per rank here, which under
-    # load took minutes (each rank seen "waiting in _get" while its workers still imported torch).
-    multiprocessing.set_start_method("fork", force=True)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    try:
-        warnings.simplefilter("ignore", fastload.FastPathWarning)
-        ds = fastload.open(root, transforms={"image": [T.Resize(8), T.CenterCrop(8)]})
-        label = lambda b: b[2]  # noqa: E731  (the packed samples' id field)
-        made = {
-            "fast": lambda seed, nw: fastload.DataLoader(ds, batch_size=3, shuffle=True, seed=seed, num_workers=nw),
-            "fell_off": lambda seed, nw: fastload.DataLoader(ds, batch_size=3, shuffle=True, seed=seed,
-                                                             num_workers=nw, collate_fn=by_id),
-            "plain": lambda seed, nw: fastload.DataLoader(Plain(), batch_size=3, shuffle=True, seed=seed,
-                                                          num_workers=nw),
-            "plain_unseeded": lambda seed, nw: fastload.DataLoader(Plain(), batch_size=3, order="random",
-                                                                   num_workers=nw),
-        }
-        made["torch_semantics"] = lambda seed, nw: fastload.DataLoader(Plain(), batch_size=3, shuffle=False,
-                                                                       num_workers=nw)
-        keys = {"fast": label, "fell_off": lambda b: [s[2] for s in b], "plain": lambda b: b[1],
-                "plain_unseeded": lambda b: b[1], "torch_semantics": lambda b: b[1]}
-        result = {}
-        for name, make in made.items():
-            for nw in (0, 2):
-                dl = make(7, nw)
-                epochs = [ids(dl, keys[name]) for _ in range(2)]
-                result[(name, nw)] = dict(fast=dl.fast_path, len=len(dl), epochs=epochs,
-                                          again=ids(make(7, nw), keys[name]))
-        out.put((rank, result))
-    finally:
-        dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _rank(rank: int, root: str) -> dict:
+    warnings.simplefilter("ignore", fastload.FastPathWarning)
+    ds = fastload.open(root, transforms={"image": [T.Resize(8), T.CenterCrop(8)]})
+    label = lambda b: b[2]  # noqa: E731  (the packed samples' id field)
+    made = {
+        "fast": lambda seed, nw: fastload.DataLoader(ds, batch_size=3, shuffle=True, seed=seed, num_workers=nw),
+        "fell_off": lambda seed, nw: fastload.DataLoader(ds, batch_size=3, shuffle=True, seed=seed,
+                                                         num_workers=nw, collate_fn=by_id),
+        "plain": lambda seed, nw: fastload.DataLoader(Plain(), batch_size=3, shuffle=True, seed=seed,
+                                                      num_workers=nw),
+        "plain_unseeded": lambda seed, nw: fastload.DataLoader(Plain(), batch_size=3, order="random",
+                                                               num_workers=nw),
+    }
+    made["torch_semantics"] = lambda seed, nw: fastload.DataLoader(Plain(), batch_size=3, shuffle=False,
+                                                                   num_workers=nw)
+    keys = {"fast": label, "fell_off": lambda b: [s[2] for s in b], "plain": lambda b: b[1],
+            "plain_unseeded": lambda b: b[1], "torch_semantics": lambda b: b[1]}
+    result = {}
+    for name, make in made.items():
+        for nw in (0, 2):
+            dl = make(7, nw)
+            epochs = [ids(dl, keys[name]) for _ in range(2)]
+            result[(name, nw)] = dict(fast=dl.fast_path, len=len(dl), epochs=epochs,
+                                      again=ids(make(7, nw), keys[name]))
+    return result
 
 
 @pytest.fixture(scope="module")
 def per_rank(numbered):
-    root = numbered(N)  # Numbered: (image, label, id), the id tells which sample a rank saw
-    ctx = multiprocessing.get_context("spawn")
-    out = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_rank, args=(r, port, str(root), out)) for r in range(2)]
-    for p in procs:
-        p.start()
-    try:
-        got = {}
-        while len(got) < len(procs):
-            try:
-                got.update([out.get(timeout=1)])
-            except queue.Empty:
-                if any(p.exitcode not in (None, 0) for p in procs):
-                    codes = {r: p.exitcode for r, p in enumerate(procs)}
-                    pytest.fail(f"a rank failed (exit codes {codes}); its stack or error is in the captured stderr")
-        for p in procs:
-            p.join(timeout=60)
-            assert p.exitcode == 0
-    finally:  # never leave a rank behind: the interpreter would wait for it at exit
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join()
-    return got
+    # Numbered: (image, label, id), the id tells which sample a rank saw
+    return run_ranks(_rank, 2, str(numbered(N)))
 
 
 @pytest.mark.parametrize("name", ["fast", "fell_off", "plain", "plain_unseeded"])

@@ -9,13 +9,8 @@ uninterrupted process; the next epoch is a fresh M-rank loader's."""
 
 from __future__ import annotations
 
-import faulthandler
 import hashlib
-import multiprocessing
 import pickle
-import queue
-import socket
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -23,9 +18,9 @@ import pytest
 
 import fastload
 from fastload import transforms as T
+from gloo_common import run_ranks
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
-RANK_LIMIT = 240  # seconds a rank may take, then it prints its stack and exits
 N = 37  # not a multiple of any world size here: the splits pad (or cut)
 EPOCH, K, SEED = 1, 2, 11  # the saved position: epoch 1, after K batches on every rank
 # name: (old world, old batch, new world, new batch, how the state travels)
@@ -52,83 +47,48 @@ def first_batches(dl, k):
     return [next(it) for _ in range(k)]
 
 
-def _rank(rank: int, port: int, root: str, ckpt: str, out) -> None:
+def _rank(rank: int, root: str, ckpt: str) -> dict:
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.stateful import Stateful
 
-    faulthandler.dump_traceback_later(RANK_LIMIT, exit=True, file=sys.stderr)
-    multiprocessing.set_start_method("fork", force=True)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=4)
-    try:
-        groups = {w: dist.new_group(list(range(w))) for w in (2, 3)}  # every rank makes every group
-        groups[4] = None  # the default group
-        result = {}
-        for name, (w, b, w2, b2, how) in SCENARIOS.items():
-            path = str(Path(ckpt) / name.replace(">", ""))
-            if rank < w:  # the saving run: K batches of epoch EPOCH, then a checkpoint
-                dl = loader(root, b, rank, w)
-                dl.set_epoch(EPOCH)
-                result[(name, "saved")] = ledger(first_batches(dl, K))
-                if how == "dcp":
-                    assert isinstance(dl, Stateful)  # DCP calls its state_dict()/load_state_dict()
-                    dcp.save({"loader": dl}, checkpoint_id=path, process_group=groups[w])
-                else:
-                    states = [None] * w
-                    dist.all_gather_object(states, dl.state_dict(), group=groups[w])
-                    if rank == 0:
-                        Path(path).write_bytes(pickle.dumps(states))
-            dist.barrier()
-            if rank < w2:  # the resumed run: new loaders, another world size or batch size, two workers
-                dl = loader(root, b2, rank, w2, num_workers=2)
-                if how == "dcp":
-                    dcp.load({"loader": dl}, checkpoint_id=path, process_group=groups[w2])
-                else:
-                    dl.load_state_dict(pickle.loads(Path(path).read_bytes()))
-                result[(name, "resumed")] = ledger(dl)
-                result[(name, "next")] = ledger(dl)
-                fresh = loader(root, b2, rank, w2)
-                fresh.set_epoch(EPOCH + 1)
-                result[(name, "fresh_next")] = ledger(fresh)
-            dist.barrier()
-        out.put((rank, result))
-    finally:
-        dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    groups = {w: dist.new_group(list(range(w))) for w in (2, 3)}  # every rank makes every group
+    groups[4] = None  # the default group
+    result = {}
+    for name, (w, b, w2, b2, how) in SCENARIOS.items():
+        path = str(Path(ckpt) / name.replace(">", ""))
+        if rank < w:  # the saving run: K batches of epoch EPOCH, then a checkpoint
+            dl = loader(root, b, rank, w)
+            dl.set_epoch(EPOCH)
+            result[(name, "saved")] = ledger(first_batches(dl, K))
+            if how == "dcp":
+                assert isinstance(dl, Stateful)  # DCP calls its state_dict()/load_state_dict()
+                dcp.save({"loader": dl}, checkpoint_id=path, process_group=groups[w])
+            else:
+                states = [None] * w
+                dist.all_gather_object(states, dl.state_dict(), group=groups[w])
+                if rank == 0:
+                    Path(path).write_bytes(pickle.dumps(states))
+        dist.barrier()
+        if rank < w2:  # the resumed run: new loaders, another world size or batch size, two workers
+            dl = loader(root, b2, rank, w2, num_workers=2)
+            if how == "dcp":
+                dcp.load({"loader": dl}, checkpoint_id=path, process_group=groups[w2])
+            else:
+                dl.load_state_dict(pickle.loads(Path(path).read_bytes()))
+            result[(name, "resumed")] = ledger(dl)
+            result[(name, "next")] = ledger(dl)
+            fresh = loader(root, b2, rank, w2)
+            fresh.set_epoch(EPOCH + 1)
+            result[(name, "fresh_next")] = ledger(fresh)
+        dist.barrier()
+    return result
 
 
 @pytest.fixture(scope="module")
 def runs(numbered, tmp_path_factory):
     root = numbered(N)  # Numbered: (image, label, id)
-    ckpt = tmp_path_factory.mktemp("elastic_ckpt")
-    ctx = multiprocessing.get_context("spawn")
-    out = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_rank, args=(r, port, str(root), str(ckpt), out)) for r in range(4)]
-    for p in procs:
-        p.start()
-    try:
-        got: dict = {}
-        while len(got) < len(procs):
-            try:
-                got.update([out.get(timeout=1)])
-            except queue.Empty:
-                if any(p.exitcode not in (None, 0) for p in procs):
-                    codes = {r: p.exitcode for r, p in enumerate(procs)}
-                    pytest.fail(f"a rank failed (exit codes {codes}); its stack or error is in the captured stderr")
-        for p in procs:
-            p.join(timeout=60)
-            assert p.exitcode == 0
-    finally:  # never leave a rank behind
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join()
+    got = run_ranks(_rank, 4, str(root), str(tmp_path_factory.mktemp("elastic_ckpt")))
     # the pixels each sample gets in epoch EPOCH, in one uninterrupted process
     whole = loader(root, 5, 0, 1)
     whole.set_epoch(EPOCH)

@@ -13,6 +13,8 @@ from torch.utils.data import DistributedSampler, RandomSampler
 import fastload
 from fastload import transforms as T
 
+from conftest import restore_after
+
 N = 14
 
 
@@ -93,14 +95,7 @@ def test_restored_at_every_position_the_rest_of_the_stream_is_identical(data, na
     ref = [list(whole), list(whole)]  # epochs 0 and 1
     assert len(ref[0]) >= 3
     for p in range(len(ref[0]) + 1):
-        first = make(data)
-        it = iter(first)
-        for _ in range(p):
-            next(it)
-        state = first.state_dict()
-        del it
-        restored = make(data)
-        restored.load_state_dict(state)
+        restored = restore_after(make(data), p, lambda: make(data))
         rest = list(restored)
         if p < len(ref[0]):
             assert same(rest, ref[0][p:]), f"{name}: the rest of epoch 0 differs after a restore at batch {p}"

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from fastload import transforms as T
+from fastload._transforms.geometric import _rrc_params
 from fastload.transforms import (
     CenterCrop,
     Compose,
@@ -112,7 +112,7 @@ def test_rrc_distribution_matches_torchvision(hw, scale, ratio):
     H, W = hw
     rnd = random.Random(1234)
     ref = np.array([tv_rrc_params(H, W, scale, ratio, rnd) for _ in range(n)], dtype=np.int64)
-    top, left, h, w, fb = T._rrc_params(full(n, H), full(n, W), scale, ratio, np.random.default_rng(99))
+    top, left, h, w, fb = _rrc_params(full(n, H), full(n, W), scale, ratio, np.random.default_rng(99))
     ours = np.stack([top, left, h, w, fb], axis=1).astype(np.int64)
     crit = 1.95 * math.sqrt(2 / n)  # alpha = 0.001
     stats = {
@@ -139,7 +139,7 @@ def test_rrc_replays_torchvision_loop_on_the_same_draws():
     H, W = rng.integers(1, 800, 3000), rng.integers(1, 800, 3000)
     H[:300] = 2000  # elongated rows: fallbacks and late first hits
     scale, ratio = (0.08, 1.0), (3 / 4, 4 / 3)
-    top, left, h, w, fb = T._rrc_params(H, W, scale, ratio, np.random.default_rng(5))
+    top, left, h, w, fb = _rrc_params(H, W, scale, ratio, np.random.default_rng(5))
     replay = np.random.default_rng(5)
     ua, ur = replay.random((H.size, 10)), replay.random((H.size, 10))
     exp_h, exp_w, exp_fb = [], [], []
@@ -435,6 +435,41 @@ def test_compose_forms_are_equivalent():
     assert a == ImagePipeline(Compose(ts)) == ImagePipeline([Compose(ts[:2]), ts[2]]) == ImagePipeline(a)
     assert a.describe()[0] == {"name": "Resize", "size": 64, "interpolation": "bilinear",
                                "max_size": None, "antialias": True}
+
+
+def _identity(img):  # a callable fastload does not know: run per sample
+    return img
+
+
+def _identity_after(img):  # the same, after Normalize (on the float image)
+    return img
+
+
+def test_pipelines_that_differ_in_one_stage_are_unequal_and_read_differently():
+    """Each stage, the tensor stage (ToDtype/Normalize) too, counts in ``==`` and shows in the repr: the repr tells
+    two pipelines apart in fastload.mix's refusal (which printed two identical reprs when only a Normalize
+    differed) and keys num_workers='auto''s cache."""
+    import torch
+
+    import fastload.transforms as T
+
+    to_float = T.ToDtype(torch.float32, scale=True)
+    base = [T.Resize(16), T.ColorJitter(0.2), _identity, to_float, T.Normalize([0.5] * 3, [0.5] * 3), _identity_after]
+    variants = {
+        "transforms": [T.Resize(17), *base[1:]],
+        "augment": [base[0], T.ColorJitter(0.3), *base[2:]],
+        "fallback": [*base[:2], lambda img: img, *base[3:]],
+        "tensor": [*base[:4], T.Normalize([0.4] * 3, [0.5] * 3), base[5]],
+        "after": [*base[:5], lambda img: img],
+    }
+    ref = ImagePipeline(base)
+    assert ref == ImagePipeline(list(base)) and repr(ref) == repr(ImagePipeline(list(base)))
+    assert "Normalize(mean=[0.5, 0.5, 0.5]" in repr(ref)
+    for stage, ts in variants.items():
+        other = ImagePipeline(ts)
+        assert other != ref, stage
+        if stage not in ("fallback", "after"):  # two callables of one name read alike (their names are all shown)
+            assert repr(other) != repr(ref), stage
 
 
 def test_reprs_match_torchvision():

@@ -48,8 +48,19 @@ class Transform:
 
     # Planning hooks: `_apply` updates the batch's virtual images; `_static_size` maps a known fixed
     # (h, w) (or None) before the step to the one after it.
-    def _apply(self, state: Any, rng: np.random.Generator) -> None:  # state: transforms._State
+    def _apply(self, state: Any, rng: np.random.Generator) -> None:  # state: crop_plan._State
         raise NotImplementedError
 
     def _static_size(self, hw: tuple[int, int] | None) -> tuple[int, int] | None:
         return hw
+
+
+def plan_step(t: Transform, state: Any, rng: np.random.Generator) -> None:
+    """Run crop-plan transform ``t``'s planning hook on the batch's virtual images (``crop_plan._State``):
+    ``ImagePipeline.plan`` and its size check call the hooks through here, the module that declares them."""
+    t._apply(state, rng)
+
+
+def static_size(t: Transform, hw: tuple[int, int] | None) -> tuple[int, int] | None:
+    """``t``'s output size for a fixed (h, w) before it (None: unknown), through its ``_static_size`` hook."""
+    return t._static_size(hw)

@@ -43,9 +43,9 @@ def check(
     pipe: Any, heights: np.ndarray, widths: np.ndarray, state_type: Any, apply: Any, chunk: int = 8192
 ) -> str | None:
     """``pipe.check_sizes``: the refusals of every step over the whole dataset, one sentence per step in pipeline
-    order, or None. ``state_type``: ``transforms._State``, ``apply(t, state, rng)``: a crop-plan step's planning
-    (both passed in: ``transforms.py`` owns them, and imports this module). Empty images are left to the
-    decoder's error."""
+    order, or None. ``state_type``: ``crop_plan._State``, ``apply(t, state, rng)``: a crop-plan step's planning
+    (``base.plan_step``; both passed in: ``crop_plan.py`` imports this module's ``Refusal``). Empty images are left
+    to the decoder's error."""
     h, w = np.asarray(heights, dtype=np.int64), np.asarray(widths, dtype=np.int64)
     rows = np.flatnonzero((h > 0) & (w > 0))
     groups: dict[tuple[int, str], list[Refusal]] = {}

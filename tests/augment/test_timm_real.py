@@ -23,6 +23,7 @@ import torch
 import fastload
 import fastload.transforms as T
 from fastload._augment.fallback import AfterNormalize, UserTransform
+from fastload._transforms.geometric import _rrc_params
 from fastload._native import native
 
 timm_data = pytest.importorskip("timm.data", reason="timm is not importable here (bash scripts/timm_test_venv.sh)")
@@ -87,15 +88,9 @@ def test_random_and_bicubic_crops_convert_and_resize_as_timms_on_the_same_draws(
     pil = Image.fromarray(pixels)
     seen = set()
     for _ in range(8):
-        state = rng.bit_generator.state
-        plan = T.ImagePipeline([ours]).plan(np.array([300]), np.array([420]), rng)
-        replay = np.random.default_rng()
-        replay.bit_generator.state = state
-        u_area, u_ratio = replay.random(10), replay.random(10)
-        top, left, _, _ = (int(v) for v in plan.crops[0])
+        plan, draws = plan_and_replay(ours, rng)
         code = plan.interp_of(0)
         seen.add(code)
-        draws = Replay([u for p in zip(u_area, u_ratio) for u in p], [top, left], choice=code)
         monkeypatch.setattr(timm_transforms, "random", draws)
         theirs = np.asarray(t(pil)).astype(np.int32)
         got = native().resize_crop(pixels, tuple(int(v) for v in plan.crops[0]), (64, 64), False, interpolation=code)
@@ -125,6 +120,18 @@ class Replay:
         return v
 
 
+def plan_and_replay(ours, rng):
+    """``ours``' plan of a 300x420 image drawn from ``rng``, and a ``Replay`` of the draws it made as timm's
+    ``random`` takes them: the 10 area and ratio uniforms interleaved, the crop's top and left, the interpolation."""
+    state = rng.bit_generator.state
+    plan = T.ImagePipeline([ours]).plan(np.array([300]), np.array([420]), rng)
+    replay = np.random.default_rng()
+    replay.bit_generator.state = state
+    u_area, u_ratio = replay.random(10), replay.random(10)
+    top, left, _, _ = (int(v) for v in plan.crops[0])
+    return plan, Replay([u for p in zip(u_area, u_ratio) for u in p], [top, left], choice=plan.interp_of(0))
+
+
 @pytest.mark.parametrize("scale, ratio", [((0.08, 1.0), (3 / 4, 4 / 3)), ((0.9, 1.0), (1.0, 1.0)),
                                           ((0.35, 1.0), (0.5, 2.0))])
 def test_the_crop_is_timms_on_the_same_draws(monkeypatch, scale, ratio):
@@ -135,7 +142,7 @@ def test_the_crop_is_timms_on_the_same_draws(monkeypatch, scale, ratio):
     heights = rng.integers(8, 400, n)
     widths = np.where(rng.random(n) < 0.2, heights * 9, rng.integers(8, 400, n))
     seed = 11
-    top, left, h, w, fell_back = T._rrc_params(heights, widths, scale, ratio, np.random.default_rng(seed))
+    top, left, h, w, fell_back = _rrc_params(heights, widths, scale, ratio, np.random.default_rng(seed))
     replay = np.random.default_rng(seed)
     u_area, u_ratio = replay.random((n, 10)), replay.random((n, 10))
     assert fell_back.any() and (~fell_back).any()
@@ -159,13 +166,8 @@ def test_the_crops_pixels_are_timms_on_the_same_draws(monkeypatch):
     (ours,) = T._foreign(t)
     rng = np.random.default_rng(0)
     for _ in range(5):
-        state = rng.bit_generator.state
-        plan = T.ImagePipeline([ours]).plan(np.array([300]), np.array([420]), rng)
-        replay = np.random.default_rng()
-        replay.bit_generator.state = state
-        u_area, u_ratio = replay.random(10), replay.random(10)
-        top, left, _, _ = (int(v) for v in plan.crops[0])
-        monkeypatch.setattr(timm_transforms, "random", Replay([u for p in zip(u_area, u_ratio) for u in p], [top, left]))
+        plan, draws = plan_and_replay(ours, rng)
+        monkeypatch.setattr(timm_transforms, "random", draws)
         theirs = np.asarray(t(pil))
         got = native().decode_crop_resize(data, tuple(int(v) for v in plan.crops[0]), (64, 64), False,
                                           dct_scaling=False)

@@ -146,17 +146,6 @@ def test_the_accelerate_example_prints_its_progress_as_the_other_examples(images
 
 # -- fastload pack on Ray -------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    import os
-
-    ray = pytest.importorskip("ray")
-    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
-
-
 def numbers(n):
     return [{"x": i} for i in range(n)]
 
