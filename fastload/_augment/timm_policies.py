@@ -261,9 +261,9 @@ class TimmRandAugment(Augment):
         chosen = self._choose(index.size, rng)
         for layer in range(self.num_layers):
             for j, op in enumerate(self.ops):
-                rows = np.flatnonzero(chosen[:, layer] == j)
-                if rows.size:
-                    _call(b, op, index[rows], at(rng, rows))
+                sel = index[chosen[:, layer] == j]  # batch positions, as ``at`` takes them
+                if sel.size:
+                    _call(b, op, sel, at(rng, sel))
 
 
 class TimmAutoAugment(Augment):
@@ -283,8 +283,8 @@ class TimmAutoAugment(Augment):
     def plan(self, b: PlanBuilder, index: np.ndarray, rng: Any) -> None:
         chosen = rng.integers(0, len(self.policy), index.size)
         for j, sub in enumerate(self.policy):
-            rows = np.flatnonzero(chosen == j)
-            if rows.size:
-                draws = at(rng, rows)
+            sel = index[chosen == j]  # batch positions, as ``at`` takes them
+            if sel.size:
+                draws = at(rng, sel)
                 for op in sub:
-                    _call(b, op, index[rows], draws)
+                    _call(b, op, sel, draws)

@@ -206,3 +206,25 @@ def test_a_policys_repr_names_its_ops_without_every_setting():
     assert all(f"'{n}'" in text for n in names) and "num_layers=2" in text and len(text) < 1000, text
     aa = repr(TimmAutoAugment([[TimmOp("Rotate"), TimmOp("Invert")], [TimmOp("Equalize")]]))
     assert aa == "TimmAutoAugment(2 sub-policies: [['Rotate', 'Invert'], ['Equalize']])"
+
+
+@pytest.mark.parametrize("policy", [
+    TimmRandAugment([TimmOp(n, 0.5, 9, magnitude_std=0.5) for n in ("SolarizeAdd", "Invert", "Posterize")], 2),
+    TimmAutoAugment([[TimmOp("SolarizeAdd", 0.6, 5, magnitude_std=1.0), TimmOp("Posterize", 0.7, 4, magnitude_std=1.0)],
+                     [TimmOp("Invert", 0.5)]]),
+], ids=["RandAugment", "AutoAugment"])
+def test_a_policy_planned_for_part_of_the_batch_draws_each_samples_own_values(policy):
+    """Inside RandomApply (or any transform that plans it for a subset) a sample draws what it draws in any other
+    batch: the policy drew its ops' values from the positions within the subset instead of the batch's, so sample
+    ``index[r]`` took sample ``r``'s draws."""
+    def plan(indices):
+        b = PlanBuilder(np.tile([8, 8], (len(indices), 1)))
+        T.RandomApply([policy], p=0.5).plan(b, np.arange(len(indices)), SampleDraws(3, 0, indices))
+        return {(s.op, int(indices[i]), tuple((k, float(v[j])) for k, v in sorted(s.params.items())))
+                for s in b.finish().steps for j, i in enumerate(s.index)}
+
+    sub = np.array([150, 3, 77, 12, 199, 40, 41, 42, 120, 121, 7])
+    alone = plan(sub)
+    in_a_batch = {x for x in plan(np.arange(200)) if x[1] in set(sub.tolist())}
+    assert alone and alone == in_a_batch
+
