@@ -228,3 +228,28 @@ def test_a_policy_planned_for_part_of_the_batch_draws_each_samples_own_values(po
     in_a_batch = {x for x in plan(np.arange(200)) if x[1] in set(sub.tolist())}
     assert alone and alone == in_a_batch
 
+
+def test_posterize_increasing_past_magnitude_10_keeps_no_bit_as_pil():
+    """timm's 4 - int(m / 10 * 4) goes below 0 with mmax > 10 ('rand-m15-mmax20-inc1'): PIL's posterize mask then
+    clears every bit, as at 0 bits; the plan passed the negative count to the kernel, which refused the batch."""
+    from fastload._augment.engine_native import run_native
+
+    for m in (12.5, 15.0, 20.0):
+        plan = plan_one("PosterizeIncreasing", m, magnitude_max=20.0)
+        (s,) = plan.steps
+        assert s.params["bits"][0] == 0
+        tile = np.random.default_rng(0).integers(0, 256, (1, 40, 60, 3), dtype=np.uint8)
+        assert not run_native(tile, plan).any()
+
+
+def test_rotate_rounds_its_matrix_as_pil():
+    """PIL's rotate rounds cos/sin with Python's round(x, 15); numpy's round can end on the other 15th decimal
+    (sin of -45 degrees: -0.707106781186548 for PIL's -0.707106781186547), which moved pixels by a level."""
+    import math
+
+    for m, negate in ((15.0, False), (15.0, True), (9.1, False), (4.457, False), (9.997, True)):
+        g = plan_one("Rotate", m, negate=negate, hw=(40, 60), magnitude_max=20.0, interpolation=BILINEAR).geometry
+        degrees = (m / 10.0) * 30.0 * (-1 if negate else 1)  # timm's _rotate_level_to_arg
+        angle = -math.radians(degrees % 360.0)
+        cos, sin = round(math.cos(angle), 15), round(math.sin(angle), 15)
+        assert g.affine[0][0, 0] == cos and g.affine[0][0, 1] == sin and g.affine[0][1, 0] == -sin, m
