@@ -67,6 +67,34 @@ def test_a_policy_whose_ops_the_plan_reorders_says_so_once(monkeypatch):
         convert(tv(AUTO, "AutoAugment", policy=[[op("Equalize", 0.8, 1), op("ShearY", 0.8, 4)]]), T)
 
 
+def test_the_reorder_warning_comes_exactly_when_a_sample_can_differ(monkeypatch):
+    """A geometric op first in an AutoAugment sub-policy runs where timm runs it (warned before: any sub-policy of
+    several ops with a geometric one); RandAugment drawing one geometric op twice composes two resamplings (not
+    warned before: a single-op list), a geometric op of weight 0 is never drawn."""
+    import fastload._ring as ring
+
+    quiet = [
+        tv(AUTO, "AutoAugment", policy=[[op("Rotate", 0.8, 1), op("Invert")], [op("ShearX"), op("Equalize")]]),
+        tv(AUTO, "RandAugment", ops=[op("Invert"), op("Rotate"), op("Equalize")], num_layers=2,
+           choice_weights=np.array([0.5, 0.0, 0.5])),
+    ]
+    for given in quiet:
+        monkeypatch.setattr(ring, "_warned", set())
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            convert(given, T)
+    loud = [
+        tv(AUTO, "AutoAugment", policy=[[op("Rotate", 0.8, 1), op("Invert")], [op("Equalize"), op("ShearX")]]),
+        tv(AUTO, "RandAugment", ops=[op("Rotate")], num_layers=2, choice_weights=None),
+        tv(AUTO, "RandAugment", ops=[op("Invert"), op("Rotate"), op("Equalize")], num_layers=2,
+           choice_weights=np.array([0.5, 0.1, 0.4])),
+    ]
+    for given in loud:
+        monkeypatch.setattr(ring, "_warned", set())
+        with pytest.warns(UserWarning, match="runs natively with a sample's geometric ops"):
+            convert(given, T)
+
+
 @pytest.mark.parametrize("given, why", [
     (tv(AUTO, "AugMixAugment", ops=[], alpha=1.0, width=3, depth=-1, blended=False), "blends several augmented"),
     (tv(AUTO, "RandAugment", ops=[op("GaussianBlurRand")], num_layers=2, choice_weights=None), "GaussianBlurRand"),
