@@ -16,6 +16,31 @@ namespace {
 // tests/native/test_jpeg_window.py checks both against a full decode, byte for byte.
 constexpr int kMarginX = 1;
 
+// Whether jpeg_crop_scanline gives a full decode's columns at this scale. libjpeg-turbo's (2.1) sets each
+// component's downsampled width to output_width * h / max_h, which holds only where the component's IDCT has the
+// smallest scaled size: a scaled decode that upsamples a chroma component partly through a larger IDCT and partly
+// through the upsampler (4:1:0 and its transpose, h4v2 / h2v4, at 1/2 and 1/4) upsampled only part of the window,
+// leaving the other columns wrong by up to 240 levels. Those decodes read the whole width instead.
+bool column_crop_exact(j_decompress_ptr cinfo) {
+#if JPEG_LIB_VERSION >= 70
+  const int min_h = cinfo->min_DCT_h_scaled_size, min_v = cinfo->min_DCT_v_scaled_size;
+#else
+  const int min_h = cinfo->min_DCT_scaled_size, min_v = cinfo->min_DCT_scaled_size;
+#endif
+  for (int c = 0; c < cinfo->num_components; ++c) {
+    const jpeg_component_info& comp = cinfo->comp_info[c];
+#if JPEG_LIB_VERSION >= 70
+    const int sh = comp.DCT_h_scaled_size, sv = comp.DCT_v_scaled_size;
+#else
+    const int sh = comp.DCT_scaled_size, sv = comp.DCT_scaled_size;
+#endif
+    const bool fullsize = comp.h_samp_factor * sh == cinfo->max_h_samp_factor * min_h &&
+                          comp.v_samp_factor * sv == cinfo->max_v_samp_factor * min_v;
+    if ((sh != min_h || sv != min_v) && !fullsize) return false;
+  }
+  return true;
+}
+
 struct ErrorMgr {
   jpeg_error_mgr pub;
   std::jmp_buf jump;
@@ -185,7 +210,7 @@ bool JpegDecoder::decode_body(int denom, int x0, int y0, int x1, int y1, uint8_t
     }
     const int m0 = x0 > kMarginX ? x0 - kMarginX : 0;
     const int m1 = x1 + kMarginX < out_w ? x1 + kMarginX : out_w;
-    if (m1 - m0 < out_w) {
+    if (m1 - m0 < out_w && column_crop_exact(cinfo)) {
       col0 = static_cast<JDIMENSION>(m0);
       cols = static_cast<JDIMENSION>(m1 - m0);
       jpeg_crop_scanline(cinfo, &col0, &cols);  // widens to whole iMCU columns

@@ -127,15 +127,17 @@ def _timm_op(op: Any) -> TimmOp:
 
 def _rand_augment(t: Any) -> list:
     check_ops([op.name for op in t.ops], "RandAugment")
-    names = [op.name for op in t.ops]
-    if t.num_layers >= 2 and GEOMETRIC.intersection(names) and len(names) > 1:
+    weights = t.choice_weights if t.choice_weights is not None else [1.0] * len(t.ops)
+    drawn = [op.name for op, w in zip(t.ops, weights) if w > 0]
+    if t.num_layers >= 2 and GEOMETRIC.intersection(drawn):  # a geometric op after another op, or drawn twice
         _warn_reordered(f"RandAugment(num_layers={t.num_layers})")
     return [TimmRandAugment([_timm_op(op) for op in t.ops], t.num_layers, t.choice_weights)]
 
 
 def _auto_augment(t: Any) -> list:
     check_ops([op.name for sub in t.policy for op in sub], "AutoAugment")
-    if any(len(sub) > 1 and GEOMETRIC.intersection(op.name for op in sub) for sub in t.policy):
+    # a geometric op first in its sub-policy runs where timm runs it; one after any other op does not
+    if any(GEOMETRIC.intersection(op.name for op in sub[1:]) for sub in t.policy):
         _warn_reordered("AutoAugment")
     return [TimmAutoAugment([[_timm_op(op) for op in sub] for sub in t.policy])]
 

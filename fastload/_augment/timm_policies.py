@@ -117,6 +117,9 @@ class TimmOp:
         if name.startswith("Posterize"):
             bits = np.trunc(m / LEVEL_DENOM * 4).astype(np.int64)  # int((level / 10) * 4)
             bits = {"Posterize": bits, "PosterizeIncreasing": 4 - bits, "PosterizeOriginal": bits + 4}[name]
+            # below 0 bits (PosterizeIncreasing past magnitude 12.5, with mmax > 10) PIL's mask ~(2 ** (8 - bits) - 1)
+            # clears every bit, as at 0 bits
+            bits = np.maximum(bits, 0)
             keep = bits < 8  # timm: bits_to_keep >= 8 leaves the image as it is
             b.add("posterize", index[keep], bits=bits[keep])
             return
@@ -184,8 +187,11 @@ class TimmOp:
 
 def _pil_rotate(degrees: np.ndarray, hw: np.ndarray) -> np.ndarray:
     """PIL's ``Image.rotate(angle)`` matrix (same size, about the centre; Image.py), as Image.transform takes it."""
-    angle = -np.radians(degrees % 360.0)
-    cos, sin = np.round(np.cos(angle), 15), np.round(np.sin(angle), 15)
+    # Python's round(x, 15), as PIL: numpy's round scales by 1e15 and can end on the other decimal (-0.707106781186548
+    # for PIL's -0.707106781186547 at 45 degrees), a matrix that moves a pixel by a level now and then
+    angle = [-math.radians(d) for d in (degrees % 360.0).tolist()]
+    cos = np.array([round(math.cos(a), 15) for a in angle], np.float64)
+    sin = np.array([round(math.sin(a), 15) for a in angle], np.float64)
     w, h = hw[:, 1], hw[:, 0]
     cx, cy = w / 2.0, h / 2.0
     m = np.zeros((degrees.size, 2, 3))
@@ -261,9 +267,9 @@ class TimmRandAugment(Augment):
         chosen = self._choose(index.size, rng)
         for layer in range(self.num_layers):
             for j, op in enumerate(self.ops):
-                rows = np.flatnonzero(chosen[:, layer] == j)
-                if rows.size:
-                    _call(b, op, index[rows], at(rng, rows))
+                sel = index[chosen[:, layer] == j]  # batch positions, as ``at`` takes them
+                if sel.size:
+                    _call(b, op, sel, at(rng, sel))
 
 
 class TimmAutoAugment(Augment):
@@ -283,8 +289,8 @@ class TimmAutoAugment(Augment):
     def plan(self, b: PlanBuilder, index: np.ndarray, rng: Any) -> None:
         chosen = rng.integers(0, len(self.policy), index.size)
         for j, sub in enumerate(self.policy):
-            rows = np.flatnonzero(chosen == j)
-            if rows.size:
-                draws = at(rng, rows)
+            sel = index[chosen == j]  # batch positions, as ``at`` takes them
+            if sel.size:
+                draws = at(rng, sel)
                 for op in sub:
-                    _call(b, op, index[rows], draws)
+                    _call(b, op, sel, draws)

@@ -480,7 +480,9 @@ class DaliDecoder:
         e.g. the high water of an epoch's batches at a non-persistent loader's epoch end); the pipeline stays, so the
         next epoch does not build it again. It may synchronise the device: never in the training thread
         (``_images.ImageDecoding.end_epoch`` runs it in a thread of its own). Nothing to do in CPU-only mode, or with
-        a DALI without that call."""
+        a DALI without that call. Not under the decoder's lock, on purpose: DALI documents the call as safe while
+        pipelines run (its pools lock themselves), it touches none of this decoder's state, and under the lock the
+        next epoch's first decode would wait for the device synchronisation it may do."""
         if self.device_id is None:
             return
         try:

@@ -8,6 +8,7 @@ reads them: a forked pack worker makes its own fsspec filesystem and its own fil
 
 from __future__ import annotations
 
+import fnmatch
 import glob as globlib
 import os
 import re
@@ -31,6 +32,31 @@ def is_url(spec: str) -> bool:
 def is_pattern(spec: str) -> bool:
     """A glob or a brace pattern (not a plain path)."""
     return any(c in spec for c in "*?[") or bool(_BRACE.search(spec))
+
+
+def _glob_match(pattern: list[str], names: list[str]) -> bool:
+    """Whether the path components ``names`` match the glob components ``pattern`` as ``glob.glob(recursive=True)``
+    matches them: ``**`` is any number of components, none hidden; a wildcard component does not match a hidden
+    name (one starting with '.') unless it starts with '.' itself; a plain component is the name."""
+    if not pattern:
+        return not names
+    head, tail = pattern[0], pattern[1:]
+    if head == "**":
+        return any(
+            _glob_match(tail, names[k:]) for k in range(len(names) + 1) if not any(_hidden(n) for n in names[:k])
+        )
+    if not names:
+        return False
+    name = names[0]
+    if globlib.has_magic(head):
+        ok = fnmatch.fnmatchcase(name, head) and (_hidden(head) or not _hidden(name))
+    else:
+        ok = name == head
+    return ok and _glob_match(tail, names[1:])
+
+
+def _hidden(name: str) -> bool:
+    return name.startswith(".")
 
 
 def expand_braces(spec: str) -> list[str]:
@@ -137,7 +163,7 @@ class Files:
         for spec in expand_braces(self.spec):
             path = _strip_protocol(spec) if self.url else spec
             if any(c in spec for c in "*?["):
-                found = sorted(self.fs.glob(path) if self.url else globlib.glob(path, recursive=True))
+                found = sorted(self.fs.glob(path) if self.url else self._glob(path))
                 found = [p for p in found if not self._isdir(p)]
                 if not found:
                     raise SourceError(f"{self.what} source: the pattern {spec} matches no file")
@@ -178,6 +204,49 @@ class Files:
             )
         return out
 
+    def _glob(self, pattern: str) -> list[str]:
+        """``glob.glob(pattern, recursive=True)``, but under ``**`` each real folder is listed once: glob follows
+        every link to a folder, so a symlink loop repeats its files ~40 times, and two loops (``a/up -> ..``,
+        ``b/up -> ..``) double the paths at every level: the glob never ended. Each ``**`` walks its base once
+        (links followed, as glob does), then the rest of the pattern is matched with glob's rules."""
+        parts = pattern.split(os.sep)
+        if "**" not in parts:
+            return globlib.glob(pattern)
+        cut = parts.index("**")
+        prefix, rest = os.sep.join(parts[:cut]), parts[cut:]
+        from .imagefolder import _key, _walk
+
+        bases = globlib.glob(prefix) if globlib.has_magic(prefix) else [prefix] if prefix or cut else [os.curdir]
+        out: list[str] = []
+        loops: list[str] = []
+        for base in bases:
+            if not os.path.isdir(base or os.sep):
+                continue
+            top = base or os.sep
+            for folder, names in _walk(Path(top), {_key(top): top}, loops, f"a {self.what} source"):
+                rel = os.path.relpath(folder, top)
+                within = [] if rel == os.curdir else rel.split(os.sep)
+                for n in names:
+                    if _glob_match(rest, within + [n]):
+                        path = os.path.join(folder, n)
+                        out.append(
+                            path[len(os.curdir) + 1 :] if not cut and path.startswith(os.curdir + os.sep) else path
+                        )
+        self._say_loops(loops, prefix or os.curdir)
+        return out
+
+    def _say_loops(self, loops: list[str], path: str) -> None:
+        if loops:
+            loops.sort(key=lambda m: "symlink loop" not in m)
+            more = f" (and {len(loops) - 1} more such link(s))" if len(loops) > 1 else ""
+            warnings.warn(
+                f"a link in a {self.what} source folder leads to a folder reached already, under {path}: "
+                f"{loops[0]}{more}; each file is read once, under the first path that reaches it (a folder "
+                f"reached again through a link is skipped)",
+                UserWarning,
+                stacklevel=6,
+            )
+
     def _isdir(self, path: str) -> bool:
         return self.fs.isdir(path) if self.url else os.path.isdir(path)
 
@@ -193,16 +262,7 @@ class Files:
             loops: list[str] = []
             found = _walk(Path(path), {_key(path): path}, loops, f"a {self.what} source")
             files = (os.path.join(d, n) for d, names in found for n in names)
-            if loops:
-                loops.sort(key=lambda m: "symlink loop" not in m)
-                more = f" (and {len(loops) - 1} more such link(s))" if len(loops) > 1 else ""
-                warnings.warn(
-                    f"a link in a {self.what} source folder leads to a folder reached already, under {path}: "
-                    f"{loops[0]}{more}; each file is read once, under the first path that reaches it (a folder "
-                    f"reached again through a link is skipped)",
-                    UserWarning,
-                    stacklevel=5,
-                )
+            self._say_loops(loops, path)
         return sorted(f for f in files if f.lower().endswith(suffixes))
 
 

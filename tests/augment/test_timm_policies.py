@@ -67,6 +67,34 @@ def test_a_policy_whose_ops_the_plan_reorders_says_so_once(monkeypatch):
         convert(tv(AUTO, "AutoAugment", policy=[[op("Equalize", 0.8, 1), op("ShearY", 0.8, 4)]]), T)
 
 
+def test_the_reorder_warning_comes_exactly_when_a_sample_can_differ(monkeypatch):
+    """A geometric op first in an AutoAugment sub-policy runs where timm runs it (warned before: any sub-policy of
+    several ops with a geometric one); RandAugment drawing one geometric op twice composes two resamplings (not
+    warned before: a single-op list), a geometric op of weight 0 is never drawn."""
+    import fastload._ring as ring
+
+    quiet = [
+        tv(AUTO, "AutoAugment", policy=[[op("Rotate", 0.8, 1), op("Invert")], [op("ShearX"), op("Equalize")]]),
+        tv(AUTO, "RandAugment", ops=[op("Invert"), op("Rotate"), op("Equalize")], num_layers=2,
+           choice_weights=np.array([0.5, 0.0, 0.5])),
+    ]
+    for given in quiet:
+        monkeypatch.setattr(ring, "_warned", set())
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            convert(given, T)
+    loud = [
+        tv(AUTO, "AutoAugment", policy=[[op("Rotate", 0.8, 1), op("Invert")], [op("Equalize"), op("ShearX")]]),
+        tv(AUTO, "RandAugment", ops=[op("Rotate")], num_layers=2, choice_weights=None),
+        tv(AUTO, "RandAugment", ops=[op("Invert"), op("Rotate"), op("Equalize")], num_layers=2,
+           choice_weights=np.array([0.5, 0.1, 0.4])),
+    ]
+    for given in loud:
+        monkeypatch.setattr(ring, "_warned", set())
+        with pytest.warns(UserWarning, match="runs natively with a sample's geometric ops"):
+            convert(given, T)
+
+
 @pytest.mark.parametrize("given, why", [
     (tv(AUTO, "AugMixAugment", ops=[], alpha=1.0, width=3, depth=-1, blended=False), "blends several augmented"),
     (tv(AUTO, "RandAugment", ops=[op("GaussianBlurRand")], num_layers=2, choice_weights=None), "GaussianBlurRand"),
@@ -206,3 +234,50 @@ def test_a_policys_repr_names_its_ops_without_every_setting():
     assert all(f"'{n}'" in text for n in names) and "num_layers=2" in text and len(text) < 1000, text
     aa = repr(TimmAutoAugment([[TimmOp("Rotate"), TimmOp("Invert")], [TimmOp("Equalize")]]))
     assert aa == "TimmAutoAugment(2 sub-policies: [['Rotate', 'Invert'], ['Equalize']])"
+
+
+@pytest.mark.parametrize("policy", [
+    TimmRandAugment([TimmOp(n, 0.5, 9, magnitude_std=0.5) for n in ("SolarizeAdd", "Invert", "Posterize")], 2),
+    TimmAutoAugment([[TimmOp("SolarizeAdd", 0.6, 5, magnitude_std=1.0), TimmOp("Posterize", 0.7, 4, magnitude_std=1.0)],
+                     [TimmOp("Invert", 0.5)]]),
+], ids=["RandAugment", "AutoAugment"])
+def test_a_policy_planned_for_part_of_the_batch_draws_each_samples_own_values(policy):
+    """Inside RandomApply (or any transform that plans it for a subset) a sample draws what it draws in any other
+    batch: the policy drew its ops' values from the positions within the subset instead of the batch's, so sample
+    ``index[r]`` took sample ``r``'s draws."""
+    def plan(indices):
+        b = PlanBuilder(np.tile([8, 8], (len(indices), 1)))
+        T.RandomApply([policy], p=0.5).plan(b, np.arange(len(indices)), SampleDraws(3, 0, indices))
+        return {(s.op, int(indices[i]), tuple((k, float(v[j])) for k, v in sorted(s.params.items())))
+                for s in b.finish().steps for j, i in enumerate(s.index)}
+
+    sub = np.array([150, 3, 77, 12, 199, 40, 41, 42, 120, 121, 7])
+    alone = plan(sub)
+    in_a_batch = {x for x in plan(np.arange(200)) if x[1] in set(sub.tolist())}
+    assert alone and alone == in_a_batch
+
+
+def test_posterize_increasing_past_magnitude_10_keeps_no_bit_as_pil():
+    """timm's 4 - int(m / 10 * 4) goes below 0 with mmax > 10 ('rand-m15-mmax20-inc1'): PIL's posterize mask then
+    clears every bit, as at 0 bits; the plan passed the negative count to the kernel, which refused the batch."""
+    from fastload._augment.engine_native import run_native
+
+    for m in (12.5, 15.0, 20.0):
+        plan = plan_one("PosterizeIncreasing", m, magnitude_max=20.0)
+        (s,) = plan.steps
+        assert s.params["bits"][0] == 0
+        tile = np.random.default_rng(0).integers(0, 256, (1, 40, 60, 3), dtype=np.uint8)
+        assert not run_native(tile, plan).any()
+
+
+def test_rotate_rounds_its_matrix_as_pil():
+    """PIL's rotate rounds cos/sin with Python's round(x, 15); numpy's round can end on the other 15th decimal
+    (sin of -45 degrees: -0.707106781186548 for PIL's -0.707106781186547), which moved pixels by a level."""
+    import math
+
+    for m, negate in ((15.0, False), (15.0, True), (9.1, False), (4.457, False), (9.997, True)):
+        g = plan_one("Rotate", m, negate=negate, hw=(40, 60), magnitude_max=20.0, interpolation=BILINEAR).geometry
+        degrees = (m / 10.0) * 30.0 * (-1 if negate else 1)  # timm's _rotate_level_to_arg
+        angle = -math.radians(degrees % 360.0)
+        cos, sin = round(math.cos(angle), 15), round(math.sin(angle), 15)
+        assert g.affine[0][0, 0] == cos and g.affine[0][0, 1] == sin and g.affine[0][1, 0] == -sin, m
