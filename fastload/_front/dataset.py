@@ -162,10 +162,11 @@ class Dataset(torch.utils.data.Dataset):
 
         torch's DataLoader calls this with each batch's indices (so do accelerate, Hugging Face's Trainer and
         anything built on torch's fetchers): a fastload dataset decodes natively under any loader. The items
-        are ds[i]'s; random transforms draw one seed per call from torch's generator (in a DataLoader worker,
-        seeded by torch from the worker's seed). ``_front/getitems.py`` says what that means for reproducibility,
-        threads and forked workers; ``_front/getitems_shm.py`` how a worker's batch is collated into reused shared
-        memory (the items are then dict/tuple subclasses, equal to ds[i]'s)."""
+        are ds[i]'s; under torch's DataLoader a sample's random draws are keyed by (the iterator's seed, epoch,
+        sample index), so it gets the same pixels whichever worker or batch reads it. ``_front/getitems.py`` says
+        what that means for reproducibility, threads and forked workers; ``_front/getitems_shm.py`` how a worker's
+        batch is collated into reused shared memory (for torch's default_collate the items are then dict/tuple
+        subclasses, equal to ds[i]'s; a user's collate_fn gets plain dicts/tuples)."""
         from .getitems import get_items
 
         return get_items(self, indices)
