@@ -247,3 +247,18 @@ def test_a_sample_gets_the_same_pixels_whichever_path_batch_and_worker_it_goes_t
     # a new iterator draws a new base seed: other draws
     again = per_sample(TorchLoader(ds, batch_size=8, num_workers=2, generator=torch.Generator().manual_seed(8)), order)
     assert any(not torch.equal(again[i], reference[i]) for i in range(n))
+
+
+@pytest.mark.parametrize("prefetch", [1, 5])
+def test_the_pool_s_batches_held_across_epochs_of_persistent_workers_keep_their_values(every_kind, prefetch):
+    """torch's default_collate (the pool), persistent workers, more batches in flight than the pool holds
+    (prefetch_factor 5 x 2 workers): every batch of three epochs held to the end keeps default_collate's values."""
+    ds = fastload.open(every_kind, as_dict=True, transforms=EVERY_KIND)
+    want = [default_collate([ds[i] for i in range(s, min(13, s + 2))]) for s in range(0, 13, 2)]
+    loader = TorchLoader(ds, batch_size=2, num_workers=2, persistent_workers=True, prefetch_factor=prefetch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", fastload.FastPathWarning)
+        held = [list(loader) for _ in range(3)]
+    for epoch in held:
+        for got, expect in zip(epoch, want, strict=True):
+            assert_same_sample(got, expect)
