@@ -262,3 +262,24 @@ def test_the_pool_s_batches_held_across_epochs_of_persistent_workers_keep_their_
     for epoch in held:
         for got, expect in zip(epoch, want, strict=True):
             assert_same_sample(got, expect)
+
+
+def test_a_subset_of_the_dataset_still_collates_from_the_pool_and_keys_its_draws(image_shards, monkeypatch):
+    """torch's Subset calls the dataset's __getitems__ from its own: the fetcher is found above both."""
+    received = []
+
+    class Counted(_getitems_shm._Held):
+        def __init__(self, *args):
+            received.append(1)
+            super().__init__(*args)
+
+    monkeypatch.setattr(_getitems_shm, "_Held", Counted)
+    ds = fastload.open(image_shards, transforms=RANDOM)
+    picked = list(range(0, len(ds), 2))
+    sub = torch.utils.data.Subset(ds, picked)
+    got = list(TorchLoader(sub, batch_size=4, num_workers=2, generator=torch.Generator().manual_seed(3)))
+    assert len(received) == len(got) == 6
+    whole = per_sample(TorchLoader(ds, batch_size=4, num_workers=2, generator=torch.Generator().manual_seed(3)),
+                       list(range(len(ds))))
+    images = [img for b in got for img in b[0]]
+    assert all(torch.equal(img, whole[i]) for img, i in zip(images, picked, strict=True))
