@@ -232,6 +232,18 @@ def test_a_sample_gets_the_same_pixels_whichever_path_batch_and_worker_it_goes_t
         "fastload's own loader, seed = torch's base seed, epoch 0": per_sample(
             fastload.DataLoader(ds, batch_size=8, seed=base), order),
     }
+    from fastload._front import getitems
+    from fastload.fields import NotFastPath
+
+    def no_batches(self, *args, **kwargs):
+        raise NotFastPath("a test's")
+
+    with monkeypatch.context() as m, warnings.catch_warnings():
+        m.setattr(getitems.BatchItems, "_make", no_batches)  # before the fork: every sample as ds[i] reads it
+        warnings.simplefilter("ignore", fastload.FastPathWarning)
+        paths["sample by sample (ds[i]'s reads)"] = per_sample(
+            TorchLoader(fastload.open(image_shards, transforms=RANDOM), batch_size=8, num_workers=2, generator=gen()),
+            order)
     monkeypatch.setattr(_getitems_shm, "_copy", wrong_copy)  # before the fork: the workers inherit it
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", fastload.FastPathWarning)  # the workers' (caught there, not here)
@@ -283,3 +295,28 @@ def test_a_subset_of_the_dataset_still_collates_from_the_pool_and_keys_its_draws
                        list(range(len(ds))))
     images = [img for b in got for img in b[0]]
     assert all(torch.equal(img, whole[i]) for img, i in zip(images, picked, strict=True))
+
+
+def test_a_dataset_read_sample_by_sample_keys_its_draws_too(image_shards):
+    """No fixed output size: ``__getitems__`` reads each sample as ds[i] does (with one warning), and under torch's
+    loader each sample's flip is still drawn from (the iterator's seed, its index), not from a worker's stream."""
+    ds = fastload.open(image_shards, transforms={"image": [T.RandomHorizontalFlip()]})
+    n = len(ds)
+    shuffled = [int(i) for i in np.random.default_rng(2).permutation(n)]
+
+    def read(seed, **kw):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", fastload.FastPathWarning)  # sample by sample: said once
+            loader = TorchLoader(ds, generator=torch.Generator().manual_seed(seed), collate_fn=returned_raw, **kw)
+            return per_sample(loader, shuffled if "batch_sampler" in kw else list(range(n)))
+
+    a = read(5, batch_size=4, num_workers=2)
+    b = read(5, batch_sampler=[shuffled[s:s + 7] for s in range(0, n, 7)], num_workers=0)
+    c = read(6, batch_size=4, num_workers=2)
+    unflipped = fastload.open(image_shards)
+    originals = [unflipped[i][0] for i in range(n)]
+    for x in (a, c):
+        assert all(torch.equal(x[i], originals[i]) or torch.equal(x[i], originals[i].flip(-1)) for i in range(n))
+        assert 0 < sum(torch.equal(x[i], originals[i].flip(-1)) for i in range(n)) < n  # some flipped, some not
+    assert all(torch.equal(a[i], b[i]) for i in range(n))
+    assert any(not torch.equal(a[i], c[i]) for i in range(n))

@@ -23,9 +23,9 @@ left after a worker's check) it goes through, at any ``num_workers``; ``torch.ma
 before building the iterator makes a run repeat; ``fastload.DataLoader(ds, seed=that base seed)`` gives it the
 same pixels in its epoch 0. A sample read twice in one epoch (a sampler with replacement) gets the same draws
 both times, as on fastload's loader. Called other than by torch's fetcher (``ds.__getitems__(idx)`` directly),
-the seed is one draw of torch's generator per call. ``ds[i]`` keeps torchvision's habit (one draw of torch's
-generator per sample), and so do datasets that cannot batch (the fallback to ``ds[i]`` below): their crops
-differ from these.
+the seed is one draw of torch's generator per call. A dataset that cannot batch (the fallback to ``ds[i]``'s
+reads below) plans each sample from the same keyed draws, so its pixels are the batch path's. ``ds[i]`` itself
+keeps torchvision's habit (one draw of torch's generator per sample): its crops differ from these.
 
 Rows own their storage objects. The rows' tensors view the slot through storage objects of their own
 (``_own_storages``): torch's pickling of a tensor (a worker's queue) moves its storage to shared memory, and a
@@ -189,9 +189,13 @@ def get_items(ds: Any, indices: Any) -> list:
     if not idx.size:
         return []
     state = _state(ds)
-    if state.reason is not None:
-        return [ds[int(i)] for i in idx]
     caller = _torch_caller()
+    if state.reason is not None:
+        if not ds.pipelines or caller.fetcher is None:
+            return [ds[int(i)] for i in idx]
+        with state.lock:
+            draws = _draws(state, caller)
+        return [ds._sample(int(i), draws.samples([i])) for i in idx]  # keyed per sample as the batch path's
     with state.lock:
         batcher = state.batcher_for(len(idx))
         slot = state.ring.acquire()
