@@ -320,3 +320,29 @@ def test_a_dataset_read_sample_by_sample_keys_its_draws_too(image_shards):
         assert 0 < sum(torch.equal(x[i], originals[i].flip(-1)) for i in range(n)) < n  # some flipped, some not
     assert all(torch.equal(a[i], b[i]) for i in range(n))
     assert any(not torch.equal(a[i], c[i]) for i in range(n))
+
+
+@pytest.mark.parametrize("context", ["spawn", "forkserver"])
+def test_workers_started_by_spawn_or_forkserver_collate_from_the_pool_with_the_same_draws(
+    image_shards, monkeypatch, context
+):
+    received = []
+
+    class Counted(_getitems_shm._Held):  # in this process: a spawned worker's module is its own
+        def __init__(self, *args):
+            received.append(1)
+            super().__init__(*args)
+
+    monkeypatch.setattr(_getitems_shm, "_Held", Counted)
+    ds = fastload.open(image_shards, transforms=RANDOM)
+    order = list(range(len(ds)))
+
+    def read(**kw):
+        return per_sample(TorchLoader(ds, batch_size=8, num_workers=1, generator=torch.Generator().manual_seed(4),
+                                      **kw), order)
+
+    forked = read()
+    received.clear()
+    started = read(multiprocessing_context=context)
+    assert len(received) == 6  # every batch through the pool
+    assert all(torch.equal(forked[i], started[i]) for i in order)
