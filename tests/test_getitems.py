@@ -146,12 +146,12 @@ def test_torch_loader_gives_the_fast_path_batches(packed_images, workers):
         assert torch.equal(a_img, b_img) and a_lab.tolist() == b_lab.tolist()
 
 
-def test_randomness_differs_across_workers_calls_and_epochs_and_repeats_with_a_seed(packed_images):
+def test_a_sample_s_draws_depend_on_the_iterator_s_seed_and_its_index_only(packed_images):
     ds = fastload.open(packed_images, transforms=RANDOM)
     same = [list(range(8))] * 4  # one index batch four times: batches 0, 2 go to worker 0 and 1, 3 to worker 1
 
-    def run():
-        loader = TorchLoader(ds, batch_sampler=same, num_workers=2)
+    def run(workers=2):
+        loader = TorchLoader(ds, batch_sampler=same, num_workers=workers)
         return [[b[0] for b in loader] for _ in range(2)]  # two epochs
 
     torch.manual_seed(0)
@@ -160,16 +160,29 @@ def test_randomness_differs_across_workers_calls_and_epochs_and_repeats_with_a_s
     again = run()
     torch.manual_seed(1)
     other = run()
-    flat = [b for epoch in first for b in epoch]
-    assert all(not torch.equal(x, y) for i, x in enumerate(flat) for y in flat[i + 1:])
-    assert all(torch.equal(x, y) for e, f in zip(first, again) for x, y in zip(e, f))
+    torch.manual_seed(0)
+    in_main = run(workers=0)
+    for epoch in first:  # the same samples in one epoch: the same pixels, whichever worker and call
+        assert all(torch.equal(epoch[0], b) for b in epoch[1:])
+    assert not torch.equal(first[0][0], first[1][0])  # a new iterator (epoch), a new base seed: new draws
+    assert all(torch.equal(x, y) for e, f in zip(first, again) for x, y in zip(e, f))  # a seeded run repeats
+    assert all(torch.equal(x, y) for e, f in zip(first, in_main) for x, y in zip(e, f))  # at any num_workers
     assert not torch.equal(first[0][0], other[0][0])
-    main = {}
-    for seed in (0, 0, 1):  # and in the main process, from torch's global generator
-        torch.manual_seed(seed)
-        main.setdefault(seed, []).append(torch_batches(ds))
-    (a, b), (c,) = main[0], main[1]
-    assert all(torch.equal(x[0], y[0]) for x, y in zip(a, b)) and not torch.equal(a[0][0], c[0][0])
+    torch.manual_seed(0)
+    loader = TorchLoader(ds, batch_sampler=same, num_workers=2, persistent_workers=True)
+    persistent = [[b[0] for b in loader] for _ in range(3)]  # the workers keep their seed: they count the epochs
+    assert all(torch.equal(x, y) for x, y in zip(persistent[0], first[0]))  # its first epoch: any other's
+    for epoch in persistent:
+        assert all(torch.equal(epoch[0], b) for b in epoch[1:])
+    assert all(not torch.equal(persistent[e][0], persistent[f][0]) for e, f in ((0, 1), (1, 2), (0, 2)))
+    # called outside torch's loader: one seed per call from torch's generator, as ds[i] draws
+    torch.manual_seed(0)
+    a = ds.__getitems__(list(range(8)))
+    b = ds.__getitems__(list(range(8)))
+    torch.manual_seed(0)
+    c = ds.__getitems__(list(range(8)))
+    assert any(not torch.equal(x[0], y[0]) for x, y in zip(a, b))
+    assert all(torch.equal(x[0], y[0]) for x, y in zip(a, c))
 
 
 def test_native_threads_follow_torch_s_budget(packed_images):

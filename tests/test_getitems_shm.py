@@ -14,6 +14,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader as TorchLoader
 from torch.utils.data import default_collate
+from torch.utils.data._utils.fetch import _MapDatasetFetcher
 
 import fastload
 from fastload._front import getitems_shm as _getitems_shm
@@ -69,7 +70,17 @@ def worker_report(rows):
     return out, type(out).__name__, sum(len(slots) for slots, _ in shared.pools.values()), shared.fresh
 
 
-def test_a_buffer_the_main_process_let_go_of_is_reused(packed_images):
+@pytest.fixture
+def pooled(monkeypatch):
+    """worker_report and change_every_other get the pool's rows as torch's default_collate does (set before the
+    workers fork: they inherit it); any other collate_fn gets plain rows."""
+    monkeypatch.setattr(_getitems_shm, "POOLED_COLLATES", [default_collate, worker_report, change_every_other])
+    from fastload._front import getitems
+
+    monkeypatch.setattr(getitems, "POOLED_COLLATES", _getitems_shm.POOLED_COLLATES)
+
+
+def test_a_buffer_the_main_process_let_go_of_is_reused(packed_images, pooled):
     ds = fastload.open(packed_images, transforms=DETERMINISTIC)
     expected = expected_batches(ds, 2)
     reports = []
@@ -87,7 +98,7 @@ def test_a_buffer_the_main_process_let_go_of_is_reused(packed_images):
 
 
 @pytest.mark.parametrize("workers", [1, 2])
-def test_batches_held_past_the_pool_are_never_overwritten(packed_images, workers):
+def test_batches_held_past_the_pool_are_never_overwritten(packed_images, workers, pooled):
     ds = fastload.open(packed_images, transforms=DETERMINISTIC)
     expected = expected_batches(ds, 2)
     reports = []
@@ -147,7 +158,7 @@ def test_a_collate_fn_that_returns_the_rows_themselves_sends_plain_copies(packed
             assert_same_sample(row, ds[i * 5 + j])  # a plain dict/tuple, equal to ds[i]
 
 
-def test_what_a_collate_fn_changes_in_the_rows_is_in_default_collate_s_batch(packed_images):
+def test_what_a_collate_fn_changes_in_the_rows_is_in_default_collate_s_batch(packed_images, pooled):
     ds = fastload.open(packed_images, transforms=DETERMINISTIC, as_dict=True)
     kinds = set()
     for i, (batch, changed, kind) in enumerate(TorchLoader(ds, batch_size=4, num_workers=2,
@@ -173,7 +184,8 @@ def test_a_list_the_user_built_goes_to_torch_s_collate(packed_images):
         assert_same_sample(batch, want)
 
 
-def test_a_worker_whose_first_batch_differs_from_torch_s_says_so_and_collates_as_torch(packed_images, monkeypatch):
+def test_a_worker_whose_first_batch_differs_from_torch_s_says_so_and_collates_as_torch(packed_images, monkeypatch,
+                                                                                       pooled):
     ds = fastload.open(packed_images, transforms=DETERMINISTIC)
     expected = expected_batches(ds, 4)
 
@@ -191,7 +203,8 @@ def test_a_worker_whose_first_batch_differs_from_torch_s_says_so_and_collates_as
 
     monkeypatch.setattr(torch_worker, "_worker_info", torch_worker.WorkerInfo(id=0, num_workers=1, seed=0, dataset=None))
     ds = fastload.open(packed_images, transforms=DETERMINISTIC)
+    fetcher = _MapDatasetFetcher(ds, True, default_collate, False)  # what a worker calls: __getitems__, collate_fn
     with pytest.warns(fastload.FastPathWarning, match=r"differs from torch's default_collate .*\(batch\[0\]: other"):
-        assert_same_sample(default_collate(ds.__getitems__([0, 1, 2, 3])), expected[0])
-    rows = ds.__getitems__([4, 5, 6, 7])
-    assert type(rows) is list and type(rows[0]) is tuple  # this worker now hands torch plain rows
+        assert_same_sample(fetcher.fetch([0, 1, 2, 3]), expected[0])
+    assert ds.batch_items.shared is None  # this worker has left the pool: torch's collate from now on
+    assert_same_sample(fetcher.fetch([4, 5, 6, 7]), expected[1])

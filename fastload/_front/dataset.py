@@ -150,8 +150,19 @@ class Dataset(torch.utils.data.Dataset):
             i += n
         if not 0 <= i < n:
             raise IndexError(f"sample index {asked} out of range for a dataset of {n} samples")
+        return self._sample(i)
+
+    def _sample(self, i: int, draws: Any = None) -> Any:
+        """Sample ``i`` (in range). Its random transforms plan from ``draws`` (a ``_draws.SampleDraws`` of this one
+        sample, drawn for the image fields in schema order as the batcher draws them: ``__getitems__``'s
+        per-sample fallback), or else from torch's generator."""
         at = self._reader.locate_one(i)
         plans: dict = {}  # one plan per image field for the whole sample: its masks follow it (fields/mask.py)
+        if draws is not None and self.decode:
+            for f in self.schema:
+                if f.name in self.pipelines:
+                    h, w = (int(v) for v in self._reader.row(at, f.name, "meta", 0)[:2])
+                    plans[f.name] = self.pipelines[f.name].plan(np.array([h]), np.array([w]), draws)
         values = [self._field_value(at, i, f, plans) for f in self.schema]
         if self.as_dict:
             return dict(zip(self.schema.names, values))
@@ -162,10 +173,11 @@ class Dataset(torch.utils.data.Dataset):
 
         torch's DataLoader calls this with each batch's indices (so do accelerate, Hugging Face's Trainer and
         anything built on torch's fetchers): a fastload dataset decodes natively under any loader. The items
-        are ds[i]'s; random transforms draw one seed per call from torch's generator (in a DataLoader worker,
-        seeded by torch from the worker's seed). ``_front/getitems.py`` says what that means for reproducibility,
-        threads and forked workers; ``_front/getitems_shm.py`` how a worker's batch is collated into reused shared
-        memory (the items are then dict/tuple subclasses, equal to ds[i]'s)."""
+        are ds[i]'s; under torch's DataLoader a sample's random draws are keyed by (the iterator's seed, epoch,
+        sample index), so it gets the same pixels whichever worker or batch reads it. ``_front/getitems.py`` says
+        what that means for reproducibility, threads and forked workers; ``_front/getitems_shm.py`` how a worker's
+        batch is collated into reused shared memory (for torch's default_collate the items are then dict/tuple
+        subclasses, equal to ds[i]'s; a user's collate_fn gets plain dicts/tuples)."""
         from .getitems import get_items
 
         return get_items(self, indices)

@@ -12,14 +12,25 @@ ndarrays as tensors, Pad/Bucket fields as ``(padded, length)``). Items are views
 slot comes from a ``SlotRing`` and is refilled only once no item of it is alive (``_ring.py``'s rule 1),
 so the next call never overwrites a batch the caller (usually ``default_collate``, which copies) still holds.
 
-Randomness. One seed per call is drawn from torch's default generator, as ``ds[i]`` draws one per sample,
-and the whole batch's crops and flips are planned from it. In a DataLoader worker torch has seeded that
-generator with the worker's seed (``get_worker_info().seed``: the loader's base seed, drawn from its
-``generator`` or torch's each epoch, plus the worker id), and every call advances it: workers, batches and
-epochs differ, and ``torch.manual_seed`` before building the iterator makes a run repeat exactly (at any
-``num_workers``, as long as it is the same). In the main process (``num_workers=0``) it is torch's global
-generator. The draws differ from ``ds[i]``'s (one per batch, not one per sample), so a random transform
-gives other crops than ``[ds[i] ...]`` would; deterministic transforms give the same bytes.
+Randomness. Each sample's draws (crop, flip, augmentation) are keyed by (seed, epoch, sample index), as on
+fastload's own loader (``_draws.py``). The seed is the base seed torch's DataLoader draws once per iterator
+from its ``generator`` (or torch's global generator): a worker knows it as ``get_worker_info().seed - id``, the
+main process (``num_workers=0``) reads it from the iterator calling torch's fetcher. The epoch is 0, since every
+epoch is a new iterator with a new seed -- except in a persistent worker, which keeps the first iterator's seed
+and counts the epochs itself (torch gives it a new fetcher at each). So a sample gets the same pixels whichever
+worker, batch, batch size or path (the shared-memory pool, plain rows for a user's ``collate_fn``, the pool
+left after a worker's check) it goes through, at any ``num_workers``; ``torch.manual_seed`` (or ``generator=``)
+before building the iterator makes a run repeat; ``fastload.DataLoader(ds, seed=that base seed)`` gives it the
+same pixels in its epoch 0. A sample read twice in one epoch (a sampler with replacement) gets the same draws
+both times, as on fastload's loader. Called other than by torch's fetcher (``ds.__getitems__(idx)`` directly),
+the seed is one draw of torch's generator per call. A dataset that cannot batch (the fallback to ``ds[i]``'s
+reads below) plans each sample from the same keyed draws, so its pixels are the batch path's. ``ds[i]`` itself
+keeps torchvision's habit (one draw of torch's generator per sample): its crops differ from these.
+
+Rows own their storage objects. The rows' tensors view the slot through storage objects of their own
+(``_own_storages``): torch's pickling of a tensor (a worker's queue) moves its storage to shared memory, and a
+row's move must never move the slot's buffers under the native writers' numpy views (it did: a ``collate_fn``
+returning the rows' tensors had the next batch written into freed heap memory).
 
 Threads. The native pool has ``torch.get_num_threads()`` threads (0, the calling thread, when that is 1):
 in a DataLoader worker torch sets it to 1, since the workers already decode batches in parallel and more
@@ -39,23 +50,29 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 import threading
 import warnings
 import weakref
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
+from torch.utils.data._utils.fetch import _MapDatasetFetcher
+from torch.utils.data.dataloader import _BaseDataLoaderIter
 
+from .._draws import BatchDraws
 from .._fill.batcher import Batcher
 from ..fields import NotFastPath
 from .._errors import FastloadError, FastPathWarning
-from .getitems_shm import SharedBatches, items as shared_items
+from .getitems_shm import POOLED_COLLATES, SharedBatches, items as shared_items
 from .._ring import SlotRing
 from .._transforms.sequences import PackSequences
 from ..fast.collate import Collator
 
 
+_FETCH_CODE = _MapDatasetFetcher.fetch.__code__  # torch's fetcher: dataset.__getitems__(index), then collate_fn
+_CALLER_DEPTH = 6  # frames searched above ds.__getitems__ (Subset and the like add one each)
 _INHERITED: list = []  # in a forked child: batchers made by the parent, kept here for good (BatchItems.__del__)
 
 
@@ -75,6 +92,10 @@ class BatchItems:
         self.ring: SlotRing | None = None
         self.reason: str | None = None
         self.probe = False  # the batcher only showed that the dataset batches: the first call makes the real one
+        # the torch fetcher of the latest call (a weak reference) and the epochs seen: a persistent worker gets a
+        # new fetcher at every epoch, and keeps its seed
+        self.fetcher: Any = None
+        self.epoch = 0
         # in a torch DataLoader worker: the pool batches are collated into (_getitems_shm), None elsewhere
         self.shared: SharedBatches | None = SharedBatches() if torch.utils.data.get_worker_info() else None
         if not ds.decode or any(isinstance(t, PackSequences) for t in ds.sequences.values()):
@@ -108,6 +129,16 @@ class BatchItems:
             self.probe = False
             self._make(self.batcher.ds, size)
         return self.batcher
+
+    def epoch_of(self, fetcher: Any) -> int:
+        """The epoch of a call from torch's ``fetcher`` in this process: 0 at its first fetcher, one more at each
+        new one (a persistent worker's next epoch). Not called by a fetcher: 0."""
+        if fetcher is None or torch.utils.data.get_worker_info() is None:
+            return 0
+        if self.fetcher is not None and self.fetcher() is not fetcher:
+            self.epoch += 1
+        self.fetcher = weakref.ref(fetcher)
+        return self.epoch
 
     def __del__(self) -> None:
         # A forked child must never destroy its parent's native pool: the pool's threads do not exist
@@ -158,23 +189,103 @@ def get_items(ds: Any, indices: Any) -> list:
     if not idx.size:
         return []
     state = _state(ds)
+    caller = _torch_caller()
     if state.reason is not None:
-        return [ds[int(i)] for i in idx]
+        if not ds.pipelines or caller.fetcher is None:
+            return [ds[int(i)] for i in idx]
+        with state.lock:
+            draws = _draws(state, caller)
+        return [ds._sample(int(i), draws.samples([i])) for i in idx]  # keyed per sample as the batch path's
     with state.lock:
         batcher = state.batcher_for(len(idx))
         slot = state.ring.acquire()
-        rng = np.random.default_rng(int(torch.randint(0, 2**62, ()).item())) if batcher.needs_rng else None
+        rng = _draws(state, caller) if batcher.needs_rng else None
         try:
             objects = batcher.fill(slot, idx, rng)
             batch = state.collator.collate(slot, len(idx), objects)
         except (FastloadError, ValueError) as e:
             failed = e
         else:
-            rows = _split(ds, batcher.parts, batch, len(idx))
-            return rows if state.shared is None else shared_items(state, batch, rows, ds.as_dict)
+            rows = _split(ds, batcher.parts, _own_storages(batch, {}), len(idx))
+            # by identity: a collate_fn may be unhashable (a dataclass collator, as Hugging Face's)
+            pooled = state.shared is not None and any(caller.collate_fn is f for f in POOLED_COLLATES)
+            return shared_items(state, batch, rows, ds.as_dict) if pooled else rows
     for i in idx:  # ds[i] names the bad sample (and its error has no loader-only hint)
         ds[int(i)]
     raise failed
+
+
+class _Caller(NamedTuple):
+    """What ``__getitems__`` learns of the torch loader calling it: the ``collate_fn`` its rows go to, the fetcher
+    (None for both: not called by torch's fetcher), and the iterator's base seed (None: unknown)."""
+
+    collate_fn: Any
+    fetcher: Any
+    base_seed: int | None
+
+
+def _torch_caller() -> _Caller:
+    """The torch ``_MapDatasetFetcher.fetch`` frame above this call, if any (through wrappers such as ``Subset``,
+    whose ``__getitems__`` calls this one's): its fetcher and ``collate_fn``, and the base seed torch drew for the
+    iterator (from the loader's ``generator``, or torch's global one, once per iterator). A worker has it as
+    ``get_worker_info().seed - id``; the main process (``num_workers=0``) from the iterator calling the fetcher."""
+    fetcher, base_seed = None, None
+    frame = sys._getframe(2)
+    try:
+        for _ in range(_CALLER_DEPTH):
+            if frame is None:
+                break
+            if frame.f_code is _FETCH_CODE:
+                fetcher = frame.f_locals.get("self")
+                it = frame.f_back.f_locals.get("self") if frame.f_back is not None else None
+                if isinstance(it, _BaseDataLoaderIter):
+                    base_seed = getattr(it, "_base_seed", None)
+                break
+            frame = frame.f_back
+    finally:
+        del frame
+    info = torch.utils.data.get_worker_info()
+    if info is not None:
+        base_seed = int(info.seed) - int(info.id)
+    return _Caller(getattr(fetcher, "collate_fn", None), fetcher, base_seed)
+
+
+def _draws(state: BatchItems, caller: _Caller) -> BatchDraws:
+    """The batch's draws: each sample's keyed by (seed, epoch, index) (``_draws.py``), with seed the torch
+    iterator's base seed and epoch 0 -- but in a persistent worker, which keeps its seed from the first iterator,
+    the epochs that worker has seen: torch makes it a new fetcher at every epoch (``_ResumeIteration``).
+    Called other than by torch's fetcher, the seed is one draw of torch's generator per call."""
+    seed = caller.base_seed
+    if seed is None:
+        seed = int(torch.randint(0, 2**62, ()).item())
+    seed &= 2**64 - 1
+    return BatchDraws([seed & 0xFFFFFFFF, seed >> 32], seed, state.epoch_of(caller.fetcher))
+
+
+def _own_storages(obj: Any, aliases: dict) -> Any:
+    """``obj`` (a collated batch: dicts, lists, tuples of tensors) with every tensor re-made as the same view of
+    the same memory through a storage object of its own, one per buffer, that keeps the buffer referenced.
+
+    The rows are cut from these, never from the slot's (or the CPU output ring's) own storages, because torch's
+    pickling of a CPU tensor (a worker's queue, ``multiprocessing``) calls ``share_memory_()`` on its storage: that
+    copies the storage into new shared memory, points the storage at the copy and frees the old memory -- which
+    the slot's numpy arrays, what the native fill writes into, still pointed at. A ``collate_fn`` returning the
+    rows' tensors (``[dict(r) for r in rows]``) thus had the next batch written into freed heap memory
+    ("corrupted size vs. prev_size", a worker killed), and the main process received the slot itself. Moved
+    now, a row's storage leaves the slot where it was; until then it holds the slot (``Slot.held``: the buffer's
+    use count), so the slot is refilled only once no row, nor anything made from one, views it."""
+    if isinstance(obj, torch.Tensor):
+        storage = obj.untyped_storage()
+        alias = aliases.get(storage.data_ptr())
+        if alias is None:
+            whole = torch.empty(0, dtype=torch.uint8).set_(storage)  # a plain byte view: numpy takes any dtype
+            alias = aliases[storage.data_ptr()] = torch.from_numpy(whole.numpy()).untyped_storage()
+        return torch.empty(0, dtype=obj.dtype).set_(alias, obj.storage_offset(), obj.shape, obj.stride())
+    if isinstance(obj, dict):
+        return {k: _own_storages(v, aliases) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_own_storages(v, aliases) for v in obj)
+    return obj
 
 
 def _split(ds: Any, parts: list, batch: Any, n: int) -> list:

@@ -7,16 +7,17 @@ batch: a strided transposing copy (torch's generic loop: ~5x a plain copy for 3 
 kernel must zero and fault in, every batch. That was most of torch's per-batch cost under ``__getitems__``
 (bench/results/getitems_cpu2.md). Here instead:
 
-- In a worker, ``__getitems__`` returns ``Items``: one ``Row`` (a dict subclass) or ``RowTuple`` (a tuple
-  subclass) per index, equal to ``ds[i]`` as before, and the batch as the slot holds it.
+- In a worker whose loader's ``collate_fn`` is torch's ``default_collate`` (``POOLED_COLLATES``), ``__getitems__``
+  returns ``Items``: one ``Row`` (a dict subclass) or ``RowTuple`` (a tuple subclass) per index, equal to ``ds[i]``,
+  and the batch as the slot holds it. A user's ``collate_fn`` gets plain dicts/tuples instead, exactly
+  ``ds[i]``'s types (code testing ``type(row) is dict`` works), and torch's collate if it calls default_collate.
 - ``Row`` and ``RowTuple`` are registered in torch's ``default_collate_fn_map`` (the extension point its
-  ``collate`` documents), so ``default_collate`` -- called by torch's fetcher, or by a user's ``collate_fn`` --
-  hands the list to ``collate_rows``. An ``Items`` list exactly as ``__getitems__`` returned it (the same
-  rows holding the same values, checked by identity) is written once from the slot into a buffer of this
-  worker's pool (uint8 images: one native NHWC -> NCHW copy, ``_C.hwc_to_chw_u8``): the dict or list that
-  ``default_collate`` gives, with the same types, dtypes, shapes, strides and values. In-place changes made
-  through the rows' tensors are in it (they are views of the slot it copies from). Anything else (a list the
-  user built or changed, another ``collate_fn_map``) is collated as plain dicts/tuples by torch, as before.
+  ``collate`` documents), so ``default_collate`` hands the list to ``collate_rows``. An ``Items`` list exactly as
+  ``__getitems__`` returned it (the same rows holding the same values, checked by identity) is written once from
+  the slot into a buffer of this worker's pool (uint8 images: one native NHWC -> NCHW copy,
+  ``_C.hwc_to_chw_u8``): the dict or list that ``default_collate`` gives, with the same types, dtypes, shapes,
+  strides and values. Anything else (a list changed since, another ``collate_fn_map``) is collated as plain
+  dicts/tuples by torch.
   The first batch of each worker is also collated by torch and compared; on any difference the worker
   warns once and leaves this path.
 
@@ -46,7 +47,7 @@ import weakref
 from typing import Any
 
 import torch
-from torch.utils.data._utils.collate import collate, default_collate_fn_map
+from torch.utils.data._utils.collate import collate, default_collate, default_collate_fn_map
 
 from .._errors import FastPathWarning
 from .._native import native
@@ -55,6 +56,11 @@ from .._ring import Slot
 #: buffers per batch shape in one worker: torch keeps prefetch_factor (2) batches per worker in flight,
 #: the caller holds one, the pin-memory thread may hold one more
 POOL_SIZE = 6
+
+#: the loader ``collate_fn`` s whose worker rows are ``Row``/``RowTuple`` (collated from the pool): torch's own.
+#: A user's collate_fn gets plain dicts/tuples, exactly ``ds[i]``'s types (``type(row) is dict`` holds), and
+#: torch's collate where it calls default_collate on them
+POOLED_COLLATES = [default_collate]
 
 
 def _sendable(value: Any) -> Any:
