@@ -150,9 +150,9 @@ class Dataset(torch.utils.data.Dataset):
             i += n
         if not 0 <= i < n:
             raise IndexError(f"sample index {asked} out of range for a dataset of {n} samples")
-        return self._sample(i)
+        return self.read_sample(i)
 
-    def _sample(self, i: int, draws: Any = None) -> Any:
+    def read_sample(self, i: int, draws: Any = None) -> Any:
         """Sample ``i`` (in range). Its random transforms plan from ``draws`` (a ``_draws.SampleDraws`` of this one
         sample, drawn for the image fields in schema order as the batcher draws them: ``__getitems__``'s
         per-sample fallback), or else from torch's generator."""

@@ -195,7 +195,7 @@ def get_items(ds: Any, indices: Any) -> list:
             return [ds[int(i)] for i in idx]
         with state.lock:
             draws = _draws(state, caller)
-        return [ds._sample(int(i), draws.samples([i])) for i in idx]  # keyed per sample as the batch path's
+        return [ds.read_sample(int(i), draws.samples([i])) for i in idx]  # keyed per sample as the batch path's
     with state.lock:
         batcher = state.batcher_for(len(idx))
         slot = state.ring.acquire()
