@@ -255,7 +255,11 @@ class Order:
         return split_batches(int((~mask).sum()), self.world_size, self.batch_size, self.drop_last)
 
     def __len__(self) -> int:
-        return self.num_batches()
+        """This rank's batches in a whole epoch, also while an elastically resumed one runs (``num_batches()`` is
+        what is left of that one): torch's ``len(DataLoader)``, which a framework reads once for every epoch.
+        Lightning counts a resumed epoch's batches from the saved ``batches_done`` up to it; the resumed epoch's
+        own count would end that epoch early and every later one after as few batches."""
+        return self._num_batches
 
     def indices(self, epoch: int | None = None) -> np.ndarray:
         """This rank's sample indices for ``epoch`` (int64, read-only), after padding or dropping."""
