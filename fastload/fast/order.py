@@ -579,7 +579,8 @@ def _not_resumable(diff: list[str], saved: dict, mine: dict) -> str:
             None,
             [
                 ", ".join(same) and f"build this DataLoader with {', '.join(same)}",
-                data and "open the dataset it was saved on"
+                data
+                and "open the dataset it was saved on"
                 + (" with the same transforms" if {"buckets", "packed"} & set(data) else ""),
             ],
         )
