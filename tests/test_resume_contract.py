@@ -139,3 +139,26 @@ def test_restored_at_every_position_on_two_ranks_at_another_batch_size(data, nam
             assert len(rest) - len(set(rest)) < 2
         if restored.drop_last:
             assert len(rest) == len(set(rest))
+
+
+def test_a_state_of_another_seed_goes_on_with_its_seed_said_and_shown(data):
+    """The order goes on with the state's seed (its batches count positions of that seed's permutation): a seed=
+    given to the loader that the state replaces is said, and ``loader.seed`` is the seed in use (it kept showing
+    the given one)."""
+    import warnings
+
+    rest = list(images(data[0], shuffle=True, seed=5))[1:]  # the uninterrupted epoch after its first batch
+    first = images(data[0], shuffle=True, seed=5)
+    it = iter(first)
+    next(it)
+    state = first.state_dict()
+    del it
+    other = images(data[0], shuffle=True, seed=6)
+    with pytest.warns(UserWarning, match=r"resumes with the state's seed=5, not this loader's seed=6"):
+        other.load_state_dict(state)
+    assert other.seed == 5
+    assert same(list(other), rest)
+    alike = images(data[0], shuffle=True, seed=5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        alike.load_state_dict(state)  # its own seed: nothing to say

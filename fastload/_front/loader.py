@@ -122,6 +122,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     # made on first use (__getattr__).
     device = None
     seed = None
+    _seed_given = None
     on_error = "raise"
     memory_format = torch.channels_last
     decoder = "native"
@@ -229,6 +230,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         # drawn only where fastload's order or augmentation uses it: otherwise the generic path leaves torch's
         # generators exactly as torch would
         self.seed = as_int("seed", seed, 0) if seed is not None else None
+        self._seed_given = self.seed  # what the caller asked for (a state's seed replacing it is said)
         self.on_error = on_error
         self.memory_format = check_memory_format(memory_format)
         self.fast_path_reason: str | None = None
@@ -517,7 +519,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             )
         elif self._sampled is not None:
             self._next_epoch, self._resume_at = self._sampled.load_state_dict(state)
-            self.seed = self._sampled.seed
+            self._adopt_seed(self._sampled.seed)
         else:
             if any(isinstance(s, dict) and s.get("driver") == "sampler" for s in _as_list(state)):
                 raise ValueError(
@@ -526,11 +528,25 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
                 )
             self._resume_at = self._order.load_state_dict(state)
             self._next_epoch = self._order.epoch
+            self._adopt_seed(self._order.seed)
         self._progress = Progress(self._next_epoch, self._resume_at)
         driver = self._driver()
         if isinstance(driver, EpochInput):
             driver.pending_epoch = None  # the state says which epoch comes next
         self._sampler_epoch_seen = getattr(driver, "epoch", 0)
+
+    def _adopt_seed(self, seed: int) -> None:
+        """The order goes on with the state's seed (the epoch's permutation and every sample's draws depend on it):
+        ``loader.seed`` says so, and a ``seed=`` given to this loader that it replaces is not dropped silently."""
+        if self._seed_given is not None and seed != self._seed_given:
+            warnings.warn(
+                f"fastload: load_state_dict resumes with the state's seed={seed}, not this loader's seed="
+                f"{self._seed_given}: a position counts batches of the order that seed made, so the rest of the run "
+                f"keeps it. To start over with seed={self._seed_given}, leave load_state_dict out",
+                UserWarning,
+                stacklevel=4,
+            )
+        self.seed = seed
 
     def _torch_index_sampler(self):
         # torch's property through the class this one derives from, never through the module attribute:
