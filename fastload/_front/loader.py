@@ -133,6 +133,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     _user_sampler = False
     _next_epoch = 0
     _resume_at = 0
+    _epoch_set = False  # set_epoch was called after the latest iteration started (``_state_dict``)
     _sampler_epoch_seen = 0  # a user's DistributedSampler's epoch at the last iteration (or set_epoch, or load)
     _ring = None
     _collator = None
@@ -432,6 +433,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         another thread reads all of it or none (``_begin_epoch``)."""
         with self._guard:
             self._adopt_epoch(as_int("epoch", epoch, 0))
+            self._epoch_set = True  # until the next iteration starts, state_dict() is where that one will start
             driver = self._driver()
             if self._user_sampler and hasattr(driver, "set_epoch"):
                 driver.set_epoch(epoch)
@@ -469,6 +471,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             self._adopt_epoch(driver.epoch)
         epoch, start = self._next_epoch, self._resume_at
         self._next_epoch, self._resume_at = epoch + 1, 0
+        self._epoch_set = False
         return epoch, start
 
     def state_dict(self) -> dict:
@@ -482,8 +485,15 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
 
     def _state_dict(self) -> dict:
         epoch, done = self._progress.epoch, self._progress.done
+        if self._epoch_set:  # set_epoch since the last iteration started: the next one's start, not the last's end
+            epoch, done = self._next_epoch, self._resume_at
         if self._order is None and self._sampled is None:
-            return generic_state(self._torch_index_sampler(), self._num_samples(), epoch, done, self._plan.rng)
+            # a loaded position not iterated yet: its generator state is the pending replay's
+            pending = self._plan.pending
+            rng = pending[1] if pending is not None else self._plan.rng
+            if done and done >= (_len_or_none(self) or done + 1):  # its last batch received: the next epoch's start
+                epoch, done, rng = epoch + 1, 0, None
+            return generic_state(self._torch_index_sampler(), self._num_samples(), epoch, done, rng)
         if self._sampled is not None:
             if done >= len(self):
                 epoch, done = epoch + 1, 0
@@ -530,6 +540,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             self._next_epoch = self._order.epoch
             self._adopt_seed(self._order.seed)
         self._progress = Progress(self._next_epoch, self._resume_at)
+        self._epoch_set = False
         driver = self._driver()
         if isinstance(driver, EpochInput):
             driver.pending_epoch = None  # the state says which epoch comes next
@@ -750,6 +761,13 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     def stats_summary(self) -> str:
         """One line: throughput, the share of time the loop waited for data, whether it is input-bound."""
         return self._stats.summary()
+
+
+def _len_or_none(loader: DataLoader) -> int | None:
+    try:
+        return len(loader)
+    except TypeError:  # an IterableDataset with no length
+        return None
 
 
 def _as_list(state: Any) -> list:
