@@ -208,3 +208,22 @@ def test_the_state_after_set_epoch_is_where_the_next_iteration_starts(data, name
     again = make(data)
     again.load_state_dict(saved)
     assert same(list(again), list(ref))
+
+
+def test_an_elastic_resume_that_leaves_no_batch_keeps_its_epoch(data):
+    """Saved near an epoch's end and resumed where the rest fills no batch (drop_last, more ranks): the epoch is over
+    on the new ranks, and a loop that says which epoch it is (set_epoch with the saved epoch, as Lightning does)
+    gets nothing more of it. The order jumped to the next epoch, and set_epoch(saved epoch) then read that whole
+    epoch again."""
+    first = images(data[0], shuffle=True, drop_last=True, batch_size=2)
+    it = iter(first)
+    for _ in range(len(first) - 1):
+        next(it)
+    state = first.state_dict()  # 12 of 14 read: 2 left
+    del it
+    for rank in range(2):
+        resumed = images(data[0], shuffle=True, drop_last=True, batch_size=2, rank=rank, world_size=2)
+        resumed.load_state_dict(state)
+        resumed.set_epoch(0)
+        assert list(resumed) == [], "a sample read before the checkpoint was read again"
+        assert len(list(resumed)) == len(resumed)  # then epoch 1, whole

@@ -482,9 +482,9 @@ class Order:
         ranks = done if done is not None else {r: k for r in range(as_int("world_size", first["world_size"], 1))}
         self._adopt(seed, epoch, before)
         consumed = self._consumed(epoch, before, first, ranks)
+        # Nothing of it may be left for this split (drop_last): the epoch stays, empty, so that a loop that sets the
+        # saved epoch (Lightning does) does not read it again whole; the next begin_epoch() goes on to the next one.
         self._adopt(seed, epoch, consumed)
-        if self.num_batches(epoch) == 0:  # nothing of it left for this split: the next epoch, whole
-            self._adopt(seed, epoch + 1, None)
         self._fresh, self._resume = True, None
         return 0
 
