@@ -818,7 +818,12 @@ def sampler_replicas(loader: DataLoader) -> tuple[str, Any] | None:
 def retarget(loader: DataLoader, rank: int, world: int) -> None:
     """fastload's order for process ``rank`` of ``world`` (the same kind, seed and batching)."""
     if loader._order is not None:
-        loader._order = for_rank(loader._order, rank, world)
+        order = for_rank(loader._order, rank, world)
+        if order is not loader._order and loader._seed_given is None and order.kind != "sequential":
+            # a seed drawn by this process when the loader was built (before the process group): the ranks' draws
+            # differ and their shares would overlap; they shuffle alike as a loader built under it does (__init__)
+            order.seed = loader.seed = agreed_seed(loader.seed, world)
+        loader._order = order
 
 
 class LazyStart(_BaseDataLoaderIter):
