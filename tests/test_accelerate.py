@@ -202,3 +202,28 @@ def test_prepare_places_batches_on_the_accelerators_gpu_with_a_gpu_decoder(nvjpe
     assert len(seen) == len(ref) and images.hybrid.stats()["gpu_rate"]  # the GPU decoder decoded its share
     for (x, y), (sx, sy) in zip(ref, seen):
         assert torch.equal(y, sy) and x.shape == sx.shape
+
+
+def test_prepare_makes_the_ranks_of_an_unseeded_loader_built_before_the_process_group_shuffle_alike(numbered,
+                                                                                                   monkeypatch):
+    """A shuffled loader with no seed= built before the process group drew its own seed in each process: resharded
+    by prepare, the ranks' shares overlapped (samples read twice, others never). They now take the seed a loader
+    built under the process group takes; with no process group to say the processes run together it is refused."""
+    import torch.distributed as dist
+
+    from fastload.accelerate import prepare
+
+    packed = numbered(N)
+    ds = fastload.open(packed, transforms={"image": [fastload.transforms.Resize((8, 8))]})
+    loaders = []
+    for rank in range(2):
+        torch.manual_seed(100 + rank)  # each process's own generator, as drawn before any set_seed
+        loaders.append(fastload.DataLoader(ds, batch_size=4, shuffle=True))
+    with pytest.raises(ValueError, match="no seed=.*pass the same seed= on every rank"):
+        prepare(FakeAccelerator(rank=0, world=2), fastload.DataLoader(ds, batch_size=4, shuffle=True))
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    shards = []
+    for rank, dl in enumerate(loaders):
+        prepare(FakeAccelerator(rank=rank, world=2), dl)
+        shards.append(torch.cat([b[2] for b in dl]).tolist())
+    assert not set(shards[0]) & set(shards[1]) and set(shards[0]) | set(shards[1]) == set(range(N))

@@ -68,6 +68,10 @@ CONFIGS = {
     "RandomSampler": lambda d: images(d[0], sampler=RandomSampler(range(N), generator=seeded(1))),
     "DistributedSampler": lambda d: images(d[0], sampler=DistributedSampler(range(N), 2, 1, seed=3)),
     "generic": lambda d: fastload.DataLoader(Plain(), batch_size=3, shuffle=True, seed=5),
+    "generic DistributedSampler": lambda d: fastload.DataLoader(Plain(), batch_size=3,
+                                                                sampler=DistributedSampler(range(N), 2, 1, seed=3)),
+    "generic RandomSampler": lambda d: fastload.DataLoader(Plain(), batch_size=3,
+                                                           sampler=RandomSampler(range(N), generator=seeded(1))),
     "Bucket": lambda d: sequences(d[1], T.Bucket([8, 20])),
     "PackSequences": lambda d: sequences(d[1], T.PackSequences(16, drop_fields=["label"])),
 }
@@ -100,7 +104,7 @@ def test_restored_at_every_position_the_rest_of_the_stream_is_identical(data, na
         if p < len(ref[0]):
             assert same(rest, ref[0][p:]), f"{name}: the rest of epoch 0 differs after a restore at batch {p}"
             rest = list(restored)
-        if name == "RandomSampler" and p == len(ref[0]):
+        if name in ("RandomSampler", "generic RandomSampler") and p == len(ref[0]):
             # an end-of-epoch state holds no generator state: the next epoch is drawn from the user's generator
             # as the restored loader has it (a fresh one here), as torch's RandomSampler would (known; see report)
             continue
@@ -134,3 +138,87 @@ def test_restored_at_every_position_on_two_ranks_at_another_batch_size(data, nam
             assert len(rest) - len(set(rest)) < 2
         if restored.drop_last:
             assert len(rest) == len(set(rest))
+
+
+def test_a_state_of_another_seed_goes_on_with_its_seed_said_and_shown(data):
+    """The order goes on with the state's seed (its batches count positions of that seed's permutation): a seed=
+    given to the loader that the state replaces is said, and ``loader.seed`` is the seed in use (it kept showing
+    the given one)."""
+    import warnings
+
+    rest = list(images(data[0], shuffle=True, seed=5))[1:]  # the uninterrupted epoch after its first batch
+    first = images(data[0], shuffle=True, seed=5)
+    it = iter(first)
+    next(it)
+    state = first.state_dict()
+    del it
+    other = images(data[0], shuffle=True, seed=6)
+    with pytest.warns(UserWarning, match=r"resumes with the state's seed=5, not this loader's seed=6"):
+        other.load_state_dict(state)
+    assert other.seed == 5
+    assert same(list(other), rest)
+    alike = images(data[0], shuffle=True, seed=5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        alike.load_state_dict(state)  # its own seed: nothing to say
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_a_restored_loader_saved_again_before_its_first_batch_gives_the_same_state(data, name):
+    """Preempted again before the first batch after a resume: the state saved then is the one loaded (a RandomSampler's
+    lost its generator state, and loading it was refused: "the state has no 'rng_state'")."""
+    make = CONFIGS[name]
+    ref = list(make(data))
+    first = make(data)
+    it = iter(first)
+    for _ in range(2):
+        next(it)
+    state = first.state_dict()
+    del it
+    restored = make(data)
+    restored.load_state_dict(state)
+    again = make(data)
+    again.load_state_dict(restored.state_dict())
+    assert same(list(again), ref[2:]), f"{name}: the rest of the epoch differs after a second restore"
+
+
+@pytest.mark.parametrize("name", ["random", "generic", "Bucket"])
+def test_the_state_after_set_epoch_is_where_the_next_iteration_starts(data, name):
+    """A checkpoint taken after set_epoch(e) and before the epoch's first batch resumes epoch e from its start; it
+    said the previous position (a loaded mid-epoch one: that epoch's rest again, read twice)."""
+    make = CONFIGS[name]
+    first = make(data)
+    it = iter(first)
+    next(it)
+    state = first.state_dict()
+    del it
+    restored = make(data)
+    restored.load_state_dict(state)
+    restored.set_epoch(3)
+    saved = restored.state_dict()
+    assert (saved["epoch"], saved["batches_done"]) == (3, 0)
+    ref = make(data)
+    ref.set_epoch(3)
+    assert (ref.state_dict()["epoch"], ref.state_dict()["batches_done"]) == (3, 0)
+    again = make(data)
+    again.load_state_dict(saved)
+    assert same(list(again), list(ref))
+
+
+def test_an_elastic_resume_that_leaves_no_batch_keeps_its_epoch(data):
+    """Saved near an epoch's end and resumed where the rest fills no batch (drop_last, more ranks): the epoch is over
+    on the new ranks, and a loop that says which epoch it is (set_epoch with the saved epoch, as Lightning does)
+    gets nothing more of it. The order jumped to the next epoch, and set_epoch(saved epoch) then read that whole
+    epoch again."""
+    first = images(data[0], shuffle=True, drop_last=True, batch_size=2)
+    it = iter(first)
+    for _ in range(len(first) - 1):
+        next(it)
+    state = first.state_dict()  # 12 of 14 read: 2 left
+    del it
+    for rank in range(2):
+        resumed = images(data[0], shuffle=True, drop_last=True, batch_size=2, rank=rank, world_size=2)
+        resumed.load_state_dict(state)
+        resumed.set_epoch(0)
+        assert list(resumed) == [], "a sample read before the checkpoint was read again"
+        assert len(list(resumed)) == len(resumed)  # then epoch 1, whole

@@ -122,6 +122,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     # made on first use (__getattr__).
     device = None
     seed = None
+    _seed_given = None
     on_error = "raise"
     memory_format = torch.channels_last
     decoder = "native"
@@ -132,6 +133,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     _user_sampler = False
     _next_epoch = 0
     _resume_at = 0
+    _epoch_set = False  # set_epoch was called after the latest iteration started (``_state_dict``)
     _sampler_epoch_seen = 0  # a user's DistributedSampler's epoch at the last iteration (or set_epoch, or load)
     _ring = None
     _collator = None
@@ -229,6 +231,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         # drawn only where fastload's order or augmentation uses it: otherwise the generic path leaves torch's
         # generators exactly as torch would
         self.seed = as_int("seed", seed, 0) if seed is not None else None
+        self._seed_given = self.seed  # what the caller asked for (a state's seed replacing it is said)
         self.on_error = on_error
         self.memory_format = check_memory_format(memory_format)
         self.fast_path_reason: str | None = None
@@ -430,6 +433,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         another thread reads all of it or none (``_begin_epoch``)."""
         with self._guard:
             self._adopt_epoch(as_int("epoch", epoch, 0))
+            self._epoch_set = True  # until the next iteration starts, state_dict() is where that one will start
             driver = self._driver()
             if self._user_sampler and hasattr(driver, "set_epoch"):
                 driver.set_epoch(epoch)
@@ -467,6 +471,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             self._adopt_epoch(driver.epoch)
         epoch, start = self._next_epoch, self._resume_at
         self._next_epoch, self._resume_at = epoch + 1, 0
+        self._epoch_set = False
         return epoch, start
 
     def state_dict(self) -> dict:
@@ -480,8 +485,15 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
 
     def _state_dict(self) -> dict:
         epoch, done = self._progress.epoch, self._progress.done
+        if self._epoch_set:  # set_epoch since the last iteration started: the next one's start, not the last's end
+            epoch, done = self._next_epoch, self._resume_at
         if self._order is None and self._sampled is None:
-            return generic_state(self._torch_index_sampler(), self._num_samples(), epoch, done, self._plan.rng)
+            # a loaded position not iterated yet: its generator state is the pending replay's
+            pending = self._plan.pending
+            rng = pending[1] if pending is not None else self._plan.rng
+            if done and done >= (_len_or_none(self) or done + 1):  # its last batch received: the next epoch's start
+                epoch, done, rng = epoch + 1, 0, None
+            return generic_state(self._torch_index_sampler(), self._num_samples(), epoch, done, rng)
         if self._sampled is not None:
             if done >= len(self):
                 epoch, done = epoch + 1, 0
@@ -517,7 +529,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             )
         elif self._sampled is not None:
             self._next_epoch, self._resume_at = self._sampled.load_state_dict(state)
-            self.seed = self._sampled.seed
+            self._adopt_seed(self._sampled.seed)
         else:
             if any(isinstance(s, dict) and s.get("driver") == "sampler" for s in _as_list(state)):
                 raise ValueError(
@@ -526,11 +538,26 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
                 )
             self._resume_at = self._order.load_state_dict(state)
             self._next_epoch = self._order.epoch
+            self._adopt_seed(self._order.seed)
         self._progress = Progress(self._next_epoch, self._resume_at)
+        self._epoch_set = False
         driver = self._driver()
         if isinstance(driver, EpochInput):
             driver.pending_epoch = None  # the state says which epoch comes next
         self._sampler_epoch_seen = getattr(driver, "epoch", 0)
+
+    def _adopt_seed(self, seed: int) -> None:
+        """The order goes on with the state's seed (the epoch's permutation and every sample's draws depend on it):
+        ``loader.seed`` says so, and a ``seed=`` given to this loader that it replaces is not dropped silently."""
+        if self._seed_given is not None and seed != self._seed_given:
+            warnings.warn(
+                f"fastload: load_state_dict resumes with the state's seed={seed}, not this loader's seed="
+                f"{self._seed_given}: a position counts batches of the order that seed made, so the rest of the run "
+                f"keeps it. To start over with seed={self._seed_given}, leave load_state_dict out",
+                UserWarning,
+                stacklevel=4,
+            )
+        self.seed = seed
 
     def _torch_index_sampler(self):
         # torch's property through the class this one derives from, never through the module attribute:
@@ -736,6 +763,13 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         return self._stats.summary()
 
 
+def _len_or_none(loader: DataLoader) -> int | None:
+    try:
+        return len(loader)
+    except TypeError:  # an IterableDataset with no length
+        return None
+
+
 def _as_list(state: Any) -> list:
     return list(state) if isinstance(state, (list, tuple)) else [state]
 
@@ -784,7 +818,12 @@ def sampler_replicas(loader: DataLoader) -> tuple[str, Any] | None:
 def retarget(loader: DataLoader, rank: int, world: int) -> None:
     """fastload's order for process ``rank`` of ``world`` (the same kind, seed and batching)."""
     if loader._order is not None:
-        loader._order = for_rank(loader._order, rank, world)
+        order = for_rank(loader._order, rank, world)
+        if order is not loader._order and loader._seed_given is None and order.kind != "sequential":
+            # a seed drawn by this process when the loader was built (before the process group): the ranks' draws
+            # differ and their shares would overlap; they shuffle alike as a loader built under it does (__init__)
+            order.seed = loader.seed = agreed_seed(loader.seed, world)
+        loader._order = order
 
 
 class LazyStart(_BaseDataLoaderIter):

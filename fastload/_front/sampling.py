@@ -303,8 +303,10 @@ class SamplerOrder:
         s = self.sampler
         if isinstance(s, DistributedSampler):
             state["sampler_epoch"] = int(s.epoch)
-        if type(s) in RANDOM and batches_done and self._rng_state is not None:
-            state["rng_state"] = self._rng_state
+        # a loaded position not iterated yet draws its epoch from the state's generator state (``_replay``)
+        rng = self._replay if self._replay is not None else self._rng_state
+        if type(s) in RANDOM and batches_done and rng is not None:
+            state["rng_state"] = rng
         return state
 
     def load_state_dict(self, state: dict) -> tuple[int, int]:

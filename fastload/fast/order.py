@@ -255,7 +255,11 @@ class Order:
         return split_batches(int((~mask).sum()), self.world_size, self.batch_size, self.drop_last)
 
     def __len__(self) -> int:
-        return self.num_batches()
+        """This rank's batches in a whole epoch, also while an elastically resumed one runs (``num_batches()`` is
+        what is left of that one): torch's ``len(DataLoader)``, which a framework reads once for every epoch.
+        Lightning counts a resumed epoch's batches from the saved ``batches_done`` up to it; the resumed epoch's
+        own count would end that epoch early and every later one after as few batches."""
+        return self._num_batches
 
     def indices(self, epoch: int | None = None) -> np.ndarray:
         """This rank's sample indices for ``epoch`` (int64, read-only), after padding or dropping."""
@@ -444,7 +448,9 @@ class Order:
         this order's ranks (``elastic.py``). Returns the batch the epoch goes on at."""
         first, done = gather(state, _is_position, _not_a_position)
         mine = self._config()
-        saved = {k: first.get(k) for k in set(mine) | ({"window", "shards", "split"} & set(first))}
+        # every setting either side names: a state of an order of another kind (a mix's, Bucket's, PackSequences')
+        # holds keys this one has not, and must not load as if they were not there
+        saved = {k: first.get(k) for k in set(mine) | (set(first) - _POSITION_KEYS)}
         diff = sorted(k for k in saved if saved[k] != mine.get(k))
         fixed = [k for k in diff if k not in self.split_keys]
         if fixed:
@@ -476,9 +482,9 @@ class Order:
         ranks = done if done is not None else {r: k for r in range(as_int("world_size", first["world_size"], 1))}
         self._adopt(seed, epoch, before)
         consumed = self._consumed(epoch, before, first, ranks)
+        # Nothing of it may be left for this split (drop_last): the epoch stays, empty, so that a loop that sets the
+        # saved epoch (Lightning does) does not read it again whole; the next begin_epoch() goes on to the next one.
         self._adopt(seed, epoch, consumed)
-        if self.num_batches(epoch) == 0:  # nothing of it left for this split: the next epoch, whole
-            self._adopt(seed, epoch + 1, None)
         self._fresh, self._resume = True, None
         return 0
 
@@ -518,6 +524,10 @@ class Order:
         return mask
 
 
+# What a state says of the position, not of the order it counts in (``state_dict``, ``_partial_state``).
+_POSITION_KEYS = frozenset(("version", "epoch", "batches_done", "seed", "rank", "consumed", "tokens_before"))
+
+
 def _is_position(state: Any) -> bool:
     return isinstance(state, dict) and state.get("version") in (1, STATE_VERSION) and "driver" not in state
 
@@ -539,13 +549,21 @@ _TERMS = {
     "shards": lambda v: f"a dataset of {str(v).split(':')[0]} shards (digest of their sizes {str(v).split(':')[-1]})",
     "world_size": lambda v: f"world_size={v} (processes)",
     "mix": lambda v: f"a mix of {v}",  # fast/mixing.py
+    # packing.py: digests of what the dataset's transforms made of its samples
+    "buckets": lambda v: f"transforms.Bucket's buckets of the samples (digest {v})",
+    "packed": lambda v: f"transforms.PackSequences over samples of lengths with digest {v}",
+    "tokens_per_batch": lambda v: f"transforms.PackSequences batches of {v} tokens",
 }
-_DATASET_KEYS = frozenset(("num_samples", "shards", "mix"))
+_NONE = {"buckets": "no transforms.Bucket", "packed": "no transforms.PackSequences"}
+_DATASET_KEYS = frozenset(("num_samples", "shards", "mix", "buckets", "packed", "tokens_per_batch"))
+_DEFAULTS = {"split": "samples"}  # a setting a state leaves out when it has this value (``_config``)
 
 
 def _user_terms(key: str, value: Any) -> str:
+    if value is None and key in _DEFAULTS:
+        value = _DEFAULTS[key]
     if value is None:
-        return f"no {key}"
+        return _NONE.get(key, f"no {key}")
     term = _TERMS.get(key)
     return term(value) if term is not None else f"{key}={value!r}"
 
@@ -561,7 +579,9 @@ def _not_resumable(diff: list[str], saved: dict, mine: dict) -> str:
             None,
             [
                 ", ".join(same) and f"build this DataLoader with {', '.join(same)}",
-                data and "open the dataset it was saved on",
+                data
+                and "open the dataset it was saved on"
+                + (" with the same transforms" if {"buckets", "packed"} & set(data) else ""),
             ],
         )
     )

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from fastload.fast.order import KINDS, Order
+from fastload.fast.mixing import MixOrder, Mixing
 from fastload.fast.packing import BucketOrder, PackedOrder
 
 
@@ -220,3 +221,29 @@ def test_the_batch_draws_of_a_resumed_epoch_repeat_none_of_the_consumed_batches(
     other = PackedOrder(np.full(40, 8), 16, kind="random", seed=2, rank=0, world_size=3)
     other.load_state_dict(packed.state_dict(2))
     assert not first & {other.batch_rng(0, b).random() for b in range(other.num_batches())}
+
+
+def test_a_state_of_an_order_of_another_kind_is_refused_both_ways_naming_it():
+    """A Bucket's, PackSequences' or mix's state holds a setting a plain order has not: loaded into a plain order of
+    the same size (the transform taken off, the mix made one dataset) it went on at its batch count of another
+    order, reading samples twice and skipping others; the other way round it was refused."""
+    ids = np.arange(20) % 3
+    pairs = [
+        (BucketOrder(ids, 2, kind="random", seed=1), Order(20, 2, kind="random", seed=1), "transforms.Bucket"),
+        (PackedOrder(np.full(20, 4), 8, kind="random", seed=1), Order(20, 1, kind="random", seed=1),
+         "transforms.PackSequences"),
+        (MixOrder(Mixing(["a"], [20], [1.0], 20), 2, seed=1), Order(20, 2, kind="random", seed=1), "a mix of 'a'"),
+    ]
+    for other, plain, named in pairs:
+        with pytest.raises(ValueError, match=rf"saved by a loader with {named}.*open the dataset it was saved on"):
+            plain.load_state_dict(other.state_dict(1))
+        with pytest.raises(ValueError, match=rf"this loader has {named}"):
+            other.load_state_dict(plain.state_dict(1))
+
+
+def test_a_refused_split_names_the_default_it_was_saved_with():
+    saved = Order(20, 2, kind="random", seed=1, world_size=1, shard_sizes=[5] * 4)
+    shards = Order(20, 2, kind="random", seed=1, world_size=2, shard_sizes=[5] * 4, split="shards")
+    with pytest.raises(ValueError, match=r"saved by a loader with split='samples'.*build this DataLoader with "
+                                         r"split='samples'"):
+        shards.load_state_dict(saved.state_dict(1))

@@ -40,7 +40,7 @@ def test_a_start_past_the_epoch_is_refused(make):
         order.batches(0, len(order) + 1)
 
 
-@pytest.mark.parametrize("make, what", [(bucket, "buckets"), (packed, "packed")])
+@pytest.mark.parametrize("make, what", [(bucket, "transforms.Bucket"), (packed, "transforms.PackSequences")])
 def test_a_state_of_other_lengths_is_refused(make, what):
     state = make().state_dict(1, 0)
     other = BucketOrder(LENGTHS // 5, 8, kind="random") if make is bucket else \
