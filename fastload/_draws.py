@@ -18,6 +18,7 @@ draws of one sample never depend on the others'.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -58,8 +59,10 @@ def _key_words(stream: int, *parts: int) -> list[int]:
     return words
 
 
+@functools.lru_cache(maxsize=64)
 def epoch_key(seed: int, epoch: int) -> int:
-    """One 64-bit word for (seed, epoch), from numpy's SeedSequence (well mixed, platform-independent)."""
+    """One 64-bit word for (seed, epoch), from numpy's SeedSequence (well mixed, platform-independent). Kept for
+    the epochs asked last: every batch of an epoch asks for it, and a SeedSequence costs tens of microseconds."""
     return int(np.random.SeedSequence(_key_words(SAMPLE_STREAM, seed, epoch)).generate_state(1, np.uint64)[0])
 
 
@@ -73,7 +76,7 @@ class SampleDraws:
     def __init__(self, seed: int, epoch: int, indices: Any):
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         self.seed, self.epoch, self.indices = int(seed), int(epoch), idx
-        self.keys = mix64(np.uint64(epoch_key(seed, epoch)) ^ mix64(idx.astype(np.uint64)))
+        self.keys = mix64(np.uint64(epoch_key(self.seed, self.epoch)) ^ mix64(idx.astype(np.uint64)))
         self.counts = np.zeros(idx.size, dtype=np.uint64)  # calls that covered each sample (shared by views)
         self.rows = np.arange(idx.size)  # the batch positions this object draws for
 

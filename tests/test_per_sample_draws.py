@@ -176,8 +176,11 @@ def test_the_draws_are_splitmix64_of_sample_call_and_column_bit_for_bit():
     assert np.array_equal(values, keep)  # the caller's array is not mixed in place
     m = (1 << 64) - 1
     idx = np.array([7, 3, 2**40 + 11])
-    draws = SampleDraws(5, 2, idx)
-    ek = epoch_key(5, 2)
+    SampleDraws(5, 3, idx)  # another epoch's key asked (and kept) first: epoch_key keeps each apart
+    draws = SampleDraws(np.int64(5), 2, idx)
+    # the epoch's key: numpy's SeedSequence of ("SAMP", seed, epoch) as 32-bit words, whatever epoch_key keeps
+    ek = int(np.random.SeedSequence([0x53414D50, 5, 0, 2, 0]).generate_state(1, np.uint64)[0])
+    assert epoch_key(5, 2) == ek
     keys = [_splitmix(ek ^ _splitmix(int(i))) for i in idx]
     with np.errstate(all="raise"):
         draws.random((3, 4))  # call 1
