@@ -18,6 +18,8 @@ draws of one sample never depend on the others'.
 
 from __future__ import annotations
 
+import functools
+import math
 from typing import Any
 
 import numpy as np
@@ -25,16 +27,29 @@ import numpy as np
 SAMPLE_STREAM = 0x53414D50  # "SAMP": never meets SHUFFLE_STREAM or BATCH_STREAM (fast/order.py)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+_S11, _S27, _S30, _S31 = np.uint64(11), np.uint64(27), np.uint64(30), np.uint64(31)
 
 
 def mix64(x: np.ndarray) -> np.ndarray:
-    """SplitMix64's finaliser over a uint64 array (wrapping arithmetic)."""
+    """SplitMix64's finaliser over a uint64 array (wrapping arithmetic).
+
+    It runs a dozen times per batch's crop plan, so it works in place on one fresh array: numpy's array
+    arithmetic wraps without a check (no ``errstate`` needed: entering one costs as much as an operation on 64
+    values); only numpy *scalars* check for overflow, so a 0-d input takes the scalar path under ``errstate``."""
     x = np.asarray(x, dtype=np.uint64)
-    with np.errstate(over="ignore"):
-        x = x + _GOLDEN
-        x = (x ^ (x >> np.uint64(30))) * _M1
-        x = (x ^ (x >> np.uint64(27))) * _M2
-    return x ^ (x >> np.uint64(31))
+    if x.ndim == 0:
+        with np.errstate(over="ignore"):
+            x = x + _GOLDEN
+            x = (x ^ (x >> np.uint64(30))) * _M1
+            x = (x ^ (x >> np.uint64(27))) * _M2
+        return x ^ (x >> np.uint64(31))
+    x = x + _GOLDEN  # the caller's array is left alone
+    x ^= x >> _S30
+    x *= _M1
+    x ^= x >> _S27
+    x *= _M2
+    x ^= x >> _S31
+    return x
 
 
 def _key_words(stream: int, *parts: int) -> list[int]:
@@ -44,8 +59,10 @@ def _key_words(stream: int, *parts: int) -> list[int]:
     return words
 
 
+@functools.lru_cache(maxsize=64)
 def epoch_key(seed: int, epoch: int) -> int:
-    """One 64-bit word for (seed, epoch), from numpy's SeedSequence (well mixed, platform-independent)."""
+    """One 64-bit word for (seed, epoch), from numpy's SeedSequence (well mixed, platform-independent). Kept for
+    the epochs asked last: every batch of an epoch asks for it, and a SeedSequence costs tens of microseconds."""
     return int(np.random.SeedSequence(_key_words(SAMPLE_STREAM, seed, epoch)).generate_state(1, np.uint64)[0])
 
 
@@ -59,7 +76,7 @@ class SampleDraws:
     def __init__(self, seed: int, epoch: int, indices: Any):
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         self.seed, self.epoch, self.indices = int(seed), int(epoch), idx
-        self.keys = mix64(np.uint64(epoch_key(seed, epoch)) ^ mix64(idx.astype(np.uint64)))
+        self.keys = mix64(np.uint64(epoch_key(self.seed, self.epoch)) ^ mix64(idx.astype(np.uint64)))
         self.counts = np.zeros(idx.size, dtype=np.uint64)  # calls that covered each sample (shared by views)
         self.rows = np.arange(idx.size)  # the batch positions this object draws for
 
@@ -81,16 +98,17 @@ class SampleDraws:
                 f"per-sample draws come one row per sample: size {shape} should start with the {self.n} samples "
                 f"drawn for (an augmentation drawing for a subset of them draws from draws.at(subset))"
             )
-        cols = int(np.prod(shape[1:], dtype=np.int64))
+        cols = math.prod(int(d) for d in shape[1:])
         rows = self.rows
         self.counts[rows] += np.uint64(1)
-        with np.errstate(over="ignore"):
-            counter = mix64(self.counts[rows][:, None] * _GOLDEN + np.arange(cols, dtype=np.uint64)[None, :])
-        return mix64(self.keys[rows][:, None] ^ counter).reshape(shape)
+        # arrays: wrapping, unchecked (mix64's docstring)
+        counter = mix64(self.counts[rows][:, None] * _GOLDEN + np.arange(cols, dtype=np.uint64)[None, :])
+        counter ^= self.keys[rows][:, None]
+        return mix64(counter).reshape(shape)
 
     def random(self, size: Any = None) -> np.ndarray:
         """Uniform float64 in [0, 1), 53 bits, like ``Generator.random``."""
-        return (self._words(size) >> np.uint64(11)).astype(np.float64) * (1.0 / 9007199254740992.0)
+        return (self._words(size) >> _S11).astype(np.float64) * (1.0 / 9007199254740992.0)
 
     def _size(self, size: Any, *params: Any) -> Any:
         if size is None:

@@ -153,3 +153,37 @@ def test_every_augmentation_plans_a_sample_the_same_in_any_batch():
         small = plan(trio)
         for j, i in enumerate(trio):
             assert per_sample(small, j) == per_sample(big, i - 100), f"sample {i} planned differently in {trio}"
+
+
+def _splitmix(v: int) -> int:
+    """SplitMix64's finaliser on a Python int: the reference the vectorised draws must equal bit for bit."""
+    m = (1 << 64) - 1
+    v = (v + 0x9E3779B97F4A7C15) & m
+    v = ((v ^ (v >> 30)) * 0xBF58476D1CE4E5B9) & m
+    v = ((v ^ (v >> 27)) * 0x94D049BB133111EB) & m
+    return v ^ (v >> 31)
+
+
+def test_the_draws_are_splitmix64_of_sample_call_and_column_bit_for_bit():
+    from fastload._draws import epoch_key, mix64
+
+    values = np.array([0, 1, 2**63 + 5, 2**64 - 1, 0x1234_5678_9ABC_DEF0], dtype=np.uint64)
+    keep = values.copy()
+    with np.errstate(all="raise"):  # array arithmetic wraps unchecked: no overflow error, no warning
+        got = mix64(values)
+        assert int(mix64(np.uint64(2**64 - 1))) == _splitmix(2**64 - 1)  # a numpy scalar takes its own path
+    assert got.tolist() == [_splitmix(int(v)) for v in keep]
+    assert np.array_equal(values, keep)  # the caller's array is not mixed in place
+    m = (1 << 64) - 1
+    idx = np.array([7, 3, 2**40 + 11])
+    SampleDraws(5, 3, idx)  # another epoch's key asked (and kept) first: epoch_key keeps each apart
+    draws = SampleDraws(np.int64(5), 2, idx)
+    # the epoch's key: numpy's SeedSequence of ("SAMP", seed, epoch) as 32-bit words, whatever epoch_key keeps
+    ek = int(np.random.SeedSequence([0x53414D50, 5, 0, 2, 0]).generate_state(1, np.uint64)[0])
+    assert epoch_key(5, 2) == ek
+    keys = [_splitmix(ek ^ _splitmix(int(i))) for i in idx]
+    with np.errstate(all="raise"):
+        draws.random((3, 4))  # call 1
+        words = draws._words((3, 4))  # call 2: (sample, column) -> mix(key ^ mix(2 * golden + column))
+    want = [[_splitmix(keys[r] ^ _splitmix((2 * 0x9E3779B97F4A7C15 + c) & m)) for c in range(4)] for r in range(3)]
+    assert words.tolist() == want

@@ -67,6 +67,11 @@ from .._draws import BatchDraws
 from .elastic import gather, pack_mask, split_batches, split_positions, unpack_mask
 from .stage import Stage
 
+# Order.prepare's threshold: below this many samples the next epoch's shuffle is computed when asked, in place. A
+# thread's start and join cost ~0.3-0.6 CPU-ms per epoch on 2 vCPUs (more than shuffling 65,536 samples: ~0.6 ms),
+# ~40 CPU-us a batch of an epoch of 16 (bench/results/raw_ceiling_cpu2.md).
+PREPARE_FROM = 1 << 16
+
 
 KINDS = ("sequential", "random", "quasi")
 DEFAULT_BLOCK = 4096  # samples per pseudo-shard for ``quasi`` without ``shard_sizes``
@@ -280,8 +285,10 @@ class Order:
         """Start computing ``indices(epoch)`` in a background thread; ``indices(epoch)`` then waits for it
         instead of computing. The loader prepares the next epoch's order while an epoch runs: a shuffle of
         262,144 samples costs ~2.5 ms on one core (as much as 10 batches of 1,024 tiny records to fill), and
-        numpy's shuffle releases the GIL. Holds a second epoch's indices meanwhile (8 bytes a sample)."""
-        if self.kind == "sequential" or type(self).indices is not Order.indices:
+        numpy's shuffle releases the GIL. Holds a second epoch's indices meanwhile (8 bytes a sample).
+        Orders of fewer than ``PREPARE_FROM`` samples are computed in place when asked: starting the thread costs
+        more than their shuffle."""
+        if self.kind == "sequential" or type(self).indices is not Order.indices or self.num_samples < PREPARE_FROM:
             return  # nothing worth a thread, or an order of another kind (packing.py) with its own cache
         if (self._cache is not None and self._cache[0] == epoch) or (self._ahead and self._ahead[0] == epoch):
             return

@@ -5,6 +5,7 @@ slot is refilled only when no batch of it is viewed and its last batch was colla
 from __future__ import annotations
 
 import json
+import threading
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from fastload._fill.batcher import Batcher
 from fastload._ring import SlotRing
 from fastload._front.stats import LoaderStats
 from fastload.fast import group as group_mod
+from fastload.fast import order as order_mod
 from fastload.fast.collate import Collate, Collator
 from fastload.fast.fill import Fill, Reservations
 from fastload.fast.group import GroupFill, group_ring, group_size
@@ -160,8 +162,10 @@ def test_a_group_stays_reserved_until_its_last_batch_is_collated(records):
     assert stats.batches == size
 
 
-def test_an_epoch_prepared_in_the_background_is_the_epoch_computed_in_place():
+def test_an_epoch_prepared_in_the_background_is_the_epoch_computed_in_place(monkeypatch):
     import pickle
+
+    monkeypatch.setattr(order_mod, "PREPARE_FROM", 0)  # a thread even for this small order
 
     def make():
         return Order(10_000, 64, kind="random", seed=4, rank=1, world_size=3)
@@ -178,7 +182,9 @@ def test_an_epoch_prepared_in_the_background_is_the_epoch_computed_in_place():
     assert np.array_equal(a.indices(), make().indices(5))
 
 
-def test_the_loader_prepares_the_next_epoch_and_its_batches_stay_the_same(records, ungrouped):
+def test_the_loader_prepares_the_next_epoch_and_its_batches_stay_the_same(records, ungrouped, monkeypatch):
+    monkeypatch.setattr(order_mod, "PREPARE_FROM", 0)  # a thread even for this small order
+
     def make():
         return fastload.DataLoader(records, batch_size=100, shuffle=True, seed=8)
 
@@ -190,6 +196,27 @@ def test_the_loader_prepares_the_next_epoch_and_its_batches_stay_the_same(record
         assert loader._order._ahead is not None and loader._order._ahead[0] == e + 1
     for a, b in zip(got, want):
         _same(a, b)
+
+
+def test_a_small_order_is_not_prepared_in_a_thread_and_its_epochs_stay_the_same(records, monkeypatch):
+    # starting a thread costs more than shuffling a small order: computed in place when asked
+    def make():
+        return Order(order_mod.PREPARE_FROM - 1, 64, kind="random", seed=4, rank=1, world_size=3)
+
+    started = []
+    real_start = threading.Thread.start
+    monkeypatch.setattr(threading.Thread, "start", lambda self: (started.append(self.name), real_start(self))[1])
+    a = make()
+    a.prepare(2)
+    assert a._ahead is None and "fastload-order" not in started
+    assert np.array_equal(a.indices(2), make().indices(2))
+    big = Order(order_mod.PREPARE_FROM, 64, kind="random", seed=4)
+    big.prepare(1)  # from the threshold on, in the background
+    assert big._ahead is not None and "fastload-order" in started
+    assert np.array_equal(big.indices(1), Order(order_mod.PREPARE_FROM, 64, kind="random", seed=4).indices(1))
+    loader = fastload.DataLoader(records, batch_size=100, shuffle=True, seed=8)
+    _batches(loader)
+    assert loader._order._ahead is None  # the loader asked (records is small): nothing started
 
 
 def test_a_batch_larger_than_the_slots_is_refused_not_written_into_the_next(records):
