@@ -43,7 +43,9 @@ from .._ring import SlotRing
 from .stats import LoaderStats
 from ..fast.collate import Collator
 from ..fast.chain import RELOADED, fast_iterator, for_rank, order_for, replaceable
+from ..fast.fill import host_limit
 from ..fast.producer import FillPolicy
+from ..fast.stage import innermost
 from ..fast.order import Order, as_int, default_seed, dist_info
 from ..fast.position import Progress, loader_guard
 from .sampling import (
@@ -136,6 +138,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     _ring = None
     _collator = None
     _device_ring = None
+    _chain_state = None  # a loaded chain state (fast/stage.py), for the next iteration at its position
     _live = None  # the fast path's latest started iteration (a weak reference), superseded by the next one
     _deciding = False  # inside fastload's __init__, until it knows its path
     _LAZY = {"_progress": Progress, "_plan": GenericPlan, "_stats": LoaderStats, "_fill_policy": FillPolicy}
@@ -441,7 +444,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
 
     def _adopt_epoch(self, epoch: int) -> None:
         if epoch != self._next_epoch:  # another epoch: a loaded mid-epoch position no longer applies
-            self._next_epoch, self._resume_at = epoch, 0
+            self._next_epoch, self._resume_at, self._chain_state = epoch, 0, None
             self._plan.pending = None
             if self._sampled is not None:
                 self._sampled.drop_resume()
@@ -482,13 +485,20 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         epoch, done = self._progress.epoch, self._progress.done
         if self._order is None and self._sampled is None:
             return generic_state(self._torch_index_sampler(), self._num_samples(), epoch, done, self._plan.rng)
+        # mid-epoch on the fast path: the chain's state, each stage's part nested in its downstream's (fast/stage.py);
+        # the position the order saves is its first stage's, the next batch it would hand out
+        live = self._live() if self._live is not None else None
+        chain = live.state() if live is not None and live.running else None
+        if chain is not None:
+            at = innermost(chain)
+            epoch, done = at["epoch"], at["batch"]
+        if done >= (len(self) if self._sampled is not None else self._order.num_batches(epoch)):
+            epoch, done, chain = epoch + 1, 0, None
         if self._sampled is not None:
-            if done >= len(self):
-                epoch, done = epoch + 1, 0
-            return self._sampled.state_dict(epoch, done)
-        if done >= self._order.num_batches(epoch):
-            epoch, done = epoch + 1, 0
-        return self._order.state_dict(done, epoch)
+            state = self._sampled.state_dict(epoch, done)
+        else:
+            state = self._order.state_dict(done, epoch)
+        return state if chain is None else state | {"stages": chain}
 
     def load_state_dict(self, state: dict | list) -> None:
         """Go on from ``state`` (what ``state_dict()`` returned). With fastload's own order, a state saved with
@@ -527,6 +537,11 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             self._resume_at = self._order.load_state_dict(state)
             self._next_epoch = self._order.epoch
         self._progress = Progress(self._next_epoch, self._resume_at)
+        # the chain's state, when this loader goes on where it was saved: the next iteration's chain resets each of
+        # its stages from its part (an elastic resume starts a new split: its chain starts afresh)
+        chain = state.get("stages") if isinstance(state, dict) and self._batcher is not None else None
+        at = {"epoch": self._next_epoch, "batch": self._resume_at}
+        self._chain_state = chain if isinstance(chain, dict) and innermost(chain) == at else None
         driver = self._driver()
         if isinstance(driver, EpochInput):
             driver.pending_epoch = None  # the state says which epoch comes next
@@ -645,11 +660,15 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         if self._order is not None:
             self._order.set_epoch(epoch)
         self._progress = progress = Progress(epoch, start)
+        depth = self.prefetch_factor or 2
         if self._ring is None:
-            self._ring = SlotRing(self._batcher.new_slot)
+            # a device prefetcher keeps each host batch until its copy ran: the host ring is bounded by those copies
+            holds, limit = (self._device_slots().holds, host_limit(depth)) if self._on_device() else (None, None)
+            self._ring = SlotRing(self._batcher.new_slot, holds, limit)
             # its CPU ToDtype/Normalize and mix buffers: like the slots, made once, not per iteration
             self._collator = Collator.for_batcher(self._batcher)
-        self._batcher.images.fallback_timeout = self.timeout  # per-sample transform workers' answers (_fill/images.py)
+        self._batcher.begin_iteration(self.timeout)  # its device and per-sample transform workers, in this thread
+        chain, self._chain_state = self._chain_state, None  # a loaded mid-epoch chain state, used once
         ds = self._fast_dataset
         image_keys = (
             []
@@ -675,7 +694,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             stats=self._stats,
             length=len(self),
             num_workers=self.num_workers,
-            depth=self.prefetch_factor or 2,
+            depth=depth,
             timeout=self.timeout,
             persistent=self.persistent_workers,
             reading=ds.read_plan if getattr(ds, "remote", False) else None,  # its read plan
@@ -683,6 +702,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             device=device,
             guard=self._guard,
             collator=self._collator,
+            state=chain if chain is not None and innermost(chain) == {"epoch": epoch, "batch": start} else None,
         )
         if self._order is not None:
             self._order.prepare(epoch + 1)  # the next epoch's shuffle, in the background while this one runs
