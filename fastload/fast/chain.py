@@ -18,7 +18,6 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from .device import DevicePrefetcher
 from .._transforms.sequences import Bucket, PackSequences
-from ..fields.image import ImagePart
 from .collate import Collate, Collator
 from .fill import Fill, Reservations
 from .group import GroupFill, group_ring, group_size
@@ -232,7 +231,9 @@ def fast_iterator(
     reserved = Reservations()
     group = group_size(batcher, remote=reading is not None, device=device is not None)
     if group > 1:  # cheap batches: several per fill (group.py)
-        source = GroupFill(source, batcher, batcher.pool, group_ring(slots, batcher, group), reserved, policy.fills, group)
+        source = GroupFill(
+            source, batcher, batcher.pool, group_ring(slots, batcher, group), reserved, policy.fills, group
+        )
     else:
         source = Fill(source, batcher, batcher.pool, slots, reserved, policy.fills)
     # GPU decoders: always in a producer thread, even at num_workers=0 (long host work per batch; the rows

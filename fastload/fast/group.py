@@ -10,9 +10,10 @@ made once with it (``Member``), collated like any slot (``fast/collate.py``). Th
 group.
 
 What does not change: the batches (content, order; the last partial batch, ``drop_last``, a rank's share are
-the jobs' own), resume (each batch held back carries the jobs' state after it, and the stage's ``state`` is that of
-the last batch handed on, ``stage.py``'s prefetching rule; ``progress.done`` counts what the loop received), the stats and the fill policy (each batch gets its share of the group's fill time), the
-loader's lock (the stages below ``Count`` run under it, or in the one producer thread).
+the jobs' own), resume (each batch held back carries the jobs' state after it, and the stage's ``state`` is that
+of the last batch handed on, ``stage.py``'s prefetching rule; ``progress.done`` counts what the loop received), the
+stats and the fill policy (each batch gets its share of the group's fill time), the loader's lock (the stages
+below ``Count`` run under it, or in the one producer thread).
 
 The slot protocol (``_ring.py``): a group slot is free when no view of any of its batches lives. Its members'
 views are made with it and are in its baseline; the caller's batches are views of the members, so any batch

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
 
 import numpy as np
 import pytest
@@ -136,7 +137,10 @@ def test_each_stage_restored_at_every_position_gives_the_rest_of_its_stream(reco
         restored.close()
 
 
-@pytest.mark.parametrize("name", ["ReadAhead", "GroupFill", "Produce (producer thread)", "DevicePrefetcher (simulated GPU)"])
+PREFETCHING = ["ReadAhead", "GroupFill", "Produce (producer thread)", "DevicePrefetcher (simulated GPU)"]
+
+
+@pytest.mark.parametrize("name", PREFETCHING)
 def test_a_prefetching_stages_state_is_its_next_item_not_what_it_read_ahead(records, name):
     """After one item, the stage has read ahead (a read plan's look-ahead, a group's batches, a producer thread's
     queue, copies in flight): its first stage's position is still 1, the next item it hands out."""
@@ -148,8 +152,6 @@ def test_a_prefetching_stages_state_is_its_next_item_not_what_it_read_ahead(reco
         for _ in range(200):  # the producer thread fills its queue
             if queue.qsize() >= 3:
                 break
-            import time
-
             time.sleep(0.01)
         assert queue.qsize() >= 2
     state = stage.state()
