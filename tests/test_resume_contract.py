@@ -14,6 +14,7 @@ from torch.utils.data import DistributedSampler, RandomSampler
 
 import fastload
 from fastload import transforms as T
+from fastload.fast.stage import innermost
 
 N = 14
 
@@ -100,6 +101,8 @@ def test_restored_at_every_position_the_rest_of_the_stream_is_identical(data, na
         for _ in range(p):
             next(it)
         state = first.state_dict()
+        if first.fast_path and 0 < p < len(ref[0]):  # mid-epoch: the chain's state, its first stage at the position
+            assert innermost(state["stages"]) == {"epoch": 0, "batch": state["batches_done"]}, name
         del it
         restored = make(data)
         restored.load_state_dict(state)
