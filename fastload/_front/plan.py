@@ -91,9 +91,10 @@ def plan(
     p = Plan(seed=seed, num_workers=num_workers)
     batcher: Batcher | None = None
     try:
-        p.slot_batch, p.packed = _fast_path(dataset, batch_size, batch_sampler, collate_fn, worker_init_fn)
-        source = dataset if p.packed is None else p.packed  # a folder's pack; loader.dataset stays the user's
-        batcher = Batcher(source, p.slot_batch, num_workers, on_error, decoder, device)
+        slot, packed = _fast_path(dataset, batch_size, batch_sampler, collate_fn, worker_init_fn)
+        p.slot_batch, p.packed = slot, packed
+        source = dataset if packed is None else packed  # a folder's pack; loader.dataset stays the user's
+        batcher = Batcher(source, slot, num_workers, on_error, decoder, device)
         if user_sampler and batcher.packed is not None:
             raise NotFastPath("PackSequences forms its own batches; a sampler or batch_sampler cannot drive it")
     except NotFastPath as e:
@@ -118,7 +119,7 @@ def plan(
         p.seed = p.seed if p.seed is not None else default_seed(generator)
         if seed is None and kind != "sequential":
             p.seed = agreed_seed(p.seed, w)  # ranks must shuffle alike
-        size = batch_size or 1  # the generic path without automatic batching: batches of one sample
+        size = 1 if batch_size is None else batch_size  # the generic path without automatic batching: one sample
         if batcher is not None or (isinstance(dataset, PackedDataset) and not _packs(dataset)):
             p.order = order_for(source, size, kind, p.seed, r, w, drop_last=drop_last, window=window, split=split)
         elif n is not None:
