@@ -152,18 +152,18 @@ class SlotRing:
     ``skip`` names slots (by ``id``) that are reserved although not held yet (filled, queued, not yet
     handed out). A ring made in another process (before a ``fork``) starts empty here (rule 6).
 
-    ``pending`` (a device ring's ``CopyHolds``, set when a device prefetcher reads this ring's batches) and
+    ``pending`` (a device ring's ``CopyHolds``, given when a device prefetcher reads this ring's batches) and
     ``acquire(bound=n)``: with ``n`` slots or more and copies still pending, ``acquire`` returns None instead
     of growing; the caller waits for the oldest copy (``pending.wait_oldest``), outside its own locks, and
     asks again (``fast/fill.py``). Without pending copies the ring grows: slots the caller itself holds are
     never reused."""
 
-    def __init__(self, make: Callable[[], Slot]):
+    def __init__(self, make: Callable[[], Slot], pending: CopyHolds | None = None, limit: int | None = None):
         self.make = make
         self.slots: list[Slot] = []
         self.pid = os.getpid()
-        self.pending: CopyHolds | None = None
-        self.limit: int | None = None  # the bound a producer thread fills under (None: grow), ``fast/fill.py``
+        self.pending = pending
+        self.limit = limit  # the bound a producer thread fills under (None: grow), ``fast/fill.py``
         self.groups: dict[int, SlotRing] = {}  # group slots of several batches each, by batches (fast/group.py)
 
     def acquire(

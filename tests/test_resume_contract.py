@@ -5,6 +5,8 @@ one: restored at every position into two ranks at another batch size, every samp
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -12,8 +14,8 @@ from torch.utils.data import DistributedSampler, RandomSampler
 
 import fastload
 from fastload import transforms as T
+from fastload.fast.stage import innermost
 
-from conftest import restore_after
 
 N = 14
 
@@ -99,7 +101,16 @@ def test_restored_at_every_position_the_rest_of_the_stream_is_identical(data, na
     ref = [list(whole), list(whole)]  # epochs 0 and 1
     assert len(ref[0]) >= 3
     for p in range(len(ref[0]) + 1):
-        restored = restore_after(make(data), p, lambda: make(data))
+        first = make(data)
+        it = iter(first)
+        for _ in range(p):
+            next(it)
+        state = first.state_dict()
+        if first.fast_path and 0 < p < len(ref[0]):  # mid-epoch: the chain's state, its first stage at the position
+            assert innermost(state["stages"]) == {"epoch": 0, "batch": state["batches_done"]}, name
+        del it
+        restored = make(data)
+        restored.load_state_dict(state)
         rest = list(restored)
         if p < len(ref[0]):
             assert same(rest, ref[0][p:]), f"{name}: the rest of epoch 0 differs after a restore at batch {p}"
@@ -222,3 +233,60 @@ def test_an_elastic_resume_that_leaves_no_batch_keeps_its_epoch(data):
         resumed.set_epoch(0)
         assert list(resumed) == [], "a sample read before the checkpoint was read again"
         assert len(list(resumed)) == len(resumed)  # then epoch 1, whole
+
+
+def test_a_mid_epoch_state_is_the_chains_and_restores_each_stage_from_its_part(data, monkeypatch):
+    """The saved position is the chain's: the first stage's next batch, under the nested state of every stage
+    (``stages``); a restored loader's first iteration resets its chain from that state, stage by stage."""
+    from fastload.fast.chain import FastIterator
+
+    loader = CONFIGS["threads"](data)
+    it = iter(loader)
+    next(it), next(it)
+    state = loader.state_dict()
+    at = state["stages"]
+    depth = 0
+    while "source" in at:
+        at, depth = at["source"], depth + 1
+    assert at == {"epoch": 0, "batch": 2} == {"epoch": state["epoch"], "batch": state["batches_done"]}
+    assert depth >= 4  # Count -> Collate -> Produce -> Fill -> Jobs
+    del it
+    resets = []
+    real = FastIterator.reset
+    monkeypatch.setattr(FastIterator, "reset", lambda self, s=None: (resets.append(s), real(self, s))[1])
+    restored = CONFIGS["threads"](data)
+    restored.load_state_dict(state)
+    rest = list(restored)
+    assert resets == [state["stages"]] and len(rest) == len(restored) - 2
+    assert "stages" not in restored.state_dict()  # between epochs the position alone says it
+
+
+def test_the_chain_with_a_device_stage_on_a_simulated_gpu_resumes_at_every_position(data, monkeypatch):
+    from sim_streams import SimGpu
+    from test_ring import install_sim
+
+    sim = install_sim(monkeypatch, SimGpu())
+
+    def make():
+        return images(data[0], shuffle=True, num_workers=2, device="cuda")
+
+    def run(loader_or_it, k=None):
+        out = []
+        for b in itertools.islice(loader_or_it, k):
+            sim.run_all()
+            out.append([t.clone() for t in b])
+        return out
+
+    whole = make()
+    ref, after = run(whole), run(whole)  # epochs 0 and 1
+    for p in range(len(ref) + 1):
+        first = make()
+        it = iter(first)
+        run(it, p)
+        state = first.state_dict()
+        assert p in (0, len(ref)) or "stages" in state
+        del it
+        restored = make()
+        restored.load_state_dict(state)
+        assert same(run(restored), ref[p:] if p < len(ref) else after), f"device: restored at batch {p}"
+    assert not sim.races

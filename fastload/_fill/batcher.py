@@ -28,6 +28,7 @@ from .._native import native
 from ..fields import codec_of
 from ..fields._codec import torch_dtype
 from ..fields.array import gather_pieces
+from ..fields.image import ImagePart
 from .._ring import Slot, host_empty, pinned_memory_usable
 from .._transforms.sequences import PackJob, PackSequences, cu_seqlens
 
@@ -80,6 +81,17 @@ class Batcher:
     def close(self) -> None:
         self._pool = None
         self.images.close()
+
+    def begin_iteration(self, timeout: float) -> None:
+        """An iteration starts, in the training thread, before its producer thread runs: ``'cuda'`` becomes the
+        device current here (``ImageDecoding.bind_device``), the per-sample transform workers answer within
+        ``timeout`` (torch's; 0: no limit) and are forked now, as many as the pool's threads (no fork while
+        threads run, ``_augment/fallback_workers.py``). The loader calls this where it starts an iteration;
+        the chain that drives this batcher changes nothing of it."""
+        images = self.images
+        images.bind_device()
+        images.fallback_timeout = timeout
+        images.start_fallbacks(self.pool, {p.name: p.pipeline for p in self.parts if isinstance(p, ImagePart)})
 
     def end_epoch(self) -> None:
         """A non-persistent loader's epoch is over: what stands for torch's worker processes goes, as torch's

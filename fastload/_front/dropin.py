@@ -108,7 +108,7 @@ def _folder_name(dataset: Any) -> str:
     return f"{type(dataset).__name__}('{root}')"
 
 
-def warn_folder_fast(dataset: Any, packed: Any) -> None:
+def warn_folder_fast(dataset: Any, packed: Any, stacklevel: int = 3) -> None:
     """Once per loader: the folder dataset is read from its pack, with its transform converted."""
     pipe = packed.pipelines.get("image")
     steps = ", ".join(
@@ -123,18 +123,18 @@ def warn_folder_fast(dataset: Any, packed: Any) -> None:
         f"fastload.open(root) shares it), its transform run natively as [{steps}]. loader.dataset stays "
         f"your dataset. Silence with warnings.filterwarnings('ignore', category=fastload.FastPathWarning)",
         FastPathWarning,
-        stacklevel=3,
+        stacklevel=stacklevel,
     )
 
 
-def warn_folder_refused(dataset: Any, reason: str) -> None:
+def warn_folder_refused(dataset: Any, reason: str, stacklevel: int = 3) -> None:
     """Once per loader: why a folder dataset keeps torch's path."""
     warnings.warn(
         f"fastload.DataLoader: {_folder_name(dataset)} cannot take the fast path: {reason}. It keeps "
         f"torch's path (per-sample Python: the dataset's __getitem__ in worker processes). Silence with "
         f"warnings.filterwarnings('ignore', category=fastload.FastPathWarning)",
         FastPathWarning,
-        stacklevel=3,
+        stacklevel=stacklevel,
     )
 
 

@@ -22,54 +22,42 @@ from torch.utils.data import IterableDataset
 from torch.utils.data.dataloader import _BaseDataLoaderIter, _DatasetKind
 
 from .._fill.batcher import Batcher
-from ..fields import NotFastPath
-from .dataset import Dataset as PackedDataset
 from .mix import Mixed
-from .getitems import batch_decodable
 from .dropin import (
-    check_batch_sampler,
-    check_collate,
-    check_folder_worker_init_fn,
     check_memory_format,
     check_worker_init_fn,
     warn_accelerate_rebuild,
-    warn_folder_fast,
-    warn_folder_refused,
     warn_pin_memory,
-    warn_refused,
 )
 from ..fast.device import DevicePrefetcher, DeviceRing, check_device
 from .._ring import SlotRing
 from .stats import LoaderStats
 from ..fast.collate import Collator
-from ..fast.chain import RELOADED, fast_iterator, for_rank, order_for, replaceable
+from ..fast.chain import fast_iterator, for_rank, replaceable
+from ..fast.fill import host_limit
 from ..fast.producer import FillPolicy
-from ..fast.order import Order, as_int, default_seed, dist_info
+from ..fast.stage import innermost
+from ..fast.order import Order, as_int
 from ..fast.position import Progress, loader_guard
+from .plan import plan
+from .resume import EpochsAndResume
 from .sampling import (
     Counted,
-    EpochInput,
     EpochRandomSampler,
     EpochSequentialSampler,
     GenericPlan,
     IndexReplay,
     OrderIndices,
     SamplerOrder,
-    _root,
     agreed_seed,
     check_order_args,
-    generic_state,
-    load_generic_state,
-    slot_batch_size,
 )
-from .._transforms.sequences import PackSequences
-from .tvfolder import folder_dataset, kind_of as folder_kind
 from .._generic.workers import WorkerIterator, fallback_reason
 
 T_co = TypeVar("T_co", covariant=True)
 
 
-class DataLoader(torch.utils.data.DataLoader[T_co]):
+class DataLoader(EpochsAndResume, torch.utils.data.DataLoader[T_co]):
     """A drop-in ``torch.utils.data.DataLoader``.
 
     Extra keyword-only arguments: ``device`` ('cuda': batches arrive on the GPU, copied on a side stream
@@ -138,6 +126,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     _ring = None
     _collator = None
     _device_ring = None
+    _copied_stages = None  # a copied loader's: the chain state of the original's iteration (``__getstate__``)
+    _chain_state = None  # a loaded chain state (fast/stage.py), for the next iteration at its position
     _live = None  # the fast path's latest started iteration (a weak reference), superseded by the next one
     _deciding = False  # inside fastload's __init__, until it knows its path
     _LAZY = {"_progress": Progress, "_plan": GenericPlan, "_stats": LoaderStats, "_fill_policy": FillPolicy}
@@ -247,133 +237,44 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         self._stats = LoaderStats()
         self._fill_policy = FillPolicy()  # inline or producer-thread filling, from measured costs
         self.decoder = decoder
-        try:
-            self._slot_batch = self._fast_path(dataset, batch_size, batch_sampler, collate_fn)
-            self._batcher = self._new_batcher()
-            if self._user_sampler and self._batcher.packed is not None:
-                self._batcher = None
-                raise NotFastPath("PackSequences forms its own batches; a sampler or batch_sampler cannot drive it")
-        except NotFastPath as e:
-            self.fast_path_reason = str(e)
-            self._batcher = self._packed = None
-            if folder_kind(dataset) is not None:
-                warn_folder_refused(dataset, str(e))
-            # the generic path would not mix: refused, not skipped (a fastload dataset's attribute only: any object
-            # answers getattr under unittest.mock.Mock, as Lightning's own tests use for a dataset)
-            if isinstance(dataset, PackedDataset) and dataset.batch_mix is not None:
-                raise ValueError(
-                    f"the dataset's batch_transforms ({dataset.batch_mix.transform!r}) run on fastload's "
-                    f"fast path, which this loader cannot take: {e}"
-                ) from None
-            if decoder not in ("native", "auto"):
-                raise ValueError(
-                    f"decoder={decoder!r} needs fastload's fast path, which this loader cannot take: {e}"
-                ) from None
-            self._order = self._generic_order(
-                dataset, batch_size, shuffle, order, rank, world_size, drop_last, window, split, generator
-            )
-            if isinstance(dataset, PackedDataset) and dataset.decode:
-                batched = (batch_size is not None or batch_sampler is not None) and batch_decodable(dataset)
-                warn_refused(str(e), self._order, batched=batched)
-            self._deciding = False
-            self.check_worker_number_rationality()
-            return
-        self._deciding = False
-        check_worker_init_fn(worker_init_fn)
-        if isinstance(dataset, Mixed):
-            self._stats.count_datasets(dataset.mixing)  # stats()["mix"]
-        if self._packed is not None:
-            dataset = self._packed  # the fast path reads the pack; loader.dataset stays the user's dataset
-            warn_folder_fast(self.dataset, dataset)
-        if self.seed is None:
-            self.seed = default_seed(generator)
-        if self._user_sampler:
-            r = getattr(self.batch_sampler.sampler, "rank", None) if hasattr(self.batch_sampler, "sampler") else None
-            r = r if isinstance(r, int) else dist_info(rank, world_size)[0]
-            self._sampled = SamplerOrder(self.batch_sampler, self._slot_batch, len(dataset), self.seed, r)
-            replicas = getattr(getattr(self.batch_sampler, "sampler", None), "num_replicas", 1)
-            if getattr(dataset, "remote", False) and isinstance(replicas, int) and replicas > 1:
-                warnings.warn(
-                    "fastload: a remote dataset driven by a distributed sampler: the sampler owns the "
-                    "order, so each rank downloads every shard its samples lie in (nearly all of them "
-                    "with a strided split). Without a sampler, fastload.DataLoader(rank=, world_size=) "
-                    "gives each rank whole shards of its own (split='shards', ~1/world of the data)",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
-        else:
-            kind = order or ("random" if shuffle else "sequential")
-            r, w = dist_info(rank, world_size)
-            if seed is None and kind != "sequential":
-                self.seed = agreed_seed(self.seed, w)  # ranks must shuffle alike
-            self._order = order_for(
-                dataset, batch_size, kind, self.seed, r, w, drop_last=drop_last, window=window, split=split
-            )
-        if auto and self._order is not None:
-            from .autotune import autotune
-
-            self.num_workers = autotune(self._batcher, self._order, dataset, batch_size)
-            self._batcher.num_threads = self.num_workers
-        elif self.num_workers > 0:
-            self.check_worker_number_rationality()
-
-    def _generic_order(
-        self, dataset, batch_size, shuffle, order, rank, world_size, drop_last, window, split, generator
-    ) -> Order | None:
-        """fastload's Order for the generic path, or None where torch's samplers pick the indices, as in torch.
-
-        The semantics are the fast path's (``fast/order.py``): each rank a disjoint, equal-length share, the same
-        permutation for the same seed, resumable. A fastload.Dataset keeps the order its fast path would have
-        had; any other map-style Dataset takes it when asked for (``seed``, ``order``, ``rank``,
-        ``world_size``, ``split``: fastload's own arguments, with rank and world size then defaulting to
-        torch.distributed's). Asked for nothing, a plain Dataset is torch's, also under torch.distributed:
-        every rank reads every sample, as torch's DataLoader does (Lightning and accelerate add their own
-        DistributedSampler; accelerate's own tests fail when the loader splits by rank by itself)."""
-        asked = {
-            k: v
-            for k, v in dict(seed=self.seed, order=order, rank=rank, world_size=world_size, split=split).items()
-            if v is not None
-        }
-        named = ", ".join(f"{k}={v!r}" for k, v in asked.items())
-        if self._dataset_kind == _DatasetKind.Iterable:
-            if asked:
-                raise ValueError(
-                    f"{named} cannot apply to an IterableDataset ({type(dataset).__name__}): it yields "
-                    f"its own samples in its own order, so fastload cannot shuffle or split them; do "
-                    f"that in its __iter__ (torch.distributed.get_rank(), "
-                    f"torch.utils.data.get_worker_info()), or use a map-style Dataset"
-                )
-            return None
-        if self._user_sampler:
-            return None  # the sampler owns the order (check_order_args refused what it cannot honour)
-        r, w = dist_info(rank, world_size)
-        packed = isinstance(dataset, PackedDataset)
-        if not (packed or asked):
-            return None
-        n = self._num_samples()
-        if n is None:
-            if not asked:
-                return None
-            raise TypeError(f"{named} needs the dataset's length: {type(dataset).__name__} has no __len__")
-        kind = order or ("random" if shuffle else "sequential")
-        if self.seed is None:
-            self.seed = default_seed(generator)
-            if kind != "sequential":
-                self.seed = agreed_seed(self.seed, w)  # ranks must shuffle alike
-        size = batch_size or 1  # without automatic batching, batches of one sample
-        if packed and not any(isinstance(t, PackSequences) for t in dataset.sequences.values()):
-            return order_for(dataset, size, kind, self.seed, r, w, drop_last=drop_last, window=window, split=split)
-        return Order(
-            n,
-            size,
-            kind=kind,
+        p = plan(
+            dataset,
+            batch_size,
+            shuffle=shuffle,
+            batch_sampler=batch_sampler,
+            index_batch_sampler=self.batch_sampler,
+            collate_fn=collate_fn,
+            worker_init_fn=worker_init_fn,
+            num_workers=num_workers,
+            auto=auto,
+            on_error=on_error,
+            decoder=decoder,
+            device=self.device,
             seed=self.seed,
-            rank=r,
-            world_size=w,
+            generator=generator,
+            order=order,
+            rank=rank,
+            world_size=world_size,
             drop_last=drop_last,
             window=window,
-            split=split or "samples",
+            split=split,
+            user_sampler=self._user_sampler,
+            iterable=self._dataset_kind == _DatasetKind.Iterable,
+            num_samples=self._num_samples,
         )
+        self._batcher, self._order, self._sampled, self._packed = p.batcher, p.order, p.sampled, p.packed
+        self._slot_batch, self.seed, self.fast_path_reason, self.num_workers = (
+            p.slot_batch,
+            p.seed,
+            p.reason,
+            p.num_workers,
+        )
+        self._deciding = False
+        if isinstance(dataset, Mixed) and self._batcher is not None:
+            self._stats.count_datasets(dataset.mixing)  # stats()["mix"]
+        tuned = auto and self._order is not None  # measured on the fast path: no advice to give
+        if self._batcher is None or (not tuned and self.num_workers > 0):
+            self.check_worker_number_rationality()
 
     def check_worker_number_rationality(self) -> None:
         """torch's advice fits worker processes; on the fast path ``num_workers`` counts native threads."""
@@ -395,25 +296,6 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
                 stacklevel=3,
             )
 
-    def _fast_path(self, dataset, batch_size, batch_sampler, collate_fn) -> int:
-        """The number of samples a slot holds; raises NotFastPath with the reason when there is no fast path.
-        A torchvision/timm folder dataset is packed (once) and its transform converted last, after the checks
-        that need neither (``_front/tvfolder.py``); the fast path then reads ``_packed``."""
-        folder = folder_kind(dataset) is not None
-        if not folder and not isinstance(dataset, PackedDataset):
-            raise NotFastPath("the dataset is not a fastload.Dataset (fastload.open)")
-        if not folder and not dataset.decode:
-            raise NotFastPath("the dataset was opened with decode=False")
-        check_collate(collate_fn)
-        check_batch_sampler(batch_sampler)
-        size = slot_batch_size(batch_size if batch_sampler is None else None, batch_sampler)
-        if size is None:
-            raise NotFastPath("batch_size=None (no automatic batching) gives samples one by one")
-        if folder:
-            check_folder_worker_init_fn(self.worker_init_fn)
-            self._packed = folder_dataset(dataset)
-        return size
-
     @property
     def _fast_dataset(self):
         """What the fast path reads: the dataset, or a torchvision/timm folder dataset's pack."""
@@ -425,139 +307,6 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     @property
     def fast_path(self) -> bool:
         return self._batcher is not None
-
-    # -- epochs and resume -------------------------------------------------------------------------
-    def set_epoch(self, epoch: int) -> None:
-        """Like ``DistributedSampler.set_epoch``: the next iteration runs this epoch's order (from the position a
-        loaded state holds, when it is that state's epoch). Under the loader's lock: an iteration starting in
-        another thread reads all of it or none (``_begin_epoch``)."""
-        with self._guard:
-            self._adopt_epoch(as_int("epoch", epoch, 0))
-            self._epoch_set = True  # until the next iteration starts, state_dict() is where that one will start
-            driver = self._driver()
-            if self._user_sampler and hasattr(driver, "set_epoch"):
-                driver.set_epoch(epoch)
-                self._sampler_epoch_seen = getattr(driver, "epoch", 0)
-
-    def _driver(self):
-        """The sampler that picks the indices (under a batch sampler, its sampler)."""
-        return _root(self._torch_index_sampler())
-
-    def _adopt_epoch(self, epoch: int) -> None:
-        if epoch != self._next_epoch:  # another epoch: a loaded mid-epoch position no longer applies
-            self._next_epoch, self._resume_at = epoch, 0
-            self._plan.pending = None
-            if self._sampled is not None:
-                self._sampled.drop_resume()
-
-    def _begin_epoch(self) -> tuple[int, int]:
-        """(epoch, first batch) of the iteration starting now; the next one defaults to the epoch after.
-
-        The epoch is an input, as for DistributedSampler: the one set last -- by ``set_epoch`` on the loader,
-        on the sampler the loader made (Lightning's call at each epoch's start, ``EpochInput``), or on a user's
-        sampler that has an epoch (a change to DistributedSampler's since the last iteration) -- else the
-        last iteration's plus one. So a run resumed by Lightning from an end-of-epoch checkpoint, where no
-        loader state is loaded, runs the same epochs as the uninterrupted run; a mid-epoch one loads its state."""
-        driver = self._driver()
-        if isinstance(driver, EpochInput) and driver.pending_epoch is not None:
-            self._adopt_epoch(driver.pending_epoch)
-            driver.pending_epoch = None
-        elif (
-            self._user_sampler
-            and isinstance(getattr(driver, "epoch", None), int)
-            and driver.epoch != self._sampler_epoch_seen
-        ):
-            self._sampler_epoch_seen = driver.epoch
-            self._adopt_epoch(driver.epoch)
-        epoch, start = self._next_epoch, self._resume_at
-        self._next_epoch, self._resume_at = epoch + 1, 0
-        self._epoch_set = False
-        return epoch, start
-
-    def state_dict(self) -> dict:
-        """Where the loader is: restoring it yields exactly the batches that would have come next.
-
-        With a sampler driving the order (and on the generic path) the state is a position in the
-        sampler's order (see ``_front/sampling.py``); Lightning and accelerate's ``save_state`` call this. From another
-        thread during an iteration: the position between two batches (a ``next()`` in flight finishes first)."""
-        with self._guard:
-            return self._state_dict()
-
-    def _state_dict(self) -> dict:
-        epoch, done = self._progress.epoch, self._progress.done
-        if self._epoch_set:  # set_epoch since the last iteration started: the next one's start, not the last's end
-            epoch, done = self._next_epoch, self._resume_at
-        if self._order is None and self._sampled is None:
-            # a loaded position not iterated yet: its generator state is the pending replay's
-            pending = self._plan.pending
-            rng = pending[1] if pending is not None else self._plan.rng
-            if done and done >= (_len_or_none(self) or done + 1):  # its last batch received: the next epoch's start
-                epoch, done, rng = epoch + 1, 0, None
-            return generic_state(self._torch_index_sampler(), self._num_samples(), epoch, done, rng)
-        if self._sampled is not None:
-            if done >= len(self):
-                epoch, done = epoch + 1, 0
-            return self._sampled.state_dict(epoch, done)
-        if done >= self._order.num_batches(epoch):
-            epoch, done = epoch + 1, 0
-        return self._order.state_dict(done, epoch)
-
-    def load_state_dict(self, state: dict | list) -> None:
-        """Go on from ``state`` (what ``state_dict()`` returned). With fastload's own order, a state saved with
-        another number of processes or another batch size resumes too (elastic, ``fast/elastic.py``): the rest of
-        the saved epoch is split over this loader's ranks, every sample read once. ``state`` may be one rank's
-        state (all ranks had received the same number of batches, as under DDP) or the list of all ranks'."""
-        with self._guard:
-            if self._batcher is not None:
-                # the order and position the running iteration reads: from another thread refused; in this one
-                # the iteration stops first (its producer thread reads the seed), its next() saying why
-                running = self._running_here("load_state_dict()")
-                if running is not None:
-                    running.supersede(RELOADED)
-            self._load_state_dict(state)
-
-    def _load_state_dict(self, state: dict | list) -> None:
-        if self._order is None and isinstance(state, (list, tuple)):
-            raise ValueError(
-                "load_state_dict got a list of states: that is for fastload's own order (an elastic resume from "
-                "every rank's state); this loader's order is its sampler's, which resumes from one state: pass the "
-                "dict state_dict() returned on this rank"
-            )
-        if self._order is None and self._sampled is None:
-            self._next_epoch, self._resume_at, self._plan.pending = load_generic_state(
-                self._torch_index_sampler(), self._num_samples(), state
-            )
-        elif self._sampled is not None:
-            self._next_epoch, self._resume_at = self._sampled.load_state_dict(state)
-            self._adopt_seed(self._sampled.seed)
-        else:
-            if any(isinstance(s, dict) and s.get("driver") == "sampler" for s in _as_list(state)):
-                raise ValueError(
-                    "this state was saved by a loader whose sampler drove the order; this loader uses "
-                    "fastload's own order (no sampler=): build it with the same kind of sampler"
-                )
-            self._resume_at = self._order.load_state_dict(state)
-            self._next_epoch = self._order.epoch
-            self._adopt_seed(self._order.seed)
-        self._progress = Progress(self._next_epoch, self._resume_at)
-        self._epoch_set = False
-        driver = self._driver()
-        if isinstance(driver, EpochInput):
-            driver.pending_epoch = None  # the state says which epoch comes next
-        self._sampler_epoch_seen = getattr(driver, "epoch", 0)
-
-    def _adopt_seed(self, seed: int) -> None:
-        """The order goes on with the state's seed (the epoch's permutation and every sample's draws depend on it):
-        ``loader.seed`` says so, and a ``seed=`` given to this loader that it replaces is not dropped silently."""
-        if self._seed_given is not None and seed != self._seed_given:
-            warnings.warn(
-                f"fastload: load_state_dict resumes with the state's seed={seed}, not this loader's seed="
-                f"{self._seed_given}: a position counts batches of the order that seed made, so the rest of the run "
-                f"keeps it. To start over with seed={self._seed_given}, leave load_state_dict out",
-                UserWarning,
-                stacklevel=4,
-            )
-        self.seed = seed
 
     def _torch_index_sampler(self):
         # torch's property through the class this one derives from, never through the module attribute:
@@ -613,7 +362,10 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         state["_ring"] = state["_collator"] = None  # host slots (pinned memory is this process's), their collator
         state["_device_ring"] = None  # device slots and a CUDA stream
         state["_iterator"] = None  # a persistent iterator's worker processes stay with this process
-        state.pop("_live", None)  # an iteration of this process (a weak reference)
+        live = state.pop("_live", None)  # an iteration of this process (a weak reference)
+        live = live() if live is not None else None
+        # where that iteration's chain stands, which the copy's state_dict() says as the original's does
+        state["_copied_stages"] = live.state() if live is not None and live.running else None
         state.pop("_guard_of", None)  # a lock: a copy gets its own
         return state
 
@@ -672,11 +424,15 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         if self._order is not None:
             self._order.set_epoch(epoch)
         self._progress = progress = Progress(epoch, start)
+        depth = self.prefetch_factor or 2
         if self._ring is None:
-            self._ring = SlotRing(self._batcher.new_slot)
+            # a device prefetcher keeps each host batch until its copy ran: the host ring is bounded by those copies
+            holds, limit = (self._device_slots().holds, host_limit(depth)) if self._on_device() else (None, None)
+            self._ring = SlotRing(self._batcher.new_slot, holds, limit)
             # its CPU ToDtype/Normalize and mix buffers: like the slots, made once, not per iteration
             self._collator = Collator.for_batcher(self._batcher)
-        self._batcher.images.fallback_timeout = self.timeout  # per-sample transform workers' answers (_fill/images.py)
+        self._batcher.begin_iteration(self.timeout)  # its device and per-sample transform workers, in this thread
+        chain, self._chain_state = self._chain_state, None  # a loaded mid-epoch chain state, used once
         ds = self._fast_dataset
         image_keys = (
             []
@@ -702,7 +458,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             stats=self._stats,
             length=len(self),
             num_workers=self.num_workers,
-            depth=self.prefetch_factor or 2,
+            depth=depth,
             timeout=self.timeout,
             persistent=self.persistent_workers,
             reading=ds.read_plan if getattr(ds, "remote", False) else None,  # its read plan
@@ -710,6 +466,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             device=device,
             guard=self._guard,
             collator=self._collator,
+            state=chain if chain is not None and innermost(chain) == {"epoch": epoch, "batch": start} else None,
         )
         if self._order is not None:
             self._order.prepare(epoch + 1)  # the next epoch's shuffle, in the background while this one runs
@@ -761,17 +518,6 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     def stats_summary(self) -> str:
         """One line: throughput, the share of time the loop waited for data, whether it is input-bound."""
         return self._stats.summary()
-
-
-def _len_or_none(loader: DataLoader) -> int | None:
-    try:
-        return len(loader)
-    except TypeError:  # an IterableDataset with no length
-        return None
-
-
-def _as_list(state: Any) -> list:
-    return list(state) if isinstance(state, (list, tuple)) else [state]
 
 
 def fill_parts(loader: DataLoader) -> tuple[Batcher, Order] | None:

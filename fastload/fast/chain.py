@@ -18,9 +18,8 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from .device import DevicePrefetcher
 from .._transforms.sequences import Bucket, PackSequences
-from ..fields.image import ImagePart
 from .collate import Collate, Collator
-from .fill import Fill, Reservations, host_limit
+from .fill import Fill, Reservations
 from .group import GroupFill, group_ring, group_size
 from .mixing import MixOrder
 from .order import Jobs, Order
@@ -28,6 +27,7 @@ from .packing import BucketOrder, PackedOrder
 from .position import Count, Progress, in_own_process
 from .producer import FillPolicy, Produce
 from .readahead import ReadAhead
+from .stage import innermost, shape
 
 
 def order_for(
@@ -210,8 +210,12 @@ def fast_iterator(
     device: Any = None,
     guard: Any = None,
     collator: Collator | None = None,
+    state: dict | None = None,
 ) -> FastIterator:
-    """The iteration over epoch ``epoch`` from batch ``start``, every stage given what it uses.
+    """The iteration over epoch ``epoch`` from batch ``start``, every stage given what it uses; it creates the
+    stages and changes none of the objects it is given (the loader sets them up where it makes them: the host
+    ring's bound under a device prefetcher, the batcher's device and per-sample transform workers,
+    ``Batcher.begin_iteration``).
 
     ``plan``: the ``Order`` (or ``_sampling.SamplerOrder``); ``slots``: the host ``SlotRing``; ``reading``:
     a remote dataset's read plan (None: local); ``image_keys``: image entries to hand out in torch's
@@ -219,21 +223,19 @@ def fast_iterator(
     ``device='cuda'`` (there ToDtype/Normalize and the contiguous copy run on the device); ``guard``: the loader's
     lock that every ``next()`` holds (``FastIterator``; None: one of the iteration's own); ``collator``: the
     ``Collator`` of ``batcher``'s slots, which the loader keeps with its slots, so that its CPU output buffers are
-    made once, not every epoch (None: a new one)."""
+    made once, not every epoch (None: a new one). ``state``: a chain's nested state (``FastIterator.state()``,
+    saved mid-epoch) to reset every stage from, each from its part; it must be at ``(epoch, start)``."""
     source: Any = Jobs(plan, epoch, start, batcher.needs_rng)
     if reading is not None:
         source = ReadAhead(source, reading)
     reserved = Reservations()
-    batcher.images.bind_device()
     group = group_size(batcher, remote=reading is not None, device=device is not None)
     if group > 1:  # cheap batches: several per fill (group.py)
-        ring = group_ring(slots, batcher, group)
-        source = GroupFill(source, batcher, batcher.pool, ring, reserved, policy.fills, group)
+        source = GroupFill(
+            source, batcher, batcher.pool, group_ring(slots, batcher, group), reserved, policy.fills, group
+        )
     else:
         source = Fill(source, batcher, batcher.pool, slots, reserved, policy.fills)
-    # per-sample transform workers: forked here, in the caller's thread, before the producer thread runs
-    images = {p.name: p.pipeline for p in batcher.parts if isinstance(p, ImagePart)}
-    batcher.images.start_fallbacks(batcher.pool, images)
     # GPU decoders: always in a producer thread, even at num_workers=0 (long host work per batch; the rows
     # are handed on with an event, so no thread waits for the GPU)
     gpu_rows = batcher.images.device is not None
@@ -249,8 +251,6 @@ def fast_iterator(
         release=reserved.release,
     )
     on_device = device is not None
-    # a device prefetcher keeps each host batch until its copy ran: bound the host ring by those copies
-    slots.pending, slots.limit = (device[0].holds, host_limit(depth)) if on_device else (None, None)
     source = Collate(
         source,
         collator if collator is not None else Collator.for_batcher(batcher),
@@ -269,4 +269,13 @@ def fast_iterator(
             ring=ring,
             contiguous=image_keys if batcher.packed is None else (),
         )
-    return FastIterator(source, progress, producer, length, guard)
+    it = FastIterator(source, progress, producer, length, guard)
+    if state is not None:
+        at = innermost(state)
+        if at != {"epoch": epoch, "batch": start}:
+            raise ValueError(f"fastload: a chain state at {at} given to the chain of epoch {epoch} from batch {start}")
+        # saved by a chain of other stages (another device, a remote copy): its position alone, where this chain
+        # was built, says the same; else every stage resets from its own part
+        if shape(state) == shape(it.state()):
+            it.reset(state)
+    return it

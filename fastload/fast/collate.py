@@ -171,3 +171,7 @@ class Collate(Stage):
             out = contiguous_images(out, self.contiguous)  # (never on the device path, so never an AfterCopy)
         self._returned_at = time.perf_counter()
         return out
+
+    def reset(self, state: dict | None = None) -> None:
+        self._returned_at = None  # the caller's time between batches restarts with the stream
+        super().reset(state)

@@ -28,6 +28,7 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from .._ring import CopyHolds, Slot, SlotRing, cuda_available, same_stream, seen_consumer, streams_for
 from .._transforms.tensor import TensorPipeline
+from .stage import Stage, nested, upstream_state
 
 
 class AfterCopy:
@@ -174,8 +175,14 @@ def _channels_last(t: torch.Tensor) -> bool:
     return t.dim() == 4 and not t.is_contiguous() and t.is_contiguous(memory_format=torch.channels_last)
 
 
-class DevicePrefetcher(_BaseDataLoaderIter):  # a torch DataLoader iterator by type; no base __init__
+class DevicePrefetcher(Stage, _BaseDataLoaderIter):  # a torch DataLoader iterator by type; no base __init__
     """Iterate ``source`` with every batch already on ``device`` (see the module docstring).
+
+    The chain's device stage (``stage.Stage``; a plain iterable source works too, with no state): each batch in
+    flight carries its upstream's state right after it was taken, and the stage's state is that of the last
+    batch handed out (the copies queued ahead are not part of it, ``stage.py``'s prefetching rule); ``reset``
+    drops the batches in flight (their host memory stays held until their copies completed, rule 2), resets the
+    upstream and copies ahead again from there.
 
     ``transforms`` maps a top-level key of the batch (an index of a list/tuple batch, or a dict key)
     to the ``TensorPipeline`` (ToDtype/Normalize) to run on that tensor on the device. ``depth`` is
@@ -208,11 +215,9 @@ class DevicePrefetcher(_BaseDataLoaderIter):  # a torch DataLoader iterator by t
         # its channels_last images to us rather than transposing them on the CPU)
         self.contiguous = set(contiguous)
         self.on_yield = on_yield
-        self._inflight: collections.deque = collections.deque()
+        self._inflight: collections.deque = collections.deque()  # (slot, batch, then, upstream state after it)
         self._exhausted = False
-
-    def __iter__(self):
-        return self
+        self._snapshot = upstream_state(source)
 
     def __len__(self) -> int:
         return len(self.source)
@@ -324,10 +329,10 @@ class DevicePrefetcher(_BaseDataLoaderIter):  # a torch DataLoader iterator by t
             except StopIteration:
                 self._exhausted = True
                 break
-            self._inflight.append(self._enqueue(host))
+            self._inflight.append(self._enqueue(host) + (upstream_state(self.source),))
         if not self._inflight:
             raise StopIteration
-        slot, out, then = self._inflight.popleft()
+        slot, out, then, self._snapshot = self._inflight.popleft()
         consumer = self.streams.consumer()
         seen_consumer(consumer)  # streams fastload draws later avoid the loop's (_ring.draw_stream)
         self.streams.wait(consumer, slot.copy_event)  # rule 5
@@ -342,6 +347,23 @@ class DevicePrefetcher(_BaseDataLoaderIter):  # a torch DataLoader iterator by t
         if self.on_yield is not None:
             self.on_yield()
         return out
+
+    def state(self) -> dict:
+        return nested(self._snapshot)
+
+    def reset(self, state: dict | None = None) -> None:
+        """Start over from ``state`` (the upstream's, nested under ``"source"``): the batches in flight are
+        dropped; an upstream that is no stage cannot go back and is refused."""
+        if not isinstance(self.source, Stage):
+            raise TypeError(
+                f"fastload: a device prefetcher over {type(self.source).__name__} (not a stage of fastload's chain) "
+                f"cannot reset: its source has no state to go back to; make a new one over a new pass"
+            )
+        self._inflight.clear()
+        super().reset(state)
+        self._src = iter(self.source)
+        self._exhausted = False
+        self._snapshot = upstream_state(self.source)
 
     def close(self) -> None:
         close = getattr(self._src, "close", None)

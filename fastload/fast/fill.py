@@ -8,7 +8,8 @@ to the loader's stats in the caller's thread (one visit to the stats per batch, 
 
 Bounded host memory under a lagging GPU: a device prefetcher keeps each host batch referenced until its copy
 ran (``_ring.CopyHolds``), so with the consumer stream far behind, every batch would need a new pinned slot.
-When the ring has its ``limit`` of slots (set by the chain when a device prefetcher follows) and copies are
+When the ring has its ``limit`` of slots (given by the loader that makes it, when a device prefetcher
+follows) and copies are
 still pending, a fill in a producer thread waits for the oldest copy's event (a host wait off the training
 thread) and takes the slot it frees. A fill in the *calling* thread (``num_workers=0``, or the fill policy
 filling inline) must not wait for the GPU: it grows the ring up to ``INLINE_FACTOR`` times the limit first,

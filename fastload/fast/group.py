@@ -10,9 +10,10 @@ made once with it (``Member``), collated like any slot (``fast/collate.py``). Th
 group.
 
 What does not change: the batches (content, order; the last partial batch, ``drop_last``, a rank's share are
-the jobs' own), resume (the stage's ``state`` counts the batches it holds back; ``progress.done`` counts what
-the loop received), the stats and the fill policy (each batch gets its share of the group's fill time), the
-loader's lock (the stages below ``Count`` run under it, or in the one producer thread).
+the jobs' own), resume (each batch held back carries the jobs' state after it, and the stage's ``state`` is that
+of the last batch handed on, ``stage.py``'s prefetching rule; ``progress.done`` counts what the loop received), the
+stats and the fill policy (each batch gets its share of the group's fill time), the loader's lock (the stages
+below ``Count`` run under it, or in the one producer thread).
 
 The slot protocol (``_ring.py``): a group slot is free when no view of any of its batches lives. Its members'
 views are made with it and are in its baseline; the caller's batches are views of the members, so any batch
@@ -35,7 +36,7 @@ import numpy as np
 
 from ..fields._codec import FixedPart
 from .fill import Reservations
-from .stage import Stage
+from .stage import Stage, nested, upstream_state
 
 GROUP_BYTES = 2 << 20  # a group slot holds up to this many bytes (a few batches that fit the L2/L3 caches)
 MAX_GROUP = 8  # batches per group at most
@@ -102,23 +103,26 @@ class GroupFill(Stage):
     def __init__(self, source: Any, batcher: Any, pool: Any, ring: Any, reserved: Reservations, fills: Any, size: int):
         self.source, self.batcher, self.pool, self.ring = source, batcher, pool, ring
         self.reserved, self.fills, self.size = reserved, fills, size
-        self.pending: collections.deque = collections.deque()
+        self.pending: collections.deque = collections.deque()  # (item, upstream state after its job)
+        self._snapshot = upstream_state(source)
         self.objects = [None] * len(batcher.parts)  # what a fixed-size column's part hands the collate
 
     def __next__(self) -> tuple[Any, int, list, float]:
         pending = self.pending
         if not pending:
             self._fill()
-        return pending.popleft()
+        item, self._snapshot = pending.popleft()
+        return item
 
     def _fill(self) -> None:
-        jobs = []
+        jobs, after = [], []
         source = self.source
         for _ in range(self.size):
             try:
                 jobs.append(next(source)[0])
             except StopIteration:
                 break
+            after.append(upstream_state(source))
         if not jobs:
             raise StopIteration
         b = self.batcher.batch_size
@@ -143,16 +147,15 @@ class GroupFill(Stage):
             m.last = j == last
             m.indices = job  # counted per dataset of a mix (``LoaderStats.took``), as Fill records them
             fills.append(cost)
-            append((m, len(job), self.objects, cost))
+            append(((m, len(job), self.objects, cost), after[j]))
 
     def state(self) -> dict:
-        st = dict(self.source.state())
-        st["batch"] -= len(self.pending)  # filled, not handed on yet: the next one to hand on
-        return {"source": st}
+        return nested(self._snapshot)  # filled and not handed on yet is not part of it
 
     def reset(self, state: dict | None = None) -> None:
         """Start over: the batches held back go, and with them their group's reservation."""
         if self.pending:
-            self.reserved.release(self.pending[0][0])
+            self.reserved.release(self.pending[0][0][0])
             self.pending.clear()
         super().reset(state)
+        self._snapshot = upstream_state(self.source)

@@ -624,6 +624,8 @@ class Jobs(Stage):
         self.reset({"batch": start})
 
     def __next__(self) -> tuple[Any, np.random.Generator | None]:
+        if self._batches is None:  # asked for at the first next(): a sampler's order draws its indices then, once
+            self._batches = iter(self.plan.batches(self.epoch, self.batch))
         indices = next(self._batches)
         b = self.batch
         self.batch = b + 1
@@ -634,4 +636,4 @@ class Jobs(Stage):
 
     def reset(self, state: dict | None = None) -> None:
         self.batch = 0 if state is None else state["batch"]
-        self._batches = iter(self.plan.batches(self.epoch, self.batch))
+        self._batches: Iterator[Any] | None = None

@@ -98,3 +98,11 @@ class Count(Stage):
 
     def state(self) -> dict:
         return {"epoch": self.progress.epoch, "done": self.progress.done, "source": super().state().get("source")}
+
+    def reset(self, state: dict | None = None) -> None:
+        """Start over from ``state`` (``state()``'s kind): the position it names, every stage upstream from its
+        part (None: where the upstream starts, no batch received)."""
+        self.progress.epoch = self.progress.epoch if state is None else state["epoch"]
+        self.progress.done = 0 if state is None else state["done"]
+        self.ended = False
+        super().reset(state)

@@ -26,6 +26,11 @@ With ``device='cuda'`` the producer thread is also where the host ring's bound i
 waits for the oldest pending copy there (``fill.py``); a fill in the calling thread grows further first. That
 wait gives up when the thread is told to stop, so stopping it (``close``, ``reset``: joins in the training
 thread) never waits for the GPU.
+
+State (``stage.py``'s prefetching rule): the producer thread queues each batch with the upstream's state right
+after it was filled, and the stage's state is that of the last batch handed on (what the thread has queued ahead
+is not part of it); filling in the calling thread, it holds nothing and its state is the upstream's. The thread
+starts at the first ``next()`` (so a chain built and then ``reset`` to a saved state fills nothing twice).
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ import weakref
 from typing import Any
 
 from .fill import Stopped, mark_producer
-from .stage import Stage
+from .stage import Stage, nested, upstream_state
 
 INLINE_BELOW = 1e-3  # seconds per batch fill from which a producer thread always fills
 SAMPLES = 3  # measurements needed before the policy changes the mode (a cold first batch does not decide)
@@ -89,6 +94,7 @@ class _Producer:
         self.handback = threading.Event()
         self.reserved: set[int] = set()
         self.lock = threading.Lock()
+        self.states: collections.deque = collections.deque()  # the upstream's state after each queued batch
 
     def put(self, item) -> bool:
         while not self.stop.is_set():
@@ -148,14 +154,20 @@ class Produce(Stage):
         self.closed = False
         self.thread = None
         self.producer = None
-        if threads and self._threaded(True):
-            self._start_producer()
+        self.begun = False  # the first next() decides whether a producer thread fills (``_begin``)
+        self._snapshot: dict | None = None  # with a producer thread: the upstream state after the last batch handed on
 
     def _threaded(self, now: bool) -> bool:
         return self.always or self.policy.threaded(now)
 
+    def _begin(self) -> None:
+        self.begun = True
+        if self.threads and self._threaded(True):
+            self._start_producer()
+
     def _start_producer(self) -> None:
         """Fill the remaining batches in a background thread (the batch sequence and RNGs are unchanged)."""
+        self._snapshot = upstream_state(self.source)  # nothing pulled since the last batch handed on
         self.producer = _Producer(self.depth)
         self.thread = threading.Thread(
             target=_produce, name="fastload-batcher", daemon=True, args=(self.producer, self.source, self.release)
@@ -173,6 +185,8 @@ class Produce(Stage):
     def __next__(self):
         if self.closed:  # ran out, failed, or closed: its thread is gone and nothing more comes (no wait)
             raise StopIteration
+        if not self.begun:
+            self._begin()
         return self._next_threaded() if self.producer is not None else self._next_inline()
 
     def _next_threaded(self):
@@ -191,6 +205,7 @@ class Produce(Stage):
         if isinstance(item, BaseException):
             self.close()
             raise item
+        self._snapshot = p.states.popleft()  # appended before the batch was queued
         self.ready = p.queue.qsize()
         self.done += 1
         if not p.handback.is_set() and not self._threaded(True):
@@ -223,17 +238,19 @@ class Produce(Stage):
             except queue.Empty:
                 return items
 
+    def state(self) -> dict:
+        return nested(self._snapshot) if self.producer is not None else super().state()
+
     def reset(self, state: dict | None = None) -> None:
         """Start over from ``state`` (the upstream's, nested under ``"source"``): a running producer thread is
-        stopped first and the batches it had queued are dropped, their slots' reservations ended."""
+        stopped first and the batches it had queued are dropped, their slots' reservations ended; the next
+        ``next()`` starts filling again."""
         if self.producer is not None:
             for item in self._stop_producer():
                 if isinstance(item, tuple) and self.release is not None:
                     self.release(item[0])
         super().reset(state)
-        self.done, self.ready = 0, 0
-        if self.threads and self._threaded(True):
-            self._start_producer()
+        self.done, self.ready, self.begun, self._snapshot = 0, 0, False, None
 
     def close(self) -> None:
         """Stop the producer thread and wait for the batch it is filling; end the epoch (once). A producer waiting
@@ -275,6 +292,7 @@ def _produce(p: _Producer, source, release=None) -> None:
             except StopIteration:
                 p.put(_END)
                 return
+            p.states.append(upstream_state(source))  # before the batch: whoever takes the batch finds its state
             if not p.put(item):  # stopped: the batch it filled goes nowhere, its slot is free again
                 if release is not None:
                     release(item[0])

@@ -26,3 +26,24 @@ def test_the_chain_gives_the_loaders_batches_without_a_loader(records):
     got = [[t.clone() for t in b] for b in it]
     assert len(got) == len(ref) - 2 and progress.done == len(ref)
     assert all(torch.equal(x, y) for p, q in zip(ref[2:], got) for x, y in zip(p, q))
+
+
+def _attrs(obj) -> dict:
+    """``obj``'s attributes, each by identity (and by value for plain numbers and strings)."""
+    names = vars(obj) if hasattr(obj, "__dict__") else {k: getattr(obj, k) for k in type(obj).__slots__}
+    return {k: (id(v), v if isinstance(v, (bool, int, float, str, type(None))) else None) for k, v in names.items()}
+
+
+def test_the_builder_changes_nothing_it_is_given(records):
+    """``fast_iterator`` creates the stages and sets nothing on what it is handed (it used to bound the host ring,
+    bind the decoders' device and fork the per-sample transform workers: the loader does that where it makes them)."""
+    batcher = Batcher(records, 300, 0)
+    order = Order(len(records), 300, kind="random", seed=9)
+    slots, policy, stats, progress = SlotRing(batcher.new_slot), FillPolicy(), LoaderStats(), Progress(0, 0)
+    batcher.begin_iteration(0)  # as the loader does before it asks for the chain (its pool exists from here)
+    given = [batcher, batcher.images, order, slots, policy, stats, progress]
+    before = [_attrs(o) for o in given]
+    it = fast_iterator(plan=order, epoch=0, start=0, batcher=batcher, slots=slots, progress=progress, policy=policy,
+                       stats=stats, length=len(order), num_workers=2, depth=2, timeout=0, persistent=False)
+    assert [_attrs(o) for o in given] == before
+    it.close()
