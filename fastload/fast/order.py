@@ -532,7 +532,8 @@ class Order:
 
 
 # What a state says of the position, not of the order it counts in (``state_dict``, ``_partial_state``).
-_POSITION_KEYS = frozenset(("version", "epoch", "batches_done", "seed", "rank", "consumed", "tokens_before"))
+# what a state says of where it is, not of the order that made it ("stages": the running chain's state, the loader's)
+_POSITION_KEYS = frozenset(("version", "epoch", "batches_done", "seed", "rank", "consumed", "tokens_before", "stages"))
 
 
 def _is_position(state: Any) -> bool:
