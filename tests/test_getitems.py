@@ -148,11 +148,11 @@ def test_torch_loader_gives_the_fast_path_batches(packed_images, workers):
 
 def test_a_sample_s_draws_depend_on_the_iterator_s_seed_and_its_index_only(packed_images):
     ds = fastload.open(packed_images, transforms=RANDOM)
-    same = [list(range(8))] * 4  # one index batch four times: batches 0, 2 go to worker 0 and 1, 3 to worker 1
+    once = [[0, 5], [1, 6], [2, 7], [3, 4]]  # each sample once: batches 0, 2 go to worker 0 and 1, 3 to worker 1
 
-    def run(workers=2):
-        loader = TorchLoader(ds, batch_sampler=same, num_workers=workers)
-        return [[b[0] for b in loader] for _ in range(2)]  # two epochs
+    def run(workers=2, batches=once):
+        loader = TorchLoader(ds, batch_sampler=batches, num_workers=workers)
+        return [torch.cat([b[0] for b in loader]) for _ in range(2)]  # two epochs
 
     torch.manual_seed(0)
     first = run()
@@ -162,19 +162,24 @@ def test_a_sample_s_draws_depend_on_the_iterator_s_seed_and_its_index_only(packe
     other = run()
     torch.manual_seed(0)
     in_main = run(workers=0)
-    for epoch in first:  # the same samples in one epoch: the same pixels, whichever worker and call
-        assert all(torch.equal(epoch[0], b) for b in epoch[1:])
-    assert not torch.equal(first[0][0], first[1][0])  # a new iterator (epoch), a new base seed: new draws
-    assert all(torch.equal(x, y) for e, f in zip(first, again) for x, y in zip(e, f))  # a seeded run repeats
-    assert all(torch.equal(x, y) for e, f in zip(first, in_main) for x, y in zip(e, f))  # at any num_workers
-    assert not torch.equal(first[0][0], other[0][0])
+    assert not torch.equal(first[0], first[1])  # a new iterator (epoch), a new base seed: new draws
+    assert all(torch.equal(x, y) for x, y in zip(first, again))  # a seeded run repeats
+    assert all(torch.equal(x, y) for x, y in zip(first, in_main))  # at any num_workers
+    assert not torch.equal(first[0], other[0])
+    # a sample read again in one epoch draws anew (repeated augmentation): the one index batch four times, read
+    # by one process; a first read keeps the pixels of a sample read once
     torch.manual_seed(0)
-    loader = TorchLoader(ds, batch_sampler=same, num_workers=2, persistent_workers=True)
-    persistent = [[b[0] for b in loader] for _ in range(3)]  # the workers keep their seed: they count the epochs
-    assert all(torch.equal(x, y) for x, y in zip(persistent[0], first[0]))  # its first epoch: any other's
-    for epoch in persistent:
-        assert all(torch.equal(epoch[0], b) for b in epoch[1:])
-    assert all(not torch.equal(persistent[e][0], persistent[f][0]) for e, f in ((0, 1), (1, 2), (0, 2)))
+    same = run(workers=0, batches=[list(range(8))] * 4)
+    order = [i for b in once for i in b]
+    for epoch, ref in zip(same, first):
+        reads = epoch.view(4, 8, *epoch.shape[1:])
+        assert torch.equal(reads[0][order], ref)
+        assert all(not torch.equal(reads[a][k], reads[b][k]) for a in range(4) for b in range(a) for k in range(8))
+    torch.manual_seed(0)
+    loader = TorchLoader(ds, batch_sampler=once, num_workers=2, persistent_workers=True)
+    persistent = [torch.cat([b[0] for b in loader]) for _ in range(3)]  # the workers keep their seed: they count the epochs
+    assert torch.equal(persistent[0], first[0])  # its first epoch: any other's
+    assert all(not torch.equal(persistent[e], persistent[f]) for e, f in ((0, 1), (1, 2), (0, 2)))
     # called outside torch's loader: one seed per call from torch's generator, as ds[i] draws
     torch.manual_seed(0)
     a = ds.__getitems__(list(range(8)))
