@@ -20,11 +20,11 @@ pytest.importorskip("fastload._C")
 
 N = 10
 
+
 def PIPELINE() -> dict:
     """A crop of these small pictures takes few distinct values (two reads can draw the same one by chance); the
     rotation's angle is continuous, so two reads with other draws never give the same pixels."""
     return {"image": [T.RandomResizedCrop((24, 28), scale=(0.1, 1.0)), T.RandomHorizontalFlip(), T.RandomRotation(30)]}
-
 
 
 class RepeatSampler(torch.utils.data.Sampler):

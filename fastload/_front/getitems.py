@@ -25,9 +25,10 @@ same pixels in its epoch 0. A sample read again in one epoch (a sampler with rep
 gets new draws, keyed by its occurrence as far as a process can count it: its earlier reads in this worker's
 batches of the epoch, plus the rank under torch.distributed (rank 0's first reads keep the key above). What that
 gives up: two reads of one sample that land in different workers of one rank are each a first read there and
-draw alike (timm's RepeatAugSampler keeps a sample's copies on different ranks, or next to each other, in one
-batch, so this is rare), and a repeat's draws depend on which worker read it. Called other than by torch's fetcher (``ds.__getitems__(idx)`` directly),
-the seed is one draw of torch's generator per call. A dataset that cannot batch (the fallback to ``ds[i]``'s
+draw alike (timm's RepeatAugSampler puts a sample's copies on different ranks, or next to each other in a rank's
+sequence: in one batch but where they straddle a batch boundary), and a repeat's draws depend on which worker
+read it. Called other than by torch's fetcher (``ds.__getitems__(idx)`` directly), the seed is one draw of torch's
+generator per call. A dataset that cannot batch (the fallback to ``ds[i]``'s
 reads below) plans each sample from the same keyed draws, so its pixels are the batch path's. ``ds[i]`` itself
 keeps torchvision's habit (one draw of torch's generator per sample): its crops differ from these.
 

@@ -412,8 +412,9 @@ class Order:
     def batch_rng(self, epoch: int, batch_index: int) -> np.random.Generator:
         """The batch transforms' generator of one batch (MixUp/CutMix), keyed by (seed, epoch, global batch index:
         ``batch_index * world + rank``); its per-sample draws (``_draws.py``), for every other transform, are keyed
-        by (seed, epoch, sample index). In an elastically resumed epoch the global batch index starts past the
-        consumed samples' count (more than the batches that read them), so no batch repeats a consumed one's draws."""
+        by (seed, epoch, sample index, occurrence: ``occurrences``). In an elastically resumed epoch the global
+        batch index starts past the consumed samples' count (more than the batches that read them), so no batch
+        repeats a consumed one's draws."""
         e = as_int("epoch", epoch, 0)
         i = as_int("batch_index", batch_index, 0)
         g = self._batch_base(e) + i * self.batch_world + self.batch_rank
