@@ -217,3 +217,22 @@ def test_torch_loader_gives_each_copy_its_own_crop(numbered, num_workers):
     )
     first_reads = {i: v[0] for i, v in reads(with_repeats).items()}
     assert all(np.array_equal(firsts[i], first_reads[i]) for i in range(N))
+
+
+def test_bucket_padding_batches_draw_anew():
+    """``Bucket``'s order pads its batch list by wrapping to a multiple of the world size: a padding batch is a
+    second read of its samples and draws anew; every first read keeps the key of (seed, epoch, index)."""
+    from fastload.fast.packing import BucketOrder
+
+    ids = np.array(
+        [0, 1, 0, 1, 1, 0, 0, 1, 1, 0, 1, 1]
+    )  # buckets of 5 and 7: batches of 2 -> 7 batches, padded to 9 on 3 ranks
+    keys: dict[int, list[int]] = {}
+    for rank in range(3):
+        order = BucketOrder(ids, 2, kind="random", seed=7, world_size=3, rank=rank)
+        for b, batch in enumerate(order.batches(2)):
+            for i, k in zip(batch.tolist(), order.batch_rng(2, b).samples(batch).keys.tolist()):
+                keys.setdefault(i, []).append(k)
+    assert sum(len(v) for v in keys.values()) > len(ids)  # some samples are read twice (the padding)
+    for i, ks in keys.items():
+        assert _old_key(7, 2, i) in ks and len(set(ks)) == len(ks), f"sample {i}: keys {ks}"

@@ -418,10 +418,12 @@ class Order:
         e = as_int("epoch", epoch, 0)
         i = as_int("batch_index", batch_index, 0)
         g = self._batch_base(e) + i * self.batch_world + self.batch_rank
+        return BatchDraws(seed_key(BATCH_STREAM, self.seed, e, g), self.seed, e, self._batch_occurrences(e, i))
+
+    def _batch_occurrences(self, e: int, i: int) -> np.ndarray | None:
+        """The occurrences of batch ``i``'s samples (None: all 0): what an order of another kind overrides."""
         occ = self.occurrences(e)
-        if occ is not None:
-            occ = occ[i * self.batch_size : (i + 1) * self.batch_size]
-        return BatchDraws(seed_key(BATCH_STREAM, self.seed, e, g), self.seed, e, occ)
+        return None if occ is None else occ[i * self.batch_size : (i + 1) * self.batch_size]
 
     def _batch_base(self, e: int) -> int:
         """The first global batch index of epoch ``e``'s current split: 0, or past what was consumed before it."""
