@@ -1,4 +1,4 @@
-"""Randomness keyed per sample: a sample's draws depend only on (seed, epoch, sample index).
+"""Randomness keyed per sample: a sample's draws depend only on (seed, epoch, sample index, occurrence).
 
 The loader's order hands each batch a :class:`BatchDraws`: a numpy ``Generator`` keyed by (seed, epoch, global
 batch index), which batch-level transforms (MixUp/CutMix) draw from, that also knows the seed and the epoch. The
@@ -14,6 +14,14 @@ integers in ``[low, high)`` are ``floor(u * (high - low))`` (a bias under ``(hig
 ranges of crop positions and sizes). Augmentations drawing for a subset of a batch (``RandomApply``, a policy's
 chosen operation) draw from :meth:`SampleDraws.at` of that subset: each sample counts its own calls, so the
 draws of one sample never depend on the others'.
+
+Occurrence. A sample read several times in one epoch (repeated augmentation, a mix's quota over a small
+dataset, padding) gets independent draws per read, as under torch's DataLoader: the key also holds the read's
+occurrence, a 64-bit word that is 0 for a sample's first read in the epoch (the key is then exactly
+(seed, epoch, index)'s, so a sample read once keeps its pixels) and mixed into the key otherwise. fastload's own
+orders count it over the epoch's global sequence (``Order.occurrences``: independent of rank, world size, batch
+size and workers, and kept by a resume); a user's sampler counts it over this rank's epoch and adds the rank
+(``_front/sampling.py``), torch's DataLoader per worker (``_front/getitems.py``).
 """
 
 from __future__ import annotations
@@ -66,6 +74,42 @@ def epoch_key(seed: int, epoch: int) -> int:
     return int(np.random.SeedSequence(_key_words(SAMPLE_STREAM, seed, epoch)).generate_state(1, np.uint64)[0])
 
 
+_OCCURRENCE = np.uint64(0x4F434355)  # "OCCU": a repeat's word never equals a first read's (0)
+
+
+def sample_keys(seed: int, epoch: int, indices: np.ndarray, occurrences: Any = None) -> np.ndarray:
+    """The keys of samples ``indices`` (int64) of one epoch: ``occurrences`` (uint64 words, one per sample, or
+    None: all 0) tells repeated reads apart; a 0 word leaves a sample's key as (seed, epoch, index)'s alone."""
+    keys = mix64(np.uint64(epoch_key(seed, epoch)) ^ mix64(indices.astype(np.uint64)))
+    if occurrences is None:
+        return keys
+    occ = np.asarray(occurrences, dtype=np.uint64).reshape(-1)
+    if occ.size != keys.size:
+        raise ValueError(f"{occ.size} occurrences for {keys.size} samples: one per sample")
+    again = occ != 0
+    if again.any():
+        keys = keys.copy()
+        keys[again] = mix64(keys[again] ^ mix64(occ[again] ^ _OCCURRENCE))
+    return keys
+
+
+def occurrences(seq: np.ndarray) -> np.ndarray:
+    """For each position of ``seq``, how many earlier positions hold the same value (int64; a stable argsort,
+    one vectorised pass)."""
+    seq = np.asarray(seq).reshape(-1)
+    n = seq.size
+    out = np.zeros(n, dtype=np.int64)
+    if n < 2:
+        return out
+    order = np.argsort(seq, kind="stable")
+    ranked = seq[order]
+    pos = np.arange(n, dtype=np.int64)
+    first = np.ones(n, dtype=bool)
+    first[1:] = ranked[1:] != ranked[:-1]
+    out[order] = pos - np.maximum.accumulate(np.where(first, pos, 0))
+    return out
+
+
 class SampleDraws:
     """Draws for the samples ``indices`` of one epoch: each call returns one row per sample (leading axis: the
     samples this object covers), the row a function of (seed, epoch, index, how many calls covered that sample
@@ -73,10 +117,10 @@ class SampleDraws:
     ``normal``). :meth:`at` covers a subset of the batch (an augmentation applied to some samples only): the other
     samples' counts do not move, so what one sample draws never depends on what the others drew."""
 
-    def __init__(self, seed: int, epoch: int, indices: Any):
+    def __init__(self, seed: int, epoch: int, indices: Any, occurrences: Any = None):
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         self.seed, self.epoch, self.indices = int(seed), int(epoch), idx
-        self.keys = mix64(np.uint64(epoch_key(self.seed, self.epoch)) ^ mix64(idx.astype(np.uint64)))
+        self.keys = sample_keys(self.seed, self.epoch, idx, occurrences)
         self.counts = np.zeros(idx.size, dtype=np.uint64)  # calls that covered each sample (shared by views)
         self.rows = np.arange(idx.size)  # the batch positions this object draws for
 
@@ -152,14 +196,15 @@ class SampleDraws:
 
 class BatchDraws(np.random.Generator):
     """A batch's generator (``key``: its SeedSequence words, from the order) that also hands out per-sample draws
-    keyed by (seed, epoch, index): MixUp/CutMix draw from the generator, the crop plan from the samples'."""
+    keyed by (seed, epoch, index, occurrence): MixUp/CutMix draw from the generator, the crop plan from the
+    samples'. ``occurrences``: the occurrence words of the batch's samples, in batch order (None: all 0)."""
 
-    def __init__(self, key: list[int], seed: int, epoch: int):
+    def __init__(self, key: list[int], seed: int, epoch: int, occurrences: Any = None):
         super().__init__(np.random.PCG64(np.random.SeedSequence(key)))
-        self.seed, self.epoch = int(seed), int(epoch)
+        self.seed, self.epoch, self.occurrences = int(seed), int(epoch), occurrences
 
     def samples(self, indices: Any) -> SampleDraws:
-        return SampleDraws(self.seed, self.epoch, indices)
+        return SampleDraws(self.seed, self.epoch, indices, self.occurrences)
 
 
 def at(rng: Any, rows: np.ndarray) -> Any:

@@ -50,9 +50,14 @@ def assert_same_sample(a, b) -> None:
 @pytest.mark.parametrize("as_dict", [False, True])
 @pytest.mark.parametrize("tokens", [T.Pad(6, value=-1), T.Bucket([2, 4, 8], value=-1)])
 def test_items_are_ds_i_exactly(every_kind_each_format, as_dict, tokens):
-    ds = fastload.open(every_kind_each_format, as_dict=as_dict, transforms={
-        "image": [T.Resize((24, 20)), T.ToDtype(torch.float32, scale=True), T.Normalize([0.5] * 3, [0.2] * 3)],
-        "tokens": tokens})
+    ds = fastload.open(
+        every_kind_each_format,
+        as_dict=as_dict,
+        transforms={
+            "image": [T.Resize((24, 20)), T.ToDtype(torch.float32, scale=True), T.Normalize([0.5] * 3, [0.2] * 3)],
+            "tokens": tokens,
+        },
+    )
     for idx in ([0, 5, 12, 3], [7], list(range(13)), [-1, 2, -13]):
         assert_same_sample(ds.__getitems__(idx), [ds[i] for i in idx])
     assert ds.__getitems__([]) == []
@@ -62,8 +67,13 @@ def test_items_are_ds_i_exactly(every_kind_each_format, as_dict, tokens):
 def test_uint8_images_and_numpy_or_tensor_indices(packed_images):
     ds = fastload.open(packed_images, transforms=DETERMINISTIC)
     want = [ds[i] for i in (3, 40, 7)]
-    for idx in ([3, 40, 7], np.array([3, 40, 7]), torch.tensor([3, 40, 7]), (np.int64(3), 40, 7),
-                (i for i in [3, 40, 7])):
+    for idx in (
+        [3, 40, 7],
+        np.array([3, 40, 7]),
+        torch.tensor([3, 40, 7]),
+        (np.int64(3), 40, 7),
+        (i for i in [3, 40, 7]),
+    ):
         assert_same_sample(ds.__getitems__(idx), want)
     with pytest.raises(IndexError, match="sample index 99 out of range"):  # read once, then ds[i]'s error
         ds.__getitems__(i for i in [3, 99])
@@ -148,11 +158,11 @@ def test_torch_loader_gives_the_fast_path_batches(packed_images, workers):
 
 def test_a_sample_s_draws_depend_on_the_iterator_s_seed_and_its_index_only(packed_images):
     ds = fastload.open(packed_images, transforms=RANDOM)
-    same = [list(range(8))] * 4  # one index batch four times: batches 0, 2 go to worker 0 and 1, 3 to worker 1
+    once = [[0, 5], [1, 6], [2, 7], [3, 4]]  # each sample once: batches 0, 2 go to worker 0 and 1, 3 to worker 1
 
-    def run(workers=2):
-        loader = TorchLoader(ds, batch_sampler=same, num_workers=workers)
-        return [[b[0] for b in loader] for _ in range(2)]  # two epochs
+    def run(workers=2, batches=once):
+        loader = TorchLoader(ds, batch_sampler=batches, num_workers=workers)
+        return [torch.cat([b[0] for b in loader]) for _ in range(2)]  # two epochs
 
     torch.manual_seed(0)
     first = run()
@@ -162,19 +172,26 @@ def test_a_sample_s_draws_depend_on_the_iterator_s_seed_and_its_index_only(packe
     other = run()
     torch.manual_seed(0)
     in_main = run(workers=0)
-    for epoch in first:  # the same samples in one epoch: the same pixels, whichever worker and call
-        assert all(torch.equal(epoch[0], b) for b in epoch[1:])
-    assert not torch.equal(first[0][0], first[1][0])  # a new iterator (epoch), a new base seed: new draws
-    assert all(torch.equal(x, y) for e, f in zip(first, again) for x, y in zip(e, f))  # a seeded run repeats
-    assert all(torch.equal(x, y) for e, f in zip(first, in_main) for x, y in zip(e, f))  # at any num_workers
-    assert not torch.equal(first[0][0], other[0][0])
+    assert not torch.equal(first[0], first[1])  # a new iterator (epoch), a new base seed: new draws
+    assert all(torch.equal(x, y) for x, y in zip(first, again))  # a seeded run repeats
+    assert all(torch.equal(x, y) for x, y in zip(first, in_main))  # at any num_workers
+    assert not torch.equal(first[0], other[0])
+    # a sample read again in one epoch draws anew (repeated augmentation): the one index batch four times, read
+    # by one process; a first read keeps the pixels of a sample read once
     torch.manual_seed(0)
-    loader = TorchLoader(ds, batch_sampler=same, num_workers=2, persistent_workers=True)
-    persistent = [[b[0] for b in loader] for _ in range(3)]  # the workers keep their seed: they count the epochs
-    assert all(torch.equal(x, y) for x, y in zip(persistent[0], first[0]))  # its first epoch: any other's
-    for epoch in persistent:
-        assert all(torch.equal(epoch[0], b) for b in epoch[1:])
-    assert all(not torch.equal(persistent[e][0], persistent[f][0]) for e, f in ((0, 1), (1, 2), (0, 2)))
+    same = run(workers=0, batches=[list(range(8))] * 4)
+    order = [i for b in once for i in b]
+    for epoch, ref in zip(same, first):
+        reads = epoch.view(4, 8, *epoch.shape[1:])
+        assert torch.equal(reads[0][order], ref)
+        assert all(not torch.equal(reads[a][k], reads[b][k]) for a in range(4) for b in range(a) for k in range(8))
+    torch.manual_seed(0)
+    loader = TorchLoader(ds, batch_sampler=once, num_workers=2, persistent_workers=True)
+    persistent = [
+        torch.cat([b[0] for b in loader]) for _ in range(3)
+    ]  # the workers keep their seed: they count the epochs
+    assert torch.equal(persistent[0], first[0])  # its first epoch: any other's
+    assert all(not torch.equal(persistent[e], persistent[f]) for e, f in ((0, 1), (1, 2), (0, 2)))
     # called outside torch's loader: one seed per call from torch's generator, as ds[i] draws
     torch.manual_seed(0)
     a = ds.__getitems__(list(range(8)))
@@ -214,13 +231,15 @@ def test_forked_workers_make_their_own_state(packed_images):
         return torch.utils.data.default_collate(items), ds.batch_items.pid, ds.batch_items.batcher.num_threads
 
     with parent.lock:  # another thread of the parent is mid-batch when the workers fork
-        batches = list(TorchLoader(ds, batch_size=8, num_workers=2, collate_fn=collate,
-                                   multiprocessing_context="fork", timeout=20))
+        batches = list(
+            TorchLoader(ds, batch_size=8, num_workers=2, collate_fn=collate, multiprocessing_context="fork", timeout=20)
+        )
     pids = {pid for _, pid, _ in batches}
     assert len(pids) == 2 and parent.pid not in pids
     assert {threads for _, _, threads in batches} == {0}  # torch gives each worker one thread
-    assert all(torch.equal(b[0][0], torch.stack([ds[i][0] for i in range(8 * k, 8 * k + 8)]))
-               for k, b in enumerate(batches))
+    assert all(
+        torch.equal(b[0][0], torch.stack([ds[i][0] for i in range(8 * k, 8 * k + 8)])) for k, b in enumerate(batches)
+    )
 
 
 def test_a_forked_child_never_destroys_its_parent_s_pool(packed_images):
@@ -267,8 +286,10 @@ def test_threads_calling_at_once_each_get_their_own_batch(packed_images):
 
     def call(k):
         for _ in range(5):
-            got[k] = [tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in s)
-                      for s in ds.__getitems__(list(range(k, k + 6)))]
+            got[k] = [
+                tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in s)
+                for s in ds.__getitems__(list(range(k, k + 6)))
+            ]
 
     threads = [threading.Thread(target=call, args=(k,)) for k in want]
     for t in threads:

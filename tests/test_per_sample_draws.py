@@ -1,5 +1,6 @@
 """Randomness keyed per sample (issue 31 item 2): a sample's crop, flip, augmentation and user-callable draws depend
-only on (seed, epoch, sample index), so the same sample gets the same pixels whatever the batch size, the number of
+only on (seed, epoch, sample index) -- and, for a sample read again in the epoch, its occurrence
+(test_repeated_reads.py) -- so the same sample gets the same pixels whatever the batch size, the number of
 workers, the rank or the world size. Each configuration loads a shuffled epoch of numbered samples; the pixels are
 compared by sample id."""
 
@@ -57,7 +58,7 @@ def by_id(path, pipeline, epochs, batch_size, num_workers, world_size) -> dict:
             for batch in dl:
                 images, ids = batch["image"], batch["id"]
                 for img, i in zip(images, ids.tolist()):
-                    out[(epoch, i)] = img.numpy().copy()
+                    out.setdefault((epoch, i), img.numpy().copy())  # a padding copy, read later, draws anew
     return out
 
 
@@ -68,7 +69,7 @@ def test_same_pixels_in_any_configuration(numbered, name):
     a = by_id(path, PIPELINES[name], 2, batch_size=4, num_workers=0, world_size=1)
     b = by_id(path, PIPELINES[name], 2, batch_size=6, num_workers=2, world_size=2)
     assert set(a) == {(e, i) for e in range(2) for i in range(N)}
-    assert set(b) == set(a)  # wrap padding repeats a sample on one rank: the same id, the same pixels
+    assert set(b) == set(a)  # wrap padding repeats a sample (a second read, its own draws): its first read kept
     differ = sorted(k for k in a if not np.array_equal(a[k], b[k]))
     assert not differ, f"{len(differ)} of {len(a)} (epoch, sample) pairs got other pixels: {differ[:8]}"
     # and the draws are random: epochs differ, samples differ

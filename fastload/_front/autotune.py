@@ -72,7 +72,7 @@ def measure(batcher, order, threads: list[int], budget_s: float) -> dict[int, fl
         n, b, start = 0, 1, time.perf_counter()
         while True:
             idx = batches[b % len(batches)]
-            batcher.fill(slot, idx, order.batch_rng(0, b), pool)
+            batcher.fill(slot, idx, order.batch_rng(0, b % len(batches)), pool)  # idx's own draws
             n += len(idx)
             b += 1
             elapsed = time.perf_counter() - start

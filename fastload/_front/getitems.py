@@ -21,9 +21,14 @@ and counts the epochs itself (torch gives it a new fetcher at each). So a sample
 worker, batch, batch size or path (the shared-memory pool, plain rows for a user's ``collate_fn``, the pool
 left after a worker's check) it goes through, at any ``num_workers``; ``torch.manual_seed`` (or ``generator=``)
 before building the iterator makes a run repeat; ``fastload.DataLoader(ds, seed=that base seed)`` gives it the
-same pixels in its epoch 0. A sample read twice in one epoch (a sampler with replacement) gets the same draws
-both times, as on fastload's loader. Called other than by torch's fetcher (``ds.__getitems__(idx)`` directly),
-the seed is one draw of torch's generator per call. A dataset that cannot batch (the fallback to ``ds[i]``'s
+same pixels in its epoch 0. A sample read again in one epoch (a sampler with replacement, repeated augmentation)
+gets new draws, keyed by its occurrence as far as a process can count it: its earlier reads in this worker's
+batches of the epoch, plus the rank under torch.distributed (rank 0's first reads keep the key above). What that
+gives up: two reads of one sample that land in different workers of one rank are each a first read there and
+draw alike (timm's RepeatAugSampler puts a sample's copies on different ranks, or next to each other in a rank's
+sequence: in one batch but where they straddle a batch boundary), and a repeat's draws depend on which worker
+read it. Called other than by torch's fetcher (``ds.__getitems__(idx)`` directly), the seed is one draw of torch's
+generator per call. A dataset that cannot batch (the fallback to ``ds[i]``'s
 reads below) plans each sample from the same keyed draws, so its pixels are the batch path's. ``ds[i]`` itself
 keeps torchvision's habit (one draw of torch's generator per sample): its crops differ from these.
 
@@ -61,7 +66,7 @@ import torch
 from torch.utils.data._utils.fetch import _MapDatasetFetcher
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
-from .._draws import BatchDraws
+from .._draws import BatchDraws, SampleDraws, occurrences
 from .._fill.batcher import Batcher
 from ..fields import NotFastPath
 from .._errors import FastloadError, FastPathWarning
@@ -96,6 +101,8 @@ class BatchItems:
         # new fetcher at every epoch, and keeps its seed
         self.fetcher: Any = None
         self.epoch = 0
+        # (the fetcher counted for, each sample's reads under it in this process, the rank word): occurrences
+        self.counted: tuple | None = None
         # in a torch DataLoader worker: the pool batches are collated into (_getitems_shm), None elsewhere
         self.shared: SharedBatches | None = SharedBatches() if torch.utils.data.get_worker_info() else None
         if not ds.decode or any(isinstance(t, PackSequences) for t in ds.sequences.values()):
@@ -139,6 +146,20 @@ class BatchItems:
             self.epoch += 1
         self.fetcher = weakref.ref(fetcher)
         return self.epoch
+
+    def occurrences(self, fetcher: Any, idx: np.ndarray) -> np.ndarray | None:
+        """The occurrence words of batch ``idx`` (``_draws.py``; None: all 0): how often this process read each
+        sample before under this fetcher (one epoch of one iterator; a worker sees only its own batches), plus
+        the rank under torch.distributed."""
+        if self.counted is None or self.counted[0]() is not fetcher:
+            self.counted = (weakref.ref(fetcher), np.zeros(int(idx.max()) + 1, dtype=np.uint32), _rank_word())
+        counts = self.counted[1]
+        if idx.max() >= counts.size:
+            counts = np.concatenate([counts, np.zeros(int(idx.max()) + 1 - counts.size, dtype=np.uint32)])
+            self.counted = (self.counted[0], counts, self.counted[2])
+        occ = occurrences(idx).astype(np.uint64) + counts[idx] + np.uint64(self.counted[2])
+        np.add.at(counts, idx, 1)
+        return occ if occ.any() else None
 
     def __del__(self) -> None:
         # A forked child must never destroy its parent's native pool: the pool's threads do not exist
@@ -194,12 +215,16 @@ def get_items(ds: Any, indices: Any) -> list:
         if not ds.pipelines or caller.fetcher is None:
             return [ds[int(i)] for i in idx]
         with state.lock:
-            draws = _draws(state, caller)
-        return [ds.read_sample(int(i), draws.samples([i])) for i in idx]  # keyed per sample as the batch path's
+            draws = _draws(state, caller, idx)
+        occ = draws.occurrences
+        return [  # keyed per sample as the batch path's
+            ds.read_sample(int(i), SampleDraws(draws.seed, draws.epoch, [i], None if occ is None else occ[k : k + 1]))
+            for k, i in enumerate(idx)
+        ]
     with state.lock:
         batcher = state.batcher_for(len(idx))
         slot = state.ring.acquire()
-        rng = _draws(state, caller) if batcher.needs_rng else None
+        rng = _draws(state, caller, idx) if batcher.needs_rng else None
         try:
             objects = batcher.fill(slot, idx, rng)
             batch = state.collator.collate(slot, len(idx), objects)
@@ -250,16 +275,34 @@ def _torch_caller() -> _Caller:
     return _Caller(getattr(fetcher, "collate_fn", None), fetcher, base_seed)
 
 
-def _draws(state: BatchItems, caller: _Caller) -> BatchDraws:
-    """The batch's draws: each sample's keyed by (seed, epoch, index) (``_draws.py``), with seed the torch
-    iterator's base seed and epoch 0 -- but in a persistent worker, which keeps its seed from the first iterator,
-    the epochs that worker has seen: torch makes it a new fetcher at every epoch (``_ResumeIteration``).
-    Called other than by torch's fetcher, the seed is one draw of torch's generator per call."""
+def _draws(state: BatchItems, caller: _Caller, idx: np.ndarray) -> BatchDraws:
+    """The batch's draws: each sample's keyed by (seed, epoch, index, occurrence) (``_draws.py``), with seed the
+    torch iterator's base seed and epoch 0 -- but in a persistent worker, which keeps its seed from the first
+    iterator, the epochs that worker has seen: torch makes it a new fetcher at every epoch (``_ResumeIteration``).
+    The occurrence is what this process can count: the sample's reads in this fetcher's earlier batches and this
+    one, plus the rank (``_rank_word``). Called other than by torch's fetcher, the seed is one draw of torch's
+    generator per call (and nothing is counted)."""
     seed = caller.base_seed
     if seed is None:
         seed = int(torch.randint(0, 2**62, ()).item())
     seed &= 2**64 - 1
-    return BatchDraws([seed & 0xFFFFFFFF, seed >> 32], seed, state.epoch_of(caller.fetcher))
+    epoch = state.epoch_of(caller.fetcher)
+    occ = state.occurrences(caller.fetcher, idx) if caller.fetcher is not None else None
+    return BatchDraws([seed & 0xFFFFFFFF, seed >> 32], seed, epoch, occ)
+
+
+def _rank_word() -> int:
+    """``rank * 2**32`` under torch.distributed with more than one rank (read in a worker too: a forked worker
+    inherits the process group; a spawned one has torchrun's ``RANK``/``WORLD_SIZE``), else 0."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank() << 32 if dist.get_world_size() > 1 else 0
+    try:
+        rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return 0
+    return rank << 32 if world > 1 and rank > 0 else 0
 
 
 def _own_storages(obj: Any, aliases: dict) -> Any:

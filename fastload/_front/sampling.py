@@ -37,7 +37,7 @@ import torch
 from torch.utils.data import BatchSampler, DistributedSampler, RandomSampler, SequentialSampler
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
-from .._draws import BatchDraws
+from .._draws import BatchDraws, occurrences
 from ..fast.order import BATCH_STREAM, KINDS, seed_key
 
 STATE_VERSION = 1
@@ -225,6 +225,7 @@ class SamplerOrder:
         self.replayable = _replayable(batch_sampler)
         self._rng_state: torch.Tensor | None = None  # the generator the current epoch was drawn from
         self._replay: torch.Tensor | None = None  # set by load_state_dict for a mid-epoch RandomSampler resume
+        self._occ: tuple[int, list] | None = None  # (epoch, each batch's occurrence words: _batch_occurrences)
 
     @property
     def sampler(self) -> Any:
@@ -247,7 +248,9 @@ class SamplerOrder:
     def batches(self, epoch: int, start: int):
         """Batches ``start ..`` of this epoch (``Order``'s interface, for the chain's ``Jobs``): the epoch is
         drawn now, in the calling thread, like torch's iterator; ``epoch`` keys only the generators."""
-        return iter(self.epoch_batches()[start:])
+        batches = self.epoch_batches()
+        self._occ = (epoch, _batch_occurrences(batches, self.rank))
+        return iter(batches[start:])
 
     def drop_resume(self) -> None:
         """Another epoch was set: a loaded mid-epoch position (its generator state to replay) no longer applies."""
@@ -283,7 +286,10 @@ class SamplerOrder:
 
     def batch_rng(self, epoch: int, batch_index: int) -> np.random.Generator:
         """Augmentation randomness of one batch, keyed by (seed, epoch, rank, batch) like ``Order.batch_rng``."""
-        return BatchDraws(seed_key(BATCH_STREAM, self.seed, epoch, self.rank, batch_index), self.seed, epoch)
+        occ = None
+        if self._occ is not None and self._occ[0] == epoch and batch_index < len(self._occ[1]):
+            occ = self._occ[1][batch_index]
+        return BatchDraws(seed_key(BATCH_STREAM, self.seed, epoch, self.rank, batch_index), self.seed, epoch, occ)
 
     # -- resume ------------------------------------------------------------------------------------
     def _config(self) -> dict:
@@ -404,6 +410,23 @@ class OrderIndices:
                 yield batch.tolist()
             else:
                 yield from batch.tolist()
+
+
+def _batch_occurrences(batches: list[np.ndarray], rank: int) -> list:
+    """The occurrence words (``_draws.py``) of a user sampler's epoch on ``rank``, one array per batch (None where
+    all are 0): fastload sees only this rank's sequence, so a read's occurrence is counted in it, and the rank is
+    added (``occurrence + rank * 2**32``) because a repeated-augmentation sampler (timm's RepeatAugSampler) puts
+    the copies of a sample on different ranks, each read once there. Rank 0's first reads keep the key of
+    (seed, epoch, index) alone; another rank's draws depend on the rank."""
+    if not batches:
+        return []
+    occ = occurrences(np.concatenate(batches)).astype(np.uint64) + (np.uint64(rank) << np.uint64(32))
+    out, at = [], 0
+    for b in batches:
+        part = occ[at : at + len(b)]
+        at += len(b)
+        out.append(part if part.any() else None)
+    return out
 
 
 def generic_state(index_sampler: Any, num_samples: int | None, epoch: int, done: int, rng: torch.Tensor | None) -> dict:

@@ -63,7 +63,7 @@ from typing import Any
 
 import numpy as np
 
-from .._draws import BatchDraws
+from .._draws import BatchDraws, occurrences
 from .elastic import gather, pack_mask, split_batches, split_positions, unpack_mask
 from .stage import Stage
 
@@ -214,6 +214,7 @@ class Order:
         self._fresh = True  # the current epoch has not been handed out by begin_epoch() yet
         self._resume: tuple[int, int] | None = None  # (epoch, batch) from load_state_dict, used once
         self._cache: tuple[int, np.ndarray] | None = None
+        self._occ: tuple[int, np.ndarray | None] | None = None  # (epoch, occurrences of ``_cache``'s indices)
         self._ahead: tuple[int, threading.Thread, list] | None = None  # an epoch's indices computed ahead (prepare)
         # (epoch, positions of its global sequence consumed before this split): an elastically resumed epoch
         self._partial: tuple[int, Any] | None = None
@@ -277,9 +278,23 @@ class Order:
             ahead[1].join()
             mine = ahead[2][0]  # None if it failed (computed again here, raising here) or ran in a parent process
         if mine is None:
-            mine = self._compute(e)
-        self._cache = (e, mine)
+            mine, occ = self._compute(e)
+        else:
+            mine, occ = mine
+        self._cache, self._occ = (e, mine), (e, occ)
         return mine
+
+    def occurrences(self, epoch: int) -> np.ndarray | None:
+        """For each of this rank's positions of ``epoch`` (``indices``'s), how many earlier positions of the
+        epoch's global sequence (after padding) hold the same sample: what keys a repeated read's draws apart
+        (``_draws.py``). None: no sample repeats. Computed with the indices, once per epoch; an order of another
+        kind (``packing.py``) has none."""
+        if type(self).indices is not Order.indices:
+            return None
+        e = as_int("epoch", epoch, 0)
+        if self._occ is None or self._occ[0] != e or self._cache is None or self._cache[0] != e:
+            self.indices(e)
+        return self._occ[1] if self._occ is not None else None
 
     def prepare(self, epoch: int) -> None:
         """Start computing ``indices(epoch)`` in a background thread; ``indices(epoch)`` then waits for it
@@ -309,27 +324,55 @@ class Order:
         state["_ahead"] = None  # a thread does not travel
         return state
 
-    def _compute(self, e: int) -> np.ndarray:
+    def _compute(self, e: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """This rank's indices of epoch ``e`` and their occurrences (``occurrences``; None: all 0)."""
         n, w = self.num_samples, self.world_size
         total = self._per_rank * w
         mask = self._partial_of(e)
+        occ: np.ndarray | None
         if mask is not None:  # the rest of an elastically resumed epoch, split as a fresh one would be
             rest = np.flatnonzero(~mask)
             pos = split_positions(len(rest), self.rank, w, self.batch_size, self.drop_last)
-            mine = self._global_sequence(e)[rest[pos]]
-        elif self.split == "shards":
+            seq = self._global_sequence(e)
+            mine = seq[rest[pos]]
+            # a position keeps the occurrence it had in the whole epoch; a padding copy (a wrap past the
+            # rest) counts past every read of its sample in the epoch, as a fresh epoch's padding does
+            wraps = np.arange(self.rank, self.rank + w * len(pos), w, dtype=np.int64) // max(len(rest), 1)
+            occ = self._sequence_occurrences(seq, rest[pos], wraps)
+        elif self.split == "shards":  # a rank's own shards: no sample is another rank's
             mine = self._own_sequence(e)
             mine = np.resize(mine, self._per_rank) if len(mine) < self._per_rank else mine[: self._per_rank]
+            occ = occurrences(mine)
         elif self.kind == "sequential" and type(self)._global_sequence is Order._global_sequence:
-            mine = np.arange(self.rank, total, w, dtype=np.int64) % max(n, 1)  # 0 .. n-1 split, without the sequence
+            at = np.arange(self.rank, total, w, dtype=np.int64)
+            mine = at % max(n, 1)  # 0 .. n-1 split, without the sequence
+            occ = at // max(n, 1)
         else:
             seq = self._global_sequence(e)
-            seq = np.resize(seq, total) if total > n else seq[:total]  # resize wraps around, like the sampler
-            mine = np.ascontiguousarray(seq[self.rank :: w])
+            at = np.arange(self.rank, total, w, dtype=np.int64)
+            mine = np.ascontiguousarray(seq[at % max(n, 1)]) if n else np.zeros(0, np.int64)
+            occ = self._sequence_occurrences(seq, at % max(n, 1), at // max(n, 1)) if n else None
         if self.drop_last:
             mine = mine[: self._num_batches * self.batch_size]
+            occ = None if occ is None else occ[: len(mine)]
         mine.flags.writeable = False
-        return mine
+        if occ is not None:
+            occ = None if not occ.any() else occ.astype(np.uint64)
+            if occ is not None:
+                occ.flags.writeable = False
+        return mine, occ
+
+    def _sequence_occurrences(self, seq: np.ndarray, at: np.ndarray, wraps: np.ndarray) -> np.ndarray | None:
+        """The occurrences of positions ``at`` of the global sequence ``seq``, read on wrap ``wraps`` (padding
+        wraps around the sequence): earlier reads of the same sample in ``seq``, plus a whole ``seq``'s worth of
+        them per wrap. A permutation's (the plain orders') are its wraps alone, without a pass over it."""
+        if self.kind != "sequential" and type(self)._global_sequence is Order._global_sequence:
+            return wraps if wraps.any() else None  # a permutation (random, quasi): each sample once
+        occ = occurrences(seq)
+        if not wraps.any():
+            return occ[at]
+        counts = np.bincount(seq, minlength=self.num_samples)
+        return occ[at] + wraps * counts[seq[at]]
 
     def _own_sequence(self, e: int) -> np.ndarray:
         """``split='shards'``: this rank's samples (its own shards) ordered by ``kind`` for epoch ``e``."""
@@ -380,12 +423,18 @@ class Order:
     def batch_rng(self, epoch: int, batch_index: int) -> np.random.Generator:
         """The batch transforms' generator of one batch (MixUp/CutMix), keyed by (seed, epoch, global batch index:
         ``batch_index * world + rank``); its per-sample draws (``_draws.py``), for every other transform, are keyed
-        by (seed, epoch, sample index). In an elastically resumed epoch the global batch index starts past the
-        consumed samples' count (more than the batches that read them), so no batch repeats a consumed one's draws."""
+        by (seed, epoch, sample index, occurrence: ``occurrences``). In an elastically resumed epoch the global
+        batch index starts past the consumed samples' count (more than the batches that read them), so no batch
+        repeats a consumed one's draws."""
         e = as_int("epoch", epoch, 0)
         i = as_int("batch_index", batch_index, 0)
         g = self._batch_base(e) + i * self.batch_world + self.batch_rank
-        return BatchDraws(seed_key(BATCH_STREAM, self.seed, e, g), self.seed, e)
+        return BatchDraws(seed_key(BATCH_STREAM, self.seed, e, g), self.seed, e, self._batch_occurrences(e, i))
+
+    def _batch_occurrences(self, e: int, i: int) -> np.ndarray | None:
+        """The occurrences of batch ``i``'s samples (None: all 0): what an order of another kind overrides."""
+        occ = self.occurrences(e)
+        return None if occ is None else occ[i * self.batch_size : (i + 1) * self.batch_size]
 
     def _batch_base(self, e: int) -> int:
         """The first global batch index of epoch ``e``'s current split: 0, or past what was consumed before it."""

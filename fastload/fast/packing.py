@@ -73,6 +73,24 @@ class BucketOrder(Order):
         w = self.world_size
         return self._global_batches(e, self._partial_of(e), self.batch_size, w, self.drop_last)[self.rank :: w]
 
+    def _batch_occurrences(self, e: int, i: int) -> np.ndarray | None:
+        """A padding batch (the batch list wrapped to a multiple of the world size) is a second read of its
+        samples: occurrence 1 (2, ... past another wrap); every other read is a sample's only one in the epoch."""
+        cached = getattr(self, "_wraps", None)  # (epoch, the partial it was made under, wraps, sizes)
+        if cached is None or cached[0] != e or cached[1] is not self._partial:
+            w = self.world_size
+            batches = self._global_batches(e, self._partial_of(e), self.batch_size, w, self.drop_last)
+            seen: dict[int, int] = {}
+            wraps = []
+            for b in batches:  # the same batch object again: a wrap (``_global_batches`` pads with its batches)
+                wraps.append(seen.get(id(b), -1) + 1)
+                seen[id(b)] = wraps[-1]
+            self._wraps = (e, self._partial, wraps[self.rank :: w], [len(b) for b in batches[self.rank :: w]])
+        _, _, wraps, sizes = self._wraps
+        if i >= len(wraps) or not wraps[i]:
+            return None
+        return np.full(sizes[i], wraps[i], dtype=np.uint64)
+
     def num_batches(self, epoch: int | None = None) -> int:
         e = self._epoch if epoch is None else epoch
         return self._num_batches if self._partial_of(e) is None else len(self._bucket_batches(e))
