@@ -52,6 +52,7 @@ from ._augment import pipeline as _augment  # noqa: E402
 from ._augment import timm_convert as _timm  # noqa: E402
 from ._augment import torchvision_convert as _torchvision  # noqa: E402
 from ._augment.fallback import AfterNormalize, UserTransform, run_sample  # noqa: E402  (transforms fastload does not know)
+from ._augment.noise_erasing import NoiseErasing  # noqa: E402  (erasing with noise after Normalize, in the fill stage)
 from ._transforms import size_check as _size_check  # noqa: E402  (ImagePipeline.check_sizes: what fastload.open refuses)
 from ._transforms.size_check import Refusal  # noqa: E402
 from ._augment.color import ColorJitter, Grayscale, RandomGrayscale  # noqa: E402
@@ -434,6 +435,9 @@ class Plan:
 
     ``after_seeds``: the same for the transforms after ToDtype/Normalize (``ImagePipeline.after``).
 
+    ``erase``: None, or one ``_augment.noise_erasing.ErasePlan`` per ``ImagePipeline.erase`` (boxes and noise
+    seeds of the erasings after ToDtype/Normalize, written into the normalized float rows by the fill stage).
+
     ``interp``: None (every sample resized bilinear), or uint8 ``(n,)``: each sample's resize, 0 PIL's BILINEAR,
     1 PIL's BICUBIC (``_augment/random_resize.py`` ``RESIZE_CODES``; csrc/resize.h). Only the native decoder
     resizes bicubic; the GPU decoders refuse such a pipeline when made (``decoders/_base.py`` ``BICUBIC_RESIZE``).
@@ -441,7 +445,7 @@ class Plan:
     ``plan.take(lo, hi)``: the plan of samples ``lo .. hi-1``; ``plan.n``: how many samples.
     """
 
-    __slots__ = ("crops", "flips", "out_hw", "augment", "seeds", "after_seeds", "interp")
+    __slots__ = ("crops", "flips", "out_hw", "augment", "seeds", "after_seeds", "interp", "erase")
 
     def __init__(
         self,
@@ -452,9 +456,10 @@ class Plan:
         seeds: np.ndarray | None = None,
         after_seeds: np.ndarray | None = None,
         interp: np.ndarray | None = None,
+        erase: tuple | None = None,
     ) -> None:
         self.crops, self.flips, self.out_hw, self.augment = crops, flips, out_hw, augment
-        self.seeds, self.after_seeds, self.interp = seeds, after_seeds, interp
+        self.seeds, self.after_seeds, self.interp, self.erase = seeds, after_seeds, interp, erase
 
     @property
     def n(self) -> int:
@@ -473,7 +478,8 @@ class Plan:
         seeds = None if self.seeds is None else self.seeds[lo:hi]
         after = None if self.after_seeds is None else self.after_seeds[lo:hi]
         interp = None if self.interp is None else self.interp[lo:hi]
-        return Plan(self.crops[lo:hi], self.flips[lo:hi], self.out_hw[lo:hi], augment, seeds, after, interp)
+        erase = None if self.erase is None else tuple(e.take(lo, hi) for e in self.erase)
+        return Plan(self.crops[lo:hi], self.flips[lo:hi], self.out_hw[lo:hi], augment, seeds, after, interp, erase)
 
     def interp_of(self, k: int) -> int:
         """Sample ``k``'s resize: 0 bilinear, 1 bicubic (the native calls' ``interpolation``)."""
@@ -496,6 +502,7 @@ class Plan:
             self.seeds,
             self.after_seeds,
             self.interp,
+            self.erase,
         )
 
     def __repr__(self) -> str:
@@ -627,11 +634,12 @@ def _flatten(transforms: Any) -> list[Any]:
             + list(transforms.augment)
             + list(transforms.fallback)
             + list(transforms.tensor.transforms)
+            + list(transforms.erase)
             + list(transforms.after)
         )
     if isinstance(transforms, Compose):
         transforms = transforms.transforms
-    if isinstance(transforms, (Transform, TensorTransform, Augment, UserTransform)):
+    if isinstance(transforms, (Transform, TensorTransform, Augment, UserTransform, NoiseErasing)):
         return [transforms]
     if not isinstance(transforms, (list, tuple)):
         if callable(transforms):
@@ -645,7 +653,7 @@ def _flatten(transforms: Any) -> list[Any]:
     for t in transforms:
         if isinstance(t, (Compose, list, tuple)):
             out.extend(_flatten(t))
-        elif isinstance(t, (Transform, TensorTransform, Augment, UserTransform)):
+        elif isinstance(t, (Transform, TensorTransform, Augment, UserTransform, NoiseErasing)):
             out.append(t)
         elif callable(t):
             out.extend(_foreign(t))
@@ -700,6 +708,10 @@ class ImagePipeline:
             (i for i, t in enumerate(items) if i > first_tensor and isinstance(t, UserTransform)), len(items)
         )
         tail = items[first_tensor:first_after]
+        last = max((i for i, t in enumerate(tail) if isinstance(t, TensorTransform)), default=-1)
+        #: erasings with noise after ToDtype/Normalize, run by the fill stage on the float rows (``noise_erasing.py``)
+        self.erase: tuple[NoiseErasing, ...] = tuple(t for t in tail[last + 1 :] if isinstance(t, NoiseErasing))
+        tail = [t for k, t in enumerate(tail) if k <= last or not isinstance(t, NoiseErasing)]
         bad = next((t for t in tail if not isinstance(t, TensorTransform)), None)
         if bad is not None:
             raise ValueError(
@@ -719,9 +731,9 @@ class ImagePipeline:
         self.tensor = TensorPipeline(tail)
         #: callables after ToDtype/Normalize, run per sample on the float image (``fallback.AfterNormalize``)
         self.after: tuple[Any, ...] = tuple(AfterNormalize.of(t, self.tensor.dtype) for t in items[first_after:])
-        if self.after and not self.tensor.dtype.is_floating_point:
+        if (self.erase or self.after) and not self.tensor.dtype.is_floating_point:
             raise ValueError(
-                f"{self.after[0].name} follows {tail[-1]!r}, which leaves uint8 pixels: put it before "
+                f"{(self.erase + self.after)[0].name} follows {tail[-1]!r}, which leaves uint8 pixels: put it before "
                 f"ToDtype, or convert to a float dtype first"
             )
         native = items[:first_tensor]
@@ -751,7 +763,13 @@ class ImagePipeline:
     def batch_tensor(self) -> TensorPipeline:
         """The ToDtype/Normalize left to run on the collated batch (on its device): ``tensor``, or none when the
         fill stage ran them on the CPU for the callables after them (``after``)."""
-        return TensorPipeline(()) if self.after else self.tensor
+        return TensorPipeline(()) if self.on_floats else self.tensor
+
+    @property
+    def on_floats(self) -> bool:
+        """Whether the fill stage converts and normalizes the rows on the CPU, for what runs on the float image
+        (``erase``, then ``after``), so that the batch leaves as those floats."""
+        return bool(self.erase or self.after)
 
     @property
     def output_size(self) -> tuple[int, int] | None:
@@ -782,6 +800,8 @@ class ImagePipeline:
             plan.seeds = rng.integers(0, 2**63, size=plan.n, dtype=np.uint64)
         if self.after:  # and these after them
             plan.after_seeds = rng.integers(0, 2**63, size=plan.n, dtype=np.uint64)
+        if self.erase:  # and these last
+            plan.erase = tuple(t.plan(plan.out_hw, rng) for t in self.erase)
         return plan
 
     def check_sizes(self, heights: np.ndarray, widths: np.ndarray, chunk: int = 8192) -> str | None:
@@ -794,32 +814,45 @@ class ImagePipeline:
         return run_sample(self.fallback, image, int(plan.seeds[k])) if self.fallback else image
 
     def run_after(self, image: Any, plan: Plan, k: int = 0) -> Any:
-        """``ds[i]``: the per-sample transforms after ToDtype/Normalize on sample ``k``'s float CHW tensor."""
-        if not self.after:
+        """``ds[i]``: the erasings and per-sample transforms after ToDtype/Normalize on sample ``k``'s float CHW
+        tensor."""
+        if not self.on_floats:
             return image
         import torch
 
+        if self.erase:
+            self.run_erase(image.permute(1, 2, 0)[None], plan, k)
+        if not self.after:
+            return image
         hwc = image.permute(1, 2, 0).contiguous()
         run_sample(self.after, hwc.view(torch.uint8).numpy(), int(plan.after_seeds[k]))
         return hwc.permute(2, 0, 1)
 
+    def run_erase(self, rows: Any, plan: Plan, lo: int = 0) -> None:
+        """The erasings after ToDtype/Normalize (``erase``) on float rows ``rows`` (n, H, W, C), in place: the
+        plan's samples ``lo .. lo + n - 1``."""
+        for t, e in zip(self.erase, plan.erase):
+            t.apply(rows, e.take(lo, lo + rows.shape[0]))
+
     def describe(self) -> list[dict[str, Any]]:
-        return [t.describe() for t in self.transforms + self.augment + self.fallback + self.after]
+        return [t.describe() for t in self.transforms + self.augment + self.fallback + self.erase + self.after]
 
     def __eq__(self, other: object) -> bool:
-        mine = (self.transforms, self.augment, self.fallback, self.tensor, self.after)
+        mine = (self.transforms, self.augment, self.fallback, self.tensor, self.erase, self.after)
         return isinstance(other, ImagePipeline) and mine == (
             other.transforms,
             other.augment,
             other.fallback,
             other.tensor,
+            other.erase,
             other.after,
         )
 
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
-        return f"ImagePipeline([{', '.join(map(repr, self.transforms + self.augment + self.fallback + self.after))}])"
+        every = self.transforms + self.augment + self.fallback + self.erase + self.after
+        return f"ImagePipeline([{', '.join(map(repr, every))}])"
 
 
 def apply_pil(pipeline: Any, image: Any, rng: np.random.Generator) -> Any:
