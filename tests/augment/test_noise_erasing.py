@@ -309,3 +309,15 @@ def test_ds_getitem_erases_with_the_same_kind_of_noise(image_shards):
     levels = pixels * 255
     off_level = ((levels - levels.round()).abs() > 1e-3).any(0)  # noise is no pixel level; the image's are
     assert 0 < off_level.float().mean() < 0.6
+
+
+def test_a_decoder_writing_device_rows_cannot_run_it_and_says_why():
+    """The fill stage erases host rows: a GPU decoder (rows on the device) must refuse the pipeline (by name), as
+    it does the per-sample callables; without the erasing nothing is refused."""
+    from fastload._fill.batcher import beyond_geometry
+    from fastload.decoders._base import host_rows_refusal
+
+    names = beyond_geometry({"image": T.ImagePipeline(recipe()[:2] + recipe()[2:])})
+    why = host_rows_refusal(names)
+    assert why is not None and "RandomErasing" in why and "mode='pixel'" in why
+    assert host_rows_refusal(beyond_geometry({"image": T.ImagePipeline(recipe()[:-1])})) is None
