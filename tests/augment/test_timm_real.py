@@ -292,3 +292,18 @@ def test_the_prefetcher_recipe_leaves_uint8_for_the_device():
     """use_prefetcher=True (timm normalizes on the GPU): MaybePILToTensor converts to nothing, the batch is uint8."""
     p = T.ImagePipeline(create_transform(224, is_training=True, use_prefetcher=True))
     assert not p.tensor and not p.fallback and [type(t) for t in p.augment] == [T.ColorJitter]
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_torchvisions_own_random_erasing_with_noise_after_normalize_converts(version):
+    """torchvision's own RandomErasing(value='random') (v2 keeps it as value=None) after Normalize ran per sample;
+    now the fill stage's NoiseErasing, per pixel and channel, with its p, scale and ratio."""
+    import torchvision.transforms as v1
+    import torchvision.transforms.v2 as v2
+
+    tv = v1 if version == "v1" else v2
+    erasing = tv.RandomErasing(0.3, scale=(0.05, 0.2), ratio=(0.5, 2.0), value="random")
+    p = T.ImagePipeline([T.CenterCrop(24), T.ToDtype(torch.float32, scale=True), T.Normalize(MEAN, STD), erasing])
+    (e,) = p.erase
+    assert e.source is erasing and not p.after and (e.mode, e.count, e.p) == ("pixel", (1, 1), 0.3)
+    assert e.area == pytest.approx((0.05, 0.2)) and e.log_ratio == pytest.approx((math.log(0.5), math.log(2.0)))
