@@ -53,6 +53,7 @@ from ._augment import pipeline as _augment
 from ._augment import timm_convert as _timm
 from ._augment import torchvision_convert as _torchvision
 from ._augment.fallback import AfterNormalize, UserTransform, run_sample  # transforms fastload does not know
+from ._augment.noise_erasing import NoiseErasing  # erasing with noise after Normalize, in the fill stage
 from ._transforms import size_check as _size_check  # ImagePipeline.check_sizes: what fastload.open refuses
 from ._augment.color import ColorJitter, Grayscale, RandomGrayscale
 from ._augment.combinators import RandomApply, RandomChoice, RandomOrder
@@ -167,11 +168,12 @@ def _flatten(transforms: Any) -> list[Any]:
             + list(transforms.augment)
             + list(transforms.fallback)
             + list(transforms.tensor.transforms)
+            + list(transforms.erase)
             + list(transforms.after)
         )
     if isinstance(transforms, Compose):
         transforms = transforms.transforms
-    if isinstance(transforms, (Transform, TensorTransform, Augment, UserTransform)):
+    if isinstance(transforms, (Transform, TensorTransform, Augment, UserTransform, NoiseErasing)):
         return [transforms]
     if not isinstance(transforms, (list, tuple)):
         if callable(transforms):
@@ -185,7 +187,7 @@ def _flatten(transforms: Any) -> list[Any]:
     for t in transforms:
         if isinstance(t, (Compose, list, tuple)):
             out.extend(_flatten(t))
-        elif isinstance(t, (Transform, TensorTransform, Augment, UserTransform)):
+        elif isinstance(t, (Transform, TensorTransform, Augment, UserTransform, NoiseErasing)):
             out.append(t)
         elif callable(t):
             out.extend(_foreign(t))
@@ -240,6 +242,10 @@ class ImagePipeline:
             (i for i, t in enumerate(items) if i > first_tensor and isinstance(t, UserTransform)), len(items)
         )
         tail = items[first_tensor:first_after]
+        last = max((i for i, t in enumerate(tail) if isinstance(t, TensorTransform)), default=-1)
+        #: erasings with noise after ToDtype/Normalize, run by the fill stage on the float rows (``noise_erasing.py``)
+        self.erase: tuple[NoiseErasing, ...] = tuple(t for t in tail[last + 1 :] if isinstance(t, NoiseErasing))
+        tail = [t for k, t in enumerate(tail) if k <= last or not isinstance(t, NoiseErasing)]
         bad = next((t for t in tail if not isinstance(t, TensorTransform)), None)
         if bad is not None:
             raise ValueError(
@@ -259,9 +265,9 @@ class ImagePipeline:
         self.tensor = TensorPipeline(tail)
         #: callables after ToDtype/Normalize, run per sample on the float image (``fallback.AfterNormalize``)
         self.after: tuple[Any, ...] = tuple(AfterNormalize.of(t, self.tensor.dtype) for t in items[first_after:])
-        if self.after and not self.tensor.dtype.is_floating_point:
+        if (self.erase or self.after) and not self.tensor.dtype.is_floating_point:
             raise ValueError(
-                f"{self.after[0].name} follows {tail[-1]!r}, which leaves uint8 pixels: put it before "
+                f"{(self.erase + self.after)[0].name} follows {tail[-1]!r}, which leaves uint8 pixels: put it before "
                 f"ToDtype, or convert to a float dtype first"
             )
         native = items[:first_tensor]
@@ -291,7 +297,13 @@ class ImagePipeline:
     def batch_tensor(self) -> TensorPipeline:
         """The ToDtype/Normalize left to run on the collated batch (on its device): ``tensor``, or none when the
         fill stage ran them on the CPU for the callables after them (``after``)."""
-        return TensorPipeline(()) if self.after else self.tensor
+        return TensorPipeline(()) if self.on_floats else self.tensor
+
+    @property
+    def on_floats(self) -> bool:
+        """Whether the fill stage converts and normalizes the rows on the CPU, for what runs on the float image
+        (``erase``, then ``after``), so that the batch leaves as those floats."""
+        return bool(self.erase or self.after)
 
     @property
     def output_size(self) -> tuple[int, int] | None:
@@ -322,6 +334,8 @@ class ImagePipeline:
             plan.seeds = rng.integers(0, 2**63, size=plan.n, dtype=np.uint64)
         if self.after:  # and these after them
             plan.after_seeds = rng.integers(0, 2**63, size=plan.n, dtype=np.uint64)
+        if self.erase:  # and these last
+            plan.erase = tuple(t.plan(plan.out_hw, rng) for t in self.erase)
         return plan
 
     def check_sizes(self, heights: np.ndarray, widths: np.ndarray, chunk: int = 8192) -> str | None:
@@ -334,25 +348,37 @@ class ImagePipeline:
         return run_sample(self.fallback, image, int(plan.seeds[k])) if self.fallback else image
 
     def run_after(self, image: Any, plan: Plan, k: int = 0) -> Any:
-        """``ds[i]``: the per-sample transforms after ToDtype/Normalize on sample ``k``'s float CHW tensor."""
-        if not self.after:
+        """``ds[i]``: the erasings and per-sample transforms after ToDtype/Normalize on sample ``k``'s float CHW
+        tensor."""
+        if not self.on_floats:
             return image
         import torch
 
+        if self.erase:
+            self.run_erase(image.permute(1, 2, 0)[None], plan, k)
+        if not self.after:
+            return image
         hwc = image.permute(1, 2, 0).contiguous()
         run_sample(self.after, hwc.view(torch.uint8).numpy(), int(plan.after_seeds[k]))
         return hwc.permute(2, 0, 1)
 
+    def run_erase(self, rows: Any, plan: Plan, lo: int = 0) -> None:
+        """The erasings after ToDtype/Normalize (``erase``) on float rows ``rows`` (n, H, W, C), in place: the
+        plan's samples ``lo .. lo + n - 1``."""
+        for t, e in zip(self.erase, plan.erase):
+            t.apply(rows, e.take(lo, lo + rows.shape[0]))
+
     def describe(self) -> list[dict[str, Any]]:
-        return [t.describe() for t in self.transforms + self.augment + self.fallback + self.after]
+        return [t.describe() for t in self.transforms + self.augment + self.fallback + self.erase + self.after]
 
     def __eq__(self, other: object) -> bool:
-        mine = (self.transforms, self.augment, self.fallback, self.tensor, self.after)
+        mine = (self.transforms, self.augment, self.fallback, self.tensor, self.erase, self.after)
         return isinstance(other, ImagePipeline) and mine == (
             other.transforms,
             other.augment,
             other.fallback,
             other.tensor,
+            other.erase,
             other.after,
         )
 
@@ -361,7 +387,7 @@ class ImagePipeline:
     def __repr__(self) -> str:
         # every stage, as __eq__ compares them: the repr keys num_workers='auto''s cache (_front/autotune.py) and
         # tells two pipelines apart in messages (fastload.mix's refusal)
-        steps = self.transforms + self.augment + self.fallback + self.tensor.transforms + self.after
+        steps = self.transforms + self.augment + self.fallback + self.tensor.transforms + self.erase + self.after
         return f"ImagePipeline([{', '.join(map(repr, steps))}])"
 
 

@@ -19,6 +19,7 @@ uniform per sample, ``< p``), so that it follows a rotation as torchvision's wou
 
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 import numpy as np
@@ -34,51 +35,62 @@ __all__ = ["check_channels", "lift_erasing", "plan_batch", "reference", "split"]
 
 
 def lift_erasing(items: Sequence[Any]) -> list:
-    """``items`` with each ``RandomErasing`` that follows ToDtype/Normalize planned before them instead.
+    """``items`` with each ``RandomErasing`` that follows ToDtype/Normalize planned where it can run.
 
     torchvision's recipes erase last, on the normalized float tensor (``..., ToTensor(), Normalize(...),
-    RandomErasing(p)``): the erased pixels hold ``value`` in normalized units. fastload erases on the uint8 tile,
-    so the value is mapped back through the ToDtype/Normalize before it (``v * std + mean``, times 255 after a
-    scaling ToDtype) and rounded to a pixel level: the erased area then normalizes to within half a level of
-    ``value`` (0.5 / 255 / std). ``value="random"`` (normal noise in normalized units) has no such mapping and
-    is refused with the order to use; anything else after ToDtype/Normalize is left for the caller (callables run
-    per sample on the float image, ``fallback.AfterNormalize``; anything else is refused)."""
+    RandomErasing(p)``): the erased pixels hold ``value`` in normalized units. A constant ``value`` is erased on
+    the uint8 tile: it is mapped back through the ToDtype/Normalize before it (``v * std + mean``, times 255
+    after a scaling ToDtype) and rounded to a pixel level, so the erased area normalizes to within half a level
+    of ``value`` (0.5 / 255 / std). ``value="random"`` (normal noise in normalized units) has no such mapping: it
+    becomes a ``noise_erasing.NoiseErasing`` (per pixel and channel, as torchvision's), which the fill stage runs
+    on the normalized float rows, as it does timm's converted erasings (``timm_convert.py``). A NoiseErasing must
+    follow ToDtype/Normalize and no callable run on the float image; elsewhere the library's own object runs per
+    sample (``UserTransform``; fastload's own is refused). Anything else after ToDtype/Normalize is left for the
+    caller (callables run per sample on the float image, ``fallback.AfterNormalize``; anything else is
+    refused)."""
     from .._transforms.tensor import Normalize, TensorTransform, ToDtype
     from .fallback import UserTransform
+    from .noise_erasing import NoiseErasing
 
     first = next((i for i, t in enumerate(items) if isinstance(t, TensorTransform)), len(items))
-    head, tail, before = list(items[:first]), [], []
+    head = [_as_is(t, "it comes before ToDtype/Normalize") if isinstance(t, NoiseErasing) else t for t in items[:first]]
+    tail: list = []
+    before: list = []
     per_sample = next((t for t in head if isinstance(t, UserTransform)), None)
+    callable_after = False  # a callable in the tail (run per sample on the float image)
+    noise = False  # a NoiseErasing in the tail (a constant erasing after it cannot be lifted before it)
     for t in items[first:]:
         if isinstance(t, TensorTransform):
             before.append(t)
             tail.append(t)
             continue
-        if not isinstance(t, filters.RandomErasing) or len(tail) > len(before):
-            tail.append(t)  # (an erasing after a callable run on the float image stays after it: refused there)
+        if isinstance(t, filters.RandomErasing) and t.value == "random" and not callable_after:
+            t = NoiseErasing(
+                t.p, t.scale, (math.log(t.ratio[0]), math.log(t.ratio[1])), "pixel", source=getattr(t, "source", None)
+            )
+        if isinstance(t, NoiseErasing):
+            tail.append(_as_is(t, "it follows a callable run per sample on the float image") if callable_after else t)
+            callable_after = callable_after or not isinstance(tail[-1], NoiseErasing)
+            noise = True
+            continue
+        if not isinstance(t, filters.RandomErasing) or callable_after or noise:
+            tail.append(t)  # (an erasing after one run on the float image stays after it: refused there)
+            callable_after = True
             continue
         source = getattr(t, "source", None)  # the torchvision/timm object it was converted from (``_foreign``)
-        why = None
-        if t.value == "random":
-            why = "value='random' draws noise in normalized units, which fastload cannot erase with on the uint8 image"
-        elif per_sample is not None:
-            why = (
-                f"it follows {per_sample.name}, which runs per sample after the native decoder, so it cannot be "
-                f"planned before it there"
-            )
-        if why is not None and source is not None:  # the library's own object, per sample on the float image
-            tail.append(UserTransform(source, f"not converted: {why}"))
-            continue
         if per_sample is not None:
+            if source is not None:  # the library's own object, per sample on the float image
+                why = (
+                    f"it follows {per_sample.name}, which runs per sample after the native decoder, so it cannot "
+                    f"be planned before it there"
+                )
+                tail.append(UserTransform(source, f"not converted: {why}"))
+                callable_after = True
+                continue
             raise ValueError(
                 f"{t!r} after {before[-1]!r} would have to be planned in the native decoder before "
                 f"{per_sample.name}, which runs per sample after it: put RandomErasing before "
                 f"{per_sample.name}, or pass a callable"
-            )
-        if t.value == "random":
-            raise ValueError(
-                f"{t!r} after {before[-1]!r} draws noise in normalized units, which fastload cannot erase "
-                f"with on the uint8 image: put RandomErasing before ToDtype/Normalize"
             )
         v = np.broadcast_to(np.asarray(t.value, dtype=np.float64), (3,)).copy()
         for tt in reversed(before):
@@ -89,6 +101,15 @@ def lift_erasing(items: Sequence[Any]) -> list:
         pixels = tuple(int(x) for x in np.clip(np.rint(v), 0, 255))
         head.append(filters.RandomErasing(t.p, t.scale, t.ratio, value=pixels))
     return head + tail
+
+
+def _as_is(t: Any, why: str) -> Any:
+    """A NoiseErasing that cannot run where it stands: the library's object it came from, per sample."""
+    from .fallback import UserTransform
+
+    if t.source is None:
+        raise ValueError(f"{t!r}: {why}; it erases the normalized float image, so put it right after ToDtype/Normalize")
+    return UserTransform(t.source, f"not converted: {why}")
 
 
 def split(items: Sequence[Any], crop_type: type, flip_type: type) -> tuple[list, list]:

@@ -18,9 +18,11 @@ What converts, and why it is the same:
 - ``RandomErasing`` in mode ``'const'`` with one box (``max_count`` 1) -> ``RandomErasing(value=0)`` after
   Normalize, which the pipeline plans on the uint8 image (``pipeline.lift_erasing``): timm draws the box as
   torchvision does (``p``, a uniform area in ``[min_area, max_area]``, a log-uniform aspect, rounded sides
-  smaller than the image, a uniform position). Modes ``'rand'``/``'pixel'`` (normal noise in normalized units)
-  and several boxes have no native equivalent: timm's object runs per sample on the normalized float image
-  (``fallback.AfterNormalize``), with the one warning the per-sample transforms give.
+  smaller than the image, a uniform position). Modes ``'rand'``/``'pixel'`` (normal noise in normalized units,
+  per channel / per pixel and channel) and several boxes (``min_count``..``max_count``, each box's area divided
+  by the count) -> ``noise_erasing.NoiseErasing``: the same box draws per sample, written into the normalized
+  float rows by the fill stage (torch's N(0, 1) noise: timm's distribution, not its values). ``num_splits``
+  only acts on a batch (timm's prefetcher); called on one image, as a transform, timm ignores it.
 - ``MaybeToTensor`` -> ``ToDtype(float32, scale=True)`` (torchvision's ``ToTensor``); ``MaybePILToTensor``,
   ``ToNumpy`` -> nothing (fastload's decoder gives the uint8 CHW image they make; the loader collates it as a
   tensor, as timm's ``fast_collate`` does with ``ToNumpy``'s arrays); timm's ``ToTensor(dtype)`` ->
@@ -46,6 +48,7 @@ from typing import Any, Callable
 import torch
 
 from .fallback import UserTransform
+from .noise_erasing import NoiseErasing
 from .._ring import warn_once
 from .timm_policies import _RESAMPLE, GEOMETRIC, RANDOM, TimmAutoAugment, TimmOp, TimmRandAugment, check_ops
 
@@ -85,18 +88,11 @@ def _rrc(T: Any, t: Any) -> list:
 
 
 def _erasing(T: Any, t: Any) -> list:
-    if t.per_pixel or t.rand_color:
-        raise ValueError(
-            f"RandomErasing(mode={t.mode!r}) erases with normal noise in normalized units, which "
-            f"fastload cannot draw on the uint8 image (mode='const' converts)"
-        )
-    if (t.min_count, t.max_count) != (1, 1):
-        raise ValueError(
-            f"RandomErasing(min_count={t.min_count}, max_count={t.max_count}) erases several boxes; "
-            f"fastload's erases one (max_count=1 converts)"
-        )
     lo, hi = t.log_aspect_ratio
-    return [T.RandomErasing(t.probability, (t.min_area, t.max_area), (math.exp(lo), math.exp(hi)), value=0)]
+    if not (t.per_pixel or t.rand_color) and (t.min_count, t.max_count) == (1, 1):
+        return [T.RandomErasing(t.probability, (t.min_area, t.max_area), (math.exp(lo), math.exp(hi)), value=0)]
+    mode = "pixel" if t.per_pixel else "rand" if t.rand_color else "const"
+    return [NoiseErasing(t.probability, (t.min_area, t.max_area), (lo, hi), mode, (t.min_count, t.max_count), t)]
 
 
 def _timm_op(op: Any) -> TimmOp:

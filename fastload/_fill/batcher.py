@@ -21,7 +21,7 @@ import torch
 from .._augment.masks import decode_masks
 from .._draws import for_samples
 from .._errors import DecodeError, where
-from ..decoders._base import PER_SAMPLE
+from ..decoders._base import HOST_FLOATS, PER_SAMPLE
 from .images import ImageDecoding
 from ..decoders._base import BICUBIC_RESIZE
 from .._native import native
@@ -206,6 +206,8 @@ def beyond_geometry(pipelines: dict) -> tuple[str, ...]:
             names[type(t).__name__] = None
         for t in getattr(p, "fallback", ()):  # run per sample on host rows after the native decoder
             names[f"{t.name} {PER_SAMPLE})"] = None
+        for t in getattr(p, "erase", ()):  # on the host's float rows after ToDtype/Normalize (fill stage)
+            names[f"{t.name} {HOST_FLOATS}"] = None
         for t in getattr(p, "after", ()):  # the same, on the host's float rows after ToDtype/Normalize
             names[f"{t.name} {PER_SAMPLE} after ToDtype/Normalize)"] = None
     return tuple(names)

@@ -199,7 +199,7 @@ class ImageDecoding:
             failures = dec.decode(sources, plan, rows)
             if pipeline.fallback:
                 self._fallback(f, pipeline, rows, plan, reader, at, failures)
-            if pipeline.after:
+            if pipeline.on_floats:
                 self._after(f, pipeline, slot, rows, plan, reader, at, failures)
             return failures
         buf = slot.tensors[f.name]
@@ -279,11 +279,16 @@ class ImageDecoding:
     def _after(
         self, f: Field, pipeline: Any, slot: Any, rows: Any, plan: Any, reader: Any, at: Any, failures: list
     ) -> None:
-        """ToDtype/Normalize on the CPU into the slot's float rows, then the callables after them per sample
-        there (``pipeline.after``), through the workers as the rows' bytes (numpy has no bfloat16)."""
+        """ToDtype/Normalize on the CPU into the slot's float rows, then the erasings with noise there
+        (``pipeline.erase``, one torch fill per box, here) and the callables after them per sample (``pipeline.after``),
+        through the workers as the rows' bytes (numpy has no bfloat16)."""
         n = len(rows)
         floats = slot.tensors[f"{f.name}:after"][:n]
         pipeline.tensor.apply(torch.from_numpy(rows).permute(0, 3, 1, 2), floats.permute(0, 3, 1, 2))
+        if pipeline.erase:
+            pipeline.run_erase(floats, plan)
+        if not pipeline.after:
+            return
         self._fallback(f, pipeline, floats.view(torch.uint8).numpy(), plan, reader, at, failures, after=True)
 
     def split_stats(self) -> dict | None:

@@ -31,6 +31,9 @@ class Plan:
 
     ``after_seeds``: the same for the transforms after ToDtype/Normalize (``ImagePipeline.after``).
 
+    ``erase``: None, or one ``_augment.noise_erasing.ErasePlan`` per ``ImagePipeline.erase`` (boxes and noise
+    seeds of the erasings after ToDtype/Normalize, written into the normalized float rows by the fill stage).
+
     ``interp``: None (every sample resized bilinear), or uint8 ``(n,)``: each sample's resize, 0 PIL's BILINEAR,
     1 PIL's BICUBIC (``_augment/random_resize.py`` ``RESIZE_CODES``; csrc/resize.h). Only the native decoder
     resizes bicubic; the GPU decoders refuse such a pipeline when made (``decoders/_base.py`` ``BICUBIC_RESIZE``).
@@ -38,7 +41,7 @@ class Plan:
     ``plan.take(lo, hi)``: the plan of samples ``lo .. hi-1``; ``plan.n``: how many samples.
     """
 
-    __slots__ = ("crops", "flips", "out_hw", "augment", "seeds", "after_seeds", "interp")
+    __slots__ = ("crops", "flips", "out_hw", "augment", "seeds", "after_seeds", "interp", "erase")
 
     def __init__(
         self,
@@ -49,9 +52,10 @@ class Plan:
         seeds: np.ndarray | None = None,
         after_seeds: np.ndarray | None = None,
         interp: np.ndarray | None = None,
+        erase: tuple | None = None,
     ) -> None:
         self.crops, self.flips, self.out_hw, self.augment = crops, flips, out_hw, augment
-        self.seeds, self.after_seeds, self.interp = seeds, after_seeds, interp
+        self.seeds, self.after_seeds, self.interp, self.erase = seeds, after_seeds, interp, erase
 
     @property
     def n(self) -> int:
@@ -70,7 +74,8 @@ class Plan:
         seeds = None if self.seeds is None else self.seeds[lo:hi]
         after = None if self.after_seeds is None else self.after_seeds[lo:hi]
         interp = None if self.interp is None else self.interp[lo:hi]
-        return Plan(self.crops[lo:hi], self.flips[lo:hi], self.out_hw[lo:hi], augment, seeds, after, interp)
+        erase = None if self.erase is None else tuple(e.take(lo, hi) for e in self.erase)
+        return Plan(self.crops[lo:hi], self.flips[lo:hi], self.out_hw[lo:hi], augment, seeds, after, interp, erase)
 
     def interp_of(self, k: int) -> int:
         """Sample ``k``'s resize: 0 bilinear, 1 bicubic (the native calls' ``interpolation``)."""
@@ -93,6 +98,7 @@ class Plan:
             self.seeds,
             self.after_seeds,
             self.interp,
+            self.erase,
         )
 
     def __repr__(self) -> str:

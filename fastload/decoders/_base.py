@@ -132,12 +132,15 @@ PADDED_CROP = "RandomCrop with padding"
 # decoded rows on the host (``_augment/fallback.py``), after the decoder, so a decoder writing device rows cannot run
 # it, whatever else of the augmentation it runs (``host_rows_refusal``).
 PER_SAMPLE = "(a transform run per sample"
+# ... and in the name of an erasing with noise after ToDtype/Normalize (``_augment/noise_erasing.py``): the fill stage
+# writes it into the normalized rows on the host, so it needs host rows too.
+HOST_FLOATS = "(on the host's normalized rows)"
 
 
 def host_rows_refusal(augmented: Sequence[str]) -> str | None:
     """Why a decoder that writes its rows on the device cannot run a pipeline planning ``augmented`` (names,
     ``_batcher.beyond_geometry``): the transforms in it that run per sample on host rows; None when there is none."""
-    names = [name for name in augmented if PER_SAMPLE in name]
+    names = [name for name in augmented if PER_SAMPLE in name or HOST_FLOATS in name]
     if not names:
         return None
     return (

@@ -301,7 +301,7 @@ class ImagePart(Part):
         self.pipeline = pipeline
         #: callables after ToDtype/Normalize: the fill stage normalizes on the CPU into the slot's float rows
         #: (``after_key``) and runs them there, so the batch leaves as those floats (``_fill/images.py``)
-        self.after_key = f"{self.name}:after" if pipeline.after else None
+        self.after_key = f"{self.name}:after" if pipeline.on_floats else None
         # ToDtype/Normalize left for the collate stage or the device, or None
         self.tensor = pipeline.batch_tensor if pipeline.batch_tensor else None
 

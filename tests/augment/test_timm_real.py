@@ -65,11 +65,71 @@ def test_the_colour_jitter_recipe_runs_entirely_natively():
     assert (e.p, *e.scale, *e.ratio) == pytest.approx((0.25, 0.02, 1 / 3, 0.3, 1 / 0.3))
 
 
-@pytest.mark.parametrize("mode, count", [("pixel", 1), ("rand", 1), ("const", 3)])
-def test_erasing_timm_cannot_be_planned_natively_runs_as_timms_object(mode, count):
+@pytest.mark.parametrize("mode, count", [("pixel", 1), ("rand", 1), ("const", 3), ("pixel", 2)])
+def test_erasing_with_noise_or_several_boxes_converts_to_the_fill_stages_erasing(mode, count):
+    """timm's train.py (--remode pixel) and DeiT's recipe: it ran timm's object per sample; now a NoiseErasing."""
+    from fastload._augment.noise_erasing import NoiseErasing
+
     p = T.ImagePipeline(create_transform(224, is_training=True, re_prob=0.25, re_mode=mode, re_count=count))
-    (erasing,) = p.after
-    assert isinstance(erasing.fn, RandomErasing) and "not converted" in erasing.reason
+    (erasing,) = p.erase
+    assert isinstance(erasing, NoiseErasing) and isinstance(erasing.source, RandomErasing) and not p.after
+    assert (erasing.mode, erasing.count, erasing.p) == (mode, (1, count), 0.25)
+
+
+def test_timms_pixel_erasing_with_two_boxes_runs_with_nothing_per_sample(image_shards):
+    """create_transform(..., re_prob=0.25, re_mode='pixel', re_count=2): no FastPathWarning; the batch is
+    normalized floats; deterministic per seed."""
+    recipe = create_transform(24, is_training=True, re_prob=0.25, re_mode="pixel", re_count=2)
+    ds = fastload.open(image_shards, transforms={"image": recipe})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", fastload.FastPathWarning)
+        a = torch.cat([x for x, _ in fastload.DataLoader(ds, batch_size=4, seed=1)])
+        b = torch.cat([x for x, _ in fastload.DataLoader(ds, batch_size=6, seed=1, num_workers=2)])
+    assert a.dtype == torch.float32 and a.shape[1:] == (3, 24, 24) and torch.equal(a, b)
+
+
+@pytest.mark.parametrize("mode, count", [("pixel", 1), ("const", 3), ("rand", 2)])
+def test_the_erasing_boxes_are_timms_own_on_the_same_draws(monkeypatch, mode, count):
+    """timm's own ``RandomErasing._erase`` with its ``random`` replaced by fastload's draws and its ``_get_pixels``
+    painting each box with its number: the same boxes, box for box, over 300 images of random sizes."""
+    import timm.data.random_erasing as re_module
+    from test_noise_erasing import Replay
+
+    t = RandomErasing(0.7, mode=mode, max_count=count, min_count=1, device="cpu")
+    (ours,) = T._foreign(t)
+    gen = np.random.default_rng(2)
+    n = 300
+    hw = np.stack([gen.integers(16, 80, n), gen.integers(16, 80, n)], axis=1)  # no box rounds to 0 pixels
+    plan = ours.plan(hw, np.random.default_rng(4))
+    replay = np.random.default_rng(4)
+    u_p = replay.random(n)
+    sel = np.flatnonzero(u_p < 0.7)
+    counts = np.ones(sel.size, np.int64) if count == 1 else replay.integers(1, count + 1, sel.size)
+    u_area, u_aspect = replay.random((sel.size, count, 10)), replay.random((sel.size, count, 10))
+    painted = []
+
+    def numbered(*args, **kwargs):  # timm's pixels for a found box: its number
+        painted.append(1)
+        return torch.tensor(float(len(painted)))
+
+    monkeypatch.setattr(re_module, "_get_pixels", numbered)
+    for k in range(n):
+        h, w = (int(v) for v in hw[k])
+        s = int(np.searchsorted(sel, k))
+        here = k in sel
+        monkeypatch.setattr(re_module, "random", Replay(
+            u_p[k], int(counts[s]) if here and count > 1 else None, u_area[s] if here else None,
+            u_aspect[s] if here else None, plan.boxes[k]))
+        img = torch.zeros((1, h, w))
+        painted.clear()
+        t(img)
+        mine = torch.zeros((1, h, w))
+        j = 0
+        for top, left, bh, bw in plan.boxes[k]:
+            if bh and bw:
+                j += 1
+                mine[:, top : top + bh, left : left + bw] = j
+        assert torch.equal(img, mine), (k, h, w, plan.boxes[k])
 
 
 @pytest.mark.parametrize("interpolation", ["random", "bicubic"])
@@ -234,3 +294,18 @@ def test_the_prefetcher_recipe_leaves_uint8_for_the_device():
     """use_prefetcher=True (timm normalizes on the GPU): MaybePILToTensor converts to nothing, the batch is uint8."""
     p = T.ImagePipeline(create_transform(224, is_training=True, use_prefetcher=True))
     assert not p.tensor and not p.fallback and [type(t) for t in p.augment] == [T.ColorJitter]
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_torchvisions_own_random_erasing_with_noise_after_normalize_converts(version):
+    """torchvision's own RandomErasing(value='random') (v2 keeps it as value=None) after Normalize ran per sample;
+    now the fill stage's NoiseErasing, per pixel and channel, with its p, scale and ratio."""
+    import torchvision.transforms as v1
+    import torchvision.transforms.v2 as v2
+
+    tv = v1 if version == "v1" else v2
+    erasing = tv.RandomErasing(0.3, scale=(0.05, 0.2), ratio=(0.5, 2.0), value="random")
+    p = T.ImagePipeline([T.CenterCrop(24), T.ToDtype(torch.float32, scale=True), T.Normalize(MEAN, STD), erasing])
+    (e,) = p.erase
+    assert e.source is erasing and not p.after and (e.mode, e.count, e.p) == ("pixel", (1, 1), 0.3)
+    assert e.area == pytest.approx((0.05, 0.2)) and e.log_ratio == pytest.approx((math.log(0.5), math.log(2.0)))

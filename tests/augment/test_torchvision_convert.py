@@ -304,9 +304,11 @@ def test_erasing_after_normalize_is_planned_before_it_with_its_value_in_pixels()
     assert same(p.augment, [T.RandomErasing(1.0, value=(102, 104, 106))])
 
 
-def test_erasing_with_noise_after_normalize_is_refused_with_the_order_to_use():
-    with pytest.raises(ValueError, match=r"RandomErasing.*value='random'.*after Normalize.*put RandomErasing before"):
-        T.ImagePipeline([T.CenterCrop(8), T.ToDtype(torch.float32, scale=True), T.Normalize(MEAN, STD),
+def test_erasing_with_noise_after_normalize_erases_the_normalized_floats():
+    """It was refused (noise in normalized units cannot be drawn on the uint8 tile); now the fill stage erases the
+    normalized rows with N(0, 1) per pixel and channel (tests/augment/test_noise_erasing.py)."""
+    p = T.ImagePipeline([T.CenterCrop(8), T.ToDtype(torch.float32, scale=True), T.Normalize(MEAN, STD),
                          T.RandomErasing(value="random")])
+    assert [e.mode for e in p.erase] == ["pixel"] and not p.augment and not p.after
     with pytest.raises(ValueError, match="ToDtype/Normalize must come after"):  # other augmentations still are
         T.ImagePipeline([T.CenterCrop(8), T.ToDtype(torch.float32, scale=True), T.RandomInvert()])
