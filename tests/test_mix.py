@@ -400,7 +400,7 @@ def _stages(it) -> list:
 def test_a_mix_resumes_elastically_on_other_ranks_and_batch_size(packed):
     """A mix's position saved by 2 ranks at batch size 4 goes on over 3 ranks at batch size 3: what was read before
     and after makes up the epoch's draw (dataset b repeated in it) with only the new split's padding more, and each
-    sample keeps its pixels (keyed by seed, epoch and its index in the mix)."""
+    read keeps its pixels (keyed by seed, epoch, its index in the mix and which read of it in the epoch it is)."""
     from collections import Counter
 
     def loader(rank, world, batch, seed=5):
@@ -408,8 +408,10 @@ def test_a_mix_resumes_elastically_on_other_ranks_and_batch_size(packed):
         return strict_loader(mixed, batch_size=batch, shuffle=True, seed=seed, rank=rank, world_size=world)
 
     images, tags = images_and_tags(loader(0, 1, 29))  # the epoch's whole draw, one rank
-    pixels = {t: images[i] for i, t in enumerate(tags)}
-    before, states = [], []
+    pixels: dict = {}  # each tag's images, one per read of it in the epoch (a repeated read draws anew)
+    for i, t in enumerate(tags):
+        pixels.setdefault(t, []).append(images[i])
+    before, states, unmatched = [], [], 0
     for r in range(2):
         dl = loader(r, 2, 4)
         it = iter(dl)
@@ -424,7 +426,8 @@ def test_a_mix_resumes_elastically_on_other_ranks_and_batch_size(packed):
             dl.load_state_dict(states[r % 2])
         got_images, got = images_and_tags(dl)
         after += got
-        assert all(torch.equal(got_images[i], pixels[t]) for i, t in enumerate(got))
+        unmatched += sum(not any(torch.equal(got_images[i], p) for p in pixels[t]) for i, t in enumerate(got))
     extra = Counter(before) + Counter(after) - Counter(tags)
     assert Counter(tags) - Counter(before) - Counter(after) == Counter(), "a draw of the epoch was never read"
     assert sum(extra.values()) < 3  # the new split's padding: fewer than one per rank
+    assert unmatched <= sum(extra.values())  # only a padding read (one more read of its sample) has new pixels
