@@ -11,6 +11,7 @@ statistics, no training step).
 
     bench/.venvs/timm/bin/python bench/recipes_cpu.py --recipes "timm train,tv v2 recipe" --loaders open,import
     bench/.venvs/timm/bin/python bench/recipes_cpu.py --photos 150 ...   # bench/photos.py's real photos
+    bench/.venvs/timm/bin/python bench/recipes_cpu.py --kernels --repeat 5  # the profiled parts alone
 
 Loaders: ``torch`` (torch's DataLoader + ImageFolder), ``open`` (fastload.open + fastload.DataLoader), ``import``
 (fastload.DataLoader(ImageFolder): the one changed import). Needs torchvision and timm (the test-only venv).
@@ -22,7 +23,9 @@ import os
 import statistics
 import sys
 import threading
+import time
 from pathlib import Path
+from typing import Any, Callable
 
 import torch
 
@@ -105,6 +108,51 @@ def drain(loader, epochs: int) -> int:
     return n
 
 
+def best_cpu(fn: Callable[[], Any], repeat: int) -> float:
+    """The least CPU seconds (this process, every thread) of ``repeat`` calls of ``fn``."""
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.process_time()
+        fn()
+        best = min(best, time.process_time() - start)
+    return best
+
+
+def kernels(repeat: int) -> None:
+    """The parts this file's profile named, alone, in CPU ms per image (64 images of 224 x 224): timm's geometric
+    ops' affine warp (bilinear, bicubic; FASTLOAD_SIMD=scalar for the scalar walk), planning timm train's batch
+    (RandAugment, RandomErasing, the crop), and ToDtype + Normalize's one pass (``_C.affine_u8_f32``)."""
+    import numpy as np
+    from PIL import Image
+
+    from fastload import _C
+    from fastload._augment.engine_native import run_native
+    from fastload._augment.plan import BICUBIC, BILINEAR, plan_batch
+    from fastload._augment.timm_policies import TimmOp, TimmRandAugment
+    from fastload._draws import SampleDraws
+    from fastload.transforms import ImagePipeline
+
+    n, rng = 64, np.random.default_rng(0)
+    tiles = np.stack([np.asarray(Image.fromarray(rng.integers(0, 256, (28, 28, 3), np.uint8)).resize((224, 224)))
+                      for _ in range(n)])
+    pool = _C.Pool(0)
+    for name, interpolation in (("bilinear", BILINEAR), ("bicubic", BICUBIC)):
+        ops = [TimmOp(o, 1.0, 9, magnitude_std=0.5, interpolation=interpolation)
+               for o in ("Rotate", "ShearX", "ShearY", "TranslateXRel", "TranslateYRel")]
+        plan = plan_batch([TimmRandAugment(ops, 1)], np.tile([224, 224], (n, 1)), np.random.default_rng(0))
+        print(f"affine warp, {name}: {1e3 * best_cpu(lambda: run_native(tiles.copy(), plan, pool), repeat) / n:.3f} "
+              f"(the copy of the tiles included)", flush=True)
+    pipe = ImagePipeline(recipes()["timm train"]())
+    h, w = np.full(n, 375), np.full(n, 500)
+    plan_all = lambda: [pipe.plan(h, w, SampleDraws(0, 0, np.arange(b * n, b * n + n))) for b in range(20)]  # noqa: E731
+    print(f"planning a timm train batch: {1e3 * best_cpu(plan_all, repeat) / (20 * n):.3f}", flush=True)
+    x = torch.randint(0, 256, (n, 224, 224, 3), dtype=torch.uint8)
+    out = torch.empty((n, 224, 224, 3), dtype=torch.float32)
+    a, b = [1 / 255 / 0.229, 1 / 255 / 0.224, 1 / 255 / 0.225], [-0.485 / 0.229, -0.456 / 0.224, -0.406 / 0.225]
+    normalize = lambda: _C.affine_u8_f32(x.numpy(), out.numpy(), a, b, True)  # noqa: E731
+    print(f"ToDtype + Normalize (a batch of {n}): {1e3 * best_cpu(normalize, repeat * 3) / n:.4f}", flush=True)
+
+
 def main() -> None:
     ap = parser(__doc__, epochs=2, batch_size=64, repeat=3)
     ap.add_argument("--count", type=int, default=512, help="synthetic photo-like JPEGs (8 classes)")
@@ -112,7 +160,12 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--recipes", default="timm train,tv v2 recipe,tv classic,timm eval")
     ap.add_argument("--loaders", default="open,import")
+    ap.add_argument("--kernels", action="store_true", help="the profiled parts alone (warp, planning, Normalize)")
     args = ap.parse_args()
+    if args.kernels:
+        print(f"fastload from {Path(fastload.__file__).parent}; CPU ms per image, best of {args.repeat}", flush=True)
+        kernels(args.repeat)
+        return
     import torchvision
 
     if args.photos:
