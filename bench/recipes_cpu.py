@@ -140,8 +140,8 @@ def kernels(repeat: int) -> None:
         ops = [TimmOp(o, 1.0, 9, magnitude_std=0.5, interpolation=interpolation)
                for o in ("Rotate", "ShearX", "ShearY", "TranslateXRel", "TranslateYRel")]
         plan = plan_batch([TimmRandAugment(ops, 1)], np.tile([224, 224], (n, 1)), np.random.default_rng(0))
-        print(f"affine warp, {name}: {1e3 * best_cpu(lambda: run_native(tiles.copy(), plan, pool), repeat) / n:.3f} "
-              f"(the copy of the tiles included)", flush=True)
+        cpu = best_cpu(lambda plan=plan: run_native(tiles.copy(), plan, pool), repeat)
+        print(f"affine warp, {name}: {1e3 * cpu / n:.3f} (the copy of the tiles included)", flush=True)
     pipe = ImagePipeline(recipes()["timm train"]())
     h, w = np.full(n, 375), np.full(n, 500)
     plan_all = lambda: [pipe.plan(h, w, SampleDraws(0, 0, np.arange(b * n, b * n + n))) for b in range(20)]  # noqa: E731

@@ -35,7 +35,8 @@ def random_maps(n: int, h: int, w: int, seed: int) -> np.ndarray:
     for i in range(n):
         t = np.radians(rng.uniform(-180, 180))
         s, sh = rng.uniform(0.3, 3.0, 2), rng.uniform(-0.6, 0.6, 2)
-        m = np.array([[np.cos(t), -np.sin(t)], [np.sin(t), np.cos(t)]]) @ np.diag(s) @ np.array([[1, sh[0]], [sh[1], 1]])
+        rotation = np.array([[np.cos(t), -np.sin(t)], [np.sin(t), np.cos(t)]])
+        m = rotation @ np.diag(s) @ np.array([[1, sh[0]], [sh[1], 1]])
         shift = rng.uniform(-1, 1, 2) * (w, h)
         if i % 5 == 4:
             m = np.eye(2)
@@ -66,7 +67,8 @@ def test_warp_equals_pil(interpolation, hw):
     plan = warp_plan(n, h, w, interpolation, seed=h * 7 + w)
     ref = np.stack([run_pil(tiles[i], plan, i) for i in range(n)])
     out = run_native(tiles.copy(), plan)
-    assert np.array_equal(out, ref), f"{int((out != ref).sum())} bytes differ, max {np.abs(out.astype(int) - ref).max()}"
+    worst = np.abs(out.astype(int) - ref).max()
+    assert np.array_equal(out, ref), f"{int((out != ref).sum())} bytes differ, max {worst}"
 
 
 def test_warp_of_an_extreme_image_equals_pil():
