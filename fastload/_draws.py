@@ -170,8 +170,7 @@ class SampleDraws:
         """Normal float64 (Box-Muller over two uniforms per value)."""
         shape = self._size(size, loc, scale)
         shape = (shape,) if np.ndim(shape) == 0 else tuple(shape)
-        u = self.random((*shape, 2))
-        z = np.sqrt(-2.0 * np.log1p(-u[..., 0])) * np.cos(2.0 * np.pi * u[..., 1])
+        z = box_muller(self.random((*shape, 2)))
         return np.asarray(loc, dtype=np.float64) + np.asarray(scale, dtype=np.float64) * z
 
     def integers(self, low: Any, high: Any = None, size: Any = None, dtype: Any = np.int64) -> np.ndarray:
@@ -192,6 +191,12 @@ class SampleDraws:
         u = (words >> np.uint64(11)).astype(np.float64) * (1.0 / 9007199254740992.0)
         pick = np.minimum(np.floor(u * spans).astype(np.int64), spans - 1)
         return (lo + pick).astype(dtype)
+
+
+def box_muller(u: np.ndarray) -> np.ndarray:
+    """Standard normal values from uniforms ``u`` in [0, 1) of shape (..., 2): what :meth:`SampleDraws.normal` draws
+    from its one call's two columns (a caller holding those columns computes the same values)."""
+    return np.sqrt(-2.0 * np.log1p(-u[..., 0])) * np.cos(2.0 * np.pi * u[..., 1])
 
 
 class BatchDraws(np.random.Generator):

@@ -70,3 +70,22 @@ def test_quick_mode_measures_every_recipe_and_source_with_the_real_objects(tmp_p
         if g == "timm eval":  # deterministic: the same pixels in every loader, in any order
             assert float(first["dmean"]) < 0.01 and float(first["dstd"]) < 0.01, (loader, first)
     assert "timm eval (deterministic), fastload.open(...)[i] vs ImageFolder[i]: first 8 samples" in report
+
+
+def test_the_label_histogram_counts_every_class_of_the_folder():
+    """bench/photos.py's photos have 12 classes, the synthetic data 8: a label past the 8 was dropped from the
+    histograms (the label TV compared two thirds of them); now every class counts and a label past the folder's
+    classes is an error."""
+    import numpy as np
+    import torch
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        from recipes_bench import Stats
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    st = Stats(12)
+    st.batch(torch.zeros(4, 3, 16, 16), np.array([0, 8, 11, 11]))
+    assert st.labels.tolist() == [1, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 2]
+    with pytest.raises(ValueError, match="label 12, but the folder has 12 classes"):
+        Stats(12).batch(torch.zeros(1, 3, 16, 16), np.array([12]))

@@ -32,6 +32,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .._draws import box_muller
 from .plan import BICUBIC, BILINEAR, NEAREST, Augment, PlanBuilder, at
 
 __all__ = ["TimmAutoAugment", "TimmOp", "TimmRandAugment", "check_ops"]
@@ -94,14 +95,17 @@ class TimmOp:
     def __repr__(self) -> str:
         return f"TimmOp({self.name!r}, p={self.prob}, m={self.magnitude}, mstd={self.magnitude_std})"
 
-    def magnitudes(self, k: int, rng: Any) -> np.ndarray:
-        """timm's magnitude for ``k`` calls: the noise (one draw per call whatever ``magnitude_std``: a sample's
-        draws do not depend on its op's settings), clipped to ``[0, magnitude_max or 10]``."""
+    def magnitudes(self, noise: np.ndarray) -> np.ndarray:
+        """timm's magnitude for calls whose noise draw was ``noise`` ((k, 2) uniforms in [0, 1): one draw per call
+        whatever ``magnitude_std``, so a sample's draws do not depend on its op's settings): ``uniform(0, m)`` from
+        the first column for ``std = inf``, else ``gauss(m, std)`` from both (``_draws.box_muller``: per-sample
+        draws' ``normal``), clipped to ``[0, magnitude_max or 10]``."""
         if math.isinf(self.magnitude_std):
-            m = rng.uniform(0.0, 1.0, k) * self.magnitude  # random.uniform(0, m): 0 + (m - 0) * u
+            m = noise[:, 0] * self.magnitude  # random.uniform(0, m): 0 + (m - 0) * u
+        elif self.magnitude_std > 0:
+            m = self.magnitude + box_muller(noise) * self.magnitude_std
         else:
-            z = rng.normal(0.0, 1.0, k)
-            m = self.magnitude + z * self.magnitude_std if self.magnitude_std > 0 else np.full(k, self.magnitude)
+            m = np.full(len(noise), self.magnitude)
         upper = self.magnitude_max or LEVEL_DENOM
         return np.maximum(0.0, np.minimum(m, upper))
 
@@ -211,14 +215,24 @@ def check_ops(names: Sequence[str], policy: str) -> None:
         )
 
 
-def _call(b: PlanBuilder, op: TimmOp, index: np.ndarray, rng: Any) -> None:
-    """One ``AugmentOp.__call__`` for the samples ``index``: timm's draws, in its order, one of each per sample."""
+def _call_each(b: PlanBuilder, ops: Sequence[TimmOp | None], which: np.ndarray, index: np.ndarray, rng: Any) -> None:
+    """``AugmentOp.__call__`` of ``ops[which[i]]`` on sample ``index[i]`` (None: no call), for every sample at once:
+    timm's draws, in its order, one of each per sample: ``random() > prob`` skips the op, the magnitude noise, the
+    sign, the resampling. Every op draws the same calls (``TimmOp.magnitudes`` takes its noise from one draw of two
+    columns), so the batch draws them together, in four calls rather than four per op: with per-sample draws
+    (``_draws.SampleDraws``) each sample's values are those of a call on it alone."""
     k = index.size
-    applied = rng.random(k) <= op.prob  # timm skips when random() > prob
-    m = op.magnitudes(k, rng)
+    applied = rng.random(k)
+    noise = rng.random((k, 2))
     negate = rng.random(k) > 0.5
     bicubic = rng.integers(0, 2, k) == 1  # random.choice((BILINEAR, BICUBIC))
-    op.apply(b, index[applied], m[applied], negate[applied], bicubic[applied])
+    for j in np.unique(which):
+        op = ops[int(j)]
+        if op is None:
+            continue
+        rows = np.flatnonzero(which == j)
+        rows = rows[applied[rows] <= op.prob]  # timm skips when random() > prob
+        op.apply(b, index[rows], op.magnitudes(noise[rows]), negate[rows], bicubic[rows])
 
 
 class TimmRandAugment(Augment):
@@ -266,10 +280,7 @@ class TimmRandAugment(Augment):
     def plan(self, b: PlanBuilder, index: np.ndarray, rng: Any) -> None:
         chosen = self._choose(index.size, rng)
         for layer in range(self.num_layers):
-            for j, op in enumerate(self.ops):
-                sel = index[chosen[:, layer] == j]  # batch positions, as ``at`` takes them
-                if sel.size:
-                    _call(b, op, sel, at(rng, sel))
+            _call_each(b, self.ops, chosen[:, layer], index, rng)
 
 
 class TimmAutoAugment(Augment):
@@ -288,9 +299,8 @@ class TimmAutoAugment(Augment):
 
     def plan(self, b: PlanBuilder, index: np.ndarray, rng: Any) -> None:
         chosen = rng.integers(0, len(self.policy), index.size)
-        for j, sub in enumerate(self.policy):
-            sel = index[chosen == j]  # batch positions, as ``at`` takes them
-            if sel.size:
-                draws = at(rng, sel)
-                for op in sub:
-                    _call(b, op, sel, draws)
+        lengths = np.array([len(sub) for sub in self.policy])
+        for p in range(int(lengths.max())):  # each sample's p-th op, for the samples whose sub-policy has one
+            rows = np.flatnonzero(lengths[chosen] > p)
+            ops = [sub[p] if len(sub) > p else None for sub in self.policy]
+            _call_each(b, ops, chosen[rows], index[rows], at(rng, index[rows]))  # batch positions, as ``at`` takes them

@@ -173,6 +173,66 @@ def test_draws_are_per_sample_and_follow_timms_probabilities():
     assert mine == full
 
 
+def _one_call_per_op(ops, which, index, draws, b):
+    """What timm's ``AugmentOp.__call__`` draws, one op's samples at a time, as the policies planned before they
+    drew for the whole batch at once: ``random() <= prob``, the magnitude noise (``normal``, or ``uniform`` for
+    ``std = inf``), the sign, the resampling, on ``draws.at(rows)``."""
+    for j, o in enumerate(ops):
+        rows = np.flatnonzero(which == j)
+        if rows.size == 0 or o is None:
+            continue
+        rng, k = draws.at(rows), rows.size
+        applied = rng.random(k) <= o.prob
+        if np.isinf(o.magnitude_std):
+            m = rng.uniform(0.0, 1.0, k) * o.magnitude
+        else:
+            z = rng.normal(0.0, 1.0, k)
+            m = o.magnitude + z * o.magnitude_std if o.magnitude_std > 0 else np.full(k, o.magnitude)
+        m = np.maximum(0.0, np.minimum(m, o.magnitude_max or 10.0))
+        negate = rng.random(k) > 0.5
+        bicubic = rng.integers(0, 2, k) == 1
+        o.apply(b, index[rows][applied], m[applied], negate[applied], bicubic[applied])
+
+
+@pytest.mark.parametrize("std", [0.5, float("inf"), 0.0])
+def test_the_batchs_draws_at_once_are_each_ops_own(std):
+    """A layer's draws for the whole batch (four calls) give each sample the values a call per op gave it: the same
+    plan, bit for bit (per-sample draws count their calls per sample)."""
+    n, hw = 300, (50, 70)
+    names = ("SolarizeAdd", "Rotate", "TranslateXRel", "ShearY", "ColorIncreasing", "Posterize", "Invert")
+    ops = [TimmOp(name, 0.6, 8, magnitude_std=std, interpolation=RANDOM, fill=FILL) for name in names]
+    ra = TimmRandAugment(ops, 2)
+    got = PlanBuilder(np.tile(hw, (n, 1)))
+    ra.plan(got, np.arange(n), SampleDraws(5, 2, np.arange(n)))
+    want = PlanBuilder(np.tile(hw, (n, 1)))
+    draws = SampleDraws(5, 2, np.arange(n))
+    chosen = ra._choose(n, draws)
+    for layer in range(2):
+        _one_call_per_op(ops, chosen[:, layer], np.arange(n), draws, want)
+    got, want = got.finish(), want.finish()
+    assert len(got.steps) == len(want.steps) == 8  # 4 pixel ops x 2 layers
+    for a, b in zip(got.steps, want.steps):
+        assert a.op == b.op and np.array_equal(a.index, b.index)
+        assert all(np.array_equal(a.params[c], b.params[c]) for c in a.params)
+    for field in ("affine", "has_affine", "interpolation", "fill"):
+        assert np.array_equal(getattr(got.geometry, field), getattr(want.geometry, field)), field
+    # AutoAugment: sub-policies of two ops and of one, each sample's ops in order
+    policy = [[ops[0], ops[1]], [ops[2]], [ops[3], ops[4]]]
+    got = PlanBuilder(np.tile(hw, (n, 1)))
+    TimmAutoAugment(policy).plan(got, np.arange(n), SampleDraws(6, 0, np.arange(n)))
+    want = PlanBuilder(np.tile(hw, (n, 1)))
+    draws = SampleDraws(6, 0, np.arange(n))
+    chosen = draws.integers(0, 3, n)
+    for j, sub in enumerate(policy):
+        for o in sub:
+            _one_call_per_op([o], np.where(chosen == j, 0, -1), np.arange(n), draws, want)
+    got, want = got.finish(), want.finish()
+    for s in range(n):
+        assert [(op, {c: v.tolist() for c, v in row.items()}) for op, row in got.ops_of(s)] == \
+            [(op, {c: v.tolist() for c, v in row.items()}) for op, row in want.ops_of(s)]
+    assert np.array_equal(got.geometry.affine, want.geometry.affine) and got.geometry.has_affine.sum() > 50
+
+
 def test_weighted_choice_is_without_replacement():
     ra = TimmRandAugment([TimmOp("Invert", 1.0), TimmOp("Equalize", 1.0), TimmOp("AutoContrast", 1.0)], 2,
                          choice_weights=[0.7, 0.2, 0.1])

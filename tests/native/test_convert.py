@@ -88,3 +88,20 @@ def test_an_unaligned_out_is_refused(avx2):
     with pytest.raises(ValueError, match="aligned to 4 bytes"):
         _C.mix_affine_u8_f32(x, out, [0.5] * 3, [0.0] * 3, "mixup", 0.5, avx2=avx2)
     assert not out.any()  # untouched
+
+
+@pytest.mark.parametrize("misalign", [0, 1, 4])
+def test_a_batch_sized_output_streamed_or_not_is_the_same_bits_and_stops_at_its_end(misalign):
+    """Outputs of 2**20 floats and more (a batch of images) are written with streaming stores when 32-byte aligned
+    (``misalign`` 0), else with ordinary ones: the same bits either way, through the remainder after the last
+    whole period, and nothing written past the end."""
+    scale, shift = constants(3, seed=4)
+    x = np.random.default_rng(5).integers(0, 256, (9, 223, 227, 3), np.uint8)
+    assert x.size >= 1 << 20 and x.size % 24 != 0
+    buf = np.full(x.size + 64, -7.0, np.float32)
+    start = (-(buf.ctypes.data // 4)) % 8 + misalign  # floats to the first 32-byte boundary, then misaligned
+    out = buf[start:start + x.size].reshape(x.shape)
+    assert (out.ctypes.data % 32 == 0) == (misalign == 0)
+    _C.affine_u8_f32(x, out, scale.tolist(), shift.tolist(), True)
+    assert np.array_equal(out, expected(x, scale, shift))
+    assert np.all(buf[:start] == -7.0) and np.all(buf[start + x.size:] == -7.0)
