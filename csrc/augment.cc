@@ -1,5 +1,7 @@
 #include "augment.h"
 
+#include "simd.h"
+
 #include <algorithm>
 #include <climits>
 #include <cmath>
@@ -149,16 +151,6 @@ __attribute__((target("avx2"))) int64_t luma_avx2(uint8_t* p, int w, float* g, f
   return luma_use<kUse>(p, w, g, a, b);
 }
 
-// AVX2 where the CPU has it, unless FASTLOAD_SIMD names a narrower set (as for resize.cc's kernels;
-// the tests compare both paths' bytes this way).
-bool use_avx2() {
-  static const bool avx2 = [] {
-    const char* env = std::getenv("FASTLOAD_SIMD");
-    const std::string want = env ? env : "";
-    return (want.empty() || want == "avx2") && __builtin_cpu_supports("avx2");
-  }();
-  return avx2;
-}
 #endif
 
 // Runs a luma kernel over the tile's rows; returns the sum of the floored luma for kLumaSum.

@@ -1,5 +1,7 @@
 #include "warp.h"
 
+#include "simd.h"
+
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -16,18 +18,6 @@ namespace {
 inline int coord(double v) { return v < 0.0 ? -1 : static_cast<int>(v); }
 inline int floor_int(double v) { return v < 0.0 ? static_cast<int>(std::floor(v)) : static_cast<int>(v); }
 
-#ifdef FASTLOAD_X86
-// AVX2 where the CPU has it, unless FASTLOAD_SIMD names a narrower set (as augment.cc's and resize.cc's kernels:
-// the tests compare both paths' bytes this way).
-bool use_avx2() {
-  static const bool avx2 = [] {
-    const char* env = std::getenv("FASTLOAD_SIMD");
-    const std::string want = env ? env : "";
-    return (want.empty() || want == "avx2") && __builtin_cpu_supports("avx2");
-  }();
-  return avx2;
-}
-#endif
 
 inline void put_fill(uint8_t* o, const uint8_t* fill) {
   o[0] = fill[0];
