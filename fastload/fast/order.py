@@ -215,7 +215,9 @@ class Order:
         self._resume: tuple[int, int] | None = None  # (epoch, batch) from load_state_dict, used once
         self._cache: tuple[int, np.ndarray] | None = None
         self._occ: tuple[int, np.ndarray | None] | None = None  # (epoch, occurrences of ``_cache``'s indices)
-        self._ahead: tuple[int, threading.Thread, list] | None = None  # an epoch's indices computed ahead (prepare)
+        # epochs' indices computed ahead (prepare), by epoch: the chain asks an epoch's indices at its first batch,
+        # after the loader has already asked for the next epoch's, so one slot would drop the one about to be used
+        self._ahead: dict[int, tuple[threading.Thread, list]] = {}
         # (epoch, positions of its global sequence consumed before this split): an elastically resumed epoch
         self._partial: tuple[int, Any] | None = None
 
@@ -272,11 +274,10 @@ class Order:
         e = self._epoch if epoch is None else as_int("epoch", epoch, 0)
         if self._cache is not None and self._cache[0] == e:
             return self._cache[1]
-        ahead, mine = self._ahead, None
-        if ahead is not None and ahead[0] == e:  # prepared in the background (``prepare``)
-            self._ahead = None
-            ahead[1].join()
-            mine = ahead[2][0]  # None if it failed (computed again here, raising here) or ran in a parent process
+        ahead, mine = self._ahead.pop(e, None), None
+        if ahead is not None:  # prepared in the background (``prepare``)
+            ahead[0].join()
+            mine = ahead[1][0]  # None if it failed (computed again here, raising here) or ran in a parent process
         if mine is None:
             mine, occ = self._compute(e)
         else:
@@ -305,8 +306,10 @@ class Order:
         more than their shuffle."""
         if self.kind == "sequential" or type(self).indices is not Order.indices or self.num_samples < PREPARE_FROM:
             return  # nothing worth a thread, or an order of another kind (packing.py) with its own cache
-        if (self._cache is not None and self._cache[0] == epoch) or (self._ahead and self._ahead[0] == epoch):
+        if (self._cache is not None and self._cache[0] == epoch) or epoch in self._ahead:
             return
+        for old in [k for k in self._ahead if k < epoch - 1]:  # epochs skipped (set_epoch): never asked for
+            del self._ahead[old]
         box: list = [None]
 
         def run() -> None:
@@ -316,12 +319,12 @@ class Order:
                 pass
 
         thread = threading.Thread(target=run, name="fastload-order", daemon=True)
-        self._ahead = (epoch, thread, box)
+        self._ahead[epoch] = (thread, box)
         thread.start()
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        state["_ahead"] = None  # a thread does not travel
+        state["_ahead"] = {}  # a thread does not travel
         return state
 
     def _compute(self, e: int) -> tuple[np.ndarray, np.ndarray | None]:
@@ -347,6 +350,9 @@ class Order:
             at = np.arange(self.rank, total, w, dtype=np.int64)
             mine = at % max(n, 1)  # 0 .. n-1 split, without the sequence
             occ = at // max(n, 1)
+        elif total <= n and self._is_permutation():  # no padding: each sample once, a strided slice
+            mine = np.ascontiguousarray(self._global_sequence(e)[self.rank : total : w])
+            occ = None
         else:
             seq = self._global_sequence(e)
             at = np.arange(self.rank, total, w, dtype=np.int64)
@@ -366,13 +372,17 @@ class Order:
         """The occurrences of positions ``at`` of the global sequence ``seq``, read on wrap ``wraps`` (padding
         wraps around the sequence): earlier reads of the same sample in ``seq``, plus a whole ``seq``'s worth of
         them per wrap. A permutation's (the plain orders') are its wraps alone, without a pass over it."""
-        if self.kind != "sequential" and type(self)._global_sequence is Order._global_sequence:
+        if self._is_permutation():
             return wraps if wraps.any() else None  # a permutation (random, quasi): each sample once
         occ = occurrences(seq)
         if not wraps.any():
             return occ[at]
         counts = np.bincount(seq, minlength=self.num_samples)
         return occ[at] + wraps * counts[seq[at]]
+
+    def _is_permutation(self) -> bool:
+        """Whether the global sequence holds each sample once (the plain random and quasi orders)."""
+        return self.kind != "sequential" and type(self)._global_sequence is Order._global_sequence
 
     def _own_sequence(self, e: int) -> np.ndarray:
         """``split='shards'``: this rank's samples (its own shards) ordered by ``kind`` for epoch ``e``."""
@@ -548,7 +558,7 @@ class Order:
     split_keys: tuple[str, ...] = ("world_size", "batch_size", "drop_last")  # may differ at an (elastic) resume
 
     def _adopt(self, seed: int, epoch: int, partial: Any) -> None:
-        self.seed, self._epoch, self._cache, self._ahead = seed, epoch, None, None  # (the seed may differ)
+        self.seed, self._epoch, self._cache, self._ahead = seed, epoch, None, {}  # (the seed may differ)
         self._partial = None if partial is None else (epoch, partial)
 
     def _saved_partial(self, state: dict) -> Any:
