@@ -86,8 +86,8 @@ def for_rank(order: Order, rank: int, world: int) -> Order:
         return PackedOrder(order.lengths, order.tokens_per_batch, **common)
     if isinstance(order, BucketOrder):
         return BucketOrder(order.bucket_ids, order.batch_size, **common)
-    shards = order.shard_sizes if order.kind == "quasi" else None
-    return Order(order.num_samples, order.batch_size, shard_sizes=shards, **common)
+    shards = order.shard_sizes if order.kind == "quasi" or order.split == "shards" else None
+    return Order(order.num_samples, order.batch_size, shard_sizes=shards, split=order.split, **common)
 
 
 def _strided(why: str) -> str:

@@ -47,3 +47,19 @@ def test_the_builder_changes_nothing_it_is_given(records):
                        stats=stats, length=len(order), num_workers=2, depth=2, timeout=0, persistent=False)
     assert [_attrs(o) for o in given] == before
     it.close()
+
+
+def test_an_order_made_for_another_rank_keeps_its_split_and_shards():
+    """accelerate retargets a loader built before the process group (``for_rank``): an explicit split='shards'
+    was dropped (the new rank read strided samples from every shard, not its own shards)."""
+    from fastload.fast.chain import for_rank
+
+    built = Order(20, 2, kind="random", seed=1, shard_sizes=[5] * 4, split="shards")
+    for rank in range(2):
+        made = for_rank(built, rank, 2)
+        want = Order(20, 2, kind="random", seed=1, rank=rank, world_size=2, shard_sizes=[5] * 4, split="shards")
+        assert made.split == "shards" and list(made.shard_sizes) == [5] * 4
+        assert list(made.indices(0)) == list(want.indices(0))
+    plain = for_rank(Order(20, 2, kind="random", seed=1), 1, 2)
+    assert plain.split == "samples"
+    assert list(plain.indices(0)) == list(Order(20, 2, kind="random", seed=1, rank=1, world_size=2).indices(0))
