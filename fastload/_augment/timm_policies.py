@@ -98,9 +98,10 @@ class TimmOp:
     def magnitudes(self, noise: np.ndarray) -> np.ndarray:
         """timm's magnitude for calls whose noise draw was ``noise`` ((k, 2) uniforms in [0, 1): one draw per call
         whatever ``magnitude_std``, so a sample's draws do not depend on its op's settings): ``uniform(0, m)`` from
-        the first column for ``std = inf``, else ``gauss(m, std)`` from both (``_draws.box_muller``: per-sample
-        draws' ``normal``), clipped to ``[0, magnitude_max or 10]``."""
-        if math.isinf(self.magnitude_std):
+        the first column for ``std = inf``, ``gauss(m, std)`` from both for a finite ``std > 0``
+        (``_draws.box_muller``: per-sample draws' ``normal``), else (0, negative, ``-inf``: timm's ``std > 0`` test
+        fails) ``m`` itself; clipped to ``[0, magnitude_max or 10]``."""
+        if self.magnitude_std == math.inf:
             m = noise[:, 0] * self.magnitude  # random.uniform(0, m): 0 + (m - 0) * u
         elif self.magnitude_std > 0:
             m = self.magnitude + box_muller(noise) * self.magnitude_std

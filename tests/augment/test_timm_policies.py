@@ -183,7 +183,7 @@ def _one_call_per_op(ops, which, index, draws, b):
             continue
         rng, k = draws.at(rows), rows.size
         applied = rng.random(k) <= o.prob
-        if np.isinf(o.magnitude_std):
+        if o.magnitude_std == float("inf"):  # timm: `if std > 0: if std == inf: uniform ... else: gauss`
             m = rng.uniform(0.0, 1.0, k) * o.magnitude
         else:
             z = rng.normal(0.0, 1.0, k)
@@ -194,7 +194,7 @@ def _one_call_per_op(ops, which, index, draws, b):
         o.apply(b, index[rows][applied], m[applied], negate[applied], bicubic[applied])
 
 
-@pytest.mark.parametrize("std", [0.5, float("inf"), 0.0])
+@pytest.mark.parametrize("std", [0.5, float("inf"), 0.0, float("-inf"), -0.5])
 def test_the_batchs_draws_at_once_are_each_ops_own(std):
     """A layer's draws for the whole batch (four calls) give each sample the values a call per op gave it: the same
     plan, bit for bit (per-sample draws count their calls per sample)."""
@@ -231,6 +231,16 @@ def test_the_batchs_draws_at_once_are_each_ops_own(std):
         assert [(op, {c: v.tolist() for c, v in row.items()}) for op, row in got.ops_of(s)] == \
             [(op, {c: v.tolist() for c, v in row.items()}) for op, row in want.ops_of(s)]
     assert np.array_equal(got.geometry.affine, want.geometry.affine) and got.geometry.has_affine.sum() > 50
+
+
+@pytest.mark.parametrize("std", [0.0, -0.5, float("-inf"), float("nan")])
+def test_a_std_that_is_not_above_zero_adds_no_noise(std):
+    """timm's ``AugmentOp`` draws magnitude noise only when ``magnitude_std > 0`` (then uniform for ``inf``): 0, a
+    negative std, ``-inf`` and nan keep the magnitude itself (``-inf`` once drew uniformly, as ``inf`` does)."""
+    noise = np.random.default_rng(0).random((500, 2))
+    assert np.array_equal(TimmOp("SolarizeAdd", 1.0, 7, magnitude_std=std).magnitudes(noise), np.full(500, 7.0))
+    uniform = TimmOp("SolarizeAdd", 1.0, 7, magnitude_std=float("inf")).magnitudes(noise)
+    assert np.array_equal(uniform, noise[:, 0] * 7.0)  # random.uniform(0, m) from the call's first column
 
 
 def test_weighted_choice_is_without_replacement():

@@ -195,3 +195,44 @@ def test_augmix_and_3a_stay_per_sample_saying_why():
     assert "blends several augmented copies" in augmix.reason
     (three,) = convert(aa.auto_augment_transform("3a", dict(translate_const=100)), T)
     assert "no native plan" in three.reason and "GaussianBlur" in three.reason
+
+
+class Replayed(random.Random):
+    """Stands for ``random`` in timm's auto_augment: ``random()`` hands out the given uniforms in order (Python's
+    ``uniform`` and ``gauss`` call it), and fails when timm asks for more than one op call's draws."""
+
+    def __init__(self, values):
+        super().__init__(0)
+        self.values = list(values)
+
+    def random(self):
+        return self.values.pop(0)
+
+
+@pytest.mark.parametrize("std", [0.0, 0.5, 3.0, float("inf"), float("-inf"), -0.5])
+def test_magnitude_noise_is_timms_draw_for_draw(monkeypatch, std):
+    """timm's ``AugmentOp.__call__`` on the uniforms fastload's plan drew for the same calls: the same magnitude,
+    clipped to ``[0, magnitude_max]``. timm draws noise only for ``magnitude_std > 0`` (``inf``: ``uniform(0, m)``
+    from one uniform; else ``gauss(m, std)`` from two, angle first); 0, negative and ``-inf`` add none."""
+    timm_op = aa.AugmentOp("SolarizeAdd", prob=1.0, magnitude=9,
+                           hparams=dict(img_mean=MEAN_FILL, magnitude_std=std, magnitude_max=15))
+    (ours,) = convert(aa.RandAugment([timm_op], 1), T)
+    (op,) = ours.ops
+    noise = np.random.default_rng(0).random((400, 2))
+    mine = op.magnitudes(noise)
+    seen = []
+    timm_op.level_fn = lambda magnitude, _hparams: seen.append(magnitude) or ()
+    timm_op.aug_fn = lambda img, *args, **kw: img
+    for u0, u1 in noise.tolist():
+        # fastload's noise: uniform from the first column; normal sqrt(-2 log(1 - u0)) cos(2 pi u1)
+        replay = Replayed([u0] if std == float("inf") else [u1, u0] if std > 0 else [])
+        monkeypatch.setattr(aa, "random", replay)
+        timm_op(None)
+        assert not replay.values, "timm drew fewer uniforms than fastload's noise holds"
+    theirs = np.array(seen)
+    # log(1 - u) in Python, log1p(-u) in numpy: the same magnitude to a few ulps
+    np.testing.assert_allclose(mine, theirs, rtol=0, atol=1e-12)
+    assert (np.unique(theirs).size == 1) == (not std > 0)
+    if std > 0:
+        assert theirs.max() <= 15
+        assert (theirs.max() == 15) == (std == 3.0)  # N(9, 3) clipped at magnitude_max 15, not at 10
