@@ -26,6 +26,7 @@ SOURCES = [
     "csrc/bind_mask.cc",
     "csrc/mask.cc",
     "csrc/augment.cc",
+    "csrc/pil_enhance.cc",
     "csrc/batch.cc",
     "csrc/convert.cc",
     "csrc/gather.cc",

@@ -1,5 +1,6 @@
 #include "augment.h"
 
+#include "pil_enhance.h"
 #include "simd.h"
 
 #include <algorithm>
@@ -553,6 +554,12 @@ bool check_aug_op(const AugOpParams& p, int h, int w, std::string* err) {
     return false;
   }
   switch (p.op) {
+    case kAugPilColor: case kAugPilContrast:
+      if (p.i[0] != 0 && p.i[0] != 1) {
+        *err = "luma " + std::to_string(p.i[0]) + " should be 0 (Pillow's) or 1 (pillow-simd's)";
+        return false;
+      }
+      [[fallthrough]];
     case kAugBrightness: case kAugContrast: case kAugSaturation: case kAugHue: case kAugSharpness:
     case kAugSolarize:
       if (!std::isfinite(static_cast<float>(p.f[0]))) {  // the kernels compute in float32
@@ -649,6 +656,8 @@ bool apply_ops(uint8_t* tile, int h, int w, ptrdiff_t stride, const AugOpParams*
       case kAugErase: erase(tile, h, w, stride, p.i, p.f); break;
       case kAugGaussianBlur: gaussian_blur(tile, h, w, stride, p.i, p.f, scratch); break;
       case kAugEraseRandom: erase_random(tile, h, w, stride, p.i, p.f[0]); break;
+      case kAugPilColor: pil_color(tile, h, w, stride, p.f[0], p.i[0] == 1, scratch); break;
+      case kAugPilContrast: pil_contrast(tile, h, w, stride, p.f[0], p.i[0] == 1, scratch); break;
       default: break;  // unreachable: checked above
     }
   }

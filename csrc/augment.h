@@ -52,7 +52,11 @@ namespace fastload {
   X(kAugEraseRandom, "erase_random")     /* i[0..3] = box as kAugErase; f[0] = seed, an integer in */         \
                                          /* [0, 2^53): per-pixel noise */                                     \
   X(kAugSolarizeAdd, "solarize_add")     /* i[0] = add 0..255, i[1] = threshold 0..256: values below */      \
-                                         /* it get min(255, v + add) (timm's SolarizeAdd) */
+                                         /* it get min(255, v + add) (timm's SolarizeAdd) */                  \
+  X(kAugPilColor, "pil_color")           /* f[0] = factor; i[0] = luma: 0 Pillow's, 1 pillow-simd's */        \
+                                         /* (PIL's ImageEnhance.Color: pil_enhance.h) */                      \
+  X(kAugPilContrast, "pil_contrast")     /* f[0] = factor; i[0] = luma as pil_color */                        \
+                                         /* (PIL's ImageEnhance.Contrast) */
 
 enum AugOp : int32_t {
 #define FASTLOAD_AUG_OP_ID(id, name) id,

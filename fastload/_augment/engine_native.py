@@ -45,6 +45,8 @@ _LAYOUT: dict[str, tuple[tuple[str, str, int], ...]] = {
     "erase": (("box", "i", 0), ("value", "f", 0)),
     "gaussian_blur": (("ksize", "i", 0), ("sigma", "f", 0)),
     "erase_random": (("box", "i", 0), ("seed", "f", 0)),
+    "pil_color": (("factor", "f", 0), ("luma", "i", 0)),
+    "pil_contrast": (("factor", "f", 0), ("luma", "i", 0)),
 }
 
 _default_pool = None

@@ -10,9 +10,9 @@ calls ``define_op`` and is not listed).
 
 from __future__ import annotations
 
-from . import color, filters, tone
+from . import color, filters, pil_enhance, tone
 from .plan import OPS, OpDef
 
 __all__ = ["MODULES", "OPS", "OpDef"]
 
-MODULES = (color, tone, filters)
+MODULES = (color, tone, filters, pil_enhance)

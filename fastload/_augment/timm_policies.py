@@ -11,8 +11,9 @@ ops left); :class:`TimmAutoAugment` one sub-policy per sample, uniformly, and ru
 
 Each op's argument is timm's ``LEVEL_TO_ARG`` in float64 in the same order of operations, so for the same draws
 the arguments are timm's bit for bit; the pixels are the native kernels': ``solarize_add`` (a lookup table, exact),
-solarize/posterize/invert/equalize/brightness/sharpness exact, contrast/colour/autocontrast within 1 level of PIL's
-``ImageEnhance``/``ImageOps`` (tests/augment/test_augment_engines.py's table), and the geometric ops (ShearX/Y,
+solarize/posterize/invert/equalize/brightness/sharpness exact, colour and contrast exact at every factor
+(``pil_color``/``pil_contrast``: PIL's own luma and blend, ``pil_enhance.py``), autocontrast within 1 level of
+PIL's ``ImageOps`` (tests/augment/test_augment_engines.py's table), and the geometric ops (ShearX/Y,
 TranslateX/Y(Rel), Rotate) PIL's ``Image.transform(AFFINE)`` with timm's matrices, fill and resampling (bicubic
 included: csrc/warp.cc). Draws are keyed per sample (``fastload/_draws.py``), not timm's ``random`` stream: the same
 distribution, other values.
@@ -33,6 +34,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .._draws import box_muller
+from .pil_enhance import pil_luma
 from .plan import BICUBIC, BILINEAR, NEAREST, Augment, PlanBuilder, at
 
 __all__ = ["TimmAutoAugment", "TimmOp", "TimmRandAugment", "check_ops"]
@@ -44,7 +46,9 @@ SIGNED = {"Rotate", "ShearX", "ShearY", "TranslateX", "TranslateY", "TranslateXR
 SIGNED |= {f"{n}Increasing" for n in ("Color", "Contrast", "Brightness", "Sharpness")}
 GEOMETRIC = {"Rotate", "ShearX", "ShearY", "TranslateX", "TranslateY", "TranslateXRel", "TranslateYRel"}
 PLAIN = {"AutoContrast": "autocontrast", "Equalize": "equalize", "Invert": "invert"}
-ENHANCE = {"Color": "saturation", "Contrast": "contrast", "Brightness": "brightness", "Sharpness": "sharpness"}
+#: timm's enhance ops -> the plan's (PIL's ImageEnhance byte for byte: brightness and sharpness are PIL's arithmetic
+#: as they are; colour and contrast need PIL's own luma and blend, pil_enhance.py)
+ENHANCE = {"Color": "pil_color", "Contrast": "pil_contrast", "Brightness": "brightness", "Sharpness": "sharpness"}
 KNOWN = (
     set(PLAIN)
     | set(ENHANCE)
@@ -138,14 +142,12 @@ class TimmOp:
             b.add("solarize_add", index, add=add, threshold=np.full(index.size, 128, np.int64))
             return
         if name in ENHANCE:
-            b.add(ENHANCE[name], index, factor=(m / LEVEL_DENOM) * 1.8 + 0.1)
+            _enhance(b, ENHANCE[name], index, (m / LEVEL_DENOM) * 1.8 + 0.1)
             return
         if name.endswith("Increasing"):  # ColorIncreasing, ...: max(0.1, 1.0 + randomly negated (m / 10) * 0.9)
             level = (m / LEVEL_DENOM) * 0.9
-            b.add(
-                ENHANCE[name[: -len("Increasing")]],
-                index,
-                factor=np.maximum(0.1, 1.0 + np.where(negate, -level, level)),
+            _enhance(
+                b, ENHANCE[name[: -len("Increasing")]], index, np.maximum(0.1, 1.0 + np.where(negate, -level, level))
             )
             return
         self._geometry(b, index, m, negate, bicubic)
@@ -188,6 +190,13 @@ class TimmOp:
         for mode in np.unique(modes):
             sel = modes == mode
             b.affine(index[sel], mat[sel], int(mode), fill)
+
+
+def _enhance(b: PlanBuilder, op: str, index: np.ndarray, factor: np.ndarray) -> None:
+    if op.startswith("pil_"):  # PIL's luma as the installed PIL computes it (pil_enhance.py)
+        b.add(op, index, factor=factor, luma=np.full(index.size, pil_luma(), np.int64))
+    else:
+        b.add(op, index, factor=factor)
 
 
 def _pil_rotate(degrees: np.ndarray, hw: np.ndarray) -> np.ndarray:

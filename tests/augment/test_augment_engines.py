@@ -5,7 +5,7 @@ each op's whole range), with why:
 
 | op | max | mean | why they differ |
 |---|---|---|---|
-| brightness, invert, solarize, solarize_add, posterize, equalize, sharpness, erase, erase_random, flips, integer translations | 0 | 0 | same formula and rounding |
+| brightness, invert, solarize, solarize_add, posterize, equalize, sharpness, erase, erase_random, pil_color, pil_contrast, flips, integer translations | 0 | 0 | same formula and rounding |
 | contrast, saturation | 1 | 0.35 | PIL's luma rounds (and contrast's mean is rounded to an int); torchvision floors |
 | grayscale | 1 | 0.6 | PIL rounds 0.299 R + ...; torchvision truncates 0.2989 R + ... |
 | autocontrast | 1 | 0.01 | ``x * scale + offset`` (PIL) vs ``(x - lo) / inv_scale`` (torchvision) at integer boundaries |
@@ -25,6 +25,7 @@ from augment_common import H, W, differences, engines, photo_tiles, smooth_tiles
 from fastload._augment import geometry as G
 from fastload._augment.engine_pil import run_pil
 from fastload._augment.engine_torch import run_torch
+from fastload._augment.pil_enhance import pil_luma
 from fastload._augment.plan import BILINEAR, NEAREST, PlanBuilder
 
 N = 48
@@ -41,6 +42,9 @@ def _columns(name: str, rng: np.random.Generator) -> dict:
         "brightness": lambda: dict(factor=rng.uniform(0, 2, N)),
         "contrast": lambda: dict(factor=rng.uniform(0, 2, N)),
         "saturation": lambda: dict(factor=rng.uniform(0, 2, N)),
+        # timm's factors up to mmax 30 and negative ones; the installed PIL's luma (pil_enhance.py)
+        "pil_color": lambda: dict(factor=rng.uniform(-1, 5.5, N), luma=np.full(N, pil_luma())),
+        "pil_contrast": lambda: dict(factor=rng.uniform(-1, 5.5, N), luma=np.full(N, pil_luma())),
         "hue": lambda: dict(factor=rng.uniform(-0.5, 0.5, N)),
         "sharpness": lambda: dict(factor=rng.uniform(0, 2, N)),
         "solarize": lambda: dict(threshold=rng.integers(0, 256, N).astype(float)),  # values equal to it: >= vs >
@@ -67,6 +71,8 @@ BOUNDS = {
     "sharpness": (0, 0.0),
     "erase": (0, 0.0),
     "erase_random": (0, 0.0),
+    "pil_color": (0, 0.0),
+    "pil_contrast": (0, 0.0),
     "contrast": (1, 0.35),
     "saturation": (1, 0.35),
     "grayscale": (1, 0.6),

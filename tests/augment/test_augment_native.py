@@ -100,6 +100,9 @@ def columns(name: str, n: int, h: int, w: int, rng: np.random.Generator) -> dict
         "brightness": lambda: dict(factor=rng.uniform(0, 2, n)),
         "contrast": lambda: dict(factor=rng.uniform(0, 2, n)),
         "saturation": lambda: dict(factor=rng.uniform(0, 2, n)),
+        # timm's factors up to mmax 30 and negative ones; both lumas (pil_enhance.py)
+        "pil_color": lambda: dict(factor=rng.uniform(-1, 5.5, n), luma=rng.integers(0, 2, n)),
+        "pil_contrast": lambda: dict(factor=rng.uniform(-1, 5.5, n), luma=rng.integers(0, 2, n)),
         "hue": lambda: dict(factor=rng.uniform(-0.5, 0.5, n)),
         "sharpness": lambda: dict(factor=rng.uniform(0, 2, n)),
         "solarize": lambda: dict(threshold=rng.integers(0, 256, n).astype(float)),
@@ -318,8 +321,8 @@ def test_the_valid_call_runs():
     (dict(images=np.zeros((4, 3, 8, 8), np.uint8).transpose(0, 2, 3, 1)), ValueError,
      r"images: expected a C-contiguous .*strides \(192, 8, 1, 64\)"),
     (dict(op=np.array([7.0, 6.0])), TypeError, r"op: expected an integer array.*float64"),
-    (dict(op=np.array([7, 15])), ValueError, r"step 1: operation id 15 is outside \[0, 14\]"),
-    (dict(op=np.array([-1, 6])), ValueError, r"step 0: operation id -1 is outside \[0, 14\]"),
+    (dict(op=np.array([7, 17])), ValueError, r"step 1: operation id 17 is outside \[0, 16\]"),
+    (dict(op=np.array([-1, 6])), ValueError, r"step 0: operation id -1 is outside \[0, 16\]"),
     (dict(offset=np.array([0, 4])), ValueError, r"offset: expected shape \(3,\), got shape \(2,\)"),
     (dict(offset=np.array([0, 2, 3])), ValueError, "offset should run from 0 to the number of rows 4, got 0 to 3"),
     (dict(offset=np.array([0, 3, 2, 4]), op=np.array([7, 7, 6])), ValueError,
@@ -361,6 +364,8 @@ def test_read_only_images_are_refused():
     (12, [1, 0, 0, 0], [3, 3, 0, 0], "gaussian_blur.*sigma y 0 should be positive"),
     (14, [0, 0, 0, 0], [256, 128, 0, 0], r"solarize_add.*add 256 / threshold 128 is outside \[0, 255\] / \[0, 256\]"),
     (14, [0, 0, 0, 0], [10, 257, 0, 0], r"solarize_add.*add 10 / threshold 257 is outside"),
+    (15, [2, 0, 0, 0], [-1, 0, 0, 0], r"pil_color.*luma -1 should be 0 \(Pillow's\) or 1 \(pillow-simd's\)"),
+    (16, [1e300, 0, 0, 0], [1, 0, 0, 0], "pil_contrast.*factor 1e[+]300 is not finite in float32"),
 ])
 def test_bad_parameters_name_the_operation_and_value(op, f, i, pattern):
     with pytest.raises(ValueError, match=pattern):

@@ -123,9 +123,9 @@ def plan_one(name, m, negate=False, bicubic=False, hw=(40, 60), **kw):
     ("PosterizeIncreasing", 9.0, False, "posterize", "bits", 1),
     ("PosterizeOriginal", 5.0, False, "posterize", "bits", 6),
     # max(0.1, 1.0 -/+ (m / 10) * 0.9); (m / 10) * 1.8 + 0.1
-    ("ColorIncreasing", 9.0, True, "saturation", "factor", 1.0 - 0.9 * 0.9),
+    ("ColorIncreasing", 9.0, True, "pil_color", "factor", 1.0 - 0.9 * 0.9),
     ("BrightnessIncreasing", 9.0, False, "brightness", "factor", 1.0 + 0.9 * 0.9),
-    ("Contrast", 5.0, False, "contrast", "factor", 0.5 * 1.8 + 0.1),
+    ("Contrast", 5.0, False, "pil_contrast", "factor", 0.5 * 1.8 + 0.1),
 ])
 def test_each_ops_argument_is_timms_level_to_arg(name, m, negate, step, column, value):
     plan = plan_one(name, m, negate)
