@@ -182,6 +182,7 @@ def library_recipe(name: str, size: int) -> Recipe:
                 auto_augment=TIMM_RA_POLICY,
                 interpolation=TIMM_RA_INTERPOLATION,
                 re_prob=0.25,
+                re_mode="pixel",  # timm's train.py default and DeiT's; fastload erases with noise natively
             ),
             timm.data.create_transform(size, interpolation=TIMM_RA_INTERPOLATION),
         )

@@ -112,7 +112,8 @@ def test_the_timm_ra_recipe_is_deits_randaugment_run_natively_and_its_reorder_wa
     (crop,) = [t for t in recipe.train.transforms if type(t).__name__ == "RandomResizedCropAndInterpolation"]
     assert str(crop.interpolation).lower().endswith("bicubic"), crop.interpolation
     erasing = recipe.train.transforms[-1]
-    assert type(erasing).__name__ == "RandomErasing" and erasing.probability == 0.25 and erasing.mode == "const"
+    # timm's train.py default and DeiT's --remode pixel: per-pixel noise, erased natively in the fill stage
+    assert type(erasing).__name__ == "RandomErasing" and erasing.probability == 0.25 and erasing.mode == "pixel"
 
     monkeypatch.setattr(_ring, "_warned", set())  # warn_once: an earlier conversion in this process warned already
     with warnings.catch_warnings():
@@ -121,7 +122,8 @@ def test_the_timm_ra_recipe_is_deits_randaugment_run_natively_and_its_reorder_wa
     assert len(notes) == 1 and notes[0].startswith("train: UserWarning: ") and "RandAugment(num_layers=2)" in notes[0]
     assert "geometric ops" in notes[0] and "before its colour ops" in notes[0], notes
     pipe = T.ImagePipeline(recipe.train)
-    assert [type(t).__name__ for t in pipe.augment] == ["TimmRandAugment", "RandomErasing"], pipe
+    assert [type(t).__name__ for t in pipe.augment] == ["TimmRandAugment"], pipe
+    assert [(type(t).__name__, t.mode) for t in pipe.erase] == [("NoiseErasing", "pixel")], pipe
     assert not pipe.fallback and not pipe.after, pipe
 
 
