@@ -105,6 +105,28 @@ def _with_fallback(dataset: Any) -> Any:
     return packed
 
 
+def _say_erasing_stays_timms(re_prob: float, re_mode: str, re_count: int, re_num_splits: int, mixup: bool) -> None:
+    """Say once (per loader) that the prefetcher's erasing is timm's own object on the device batch, and why
+    fastload's native noise erasing (``_augment/noise_erasing.py``, in the fill stage) does not take it."""
+    why = [
+        "timm erases the batch after copying it as uint8 and normalizing it on the device, and fastload's native "
+        "erasing runs in the fill stage, before the copy, on batches it would then have to copy as float32 "
+        "(4x the bytes)"
+    ]
+    if mixup:
+        why.append("the batch is mixed (FastCollateMixup) before it is erased, and erasing first would mix the boxes")
+    if re_num_splits > 1:
+        why.append(f"re_split leaves the first 1/{re_num_splits} of each batch unerased, by its place in the batch")
+    warnings.warn(
+        f"fastload.timm.create_loader: the prefetcher's RandomErasing (re_prob={re_prob}, re_mode={re_mode!r}, "
+        f"re_count={re_count}) stays timm's own object, run on each normalized batch on the device, a Python loop "
+        f"over its samples, as timm's PrefetchLoader runs it: {'; '.join(why)}. Without mixup, "
+        f"use_prefetcher=False gives timm's per-sample erasing after Normalize, which fastload runs natively",
+        UserWarning,
+        stacklevel=3,
+    )
+
+
 class PrefetchLoader:
     """timm's ``PrefetchLoader`` over a :class:`fastload.DataLoader`: each ``(uint8 images, targets)`` batch
     moved to ``device`` (fastload's loader copies it there itself on CUDA), cast to ``img_dtype`` and normalized
@@ -348,6 +370,7 @@ def create_loader(
         erasing = RandomErasing(
             probability=re_prob, mode=re_mode, max_count=re_count, num_splits=re_num_splits, device=device
         )
+        _say_erasing_stays_timms(re_prob, re_mode, re_count, re_num_splits, mixup is not None)
     dtype = torch.float16 if fp16 else (img_dtype or torch.float32)
     return PrefetchLoader(
         loader,

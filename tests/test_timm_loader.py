@@ -156,6 +156,24 @@ def test_mixup_runs_before_erasing_on_the_normalized_batch(timm):
     assert mix.mixup_enabled is False and loader.mixup_enabled is False
 
 
+def test_the_prefetchers_erasing_says_once_why_it_stays_timms(timm):
+    """timm erases after the device copy and normalization (and after the collate's mixup): fastload's native
+    erasing, in the fill stage before the copy, cannot take its place; said once per loader, with the reason."""
+    stays = "stays timm's own object"
+    _, said = create(timm, is_training=True, re_prob=0.25)
+    (note,) = [s for s in said if stays in s]
+    assert "re_prob=0.25, re_mode='const', re_count=1" in note and "4x the bytes" in note, note
+    assert "FastCollateMixup" not in note and "re_split" not in note and "use_prefetcher=False" in note, note
+    _, said = create(timm, is_training=True, re_prob=1.0, re_split=True, collate_fn=FastCollateMixup(num_classes=3))
+    (note,) = [s for s in said if stays in s]
+    assert "mixed (FastCollateMixup) before it is erased" in note and "first 1/2 of each batch" in note, note
+    for kw in (dict(re_prob=0.0), dict(re_prob=0.25, use_prefetcher=False), dict(re_prob=0.25, no_aug=True)):
+        _, said = create(timm, is_training=True, **kw)
+        assert not [s for s in said if stays in s], (kw, said)
+    _, said = create(timm, re_prob=0.25)  # evaluation: no erasing
+    assert not [s for s in said if stays in s], said
+
+
 def test_img_dtype(timm):
     for kw, dtype in ((dict(img_dtype=torch.bfloat16), torch.bfloat16), (dict(fp16=True), torch.float16)):
         loader, _ = create(timm, **kw)

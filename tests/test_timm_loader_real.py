@@ -64,6 +64,23 @@ def test_training_with_collate_mixup_and_erasing(root):
         assert set(y.argmax(1).tolist()) <= set(labels.tolist())
 
 
+def test_the_prefetchers_erasing_stays_timms_saying_why_and_without_it_erasing_is_native(root):
+    ours, theirs, said = both(root, is_training=True, re_prob=0.5, re_mode="pixel", re_count=2)
+    (note,) = [s for s in said if "stays timm's own object" in s]
+    assert "re_mode='pixel', re_count=2" in note and "4x the bytes" in note, note
+    assert type(ours.random_erasing) is type(theirs.random_erasing)
+    assert vars(ours.random_erasing) == vars(theirs.random_erasing)
+    # use_prefetcher=False (what the note offers): timm's per-sample erasing after Normalize, run natively
+    ours, said = quietly(ft.create_loader, td.ImageDataset(root), input_size=32, batch_size=4, num_workers=0,
+                         device=CPU, is_training=True, re_prob=0.5, re_mode="pixel", re_count=2, use_prefetcher=False)
+    assert fast(ours) and not [s for s in said if "stays timm's own object" in s], said
+    pipe = ours._packed.pipelines["image"]  # the pack the fast path reads (ours.dataset stays timm's)
+    assert [(type(t).__name__, t.mode, t.count) for t in pipe.erase] == [("NoiseErasing", "pixel", (1, 2))]
+    assert not pipe.fallback and not pipe.after, pipe
+    x, _ = next(iter(ours))
+    assert x.dtype == torch.float32 and torch.isfinite(x).all()
+
+
 def test_training_takes_timms_recipe(root):
     ours, _, _ = both(root, is_training=True, auto_augment="rand-m9-mstd0.5", re_prob=0.25, hflip=0.5)
     names = [type(t).__name__ for t in ours.dataset.transform.transforms]
