@@ -16,6 +16,7 @@ One file per concern:
 - ``color.py``: brightness, contrast, saturation, hue, grayscale: ColorJitter, Grayscale, RandomGrayscale
 - ``tone.py``: solarize, posterize, equalize, autocontrast, invert, sharpness and their Random* transforms
 - ``filters.py``: gaussian blur and erasing: GaussianBlur, RandomErasing
+- ``pil_enhance.py``: PIL's ImageEnhance Color / Contrast byte for byte (the installed PIL's luma): timm's ops
 - ``geometry.py``: flips and affine matrices (torchvision's inverse-affine formula): RandomHorizontalFlip,
   RandomVerticalFlip, RandomRotation, RandomAffine
 - ``policies.py``: TrivialAugmentWide, RandAugment, AutoAugment (ImageNet policy), ThreeAugment (DeiT III)

@@ -7,7 +7,7 @@ and 224x224 tiles and on full-range noise):
 
 | op | max | mean | why |
 |---|---|---|---|
-| brightness, contrast, saturation, hue, grayscale, solarize, posterize, invert | 0 | 0 | (1) |
+| brightness, contrast, saturation, hue, grayscale, solarize, posterize, invert, pil_color, pil_contrast | 0 | 0 | (1) |
 | equalize, autocontrast, sharpness, erase, erase_random | 0 | 0 | (1) |
 | gaussian blur | 1 | 1e-5 (measured 9e-6 smooth, 2e-6 photo) | (2) |
 
