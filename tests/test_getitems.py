@@ -24,40 +24,12 @@ from fastload._fill.batcher import Batcher
 
 from conftest import jpeg_bytes
 from forking import in_child
-
-DETERMINISTIC = {"image": [T.Resize((20, 30))]}
-RANDOM = {"image": [T.RandomResizedCrop(16), T.RandomHorizontalFlip()]}
-
-
-def assert_same_sample(a, b) -> None:
-    """``a`` is exactly ``b``: the same structure, types, and for tensors shape, dtype, strides and values."""
-    assert type(a) is type(b)
-    if isinstance(a, dict):
-        assert list(a) == list(b)
-        for k in a:
-            assert_same_sample(a[k], b[k])
-    elif isinstance(a, (tuple, list)):
-        assert len(a) == len(b)
-        for x, y in zip(a, b):
-            assert_same_sample(x, y)
-    elif isinstance(a, torch.Tensor):
-        assert (a.shape, a.dtype, a.stride()) == (b.shape, b.dtype, b.stride())
-        assert torch.equal(a, b)
-    else:
-        assert a == b
-
+from getitems_common import DETERMINISTIC, EVERY_KIND, RANDOM, assert_same_sample
 
 @pytest.mark.parametrize("as_dict", [False, True])
 @pytest.mark.parametrize("tokens", [T.Pad(6, value=-1), T.Bucket([2, 4, 8], value=-1)])
 def test_items_are_ds_i_exactly(every_kind_each_format, as_dict, tokens):
-    ds = fastload.open(
-        every_kind_each_format,
-        as_dict=as_dict,
-        transforms={
-            "image": [T.Resize((24, 20)), T.ToDtype(torch.float32, scale=True), T.Normalize([0.5] * 3, [0.2] * 3)],
-            "tokens": tokens,
-        },
-    )
+    ds = fastload.open(every_kind_each_format, as_dict=as_dict, transforms={**EVERY_KIND, "tokens": tokens})
     for idx in ([0, 5, 12, 3], [7], list(range(13)), [-1, 2, -13]):
         assert_same_sample(ds.__getitems__(idx), [ds[i] for i in idx])
     assert ds.__getitems__([]) == []
