@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import os
 import pickle
+import sys
 import threading
 import weakref
 import warnings
@@ -17,10 +18,12 @@ import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader as TorchLoader
+from torch.utils.data import default_collate
 
 import fastload
 from fastload import transforms as T
 from fastload._fill.batcher import Batcher
+from fastload._front import getitems
 
 from conftest import jpeg_bytes
 from forking import in_child
@@ -319,3 +322,57 @@ def test_the_loader_says_once_what_its_generic_path_costs(packed_images, capfd):
     said = [str(w.message) for w in seen if issubclass(w.category, fastload.FastPathWarning)]
     assert len(said) == 1 and "per-sample decoding" in said[0], said
     assert "sample by sample" not in capfd.readouterr().err  # nor in the workers
+
+
+def _say_warnings_on_stderr(worker_id):
+    """A worker's warnings, each printed (pytest records the parent's where the child cannot hand them back)."""
+    warnings.simplefilter("always")
+    warnings.showwarning = lambda message, category, *a, **k: print(
+        f"WARNED {category.__name__}: {message}", file=sys.stderr, flush=True
+    )
+
+
+def test_without_torch_s_fetcher_it_says_why_once_and_its_batches_stay_right(packed_images, monkeypatch):
+    """torch's private fetcher gone (or changed): __getitems__ says so once, with the reason, and its batches are
+    still ds[i]'s, under torch's loader as called directly."""
+    fetch = torch.utils.data._utils.fetch
+    with monkeypatch.context() as m:
+        m.delattr(fetch, "_MapDatasetFetcher")
+        code, why = getitems._fetch_code()
+    assert code is None and "has no torch.utils.data._utils.fetch._MapDatasetFetcher" in why
+    with monkeypatch.context() as m:
+        m.setattr(fetch._MapDatasetFetcher, "fetch", lambda self, index: [self.dataset[i] for i in index])
+        assert "does not call dataset.__getitems__ itself" in getitems._fetch_code()[1]
+
+    monkeypatch.setattr(getitems, "_FETCH_CODE", None)
+    monkeypatch.setattr(getitems, "_FETCH_PROBLEM", why)
+    monkeypatch.setattr(getitems, "_SAID", set())
+    ds = fastload.open(packed_images, transforms=DETERMINISTIC)
+    want = [default_collate([ds[i] for i in range(s, min(len(ds), s + 8))]) for s in range(0, len(ds), 8)]
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        got = torch_batches(ds)
+        items = ds.__getitems__([3, 40, 7])
+    said = [str(w.message) for w in seen if issubclass(w.category, fastload.FastPathWarning)]
+    assert len(said) == 1 and why in said[0] and "cannot find the torch DataLoader" in said[0], said
+    assert len(got) == len(want) == 6
+    for a, b in zip(got, want):
+        assert_same_sample(a, b)
+    assert_same_sample(items, [ds[3], ds[40], ds[7]])
+
+
+def test_a_worker_that_finds_no_fetcher_frame_says_why_once_and_its_batches_stay_right(packed_images, monkeypatch,
+                                                                                      capfd):
+    """torch's fetcher no longer among the frames above __getitems__ (its internals changed): each worker says so
+    once, and the batches are still the fast path's."""
+    monkeypatch.setattr(getitems, "_FETCH_CODE", (lambda: None).__code__)  # what torch's fetch no longer is
+    monkeypatch.setattr(getitems, "_SAID", set())
+    ds = fastload.open(packed_images, transforms=DETERMINISTIC)
+    fast = list(fastload.DataLoader(ds, batch_size=8))
+    got = torch_batches(ds, num_workers=2, worker_init_fn=_say_warnings_on_stderr, multiprocessing_context="fork")
+    assert len(got) == len(fast) == 6
+    for (a_img, a_lab), (b_img, b_lab) in zip(got, fast):
+        assert torch.equal(a_img, b_img) and a_lab.tolist() == b_lab.tolist()
+    said = [line for line in capfd.readouterr().err.splitlines() if line.startswith("WARNED FastPathWarning")]
+    assert len(said) == 2, said  # once in each worker, not at each of its 3 batches
+    assert all("no frame of torch's _MapDatasetFetcher.fetch within 6 frames" in line for line in said), said
