@@ -376,3 +376,35 @@ def test_a_worker_that_finds_no_fetcher_frame_says_why_once_and_its_batches_stay
     said = [line for line in capfd.readouterr().err.splitlines() if line.startswith("WARNED FastPathWarning")]
     assert len(said) == 2, said  # once in each worker, not at each of its 3 batches
     assert all("no frame of torch's _MapDatasetFetcher.fetch within 6 frames" in line for line in said), said
+
+
+def test_without_torch_s_iterator_class_the_main_process_says_why_once(packed_images, monkeypatch):
+    """No ``_BaseDataLoaderIter`` to read the iterator's seed from (num_workers=0): said once, batches still right."""
+    monkeypatch.setattr(getitems, "_ITERATOR", None)
+    monkeypatch.setattr(getitems, "_SAID", set())
+    ds = fastload.open(packed_images, transforms=DETERMINISTIC)
+    want = [default_collate([ds[i] for i in range(s, min(len(ds), s + 8))]) for s in range(0, len(ds), 8)]
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        got = torch_batches(ds)
+    said = [str(w.message) for w in seen if issubclass(w.category, fastload.FastPathWarning)]
+    assert len(said) == 1 and "has no torch.utils.data.dataloader._BaseDataLoaderIter" in said[0], said
+    for a, b in zip(got, want, strict=True):
+        assert_same_sample(a, b)
+
+
+def test_the_fetcher_found_through_a_wrapper_then_directly_keys_the_same_draws(packed_images):
+    """The frame depth cached from a call through ``Subset`` (one frame deeper) is checked, not trusted: the next
+    loader, straight over the dataset, still finds its fetcher and iterator seed."""
+    ds = fastload.open(packed_images, transforms=RANDOM)
+    subset = torch.utils.data.Subset(ds, list(range(len(ds))))
+    seeded = lambda: torch.Generator().manual_seed(5)  # noqa: E731
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", fastload.FastPathWarning)  # nothing degraded
+        through_subset = torch_batches(subset, generator=seeded())
+        assert ds.batch_items.depth == 2  # Subset.__getitems__ between torch's fetch and ds.__getitems__
+        direct = torch_batches(ds, generator=seeded())
+    assert ds.batch_items.depth == 1
+    fresh = torch_batches(fastload.open(packed_images, transforms=RANDOM), generator=seeded())
+    for a, b, c in zip(through_subset, direct, fresh, strict=True):
+        assert torch.equal(a[0], b[0]) and torch.equal(b[0], c[0]) and a[1].tolist() == c[1].tolist()

@@ -353,7 +353,9 @@ def _torch_caller(state: BatchItems, ds: Any) -> _Caller:
             degraded(f"torch {torch.__version__}'s fetcher {type(fetcher).__name__} has no collate_fn")
             fetcher = None
         collate_fn, base_seed = getattr(fetcher, "collate_fn", None), None
-        if it is not None and _ITERATOR is not None and isinstance(it, _ITERATOR):
+        if it is not None and _ITERATOR is None:
+            degraded(f"torch {torch.__version__} has no torch.utils.data.dataloader._BaseDataLoaderIter")
+        elif it is not None and isinstance(it, _ITERATOR):
             base_seed = getattr(it, "_base_seed", None)
             if base_seed is None:
                 degraded(f"torch {torch.__version__}'s DataLoader iterator has no _base_seed")
