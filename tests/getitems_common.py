@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from torch.utils.data import default_collate
 
 from fastload import transforms as T
 
@@ -35,3 +36,9 @@ def assert_same_sample(a, b, strides: bool = True) -> None:
         assert a.dtype == b.dtype and np.array_equal(a, b)
     else:
         assert a == b
+
+
+def expected_batches(ds, batch_size: int) -> list:
+    """``default_collate`` of ``ds[i]``'s rows, batch by batch, in order: what torch's loader gives unshuffled."""
+    n = len(ds)
+    return [default_collate([ds[i] for i in range(s, min(n, s + batch_size))]) for s in range(0, n, batch_size)]

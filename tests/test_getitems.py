@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader as TorchLoader
-from torch.utils.data import default_collate
 
 import fastload
 from fastload import transforms as T
@@ -27,7 +26,7 @@ from fastload._front import getitems
 
 from conftest import jpeg_bytes
 from forking import in_child
-from getitems_common import DETERMINISTIC, EVERY_KIND, RANDOM, assert_same_sample
+from getitems_common import DETERMINISTIC, EVERY_KIND, RANDOM, assert_same_sample, expected_batches
 
 @pytest.mark.parametrize("as_dict", [False, True])
 @pytest.mark.parametrize("tokens", [T.Pad(6, value=-1), T.Bucket([2, 4, 8], value=-1)])
@@ -332,6 +331,17 @@ def _say_warnings_on_stderr(worker_id):
     )
 
 
+def batches_and_warnings(ds) -> list[str]:
+    """The FastPathWarnings torch's loader (0 workers, batches of 8) over ``ds`` gave, once its batches were
+    checked to be ``default_collate`` of ``ds[i]``'s rows."""
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        got = torch_batches(ds)
+    for a, b in zip(got, expected_batches(ds, 8), strict=True):
+        assert_same_sample(a, b)
+    return [str(w.message) for w in seen if issubclass(w.category, fastload.FastPathWarning)]
+
+
 def test_without_torch_s_fetcher_it_says_why_once_and_its_batches_stay_right(packed_images, monkeypatch):
     """torch's private fetcher gone (or changed): __getitems__ says so once, with the reason, and its batches are
     still ds[i]'s, under torch's loader as called directly."""
@@ -348,17 +358,9 @@ def test_without_torch_s_fetcher_it_says_why_once_and_its_batches_stay_right(pac
     monkeypatch.setattr(getitems, "_FETCH_PROBLEM", why)
     monkeypatch.setattr(getitems, "_SAID", set())
     ds = fastload.open(packed_images, transforms=DETERMINISTIC)
-    want = [default_collate([ds[i] for i in range(s, min(len(ds), s + 8))]) for s in range(0, len(ds), 8)]
-    with warnings.catch_warnings(record=True) as seen:
-        warnings.simplefilter("always")
-        got = torch_batches(ds)
-        items = ds.__getitems__([3, 40, 7])
-    said = [str(w.message) for w in seen if issubclass(w.category, fastload.FastPathWarning)]
+    said = batches_and_warnings(ds)
     assert len(said) == 1 and why in said[0] and "cannot find the torch DataLoader" in said[0], said
-    assert len(got) == len(want) == 6
-    for a, b in zip(got, want):
-        assert_same_sample(a, b)
-    assert_same_sample(items, [ds[3], ds[40], ds[7]])
+    assert_same_sample(ds.__getitems__([3, 40, 7]), [ds[3], ds[40], ds[7]])
 
 
 def test_a_worker_that_finds_no_fetcher_frame_says_why_once_and_its_batches_stay_right(packed_images, monkeypatch,
@@ -382,15 +384,8 @@ def test_without_torch_s_iterator_class_the_main_process_says_why_once(packed_im
     """No ``_BaseDataLoaderIter`` to read the iterator's seed from (num_workers=0): said once, batches still right."""
     monkeypatch.setattr(getitems, "_ITERATOR", None)
     monkeypatch.setattr(getitems, "_SAID", set())
-    ds = fastload.open(packed_images, transforms=DETERMINISTIC)
-    want = [default_collate([ds[i] for i in range(s, min(len(ds), s + 8))]) for s in range(0, len(ds), 8)]
-    with warnings.catch_warnings(record=True) as seen:
-        warnings.simplefilter("always")
-        got = torch_batches(ds)
-    said = [str(w.message) for w in seen if issubclass(w.category, fastload.FastPathWarning)]
+    said = batches_and_warnings(fastload.open(packed_images, transforms=DETERMINISTIC))
     assert len(said) == 1 and "has no torch.utils.data.dataloader._BaseDataLoaderIter" in said[0], said
-    for a, b in zip(got, want, strict=True):
-        assert_same_sample(a, b)
 
 
 def test_the_fetcher_found_through_a_wrapper_then_directly_keys_the_same_draws(packed_images):

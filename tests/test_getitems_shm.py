@@ -20,12 +20,7 @@ import fastload
 from fastload._front import getitems_shm as _getitems_shm
 from fastload._native import native
 
-from getitems_common import DETERMINISTIC, EVERY_KIND, assert_same_sample
-
-def expected_batches(ds, batch_size: int) -> list:
-    n = len(ds)
-    return [default_collate([ds[i] for i in range(s, min(n, s + batch_size))]) for s in range(0, n, batch_size)]
-
+from getitems_common import DETERMINISTIC, EVERY_KIND, assert_same_sample, expected_batches
 
 @pytest.mark.parametrize("as_dict", [False, True])
 @pytest.mark.parametrize("workers, persistent, pin", [(0, False, False), (2, False, False), (2, True, True)])

@@ -15,6 +15,8 @@ from fastload.fast.fill import Fill, Reservations
 from fastload.fast.order import Jobs, Order
 from fastload.fast.producer import FillPolicy
 
+from .stages_common import Handed
+
 
 def test_a_filled_slot_is_not_handed_out_again_until_collated(records):
     batcher = Batcher(records, 16, 0)
@@ -25,15 +27,6 @@ def test_a_filled_slot_is_not_handed_out_again_until_collated(records):
     a, b = next(fill), next(fill)  # two filled, neither collated yet: nothing views them
     assert a[0] is not b[0] and len(reserved.ids) == 2
     assert a[3] >= 0 and a[1] == 16
-
-    class Handed:  # the producer stage's interface to Collate: an iterator and its queue depth
-        ready = 0
-
-        def __init__(self, items):
-            self.items = iter(items)
-
-        def __next__(self):
-            return next(self.items)
 
     collate = Collate(Handed([a, b]), Collator.for_batcher(batcher), reserved, stats, FillPolicy().steps)
     tokens, labels = next(collate)
@@ -125,15 +118,6 @@ def test_a_batch_is_counted_by_its_own_indices_even_when_its_slot_is_refilled_at
                 FillPolicy().fills)
     a = next(fill)
     filled = [a[0]]
-
-    class Handed:
-        ready = 0
-
-        def __init__(self, items):
-            self.items = iter(items)
-
-        def __next__(self):
-            return next(self.items)
 
     next(Collate(Handed([a]), Collator.for_batcher(batcher), reserved, stats, FillPolicy().steps))
     assert a[0].indices.tolist() == list(range(100, 116))  # the double did refill it
