@@ -108,18 +108,70 @@ class Round:
     result: Any    # what the configuration returned
 
 
-def alternate(configs: dict[str, Callable[[], Any]], count: int) -> dict[str, list[Round]]:
+def alternate(configs: dict[str, Callable[[], Any]], count: int,
+              between: Callable[[str], None] | None = None) -> dict[str, list[Round]]:
     """Run every configuration once to warm up (page cache, worker processes, native threads), then ``count``
-    rounds of each in turn, so that drift on a shared machine hits every configuration alike."""
-    for fn in configs.values():
+    rounds of each in turn, so that drift on a shared machine hits every configuration alike. ``between(name)``
+    runs after each call of configuration ``name`` (warm-up included), outside its timed window (e.g. ``settle``)."""
+    for name, fn in configs.items():
         fn()
+        if between is not None:
+            between(name)
     timings: dict[str, list[Round]] = {k: [] for k in configs}
     for _ in range(count):
         for name, fn in configs.items():
             t, c = time.perf_counter(), time.process_time()
             result = fn()
             timings[name].append(Round(time.perf_counter() - t, time.process_time() - c, result))
+            if between is not None:
+                between(name)
     return timings
+
+
+def tree_cpu_seconds() -> float | None:
+    """CPU seconds used so far by this process (all its threads) and its live descendants (a loader's worker
+    processes), from /proc; None where there is no /proc (not Linux)."""
+    if not os.path.isdir("/proc/self"):
+        return None
+    parent, cpu = {}, {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+        except OSError:  # gone since the listing
+            continue
+        pid = int(entry.name)
+        parent[pid], cpu[pid] = int(fields[1]), int(fields[11]) + int(fields[12])  # ppid, utime + stime
+    mine = {os.getpid()}
+    grew = True
+    while grew:
+        grew = False
+        for pid, pp in parent.items():
+            if pp in mine and pid not in mine:
+                mine.add(pid)
+                grew = True
+    return sum(cpu[pid] for pid in mine) / os.sysconf("SC_CLK_TCK")
+
+
+def settle(limit_s: float = 5.0, sample_s: float = 0.2, idle: float = 0.15) -> tuple[float, bool]:
+    """Wait until this process and its workers are idle (below ``idle`` of one core over a ``sample_s`` sample),
+    at most ``limit_s``. Returns the CPU seconds they used meanwhile (what a loader did after its timed window,
+    which would have been charged to the next one; the /proc reads here add about 0.01 s a sample) and whether
+    they did go idle."""
+    start = last = tree_cpu_seconds()
+    if start is None or last is None:
+        return 0.0, True
+    t0 = time.perf_counter()
+    now = last
+    while time.perf_counter() - t0 < limit_s:
+        time.sleep(sample_s)
+        now = tree_cpu_seconds() or last
+        if now - last < idle * sample_s:
+            return now - start, True
+        last = now
+    return now - start, False
 
 
 def image_rounds(configs: dict[str, Callable[[], int]], count: int) -> tuple[dict[str, list[float]],

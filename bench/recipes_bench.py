@@ -30,6 +30,15 @@ fields, edges, texture and noise, about 500 x 375, 8 classes) built once under `
 real photographs with ``--photos N`` (N per class; needs its pinned wheels). Each group's loaders alternate
 rounds after a warm-up round; rows are medians; ratios are within the group and this run.
 
+Rows are isolated by waiting, not by stopping workers: a row's loader keeps its persistent workers (processes for
+torch, threads for fastload) from round to round, as a training script's loader does, so worker start-up stays out
+of every timed round. Its workers go idle once an epoch is drained (torch's persistent workers prefetch only when
+the next ``iter()`` resets them, inside that row's own window), and after each round (and the warm-up) the bench
+waits, untimed, until this process and all its child processes use under 15% of a core (``_common.settle``), so
+the next row's window never starts while the previous row's loader still runs. The report gives the most CPU any
+row's loader used after its own window (the /proc reads that measure it count too: about 0.01 s a sample), and
+names a row that was still busy after 5 s (then the next row's timing shared the CPU with it).
+
 Agreement, per row: per-channel mean / std over every batch the row loaded (every 8th pixel row and column),
 their largest difference from the group's torch row, and the total-variation distance between the row's label
 histogram (every label it yielded) and torch's. On the deterministic recipe (timm eval) the first samples are
@@ -60,7 +69,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import fastload  # noqa: E402
-from _common import alternate, command, heading, medians, parser, publish, spread, write_csv  # noqa: E402
+from _common import alternate, command, heading, medians, parser, publish, settle, spread, write_csv  # noqa: E402
 
 CLASSES = 8
 
@@ -293,8 +302,10 @@ def exact_check(folder: Path, make, count: int = 8) -> str:
     return f"first {len(diffs)} samples: max |fastload - torchvision| = {max(diffs):.3g}"
 
 
-def run_group(name: str, configs: dict[str, Callable[[], Any]], rounds: int, epochs: int, classes: int) -> list[dict]:
-    """Build the group's loaders, alternate their rounds, return one row per loader (the torch row first)."""
+def run_group(name: str, configs: dict[str, Callable[[], Any]], rounds: int, epochs: int, classes: int,
+              skipped: list[str]) -> list[dict]:
+    """Build the group's loaders, alternate their rounds, return one row per loader (the torch row first); none,
+    with the reason in ``skipped``, where a loader loaded nothing."""
     stats = {k: Stats(classes) for k in configs}
     runs = {}
     for k, make in configs.items():
@@ -303,7 +314,13 @@ def run_group(name: str, configs: dict[str, Callable[[], Any]], rounds: int, epo
             continue
         runs[k] = drain(loader, epochs, stats[k])
     print(f"[{name}] {', '.join(runs)}: warm-up + {rounds} round(s)", flush=True)
-    timings = alternate(runs, rounds)
+    after: dict[str, list[tuple[float, bool]]] = {k: [] for k in runs}
+    timings = alternate(runs, rounds, between=lambda k: after[k].append(settle()))
+    empty = [k for k, v in timings.items() if not all(r.result for r in v)]
+    if empty:  # e.g. an IterableDataset's worker shares smaller than one drop_last batch
+        skipped.append(f"{name}: {', '.join(empty)} loaded no sample in a round (fewer samples than one drop_last "
+                       f"batch, per worker for an IterableDataset): a larger --count or a smaller --batch-size")
+        return []
     rates = {k: [r.result / r.wall for r in v] for k, v in timings.items()}
     med = medians(rates)
     base = next(iter(runs))
@@ -314,7 +331,8 @@ def run_group(name: str, configs: dict[str, Callable[[], Any]], rounds: int, epo
                      "dtype": st.dtype, "mean": st.mean(), "std": st.std(),
                      "dmean": float(np.abs(st.mean() - ref.mean()).max()),
                      "dstd": float(np.abs(st.std() - ref.std()).max()),
-                     "tv": 0.5 * float(np.abs(st.hist() - ref.hist()).sum()), "labels": st.labels.tolist()})
+                     "tv": 0.5 * float(np.abs(st.hist() - ref.hist()).sum()), "labels": st.labels.tolist(),
+                     "after_s": max(c for c, _ in after[k]), "busy": not all(quiet for _, quiet in after[k])})
     return rows
 
 
@@ -404,7 +422,7 @@ def main() -> None:
 
     rows, exact = [], None
     for name, configs in groups.items():
-        rows += run_group(name, configs, args.rounds, args.epochs, n_classes)
+        rows += run_group(name, configs, args.rounds, args.epochs, n_classes, skipped)
         if name == "timm eval":
             exact = exact_check(folder, made["timm eval"])
 
@@ -429,6 +447,13 @@ def main() -> None:
         fmt = lambda v: ", ".join(f"{x:.3f}" for x in v)  # noqa: E731
         lines.append(f"| {r['group']} | {r['loader']} | {spread(r['rates'])} | {r['ratio']:.2f}x | {r['dtype']} | "
                      f"{fmt(r['mean'])} | {fmt(r['std'])} | {r['dmean']:.3f} | {r['dstd']:.3f} | {r['tv']:.3f} |")
+    if rows:
+        worst = max(rows, key=lambda r: r["after_s"])
+        lines += ["", f"Isolation: after each round of a row, the next starts once this process and its workers are "
+                      f"idle; the most CPU a row's loader used after its own window: {worst['after_s']:.2f} s "
+                      f"({worst['group']}: {worst['loader']})."]
+    lines += [f"- NOT ISOLATED: {r['group']}: {r['loader']} was still busy 5 s after a round: the next row's timing "
+              f"shares the CPU with it" for r in rows if r["busy"]]
     if exact:
         lines += ["", f"timm eval (deterministic), fastload.open(...)[i] vs ImageFolder[i]: {exact}"]
     if skipped:
@@ -441,6 +466,7 @@ def main() -> None:
                           "mean": " ".join(f"{x:.4f}" for x in r["mean"]),
                           "std": " ".join(f"{x:.4f}" for x in r["std"]), "dmean": f"{r['dmean']:.4f}",
                           "dstd": f"{r['dstd']:.4f}", "label_tv": f"{r['tv']:.4f}",
+                          "cpu_after_window_s": f"{r['after_s']:.3f}",
                           "labels": " ".join(map(str, r["labels"]))}
                          for r in rows for i, v in enumerate(r["rates"])))
 

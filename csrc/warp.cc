@@ -144,7 +144,10 @@ inline void bicubic_px(const uint8_t* src, int h, int w, double xin, double yin,
 // The generic transform's walk over the output (PIL's ImagingGenericTransform with affine_transform): each pixel's
 // sample point (x + 0.5, y + 0.5) mapped in double, the fill outside the tile, `px` inside. `from`: the first
 // column to do (the SIMD kernels below do the columns before it).
-template <void (*px)(const uint8_t*, int, int, double, double, uint8_t*)>
+// One output pixel from its sample point in the tile (bilinear_px, bicubic_px).
+using PixelFn = void (*)(const uint8_t*, int, int, double, double, uint8_t*);
+
+template <PixelFn px>
 inline void generic_row(const uint8_t* src, int h, int w, uint8_t* out, int y, int from, const double* a,
                         const uint8_t* fill) {
   const double yc = y + 0.5;
@@ -164,12 +167,22 @@ inline void generic_row(const uint8_t* src, int h, int w, uint8_t* out, int y, i
 // The same arithmetic four output pixels at a time in AVX2 doubles (each operation the scalar code's, in its order,
 // with no fused multiply-add: the same bytes). A group of four whose sample points all lie in the tile is done in
 // registers, its neighbours gathered 4 bytes at a time (RGB and one byte past: `src` has 4 bytes of slack after the
-// tile); a group all outside takes the fill; a group across the tile's edge goes pixel by pixel. Returns the first
-// column it did not do (the rest of the row goes through generic_row).
+// tile); a group all outside takes the fill; a group across the tile's edge goes pixel by pixel (avx2_row).
 struct Quad {
   __m256d xin, yin;  // the sample points, half a pixel subtracted
   int inside;        // bit k: pixel k's sample point lies in the tile
 };
+
+// A group's cells: the whole pixel below each sample point and the fraction past it (floor_int and xin - xi in the
+// scalar code).
+struct Cell {
+  __m128i xi, yi;
+  __m256d dx, dy;
+};
+
+// Four output pixels whose sample points all lie in the tile, from their cells, as 12 bytes (bilinear_quad,
+// bicubic_quad).
+using QuadFn = void (*)(const uint8_t*, int, int, const Cell&, uint8_t*);
 
 __attribute__((target("avx2"))) inline Quad map_quad(const double* a, int x, __m256d a1yc, __m256d a4yc, int h,
                                                      int w) {
@@ -216,46 +229,26 @@ __attribute__((target("avx2"))) inline __m128i pack_rgb(__m256d r, __m256d g, __
   return _mm_or_si128(ri, _mm_or_si128(_mm_slli_epi32(gi, 8), _mm_slli_epi32(bi, 16)));
 }
 
-__attribute__((target("avx2"))) int bilinear_avx2(const uint8_t* src, int h, int w, uint8_t* out, int y,
-                                                  const double* a, const uint8_t* fill) {
-  const double yc = y + 0.5;
-  const __m256d a1yc = _mm256_set1_pd(a[1] * yc), a4yc = _mm256_set1_pd(a[4] * yc);
+// Four bilinear output pixels from their cells (all sample points in the tile), as 12 bytes at o.
+__attribute__((target("avx2"))) inline void bilinear_quad(const uint8_t* src, int h, int w, const Cell& q,
+                                                          uint8_t* o) {
   const __m128i wmax = _mm_set1_epi32(w - 1), hmax = _mm_set1_epi32(h - 1), three = _mm_set1_epi32(3);
   const __m128i row = _mm_set1_epi32(w * 3), one = _mm_set1_epi32(1);
-  int x = 0;
-  for (; x + 4 <= w; x += 4) {
-    const Quad q = map_quad(a, x, a1yc, a4yc, h, w);
-    if (q.inside != 0xF) {
-      for (int k = 0; k < 4; ++k) {  // the edge of the tile (or all outside)
-        if (!(q.inside >> k & 1)) {
-          put_fill(out + 3 * (x + k), fill);
-        } else {
-          const double xc = x + k + 0.5;
-          bilinear_px(src, h, w, a[0] * xc + a[1] * yc + a[2], a[3] * xc + a[4] * yc + a[5], out + 3 * (x + k));
-        }
-      }
-      continue;
-    }
-    const __m256d fx = _mm256_floor_pd(q.xin), fy = _mm256_floor_pd(q.yin);
-    const __m256d dx = _mm256_sub_pd(q.xin, fx), dy = _mm256_sub_pd(q.yin, fy);
-    const __m128i xi = _mm256_cvttpd_epi32(fx), yi = _mm256_cvttpd_epi32(fy);
-    const __m128i x0 = _mm_mullo_epi32(clamp_epi32(xi, wmax), three);
-    const __m128i x1 = _mm_mullo_epi32(clamp_epi32(_mm_add_epi32(xi, one), wmax), three);
-    const __m128i r0 = _mm_mullo_epi32(clamp_epi32(yi, hmax), row);
-    const __m128i r1 = _mm_mullo_epi32(clamp_epi32(_mm_add_epi32(yi, one), hmax), row);  // below the tile: r0
-    const __m128i p00 = gather(src, _mm_add_epi32(r0, x0)), p01 = gather(src, _mm_add_epi32(r0, x1));
-    const __m128i p10 = gather(src, _mm_add_epi32(r1, x0)), p11 = gather(src, _mm_add_epi32(r1, x1));
-    __m256d v[3];
-    for (int c = 0; c < 3; ++c) {
-      // r[x0] + (r[x1] - r[x0]) * dx per row, then v1 + (v2 - v1) * dy
-      const __m256d a0 = channel(p00, c), b0 = channel(p10, c);
-      const __m256d v1 = _mm256_add_pd(a0, _mm256_mul_pd(_mm256_sub_pd(channel(p01, c), a0), dx));
-      const __m256d v2 = _mm256_add_pd(b0, _mm256_mul_pd(_mm256_sub_pd(channel(p11, c), b0), dx));
-      v[c] = _mm256_add_pd(v1, _mm256_mul_pd(_mm256_sub_pd(v2, v1), dy));
-    }
-    store4(pack_rgb(v[0], v[1], v[2]), out + 3 * x);
+  const __m128i x0 = _mm_mullo_epi32(clamp_epi32(q.xi, wmax), three);
+  const __m128i x1 = _mm_mullo_epi32(clamp_epi32(_mm_add_epi32(q.xi, one), wmax), three);
+  const __m128i r0 = _mm_mullo_epi32(clamp_epi32(q.yi, hmax), row);
+  const __m128i r1 = _mm_mullo_epi32(clamp_epi32(_mm_add_epi32(q.yi, one), hmax), row);  // below the tile: r0
+  const __m128i p00 = gather(src, _mm_add_epi32(r0, x0)), p01 = gather(src, _mm_add_epi32(r0, x1));
+  const __m128i p10 = gather(src, _mm_add_epi32(r1, x0)), p11 = gather(src, _mm_add_epi32(r1, x1));
+  __m256d v[3];
+  for (int c = 0; c < 3; ++c) {
+    // r[x0] + (r[x1] - r[x0]) * dx per row, then v1 + (v2 - v1) * dy
+    const __m256d a0 = channel(p00, c), b0 = channel(p10, c);
+    const __m256d v1 = _mm256_add_pd(a0, _mm256_mul_pd(_mm256_sub_pd(channel(p01, c), a0), q.dx));
+    const __m256d v2 = _mm256_add_pd(b0, _mm256_mul_pd(_mm256_sub_pd(channel(p11, c), b0), q.dx));
+    v[c] = _mm256_add_pd(v1, _mm256_mul_pd(_mm256_sub_pd(v2, v1), q.dy));
   }
-  return x;
+  store4(pack_rgb(v[0], v[1], v[2]), o);
 }
 
 // One cubic(v1, v2, v3, v4, d) per lane on four pixels' bytes (exact integers: p2, p3 and p4 computed in int32 are
@@ -279,13 +272,42 @@ __attribute__((target("avx2"))) inline __m256d cubic_pd(__m256d v1, __m256d v2, 
   return _mm256_add_pd(v2, _mm256_mul_pd(d, _mm256_add_pd(p2, _mm256_mul_pd(d, _mm256_add_pd(p3, _mm256_mul_pd(d, p4))))));
 }
 
-__attribute__((target("avx2"))) int bicubic_avx2(const uint8_t* src, int h, int w, uint8_t* out, int y,
-                                                 const double* a, const uint8_t* fill) {
-  const double yc = y + 0.5;
-  const __m256d a1yc = _mm256_set1_pd(a[1] * yc), a4yc = _mm256_set1_pd(a[4] * yc);
+// Four bicubic output pixels from their cells (all sample points in the tile), as 12 bytes at o.
+__attribute__((target("avx2"))) inline void bicubic_quad(const uint8_t* src, int h, int w, const Cell& q,
+                                                         uint8_t* o) {
   const __m128i wmax = _mm_set1_epi32(w - 1), hmax = _mm_set1_epi32(h - 1), three = _mm_set1_epi32(3);
   const __m128i row = _mm_set1_epi32(w * 3);
   const __m256d zero = _mm256_setzero_pd(), top = _mm256_set1_pd(255.0);
+  __m128i xs[4], px[4][4];
+  for (int k = 0; k < 4; ++k) {
+    xs[k] = _mm_mullo_epi32(clamp_epi32(_mm_add_epi32(q.xi, _mm_set1_epi32(k - 1)), wmax), three);
+  }
+  for (int r = 0; r < 4; ++r) {  // rows clamped to the tile (PIL's repeat of the row above is the same)
+    const __m128i base = _mm_mullo_epi32(clamp_epi32(_mm_add_epi32(q.yi, _mm_set1_epi32(r - 1)), hmax), row);
+    for (int k = 0; k < 4; ++k) px[r][k] = gather(src, _mm_add_epi32(base, xs[k]));
+  }
+  __m256d v[3];
+  for (int c = 0; c < 3; ++c) {
+    __m256d rows[4];
+    for (int r = 0; r < 4; ++r) {
+      rows[r] = cubic_bytes(byte_lanes(px[r][0], c), byte_lanes(px[r][1], c), byte_lanes(px[r][2], c),
+                            byte_lanes(px[r][3], c), q.dx);
+    }
+    // o <= 0 ? 0 : o >= 255 ? 255 : trunc(o)
+    v[c] = _mm256_min_pd(_mm256_max_pd(cubic_pd(rows[0], rows[1], rows[2], rows[3], q.dy), zero), top);
+  }
+  store4(pack_rgb(v[0], v[1], v[2]), o);
+}
+
+// A row's groups of four: a group whose sample points all lie in the tile through `quad`, from its cells (the
+// whole pixel below each point and the fraction past it, as floor_int and xin - xi in the scalar code); a group
+// all outside takes the fill; a group across the tile's edge goes pixel by pixel through `px`. Returns the first
+// column it did not do (the rest of the row goes through generic_row).
+template <PixelFn px, QuadFn quad>
+__attribute__((target("avx2"))) int avx2_row(const uint8_t* src, int h, int w, uint8_t* out, int y, const double* a,
+                                             const uint8_t* fill) {
+  const double yc = y + 0.5;
+  const __m256d a1yc = _mm256_set1_pd(a[1] * yc), a4yc = _mm256_set1_pd(a[4] * yc);
   int x = 0;
   for (; x + 4 <= w; x += 4) {
     const Quad q = map_quad(a, x, a1yc, a4yc, h, w);
@@ -295,57 +317,45 @@ __attribute__((target("avx2"))) int bicubic_avx2(const uint8_t* src, int h, int 
           put_fill(out + 3 * (x + k), fill);
         } else {
           const double xc = x + k + 0.5;
-          bicubic_px(src, h, w, a[0] * xc + a[1] * yc + a[2], a[3] * xc + a[4] * yc + a[5], out + 3 * (x + k));
+          px(src, h, w, a[0] * xc + a[1] * yc + a[2], a[3] * xc + a[4] * yc + a[5], out + 3 * (x + k));
         }
       }
       continue;
     }
     const __m256d fx = _mm256_floor_pd(q.xin), fy = _mm256_floor_pd(q.yin);
-    const __m256d dx = _mm256_sub_pd(q.xin, fx), dy = _mm256_sub_pd(q.yin, fy);
-    const __m128i xi = _mm256_cvttpd_epi32(fx), yi = _mm256_cvttpd_epi32(fy);
-    __m128i xs[4], px[4][4];
-    for (int k = 0; k < 4; ++k) xs[k] = _mm_mullo_epi32(clamp_epi32(_mm_add_epi32(xi, _mm_set1_epi32(k - 1)), wmax), three);
-    for (int r = 0; r < 4; ++r) {  // rows clamped to the tile (PIL's repeat of the row above is the same)
-      const __m128i base = _mm_mullo_epi32(clamp_epi32(_mm_add_epi32(yi, _mm_set1_epi32(r - 1)), hmax), row);
-      for (int k = 0; k < 4; ++k) px[r][k] = gather(src, _mm_add_epi32(base, xs[k]));
-    }
-    __m256d v[3];
-    for (int c = 0; c < 3; ++c) {
-      __m256d rows[4];
-      for (int r = 0; r < 4; ++r) {
-        rows[r] = cubic_bytes(byte_lanes(px[r][0], c), byte_lanes(px[r][1], c), byte_lanes(px[r][2], c),
-                              byte_lanes(px[r][3], c), dx);
-      }
-      // o <= 0 ? 0 : o >= 255 ? 255 : trunc(o)
-      v[c] = _mm256_min_pd(_mm256_max_pd(cubic_pd(rows[0], rows[1], rows[2], rows[3], dy), zero), top);
-    }
-    store4(pack_rgb(v[0], v[1], v[2]), out + 3 * x);
+    const Cell cell = {_mm256_cvttpd_epi32(fx), _mm256_cvttpd_epi32(fy), _mm256_sub_pd(q.xin, fx),
+                       _mm256_sub_pd(q.yin, fy)};
+    quad(src, h, w, cell, out + 3 * x);
   }
   return x;
 }
 #endif
 
-void bilinear(const uint8_t* src, int h, int w, uint8_t* tile, ptrdiff_t stride, const double* a,
-              const uint8_t* fill) {
-  for (int y = 0; y < h; ++y) {
-    uint8_t* out = tile + y * stride;
-    int from = 0;
+// The affine warp of a tile (`src`, a copy of it) into `tile`: each row's groups of four through the AVX2 kernels
+// where the CPU has them, the rest (or all) through the scalar walk.
+struct Bilinear {
+  static constexpr PixelFn px = bilinear_px;
 #ifdef FASTLOAD_X86
-    if (use_avx2()) from = bilinear_avx2(src, h, w, out, y, a, fill);
+  static constexpr QuadFn quad = bilinear_quad;
 #endif
-    generic_row<bilinear_px>(src, h, w, out, y, from, a, fill);
-  }
-}
+};
 
-void bicubic(const uint8_t* src, int h, int w, uint8_t* tile, ptrdiff_t stride, const double* a,
-             const uint8_t* fill) {
+struct Bicubic {
+  static constexpr PixelFn px = bicubic_px;
+#ifdef FASTLOAD_X86
+  static constexpr QuadFn quad = bicubic_quad;
+#endif
+};
+
+template <class Kernel>
+void warp(const uint8_t* src, int h, int w, uint8_t* tile, ptrdiff_t stride, const double* a, const uint8_t* fill) {
   for (int y = 0; y < h; ++y) {
     uint8_t* out = tile + y * stride;
     int from = 0;
 #ifdef FASTLOAD_X86
-    if (use_avx2()) from = bicubic_avx2(src, h, w, out, y, a, fill);
+    if (use_avx2()) from = avx2_row<Kernel::px, Kernel::quad>(src, h, w, out, y, a, fill);
 #endif
-    generic_row<bicubic_px>(src, h, w, out, y, from, a, fill);
+    generic_row<Kernel::px>(src, h, w, out, y, from, a, fill);
   }
 }
 
@@ -390,9 +400,9 @@ void apply_geometry(uint8_t* tile, int h, int w, ptrdiff_t stride, const AugGeom
   uint8_t fill[3];
   for (int c = 0; c < 3; ++c) fill[c] = static_cast<uint8_t>(g.fill[c]);
   if (g.interpolation == 2) {
-    bicubic(src, h, w, tile, stride, g.m, fill);
+    warp<Bicubic>(src, h, w, tile, stride, g.m, fill);
   } else if (g.interpolation == 1) {
-    bilinear(src, h, w, tile, stride, g.m, fill);
+    warp<Bilinear>(src, h, w, tile, stride, g.m, fill);
   } else if (g.m[1] == 0.0 && g.m[3] == 0.0) {
     scale_nearest(src, h, w, tile, stride, g.m, fill);
   } else {

@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import os
 import pickle
+import sys
 import threading
 import weakref
 import warnings
@@ -21,43 +22,16 @@ from torch.utils.data import DataLoader as TorchLoader
 import fastload
 from fastload import transforms as T
 from fastload._fill.batcher import Batcher
+from fastload._front import getitems
 
 from conftest import jpeg_bytes
 from forking import in_child
-
-DETERMINISTIC = {"image": [T.Resize((20, 30))]}
-RANDOM = {"image": [T.RandomResizedCrop(16), T.RandomHorizontalFlip()]}
-
-
-def assert_same_sample(a, b) -> None:
-    """``a`` is exactly ``b``: the same structure, types, and for tensors shape, dtype, strides and values."""
-    assert type(a) is type(b)
-    if isinstance(a, dict):
-        assert list(a) == list(b)
-        for k in a:
-            assert_same_sample(a[k], b[k])
-    elif isinstance(a, (tuple, list)):
-        assert len(a) == len(b)
-        for x, y in zip(a, b):
-            assert_same_sample(x, y)
-    elif isinstance(a, torch.Tensor):
-        assert (a.shape, a.dtype, a.stride()) == (b.shape, b.dtype, b.stride())
-        assert torch.equal(a, b)
-    else:
-        assert a == b
-
+from getitems_common import DETERMINISTIC, EVERY_KIND, RANDOM, assert_same_sample, expected_batches
 
 @pytest.mark.parametrize("as_dict", [False, True])
 @pytest.mark.parametrize("tokens", [T.Pad(6, value=-1), T.Bucket([2, 4, 8], value=-1)])
 def test_items_are_ds_i_exactly(every_kind_each_format, as_dict, tokens):
-    ds = fastload.open(
-        every_kind_each_format,
-        as_dict=as_dict,
-        transforms={
-            "image": [T.Resize((24, 20)), T.ToDtype(torch.float32, scale=True), T.Normalize([0.5] * 3, [0.2] * 3)],
-            "tokens": tokens,
-        },
-    )
+    ds = fastload.open(every_kind_each_format, as_dict=as_dict, transforms={**EVERY_KIND, "tokens": tokens})
     for idx in ([0, 5, 12, 3], [7], list(range(13)), [-1, 2, -13]):
         assert_same_sample(ds.__getitems__(idx), [ds[i] for i in idx])
     assert ds.__getitems__([]) == []
@@ -347,3 +321,85 @@ def test_the_loader_says_once_what_its_generic_path_costs(packed_images, capfd):
     said = [str(w.message) for w in seen if issubclass(w.category, fastload.FastPathWarning)]
     assert len(said) == 1 and "per-sample decoding" in said[0], said
     assert "sample by sample" not in capfd.readouterr().err  # nor in the workers
+
+
+def _say_warnings_on_stderr(worker_id):
+    """A worker's warnings, each printed (pytest records the parent's where the child cannot hand them back)."""
+    warnings.simplefilter("always")
+    warnings.showwarning = lambda message, category, *a, **k: print(
+        f"WARNED {category.__name__}: {message}", file=sys.stderr, flush=True
+    )
+
+
+def batches_and_warnings(ds) -> list[str]:
+    """The FastPathWarnings torch's loader (0 workers, batches of 8) over ``ds`` gave, once its batches were
+    checked to be ``default_collate`` of ``ds[i]``'s rows."""
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        got = torch_batches(ds)
+    for a, b in zip(got, expected_batches(ds, 8), strict=True):
+        assert_same_sample(a, b)
+    return [str(w.message) for w in seen if issubclass(w.category, fastload.FastPathWarning)]
+
+
+def test_without_torch_s_fetcher_it_says_why_once_and_its_batches_stay_right(packed_images, monkeypatch):
+    """torch's private fetcher gone (or changed): __getitems__ says so once, with the reason, and its batches are
+    still ds[i]'s, under torch's loader as called directly."""
+    fetch = torch.utils.data._utils.fetch
+    with monkeypatch.context() as m:
+        m.delattr(fetch, "_MapDatasetFetcher")
+        code, why = getitems._fetch_code()
+    assert code is None and "has no torch.utils.data._utils.fetch._MapDatasetFetcher" in why
+    with monkeypatch.context() as m:
+        m.setattr(fetch._MapDatasetFetcher, "fetch", lambda self, index: [self.dataset[i] for i in index])
+        assert "does not call dataset.__getitems__ itself" in getitems._fetch_code()[1]
+
+    monkeypatch.setattr(getitems, "_FETCH_CODE", None)
+    monkeypatch.setattr(getitems, "_FETCH_PROBLEM", why)
+    monkeypatch.setattr(getitems, "_SAID", set())
+    ds = fastload.open(packed_images, transforms=DETERMINISTIC)
+    said = batches_and_warnings(ds)
+    assert len(said) == 1 and why in said[0] and "cannot find the torch DataLoader" in said[0], said
+    assert_same_sample(ds.__getitems__([3, 40, 7]), [ds[3], ds[40], ds[7]])
+
+
+def test_a_worker_that_finds_no_fetcher_frame_says_why_once_and_its_batches_stay_right(packed_images, monkeypatch,
+                                                                                      capfd):
+    """torch's fetcher no longer among the frames above __getitems__ (its internals changed): each worker says so
+    once, and the batches are still the fast path's."""
+    monkeypatch.setattr(getitems, "_FETCH_CODE", (lambda: None).__code__)  # what torch's fetch no longer is
+    monkeypatch.setattr(getitems, "_SAID", set())
+    ds = fastload.open(packed_images, transforms=DETERMINISTIC)
+    fast = list(fastload.DataLoader(ds, batch_size=8))
+    got = torch_batches(ds, num_workers=2, worker_init_fn=_say_warnings_on_stderr, multiprocessing_context="fork")
+    assert len(got) == len(fast) == 6
+    for (a_img, a_lab), (b_img, b_lab) in zip(got, fast):
+        assert torch.equal(a_img, b_img) and a_lab.tolist() == b_lab.tolist()
+    said = [line for line in capfd.readouterr().err.splitlines() if line.startswith("WARNED FastPathWarning")]
+    assert len(said) == 2, said  # once in each worker, not at each of its 3 batches
+    assert all("no frame of torch's _MapDatasetFetcher.fetch within 6 frames" in line for line in said), said
+
+
+def test_without_torch_s_iterator_class_the_main_process_says_why_once(packed_images, monkeypatch):
+    """No ``_BaseDataLoaderIter`` to read the iterator's seed from (num_workers=0): said once, batches still right."""
+    monkeypatch.setattr(getitems, "_ITERATOR", None)
+    monkeypatch.setattr(getitems, "_SAID", set())
+    said = batches_and_warnings(fastload.open(packed_images, transforms=DETERMINISTIC))
+    assert len(said) == 1 and "has no torch.utils.data.dataloader._BaseDataLoaderIter" in said[0], said
+
+
+def test_the_fetcher_found_through_a_wrapper_then_directly_keys_the_same_draws(packed_images):
+    """The frame depth cached from a call through ``Subset`` (one frame deeper) is checked, not trusted: the next
+    loader, straight over the dataset, still finds its fetcher and iterator seed."""
+    ds = fastload.open(packed_images, transforms=RANDOM)
+    subset = torch.utils.data.Subset(ds, list(range(len(ds))))
+    seeded = lambda: torch.Generator().manual_seed(5)  # noqa: E731
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", fastload.FastPathWarning)  # nothing degraded
+        through_subset = torch_batches(subset, generator=seeded())
+        assert ds.batch_items.depth == 2  # Subset.__getitems__ between torch's fetch and ds.__getitems__
+        direct = torch_batches(ds, generator=seeded())
+    assert ds.batch_items.depth == 1
+    fresh = torch_batches(fastload.open(packed_images, transforms=RANDOM), generator=seeded())
+    for a, b, c in zip(through_subset, direct, fresh, strict=True):
+        assert torch.equal(a[0], b[0]) and torch.equal(b[0], c[0]) and a[1].tolist() == c[1].tolist()

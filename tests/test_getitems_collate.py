@@ -19,8 +19,7 @@ import fastload
 from fastload import transforms as T
 from fastload._front import getitems_shm as _getitems_shm
 
-from test_getitems import RANDOM, assert_same_sample
-from test_getitems_shm import EVERY_KIND
+from getitems_common import DETERMINISTIC, EVERY_KIND, RANDOM, assert_same_sample
 
 
 def _map(obj, fn):
@@ -96,24 +95,6 @@ def expected(ds, name: str, start: int, stop: int):
     return rows
 
 
-def assert_same_values(got, want) -> None:
-    """``got`` equals ``want``: structure, dtypes, shapes and values (numpy arrays compared as arrays)."""
-    if isinstance(want, np.ndarray):
-        assert isinstance(got, np.ndarray) and got.dtype == want.dtype and np.array_equal(got, want)
-    elif isinstance(want, dict):
-        assert list(got) == list(want)
-        for k in want:
-            assert_same_values(got[k], want[k])
-    elif isinstance(want, (list, tuple)):
-        assert len(got) == len(want)
-        for x, y in zip(got, want):
-            assert_same_values(x, y)
-    elif isinstance(want, torch.Tensor):
-        assert (got.shape, got.dtype) == (want.shape, want.dtype) and torch.equal(got, want)
-    else:
-        assert got == want
-
-
 UINT8 = {"image": [T.Resize((24, 20))], "tokens": T.Pad(6, value=-1)}  # rows view the slot itself
 
 
@@ -135,7 +116,7 @@ def test_whatever_a_collate_fn_does_with_the_rows_no_worker_crashes_and_no_batch
             if name == "stashing":
                 batch, changed = batch
                 assert changed == 0  # nothing a worker kept changed under it
-            assert_same_values(batch, expected(ds, name, b * 2, min(13, b * 2 + 2)))
+            assert_same_sample(batch, expected(ds, name, b * 2, min(13, b * 2 + 2)), strides=False)
 
 
 def test_what_torch_sends_of_a_row_is_a_copy_and_the_slot_stays_where_it_is(image_shards):
@@ -146,7 +127,7 @@ def test_what_torch_sends_of_a_row_is_a_copy_and_the_slot_stays_where_it_is(imag
 
     import torch.multiprocessing  # noqa: F401  (registers torch's reductions)
 
-    ds = fastload.open(image_shards, transforms={"image": [T.Resize((20, 30))]}, as_dict=True)
+    ds = fastload.open(image_shards, transforms=DETERMINISTIC, as_dict=True)
     rows = ds.__getitems__([0, 1, 2, 3])
     slots = ds.batch_items.ring.slots
     want = [ds[i] for i in range(4)]
@@ -179,7 +160,7 @@ class TypesSeen:  # a collator object as Hugging Face's: a dataclass, so unhasha
 @pytest.mark.parametrize("collate_fn", [types_seen, TypesSeen()], ids=["function", "dataclass"])
 @pytest.mark.parametrize("as_dict", [True, False])
 def test_a_user_collate_fn_gets_exactly_ds_i_s_types(image_shards, as_dict, collate_fn):
-    ds = fastload.open(image_shards, transforms={"image": [T.Resize((20, 30))]}, as_dict=as_dict)
+    ds = fastload.open(image_shards, transforms=DETERMINISTIC, as_dict=as_dict)
     for kind, row_kinds in TorchLoader(ds, batch_size=4, num_workers=2, collate_fn=collate_fn):
         assert row_kinds == [dict if as_dict else tuple] * 4  # type(row) is dict: not a subclass
         assert kind is list
@@ -194,7 +175,7 @@ def test_torch_s_default_collate_still_collates_from_the_pool(image_shards, monk
             super().__init__(*args)
 
     monkeypatch.setattr(_getitems_shm, "_Held", Counted)
-    ds = fastload.open(image_shards, transforms={"image": [T.Resize((20, 30))]})
+    ds = fastload.open(image_shards, transforms=DETERMINISTIC)
     got = list(TorchLoader(ds, batch_size=4, num_workers=2))
     assert len(got) == len(received) == 12
 

@@ -18,19 +18,9 @@ from torch.utils.data._utils.fetch import _MapDatasetFetcher
 
 import fastload
 from fastload._front import getitems_shm as _getitems_shm
-from fastload import transforms as T
 from fastload._native import native
 
-from test_getitems import DETERMINISTIC, assert_same_sample
-
-EVERY_KIND = {"image": [T.Resize((24, 20)), T.ToDtype(torch.float32, scale=True), T.Normalize([0.5] * 3, [0.2] * 3)],
-              "tokens": T.Pad(6, value=-1)}
-
-
-def expected_batches(ds, batch_size: int) -> list:
-    n = len(ds)
-    return [default_collate([ds[i] for i in range(s, min(n, s + batch_size))]) for s in range(0, n, batch_size)]
-
+from getitems_common import DETERMINISTIC, EVERY_KIND, assert_same_sample, expected_batches
 
 @pytest.mark.parametrize("as_dict", [False, True])
 @pytest.mark.parametrize("workers, persistent, pin", [(0, False, False), (2, False, False), (2, True, True)])

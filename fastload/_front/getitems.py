@@ -49,6 +49,11 @@ Falls back to ``[ds[i] for i in indices]`` where a batch cannot be decoded in on
 (nothing to decode), ``PackSequences`` (a lone sample is not packed), and, with one warning saying why,
 images of no fixed output size or variable-shape arrays with no Pad/Bucket (they cannot share a slot).
 Bad indices and bad samples raise exactly what ``ds[i]`` raises, naming the sample.
+
+torch's internals. What a call learns of its caller comes from torch's private ``_MapDatasetFetcher.fetch`` frame
+above it (and, in the main process, the iterator's ``_base_seed``): checked once at import (``_fetch_code``), and
+where a worker holding this dataset finds no such frame, ``__getitems__`` says once per process why
+(``degraded``) and goes on as a direct call would -- correct batches, without the keyed epochs and the pool.
 """
 
 from __future__ import annotations
@@ -63,8 +68,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import torch
-from torch.utils.data._utils.fetch import _MapDatasetFetcher
-from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from .._draws import BatchDraws, SampleDraws, occurrences
 from .._fill.batcher import Batcher
@@ -76,8 +79,57 @@ from .._transforms.sequences import PackSequences
 from ..fast.collate import Collator
 
 
-_FETCH_CODE = _MapDatasetFetcher.fetch.__code__  # torch's fetcher: dataset.__getitems__(index), then collate_fn
 _CALLER_DEPTH = 6  # frames searched above ds.__getitems__ (Subset and the like add one each)
+
+
+def _fetch_code() -> tuple[Any, str | None]:
+    """The code of torch's ``_MapDatasetFetcher.fetch`` (which calls ``dataset.__getitems__(index)``, then
+    ``collate_fn``), as ``_torch_caller`` looks for it among the frames above a call; or None and why not: torch's
+    private internals are not what this module was written against."""
+    version = f"torch {torch.__version__}"
+    try:
+        from torch.utils.data._utils.fetch import _MapDatasetFetcher
+    except ImportError as e:
+        return None, f"{version} has no torch.utils.data._utils.fetch._MapDatasetFetcher ({e})"
+    code = getattr(getattr(_MapDatasetFetcher, "fetch", None), "__code__", None)
+    if code is None:
+        return None, f"{version}'s _MapDatasetFetcher.fetch is not a plain Python function"
+    if "__getitems__" not in code.co_names:
+        return None, f"{version}'s _MapDatasetFetcher.fetch does not call dataset.__getitems__ itself"
+    return code, None
+
+
+def _iterator_type() -> type | None:
+    """torch's ``_BaseDataLoaderIter`` (the caller of the fetcher in the main process, holding the base seed)."""
+    try:
+        from torch.utils.data.dataloader import _BaseDataLoaderIter
+    except ImportError:
+        return None
+    return _BaseDataLoaderIter
+
+
+_FETCH_CODE, _FETCH_PROBLEM = _fetch_code()
+_ITERATOR = _iterator_type()
+_SAID: set[str] = set()  # the reasons degraded() gave in this process (a forked worker inherits its parent's)
+
+
+def degraded(reason: str) -> None:
+    """Says once per process (and not again in a worker forked after it was said) that ``__getitems__`` cannot
+    tell which torch loader calls it, why, and what that costs."""
+    if reason in _SAID:
+        return
+    _SAID.add(reason)
+    warnings.warn(
+        f"fastload.Dataset.__getitems__ cannot find the torch DataLoader calling it: {reason}. Its batches are "
+        "still ds[i]'s, but rows go to collate_fn as plain tensors (not the workers' shared-memory pool), a "
+        "persistent worker does not count its epochs (a sample's random draws repeat each epoch), repeated "
+        "reads of a sample in an epoch draw alike, and with num_workers=0 each batch draws its own seed (a run "
+        "does not repeat under torch.manual_seed). fastload.DataLoader does not depend on torch's internals.",
+        FastPathWarning,
+        stacklevel=5,
+    )
+
+
 _INHERITED: list = []  # in a forked child: batchers made by the parent, kept here for good (BatchItems.__del__)
 
 
@@ -101,6 +153,10 @@ class BatchItems:
         # new fetcher at every epoch, and keeps its seed
         self.fetcher: Any = None
         self.epoch = 0
+        # frames from ds.__getitems__'s caller up to torch's fetcher when last found (tried first), and
+        # (a weak reference to that fetcher, its collate_fn, the main process's iterator seed): _torch_caller
+        self.depth: int | None = None
+        self.caller: tuple | None = None
         # (the fetcher counted for, each sample's reads under it in this process, the rank word): occurrences
         self.counted: tuple | None = None
         # in a torch DataLoader worker: the pool batches are collated into (_getitems_shm), None elsewhere
@@ -210,7 +266,7 @@ def get_items(ds: Any, indices: Any) -> list:
     if not idx.size:
         return []
     state = _state(ds)
-    caller = _torch_caller()
+    caller = _torch_caller(state, ds)
     if state.reason is not None:
         if not ds.pipelines or caller.fetcher is None:
             return [ds[int(i)] for i in idx]
@@ -249,30 +305,65 @@ class _Caller(NamedTuple):
     base_seed: int | None
 
 
-def _torch_caller() -> _Caller:
+def _torch_caller(state: BatchItems, ds: Any) -> _Caller:
     """The torch ``_MapDatasetFetcher.fetch`` frame above this call, if any (through wrappers such as ``Subset``,
     whose ``__getitems__`` calls this one's): its fetcher and ``collate_fn``, and the base seed torch drew for the
     iterator (from the loader's ``generator``, or torch's global one, once per iterator). A worker has it as
-    ``get_worker_info().seed - id``; the main process (``num_workers=0``) from the iterator calling the fetcher."""
-    fetcher, base_seed = None, None
-    frame = sys._getframe(2)
+    ``get_worker_info().seed - id``; the main process (``num_workers=0``) from the iterator calling the fetcher.
+
+    ``state`` caches how many frames up the fetcher was found (tried first: one look instead of a walk) and what
+    was learnt of the latest fetcher (its ``collate_fn``; in the main process the iterator's seed). Where torch's
+    internals are not what this expects, it says why once (``degraded``) and goes on as if not called by torch."""
+    info = torch.utils.data.get_worker_info()
+    if _FETCH_CODE is None:
+        degraded(str(_FETCH_PROBLEM))
+        return _Caller(None, None, None if info is None else int(info.seed) - int(info.id))
+    frame: Any = None
     try:
-        for _ in range(_CALLER_DEPTH):
-            if frame is None:
-                break
-            if frame.f_code is _FETCH_CODE:
-                fetcher = frame.f_locals.get("self")
-                it = frame.f_back.f_locals.get("self") if frame.f_back is not None else None
-                if isinstance(it, _BaseDataLoaderIter):
-                    base_seed = getattr(it, "_base_seed", None)
-                break
-            frame = frame.f_back
+        if state.depth is not None:
+            try:
+                frame = sys._getframe(2 + state.depth)
+            except ValueError:  # the stack is shallower than last time
+                frame = None
+            if frame is not None and frame.f_code is not _FETCH_CODE:
+                frame = None
+        if frame is None:
+            frame, depth = sys._getframe(2), 0
+            while frame is not None and frame.f_code is not _FETCH_CODE:
+                depth += 1
+                frame = frame.f_back if depth < _CALLER_DEPTH else None
+            if frame is not None:
+                state.depth = depth
+        if frame is None:
+            if info is not None and info.dataset is ds:  # torch's worker holds this very dataset: its fetcher calls
+                degraded(
+                    f"a DataLoader worker called it with no frame of torch's _MapDatasetFetcher.fetch within "
+                    f"{_CALLER_DEPTH} frames above (torch {torch.__version__}'s internals differ)"
+                )
+            return _Caller(None, None, None if info is None else int(info.seed) - int(info.id))
+        fetcher = frame.f_locals.get("self")
+        it = frame.f_back.f_locals.get("self") if frame.f_back is not None and info is None else None
     finally:
         del frame
-    info = torch.utils.data.get_worker_info()
+    cached = state.caller
+    if cached is not None and cached[0]() is fetcher:
+        _, collate_fn, base_seed = cached
+    else:
+        if not hasattr(fetcher, "collate_fn"):
+            degraded(f"torch {torch.__version__}'s fetcher {type(fetcher).__name__} has no collate_fn")
+            fetcher = None
+        collate_fn, base_seed = getattr(fetcher, "collate_fn", None), None
+        if it is not None and _ITERATOR is None:
+            degraded(f"torch {torch.__version__} has no torch.utils.data.dataloader._BaseDataLoaderIter")
+        elif it is not None and isinstance(it, _ITERATOR):
+            base_seed = getattr(it, "_base_seed", None)
+            if base_seed is None:
+                degraded(f"torch {torch.__version__}'s DataLoader iterator has no _base_seed")
+        if fetcher is not None:
+            state.caller = (weakref.ref(fetcher), collate_fn, base_seed)
     if info is not None:
         base_seed = int(info.seed) - int(info.id)
-    return _Caller(getattr(fetcher, "collate_fn", None), fetcher, base_seed)
+    return _Caller(collate_fn, fetcher, base_seed)
 
 
 def _draws(state: BatchItems, caller: _Caller, idx: np.ndarray) -> BatchDraws:

@@ -111,6 +111,7 @@ class DataLoader(EpochsAndResume, torch.utils.data.DataLoader[T_co]):
     device = None
     seed = None
     _seed_given = None
+    _split_given = None
     on_error = "raise"
     memory_format = torch.channels_last
     decoder = "native"
@@ -222,6 +223,7 @@ class DataLoader(EpochsAndResume, torch.utils.data.DataLoader[T_co]):
         # generators exactly as torch would
         self.seed = as_int("seed", seed, 0) if seed is not None else None
         self._seed_given = self.seed  # what the caller asked for (a state's seed replacing it is said)
+        self._split_given = split  # None: the default, which follows the world when the loader is retargeted
         self.on_error = on_error
         self.memory_format = check_memory_format(memory_format)
         self.fast_path_reason: str | None = None
@@ -564,7 +566,9 @@ def sampler_replicas(loader: DataLoader) -> tuple[str, Any] | None:
 def retarget(loader: DataLoader, rank: int, world: int) -> None:
     """fastload's order for process ``rank`` of ``world`` (the same kind, seed and batching)."""
     if loader._order is not None:
-        order = for_rank(loader._order, rank, world)
+        source = loader._packed if loader._packed is not None else loader.dataset
+        remote = loader._split_given is None and getattr(source, "remote", False)  # its default split: by world
+        order = for_rank(loader._order, rank, world, source.reader.sizes if remote else None)
         if order is not loader._order and loader._seed_given is None and order.kind != "sequential":
             # a seed drawn by this process when the loader was built (before the process group): the ranks' draws
             # differ and their shares would overlap; they shuffle alike as a loader built under it does (__init__)

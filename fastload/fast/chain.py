@@ -45,14 +45,14 @@ def order_for(
         if split == "shards":
             if explicit:
                 raise ValueError("split='shards' cannot apply to a mix: it draws samples across datasets by weight")
-            split = _strided("a mix draws its samples across datasets by weight")
+            split = _strided(_MIX_WHY)
         return MixOrder(mixing, batch_size, **common)
     bucketed = [(n, t) for n, t in dataset.sequences.items() if isinstance(t, Bucket)]
     packed = [(n, t) for n, t in dataset.sequences.items() if isinstance(t, PackSequences)]
     if (packed or bucketed) and split == "shards":
         if explicit:
             raise ValueError("split='shards' needs plain batches: Bucket and PackSequences form their own")
-        split = _strided("Bucket and PackSequences form their own batches")
+        split = _strided(_SEQUENCES_WHY)
     if packed:
         name, spec = packed[0]
         return PackedOrder(dataset.reader.first_dims(name), batch_size * spec.row_length, **common)
@@ -69,25 +69,45 @@ def order_for(
         return Order(len(dataset), batch_size, shard_sizes=shard_sizes, split=_strided(str(e)), **common)
 
 
-def for_rank(order: Order, rank: int, world: int) -> Order:
+def for_rank(order: Order, rank: int, world: int, remote_shards: Any = None) -> Order:
     """The same order (kind, seed, batching) for process ``rank`` of ``world``; ``order`` itself when it is
-    that process's already."""
+    that process's already. ``remote_shards``: the shard sizes of a remote dataset whose split was not given, so
+    that its default (``order_for``: whole shards per rank on several ranks, else samples) follows ``world`` as it
+    would for a loader built under it (accelerate retargets one built before the process group)."""
     if isinstance(order, PackedOrder):
         if (order.pack_rank, order.pack_world) == (rank, world):
             return order
+        was = order.pack_world
     elif (order.rank, order.world_size) == (rank, world):
         return order
+    else:
+        was = order.world_size
     common = dict(
         kind=order.kind, seed=order.seed, rank=rank, world_size=world, drop_last=order.drop_last, window=order.window
     )
+    if remote_shards is not None and world > 1 and was <= 1 and isinstance(order, (PackedOrder, BucketOrder)):
+        _strided(_SEQUENCES_WHY)  # as order_for says it for a loader built on several ranks
     if isinstance(order, MixOrder):
         return MixOrder(order.mixing, order.batch_size, **common)
     if isinstance(order, PackedOrder):
         return PackedOrder(order.lengths, order.tokens_per_batch, **common)
     if isinstance(order, BucketOrder):
         return BucketOrder(order.bucket_ids, order.batch_size, **common)
-    shards = order.shard_sizes if order.kind == "quasi" or order.split == "shards" else None
-    return Order(order.num_samples, order.batch_size, shard_sizes=shards, split=order.split, **common)
+    split, sizes = order.split, order.shard_sizes
+    if remote_shards is not None:
+        split, sizes = ("shards" if world > 1 else "samples"), remote_shards
+    shards = sizes if order.kind == "quasi" or split == "shards" else None
+    try:
+        return Order(order.num_samples, order.batch_size, shard_sizes=shards, split=split, **common)
+    except ValueError as e:
+        if remote_shards is None or split != "shards":
+            raise
+        split = _strided(str(e))
+        return Order(order.num_samples, order.batch_size, shard_sizes=shards, split=split, **common)
+
+
+_MIX_WHY = "a mix draws its samples across datasets by weight"
+_SEQUENCES_WHY = "Bucket and PackSequences form their own batches"
 
 
 def _strided(why: str) -> str:
@@ -97,7 +117,7 @@ def _strided(why: str) -> str:
         f"(split='samples')",
         RuntimeWarning,
         stacklevel=5,
-    )  # the line that made the loader
+    )  # the line that made the loader (or, through accelerate's prepare, retargeted it)
     return "samples"
 
 

@@ -161,12 +161,15 @@ class Collate(Stage):
             # plan's draws); run on the device after the copy and ToDtype/Normalize
             plan = mix.plan(out, slot.batch_rng)
             out = AfterCopy(out, lambda batch, m=mix, p=plan: m.apply(batch, p))
+        # read before the reservation ends: from then on the producer may refill the slot (and its indices) where
+        # the batch does not view it (CPU ToDtype/Normalize made new tensors)
+        indices = getattr(slot, "indices", None)
         group = getattr(slot, "group", None)  # a batch of a group slot (group.py): reserved to its last batch
         if group is None or slot.last:
             r = self.reserved
             with r.lock:
                 r.ids.discard(id(slot if group is None else group))
-        self.stats.took(started, n, self.source.ready, fill, getattr(slot, "indices", None))
+        self.stats.took(started, n, self.source.ready, fill, indices)
         if self.contiguous is not None:
             out = contiguous_images(out, self.contiguous)  # (never on the device path, so never an AfterCopy)
         self._returned_at = time.perf_counter()

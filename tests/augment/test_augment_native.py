@@ -35,14 +35,13 @@ erase's box one row too tall (8), a sample's operations run in reverse order (5:
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
 
 from augment_common import H, W, photo_tiles, smooth_tiles, to_batch
+from simd_common import assert_simd_levels_agree
 from fastload._augment.color import ColorJitter, RandomGrayscale
 from fastload._augment.engine_native import NATIVE_OPS, native_arrays, run_native
 from fastload._augment.engine_torch import run_torch
@@ -222,20 +221,7 @@ print(h.hexdigest())
 def test_the_avx2_and_portable_kernels_write_the_same_bytes():
     """The luma and sharpness kernels are compiled for AVX2 and portably (FASTLOAD_SIMD=scalar picks the portable
     one)."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    digests = []
-    for level in (None, "scalar"):
-        env = {k: v for k, v in os.environ.items() if k != "FASTLOAD_SIMD"}
-        # this folder, tests/ (conftest's helpers) and the fastload this process imported
-        paths = [here, os.path.dirname(here), os.path.dirname(os.path.dirname(os.path.abspath(_C.__file__)))]
-        env["PYTHONPATH"] = os.pathsep.join(paths + [env.get("PYTHONPATH", "")])
-        if level:
-            env["FASTLOAD_SIMD"] = level
-        out = subprocess.run([sys.executable, "-c", SIMD_PROBE], env=env, cwd=here, capture_output=True, text=True,
-                             timeout=300)
-        assert out.returncode == 0, f"FASTLOAD_SIMD={level}: exit {out.returncode}\n{out.stderr[-2000:]}"
-        digests.append(out.stdout.strip())
-    assert digests[0] == digests[1]
+    assert_simd_levels_agree(SIMD_PROBE, cwd=os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_runs_in_place_on_a_tensor_and_gives_one_channel_after_grayscale():

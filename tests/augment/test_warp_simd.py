@@ -11,15 +11,13 @@ changed no byte of 2.4 million on 224 x 224 photo tiles: these tests cannot see 
 
 from __future__ import annotations
 
-import hashlib
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 from augment_common import photo_tiles
+from simd_common import assert_simd_levels_agree
 from fastload._augment.engine_native import run_native
 from fastload._augment.engine_pil import run_pil
 from fastload._augment.plan import BICUBIC, BILINEAR, PlanBuilder
@@ -97,17 +95,4 @@ print(h.hexdigest())
 
 def test_the_avx2_and_scalar_warps_write_the_same_bytes():
     """FASTLOAD_SIMD=scalar runs the scalar walk alone; the default the AVX2 kernels (where the CPU has AVX2)."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    digests = []
-    for level in (None, "scalar"):
-        env = {k: v for k, v in os.environ.items() if k != "FASTLOAD_SIMD"}
-        paths = [here, os.path.dirname(here), os.path.dirname(os.path.dirname(os.path.abspath(_C.__file__)))]
-        env["PYTHONPATH"] = os.pathsep.join(paths + [env.get("PYTHONPATH", "")])
-        if level:
-            env["FASTLOAD_SIMD"] = level
-        out = subprocess.run([sys.executable, "-c", PROBE], env=env, cwd=here, capture_output=True, text=True,
-                             timeout=300)
-        assert out.returncode == 0, f"FASTLOAD_SIMD={level}: exit {out.returncode}\n{out.stderr[-2000:]}"
-        digests.append(out.stdout.strip())
-    assert digests[0] == digests[1]
-    assert len(digests[0]) == len(hashlib.sha256().hexdigest())
+    assert_simd_levels_agree(PROBE, cwd=os.path.dirname(os.path.abspath(__file__)))

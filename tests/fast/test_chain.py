@@ -3,6 +3,7 @@ never a loader; one file per stage beside this one) to the same batches the load
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import fastload
@@ -63,3 +64,18 @@ def test_an_order_made_for_another_rank_keeps_its_split_and_shards():
     plain = for_rank(Order(20, 2, kind="random", seed=1), 1, 2)
     assert plain.split == "samples"
     assert list(plain.indices(0)) == list(Order(20, 2, kind="random", seed=1, rank=1, world_size=2).indices(0))
+
+
+def test_a_remote_dataset_s_default_split_follows_the_world_it_is_retargeted_to():
+    """``remote_shards`` (a remote dataset whose split was not given): whole shards per rank on several ranks,
+    strided samples on one, strided samples with a warning where there are fewer shards than ranks."""
+    from fastload.fast.chain import for_rank
+
+    built = Order(20, 2, kind="random", seed=1)  # made on one process: the default was 'samples'
+    for rank in range(2):
+        made = for_rank(built, rank, 2, remote_shards=[5] * 4)
+        want = Order(20, 2, kind="random", seed=1, rank=rank, world_size=2, shard_sizes=[5] * 4, split="shards")
+        assert made.split == "shards" and list(made.indices(0)) == list(want.indices(0))
+        assert for_rank(made, 0, 1, remote_shards=[5] * 4).split == "samples"
+    with pytest.warns(RuntimeWarning, match="cannot apply here"):
+        assert for_rank(built, 0, 5, remote_shards=[5] * 4).split == "samples"

@@ -4,6 +4,7 @@ made the batch of it."""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from fastload._fill.batcher import Batcher
@@ -13,6 +14,8 @@ from fastload.fast.collate import Collate, Collator
 from fastload.fast.fill import Fill, Reservations
 from fastload.fast.order import Jobs, Order
 from fastload.fast.producer import FillPolicy
+
+from .stages_common import Handed
 
 
 def test_a_filled_slot_is_not_handed_out_again_until_collated(records):
@@ -24,15 +27,6 @@ def test_a_filled_slot_is_not_handed_out_again_until_collated(records):
     a, b = next(fill), next(fill)  # two filled, neither collated yet: nothing views them
     assert a[0] is not b[0] and len(reserved.ids) == 2
     assert a[3] >= 0 and a[1] == 16
-
-    class Handed:  # the producer stage's interface to Collate: an iterator and its queue depth
-        ready = 0
-
-        def __init__(self, items):
-            self.items = iter(items)
-
-        def __next__(self):
-            return next(self.items)
 
     collate = Collate(Handed([a, b]), Collator.for_batcher(batcher), reserved, stats, FillPolicy().steps)
     tokens, labels = next(collate)
@@ -95,3 +89,36 @@ def test_at_its_limit_a_producer_fill_waits_for_a_pending_copy_outside_the_reser
     pending.waits = 0
     run(False, 8)  # the calling thread (not marked): grows to 3 x the limit before it waits
     assert len(ring) == 2 * fill_stage.INLINE_FACTOR and pending.waits == 2
+
+
+def test_a_batch_is_counted_by_its_own_indices_even_when_its_slot_is_refilled_at_once(records):
+    """The mix statistics count the indices of the batch handed out, even where the producer refills its slot the
+    moment the reservation ends (a batch that does not view its slot, e.g. CPU ToDtype/Normalize's new tensors,
+    leaves it free then): the double below does the producer's refill at exactly that point, as Fill does."""
+    batcher = Batcher(records, 16, 0)
+    order = Order(len(records), 16, kind="sequential")
+
+    class RefilledOnRelease(set):
+        """The reservation set; discarding a slot refills it at once (Fill's write of the next batch's indices)."""
+
+        def discard(self, key):
+            super().discard(key)
+            for slot in filled:
+                if id(slot) == key:
+                    slot.indices = np.arange(100, 116)
+
+    class Counted(LoaderStats):
+        def took(self, started, samples, ready=0, fill_s=0.0, indices=None):
+            seen.append(None if indices is None else np.array(indices))
+            super().took(started, samples, ready, fill_s, indices)
+
+    reserved, stats, seen = Reservations(), Counted(), []
+    reserved.ids = RefilledOnRelease()
+    fill = Fill(Jobs(order, 0, 0, needs_rng=False), batcher, batcher.pool, SlotRing(batcher.new_slot), reserved,
+                FillPolicy().fills)
+    a = next(fill)
+    filled = [a[0]]
+
+    next(Collate(Handed([a]), Collator.for_batcher(batcher), reserved, stats, FillPolicy().steps))
+    assert a[0].indices.tolist() == list(range(100, 116))  # the double did refill it
+    assert len(seen) == 1 and seen[0].tolist() == list(range(16)), seen

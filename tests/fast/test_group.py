@@ -23,6 +23,8 @@ from fastload.fast.group import GroupFill, group_ring, group_size
 from fastload.fast.order import Jobs, Order
 from fastload.fast.producer import FillPolicy
 
+from .stages_common import Handed
+
 
 def _batches(loader, hold: bool = True) -> list:
     """Every batch as numpy copies; ``hold``: keep the loader's own tensors alive until the end (a group slot
@@ -138,15 +140,6 @@ def test_a_group_stays_reserved_until_its_last_batch_is_collated(records):
     items = [next(fill) for _ in range(size)]
     (g,) = {id(m.group) for m, *_ in items}
     assert reserved.ids == {g} and len(ring) == 1
-
-    class Handed:
-        ready = 0
-
-        def __init__(self, items):
-            self.items = iter(items)
-
-        def __next__(self):
-            return next(self.items)
 
     stats = LoaderStats()
     collate = Collate(Handed(items), Collator.for_batcher(batcher), reserved, stats, FillPolicy().steps)

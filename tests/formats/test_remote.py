@@ -374,6 +374,31 @@ def test_more_ranks_than_shards_warns_and_splits_by_samples(moto, bucket, photos
         fastload.DataLoader(remote, batch_size=4, rank=0, world_size=shard_count(photos) + 1, split="shards")
 
 
+def test_the_default_split_follows_the_world_a_loader_is_retargeted_to(moto, bucket, photos, tmp_path):
+    """accelerate retargets a loader built before the process group (one rank) to its rank: the default split of a
+    remote dataset is then whole shards per rank, as for a loader built under the group; an explicit one stays."""
+    from fastload._front.loader import retarget
+
+    remote = fastload.open(bucket, cache_dir=tmp_path / "c", storage_options=moto.options(), transforms=TF)
+    local = fastload.open(photos, transforms=TF)
+    for rank in range(2):
+        loader = fastload.DataLoader(remote, batch_size=4, seed=3, rank=0, world_size=1)
+        assert loader._order.split == "samples"
+        retarget(loader, rank, 2)
+        want = fastload.DataLoader(local, batch_size=4, seed=3, rank=rank, world_size=2, split="shards")
+        assert loader._order.split == "shards"
+        assert loader._order.indices(0).tolist() == want._order.indices(0).tolist()
+        retarget(loader, 0, 1)  # back to one process: the default is samples again
+        assert loader._order.split == "samples"
+    given = fastload.DataLoader(remote, batch_size=4, seed=3, rank=0, world_size=1, split="samples")
+    retarget(given, 1, 2)
+    assert given._order.split == "samples"
+    crowded = fastload.DataLoader(remote, batch_size=4, seed=3, rank=0, world_size=1)
+    with pytest.warns(RuntimeWarning, match="cannot apply here.*at least one per rank"):
+        retarget(crowded, 0, shard_count(photos) + 1)
+    assert crowded._order.split == "samples"
+
+
 def test_a_distributed_sampler_on_a_remote_dataset_warns_that_ranks_read_everything(moto, bucket, photos, tmp_path):
     from torch.utils.data import DistributedSampler
 

@@ -2,13 +2,10 @@
 sample, and every SIMD kernel (scalar, SSSE3 or AVX2 horizontally, SSE2 or AVX2 vertically) writing the same
 bytes, each in its own process (FASTLOAD_SIMD picks a narrower kernel than the CPU has)."""
 
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
+from simd_common import assert_simd_levels_agree
 from native_common import CROPS, IMG, _C, Image, batch_args, mad, maxdiff, mixed_samples, photo, pil_crop_resize, run_batch
 
 @pytest.mark.parametrize("crop,out_hw", CROPS)
@@ -114,21 +111,9 @@ print(h.hexdigest())
 """
 
 
-def digest(level: str | None, probe: str = PROBE) -> str:
-    env = dict(os.environ)
-    env.pop("FASTLOAD_SIMD", None)
-    if level:
-        env["FASTLOAD_SIMD"] = level
-    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, f"FASTLOAD_SIMD={level}: exit {out.returncode}\n{out.stderr[-2000:]}"
-    return out.stdout.strip()
-
-
 @pytest.mark.skipif(not hasattr(_C, "resize_crop"), reason="no resize_crop binding")
 def test_every_kernel_writes_the_same_bytes():
-    widest = digest(None)
-    assert digest("ssse3") == widest
-    assert digest("scalar") == widest
+    assert_simd_levels_agree(PROBE, levels=("ssse3", "scalar"))
 
 
 GUARDED = r"""
@@ -164,6 +149,5 @@ print(h.hexdigest())
 
 @pytest.mark.skipif(not hasattr(_C, "resize_crop"), reason="no resize_crop binding")
 def test_kernels_stay_inside_an_image_that_ends_at_a_guard_page():
-    widest = digest(None, GUARDED)  # a kernel that loads past the image's end dies here (SIGSEGV)
-    assert digest("ssse3", GUARDED) == widest
-    assert digest("scalar", GUARDED) == widest
+    # a kernel that loads past the image's end dies here (SIGSEGV)
+    assert_simd_levels_agree(GUARDED, levels=("ssse3", "scalar"))
