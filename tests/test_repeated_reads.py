@@ -236,3 +236,21 @@ def test_bucket_padding_batches_draw_anew():
     assert sum(len(v) for v in keys.values()) > len(ids)  # some samples are read twice (the padding)
     for i, ks in keys.items():
         assert _old_key(7, 2, i) in ks and len(set(ks)) == len(ks), f"sample {i}: keys {ks}"
+
+
+def test_bucket_padding_after_loading_another_seed_draws_as_that_seed():
+    """A ``Bucket`` order that drew an epoch's padding under one seed, then loaded a state of another seed at that
+    epoch, keyed its padding batch by the first seed's batch list (which batches wrap, and their sizes): where the
+    sizes differ the batch's draws raised mid-epoch ('1 occurrences for 2 samples'). The loaded order draws as a
+    fresh order of the state's seed."""
+    from fastload.fast.packing import BucketOrder
+
+    ids = np.array([0, 1, 0, 1, 1, 0, 0, 1, 1, 0, 1, 1])  # 7 batches of up to 2, padded to 9 on 3 ranks
+    order = BucketOrder(ids, 2, kind="random", seed=0, world_size=3, rank=1)
+    for b, batch in enumerate(order.batches(0)):
+        order.batch_rng(0, b).samples(batch)  # this epoch's padding drawn under seed 0
+    order.load_state_dict(BucketOrder(ids, 2, kind="random", seed=4, world_size=3, rank=1).state_dict(0, epoch=0))
+    fresh = BucketOrder(ids, 2, kind="random", seed=4, world_size=3, rank=1)
+    for b, (batch, want) in enumerate(zip(order.batches(0), fresh.batches(0))):
+        assert np.array_equal(batch, want)
+        assert np.array_equal(order.batch_rng(0, b).samples(batch).keys, fresh.batch_rng(0, b).samples(want).keys)
