@@ -17,8 +17,12 @@ fastload's own loader (``_draws.py``). The seed is the base seed torch's DataLoa
 from its ``generator`` (or torch's global generator): a worker knows it as ``get_worker_info().seed - id``, the
 main process (``num_workers=0``) reads it from the iterator calling torch's fetcher. The epoch is 0, since every
 epoch is a new iterator with a new seed -- except in a persistent worker, which keeps the first iterator's seed
-and counts the epochs itself (torch gives it a new fetcher at each). So a sample gets the same pixels whichever
-worker, batch, batch size or path (the shared-memory pool, plain rows for a user's ``collate_fn``, the pool
+and counts the epochs itself (torch gives it a new fetcher at each). It can count only the epochs it was handed a
+batch in (torch tells a worker of a new epoch nothing else it could count): a persistent worker left without one in
+some epoch (an epoch of fewer batches than ``num_workers``, in a run whose epochs vary in length) counts behind the
+others by the epochs it missed from then on, and the samples it reads repeat the draws an earlier epoch gave them
+(a known limit, tests/test_getitems_collate.py). So a sample gets the same pixels whichever worker, batch, batch
+size or path (the shared-memory pool, plain rows for a user's ``collate_fn``, the pool
 left after a worker's check) it goes through, at any ``num_workers``; ``torch.manual_seed`` (or ``generator=``)
 before building the iterator makes a run repeat; ``fastload.DataLoader(ds, seed=that base seed)`` gives it the
 same pixels in its epoch 0. A sample read again in one epoch (a sampler with replacement, repeated augmentation)
