@@ -219,6 +219,27 @@ def test_torch_loader_gives_each_copy_its_own_crop(numbered, num_workers):
     assert all(np.array_equal(firsts[i], first_reads[i]) for i in range(N))
 
 
+def test_another_iterator_over_the_dataset_in_between_changes_no_read_of_this_one(numbered):
+    """Two torch DataLoader iterators over one fastload dataset in the main process (``num_workers=0``: a training
+    loop and an evaluation over the same dataset object, taken in turns): each counts its own reads. The counts
+    were kept for the latest iterator alone, so a batch of the other started this one's over, and its next read of
+    a sample was again a first read, with the first read's crop."""
+    ds = fastload.open(numbered(N), transforms=PIPELINE(), as_dict=True)
+
+    def loader(batches, seed):
+        return torch.utils.data.DataLoader(ds, batch_sampler=batches, generator=torch.Generator().manual_seed(seed))
+
+    twice = [[0, 1, 2], [2, 1, 0]]
+    alone = [b["image"] for b in loader(twice, 0)]
+    it = iter(loader(twice, 0))
+    turns = [next(it)["image"]]
+    next(iter(loader([[3, 4]], 1)))  # the other iterator's batch, in between
+    turns.append(next(it)["image"])
+    assert all(not torch.equal(a, b) for a, b in zip(alone[0], alone[1].flip(0)))  # a second read: other crops
+    assert torch.equal(alone[0], turns[0])
+    assert torch.equal(alone[1], turns[1]), "the second read of samples 2, 1, 0 changed with another iterator between"
+
+
 def test_bucket_padding_batches_draw_anew():
     """``Bucket``'s order pads its batch list by wrapping to a multiple of the world size: a padding batch is a
     second read of its samples and draws anew; every first read keeps the key of (seed, epoch, index)."""

@@ -105,8 +105,9 @@ class BatchItems:
         # new fetcher at every epoch, and keeps its seed
         self.fetcher: Any = None
         self.epoch = 0
-        # (the fetcher counted for, each sample's reads under it in this process, the rank word): occurrences
-        self.counted: tuple | None = None
+        # occurrences: for each torch fetcher alive (an iterator's: in the main process a training and an evaluation
+        # iterator over this dataset may take turns), (each sample's reads under it in this process, the rank word)
+        self.counted: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         # in a torch DataLoader worker: the pool batches are collated into (_getitems_shm), None elsewhere
         self.shared: SharedBatches | None = SharedBatches() if torch.utils.data.get_worker_info() else None
         if not ds.decode or any(isinstance(t, PackSequences) for t in ds.sequences.values()):
@@ -155,13 +156,14 @@ class BatchItems:
         """The occurrence words of batch ``idx`` (``_draws.py``; None: all 0): how often this process read each
         sample before under this fetcher (one epoch of one iterator; a worker sees only its own batches), plus
         the rank under torch.distributed."""
-        if self.counted is None or self.counted[0]() is not fetcher:
-            self.counted = (weakref.ref(fetcher), np.zeros(int(idx.max()) + 1, dtype=np.uint32), _rank_word())
-        counts = self.counted[1]
+        counted = self.counted.get(fetcher)
+        if counted is None:
+            counted = self.counted[fetcher] = (np.zeros(int(idx.max()) + 1, dtype=np.uint32), _rank_word())
+        counts, rank_word = counted
         if idx.max() >= counts.size:
             counts = np.concatenate([counts, np.zeros(int(idx.max()) + 1 - counts.size, dtype=np.uint32)])
-            self.counted = (self.counted[0], counts, self.counted[2])
-        occ = occurrences(idx).astype(np.uint64) + counts[idx] + np.uint64(self.counted[2])
+            self.counted[fetcher] = (counts, rank_word)
+        occ = occurrences(idx).astype(np.uint64) + counts[idx] + np.uint64(rank_word)
         np.add.at(counts, idx, 1)
         return occ if occ.any() else None
 
