@@ -276,7 +276,7 @@ def _torch_caller() -> _Caller:
     finally:
         del frame
     info = torch.utils.data.get_worker_info()
-    if info is not None:
+    if info is not None and fetcher is not None:  # not called by the fetcher: no iterator's seed (one draw per call)
         base_seed = int(info.seed) - int(info.id)
     return _Caller(getattr(fetcher, "collate_fn", None), fetcher, base_seed)
 
