@@ -111,6 +111,8 @@ class DataLoader(EpochsAndResume, torch.utils.data.DataLoader[T_co]):
     device = None
     seed = None
     _seed_given = None
+    _seed_loaded = False  # the order's seed is a loaded state's (``resume.py``)
+    _loaded = None  # a loaded state no iteration has started from yet (``retarget`` loads it into the new order)
     on_error = "raise"
     memory_format = torch.channels_last
     decoder = "native"
@@ -562,14 +564,25 @@ def sampler_replicas(loader: DataLoader) -> tuple[str, Any] | None:
 
 
 def retarget(loader: DataLoader, rank: int, world: int) -> None:
-    """fastload's order for process ``rank`` of ``world`` (the same kind, seed and batching)."""
+    """fastload's order for process ``rank`` of ``world`` (the same kind, seed and batching), at the position of a
+    state loaded before if no iteration has started from it yet."""
     if loader._order is not None:
         order = for_rank(loader._order, rank, world)
-        if order is not loader._order and loader._seed_given is None and order.kind != "sequential":
+        if order is loader._order:
+            return
+        if loader._seed_given is None and not loader._seed_loaded and order.kind != "sequential":
             # a seed drawn by this process when the loader was built (before the process group): the ranks' draws
             # differ and their shares would overlap; they shuffle alike as a loader built under it does (__init__)
             order.seed = loader.seed = agreed_seed(loader.seed, world)
         loader._order = order
+        if loader._loaded is not None:
+            # a state loaded before (its position, seed and elastic split were the old order's): loaded again into
+            # this one, so the run goes on where it was saved; its seed= warning was given at the first load
+            given, loader._seed_given = loader._seed_given, None
+            try:
+                loader.load_state_dict(loader._loaded)
+            finally:
+                loader._seed_given = given
 
 
 class LazyStart(_BaseDataLoaderIter):
