@@ -183,6 +183,19 @@ class EpochsAndResume:
             driver.pending_epoch = None  # the state says which epoch comes next
         self._sampler_epoch_seen = getattr(driver, "epoch", 0)
 
+    def _load_again(self) -> None:
+        """The order was made again for another process (``loader.retarget``: accelerate's prepare of a loader built
+        before the process group): a state loaded before and not iterated from yet (its position, seed and elastic
+        split were the old order's) is loaded into the new one, so the run goes on where it was saved. Its seed=
+        warning was given at the first load."""
+        if self._loaded is None:
+            return
+        given, self._seed_given = self._seed_given, None
+        try:
+            self.load_state_dict(self._loaded)
+        finally:
+            self._seed_given = given
+
     def _adopt_seed(self, seed: int) -> None:
         """The order goes on with the state's seed (the epoch's permutation and every sample's draws depend on it):
         ``loader.seed`` says so, and a ``seed=`` given to this loader that it replaces is not dropped silently."""
