@@ -227,3 +227,39 @@ def test_prepare_makes_the_ranks_of_an_unseeded_loader_built_before_the_process_
         prepare(FakeAccelerator(rank=rank, world=2), dl)
         shards.append(torch.cat([b[2] for b in dl]).tolist())
     assert not set(shards[0]) & set(shards[1]) and set(shards[0]) | set(shards[1]) == set(range(N))
+
+
+@pytest.mark.parametrize("seed", [5, None], ids=["seed given", "seed from the state"])
+def test_a_loader_restored_before_prepare_goes_on_where_the_state_was_saved(numbered, monkeypatch, seed):
+    """A loader built before the process group and restored from a checkpoint there (world size 1: an elastic resume
+    of a 2-process state), then prepared for process 0 of 2: the new order started the saved epoch over (the batches
+    read before the checkpoint again) and, built with no seed=, took the process group's seed instead of the
+    state's (another permutation)."""
+    import torch.distributed as dist
+
+    from fastload.accelerate import prepare
+
+    ds = fastload.open(numbered(N), transforms={"image": [fastload.transforms.Resize((8, 8))]})
+    run = fastload.DataLoader(ds, batch_size=4, shuffle=True, seed=5, rank=0, world_size=2)  # the run that saved
+    list(run)
+    it = iter(run)
+    before = [next(it)[2].tolist() for _ in range(2)]
+    state = run.state_dict()
+    rest = [b[2].tolist() for b in it]
+    run.set_epoch(3)
+    later = [b[2].tolist() for b in run]
+    restored = fastload.DataLoader(ds, batch_size=4, shuffle=True, seed=seed)
+    restored.load_state_dict(state)
+    moved = fastload.DataLoader(ds, batch_size=4, shuffle=True, seed=seed)
+    moved.load_state_dict(state)
+    moved.set_epoch(3)  # another epoch: the loaded position goes, the state's seed stays
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)  # prepare runs under the process group
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        prepare(FakeAccelerator(rank=0, world=2), restored)
+        got = [b[2].tolist() for b in restored]
+        prepare(FakeAccelerator(rank=0, world=2), moved)
+        assert [b[2].tolist() for b in moved] == later and moved.seed == 5
+    assert not [b for b in got if b in before], "batches read before the checkpoint were read again"
+    assert got == rest
+    assert restored.seed == 5

@@ -176,6 +176,32 @@ def test_a_sample_s_draws_depend_on_the_iterator_s_seed_and_its_index_only(packe
     assert all(torch.equal(x[0], y[0]) for x, y in zip(a, c))
 
 
+class _Stream(torch.utils.data.IterableDataset):
+    """A user's IterableDataset over a fastload dataset, reading the same batch of indices twice per pass through
+    ``__getitems__`` in a worker (not through torch's map-style fetcher)."""
+
+    def __init__(self, ds):
+        self.ds = ds
+
+    def __iter__(self):
+        for _ in range(2):
+            yield from self.ds.__getitems__([0, 1, 2, 3])
+
+
+def test_called_in_a_worker_other_than_by_torch_s_fetcher_each_call_draws_anew(image_shards):
+    """In a worker, a call not made by torch's map-style fetcher took the worker's base seed with epoch 0 and no
+    occurrence: every call on the same indices gave the same crops, and a persistent worker gave them again every
+    epoch. Like any call outside torch's fetcher it draws one seed of torch's generator (the worker's, seeded by
+    torch) per call."""
+    ds = fastload.open(image_shards, transforms=RANDOM)
+    loader = TorchLoader(_Stream(ds), batch_size=4, num_workers=1, persistent_workers=True,
+                         generator=torch.Generator().manual_seed(0))
+    epochs = [[b[0] for b in loader] for _ in range(2)]
+    assert len(epochs[0]) == 2
+    assert not torch.equal(epochs[0][0], epochs[0][1]), "two calls on the same indices gave the same crops"
+    assert not torch.equal(epochs[0][0], epochs[1][0]), "a persistent worker's next epoch gave the same crops"
+
+
 def test_native_threads_follow_torch_s_budget(packed_images):
     ds = fastload.open(packed_images, transforms=DETERMINISTIC)
     before = torch.get_num_threads()

@@ -219,6 +219,27 @@ def test_torch_loader_gives_each_copy_its_own_crop(numbered, num_workers):
     assert all(np.array_equal(firsts[i], first_reads[i]) for i in range(N))
 
 
+def test_another_iterator_over_the_dataset_in_between_changes_no_read_of_this_one(numbered):
+    """Two torch DataLoader iterators over one fastload dataset in the main process (``num_workers=0``: a training
+    loop and an evaluation over the same dataset object, taken in turns): each counts its own reads. The counts
+    were kept for the latest iterator alone, so a batch of the other started this one's over, and its next read of
+    a sample was again a first read, with the first read's crop."""
+    ds = fastload.open(numbered(N), transforms=PIPELINE(), as_dict=True)
+
+    def loader(batches, seed):
+        return torch.utils.data.DataLoader(ds, batch_sampler=batches, generator=torch.Generator().manual_seed(seed))
+
+    twice = [[0, 1, 2], [2, 1, 0]]
+    alone = [b["image"] for b in loader(twice, 0)]
+    it = iter(loader(twice, 0))
+    turns = [next(it)["image"]]
+    next(iter(loader([[3, 4]], 1)))  # the other iterator's batch, in between
+    turns.append(next(it)["image"])
+    assert all(not torch.equal(a, b) for a, b in zip(alone[0], alone[1].flip(0)))  # a second read: other crops
+    assert torch.equal(alone[0], turns[0])
+    assert torch.equal(alone[1], turns[1]), "the second read of samples 2, 1, 0 changed with another iterator between"
+
+
 def test_bucket_padding_batches_draw_anew():
     """``Bucket``'s order pads its batch list by wrapping to a multiple of the world size: a padding batch is a
     second read of its samples and draws anew; every first read keeps the key of (seed, epoch, index)."""
@@ -236,3 +257,21 @@ def test_bucket_padding_batches_draw_anew():
     assert sum(len(v) for v in keys.values()) > len(ids)  # some samples are read twice (the padding)
     for i, ks in keys.items():
         assert _old_key(7, 2, i) in ks and len(set(ks)) == len(ks), f"sample {i}: keys {ks}"
+
+
+def test_bucket_padding_after_loading_another_seed_draws_as_that_seed():
+    """A ``Bucket`` order that drew an epoch's padding under one seed, then loaded a state of another seed at that
+    epoch, keyed its padding batch by the first seed's batch list (which batches wrap, and their sizes): where the
+    sizes differ the batch's draws raised mid-epoch ('1 occurrences for 2 samples'). The loaded order draws as a
+    fresh order of the state's seed."""
+    from fastload.fast.packing import BucketOrder
+
+    ids = np.array([0, 1, 0, 1, 1, 0, 0, 1, 1, 0, 1, 1])  # 7 batches of up to 2, padded to 9 on 3 ranks
+    order = BucketOrder(ids, 2, kind="random", seed=0, world_size=3, rank=1)
+    for b, batch in enumerate(order.batches(0)):
+        order.batch_rng(0, b).samples(batch)  # this epoch's padding drawn under seed 0
+    order.load_state_dict(BucketOrder(ids, 2, kind="random", seed=4, world_size=3, rank=1).state_dict(0, epoch=0))
+    fresh = BucketOrder(ids, 2, kind="random", seed=4, world_size=3, rank=1)
+    for b, (batch, want) in enumerate(zip(order.batches(0), fresh.batches(0))):
+        assert np.array_equal(batch, want)
+        assert np.array_equal(order.batch_rng(0, b).samples(batch).keys, fresh.batch_rng(0, b).samples(want).keys)

@@ -17,8 +17,12 @@ fastload's own loader (``_draws.py``). The seed is the base seed torch's DataLoa
 from its ``generator`` (or torch's global generator): a worker knows it as ``get_worker_info().seed - id``, the
 main process (``num_workers=0``) reads it from the iterator calling torch's fetcher. The epoch is 0, since every
 epoch is a new iterator with a new seed -- except in a persistent worker, which keeps the first iterator's seed
-and counts the epochs itself (torch gives it a new fetcher at each). So a sample gets the same pixels whichever
-worker, batch, batch size or path (the shared-memory pool, plain rows for a user's ``collate_fn``, the pool
+and counts the epochs itself (torch gives it a new fetcher at each). It can count only the epochs it was handed a
+batch in (torch tells a worker of a new epoch nothing else it could count): a persistent worker left without one in
+some epoch (an epoch of fewer batches than ``num_workers``, in a run whose epochs vary in length) counts behind the
+others by the epochs it missed from then on, and the samples it reads repeat the draws an earlier epoch gave them
+(a known limit, tests/test_getitems_collate.py). So a sample gets the same pixels whichever worker, batch, batch
+size or path (the shared-memory pool, plain rows for a user's ``collate_fn``, the pool
 left after a worker's check) it goes through, at any ``num_workers``; ``torch.manual_seed`` (or ``generator=``)
 before building the iterator makes a run repeat; ``fastload.DataLoader(ds, seed=that base seed)`` gives it the
 same pixels in its epoch 0. A sample read again in one epoch (a sampler with replacement, repeated augmentation)
@@ -157,8 +161,9 @@ class BatchItems:
         # (a weak reference to that fetcher, its collate_fn, the main process's iterator seed): _torch_caller
         self.depth: int | None = None
         self.caller: tuple | None = None
-        # (the fetcher counted for, each sample's reads under it in this process, the rank word): occurrences
-        self.counted: tuple | None = None
+        # occurrences: for each torch fetcher alive (an iterator's: in the main process a training and an evaluation
+        # iterator over this dataset may take turns), (each sample's reads under it in this process, the rank word)
+        self.counted: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         # in a torch DataLoader worker: the pool batches are collated into (_getitems_shm), None elsewhere
         self.shared: SharedBatches | None = SharedBatches() if torch.utils.data.get_worker_info() else None
         if not ds.decode or any(isinstance(t, PackSequences) for t in ds.sequences.values()):
@@ -207,13 +212,14 @@ class BatchItems:
         """The occurrence words of batch ``idx`` (``_draws.py``; None: all 0): how often this process read each
         sample before under this fetcher (one epoch of one iterator; a worker sees only its own batches), plus
         the rank under torch.distributed."""
-        if self.counted is None or self.counted[0]() is not fetcher:
-            self.counted = (weakref.ref(fetcher), np.zeros(int(idx.max()) + 1, dtype=np.uint32), _rank_word())
-        counts = self.counted[1]
+        counted = self.counted.get(fetcher)
+        if counted is None:
+            counted = self.counted[fetcher] = (np.zeros(int(idx.max()) + 1, dtype=np.uint32), _rank_word())
+        counts, rank_word = counted
         if idx.max() >= counts.size:
             counts = np.concatenate([counts, np.zeros(int(idx.max()) + 1 - counts.size, dtype=np.uint32)])
-            self.counted = (self.counted[0], counts, self.counted[2])
-        occ = occurrences(idx).astype(np.uint64) + counts[idx] + np.uint64(self.counted[2])
+            self.counted[fetcher] = (counts, rank_word)
+        occ = occurrences(idx).astype(np.uint64) + counts[idx] + np.uint64(rank_word)
         np.add.at(counts, idx, 1)
         return occ if occ.any() else None
 
@@ -317,7 +323,7 @@ def _torch_caller(state: BatchItems, ds: Any) -> _Caller:
     info = torch.utils.data.get_worker_info()
     if _FETCH_CODE is None:
         degraded(str(_FETCH_PROBLEM))
-        return _Caller(None, None, None if info is None else int(info.seed) - int(info.id))
+        return _Caller(None, None, None)
     frame: Any = None
     try:
         if state.depth is not None:
@@ -340,7 +346,7 @@ def _torch_caller(state: BatchItems, ds: Any) -> _Caller:
                     f"a DataLoader worker called it with no frame of torch's _MapDatasetFetcher.fetch within "
                     f"{_CALLER_DEPTH} frames above (torch {torch.__version__}'s internals differ)"
                 )
-            return _Caller(None, None, None if info is None else int(info.seed) - int(info.id))
+            return _Caller(None, None, None)
         fetcher = frame.f_locals.get("self")
         it = frame.f_back.f_locals.get("self") if frame.f_back is not None and info is None else None
     finally:
@@ -361,7 +367,7 @@ def _torch_caller(state: BatchItems, ds: Any) -> _Caller:
                 degraded(f"torch {torch.__version__}'s DataLoader iterator has no _base_seed")
         if fetcher is not None:
             state.caller = (weakref.ref(fetcher), collate_fn, base_seed)
-    if info is not None:
+    if info is not None and fetcher is not None:  # not called by the fetcher: no iterator's seed (one draw per call)
         base_seed = int(info.seed) - int(info.id)
     return _Caller(collate_fn, fetcher, base_seed)
 

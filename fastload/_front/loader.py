@@ -112,6 +112,8 @@ class DataLoader(EpochsAndResume, torch.utils.data.DataLoader[T_co]):
     seed = None
     _seed_given = None
     _split_given = None
+    _seed_loaded = False  # the order's seed is a loaded state's (``resume.py``)
+    _loaded = None  # a loaded state no iteration has started from yet (``retarget`` loads it into the new order)
     on_error = "raise"
     memory_format = torch.channels_last
     decoder = "native"
@@ -564,16 +566,20 @@ def sampler_replicas(loader: DataLoader) -> tuple[str, Any] | None:
 
 
 def retarget(loader: DataLoader, rank: int, world: int) -> None:
-    """fastload's order for process ``rank`` of ``world`` (the same kind, seed and batching)."""
+    """fastload's order for process ``rank`` of ``world`` (the same kind, seed and batching), at the position of a
+    state loaded before if no iteration has started from it yet."""
     if loader._order is not None:
         source = loader._packed if loader._packed is not None else loader.dataset
         remote = loader._split_given is None and getattr(source, "remote", False)  # its default split: by world
         order = for_rank(loader._order, rank, world, source.reader.sizes if remote else None)
-        if order is not loader._order and loader._seed_given is None and order.kind != "sequential":
+        if order is loader._order:
+            return
+        if loader._seed_given is None and not loader._seed_loaded and order.kind != "sequential":
             # a seed drawn by this process when the loader was built (before the process group): the ranks' draws
             # differ and their shares would overlap; they shuffle alike as a loader built under it does (__init__)
             order.seed = loader.seed = agreed_seed(loader.seed, world)
         loader._order = order
+        loader._load_again()  # a state loaded before, into this order
 
 
 class LazyStart(_BaseDataLoaderIter):

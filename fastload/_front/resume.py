@@ -38,6 +38,8 @@ class EpochsAndResume:
     _sampler_epoch_seen: int
     _epoch_set: bool  # set_epoch was called after the latest iteration started (``_state_dict``)
     _seed_given: int | None  # the seed= the caller gave (a state's seed replacing it is said)
+    _seed_loaded: bool  # the order's seed is a loaded state's (kept when the order is made for another rank)
+    _loaded: Any  # a state loaded whose position no iteration has started from yet (``loader.retarget`` reloads it)
     seed: int | None
     _running_here: Callable[[str], Any]
     _torch_index_sampler: Callable[[], Any]
@@ -62,7 +64,7 @@ class EpochsAndResume:
 
     def _adopt_epoch(self, epoch: int) -> None:
         if epoch != self._next_epoch:  # another epoch: a loaded mid-epoch position no longer applies
-            self._next_epoch, self._resume_at, self._chain_state = epoch, 0, None
+            self._next_epoch, self._resume_at, self._chain_state, self._loaded = epoch, 0, None, None
             self._plan.pending = None
             if self._sampled is not None:
                 self._sampled.drop_resume()
@@ -87,7 +89,7 @@ class EpochsAndResume:
             self._sampler_epoch_seen = driver.epoch
             self._adopt_epoch(driver.epoch)
         epoch, start = self._next_epoch, self._resume_at
-        self._next_epoch, self._resume_at = epoch + 1, 0
+        self._next_epoch, self._resume_at, self._loaded = epoch + 1, 0, None
         self._epoch_set = False
         return epoch, start
 
@@ -166,6 +168,9 @@ class EpochsAndResume:
             self._resume_at = self._order.load_state_dict(state)
             self._next_epoch = self._order.epoch
             self._adopt_seed(self._order.seed)
+            # until an iteration starts from it: an order made for another process (accelerate's prepare of a loader
+            # built before the process group, ``loader.retarget``) goes on from it too
+            self._loaded, self._seed_loaded = state, True
         self._progress = Progress(self._next_epoch, self._resume_at)
         self._epoch_set = False
         # the chain's state, when this loader goes on where it was saved: the next iteration's chain resets each of
@@ -177,6 +182,19 @@ class EpochsAndResume:
         if isinstance(driver, EpochInput):
             driver.pending_epoch = None  # the state says which epoch comes next
         self._sampler_epoch_seen = getattr(driver, "epoch", 0)
+
+    def _load_again(self) -> None:
+        """The order was made again for another process (``loader.retarget``: accelerate's prepare of a loader built
+        before the process group): a state loaded before and not iterated from yet (its position, seed and elastic
+        split were the old order's) is loaded into the new one, so the run goes on where it was saved. Its seed=
+        warning was given at the first load."""
+        if self._loaded is None:
+            return
+        given, self._seed_given = self._seed_given, None
+        try:
+            self.load_state_dict(self._loaded)
+        finally:
+            self._seed_given = given
 
     def _adopt_seed(self, seed: int) -> None:
         """The order goes on with the state's seed (the epoch's permutation and every sample's draws depend on it):

@@ -76,8 +76,10 @@ class BucketOrder(Order):
     def _batch_occurrences(self, e: int, i: int) -> np.ndarray | None:
         """A padding batch (the batch list wrapped to a multiple of the world size) is a second read of its
         samples: occurrence 1 (2, ... past another wrap); every other read is a sample's only one in the epoch."""
-        cached = getattr(self, "_wraps", None)  # (epoch, the partial it was made under, wraps, sizes)
-        if cached is None or cached[0] != e or cached[1] is not self._partial:
+        # (epoch, seed, the partial it was made under, wraps, sizes): a loaded state of another seed at the same
+        # epoch shuffles other batches, whose sizes the padding's words must match
+        cached = getattr(self, "_wraps", None)
+        if cached is None or cached[:2] != (e, self.seed) or cached[2] is not self._partial:
             w = self.world_size
             batches = self._global_batches(e, self._partial_of(e), self.batch_size, w, self.drop_last)
             seen: dict[int, int] = {}
@@ -85,8 +87,9 @@ class BucketOrder(Order):
             for b in batches:  # the same batch object again: a wrap (``_global_batches`` pads with its batches)
                 wraps.append(seen.get(id(b), -1) + 1)
                 seen[id(b)] = wraps[-1]
-            self._wraps = (e, self._partial, wraps[self.rank :: w], [len(b) for b in batches[self.rank :: w]])
-        _, _, wraps, sizes = self._wraps
+            sizes = [len(b) for b in batches[self.rank :: w]]
+            self._wraps = (e, self.seed, self._partial, wraps[self.rank :: w], sizes)
+        _, _, _, wraps, sizes = self._wraps
         if i >= len(wraps) or not wraps[i]:
             return None
         return np.full(sizes[i], wraps[i], dtype=np.uint64)
