@@ -43,9 +43,10 @@ class Plan:
     box resized whole to ``resize_h x resize_w`` (one antialiased resample, PIL's ``crop(box).resize(size)``), of
     which the output is the ``out_hw`` window at ``(y, x)`` (whole pixels of the resized image, PIL's ``crop``).
     Where that window starts between two source pixels, ``crops`` (the window's source box rounded to whole
-    pixels) is off by a sub-pixel; a decoder that executes ``frames`` gets torchvision's pixels (the native one and
-    :func:`apply_pil` do; the GPU decoders resample ``crops`` and say so once). Set only when the planned steps are
-    one resize of a whole-pixel box followed by whole-pixel crops (and flips) and some window is not the whole resize.
+    pixels) is off by a sub-pixel; a decoder that executes ``frames`` gets torchvision's pixels (the native one,
+    :func:`apply_pil` and the mask field do; DALI resamples the window as a region of interest, within a level of
+    them; nvJPEG resamples ``crops`` and says so once). Set only when the planned steps are one resize of a
+    whole-pixel box followed by whole-pixel crops (and flips) and some window is not the whole resize.
 
     ``plan.take(lo, hi)``: the plan of samples ``lo .. hi-1``; ``plan.n``: how many samples.
     """
