@@ -6,8 +6,8 @@ edges). Checked against PIL's own resize-then-crop (pillow here; torchvision's a
 test_eval_exact_real.py), through ``ds[i]``, the loader, ``apply_pil`` and the native calls.
 
 Pillow-SIMD (the project's venv) is matched bit for bit; plain Pillow's int32 weights have more fractional bits than
-the int16 ones fastload and Pillow-SIMD use, so against it a level of difference in rare pixels is allowed (the shift
-this fixes is tens of levels)."""
+the int16 ones fastload and Pillow-SIMD use, so against it a level of difference in rare pixels is allowed (two where
+bicubic's overshoot amplifies one: csrc/resize.h; the shift this fixes is tens of levels)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def _pillow_simd() -> bool:
     return True
 
 
-TOLERANCE = 0 if _pillow_simd() else 1  # see the module docstring
+TOLERANCE = 0 if _pillow_simd() else 2  # see the module docstring
 MODES = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC}
 
 
