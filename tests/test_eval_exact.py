@@ -5,13 +5,9 @@ whole source pixel (a sub-pixel shift where the crop starts between two source p
 edges). Checked against PIL's own resize-then-crop (pillow here; torchvision's and timm's own objects:
 test_eval_exact_real.py), through ``ds[i]``, the loader, ``apply_pil`` and the native calls.
 
-Pillow-SIMD (the project's venv) is matched bit for bit; plain Pillow's int32 weights have more fractional bits than
-the int16 ones fastload and Pillow-SIMD use, so against it a level of difference in rare pixels is allowed (two where
-bicubic's overshoot amplifies one: csrc/resize.h; the shift this fixes is tens of levels)."""
+Pillow-SIMD (the project's venv) is matched bit for bit; plain Pillow within eval_exact_common.TOLERANCE."""
 
 from __future__ import annotations
-
-from importlib import metadata
 
 import numpy as np
 import pytest
@@ -20,20 +16,19 @@ import torch
 import fastload
 import fastload.transforms as T
 from fastload._native import native
-from eval_exact_common import RECIPES, SIZES, files, fractional, image_folder, picture, resize_then_crop
+from eval_exact_common import (
+    RECIPES,
+    SIZES,
+    TOLERANCE,
+    files,
+    fractional,
+    image_folder,
+    picture,
+    resize_then_crop,
+)
 
 Image = pytest.importorskip("PIL.Image", reason="Pillow is required. Run `pip install pillow-simd`")
 
-
-def _pillow_simd() -> bool:
-    try:
-        metadata.version("pillow-simd")
-    except metadata.PackageNotFoundError:
-        return False
-    return True
-
-
-TOLERANCE = 0 if _pillow_simd() else 2  # see the module docstring
 MODES = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC}
 
 

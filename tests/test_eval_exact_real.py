@@ -6,7 +6,7 @@ torchvision or timm does not import (CI): ``bash scripts/timm_test_venv.sh`` bui
 test_eval_exact.py checks the same against PIL's resize-then-crop.
 
 Float outputs are compared in pixel levels (``|a - b| * std * 255``, rounded); the exactness holds with Pillow-SIMD
-(the venv's PIL), whose int16 weights fastload's resize reproduces."""
+(the venv's PIL), whose int16 weights fastload's resize reproduces (plain Pillow: test_eval_exact.py's bound)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import fastload
-from eval_exact_common import image_folder
+from eval_exact_common import TOLERANCE, image_folder
 
 torchvision = pytest.importorskip("torchvision", reason="torchvision is not importable here (timm_test_venv.sh)")
 timm_data = pytest.importorskip("timm.data", reason="timm is not importable here (bash scripts/timm_test_venv.sh)")
@@ -65,13 +65,15 @@ def test_fastload_equals_torchvisions_imagefolder_exactly(folder, tmp_path, reci
     for i, (image, label) in enumerate(expected):
         got, got_label = ds[i]
         assert int(got_label) == label and got.dtype == image.dtype and got.shape == image.shape
-        assert levels(got, image) == 0, f"{recipe}: ds[{i}] ({ref.samples[i][0]}) differs by {levels(got, image)}"
+        d = levels(got, image)
+        assert d <= TOLERANCE, f"{recipe}: ds[{i}] ({ref.samples[i][0]}) differs by {d}"
     k = 0
     for images, labels in fastload.DataLoader(ds, batch_size=3, shuffle=False, num_workers=2):
         for j in range(images.shape[0]):
             image, label = expected[k]
             assert int(labels[j]) == label
-            assert levels(images[j], image) == 0, f"{recipe}: loader sample {k} differs by {levels(images[j], image)}"
+            d = levels(images[j], image)
+            assert d <= TOLERANCE, f"{recipe}: loader sample {k} differs by {d}"
             k += 1
     assert k == len(expected)
 
