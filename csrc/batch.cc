@@ -20,8 +20,19 @@ bool check_crop(const SampleJob& j, int img_h, int img_w, std::string* err) {
            " image";
     return false;
   }
+  if (j.resize_h != 0 &&
+      (j.resize_h < 0 || j.resize_w <= 0 || j.frame_y < 0 || j.frame_x < 0 ||
+       int64_t{j.frame_y} + j.out_h > j.resize_h || int64_t{j.frame_x} + j.out_w > j.resize_w)) {
+    *err = "frame: the " + str(j.out_h) + "x" + str(j.out_w) + " window at (" + str(j.frame_y) + ", " +
+           str(j.frame_x) + ") is not inside the box's " + str(j.resize_h) + "x" + str(j.resize_w) + " resize";
+    return false;
+  }
   return true;
 }
+
+// The size the box is resized to: the frame's whole resize, else the output.
+int resized_h(const SampleJob& j) { return j.resize_h ? j.resize_h : j.out_h; }
+int resized_w(const SampleJob& j) { return j.resize_h ? j.resize_w : j.out_w; }
 
 // Plans both axes for the crop box scaled by 1/denom inside a scaled_h x scaled_w image.
 bool plan(const SampleJob& j, int denom, int scaled_h, int scaled_w, ResizeScratch* s,
@@ -33,8 +44,10 @@ bool plan(const SampleJob& j, int denom, int scaled_h, int scaled_w, ResizeScrat
   const int64_t right = int64_t{j.left} + j.width;
   const int y_hi = static_cast<int>(std::min<int64_t>(scaled_h, (bottom + denom - 1) / denom));
   const int x_hi = static_cast<int>(std::min<int64_t>(scaled_w, (right + denom - 1) / denom));
-  return plan_axis(j.left / d, right / d, x_lo, x_hi, j.out_w, &s->x, err, j.interpolation) &&
-         plan_axis(j.top / d, bottom / d, y_lo, y_hi, j.out_h, &s->y, err, j.interpolation);
+  return plan_axis(j.left / d, right / d, x_lo, x_hi, j.out_w, &s->x, err, j.interpolation, j.frame_x,
+                   resized_w(j)) &&
+         plan_axis(j.top / d, bottom / d, y_lo, y_hi, j.out_h, &s->y, err, j.interpolation, j.frame_y,
+                   resized_h(j));
 }
 
 bool process_raw(Worker* w, const SampleJob& j, std::string* err) {
@@ -70,7 +83,7 @@ bool process_jpeg(Worker* w, const SampleJob& j, std::string* err) {
     return false;
   }
   const int denom =
-      j.dct_scaling ? choose_dct_denom(j.height, j.width, j.out_h, j.out_w, hdr.max_denom) : 1;
+      j.dct_scaling ? choose_dct_denom(j.height, j.width, resized_h(j), resized_w(j), hdr.max_denom) : 1;
   const int sh = scaled_dim(hdr.height, denom);
   const int sw = scaled_dim(hdr.width, denom);
   ResizeScratch* rs = &w->resize;
@@ -120,10 +133,26 @@ bool make_job(const BatchSpec& b, int64_t k, SampleJob* j, std::string* err) {
     *err = "recorded source size must be positive, got " + str(j->src_h) + "x" + str(j->src_w);
     return false;
   }
-  j->top = b.crop[4 * k];
-  j->left = b.crop[4 * k + 1];
-  j->height = b.crop[4 * k + 2];
-  j->width = b.crop[4 * k + 3];
+  if (b.frames != nullptr) {
+    const int32_t* f = b.frames + 8 * k;
+    j->top = f[0];
+    j->left = f[1];
+    j->height = f[2];
+    j->width = f[3];
+    j->resize_h = f[4];
+    j->resize_w = f[5];
+    j->frame_y = f[6];
+    j->frame_x = f[7];
+    if (j->resize_h <= 0) {
+      *err = "frame: resize size must be positive, got " + str(f[4]) + "x" + str(f[5]);
+      return false;
+    }
+  } else {
+    j->top = b.crop[4 * k];
+    j->left = b.crop[4 * k + 1];
+    j->height = b.crop[4 * k + 2];
+    j->width = b.crop[4 * k + 3];
+  }
   j->flip = b.flip[k] != 0;
   j->interpolation = b.interpolation == nullptr ? kResizeBilinear : b.interpolation[k];
   j->out_h = b.out_h;
@@ -205,6 +234,10 @@ std::vector<Failure> BatchEngine::run(const BatchSpec& b, const AfterSample& the
     std::string* err = &errors[k];
     bool ok = make_job(b, k, &job, err);
     if (ok && b.decode_hw != nullptr && b.decode_hw[2 * k] != 0) {
+      if (job.resize_h != 0) {
+        *err = "a frame (Plan.frames) cannot be decoded into a padded window";
+        ok = false;
+      }
       job.out_h = b.decode_hw[2 * k];
       job.out_w = b.decode_hw[2 * k + 1];
       job.flip = false;

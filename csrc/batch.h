@@ -39,6 +39,10 @@ struct SampleJob {
   int encoding = kEncodingJpeg;
   int src_h = 0, src_w = 0;  // JPEG: 0, 0 means "take from the header"; else must match it
   int top = 0, left = 0, height = 0, width = 0;
+  // resize_h > 0: the box above is resized whole to resize_h x resize_w and the output is its out_h x out_w window
+  // at (frame_y, frame_x), PIL's crop(box).resize(...).crop(window) (transforms.Plan.frames); else the box is
+  // resized to the output.
+  int resize_h = 0, resize_w = 0, frame_y = 0, frame_x = 0;
   bool flip = false;
   int interpolation = kResizeBilinear;  // a ResizeFilter (resize.h)
   int out_h = 0, out_w = 0;
@@ -64,6 +68,9 @@ struct BatchSpec {
   const uint8_t* encoding = nullptr;
   const int32_t* src_hw = nullptr;
   const int32_t* crop = nullptr;
+  // Null, or n x 8 (top, left, height, width, resize_h, resize_w, y, x): sample k's box resized whole, the output
+  // its window at (y, x) (SampleJob's resize_h ...); the crop above is then not read.
+  const int32_t* frames = nullptr;
   const uint8_t* flip = nullptr;
   const uint8_t* interpolation = nullptr;  // n ResizeFilter values (resize.h); null: all bilinear
   uint8_t* out = nullptr;  // n x out_h x out_w x 3, contiguous

@@ -172,9 +172,9 @@ void augment_tiles(BatchEngine& pool, py::handle images, py::handle augment) {
 py::list decode_augment_batch(BatchEngine& pool, py::handle regions, py::handle region, py::handle offset,
                               py::handle length, py::handle encoding, py::handle src_hw, py::handle crop,
                               py::handle flip, py::handle out, py::handle augment, bool dct_scaling,
-                              py::handle interpolation) {
+                              py::handle interpolation, py::handle frames) {
   DecodeBatchArgs args(regions, region, offset, length, encoding, src_hw, crop, flip, out, dct_scaling,
-                       interpolation);
+                       interpolation, frames);
   AugArrays a(augment, args.n(), args.spec.out_h, args.spec.out_w);
   std::vector<fastload::Failure> failures;
   std::string err;
@@ -215,13 +215,13 @@ void register_augment(py::module_& m) {
   m.def("decode_augment_batch", &decode_augment_batch, py::arg("pool"), py::arg("regions"), py::arg("region"),
         py::arg("offset"), py::arg("length"), py::arg("encoding"), py::arg("src_hw"), py::arg("crop"),
         py::arg("flip"), py::arg("out"), py::arg("augment"), py::arg("dct_scaling") = true,
-        py::arg("interpolation") = py::none(),
+        py::arg("interpolation") = py::none(), py::arg("frames") = py::none(),
         "decode_augment_batch(pool, regions, ..., flip, out, augment, dct_scaling=True, interpolation=None)\n"
         "-> failures\n"
         "decode_batch, each sample then augmented (augment as in augment_tiles) by the thread that decoded\n"
         "it, while its tile is in that core's cache. A bad augmentation raises ValueError before any\n"
         "sample is written; failed samples are zeroed and listed as decode_batch's (interpolation: as\n"
-        "decode_batch's).");
+        "decode_batch's; frames too).");
 }
 
 }  // namespace fastload_bind

@@ -189,7 +189,7 @@ class DecodeBatchArgs {
  public:
   DecodeBatchArgs(py::handle regions, py::handle region, py::handle offset, py::handle length,
                   py::handle encoding, py::handle src_hw, py::handle crop, py::handle flip, py::handle out,
-                  bool dct_scaling, py::handle interpolation = py::none())
+                  bool dct_scaling, py::handle interpolation = py::none(), py::handle frames = py::none())
       : sources_(regions, region, offset), n_(sources_.n()) {
     length_ = int_array(length, "length", &n_, 0);
     encoding_ = narrow<uint8_t>(int_array(encoding, "encoding", &n_, 0), "encoding", 0, 255);
@@ -200,6 +200,10 @@ class DecodeBatchArgs {
     }
     src_hw_ = narrow<int32_t>(int_array(src_hw, "src_hw", &n_, 2), "src_hw", INT32_MIN, INT32_MAX);
     crop_ = narrow<int32_t>(int_array(crop, "crop", &n_, 4), "crop", INT32_MIN, INT32_MAX);
+    if (!frames.is_none()) {  // per sample (top, left, height, width, resize_h, resize_w, y, x): Plan.frames
+      frames_ = narrow<int32_t>(int_array(frames, "frames", &n_, 8), "frames", INT32_MIN, INT32_MAX);
+      spec.frames = frames_.data();
+    }
     if (!py::isinstance<py::array_t<uint8_t>>(out)) {
       throw py::type_error("out: expected a uint8 numpy array of shape (" + std::to_string(n_) +
                            ", H, W, 3), got " + describe_array(out));
@@ -237,7 +241,7 @@ class DecodeBatchArgs {
   int64_t n_;
   py::array_t<int64_t, py::array::c_style> length_;
   std::vector<uint8_t> encoding_, flip_, interpolation_;
-  std::vector<int32_t> src_hw_, crop_;
+  std::vector<int32_t> src_hw_, crop_, frames_;
 };
 
 // A batch's failed samples as decode_batch returns them: [(index, message)].

@@ -17,13 +17,27 @@ fastload::Worker& local_worker() {
 }
 
 fastload::SampleJob single_job(py::handle crop, py::handle out_hw, bool flip, int img_h,
-                               int img_w, int interpolation) {
+                               int img_w, int interpolation, py::handle frame = py::none()) {
   if (interpolation != fastload::kResizeBilinear && interpolation != fastload::kResizeBicubic) {
     throw py::value_error("interpolation: expected 0 (bilinear) or 1 (bicubic), got " + std::to_string(interpolation));
   }
   fastload::SampleJob job;
   job.interpolation = interpolation;
-  if (crop.is_none()) {
+  if (!frame.is_none()) {  // (top, left, height, width, resize_h, resize_w, y, x): Plan.frames' row
+    const auto f = int_tuple<8>(frame, "frame", INT32_MIN);
+    if (f[4] <= 0 || f[5] <= 0) {
+      throw py::value_error("frame: resize size must be positive, got " + std::to_string(f[4]) + "x" +
+                            std::to_string(f[5]));
+    }
+    job.top = f[0];
+    job.left = f[1];
+    job.height = f[2];
+    job.width = f[3];
+    job.resize_h = f[4];
+    job.resize_w = f[5];
+    job.frame_y = f[6];
+    job.frame_x = f[7];
+  } else if (crop.is_none()) {
     job.height = img_h;
     job.width = img_w;
   } else {
@@ -90,7 +104,8 @@ py::array run_single(fastload::SampleJob& job) {
   return out;
 }
 
-py::array resize_crop(py::handle src, py::handle crop, py::handle out_hw, bool flip, int interpolation) {
+py::array resize_crop(py::handle src, py::handle crop, py::handle out_hw, bool flip, int interpolation,
+                      py::handle frame) {
   if (!py::isinstance<py::array_t<uint8_t>>(src)) {
     throw py::type_error("src: expected a uint8 numpy array of shape (H, W, 3), got " +
                          describe_array(src));
@@ -102,7 +117,7 @@ py::array resize_crop(py::handle src, py::handle crop, py::handle out_hw, bool f
                           std::string(py::str(img.attr("shape"))));
   }
   fastload::SampleJob job = single_job(crop, out_hw, flip, static_cast<int>(img.shape(0)),
-                                       static_cast<int>(img.shape(1)), interpolation);
+                                       static_cast<int>(img.shape(1)), interpolation, frame);
   job.encoding = fastload::kEncodingRawRgb;
   job.data = img.data();
   job.size = static_cast<size_t>(img.size());
@@ -112,15 +127,15 @@ py::array resize_crop(py::handle src, py::handle crop, py::handle out_hw, bool f
 }
 
 py::array decode_crop_resize(py::handle buf, py::handle crop, py::handle out_hw, bool flip,
-                             bool dct_scaling, int interpolation) {
+                             bool dct_scaling, int interpolation, py::handle frame) {
   BufferView b(buf, "buf");
   int img_h = 0, img_w = 0;
-  if (crop.is_none()) {  // the crop is the whole image: read its size first
+  if (crop.is_none() && frame.is_none()) {  // the crop is the whole image: read its size first
     py::tuple info = jpeg_info(buf);
     img_h = info[0].cast<int>();
     img_w = info[1].cast<int>();
   }
-  fastload::SampleJob job = single_job(crop, out_hw, flip, img_h, img_w, interpolation);
+  fastload::SampleJob job = single_job(crop, out_hw, flip, img_h, img_w, interpolation, frame);
   job.encoding = fastload::kEncodingJpeg;
   job.data = b.data();
   job.size = static_cast<size_t>(b.size());
@@ -130,9 +145,10 @@ py::array decode_crop_resize(py::handle buf, py::handle crop, py::handle out_hw,
 
 py::list decode_batch(BatchEngine& pool, py::handle regions, py::handle region, py::handle offset,
                       py::handle length, py::handle encoding, py::handle src_hw, py::handle crop,
-                      py::handle flip, py::handle out, bool dct_scaling, py::handle interpolation) {
+                      py::handle flip, py::handle out, bool dct_scaling, py::handle interpolation,
+                      py::handle frames) {
   DecodeBatchArgs args(regions, region, offset, length, encoding, src_hw, crop, flip, out, dct_scaling,
-                       interpolation);
+                       interpolation, frames);
   std::vector<fastload::Failure> failures;
   {
     py::gil_scoped_release nogil;
@@ -156,20 +172,25 @@ void register_decode(py::module_& m) {
         "decode_jpeg(buf) -> uint8 array (H, W, 3), full-size RGB.\n"
         "Grayscale is replicated; CMYK/YCCK is converted like PIL's convert('RGB').");
   m.def("resize_crop", &resize_crop, py::arg("src"), py::arg("crop"), py::arg("out_hw"),
-        py::arg("flip") = false, py::arg("interpolation") = 0,
-        "resize_crop(src, crop, out_hw, flip=False, interpolation=0) -> uint8 array (out_h, out_w, 3).\n"
+        py::arg("flip") = false, py::arg("interpolation") = 0, py::arg("frame") = py::none(),
+        "resize_crop(src, crop, out_hw, flip=False, interpolation=0, frame=None) -> uint8 array (out_h, out_w, 3).\n"
         "crop = (top, left, height, width) or None for the whole image; PIL's antialiased resize,\n"
-        "interpolation 0 = BILINEAR, 1 = BICUBIC; then horizontal flip if flip.");
+        "interpolation 0 = BILINEAR, 1 = BICUBIC; then horizontal flip if flip. frame = (top, left, height,\n"
+        "width, resize_h, resize_w, y, x) instead of crop: that box resized whole to resize_h x resize_w, the\n"
+        "out_hw window at (y, x) of it (PIL's crop(box).resize(size).crop(window); transforms.Plan.frames).");
   m.def("decode_crop_resize", &decode_crop_resize, py::arg("buf"), py::arg("crop"),
         py::arg("out_hw"), py::arg("flip") = false, py::arg("dct_scaling") = true, py::arg("interpolation") = 0,
-        "decode_crop_resize(buf, crop, out_hw, flip=False, dct_scaling=True, interpolation=0) -> uint8\n"
-        "array (out_h, out_w, 3): decode a JPEG, crop, resize and flip like one decode_batch sample.");
+        py::arg("frame") = py::none(),
+        "decode_crop_resize(buf, crop, out_hw, flip=False, dct_scaling=True, interpolation=0, frame=None) ->\n"
+        "uint8 array (out_h, out_w, 3): decode a JPEG, crop, resize and flip like one decode_batch sample\n"
+        "(frame: as resize_crop's).");
   m.def("decode_batch", &decode_batch, py::arg("pool"), py::arg("regions"), py::arg("region"),
         py::arg("offset"), py::arg("length"), py::arg("encoding"), py::arg("src_hw"),
         py::arg("crop"), py::arg("flip"), py::arg("out"), py::arg("dct_scaling") = true,
-        py::arg("interpolation") = py::none(),
+        py::arg("interpolation") = py::none(), py::arg("frames") = py::none(),
         "decode_batch(pool, regions, region, offset, length, encoding, src_hw, crop, flip, out,\n"
-        "             dct_scaling=True, interpolation=None) -> list[(index, message)] of failed samples.\n"
+        "             dct_scaling=True, interpolation=None, frames=None) -> list[(index, message)] of failed\n"
+        "samples. frames: None or int32 (n, 8), each row as resize_crop's frame, used instead of crop.\n"
         "Sample k's bytes are regions[region[k]][offset[k]:offset[k]+length[k]]; encoding 0 = JPEG,\n"
         "1 = raw RGB (src_hw[k] = (H, W)); crop[k] = (top, left, height, width); the result is\n"
         "written into out[k] (out: C-contiguous uint8 (n, H, W, 3)); failed samples are zeroed.\n"

@@ -34,7 +34,8 @@ py::array decode_mask(py::handle data, int h, int w) {
 py::list decode_mask_batch(BatchEngine& pool, py::handle regions, py::handle region, py::handle offset,
                            py::handle length, py::handle src_hw, py::handle crop, py::handle box_hw,
                            py::handle padded, py::handle rows, py::handle cols, py::handle hflip, py::handle vflip,
-                           py::handle has_affine, py::handle affine, py::handle fill, py::handle out) {
+                           py::handle has_affine, py::handle affine, py::handle fill, py::handle out,
+                           py::handle frames) {
   const Sources sources(regions, region, offset);
   int64_t n = sources.n();
   auto length_a = int_array(length, "length", &n, 0);
@@ -77,8 +78,11 @@ py::list decode_mask_batch(BatchEngine& pool, py::handle regions, py::handle reg
   } else {
     fill_v = column<uint8_t>(fill, "fill", n, 2, 0, 255);
   }
+  std::vector<int32_t> frames_v;  // Plan.frames: (top, left, height, width, resize_h, resize_w, y, x) per sample
+  if (!frames.is_none()) frames_v = column<int32_t>(frames, "frames", n, 8, INT32_MIN, INT32_MAX);
   fastload::MaskBatchSpec spec;
   sources.set(&spec);
+  if (!frames_v.empty()) spec.frames = frames_v.data();
   spec.length = length_a.data();
   spec.src_hw = src_hw_v.data();
   spec.crop = crop_v.data();
@@ -113,12 +117,14 @@ void register_mask(py::module_& m) {
   m.def("decode_mask_batch", &decode_mask_batch, py::arg("pool"), py::arg("regions"), py::arg("region"),
         py::arg("offset"), py::arg("length"), py::arg("src_hw"), py::arg("crop"), py::arg("box_hw"),
         py::arg("padded"), py::arg("rows"), py::arg("cols"), py::arg("hflip"), py::arg("vflip"),
-        py::arg("has_affine"), py::arg("affine"), py::arg("fill"), py::arg("out"),
+        py::arg("has_affine"), py::arg("affine"), py::arg("fill"), py::arg("out"), py::arg("frames") = py::none(),
         "decode_mask_batch(pool, regions, region, offset, length, src_hw, crop, box_hw, padded, rows, cols, hflip,\n"
-        "                  vflip, has_affine, affine, fill, out) -> [(index, message)]\n\n"
+        "                  vflip, has_affine, affine, fill, out, frames=None) -> [(index, message)]\n\n"
         "Decode each PNG mask and move it as PIL moves it (fields/mask.py): crop, NEAREST resize to box_hw, a\n"
         "padded window (rows/cols, -1 = fill), flips, the affine NEAREST with fill; failures zero their row.\n"
-        "fill: an int in [0, 255] for every sample, or (n, 2) per sample: the window's fill, the affine's.");
+        "fill: an int in [0, 255] for every sample, or (n, 2) per sample: the window's fill, the affine's.\n"
+        "frames: None, or int32 (n, 8) as decode_batch's: the box resized whole NEAREST, the output its window\n"
+        "(instead of crop; not with a padded window).");
 }
 
 }  // namespace fastload_bind

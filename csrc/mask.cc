@@ -25,28 +25,32 @@ uint32_t be32(const uint8_t* p) {
   return (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) | (uint32_t{p[2]} << 8) | uint32_t{p[3]};
 }
 
-// PIL: img.crop(box).resize((bw, bh), NEAREST), an affine scale from the crop (ImagingScaleAffine, fill=1).
+// PIL: img.crop(box).resize((bw, bh), NEAREST), an affine scale from the crop (ImagingScaleAffine, fill=1). With
+// a frame (rh > 0): img.crop(box).resize((rw, rh), NEAREST).crop((fx, fy, fx + bw, fy + bh)), the same accumulated
+// coordinates run over the whole resize and the window kept.
 void crop_resize(const uint8_t* src, int src_w, int top, int left, int ch, int cw, int bh, int bw, uint8_t* dst,
-                 std::vector<int>* xtab) {
-  const double ax = static_cast<double>(cw) / bw, ay = static_cast<double>(ch) / bh;
+                 std::vector<int>* xtab, int rh = 0, int rw = 0, int fy = 0, int fx = 0) {
+  if (rh == 0) rh = bh, rw = bw;
+  const double ax = static_cast<double>(cw) / rw, ay = static_cast<double>(ch) / rh;
   xtab->resize(static_cast<size_t>(bw));
   double xo = ax * 0.5;
-  for (int x = 0; x < bw; ++x) {
+  for (int x = 0; x < fx + bw; ++x) {
     const int xin = coord(xo);
-    (*xtab)[x] = xin >= 0 && xin < cw ? xin : -1;
+    if (x >= fx) (*xtab)[x - fx] = xin >= 0 && xin < cw ? xin : -1;
     xo += ax;
   }
   double yo = ay * 0.5;
-  for (int y = 0; y < bh; ++y) {
+  for (int y = 0; y < fy + bh; ++y) {
     const int yin = coord(yo);
-    uint8_t* out = dst + static_cast<size_t>(y) * bw;
+    yo += ay;
+    if (y < fy) continue;
+    uint8_t* out = dst + static_cast<size_t>(y - fy) * bw;
     if (yin >= 0 && yin < ch) {
       const uint8_t* in = src + static_cast<size_t>(top + yin) * src_w + left;
       for (int x = 0; x < bw; ++x) out[x] = (*xtab)[x] >= 0 ? in[(*xtab)[x]] : 0;
     } else {
       std::memset(out, 0, static_cast<size_t>(bw));
     }
-    yo += ay;
   }
 }
 
@@ -154,7 +158,8 @@ bool one_mask(const MaskBatchSpec& s, int64_t k, Scratch* sc, std::string* err) 
   }
   const int h = s.src_hw[2 * k], w = s.src_hw[2 * k + 1];
   if (!decode_mask_png(s.regions[r].data + off, static_cast<size_t>(len), h, w, &sc->mask, err)) return false;
-  const int top = s.crop[4 * k], left = s.crop[4 * k + 1], ch = s.crop[4 * k + 2], cw = s.crop[4 * k + 3];
+  const int32_t* box = s.frames != nullptr ? s.frames + 8 * k : s.crop + 4 * k;
+  const int top = box[0], left = box[1], ch = box[2], cw = box[3];
   if (top < 0 || left < 0 || ch < 1 || cw < 1 || top > h - ch || left > w - cw) {
     *err = "crop box (" + std::to_string(top) + ", " + std::to_string(left) + ", " + std::to_string(ch) + ", " +
            std::to_string(cw) + ") is outside the " + std::to_string(h) + "x" + std::to_string(w) + " mask";
@@ -170,6 +175,10 @@ bool one_mask(const MaskBatchSpec& s, int64_t k, Scratch* sc, std::string* err) 
   }
   const size_t tile_bytes = static_cast<size_t>(oh) * ow;
   sc->tile.resize(tile_bytes);
+  if (padded && s.frames != nullptr) {
+    *err = "a frame (Plan.frames) cannot be moved into a padded window";
+    return false;
+  }
   if (padded) {
     sc->box.resize(static_cast<size_t>(bh) * bw);
     crop_resize(sc->mask.data(), w, top, left, ch, cw, bh, bw, sc->box.data(), &sc->xtab);
@@ -194,6 +203,15 @@ bool one_mask(const MaskBatchSpec& s, int64_t k, Scratch* sc, std::string* err) 
         o[x] = cols[x] < 0 ? s.fill[2 * k] : in[cols[x]];
       }
     }
+  } else if (s.frames != nullptr) {
+    const int32_t* f = s.frames + 8 * k;
+    if (f[4] < 1 || f[5] < 1 || f[6] < 0 || f[7] < 0 || int64_t{f[6]} + oh > f[4] || int64_t{f[7]} + ow > f[5]) {
+      *err = "frame: the " + std::to_string(oh) + "x" + std::to_string(ow) + " window at (" + std::to_string(f[6]) +
+             ", " + std::to_string(f[7]) + ") is not inside the box's " + std::to_string(f[4]) + "x" +
+             std::to_string(f[5]) + " resize";
+      return false;
+    }
+    crop_resize(sc->mask.data(), w, top, left, ch, cw, oh, ow, sc->tile.data(), &sc->xtab, f[4], f[5], f[6], f[7]);
   } else {
     crop_resize(sc->mask.data(), w, top, left, ch, cw, oh, ow, sc->tile.data(), &sc->xtab);
   }

@@ -31,6 +31,9 @@ struct MaskBatchSpec {
   const int64_t* length = nullptr;
   const int32_t* src_hw = nullptr;  // the stored mask's size (the "meta" column), = its image's
   const int32_t* crop = nullptr;    // top, left, height, width: the image's crop box
+  // null, or n x 8 (top, left, height, width, resize_h, resize_w, y, x): the image's Plan.frames, used instead of
+  // crop: that box resized whole NEAREST, the tile its window at (y, x) (not with a padded window)
+  const int32_t* frames = nullptr;
   const int32_t* box_hw = nullptr;  // the crop box is resized to this (the tile's size, or a padded window's box)
   const uint8_t* padded = nullptr;  // 1: the tile is assembled from the box by rows/cols (-1: fill)
   const int32_t* rows = nullptr;

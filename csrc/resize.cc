@@ -364,41 +364,44 @@ void mirror_row(uint8_t* row, int n) {
 
 }  // namespace
 
-bool plan_axis(double in0, double in1, int lo, int hi, int out, AxisPlan* p, std::string* err, int filter) {
+bool plan_axis(double in0, double in1, int lo, int hi, int out, AxisPlan* p, std::string* err, int filter,
+               int offset, int total) {
+  if (total == 0) total = out;
   if (filter != kResizeBilinear && filter != kResizeBicubic) {
     *err = "unknown resize interpolation " + std::to_string(filter) + " (expected 0 = bilinear or 1 = bicubic)";
     return false;
   }
-  if (out <= 0 || hi <= lo || !(in1 > in0) || in0 < lo || in1 > hi) {
+  if (out <= 0 || hi <= lo || !(in1 > in0) || in0 < lo || in1 > hi || offset < 0 || total < out ||
+      offset > total - out) {
     *err = "invalid resample axis: box [" + std::to_string(in0) + ", " + std::to_string(in1) +
-           ") window [" + std::to_string(lo) + ", " + std::to_string(hi) + ") out " +
-           std::to_string(out);
+           ") window [" + std::to_string(lo) + ", " + std::to_string(hi) + ") out " + std::to_string(out) +
+           " from " + std::to_string(offset) + " of " + std::to_string(total);
     return false;
   }
   // Work in coordinates relative to lo so integer crops reproduce PIL's crop().resize().
   const int in_size = hi - lo;
   const double b0 = in0 - lo;
-  const double scale = (in1 - in0) / out;
+  const double scale = (in1 - in0) / total;
   const double filterscale = std::max(scale, 1.0);
   const bool cubic = filter == kResizeBicubic;
   const double support = (cubic ? 2.0 : 1.0) * filterscale;  // the triangle's support is 1, the cubic's 2
   const double taps = std::ceil(support) * 2 + 2;  // PIL's ceil(support) * 2 + 1, made even
-  if (taps * out > 1e9) {
-    *err = "resample filter too large: " + std::to_string(out) + " outputs x " +
+  if (taps * total > 1e9) {
+    *err = "resample filter too large: " + std::to_string(total) + " outputs x " +
            std::to_string(taps) + " taps";
     return false;
   }
   const int ksize = static_cast<int>(taps);
   p->out = out;
   p->ksize = ksize;
-  p->identity = (out == in_size && in0 == lo && in1 == hi);
+  p->identity = (out == in_size && total == out && in0 == lo && in1 == hi);
   p->start.resize(out);
   p->count.resize(out);
   p->weights.resize(static_cast<size_t>(out) * ksize);
   const double ss = 1.0 / filterscale;
-  int first = hi, last = lo;
-  double wmax = 0.0;
-  for (int xx = 0; xx < out; ++xx) {
+  // PIL's precompute_coeffs for output xx of the whole resize (0 <= xx < total): the weights into w (ksize,
+  // zero past the taps), the first tap into *xmin_out (relative to lo); returns the number of taps.
+  auto weights = [&](int xx, double* w, int* xmin_out) {
     const double center = b0 + (xx + 0.5) * scale;
     int xmin = static_cast<int>(center - support + 0.5);
     if (xmin < 0) xmin = 0;
@@ -409,7 +412,6 @@ bool plan_axis(double in0, double in1, int lo, int hi, int out, AxisPlan* p, std
       xmin = std::min(std::max(static_cast<int>(center), 0), in_size - 1);
       cnt = 1;
     }
-    double* w = &p->weights[static_cast<size_t>(xx) * ksize];
     double ww = 0.0;
     for (int k = 0; k < ksize; ++k) {
       const double x = (k + xmin - center + 0.5) * ss;
@@ -418,15 +420,34 @@ bool plan_axis(double in0, double in1, int lo, int hi, int out, AxisPlan* p, std
     }
     for (int k = 0; k < cnt; ++k) {
       if (ww != 0.0) w[k] /= ww;
-      wmax = std::max(wmax, std::fabs(w[k]));
     }
+    *xmin_out = xmin;
+    return cnt;
+  };
+  int first = hi, last = lo;
+  double wmax = 0.0;  // Pillow-SIMD's maxkk: the largest weight (signed) of the whole resize
+  for (int xx = 0; xx < out; ++xx) {
+    double* w = &p->weights[static_cast<size_t>(xx) * ksize];
+    int xmin = 0;
+    const int cnt = weights(offset + xx, w, &xmin);
+    for (int k = 0; k < ksize; ++k) wmax = std::max(wmax, w[k]);
     p->start[xx] = lo + xmin;
     p->count[xx] = cnt;
     first = std::min(first, lo + xmin);
     last = std::max(last, lo + xmin + cnt);
   }
-  // As many fractional bits as int16 weights allow (weights are at most 1).
-  int shift = 15;
+  if (total != out) {  // the precision is the whole resize's: the weights of the outputs not produced count too
+    std::vector<double> w(ksize);
+    for (int xx = 0; xx < total; ++xx) {
+      if (xx >= offset && xx < offset + out) continue;
+      int xmin = 0;
+      weights(xx, w.data(), &xmin);
+      for (int k = 0; k < ksize; ++k) wmax = std::max(wmax, w[k]);
+    }
+  }
+  // As many fractional bits as int16 weights allow, at most 22 (Pillow-SIMD's normalize_coeffs_8bpc: PIL's
+  // PRECISION_BITS, 32 - 8 - 2), so that its bytes come out.
+  int shift = 22;
   while (shift > 1 && std::floor(0.5 + wmax * (1 << shift)) > 32767) --shift;
   p->shift = shift;
   p->coeffs.resize(p->weights.size());

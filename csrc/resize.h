@@ -2,15 +2,17 @@
 // Image.resize(size, Image.BILINEAR or Image.BICUBIC, box=...) (libImaging/Resample.c): a triangle
 // filter (bilinear, support 1) or Keys' cubic with a = -0.5 (bicubic, support 2, negative lobes) whose
 // support grows with the downscale factor, a horizontal pass first (rounded to uint8) and then a
-// vertical pass. Weights are int16 fixed point (14-15 fractional bits, as Pillow-SIMD) instead of
-// PIL's int32 with 22 bits, so that SIMD multiply-adds apply; results differ from PIL by at most
-// 1 in rare pixels (bicubic: 2 in very rare ones, where its overshoot amplifies a 1-level difference of the
-// rounded horizontal pass: 9 of 30 million pixels of noise). SSSE3/SSE2 kernels and the portable scalar code give
-// identical bytes.
+// vertical pass. Weights are int16 fixed point with as many fractional bits as int16 allows, up to 22 (Pillow-SIMD's
+// rule, normalize_coeffs_8bpc: 14 bits for a weight of 1, 16 for a downscale past 2x), instead of plain PIL's int32
+// with 22 bits, so that SIMD multiply-adds apply: Pillow-SIMD's bytes; plain Pillow's differ by at most 1 in rare
+// pixels (bicubic: 2 in very rare ones, where its overshoot amplifies a 1-level difference of the rounded
+// horizontal pass). SSSE3/SSE2 kernels and the portable scalar code give identical bytes.
 //
 // Unlike PIL's `box`, the filter is clamped to a source window [lo, hi) per axis, so an
-// integer crop box with lo/hi equal to the box gives PIL's crop(...).resize(...) (up to the
-// weight rounding above); a fractional box (DCT-scaled source) uses the pixels it overlaps.
+// integer crop box with lo/hi equal to the box gives PIL's crop(...).resize(...); a fractional box
+// (DCT-scaled source) uses the pixels it overlaps. `offset`/`total`: outputs offset .. offset+out-1 of a resize
+// to `total` samples, PIL's crop(box).resize(total).crop(window) (what torchvision's Resize then a crop
+// computes): the weights, the taps and the fixed-point precision are those of the whole resize.
 #pragma once
 
 #include <cstddef>
@@ -39,10 +41,11 @@ struct AxisPlan {
   std::vector<double> weights;  // scratch for the double-precision weights
 };
 
-// Plans resampling of the source interval [in0, in1) to `out` samples with `filter` (a ResizeFilter),
-// reading only source indices in [lo, hi). Returns false with a message if the arguments are invalid.
+// Plans resampling of the source interval [in0, in1) to `total` samples (0: `out`) with `filter` (a
+// ResizeFilter), of which it produces the `out` samples from `offset` on, reading only source indices in [lo, hi).
+// Returns false with a message if the arguments are invalid.
 bool plan_axis(double in0, double in1, int lo, int hi, int out, AxisPlan* plan, std::string* err,
-               int filter = kResizeBilinear);
+               int filter = kResizeBilinear, int offset = 0, int total = 0);
 
 struct ResizeScratch {
   AxisPlan x, y;

@@ -14,8 +14,12 @@ mirrored, pixels) moves the origin; a flip toggles ``flip`` (two flips cancel). 
 resized image covers source ``[k*s, (k+1)*s)`` (PIL's and torch's half-pixel convention), so the
 mapping is exact in real numbers. Only at the end is the box rounded to whole source pixels, edge by
 edge (``top = round(oy)``, ``bottom = round(oy + h*sy)``, half to even), kept at least one pixel and
-inside the image. Each edge therefore moves by at most half a source pixel relative to torchvision's
-resize-then-crop; with no resize before a crop (e.g. ``RandomResizedCrop`` first) the box is exact.
+inside the image (``Plan.crops``). With no resize before a crop (e.g. ``RandomResizedCrop`` first) the box is
+exact. A resize followed by crops of its whole pixels (``Resize(256)``, ``CenterCrop(224)``: the usual evaluation
+transform) is also kept as torchvision computes it, ``Plan.frames``: the box the resize reads, the size it resizes
+it to, and the output's window in that; the native decoder resamples exactly that window of the whole resize
+(PIL's weights, taps outside the window included), so its pixels are torchvision's where the rounded box would be
+off by a sub-pixel shift. A second resize after a crop (fused into one resample) keeps the rounded box.
 
 Randomness comes only from the ``rng`` passed to :meth:`ImagePipeline.plan`, drawn step by step in
 pipeline order with a fixed number of draws per sample, so a seed fixes the plan. The loader passes
@@ -392,7 +396,8 @@ class ImagePipeline:
 
 
 def apply_pil(pipeline: Any, image: Any, rng: np.random.Generator) -> Any:
-    """Run a pipeline (or list/Compose) on one PIL image with PIL: crop → resize (bilinear or bicubic) → flip.
+    """Run a pipeline (or list/Compose) on one PIL image with PIL: crop → resize (bilinear or bicubic) → flip (a
+    resize followed by a crop of its pixels, ``Plan.frames``: resize → crop, as torchvision runs it).
 
     The slow reference engine: it executes exactly the plan the native engine gets.
     """
@@ -401,10 +406,16 @@ def apply_pil(pipeline: Any, image: Any, rng: np.random.Generator) -> Any:
     p = pipe.plan(np.array([image.height]), np.array([image.width]), rng)
 
     resample = Image.Resampling.BICUBIC if p.interp_of(0) else Image.Resampling.BILINEAR
+    frame = p.frame_of(0)  # a resize then a crop of its whole pixels, as torchvision computes it (Plan.frames)
 
     def decode(crop: Sequence[int], out_hw: Sequence[int]) -> Any:
+        oh, ow = int(out_hw[0]), int(out_hw[1])
+        if frame is not None:  # never with a padded window (whose decode size is not out_hw)
+            top, left, h, w, rh, rw, y, x = frame
+            resized = image.crop((left, top, left + w, top + h)).resize((rw, rh), resample)
+            return resized.crop((x, y, x + ow, y + oh))
         top, left, h, w = (int(v) for v in crop)
-        return image.crop((left, top, left + w, top + h)).resize((int(out_hw[1]), int(out_hw[0])), resample)
+        return image.crop((left, top, left + w, top + h)).resize((ow, oh), resample)
 
     out = decode(p.crops[0], p.out_hw[0])
     if p.augment is not None:  # padded windows, flips, the affine and the pixel operations: the PIL reference engine

@@ -58,11 +58,12 @@ def run_pil(image: Any, plan: AugmentPlan, sample: int, *, source: bool = False)
 
 
 def run_pil_mask(
-    mask: Any, plan: AugmentPlan, sample: int, *, fill: int | None = None, source: bool = False
+    mask: Any, plan: AugmentPlan, sample: int, *, fill: int | None = None, source: bool = False, frame: Any = None
 ) -> np.ndarray:
     """Move one segmentation mask (H, W) uint8 with its image's geometry: crop and resize NEAREST (``source``; a
-    padded RandomCrop's window padded with ``fill``), flips, the affine always NEAREST with ``fill`` outside;
-    pixel operations skip masks. ``fill`` None: each transform's own mask fill, from the plan (``mask_fills``)."""
+    padded RandomCrop's window padded with ``fill``; ``frame``: the image's ``Plan.frames`` row, its box resized
+    whole, then the window), flips, the affine always NEAREST with ``fill`` outside; pixel operations skip masks.
+    ``fill`` None: each transform's own mask fill, from the plan (``mask_fills``)."""
     m = np.asarray(mask)
     if m.dtype != np.uint8 or m.ndim != 2:
         raise TypeError(f"run_pil_mask: mask should be an (H, W) uint8 array, got {m.dtype} {m.shape}")
@@ -78,6 +79,7 @@ def run_pil_mask(
         Image.Resampling.NEAREST,
         affine_fill,
         pad_fill,
+        frame,
     )
     return np.asarray(img)
 
@@ -101,6 +103,7 @@ def _geometry(
     resample: Image.Resampling,
     fill: Any,
     pad_fill: Any = None,
+    frame: Any = None,
 ) -> Image.Image:
     """The sample's geometry, the same for an image and its mask but for the resampling and the fill: crop and
     ``resize`` (from a source picture), or a check of the tile's size; flips; the affine with ``resample``."""
@@ -117,6 +120,9 @@ def _geometry(
             # the same window for a mask, padded with the mask's own fill (not the image's colour)
             colour = pad.fill[sample] if pad_fill is None else np.asarray(pad_fill)
             img = Image.fromarray(assemble(box, pad.rows[sample], pad.cols[sample], colour, flip=False))
+        elif frame is not None:  # a resize then a crop of its pixels (Plan.frames), as torchvision runs them
+            top, left, h, w, rh, rw, y, x = (int(v) for v in frame)
+            img = img.crop((left, top, left + w, top + h)).resize((rw, rh), resize).crop((x, y, x + ow, y + oh))
         else:
             img = img.crop((left, top, left + w, top + h)).resize((ow, oh), resize)
     elif (img.height, img.width) != (oh, ow):

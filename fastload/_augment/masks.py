@@ -28,17 +28,20 @@ def geometry_of(plan: Any) -> AugmentPlan:
     return PlanBuilder.from_crop_plan(plan).finish()
 
 
-def move_mask(mask: np.ndarray, geometry: AugmentPlan, k: int, fill: int | None = None) -> np.ndarray:
+def move_mask(
+    mask: np.ndarray, geometry: AugmentPlan, k: int, fill: int | None = None, frame: Any = None
+) -> np.ndarray:
     """Sample ``k``'s mask (the source's size, which its image has: the caller checks) moved by the plan
-    ``geometry`` (``geometry_of``). ``fill`` None: each transform's mask fill, from the plan."""
+    ``geometry`` (``geometry_of``). ``fill`` None: each transform's mask fill, from the plan. ``frame``: the image
+    plan's ``Plan.frames`` row for it (a resize then a crop of its pixels, as torchvision moves the mask), or None."""
     from .engine_pil import run_pil_mask  # PIL only when a mask is moved: fastload imports without PIL
 
-    return run_pil_mask(mask, geometry, k, fill=fill, source=True)
+    return run_pil_mask(mask, geometry, k, fill=fill, source=True, frame=frame)
 
 
 def moved_mask(mask: np.ndarray, plan: Any) -> np.ndarray:
     """``ds[i]``'s mask moved by its image's one-sample plan (a ``transforms.Plan``)."""
-    return move_mask(mask, geometry_of(plan), 0)
+    return move_mask(mask, geometry_of(plan), 0, frame=plan.frame_of(0))
 
 
 def decode_masks(
@@ -87,4 +90,5 @@ def decode_masks(
         geo.affine.reshape(n, 6),
         fills,
         out,
+        frames=None if plan.frames is None else np.ascontiguousarray(plan.frames, dtype=np.int32),
     )

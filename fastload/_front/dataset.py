@@ -210,12 +210,13 @@ class Dataset(torch.utils.data.Dataset):
         out_hw = tuple(int(v) for v in plan.out_hw[0])
         flip = bool(plan.flips[0])
         interp = plan.interp_of(0)  # bilinear or bicubic
+        frame = plan.frame_of(0)  # torchvision's resize then crop, exactly (Plan.frames; never with a padded window)
 
         def decode(crop: tuple, out_hw: tuple, flip: bool = False) -> np.ndarray:
             if enc == IMAGE_JPEG:
-                return native().decode_crop_resize(blob, crop, out_hw, flip, interpolation=interp)
+                return native().decode_crop_resize(blob, crop, out_hw, flip, interpolation=interp, frame=frame)
             pixels = np.frombuffer(blob, dtype=np.uint8).reshape(h, w, 3)
-            return native().resize_crop(pixels, crop, out_hw, flip, interpolation=interp)
+            return native().resize_crop(pixels, crop, out_hw, flip, interpolation=interp, frame=frame)
 
         # issue 21's augmentation (and padded crops): the PIL reference engine on the decoded tile
         arr = decode(crop, out_hw, flip) if plan.augment is None else augment_reference(decode, plan)

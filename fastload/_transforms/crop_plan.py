@@ -38,10 +38,20 @@ class Plan:
     1 PIL's BICUBIC (``_augment/random_resize.py`` ``RESIZE_CODES``; csrc/resize.h). Only the native decoder
     resizes bicubic; the GPU decoders refuse such a pipeline when made (``decoders/_base.py`` ``BICUBIC_RESIZE``).
 
+    ``frames``: None, or int32 ``(n, 8)``: each sample's output as torchvision computes a resize followed by a crop
+    (``Resize(256)`` then ``CenterCrop(224)``): ``(top, left, height, width, resize_h, resize_w, y, x)``, the source
+    box resized whole to ``resize_h x resize_w`` (one antialiased resample, PIL's ``crop(box).resize(size)``), of
+    which the output is the ``out_hw`` window at ``(y, x)`` (whole pixels of the resized image, PIL's ``crop``).
+    Where that window starts between two source pixels, ``crops`` (the window's source box rounded to whole
+    pixels) is off by a sub-pixel; a decoder that executes ``frames`` gets torchvision's pixels (the native one,
+    :func:`apply_pil` and the mask field do; DALI resamples the window as a region of interest, within a level of
+    them; nvJPEG resamples ``crops`` and says so once). Set only when the planned steps are one resize of a
+    whole-pixel box followed by whole-pixel crops (and flips) and some window is not the whole resize.
+
     ``plan.take(lo, hi)``: the plan of samples ``lo .. hi-1``; ``plan.n``: how many samples.
     """
 
-    __slots__ = ("crops", "flips", "out_hw", "augment", "seeds", "after_seeds", "interp", "erase")
+    __slots__ = ("crops", "flips", "out_hw", "augment", "seeds", "after_seeds", "interp", "erase", "frames")
 
     def __init__(
         self,
@@ -53,9 +63,11 @@ class Plan:
         after_seeds: np.ndarray | None = None,
         interp: np.ndarray | None = None,
         erase: tuple | None = None,
+        frames: np.ndarray | None = None,
     ) -> None:
         self.crops, self.flips, self.out_hw, self.augment = crops, flips, out_hw, augment
         self.seeds, self.after_seeds, self.interp, self.erase = seeds, after_seeds, interp, erase
+        self.frames = frames
 
     @property
     def n(self) -> int:
@@ -75,7 +87,10 @@ class Plan:
         after = None if self.after_seeds is None else self.after_seeds[lo:hi]
         interp = None if self.interp is None else self.interp[lo:hi]
         erase = None if self.erase is None else tuple(e.take(lo, hi) for e in self.erase)
-        return Plan(self.crops[lo:hi], self.flips[lo:hi], self.out_hw[lo:hi], augment, seeds, after, interp, erase)
+        frames = None if self.frames is None else self.frames[lo:hi]
+        return Plan(
+            self.crops[lo:hi], self.flips[lo:hi], self.out_hw[lo:hi], augment, seeds, after, interp, erase, frames
+        )
 
     def interp_of(self, k: int) -> int:
         """Sample ``k``'s resize: 0 bilinear, 1 bicubic (the native calls' ``interpolation``)."""
@@ -99,7 +114,12 @@ class Plan:
             self.after_seeds,
             self.interp,
             self.erase,
+            self.frames,
         )
+
+    def frame_of(self, k: int) -> tuple[int, ...] | None:
+        """Sample ``k``'s row of ``frames`` as ints (the native single-sample calls' ``frame``), or None."""
+        return None if self.frames is None else tuple(int(v) for v in self.frames[k])
 
     def __repr__(self) -> str:
         extra = "" if self.augment is None else f", augment={len(self.augment.steps)} steps"
@@ -126,6 +146,7 @@ class _State:
         "index",
         "refusals",
         "smallest",
+        "frame",
     )
 
     def __init__(self, heights: np.ndarray, widths: np.ndarray, checking: bool = False) -> None:
@@ -142,6 +163,12 @@ class _State:
         #: checking a dataset at open (ImagePipeline.check_sizes): what each step refused, instead of raising
         self.refusals: list[Refusal] | None = [] if checking else None
         self.smallest = False  # checking: a RandomResize planned its min_size (said in the messages)
+        #: Plan.frames being built, int64 (n, 8): the virtual image is the (h, w) window at (y, x) of the whole-pixel
+        #: source box (top, left, height, width) resized whole to (resize_h, resize_w) -- torchvision's resize then
+        #: crop, exactly; None once a step makes it something else (a second resize, a padded window)
+        n = heights.shape[0]
+        zero = np.zeros(n, np.int64)
+        self.frame: np.ndarray | None = np.stack([zero, zero, heights, widths, heights, widths, zero, zero], axis=1)
 
     @property
     def checking(self) -> bool:
@@ -164,12 +191,20 @@ class _State:
         keep = ~bad
         for name in ("src_h", "src_w", "h", "w", "oy", "ox", "sy", "sx", "flip", "interp", "index"):
             setattr(self, name, getattr(self, name)[keep])
+        if self.frame is not None:
+            self.frame = self.frame[keep]
         if self.pad is not None:  # a PadIfSmaller's Pending (per-sample bottom, right) or padded windows
             self.pad = self.pad.take_rows(keep)
         return keep
 
     def crop(self, top: np.ndarray, left: np.ndarray, h: np.ndarray, w: np.ndarray) -> None:
         left = np.where(self.flip, self.w - left - w, left)  # the crop was chosen on the mirror
+        if self.frame is not None:  # whole pixels of the resized image (torchvision's crop): the window moves
+            f = self.frame.copy()
+            f[:, 6] += np.asarray(top, np.int64)
+            f[:, 7] += np.asarray(left, np.int64)
+            inside = (f[:, 6] >= 0) & (f[:, 7] >= 0) & (f[:, 6] + h <= f[:, 4]) & (f[:, 7] + w <= f[:, 5])
+            self.frame = f if inside.all() else None  # a padded window (padding.py) is not a frame
         self.oy = self.oy + top * self.sy
         self.ox = self.ox + left * self.sx
         self.h, self.w = h, w
@@ -183,6 +218,16 @@ class _State:
             if isinstance(interpolation, str)
             else np.asarray(interpolation, np.uint8)
         )
+        f = self.frame
+        if f is not None:  # a resize of a whole-pixel box (nothing resampled yet) starts a frame; a second is none
+            unresampled = (f[:, 4] == f[:, 2]) & (f[:, 5] == f[:, 3])
+            self.frame = (
+                np.stack([f[:, 0] + f[:, 6], f[:, 1] + f[:, 7], self.h, self.w, h, w, 0 * h, 0 * w], axis=1).astype(
+                    np.int64
+                )
+                if unresampled.all()
+                else None
+            )
         self.sy = self.sy * (self.h / h)
         self.sx = self.sx * (self.w / w)
         self.h, self.w = h, w
@@ -218,4 +263,15 @@ class _State:
             flips=self.flip.astype(np.uint8),
             out_hw=np.stack(hw, axis=1).astype(np.int32),
             interp=self.interp.copy() if self.interp.any() else None,  # None: all bilinear (nothing changes)
+            frames=self._frames(),
         )
+
+    def _frames(self) -> np.ndarray | None:
+        """``Plan.frames``: the frame, where one resize was followed by a crop of its whole pixels; None where the
+        rounded crop boxes say it all (no resize, or each output is its whole resize) or no frame is left."""
+        f = self.frame
+        if f is None or self.pad is not None or self.tile_hw is not None:
+            return None
+        resized = (f[:, 4] != f[:, 2]) | (f[:, 5] != f[:, 3])
+        window = (f[:, 6] != 0) | (f[:, 7] != 0) | (f[:, 4] != self.h) | (f[:, 5] != self.w)
+        return f.astype(np.int32) if (resized & window).any() else None

@@ -172,6 +172,21 @@ def geometry_only(plan: Any, n: int, who: str) -> None:
         )
 
 
+def warn_frames(who: str) -> None:
+    """Said once per decoder kind that cannot resample a region of interest: it resamples a resize-then-crop's
+    rounded source box (``Plan.crops``), not the window of the whole resize (``Plan.frames``) that the native
+    decoder resamples exactly and DALI's ``fn.resize`` with ``roi_start``/``roi_end``."""
+    from .._ring import warn_once
+
+    warn_once(
+        f"frames-{who}",
+        f"the {who} decoder resamples a resize followed by a crop (e.g. Resize(256), CenterCrop(224)) from the "
+        f"crop's source box rounded to whole source pixels: where torchvision's crop starts between two source "
+        f"pixels its pixels are shifted by up to half a source pixel (decoder='native' computes torchvision's "
+        f"pixels)",
+    )
+
+
 def check_augment(plan: Any, n: int, who: str) -> None:
     """What a decoder running ``plan.augment`` with the batched torch engine on its rows cannot run: a plan of
     another length, a bicubic resize (``plan.interp``), one channel. (Padded crop windows it runs:

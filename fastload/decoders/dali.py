@@ -156,6 +156,17 @@ def _dali_text(err: BaseException) -> str:
     return " ".join(keep).strip() or type(err).__name__
 
 
+def _frame_rois(frames: np.ndarray, out_hw: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """``Plan.frames`` as DALI runs them: the boxes to decode (int32 (n, 4), the box each resize reads), and each
+    sample's region of interest in its box, float32 (n, 4) (start y, start x, end y, end x): the output window of the
+    box's whole resize in source pixels, fractional where the crop starts between two of them."""
+    f = frames.astype(np.float64)
+    sy, sx = f[:, 2] / f[:, 4], f[:, 3] / f[:, 5]  # source pixels per resized pixel
+    oh, ow = out_hw
+    rois = np.stack([f[:, 6] * sy, f[:, 7] * sx, (f[:, 6] + oh) * sy, (f[:, 7] + ow) * sx], axis=1)
+    return frames[:, :4].astype(np.int32), rois.astype(np.float32)
+
+
 def _dali_message(err: BaseException) -> str:
     msg = _dali_text(err)
     msg = re.sub(r"Failed to decode sample #\d+\s*:?\s*$", "the JPEG data is corrupt or truncated", msg)
@@ -214,6 +225,7 @@ class DaliDecoder:
             self.streams = streams
         self._pipe = None
         self._padded = False  # whether _build makes (and self._pipe is) the graph with per-sample sizes
+        self._framed = False  # ... the graph with per-sample regions of interest (Plan.frames)
         self._make_pipe()  # now, in the thread that makes the decoder: a DALI that cannot run here says so at once
 
     def __repr__(self) -> str:
@@ -225,9 +237,11 @@ class DaliDecoder:
     # -- pipeline --------------------------------------------------------------------------------
     def _build(self) -> None:
         """The pipeline; with ``self._padded`` a per-sample ``size`` (each box's own, <= ``out_hw``) and ``fn.pad``
-        to ``out_hw`` (bottom and right, zeros), for the padded crop windows."""
+        to ``out_hw`` (bottom and right, zeros), for the padded crop windows; with ``self._framed`` a per-sample
+        region of interest of the decoded slice (``roi_start``, ``roi_end``: absolute, fractional), for a resize
+        followed by a crop (``Plan.frames``)."""
         fn, types = self._fn, self._types
-        padded = self._padded
+        padded, framed = self._padded, self._framed
         mixed = self.device_id is not None
         decode_kw = {"device": "mixed", "jpeg_fancy_upsampling": True} if mixed else {"device": "cpu"}
         out_h, out_w = self.out_hw
@@ -253,7 +267,14 @@ class DaliDecoder:
                 data, anchor, shape, axis_names="HW", output_type=types.RGB, adjust_orientation=False, **decode_kw
             )
             size = fn.external_source(name="size", dtype=types.FLOAT, ndim=1) if padded else [out_h, out_w]
-            img = fn.resize(img, size=size, interp_type=types.INTERP_LINEAR, antialias=True)
+            roi: dict = {}
+            if framed:  # the window of the slice's whole resize: its source box, fractional (DALI reads around it)
+                roi = {
+                    "roi_start": fn.external_source(name="roi_start", dtype=types.FLOAT, ndim=1),
+                    "roi_end": fn.external_source(name="roi_end", dtype=types.FLOAT, ndim=1),
+                    "roi_relative": False,
+                }
+            img = fn.resize(img, size=size, interp_type=types.INTERP_LINEAR, antialias=True, **roi)
             img = fn.flip(img, horizontal=flip)
             return fn.pad(img, axis_names="HW", shape=[out_h, out_w], fill_value=0) if padded else img
 
@@ -271,14 +292,26 @@ class DaliDecoder:
                 f"DALI could not build its decoding pipeline {where}: {type(e).__name__}: {_dali_text(e)}"
             ) from e
 
-    def _run(self, data: list, crops: np.ndarray, flips: np.ndarray, sizes: np.ndarray | None = None) -> Any:
-        """Run the pipeline on one batch (``sizes``: each sample's resized size, with padded windows)."""
-        if self._pipe is None or self._padded != (sizes is not None):
+    def _run(
+        self,
+        data: list,
+        crops: np.ndarray,
+        flips: np.ndarray,
+        sizes: np.ndarray | None = None,
+        rois: np.ndarray | None = None,
+    ) -> Any:
+        """Run the pipeline on one batch (``sizes``: each sample's resized size, with padded windows; ``rois``: each
+        sample's region of interest in its slice, (start y, start x, end y, end x), with ``Plan.frames``)."""
+        if self._pipe is None or self._padded != (sizes is not None) or self._framed != (rois is not None):
             if self._pipe is not None:  # its earlier outputs may still be read by copies queued on our stream
                 self._held.append(self._pipe)
             self._padded = sizes is not None
+            self._framed = rois is not None
             self._make_pipe()
         extra = {} if sizes is None else {"size": sizes.astype(np.float32)}
+        if rois is not None:
+            extra["roi_start"] = np.ascontiguousarray(rois[:, :2], dtype=np.float32)
+            extra["roi_end"] = np.ascontiguousarray(rois[:, 2:], dtype=np.float32)
         try:
             (images,) = self._pipe.run(
                 self._side(),
@@ -404,6 +437,10 @@ class DaliDecoder:
             raise ValueError("plan.crops: values do not fit in int32")
         crops = crops.astype(np.int32)
         sizes, flips = decode_sizes(plan, self.out_hw)  # padded windows: their boxes, at their size, unflipped
+        rois = None
+        frames = getattr(plan, "frames", None)
+        if frames is not None and sizes is None:  # a resize then a crop: the box it resizes, and the window in it
+            crops, rois = _frame_rois(np.asarray(frames), self.out_hw)
         with self._lock:
             if self._closed:
                 raise ValueError("this DaliDecoder is closed")
@@ -426,6 +463,7 @@ class DaliDecoder:
                         crops[good],
                         flips[good],
                         None if sizes is None else sizes[good],
+                        None if rois is None else rois[good],
                     )
                     self._copy_out(images, t, good)
                 except DaliBuildError:
@@ -439,6 +477,7 @@ class DaliDecoder:
                                     crops[k : k + 1],
                                     flips[k : k + 1],
                                     None if sizes is None else sizes[k : k + 1],
+                                    None if rois is None else rois[k : k + 1],
                                 ),
                                 t,
                                 np.array([k]),

@@ -38,8 +38,9 @@ class NativeDecoder:
         self.dct_scaling = dct_scaling
 
     def decode(self, sources: Any, plan: Any, out: Any) -> list[tuple[int, str]]:
-        """Decode ``sources`` (an ``ImageSources``) with ``plan.crops[k]`` and ``plan.flips[k]`` into ``out[k]``:
-        a uint8 ``(n, H, W, 3)`` numpy array or CPU tensor. Returns the failures ``[(k, message)]``."""
+        """Decode ``sources`` (an ``ImageSources``) with ``plan.crops[k]`` (or ``plan.frames[k]``, torchvision's
+        resize then crop exactly) and ``plan.flips[k]`` into ``out[k]``: a uint8 ``(n, H, W, 3)`` numpy array or CPU
+        tensor. Returns the failures ``[(k, message)]``."""
         augment = plan.augment  # executed here, all of it: no geometry_only refusal, only the length check
         planned = len(plan.crops)  # plan.n, without a call into transforms per batch
         if planned != sources.n:
@@ -67,11 +68,12 @@ class NativeDecoder:
             out,
         )
         interp = None if plan.interp is None else np.ascontiguousarray(plan.interp, dtype=np.uint8)
+        frames = getattr(plan, "frames", None)
+        frames = None if frames is None else np.ascontiguousarray(frames, dtype=np.int32)
+        opts = {"dct_scaling": self.dct_scaling, "interpolation": interp, "frames": frames}
         if augment is not None:
-            return native().decode_augment_batch(
-                *args, augment_arrays(augment), dct_scaling=self.dct_scaling, interpolation=interp
-            )
-        return native().decode_batch(*args, dct_scaling=self.dct_scaling, interpolation=interp)
+            return native().decode_augment_batch(*args, augment_arrays(augment), **opts)
+        return native().decode_batch(*args, **opts)
 
     def close(self) -> None:
         pass

@@ -61,7 +61,7 @@ import torch
 
 from .._install import pil
 from .._ring import streams_for
-from ._base import BICUBIC_REASON, BICUBIC_RESIZE, DecoderContext, DecoderKind, JpegOnly, check_augment
+from ._base import BICUBIC_REASON, BICUBIC_RESIZE, DecoderContext, DecoderKind, JpegOnly, check_augment, warn_frames
 from ._resample import MAX_PIXELS, resample
 from ._staging import Uploads, augment_queued, decode_sizes
 
@@ -191,6 +191,8 @@ class NvjpegDecoder:
         Queued on this decoder's stream when it returns: read ``out`` after waiting on ``ready_event()``."""
         n = len(blobs)
         check_augment(plan, n, "nvjpeg")
+        if getattr(plan, "frames", None) is not None:  # its batched resampling takes whole-pixel boxes
+            warn_frames("nvjpeg")
         self._check_out(out, n)
         if n == 0:
             return []

@@ -5,6 +5,7 @@ tests/cuda/test_nvjpeg.py runs the real thing on a GPU. PIL's stand-in is tests/
 from __future__ import annotations
 
 import io
+import warnings
 
 import pytest
 import torch
@@ -77,3 +78,29 @@ def test_one_large_photo_does_not_pad_the_batch_and_settings_do_not_change_pixel
         torch.set_float32_matmul_precision(before)
     assert torch.equal(out, ref)
     assert (1, 3, 600, 800) in padded and all(n * c * h * w <= budget or n == 1 for n, c, h, w in padded), padded
+
+
+def test_a_resize_then_a_crop_runs_on_the_rounded_box_and_says_so_once(monkeypatch):
+    """nvJPEG's batched resampling takes whole-pixel boxes: a plan with Plan.frames (Resize then CenterCrop) runs
+    on Plan.crops, the window's source box rounded, with one warning naming the decoder and the native way out."""
+    import numpy as np
+
+    from fastload import _ring
+    from fastload.transforms import ImagePipeline, Plan, Resize, CenterCrop
+
+    monkeypatch.setattr(_ring, "_warned", set())
+    sizes = [Image.open(io.BytesIO(b)).size for b in SAMPLES[:3]]
+    p = ImagePipeline([Resize(41), CenterCrop(OUT_HW)]).plan(
+        np.array([h for _, h in sizes]), np.array([w for w, _ in sizes]), np.random.default_rng(0)
+    )
+    assert p.frames is not None
+    dec = NvjpegDecoder(3, OUT_HW, device="cpu", decode_fn=pil_decode)
+    out = torch.zeros((3, *OUT_HW, 3), dtype=torch.uint8)
+    with pytest.warns(RuntimeWarning, match="the nvjpeg decoder resamples a resize followed by a crop.*native"):
+        assert dec.decode(SAMPLES[:3], p, out) == []
+    rounded = torch.zeros_like(out)
+    assert dec.decode(SAMPLES[:3], Plan(p.crops, p.flips, p.out_hw), rounded) == []
+    assert torch.equal(out, rounded)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        dec.decode(SAMPLES[:3], p, out)  # once
