@@ -82,8 +82,10 @@ void register_gather(py::module_& m) {
         "Copies regions[region[k]][offset[k]:offset[k]+row_bytes] into the k-th row_bytes of out\n"
         "(any dtype and shape; C-contiguous, writable, n * row_bytes bytes) for k in range(n).\n"
         "Every row is bounds-checked first: a bad one raises ValueError naming it, with out\n"
-        "untouched. Batches of 2 MiB and more are split across the pool's threads (if it has two\n"
-        "or more); smaller ones are copied in the calling thread. The GIL is released.");
+        "untouched. Batches of GATHER_INLINE_BYTES (2 MiB) and more are split across the pool's\n"
+        "threads and the calling thread (if the pool has any); smaller ones are copied in the\n"
+        "calling thread. The GIL is released.");
+  m.attr("GATHER_INLINE_BYTES") = fastload::kGatherInlineBytes;
 }
 
 }  // namespace fastload_bind
