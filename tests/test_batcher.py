@@ -4,6 +4,7 @@ that fails to decode is named, or with on_error='skip' replaced by a good sample
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -91,3 +92,67 @@ def test_a_sample_that_fails_is_named_or_replaced_by_a_good_one(one_corrupt):
     assert torch.equal(images[0], ds[1][0]) and torch.equal(images[2], ds[3][0])
     with pytest.raises(DecodeError, match="sample 2"):  # nothing good in the batch to stand in
         batch_of(skip, [2])
+
+
+@pytest.fixture(scope="module")
+def raw_images(tmp_path_factory) -> Path:
+    """24 raw uint8 3x224x224 arrays with labels: a batch of 16 images is 2.4 MB, above the native gather's
+    ``GATHER_INLINE_BYTES``."""
+    rng = np.random.default_rng(5)
+    path = tmp_path_factory.mktemp("raw") / "raw"
+    fastload.pack({"x": rng.integers(0, 256, (24, 3, 224, 224), dtype=np.uint8), "label": np.arange(24)}, path)
+    return path
+
+
+@pytest.fixture
+def gather_spy(monkeypatch):
+    """The pool size of every native row gather, by row size: ``[(row_bytes, pool.size), ...]``."""
+    from fastload._native import native
+
+    C, calls = native(), []
+    real = C.gather_rows
+
+    def spy(pool, regions, region, offset, row_bytes, out):
+        calls.append((row_bytes, pool.size))
+        return real(pool, regions, region, offset, row_bytes, out)
+
+    monkeypatch.setattr(C, "gather_rows", spy)
+    return calls
+
+
+@pytest.fixture
+def torch_threads():
+    """Sets torch's intra-op thread count for the test, and puts the old one back."""
+    old = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(old)
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one CPU: no helper thread to give")
+def test_a_large_batch_at_num_workers_0_is_copied_with_torchs_threads(raw_images, gather_spy, torch_threads):
+    """num_workers=0: a batch of rows of 2 MiB or more is copied by the calling thread and
+    torch.get_num_threads() - 1 helper threads (``Batcher.rows_pool``); small columns, and torch at one thread,
+    stay in the calling thread alone. The rows are the dataset's either way."""
+    ds = fastload.open(raw_images, as_dict=True)
+    image_row = 3 * 224 * 224
+    for threads, helpers in ((2, 1), (1, 0)):
+        torch_threads(threads)
+        gather_spy.clear()
+        batcher = Batcher(ds, batch_size=16, num_threads=0)
+        indices = [23, 0, 7, 7, 12, 3, 19, 1, 2, 5, 8, 13, 21, 4, 6, 9]
+        batch = batch_of(batcher, indices)
+        assert sorted(gather_spy) == [(8, 0), (image_row, helpers)], threads
+        for k, i in enumerate(indices):
+            assert torch.equal(batch["x"][k], ds[i]["x"]) and batch["label"][k].item() == i
+        small = batch_of(batcher, indices[:4])  # 602 KB: the calling thread alone
+        assert sorted(gather_spy[-2:]) == [(8, 0), (image_row, 0)]
+        assert torch.equal(small["x"][3], ds[7]["x"])
+        batcher.close()
+
+
+def test_num_workers_keep_their_own_pool_for_large_batches(raw_images, gather_spy, torch_threads):
+    torch_threads(2)
+    batcher = Batcher(fastload.open(raw_images, as_dict=True), batch_size=16, num_threads=2)
+    batch_of(batcher, range(16))
+    assert sorted(gather_spy) == [(8, 2), (3 * 224 * 224, 2)] and batcher._helpers is None
+    batcher.close()
