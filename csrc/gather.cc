@@ -203,19 +203,25 @@ bool gather_rows(ThreadPool* pool, const GatherSpec& g, std::string* err) {
   } else if (threads == 0 || total < kGatherInlineBytes) {
     copy_range(src, n, rb, g.out, 0, total, stream);
   } else {
-    // The pool's threads and the calling thread (run_shared) take contiguous chunks, cut at a row
+    // The calling thread and the pool's threads (run_shared) take contiguous chunks, cut at a row
     // boundary unless rows are large (then at a cache line, so that a few huge rows still use
     // every thread): a few chunks per thread, so that one woken late or preempted leaves its
-    // share to the others instead of holding up the batch.
+    // share to the others instead of holding up the batch. The caller takes the place of one
+    // pool thread (as many copy as the pool has threads, two for a pool of one): one more would
+    // only wait for a core, holding its chunk, where the pool is sized to the cores.
+    const int helpers = std::max(threads - 1, 1);
     const int64_t align = rb <= 4096 ? rb : 64;
-    const int64_t pieces = int64_t{kGatherChunksPerThread} * (threads + 1);
+    const int64_t pieces = int64_t{kGatherChunksPerThread} * (helpers + 1);
     int64_t chunk = std::max((total + pieces - 1) / pieces, kGatherMinChunkBytes);
     chunk = (chunk + align - 1) / align * align;
     const int64_t chunks = (total + chunk - 1) / chunk;
-    pool->run_shared(chunks, [&](int64_t t, int) {
-      const int64_t b0 = std::min(t * chunk, total), b1 = std::min(b0 + chunk, total);
-      if (b0 < b1) copy_range(src, n, rb, g.out, b0, b1, stream);
-    });
+    pool->run_shared(
+        chunks,
+        [&](int64_t t, int) {
+          const int64_t b0 = std::min(t * chunk, total), b1 = std::min(b0 + chunk, total);
+          if (b0 < b1) copy_range(src, n, rb, g.out, b0, b1, stream);
+        },
+        helpers);
   }
   scratch.shrink_to(size_t{8} << 20);
   return true;

@@ -78,7 +78,7 @@ void ThreadPool::run(int64_t n, const Task& fn) {
   }
 }
 
-void ThreadPool::run_shared(int64_t n, const Task& fn) {
+void ThreadPool::run_shared(int64_t n, const Task& fn, int helpers) {
   if (n <= 0) return;
   Shared& s = *sh_;
   if (getpid() != owner_pid_) {
@@ -87,7 +87,8 @@ void ThreadPool::run_shared(int64_t n, const Task& fn) {
     return;
   }
   std::lock_guard<std::mutex> run_lock(s.run_mu);
-  if (threads_.empty()) {
+  if (helpers < 0 || helpers > size()) helpers = size();
+  if (helpers == 0) {
     run_inline(n, fn);
     return;
   }
@@ -100,9 +101,16 @@ void ThreadPool::run_shared(int64_t n, const Task& fn) {
     s.busy = 0;  // counted up by each thread that joins while the run is open
     s.shared = true;
     s.closed = false;
+    s.joinable = helpers;
     ++s.generation;
   }
-  s.work_cv.notify_all();
+  // a thread not waiting yet sees the new generation when it comes back; one woken past the
+  // limit goes back to sleep
+  if (helpers == size()) {
+    s.work_cv.notify_all();
+  } else {
+    for (int i = 0; i < helpers; ++i) s.work_cv.notify_one();
+  }
   std::exception_ptr err;
   const int me = size();
   for (;;) {
@@ -135,7 +143,9 @@ void ThreadPool::worker_loop(int worker) {
       if (s.stop) return;
       seen = s.generation;
       if (s.shared) {
-        if (s.closed) continue;  // the caller took every task and returned (or is returning)
+        // the caller took every task and returned (or is returning), or enough threads joined
+        if (s.closed || s.joinable == 0) continue;
+        --s.joinable;
         ++s.busy;
       }
       task = s.task;

@@ -105,22 +105,6 @@ def raw_images(tmp_path_factory) -> Path:
 
 
 @pytest.fixture
-def gather_spy(monkeypatch):
-    """The pool size of every native row gather, by row size: ``[(row_bytes, pool.size), ...]``."""
-    from fastload._native import native
-
-    C, calls = native(), []
-    real = C.gather_rows
-
-    def spy(pool, regions, region, offset, row_bytes, out):
-        calls.append((row_bytes, pool.size))
-        return real(pool, regions, region, offset, row_bytes, out)
-
-    monkeypatch.setattr(C, "gather_rows", spy)
-    return calls
-
-
-@pytest.fixture
 def torch_threads():
     """Sets torch's intra-op thread count for the test, and puts the old one back."""
     old = torch.get_num_threads()
@@ -129,30 +113,41 @@ def torch_threads():
 
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one CPU: no helper thread to give")
-def test_a_large_batch_at_num_workers_0_is_copied_with_torchs_threads(raw_images, gather_spy, torch_threads):
+def test_a_large_batch_at_num_workers_0_is_copied_with_torchs_threads(raw_images, torch_threads):
     """num_workers=0: a batch of rows of 2 MiB or more is copied by the calling thread and
-    torch.get_num_threads() - 1 helper threads (``Batcher.rows_pool``); small columns, and torch at one thread,
-    stay in the calling thread alone. The rows are the dataset's either way."""
+    torch.get_num_threads() - 1 helper threads (``Batcher.copy_helpers``), started by the first such batch; torch at
+    one thread keeps it in the calling thread alone. The rows are the dataset's either way."""
     ds = fastload.open(raw_images, as_dict=True)
-    image_row = 3 * 224 * 224
+    indices = [23, 0, 7, 7, 12, 3, 19, 1, 2, 5, 8, 13, 21, 4, 6, 9]
     for threads, helpers in ((2, 1), (1, 0)):
         torch_threads(threads)
-        gather_spy.clear()
         batcher = Batcher(ds, batch_size=16, num_threads=0)
-        indices = [23, 0, 7, 7, 12, 3, 19, 1, 2, 5, 8, 13, 21, 4, 6, 9]
-        batch = batch_of(batcher, indices)
-        assert sorted(gather_spy) == [(8, 0), (image_row, helpers)], threads
+        batcher.begin_iteration(0)
+        assert (batcher.pool.size, batcher.pool.copy_helpers) == (0, helpers)
+        small = batch_of(batcher, indices[:4])  # 602 KB: the calling thread alone, nothing started
+        assert batcher.pool.copy_helpers_started == 0 and torch.equal(small["x"][3], ds[7]["x"])
+        batch = batch_of(batcher, indices)  # 2.4 MB
+        assert batcher.pool.copy_helpers_started == helpers, threads
         for k, i in enumerate(indices):
             assert torch.equal(batch["x"][k], ds[i]["x"]) and batch["label"][k].item() == i
-        small = batch_of(batcher, indices[:4])  # 602 KB: the calling thread alone
-        assert sorted(gather_spy[-2:]) == [(8, 0), (image_row, 0)]
-        assert torch.equal(small["x"][3], ds[7]["x"])
         batcher.close()
 
 
-def test_num_workers_keep_their_own_pool_for_large_batches(raw_images, gather_spy, torch_threads):
+def test_the_loader_at_num_workers_0_copies_large_batches_with_a_helper(raw_images, torch_threads):
+    torch_threads(2)
+    ds = fastload.open(raw_images)
+    loader = fastload.DataLoader(ds, batch_size=16, num_workers=0, drop_last=True, shuffle=True, seed=1)
+    (images, labels), = list(loader)
+    assert loader._batcher.pool.copy_helpers_started == (1 if (os.cpu_count() or 1) > 1 else 0)
+    for k, i in enumerate(labels.tolist()):
+        assert torch.equal(images[k], ds[i][0])
+
+
+def test_num_workers_keep_their_own_pool_for_large_batches(raw_images, torch_threads):
     torch_threads(2)
     batcher = Batcher(fastload.open(raw_images, as_dict=True), batch_size=16, num_threads=2)
-    batch_of(batcher, range(16))
-    assert sorted(gather_spy) == [(8, 2), (3 * 224 * 224, 2)] and batcher._helpers is None
+    batcher.begin_iteration(0)
+    batch = batch_of(batcher, range(16))
+    assert (batcher.pool.copy_helpers, batcher.pool.copy_helpers_started) == (0, 0)
+    assert torch.equal(batch["x"][5], fastload.open(raw_images, as_dict=True)[5]["x"])
     batcher.close()

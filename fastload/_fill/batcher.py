@@ -58,7 +58,6 @@ class Batcher:
         self.pipelines = dataset.pipelines
         self.num_threads = num_threads
         self._pool = None
-        self._helpers = None  # rows_pool's copy helpers for a pool of no threads (num_workers=0)
         self.skipped = 0
         packed = [(n, t) for n, t in dataset.sequences.items() if isinstance(t, PackSequences)]
         self.packed = packed[0] if packed else None
@@ -80,32 +79,32 @@ class Batcher:
             self._pool = native().Pool(self.num_threads)
         return self._pool
 
-    def rows_pool(self, pool: Any, nbytes: int) -> Any:
-        """The pool a row gather of ``nbytes`` (a fixed-size column's rows of a batch) runs on: ``pool``, except
-        that a pool of no threads (``num_workers=0``) copies a batch of ``GATHER_INLINE_BYTES`` (2 MiB) or more
-        with helpers: the calling thread and ``torch.get_num_threads() - 1`` native threads take chunks of it in
-        turn (``ThreadPool::run_shared``), as torch's own loader at ``num_workers=0`` collates on its intra-op
-        threads. ``torch.set_num_threads(1)`` (torch's worker processes set it) keeps the copy in the calling
-        thread. A batch of 64 raw 3x224x224 images is 9.6 MB; the helpers sleep between batches."""
-        if pool.size > 0 or nbytes < native().GATHER_INLINE_BYTES:
-            return pool
-        want = min(torch.get_num_threads(), os.cpu_count() or 1) - 1
-        helpers = self._helpers
-        if helpers is None or helpers.size != want:
-            helpers = self._helpers = pool if want <= 0 else native().Pool(want)
-        return helpers
-
     def close(self) -> None:
         self._pool = None
-        self._helpers = None
         self.images.close()
+
+    def copy_helpers(self) -> int:
+        """Helper threads for the native row gather of a large batch (``Pool.copy_helpers``): at ``num_workers=0``
+        a fixed-size column's rows of 2 MiB or more (``GATHER_INLINE_BYTES``; 64 raw 3x224x224 images are 9.6 MB)
+        are copied by the calling thread and ``torch.get_num_threads() - 1`` helpers, which take chunks in turn,
+        as torch's own loader collates on its intra-op threads at ``num_workers=0``. ``torch.set_num_threads(1)``
+        (torch's worker processes set it) keeps the copy in the calling thread; with ``num_workers > 0`` the
+        pool's own threads copy."""
+        if self.num_threads > 0:
+            return 0
+        return max(0, min(torch.get_num_threads(), os.cpu_count() or 1) - 1)
 
     def begin_iteration(self, timeout: float) -> None:
         """An iteration starts, in the training thread, before its producer thread runs: ``'cuda'`` becomes the
         device current here (``ImageDecoding.bind_device``), the per-sample transform workers answer within
         ``timeout`` (torch's; 0: no limit) and are forked now, as many as the pool's threads (no fork while
-        threads run, ``_augment/fallback_workers.py``). The loader calls this where it starts an iteration;
+        threads run, ``_augment/fallback_workers.py``); the pool's copy helpers follow torch's thread count
+        (``copy_helpers``). The loader calls this where it starts an iteration;
         the chain that drives this batcher changes nothing of it."""
+        pool = self.pool
+        helpers = self.copy_helpers()  # torch's thread count, as it is when the iteration starts
+        if pool.copy_helpers != helpers:
+            pool.copy_helpers = helpers
         images = self.images
         images.bind_device()
         images.fallback_timeout = timeout

@@ -241,11 +241,8 @@ class FixedPart(RowsPart):
         return {self.name: alloc((b,) + tuple(self.column.shape), torch_dtype(self.column.dtype))}
 
     def fill(self, batcher: Any, slot: Any, at: Any, indices: np.ndarray, rng: Any, pool: Any, failed: dict) -> None:
-        # the reader says where the rows lie; the native gather copies them (a large batch at num_workers=0 with
-        # the batcher's copy helpers, ``Batcher.rows_pool``)
-        regions, region, offset, row_bytes = batcher.reader.row_sources(at, self.name)
-        pool = batcher.rows_pool(pool, row_bytes * len(indices))
-        native().gather_rows(pool, regions, region, offset, row_bytes, slot.arrays[self.name][: len(indices)])
+        # the reader says where the rows lie; the native gather copies them
+        native().gather_rows(pool, *batcher.reader.row_sources(at, self.name), slot.arrays[self.name][: len(indices)])
 
 
 class ObjectPart(Part):

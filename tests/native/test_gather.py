@@ -120,6 +120,34 @@ def test_gather_rows_shared_pool_from_python_threads():
     assert errors == []
 
 
+def test_a_pool_of_no_threads_copies_large_gathers_with_its_copy_helpers():
+    """``Pool(0).copy_helpers``: helper threads (started by the first gather of GATHER_INLINE_BYTES or more) copy
+    chunks with the calling thread; smaller gathers and other pools never start them."""
+    rng = np.random.default_rng(4)
+    column = rng.integers(0, 256, (80, 150_528), np.uint8)
+    pool = _C.Pool(0)
+    assert (pool.copy_helpers, pool.copy_helpers_started) == (0, 0)
+    pool.copy_helpers = 1
+    small = rng.integers(0, 80, 10)  # 1.5 MB: the calling thread
+    out = np.empty((10, 150_528), np.uint8)
+    gather(pool, [column], np.zeros(10, np.int64), small * 150_528, 150_528, out)
+    assert np.array_equal(out, column[small]) and pool.copy_helpers_started == 0
+    for helpers in (1, 3, 0):
+        pool.copy_helpers = helpers
+        for index in (rng.integers(0, 80, 70), np.arange(70) + 3):
+            out = np.empty((70, 150_528), np.uint8)
+            gather(pool, [column], np.zeros(70, np.int64), index * 150_528, 150_528, out)
+            assert np.array_equal(out, column[index])
+        assert pool.copy_helpers_started == helpers
+    with pytest.raises(ValueError, match="copy_helpers must be >= 0, got -1"):
+        pool.copy_helpers = -1
+    two = _C.Pool(2)
+    two.copy_helpers = 1  # a pool with threads copies with its own
+    out = np.empty((70, 150_528), np.uint8)
+    gather(two, [column], np.zeros(70, np.int64), np.arange(70) * 150_528, 150_528, out)
+    assert np.array_equal(out, column[:70]) and two.copy_helpers_started == 0
+
+
 def test_large_gathers_share_a_pool_with_the_threads_of_other_calls():
     """Large row gathers (the caller takes chunks with the pool's threads, ``ThreadPool::run_shared``) and large
     piece gathers (the pool's threads alone, ``run``) from four Python threads over one pool: every batch whole,
