@@ -60,8 +60,9 @@ bool resolve_rows(const GatherSpec& g, const uint8_t** src, std::string* err) {
 // shard is read through the page cache's mapping, mostly 4 KiB pages: each one a TLB miss whose
 // page walk the copy loop would otherwise wait for in turn (the hardware prefetcher stops at
 // every page too). Touching a row's pages first has the walks run side by side: the copy of
-// 150 KB rows from the mapping took 0.84x the CPU time (streaming) and 0.78x (memcpy) on a
-// 2-vCPU EPYC VM, and as little from huge pages (bench/results/issue32_raw_prefetch_cpu2.md).
+// 150 KB rows from the mapping took 0.83x the CPU time (streaming stores) and 0.68-0.78x
+// (memcpy) on a 2-vCPU EPYC VM; from huge pages (process memory) 0.98x
+// (bench/copy_kernels.py, bench/results/issue32_raw_prefetch_cpu2.md).
 constexpr size_t kPageAhead = size_t{256} << 10;
 constexpr uintptr_t kPage = 4096;
 
