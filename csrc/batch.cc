@@ -4,6 +4,8 @@
 #include <cstring>
 #include <exception>
 #include <new>
+#include <stdexcept>
+#include <string>
 
 namespace fastload {
 namespace {
@@ -202,6 +204,26 @@ bool process_sample(Worker* w, const SampleJob& job, std::string* err) {
 BatchEngine::BatchEngine(int num_threads) : pool_(num_threads) {
   workers_.reserve(pool_.num_slots());
   for (int i = 0; i < pool_.num_slots(); ++i) workers_.emplace_back(new Worker);
+}
+
+void BatchEngine::set_copy_helpers(int n) {
+  if (n < 0) throw std::invalid_argument("copy_helpers must be >= 0, got " + std::to_string(n));
+  std::lock_guard<std::mutex> lock(helpers_mu_);
+  if (n != copy_helpers_) helpers_.reset();  // the old helpers end once no copy holds them
+  copy_helpers_ = n;
+}
+
+int BatchEngine::copy_helpers_started() {
+  std::lock_guard<std::mutex> lock(helpers_mu_);
+  return helpers_ ? helpers_->size() : 0;
+}
+
+std::shared_ptr<ThreadPool> BatchEngine::copy_pool(int64_t bytes, int64_t from) {
+  if (pool_.size() > 0 || bytes < from) return nullptr;
+  std::lock_guard<std::mutex> lock(helpers_mu_);
+  if (copy_helpers_ == 0) return nullptr;
+  if (!helpers_) helpers_ = std::make_shared<ThreadPool>(copy_helpers_);
+  return helpers_;
 }
 
 std::vector<Failure> BatchEngine::run(const BatchSpec& b) {

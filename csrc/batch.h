@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -92,6 +93,16 @@ class BatchEngine {
   int size() const { return pool_.size(); }
   // The threads, for other batch-wide jobs (gather_rows) that need no per-worker state.
   ThreadPool& pool() { return pool_; }
+  // A pool of no threads (num_workers=0) may copy large row gathers with helper threads: at most
+  // this many, made at the first copy that asks (copy_pool). 0: the calling thread alone.
+  void set_copy_helpers(int n);
+  int copy_helpers() const { return copy_helpers_; }
+  // How many helper threads run (0 until a copy needed them).
+  int copy_helpers_started();
+  // The helpers' pool a copy of `bytes` runs on, for a pool of no threads with copy helpers and a
+  // copy of at least `from` bytes (made here the first time; held by the copy, so that
+  // set_copy_helpers meanwhile does not take it away); else null: run it on pool().
+  std::shared_ptr<ThreadPool> copy_pool(int64_t bytes, int64_t from);
   // Fills spec.out; returns the failed samples in index order.
   std::vector<Failure> run(const BatchSpec& spec);
   // run(), and then(k, worker, tile) for each sample written without failure, on the thread that
@@ -102,6 +113,9 @@ class BatchEngine {
  private:
   ThreadPool pool_;
   std::vector<std::unique_ptr<Worker>> workers_;
+  std::mutex helpers_mu_;
+  int copy_helpers_ = 0;
+  std::shared_ptr<ThreadPool> helpers_;
 };
 
 }  // namespace fastload

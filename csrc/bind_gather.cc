@@ -37,7 +37,9 @@ void gather_rows(BatchEngine& pool, py::handle regions, py::handle region, py::h
   bool ok;
   {
     py::gil_scoped_release nogil;
-    ok = fastload::gather_rows(&pool.pool(), spec, &err);
+    // a pool of no threads with copy helpers (num_workers=0) copies a large batch with them
+    const auto helpers = pool.copy_pool(want, fastload::kGatherInlineBytes);
+    ok = fastload::gather_rows(helpers ? helpers.get() : &pool.pool(), spec, &err);
   }
   if (!ok) throw py::value_error("gather_rows: " + err);
 }
@@ -82,8 +84,10 @@ void register_gather(py::module_& m) {
         "Copies regions[region[k]][offset[k]:offset[k]+row_bytes] into the k-th row_bytes of out\n"
         "(any dtype and shape; C-contiguous, writable, n * row_bytes bytes) for k in range(n).\n"
         "Every row is bounds-checked first: a bad one raises ValueError naming it, with out\n"
-        "untouched. Batches of 2 MiB and more are split across the pool's threads (if it has two\n"
-        "or more); smaller ones are copied in the calling thread. The GIL is released.");
+        "untouched. Batches of GATHER_INLINE_BYTES (2 MiB) and more are split across the pool's\n"
+        "threads and the calling thread (a pool of no threads: its copy_helpers, if any); smaller\n"
+        "ones are copied in the calling thread. The GIL is released.");
+  m.attr("GATHER_INLINE_BYTES") = fastload::kGatherInlineBytes;
 }
 
 }  // namespace fastload_bind

@@ -18,6 +18,12 @@ PYBIND11_MODULE(_C, m) {
   py::class_<BatchEngine>(m, "Pool", "Persistent native thread pool (0 = calling thread only).")
       .def(py::init<int>(), py::arg("num_threads"))
       .def_property_readonly("size", &BatchEngine::size)
+      .def_property("copy_helpers", &BatchEngine::copy_helpers, &BatchEngine::set_copy_helpers,
+                    "A pool of no threads: how many helper threads copy a row gather of\n"
+                    "GATHER_INLINE_BYTES or more with the calling thread (0: none; started at the\n"
+                    "first such copy). A pool with threads copies with its own.")
+      .def_property_readonly("copy_helpers_started", &BatchEngine::copy_helpers_started,
+                             "How many copy helper threads run (0 until a copy needed them).")
       .def("__repr__",
            [](const BatchEngine& p) { return "fastload._C.Pool(" + std::to_string(p.size()) + ")"; });
 

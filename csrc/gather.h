@@ -4,8 +4,9 @@
 //
 // Every row is checked before anything is written, so a bad index never yields a half-filled
 // batch. Rows that follow each other in the source (sequential order) are copied with one
-// memcpy. Large batches are split into contiguous byte ranges, one per pool thread; small ones
-// run in the calling thread, where the copy costs less than waking a thread would.
+// memcpy. Large batches are split into contiguous byte ranges that the pool's threads and the
+// calling thread take in turn; small ones run in the calling thread, where the copy costs less
+// than waking a thread would.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +20,10 @@ namespace fastload {
 // Batches smaller than this (n * row_bytes) are copied in the calling thread. Waking a pool
 // thread took 20-60 us on a shared 2-vCPU VM, and threads only paid off from a few MiB on.
 constexpr int64_t kGatherInlineBytes = int64_t{2} << 20;
+// Larger batches are cut into about this many chunks per copying thread (the pool's and the
+// caller's, ThreadPool::run_shared), none smaller than kGatherMinChunkBytes.
+constexpr int kGatherChunksPerThread = 4;
+constexpr int64_t kGatherMinChunkBytes = int64_t{256} << 10;
 // Batches at least this large, of rows of at least 4 KiB, are written with non-temporal
 // (cache-bypassing) stores where the CPU has them: they would not stay in the cache anyway.
 constexpr int64_t kGatherStreamBytes = int64_t{8} << 20;

@@ -66,6 +66,7 @@ void ThreadPool::run(int64_t n, const Task& fn) {
   s.next.store(0, std::memory_order_relaxed);
   s.error = nullptr;
   s.busy = size();
+  s.shared = false;
   ++s.generation;
   s.work_cv.notify_all();
   s.done_cv.wait(lock, [&s] { return s.busy == 0; });
@@ -75,6 +76,59 @@ void ThreadPool::run(int64_t n, const Task& fn) {
     s.error = nullptr;
     std::rethrow_exception(e);
   }
+}
+
+void ThreadPool::run_shared(int64_t n, const Task& fn, int helpers) {
+  if (n <= 0) return;
+  Shared& s = *sh_;
+  if (getpid() != owner_pid_) {
+    std::lock_guard<std::mutex> fork_lock(s.fork_mu);
+    run_inline(n, fn);
+    return;
+  }
+  std::lock_guard<std::mutex> run_lock(s.run_mu);
+  if (helpers < 0 || helpers > size()) helpers = size();
+  if (helpers == 0) {
+    run_inline(n, fn);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.task = &fn;
+    s.num_tasks = n;
+    s.next.store(0, std::memory_order_relaxed);
+    s.error = nullptr;
+    s.busy = 0;  // counted up by each thread that joins while the run is open
+    s.shared = true;
+    s.closed = false;
+    s.joinable = helpers;
+    ++s.generation;
+  }
+  // a thread not waiting yet sees the new generation when it comes back; one woken past the
+  // limit goes back to sleep
+  if (helpers == size()) {
+    s.work_cv.notify_all();
+  } else {
+    for (int i = 0; i < helpers; ++i) s.work_cv.notify_one();
+  }
+  std::exception_ptr err;
+  const int me = size();
+  for (;;) {
+    const int64_t i = s.next.fetch_add(1, std::memory_order_relaxed);
+    if (i >= n) break;
+    try {
+      fn(i, me);
+    } catch (...) {
+      if (!err) err = std::current_exception();
+    }
+  }
+  std::unique_lock<std::mutex> lock(s.mu);
+  s.closed = true;  // a thread not woken yet skips this generation
+  s.done_cv.wait(lock, [&s] { return s.busy == 0; });
+  s.task = nullptr;
+  if (!err) err = s.error;
+  s.error = nullptr;
+  if (err) std::rethrow_exception(err);
 }
 
 void ThreadPool::worker_loop(int worker) {
@@ -88,6 +142,12 @@ void ThreadPool::worker_loop(int worker) {
       s.work_cv.wait(lock, [&] { return s.stop || s.generation != seen; });
       if (s.stop) return;
       seen = s.generation;
+      if (s.shared) {
+        // the caller took every task and returned (or is returning), or enough threads joined
+        if (s.closed || s.joinable == 0) continue;
+        --s.joinable;
+        ++s.busy;
+      }
       task = s.task;
       n = s.num_tasks;
     }

@@ -5,6 +5,11 @@
 // the others. `worker` is in [0, max(size(), 1)) and identifies per-thread scratch state.
 // With size() == 0 everything runs in the calling thread (worker 0).
 //
+// run_shared(n, fn, helpers) is run() with the calling thread taking tasks too (worker id size()),
+// with at most `helpers` pool threads: for jobs without per-worker state (the row gather) whose
+// caller would otherwise sleep until the threads are done. The caller never waits for a thread that has not started yet: once every task is taken, a
+// pool thread that wakes late finds nothing to do and the caller returns without it.
+//
 // Calls to run() are serialized: two callers sharing a pool take turns. After fork() the child
 // has no pool threads, so run() there falls back to the calling thread (and destruction there
 // leaves the parent's thread handles alone).
@@ -39,6 +44,10 @@ class ThreadPool {
 
   // Runs fn over [0, n). Rethrows the first exception a task threw (after all tasks finished).
   void run(int64_t n, const Task& fn);
+  // Runs fn over [0, n) on the calling thread (worker id size()) and at most `helpers` of the
+  // pool's threads (all of them when negative); returns once every task is done, waiting only for
+  // threads that joined.
+  void run_shared(int64_t n, const Task& fn, int helpers = -1);
 
  private:
   void worker_loop(int worker);
@@ -58,6 +67,9 @@ class ThreadPool {
     std::atomic<int64_t> next{0};
     uint64_t generation = 0;
     int busy = 0;
+    bool shared = false;  // this generation is a run_shared(): threads join (busy) only while open
+    bool closed = false;  // run_shared(): every task is taken, threads that wake now do nothing
+    int joinable = 0;     // run_shared(): how many more threads may join
     bool stop = false;
     std::exception_ptr error;
   };

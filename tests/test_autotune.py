@@ -133,3 +133,37 @@ def test_a_cache_that_cannot_be_written_does_not_stop_training(small_images, tmp
     with pytest.warns(RuntimeWarning, match="could not save its measurement to .*each new loader will measure again"):
         assert _autotune.autotune(None, None, fastload.open(small_images), 4) == 2
     assert "chose 2 thread(s) (measured" in capsys.readouterr().err
+
+
+def test_each_thread_count_is_measured_as_the_loader_would_run_it(monkeypatch):
+    """0 threads is measured with the copy helpers a loader at num_workers=0 copies large batches with
+    (``copy_helpers_for``), any other count with the pool's own threads."""
+    import numpy as np
+    import torch
+
+    from fastload._front.autotune import measure
+
+    seen = []
+
+    class Batcher:
+        def new_slot(self):
+            return None
+
+        def fill(self, slot, idx, rng, pool):
+            seen.append((pool.size, pool.copy_helpers))
+
+    class Order:
+        def batches(self, epoch, start):
+            return [np.arange(4)]
+
+        def batch_rng(self, epoch, b):
+            return None
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        measure(Batcher(), Order(), [0, 2], 0.002)
+    finally:
+        torch.set_num_threads(old)
+    helpers = 1 if (os.cpu_count() or 1) > 1 else 0
+    assert set(seen) == {(0, helpers), (2, 0)}

@@ -4,6 +4,7 @@ that fails to decode is named, or with on_error='skip' replaced by a good sample
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -91,3 +92,62 @@ def test_a_sample_that_fails_is_named_or_replaced_by_a_good_one(one_corrupt):
     assert torch.equal(images[0], ds[1][0]) and torch.equal(images[2], ds[3][0])
     with pytest.raises(DecodeError, match="sample 2"):  # nothing good in the batch to stand in
         batch_of(skip, [2])
+
+
+@pytest.fixture(scope="module")
+def raw_images(tmp_path_factory) -> Path:
+    """24 raw uint8 3x224x224 arrays with labels: a batch of 16 images is 2.4 MB, above the native gather's
+    ``GATHER_INLINE_BYTES``."""
+    rng = np.random.default_rng(5)
+    path = tmp_path_factory.mktemp("raw") / "raw"
+    fastload.pack({"x": rng.integers(0, 256, (24, 3, 224, 224), dtype=np.uint8), "label": np.arange(24)}, path)
+    return path
+
+
+@pytest.fixture
+def torch_threads():
+    """Sets torch's intra-op thread count for the test, and puts the old one back."""
+    old = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(old)
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one CPU: no helper thread to give")
+def test_a_large_batch_at_num_workers_0_is_copied_with_torchs_threads(raw_images, torch_threads):
+    """num_workers=0: a batch of rows of 2 MiB or more is copied by the calling thread and
+    torch.get_num_threads() - 1 helper threads (``Batcher.copy_helpers``), started by the first such batch; torch at
+    one thread keeps it in the calling thread alone. The rows are the dataset's either way."""
+    ds = fastload.open(raw_images, as_dict=True)
+    indices = [23, 0, 7, 7, 12, 3, 19, 1, 2, 5, 8, 13, 21, 4, 6, 9]
+    for threads, helpers in ((2, 1), (1, 0)):
+        torch_threads(threads)
+        batcher = Batcher(ds, batch_size=16, num_threads=0)
+        batcher.begin_iteration(0)
+        assert (batcher.pool.size, batcher.pool.copy_helpers) == (0, helpers)
+        small = batch_of(batcher, indices[:4])  # 602 KB: the calling thread alone, nothing started
+        assert batcher.pool.copy_helpers_started == 0 and torch.equal(small["x"][3], ds[7]["x"])
+        batch = batch_of(batcher, indices)  # 2.4 MB
+        assert batcher.pool.copy_helpers_started == helpers, threads
+        for k, i in enumerate(indices):
+            assert torch.equal(batch["x"][k], ds[i]["x"]) and batch["label"][k].item() == i
+        batcher.close()
+
+
+def test_the_loader_at_num_workers_0_copies_large_batches_with_a_helper(raw_images, torch_threads):
+    torch_threads(2)
+    ds = fastload.open(raw_images)
+    loader = fastload.DataLoader(ds, batch_size=16, num_workers=0, drop_last=True, shuffle=True, seed=1)
+    (images, labels), = list(loader)
+    assert loader._batcher.pool.copy_helpers_started == (1 if (os.cpu_count() or 1) > 1 else 0)
+    for k, i in enumerate(labels.tolist()):
+        assert torch.equal(images[k], ds[i][0])
+
+
+def test_num_workers_keep_their_own_pool_for_large_batches(raw_images, torch_threads):
+    torch_threads(2)
+    batcher = Batcher(fastload.open(raw_images, as_dict=True), batch_size=16, num_threads=2)
+    batcher.begin_iteration(0)
+    batch = batch_of(batcher, range(16))
+    assert (batcher.pool.copy_helpers, batcher.pool.copy_helpers_started) == (0, 0)
+    assert torch.equal(batch["x"][5], fastload.open(raw_images, as_dict=True)[5]["x"])
+    batcher.close()

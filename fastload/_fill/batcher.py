@@ -13,6 +13,7 @@ for packed ones), and its Collate stage makes the batch of a filled slot (``fast
 from __future__ import annotations
 
 import functools
+import os
 from typing import Any
 
 import numpy as np
@@ -82,12 +83,21 @@ class Batcher:
         self._pool = None
         self.images.close()
 
+    def copy_helpers(self) -> int:
+        """Helper threads for this batcher's large row gathers (``copy_helpers_for``)."""
+        return copy_helpers_for(self.num_threads)
+
     def begin_iteration(self, timeout: float) -> None:
         """An iteration starts, in the training thread, before its producer thread runs: ``'cuda'`` becomes the
         device current here (``ImageDecoding.bind_device``), the per-sample transform workers answer within
         ``timeout`` (torch's; 0: no limit) and are forked now, as many as the pool's threads (no fork while
-        threads run, ``_augment/fallback_workers.py``). The loader calls this where it starts an iteration;
+        threads run, ``_augment/fallback_workers.py``); the pool's copy helpers follow torch's thread count
+        (``copy_helpers``). The loader calls this where it starts an iteration;
         the chain that drives this batcher changes nothing of it."""
+        pool = self.pool
+        helpers = self.copy_helpers()  # torch's thread count, as it is when the iteration starts
+        if pool.copy_helpers != helpers:
+            pool.copy_helpers = helpers
         images = self.images
         images.bind_device()
         images.fallback_timeout = timeout
@@ -190,6 +200,18 @@ class Batcher:
         for part, obj in zip(self.parts, objects):
             part.replace(self, slot, n, obj, bad, sources)
         self.skipped += len(failed)
+
+
+def copy_helpers_for(num_threads: int) -> int:
+    """Helper threads for the native row gather of a large batch on a pool of ``num_threads`` (``Pool.copy_helpers``):
+    at ``num_workers=0`` a fixed-size column's rows of 2 MiB or more (``GATHER_INLINE_BYTES``; 64 raw 3x224x224
+    images are 9.6 MB) are copied by the calling thread and ``torch.get_num_threads() - 1`` helpers, which take
+    chunks in turn, as torch's own loader collates on its intra-op threads at ``num_workers=0``.
+    ``torch.set_num_threads(1)`` (torch's worker processes set it) keeps the copy in the calling thread; with
+    ``num_workers > 0`` the pool's own threads copy."""
+    if num_threads > 0:
+        return 0
+    return max(0, min(torch.get_num_threads(), os.cpu_count() or 1) - 1)
 
 
 def beyond_geometry(pipelines: dict) -> tuple[str, ...]:

@@ -58,6 +58,7 @@ def candidates(cpus: int) -> list[int]:
 
 def measure(batcher, order, threads: list[int], budget_s: float) -> dict[int, float]:
     """samples/s of ``batcher`` filling batches of ``order`` (epoch 0) with each thread count."""
+    from .._fill.batcher import copy_helpers_for
     from .._native import native
 
     slot = batcher.new_slot()
@@ -68,6 +69,7 @@ def measure(batcher, order, threads: list[int], budget_s: float) -> dict[int, fl
     rates = {}
     for t in threads:
         pool = native().Pool(t)  # handed to fill: the batcher's own pool is left as it is
+        pool.copy_helpers = copy_helpers_for(t)  # as the loader would run t threads (0: large copies with helpers)
         batcher.fill(slot, batches[0], order.batch_rng(0, 0), pool)  # warm-up: scratch buffers, page cache
         n, b, start = 0, 1, time.perf_counter()
         while True:

@@ -78,12 +78,13 @@ def test_gather_rows_matches_numpy(tmp_path, dtype, shape, order):
     regions[1].close()
 
 
-@pytest.mark.parametrize("threads", [0, 1, 2])
+@pytest.mark.parametrize("threads", [0, 1, 2, 3, 8])  # the pool's threads and the caller take chunks in turn
 @pytest.mark.parametrize("row_bytes,n", [  # all above the 2 MiB that run in the calling thread
     (150_528, 70),   # 3x224x224 images: above the 8 MiB streaming-store threshold
     (200_003, 12),   # a few odd-sized huge rows: the two threads' chunks meet inside a row
     (4_097, 600),    # just above the row-aligned chunking limit
     (256, 9000),     # many small rows
+    (70_001, 40),    # under the streaming threshold, rows of pages: memcpy with the pages touched ahead
 ])
 def test_gather_rows_large_batches(threads, row_bytes, n):
     rng = np.random.default_rng(row_bytes)
@@ -110,6 +111,67 @@ def test_gather_rows_shared_pool_from_python_threads():
             gather(pools[i % 2], [column], np.zeros(len(idx), np.int64), idx * 1024, 1024, out)
             if not np.array_equal(out, column[idx]):
                 errors.append(seed)
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+
+
+def test_a_pool_of_no_threads_copies_large_gathers_with_its_copy_helpers():
+    """``Pool(0).copy_helpers``: helper threads (started by the first gather of GATHER_INLINE_BYTES or more) copy
+    chunks with the calling thread; smaller gathers and other pools never start them."""
+    rng = np.random.default_rng(4)
+    column = rng.integers(0, 256, (80, 150_528), np.uint8)
+    pool = _C.Pool(0)
+    assert (pool.copy_helpers, pool.copy_helpers_started) == (0, 0)
+    pool.copy_helpers = 1
+    small = rng.integers(0, 80, 10)  # 1.5 MB: the calling thread
+    out = np.empty((10, 150_528), np.uint8)
+    gather(pool, [column], np.zeros(10, np.int64), small * 150_528, 150_528, out)
+    assert np.array_equal(out, column[small]) and pool.copy_helpers_started == 0
+    for helpers in (1, 3, 0):
+        pool.copy_helpers = helpers
+        for index in (rng.integers(0, 80, 70), np.arange(70) + 3):
+            out = np.empty((70, 150_528), np.uint8)
+            gather(pool, [column], np.zeros(70, np.int64), index * 150_528, 150_528, out)
+            assert np.array_equal(out, column[index])
+        assert pool.copy_helpers_started == helpers
+    with pytest.raises(ValueError, match="copy_helpers must be >= 0, got -1"):
+        pool.copy_helpers = -1
+    two = _C.Pool(2)
+    two.copy_helpers = 1  # a pool with threads copies with its own
+    out = np.empty((70, 150_528), np.uint8)
+    gather(two, [column], np.zeros(70, np.int64), np.arange(70) * 150_528, 150_528, out)
+    assert np.array_equal(out, column[:70]) and two.copy_helpers_started == 0
+
+
+def test_large_gathers_share_a_pool_with_the_threads_of_other_calls():
+    """Large row gathers (the caller takes chunks with the pool's threads, ``ThreadPool::run_shared``) and large
+    piece gathers (the pool's threads alone, ``run``) from four Python threads over one pool: every batch whole,
+    whichever run a pool thread wakes into late."""
+    rng = np.random.default_rng(11)
+    column = rng.integers(0, 256, (64, 70_001), np.uint8)
+    blob = column.tobytes()
+    pools = [_C.Pool(1), _C.Pool(2)]
+    errors = []
+
+    def worker(seed):
+        r = np.random.default_rng(seed)
+        for i in range(12):
+            pool = pools[(seed + i) % 2]
+            idx = r.integers(0, 64, int(r.integers(30, 64)))  # 2.1-4.5 MB: above the inline 2 MiB
+            out = np.empty((len(idx), 70_001), np.uint8)
+            if i % 3:
+                gather(pool, [column], np.zeros(len(idx), np.int64), idx * 70_001, 70_001, out)
+            else:
+                k = len(idx)
+                _C.gather_pieces(pool, [blob], np.zeros(k, np.int64), idx * 70_001, np.full(k, 70_001),
+                                 np.arange(k) * 70_001, out)
+            if not np.array_equal(out, column[idx]):
+                errors.append((seed, i))
 
     threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
     for t in threads:
