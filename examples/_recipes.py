@@ -17,10 +17,11 @@ The recipes (``library_recipe``), at ``--image-size`` S:
   ColorJitter(0.4), ToTensor, Normalize, RandomErasing(mode='const'));
 - ``timm-ra``: DeiT's recipe (facebookresearch/deit's defaults), ``timm.data.create_transform(S, is_training=True,
   auto_augment="rand-m9-mstd0.5-inc1", interpolation="bicubic", re_prob=0.25, re_mode="pixel")`` (timm's bicubic
-  crop, flip, RandAugment, ToTensor, Normalize, RandomErasing(mode='pixel'), DeiT's setting, which fastload runs
-  natively in its fill stage; the 10-seed runs in bench/results were made with mode 'const'). fastload warns that it runs a sample's geometric RandAugment ops before its
-  colour ops (a UserWarning, not a ``FastPathWarning``): the run keeps that difference, since it is what fastload
-  does with timm's object, and the script prints the warning with the summary;
+  crop, flip, RandAugment, ToTensor, Normalize, RandomErasing(mode='pixel'), DeiT's setting, run natively in
+  fastload's fill stage; the 10-seed runs in bench/results were made with mode 'const'). fastload warns that it
+  runs a sample's geometric RandAugment ops before its colour ops (a UserWarning, not a ``FastPathWarning``): the
+  run keeps that difference, since it is what fastload does with timm's object, and the script prints the warning
+  with the summary;
 
 validation: ``Compose([Resize(S / 0.875), CenterCrop(S), ToTensor(), Normalize(...)])`` for torchvision,
 ``timm.data.create_transform(S)`` for timm (with ``interpolation="bicubic"`` for timm-ra). Both loaders then yield

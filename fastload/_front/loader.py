@@ -579,7 +579,15 @@ def retarget(loader: DataLoader, rank: int, world: int) -> None:
             # differ and their shares would overlap; they shuffle alike as a loader built under it does (__init__)
             order.seed = loader.seed = agreed_seed(loader.seed, world)
         loader._order = order
-        loader._load_again()  # a state loaded before, into this order
+        if loader._loaded is not None:
+            # a state loaded before and not iterated from yet (its position, seed and elastic split were the old
+            # order's) goes into the new one, so the run goes on where it was saved; its seed= warning was given
+            # at the first load
+            given, loader._seed_given = loader._seed_given, None
+            try:
+                loader.load_state_dict(loader._loaded)
+            finally:
+                loader._seed_given = given
 
 
 class LazyStart(_BaseDataLoaderIter):

@@ -39,7 +39,7 @@ class EpochsAndResume:
     _epoch_set: bool  # set_epoch was called after the latest iteration started (``_state_dict``)
     _seed_given: int | None  # the seed= the caller gave (a state's seed replacing it is said)
     _seed_loaded: bool  # the order's seed is a loaded state's (kept when the order is made for another rank)
-    _loaded: Any  # a state loaded whose position no iteration has started from yet (``loader.retarget`` reloads it)
+    _loaded: Any  # a state loaded whose position no iteration has started from yet (``loader.retarget`` loads it again)
     seed: int | None
     _running_here: Callable[[str], Any]
     _torch_index_sampler: Callable[[], Any]
@@ -182,19 +182,6 @@ class EpochsAndResume:
         if isinstance(driver, EpochInput):
             driver.pending_epoch = None  # the state says which epoch comes next
         self._sampler_epoch_seen = getattr(driver, "epoch", 0)
-
-    def _load_again(self) -> None:
-        """The order was made again for another process (``loader.retarget``: accelerate's prepare of a loader built
-        before the process group): a state loaded before and not iterated from yet (its position, seed and elastic
-        split were the old order's) is loaded into the new one, so the run goes on where it was saved. Its seed=
-        warning was given at the first load."""
-        if self._loaded is None:
-            return
-        given, self._seed_given = self._seed_given, None
-        try:
-            self.load_state_dict(self._loaded)
-        finally:
-            self._seed_given = given
 
     def _adopt_seed(self, seed: int) -> None:
         """The order goes on with the state's seed (the epoch's permutation and every sample's draws depend on it):
