@@ -110,6 +110,46 @@ def occurrences(seq: np.ndarray) -> np.ndarray:
     return out
 
 
+class ReadCounts:
+    """How often each sample was read so far (one epoch of one torch iterator in one process, ``_front/getitems.py``),
+    in about one byte per sample of the dataset: a uint8 count per sample, 255 meaning "255 or more", the exact count
+    of those kept in a dict (a sample read 255 times in one epoch is rare). The array is the dataset's length from
+    the start, zeroed lazily by the OS (``np.zeros`` maps zero pages): only the pages of the indices read cost
+    memory, and a sequential sampler never copies it to grow it."""
+
+    _SATURATED = 255
+
+    def __init__(self, length: int):
+        self.small = np.zeros(int(length), dtype=np.uint8)
+        self.large: dict[int, int] = {}  # sample -> its count, for counts of 255 and more
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes this holds: the array, and the dict's entries at most 100 bytes each (a small int key and
+        value, and the dict's slot)."""
+        return self.small.nbytes + 100 * len(self.large)
+
+    def _counts(self, idx: np.ndarray) -> np.ndarray:
+        counts = self.small[idx].astype(np.uint64)
+        over = np.flatnonzero(counts == self._SATURATED)
+        for k in over.tolist():
+            counts[k] = self.large[int(idx[k])]
+        return counts
+
+    def read(self, idx: np.ndarray) -> np.ndarray:
+        """Counts the reads of batch ``idx`` (int64 sample indices, repeats allowed) and returns, per position,
+        how often that sample was read before it: in earlier batches and at earlier positions of this one
+        (uint64)."""
+        idx = np.asarray(idx, dtype=np.int64).reshape(-1)
+        before = self._counts(idx) + occurrences(idx).astype(np.uint64)
+        uniq, times = np.unique(idx, return_counts=True)
+        after = self._counts(uniq) + times.astype(np.uint64)
+        self.small[uniq] = np.minimum(after, self._SATURATED).astype(np.uint8)
+        for k in np.flatnonzero(after >= self._SATURATED).tolist():
+            self.large[int(uniq[k])] = int(after[k])
+        return before
+
+
 class SampleDraws:
     """Draws for the samples ``indices`` of one epoch: each call returns one row per sample (leading axis: the
     samples this object covers), the row a function of (seed, epoch, index, how many calls covered that sample
