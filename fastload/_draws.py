@@ -110,6 +110,44 @@ def occurrences(seq: np.ndarray) -> np.ndarray:
     return out
 
 
+class EpochWords:
+    """The occurrence words of one rank's positions in an epoch (``fast/order.py``), kept as the positions whose
+    word is not 0 and those words (16 bytes each) while they are fewer than half the positions, else as one dense
+    array (8 bytes a position). An order pads the last ranks' sequences with a few second reads (``n % world``
+    positions in all): their words in a dense array held 8 bytes for every position of the rank, nearly all 0."""
+
+    def __init__(self, words: np.ndarray):
+        words = np.asarray(words, dtype=np.uint64).reshape(-1)
+        self.size = words.size
+        at = np.flatnonzero(words)
+        self.at: np.ndarray | None = at if 2 * at.size < words.size else None
+        self.words = words[at] if self.at is not None else words
+
+    @property
+    def nbytes(self) -> int:
+        return self.words.nbytes + (0 if self.at is None else self.at.nbytes)
+
+    def slice(self, lo: int, hi: int) -> np.ndarray | None:
+        """The words of positions ``lo .. hi - 1`` (uint64), or None when all are 0."""
+        hi = min(hi, self.size)
+        if self.at is None:
+            part = self.words[lo:hi]
+            return part if part.any() else None
+        a, b = np.searchsorted(self.at, [lo, hi])
+        if a == b:
+            return None
+        out = np.zeros(max(hi - lo, 0), dtype=np.uint64)
+        out[self.at[a:b] - lo] = self.words[a:b]
+        return out
+
+    def dense(self) -> np.ndarray:
+        if self.at is None:
+            return self.words
+        out = np.zeros(self.size, dtype=np.uint64)
+        out[self.at] = self.words
+        return out
+
+
 class ReadCounts:
     """How often each sample was read so far (one epoch of one torch iterator in one process, ``_front/getitems.py``),
     in about one byte per sample of the dataset: a uint8 count per sample, 255 meaning "255 or more", the exact count
