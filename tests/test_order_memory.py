@@ -145,3 +145,46 @@ def test_packed_batches_hold_one_array_of_the_streams_length():
     finally:
         tracemalloc.stop()
     assert held <= 8 * n + 65536, f"{held} bytes held by the epoch's batch generator ({held / n:.1f} a sample)"
+
+
+def occurrences_before(seq):
+    """``_draws.occurrences`` as it was (about 49 bytes a position at its peak): the reference."""
+    seq = np.asarray(seq).reshape(-1)
+    n = seq.size
+    out = np.zeros(n, dtype=np.int64)
+    if n < 2:
+        return out
+    order = np.argsort(seq, kind="stable")
+    ranked = seq[order]
+    pos = np.arange(n, dtype=np.int64)
+    first = np.ones(n, dtype=bool)
+    first[1:] = ranked[1:] != ranked[:-1]
+    out[order] = pos - np.maximum.accumulate(np.where(first, pos, 0))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_occurrences_are_as_before(seed):
+    rng = np.random.default_rng(seed)
+    cases = [np.zeros(0, np.int64), np.array([5]), np.array([2, 2]), np.full(50, 7), np.arange(40)[::-1]]
+    cases += [rng.integers(0, k, int(rng.integers(2, 2000))).astype(dt) for k, dt in [(3, np.int64), (50, np.int32),
+                                                                                        (1000, np.uint16)]]
+    for seq in cases:
+        assert occurrences(seq).tolist() == occurrences_before(seq).tolist(), seq.tolist()[:20]
+
+
+def test_occurrences_peak_at_about_25_bytes_a_position():
+    """A mix's epoch counts the occurrences over its whole global sequence, once per epoch (49 bytes a position
+    at the peak before: more than torch's RandomSampler holds, a Python list of ints of about 40)."""
+    import tracemalloc
+
+    n = 500_000
+    seq = np.random.default_rng(0).integers(0, n // 3, n)
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        occurrences(seq)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak <= 26 * n, f"{peak / n:.1f} bytes a position at the peak"
