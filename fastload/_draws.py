@@ -128,6 +128,7 @@ class EpochWords:
         at = np.flatnonzero(words)
         self.at: np.ndarray | None = at if 2 * at.size < words.size else None
         self.words = words[at] if self.at is not None else words
+        self.words.flags.writeable = False  # handed out as views (``slice``)
 
     @property
     def nbytes(self) -> int:
