@@ -95,19 +95,104 @@ def sample_keys(seed: int, epoch: int, indices: np.ndarray, occurrences: Any = N
 
 def occurrences(seq: np.ndarray) -> np.ndarray:
     """For each position of ``seq``, how many earlier positions hold the same value (int64; a stable argsort,
-    one vectorised pass)."""
+    one vectorised pass). About 25 bytes a position at its peak besides ``seq`` (a mix's epoch runs it over its
+    whole global sequence): the sort order and its result, 8 bytes each, one run array reused in place."""
     seq = np.asarray(seq).reshape(-1)
     n = seq.size
-    out = np.zeros(n, dtype=np.int64)
     if n < 2:
-        return out
+        return np.zeros(n, dtype=np.int64)
     order = np.argsort(seq, kind="stable")
     ranked = seq[order]
-    pos = np.arange(n, dtype=np.int64)
-    first = np.ones(n, dtype=bool)
-    first[1:] = ranked[1:] != ranked[:-1]
-    out[order] = pos - np.maximum.accumulate(np.where(first, pos, 0))
+    first = np.empty(n, dtype=bool)  # where a run of equal values starts, in sorted order
+    first[0] = True
+    np.not_equal(ranked[1:], ranked[:-1], out=first[1:])
+    del ranked
+    run = np.arange(n, dtype=np.int64)
+    run *= first
+    np.maximum.accumulate(run, out=run)  # each sorted position's run start
+    np.subtract(np.arange(n, dtype=np.int64), run, out=run)  # its rank within the run: earlier equal positions
+    out = np.empty(n, dtype=np.int64)
+    out[order] = run
     return out
+
+
+class EpochWords:
+    """The occurrence words of one rank's positions in an epoch (``fast/order.py``), kept as the positions whose
+    word is not 0 and those words (16 bytes each) while they are fewer than half the positions, else as one dense
+    array (8 bytes a position). An order pads the last ranks' sequences with a few second reads (``n % world``
+    positions in all): their words in a dense array held 8 bytes for every position of the rank, nearly all 0."""
+
+    def __init__(self, words: np.ndarray):
+        words = np.asarray(words, dtype=np.uint64).reshape(-1)
+        self.size = words.size
+        at = np.flatnonzero(words)
+        self.at: np.ndarray | None = at if 2 * at.size < words.size else None
+        self.words = words[at] if self.at is not None else words
+        self.words.flags.writeable = False  # handed out as views (``slice``)
+
+    @property
+    def nbytes(self) -> int:
+        return self.words.nbytes + (0 if self.at is None else self.at.nbytes)
+
+    def slice(self, lo: int, hi: int) -> np.ndarray | None:
+        """The words of positions ``lo .. hi - 1`` (uint64), or None when all are 0."""
+        hi = min(hi, self.size)
+        if self.at is None:
+            part = self.words[lo:hi]
+            return part if part.any() else None
+        a, b = np.searchsorted(self.at, [lo, hi])
+        if a == b:
+            return None
+        out = np.zeros(max(hi - lo, 0), dtype=np.uint64)
+        out[self.at[a:b] - lo] = self.words[a:b]
+        return out
+
+    def dense(self) -> np.ndarray:
+        if self.at is None:
+            return self.words
+        out = np.zeros(self.size, dtype=np.uint64)
+        out[self.at] = self.words
+        return out
+
+
+class ReadCounts:
+    """How often each sample was read so far (one epoch of one torch iterator in one process, ``_front/getitems.py``),
+    in about one byte per sample of the dataset: a uint8 count per sample, 255 meaning "255 or more", the exact count
+    of those kept in a dict (a sample read 255 times in one epoch is rare). The array is the dataset's length from
+    the start, zeroed lazily by the OS (``np.zeros`` maps zero pages): only the pages of the indices read cost
+    memory, and a sequential sampler never copies it to grow it."""
+
+    _SATURATED = 255
+
+    def __init__(self, length: int):
+        self.small = np.zeros(int(length), dtype=np.uint8)
+        self.large: dict[int, int] = {}  # sample -> its count, for counts of 255 and more
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes this holds: the array, and the dict's entries at most 100 bytes each (a small int key and
+        value, and the dict's slot)."""
+        return self.small.nbytes + 100 * len(self.large)
+
+    def _counts(self, idx: np.ndarray) -> np.ndarray:
+        counts = self.small[idx].astype(np.uint64)
+        over = np.flatnonzero(counts == self._SATURATED)
+        for k in over.tolist():
+            counts[k] = self.large[int(idx[k])]
+        return counts
+
+    def read(self, idx: np.ndarray) -> np.ndarray:
+        """Counts the reads of batch ``idx`` (int64 sample indices, repeats allowed) and returns, per position,
+        how often that sample was read before it: in earlier batches and at earlier positions of this one
+        (uint64)."""
+        idx = np.asarray(idx, dtype=np.int64).reshape(-1)
+        before = self._counts(idx) + occurrences(idx).astype(np.uint64)
+        uniq, times = np.unique(idx, return_counts=True)
+        after = self._counts(uniq) + times.astype(np.uint64)
+        self.small[uniq] = np.minimum(after, self._SATURATED).astype(np.uint8)
+        for k in np.flatnonzero(after >= self._SATURATED).tolist():
+            self.large[int(uniq[k])] = int(after[k])
+        return before
 
 
 class SampleDraws:

@@ -251,6 +251,11 @@ class ImagePipeline:
         self.erase: tuple[NoiseErasing, ...] = tuple(t for t in tail[last + 1 :] if isinstance(t, NoiseErasing))
         tail = [t for k, t in enumerate(tail) if k <= last or not isinstance(t, NoiseErasing)]
         bad = next((t for t in tail if not isinstance(t, TensorTransform)), None)
+        if isinstance(bad, NoiseErasing):
+            raise ValueError(
+                f"{bad!r} comes before {tail[last]!r}: an erasing in normalized units runs on the float image "
+                f"that the last ToDtype/Normalize leaves, so it must come after every ToDtype/Normalize"
+            )
         if bad is not None:
             raise ValueError(
                 f"ToDtype/Normalize must come after every geometric transform and augmentation: "

@@ -72,6 +72,7 @@ class NoiseErasing:
         mode: str = "pixel",
         count: tuple[int, int] = (1, 1),
         source: Any = None,
+        value: tuple[float, ...] = (0.0,),
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"NoiseErasing: mode={mode!r} should be one of {MODES}")
@@ -90,6 +91,11 @@ class NoiseErasing:
         self.mode = mode
         self.count = (lo, hi)
         self.source = source
+        #: mode 'const''s value in normalized units, one per channel or one for all (timm's is 0; torchvision's
+        #: constant ``RandomErasing(value=v)`` after a noise erasing, ``pipeline.lift_erasing``)
+        self.value = tuple(float(v) for v in value)
+        if len(self.value) not in (1, 3) or (mode != "const" and any(self.value)):
+            raise ValueError(f"NoiseErasing: value={value!r} should be 1 or 3 numbers, for mode 'const' only")
         self.name = repr(self)
 
     def plan(self, out_hw: np.ndarray, rng: Any) -> ErasePlan:
@@ -130,6 +136,11 @@ class NoiseErasing:
         ``_GRAIN`` elements, so that torch runs it on this thread (module docstring)."""
         boxes = plan.boxes
         c = int(x.shape[3])
+        fill = None
+        if self.mode == "const" and any(self.value):
+            if len(self.value) not in (1, c):
+                raise ValueError(f"{self!r}: {len(self.value)} values for images of {c} channels (1 or {c} expected)")
+            fill = torch.tensor(self.value, dtype=x.dtype)
         for i, j in zip(*np.nonzero((boxes[:, :, 2] > 0) & (boxes[:, :, 3] > 0))):
             top, left, h, w = (int(v) for v in boxes[i, j])
             region = x[int(i), top : top + h, left : left + w]
@@ -140,28 +151,35 @@ class NoiseErasing:
             step = max(1, _GRAIN // (w * c))
             for r in range(0, h, step):
                 rows = region[r : r + step]
-                if noise is None:
+                if fill is not None:
+                    rows.copy_(fill.expand(rows.shape))
+                elif noise is None:
                     rows.zero_()
                 else:
                     rows.copy_(noise[r : r + step] if self.mode == "pixel" else noise)
 
     def describe(self) -> dict[str, Any]:
-        return {"name": "RandomErasing", "mode": self.mode, "p": self.p, "count": list(self.count), "on": "floats"}
+        out = {"name": "RandomErasing", "mode": self.mode, "p": self.p, "count": list(self.count), "on": "floats"}
+        if any(self.value):
+            out["value"] = list(self.value)
+        return out
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, NoiseErasing) and (self.p, self.area, self.log_ratio, self.mode, self.count) == (
-            other.p,
-            other.area,
-            other.log_ratio,
-            other.mode,
-            other.count,
-        )
+        return isinstance(other, NoiseErasing) and (
+            self.p,
+            self.area,
+            self.log_ratio,
+            self.mode,
+            self.count,
+            self.value,
+        ) == (other.p, other.area, other.log_ratio, other.mode, other.count, other.value)
 
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
         ratio = tuple(round(math.exp(v), 4) for v in self.log_ratio)
+        value = f", value={self.value}" if any(self.value) else ""
         return (
-            f"RandomErasing(p={self.p}, area={self.area}, ratio={ratio}, mode={self.mode!r}, "
+            f"RandomErasing(p={self.p}, area={self.area}, ratio={ratio}, mode={self.mode!r}{value}, "
             f"count={self.count}, after ToDtype/Normalize)"
         )

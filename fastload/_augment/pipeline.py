@@ -43,9 +43,12 @@ def lift_erasing(items: Sequence[Any]) -> list:
     after a scaling ToDtype) and rounded to a pixel level, so the erased area normalizes to within half a level
     of ``value`` (0.5 / 255 / std). ``value="random"`` (normal noise in normalized units) has no such mapping: it
     becomes a ``noise_erasing.NoiseErasing`` (per pixel and channel, as torchvision's), which the fill stage runs
-    on the normalized float rows, as it does timm's converted erasings (``timm_convert.py``). A NoiseErasing must
-    follow ToDtype/Normalize and no callable run on the float image; elsewhere the library's own object runs per
-    sample (``UserTransform``; fastload's own is refused). Anything else after ToDtype/Normalize is left for the
+    on the normalized float rows, as it does timm's converted erasings (``timm_convert.py``). A constant erasing
+    after such a one becomes a NoiseErasing of mode ``'const'`` with its ``value`` in normalized units, erased on
+    the float rows after it, in order, as torchvision applies them (lifted onto the tile it would come first). A
+    NoiseErasing must follow ToDtype/Normalize and no callable run on the float image; elsewhere the library's own
+    object runs per sample (``UserTransform``; fastload's own is refused: so is a constant erasing after such a
+    callable). Anything else after ToDtype/Normalize is left for the
     caller (callables run per sample on the float image, ``fallback.AfterNormalize``; anything else is
     refused)."""
     from .._transforms.tensor import Normalize, TensorTransform, ToDtype
@@ -73,11 +76,20 @@ def lift_erasing(items: Sequence[Any]) -> list:
             callable_after = callable_after or not isinstance(tail[-1], NoiseErasing)
             noise = True
             continue
-        if not isinstance(t, filters.RandomErasing) or callable_after or noise:
+        source = getattr(t, "source", None)  # the torchvision/timm object it was converted from (``_foreign``)
+        if isinstance(t, filters.RandomErasing) and callable_after and source is not None:
+            tail.append(UserTransform(source, "not converted: it follows a callable run per sample on the float image"))
+            continue
+        if isinstance(t, filters.RandomErasing) and noise and not callable_after:
+            # a constant after a noise erasing: lifted onto the uint8 tile it would run before the noise; erased on
+            # the float rows in order with it instead, with its value in normalized units as torchvision does
+            ratio = (math.log(t.ratio[0]), math.log(t.ratio[1]))
+            tail.append(NoiseErasing(t.p, t.scale, ratio, "const", source=source, value=t.value))
+            continue
+        if not isinstance(t, filters.RandomErasing) or callable_after:
             tail.append(t)  # (an erasing after one run on the float image stays after it: refused there)
             callable_after = True
             continue
-        source = getattr(t, "source", None)  # the torchvision/timm object it was converted from (``_foreign``)
         if per_sample is not None:
             if source is not None:  # the library's own object, per sample on the float image
                 why = (

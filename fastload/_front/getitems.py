@@ -73,7 +73,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from .._draws import BatchDraws, SampleDraws, occurrences
+from .._draws import BatchDraws, ReadCounts, SampleDraws
 from .._fill.batcher import Batcher
 from ..fields import NotFastPath
 from .._errors import FastloadError, FastPathWarning
@@ -146,7 +146,7 @@ class BatchItems:
     in a forked worker (see ``__del__``)."""
 
     def __init__(self, ds: Any, quiet: bool = False):
-        ds = weakref.proxy(ds)
+        ds = self.ds = weakref.proxy(ds)
         self.pid = os.getpid()
         self.lock = threading.Lock()
         self.batcher: Batcher | None = None
@@ -162,7 +162,8 @@ class BatchItems:
         self.depth: int | None = None
         self.caller: tuple | None = None
         # occurrences: for each torch fetcher alive (an iterator's: in the main process a training and an evaluation
-        # iterator over this dataset may take turns), (each sample's reads under it in this process, the rank word)
+        # iterator over this dataset may take turns), (each sample's reads under it in this process, about one byte
+        # per sample of the dataset: _draws.ReadCounts; the rank word)
         self.counted: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         # in a torch DataLoader worker: the pool batches are collated into (_getitems_shm), None elsewhere
         self.shared: SharedBatches | None = SharedBatches() if torch.utils.data.get_worker_info() else None
@@ -214,13 +215,9 @@ class BatchItems:
         the rank under torch.distributed."""
         counted = self.counted.get(fetcher)
         if counted is None:
-            counted = self.counted[fetcher] = (np.zeros(int(idx.max()) + 1, dtype=np.uint32), _rank_word())
+            counted = self.counted[fetcher] = (ReadCounts(len(self.ds)), _rank_word())
         counts, rank_word = counted
-        if idx.max() >= counts.size:
-            counts = np.concatenate([counts, np.zeros(int(idx.max()) + 1 - counts.size, dtype=np.uint32)])
-            self.counted[fetcher] = (counts, rank_word)
-        occ = occurrences(idx).astype(np.uint64) + counts[idx] + np.uint64(rank_word)
-        np.add.at(counts, idx, 1)
+        occ = counts.read(idx) + np.uint64(rank_word)
         return occ if occ.any() else None
 
     def __del__(self) -> None:

@@ -225,7 +225,7 @@ class SamplerOrder:
         self.replayable = _replayable(batch_sampler)
         self._rng_state: torch.Tensor | None = None  # the generator the current epoch was drawn from
         self._replay: torch.Tensor | None = None  # set by load_state_dict for a mid-epoch RandomSampler resume
-        self._occ: tuple[int, list] | None = None  # (epoch, each batch's occurrence words: _batch_occurrences)
+        self._occ: tuple[int, list] | None = None  # (epoch, each batch's repeats or length: _batch_occurrences)
 
     @property
     def sampler(self) -> Any:
@@ -249,7 +249,7 @@ class SamplerOrder:
         """Batches ``start ..`` of this epoch (``Order``'s interface, for the chain's ``Jobs``): the epoch is
         drawn now, in the calling thread, like torch's iterator; ``epoch`` keys only the generators."""
         batches = self.epoch_batches()
-        self._occ = (epoch, _batch_occurrences(batches, self.rank))
+        self._occ = (epoch, _batch_occurrences(batches))
         return iter(batches[start:])
 
     def drop_resume(self) -> None:
@@ -288,7 +288,14 @@ class SamplerOrder:
         """Augmentation randomness of one batch, keyed by (seed, epoch, rank, batch) like ``Order.batch_rng``."""
         occ = None
         if self._occ is not None and self._occ[0] == epoch and batch_index < len(self._occ[1]):
-            occ = self._occ[1][batch_index]
+            # occurrence + rank * 2**32: a repeated-augmentation sampler (timm's RepeatAugSampler) puts the copies
+            # of a sample on different ranks, each read once there; rank 0's first reads keep (seed, epoch,
+            # index)'s key alone, another rank's draws depend on the rank
+            entry = self._occ[1][batch_index]
+            words = np.zeros(entry, np.uint64) if isinstance(entry, int) else entry
+            if self.rank:
+                words = words + (np.uint64(self.rank) << np.uint64(32))
+            occ = words if words.any() else None
         return BatchDraws(seed_key(BATCH_STREAM, self.seed, epoch, self.rank, batch_index), self.seed, epoch, occ)
 
     # -- resume ------------------------------------------------------------------------------------
@@ -412,20 +419,20 @@ class OrderIndices:
                 yield from batch.tolist()
 
 
-def _batch_occurrences(batches: list[np.ndarray], rank: int) -> list:
-    """The occurrence words (``_draws.py``) of a user sampler's epoch on ``rank``, one array per batch (None where
-    all are 0): fastload sees only this rank's sequence, so a read's occurrence is counted in it, and the rank is
-    added (``occurrence + rank * 2**32``) because a repeated-augmentation sampler (timm's RepeatAugSampler) puts
-    the copies of a sample on different ranks, each read once there. Rank 0's first reads keep the key of
-    (seed, epoch, index) alone; another rank's draws depend on the rank."""
+def _batch_occurrences(batches: list[np.ndarray]) -> list:
+    """The occurrences (``_draws.py``) of a user sampler's epoch on this rank, one entry per batch: its uint64
+    words where a sample of it was read before in the epoch, else the batch's length (all 0). fastload sees only
+    this rank's sequence, so a read's occurrence is counted in it; ``batch_rng`` adds the rank. Kept for the
+    repeats alone: a word per position held 8 bytes for every sample of the rank's epoch."""
     if not batches:
         return []
-    occ = occurrences(np.concatenate(batches)).astype(np.uint64) + (np.uint64(rank) << np.uint64(32))
-    out, at = [], 0
+    occ = occurrences(np.concatenate(batches))
+    out: list = []
+    at = 0
     for b in batches:
         part = occ[at : at + len(b)]
         at += len(b)
-        out.append(part if part.any() else None)
+        out.append(part.astype(np.uint64) if part.any() else len(b))
     return out
 
 

@@ -63,7 +63,7 @@ from typing import Any
 
 import numpy as np
 
-from .._draws import BatchDraws, occurrences
+from .._draws import BatchDraws, EpochWords, occurrences
 from .elastic import gather, pack_mask, split_batches, split_positions, unpack_mask
 from .stage import Stage
 
@@ -214,7 +214,7 @@ class Order:
         self._fresh = True  # the current epoch has not been handed out by begin_epoch() yet
         self._resume: tuple[int, int] | None = None  # (epoch, batch) from load_state_dict, used once
         self._cache: tuple[int, np.ndarray] | None = None
-        self._occ: tuple[int, np.ndarray | None] | None = None  # (epoch, occurrences of ``_cache``'s indices)
+        self._occ: tuple[int, EpochWords | None] | None = None  # (epoch, occurrences of ``_cache``'s indices)
         # epochs' indices computed ahead (prepare), by epoch: the chain asks an epoch's indices at its first batch,
         # after the loader has already asked for the next epoch's, so one slot would drop the one about to be used
         self._ahead: dict[int, tuple[threading.Thread, list]] = {}
@@ -288,11 +288,15 @@ class Order:
     def occurrences(self, epoch: int) -> np.ndarray | None:
         """For each of this rank's positions of ``epoch`` (``indices``'s), how many earlier positions of the
         epoch's global sequence (after padding) hold the same sample: what keys a repeated read's draws apart
-        (``_draws.py``). None: no sample repeats. Computed with the indices, once per epoch; an order of another
-        kind (``packing.py``) has none."""
+        (``_draws.py``). None: no sample repeats. Computed with the indices, once per epoch, and kept as the
+        repeats alone where they are few (``EpochWords``: padding); an order of another kind (``packing.py``) has
+        none."""
+        words = self._words(as_int("epoch", epoch, 0))
+        return None if words is None else words.dense()
+
+    def _words(self, e: int) -> EpochWords | None:
         if type(self).indices is not Order.indices:
             return None
-        e = as_int("epoch", epoch, 0)
         if self._occ is None or self._occ[0] != e or self._cache is None or self._cache[0] != e:
             self.indices(e)
         return self._occ[1] if self._occ is not None else None
@@ -327,7 +331,7 @@ class Order:
         state["_ahead"] = {}  # a thread does not travel
         return state
 
-    def _compute(self, e: int) -> tuple[np.ndarray, np.ndarray | None]:
+    def _compute(self, e: int) -> tuple[np.ndarray, EpochWords | None]:
         """This rank's indices of epoch ``e`` and their occurrences (``occurrences``; None: all 0)."""
         n, w = self.num_samples, self.world_size
         total = self._per_rank * w
@@ -362,11 +366,7 @@ class Order:
             mine = mine[: self._num_batches * self.batch_size]
             occ = None if occ is None else occ[: len(mine)]
         mine.flags.writeable = False
-        if occ is not None:
-            occ = None if not occ.any() else occ.astype(np.uint64)
-            if occ is not None:
-                occ.flags.writeable = False
-        return mine, occ
+        return mine, (EpochWords(occ) if occ is not None and occ.any() else None)
 
     def _sequence_occurrences(self, seq: np.ndarray, at: np.ndarray, wraps: np.ndarray) -> np.ndarray | None:
         """The occurrences of positions ``at`` of the global sequence ``seq``, read on wrap ``wraps`` (padding
@@ -443,8 +443,8 @@ class Order:
 
     def _batch_occurrences(self, e: int, i: int) -> np.ndarray | None:
         """The occurrences of batch ``i``'s samples (None: all 0): what an order of another kind overrides."""
-        occ = self.occurrences(e)
-        return None if occ is None else occ[i * self.batch_size : (i + 1) * self.batch_size]
+        words = self._words(e)
+        return None if words is None else words.slice(i * self.batch_size, (i + 1) * self.batch_size)
 
     def _batch_base(self, e: int) -> int:
         """The first global batch index of epoch ``e``'s current split: 0, or past what was consumed before it."""

@@ -39,7 +39,10 @@ class BucketOrder(Order):
             raise ValueError("bucket_ids should be a 1-d array of non-negative ints, one per sample")
         kw.pop("shard_sizes", None)
         super().__init__(len(ids), batch_size, **kw)
-        self.bucket_ids = ids.astype(np.int64)
+        # one byte a sample up to 256 buckets (what a sample's bucket costs for the loader's lifetime; its digest,
+        # _config, is of the int64 values)
+        small = np.min_scalar_type(int(ids.max())) if ids.size else np.dtype(np.uint8)
+        self.bucket_ids = ids.astype(small if small.itemsize <= 4 else np.int64)
         sizes = np.bincount(self.bucket_ids) if ids.size else np.zeros(0, np.int64)
         b = self.batch_size
         per_bucket = sizes // b if self.drop_last else -(-sizes // b)
@@ -71,7 +74,8 @@ class BucketOrder(Order):
 
     def _bucket_batches(self, e: int) -> list[np.ndarray]:
         w = self.world_size
-        return self._global_batches(e, self._partial_of(e), self.batch_size, w, self.drop_last)[self.rank :: w]
+        batches = self._global_batches(e, self._partial_of(e), self.batch_size, w, self.drop_last)[self.rank :: w]
+        return [b.copy() for b in batches]  # a view would keep its whole bucket's members, every rank's, alive
 
     def _batch_occurrences(self, e: int, i: int) -> np.ndarray | None:
         """A padding batch (the batch list wrapped to a multiple of the world size) is a second read of its
@@ -124,20 +128,25 @@ class BucketOrder(Order):
 
 def packed_batches(stream: np.ndarray, lengths: np.ndarray, tokens_per_batch: int, batch_ids, base: int = 0):
     """PackJobs for the given global batch numbers of the sample stream ``stream`` (one cumsum); batch ``b`` holds
-    the stream's tokens ``base + b * tokens_per_batch ..`` (``base``: tokens consumed before, elastic resume)."""
-    lens = lengths[stream]
-    ends = np.cumsum(lens)
-    begins = ends - lens
+    the stream's tokens ``base + b * tokens_per_batch ..`` (``base``: tokens consumed before, elastic resume).
+
+    Holds the stream's token ends (8 bytes a sample of the dataset) while the epoch's batches are made: a sample's
+    length and begin are read from them per batch (they were two more arrays of the stream's length, held all epoch
+    by this generator)."""
+    ends = np.cumsum(lengths[stream])
     total = int(ends[-1]) if len(ends) else 0
     for b in batch_ids:
         lo, hi = base + b * tokens_per_batch, base + (b + 1) * tokens_per_batch
         first = int(np.searchsorted(ends, lo, side="right"))
-        last = int(np.searchsorted(begins, hi, side="left"))  # exclusive
+        # exclusive: the samples that begin before hi (the first begins at 0, sample j at ends[j - 1])
+        last = min(1 + int(np.searchsorted(ends[:-1], hi, side="left")), len(ends)) if hi > 0 else 0
         sel = np.arange(first, last)
-        sel = sel[lens[sel] > 0]
-        piece_lo = np.maximum(begins[sel], lo)
+        begins = ends[sel] - lengths[stream[sel]]
+        keep = ends[sel] > begins
+        sel, begins = sel[keep], begins[keep]
+        piece_lo = np.maximum(begins, lo)
         piece_hi = np.minimum(ends[sel], hi)
-        yield PackJob(stream[sel], piece_lo - begins[sel], piece_hi - piece_lo, piece_lo - lo, int(min(hi, total) - lo))
+        yield PackJob(stream[sel], piece_lo - begins, piece_hi - piece_lo, piece_lo - lo, int(min(hi, total) - lo))
 
 
 class PackedOrder(Order):

@@ -321,3 +321,78 @@ def test_a_decoder_writing_device_rows_cannot_run_it_and_says_why():
     why = host_rows_refusal(names)
     assert why is not None and "RandomErasing" in why and "mode='pixel'" in why
     assert host_rows_refusal(beyond_geometry({"image": T.ImagePipeline(recipe()[:-1])})) is None
+
+
+# -- a constant erasing after a noise erasing (both after Normalize, applied in order as torchvision does) -------
+TIMMS = ((0.02, 1 / 3), (0.3, 1 / 0.3))  # timm's default area and aspect range (torchvision's: 0.33 and 3.3)
+
+
+def noise_then_const(noise, const):
+    return [T.CenterCrop(24), T.ToDtype(torch.float32, scale=True), T.Normalize(MEAN, STD), noise, const]
+
+
+@pytest.mark.parametrize(
+    "noise, const, value",
+    [
+        (T.RandomErasing(0.3, value="random"), T.RandomErasing(0.4, *TIMMS, value=(0.5, -1.0, 2.0)),
+         (0.5, -1.0, 2.0)),
+        (tv(V1, "RandomErasing", p=0.3, scale=(0.02, 0.33), ratio=(0.3, 3.3), value="random", inplace=False),
+         tv(V1, "RandomErasing", p=0.4, scale=TIMMS[0], ratio=TIMMS[1], value=0, inplace=False), (0.0,)),
+        (tv(V1, "RandomErasing", p=0.3, scale=(0.02, 0.33), ratio=(0.3, 3.3), value="random", inplace=False),
+         Erasing(0.4, mode="const"), (0.0,)),
+    ],
+    ids=["fastload", "torchvision", "timm-const"],
+)
+def test_a_constant_erasing_after_a_noise_erasing_erases_the_floats_after_it(noise, const, value):
+    """It was refused ('ToDtype/Normalize must come after every geometric transform ...', which it does): lifted
+    onto the uint8 tile, as a constant erasing alone is, it would run before the noise. Now both run on the float
+    rows in their order, the constant in normalized units, exactly."""
+    p = T.ImagePipeline(noise_then_const(noise, const))
+    first, second = p.erase
+    assert not p.augment and not p.after and not p.fallback
+    assert (first.mode, first.p, second.mode, second.p, second.value) == ("pixel", 0.3, "const", 0.4, value)
+    assert second.area == pytest.approx(TIMMS[0]) and second.log_ratio == pytest.approx(LOG_RATIO)
+    assert second.source is (None if isinstance(const, T.RandomErasing) else const)
+
+
+def test_the_constant_erasing_after_noise_writes_its_value_over_the_noise(image_shards):
+    """On the loader: every sample's constant box holds exactly the value (in normalized units, as torchvision
+    writes it), over the noise where the boxes meet; the pixels of neither box are the plain pipeline's."""
+    value = (0.5, -1.0, 2.0)
+    steps = [T.RandomResizedCrop(24), T.ToDtype(torch.float32, scale=True), T.Normalize(MEAN, STD)]
+    erasings = [T.RandomErasing(1.0, scale=(0.3, 0.6), value="random"), T.RandomErasing(1.0, scale=(0.1, 0.3),
+                                                                                       value=value)]
+    ds = fastload.open(image_shards, transforms={"image": steps + erasings})
+    plain = fastload.open(image_shards, transforms={"image": steps})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", fastload.FastPathWarning)
+        a = torch.cat([x for x, _ in fastload.DataLoader(ds, batch_size=4, seed=3)])
+    ref = torch.cat([x for x, _ in fastload.DataLoader(plain, batch_size=4, seed=3)])
+    const = (a.permute(0, 2, 3, 1) == torch.tensor(value)).all(-1)  # (N, H, W): pixels holding the value
+    changed = (a != ref).any(1)
+    noise = changed & ~const
+    assert const.flatten(1).any(1).all(), "a sample without the constant box"
+    assert noise.flatten(1).any(1).float().mean() > 0.5  # the noise boxes, left where the constant box is not
+    assert torch.equal(a.permute(0, 2, 3, 1)[~changed], ref.permute(0, 2, 3, 1)[~changed])
+    # the constant box is one rectangle per sample, written last (no noise inside it)
+    for k in range(len(a)):
+        rows, cols = torch.nonzero(const[k], as_tuple=True)
+        box = const[k, rows.min() : rows.max() + 1, cols.min() : cols.max() + 1]
+        assert box.all(), f"sample {k}: the constant box is not whole (noise written over it)"
+
+
+def test_an_erasing_that_cannot_run_there_says_what_it_follows():
+    """After a callable on the float image: torchvision's constant erasing runs as its own object, per sample;
+    fastload's is refused naming the callable. A noise erasing between ToDtype and Normalize is refused naming the
+    Normalize after it (it said 'ToDtype/Normalize must come after every geometric transform')."""
+    given = tv(V1, "RandomErasing", p=0.4, scale=(0.02, 0.33), ratio=(0.3, 3.3), value=0, inplace=False)
+    p = T.ImagePipeline([T.CenterCrop(8), T.ToDtype(torch.float32, scale=True), T.Normalize(MEAN, STD),
+                         lambda img: img, given])
+    assert not p.erase and p.after[1].fn is given and "follows a callable" in p.after[1].reason
+    with pytest.raises(ValueError, match="comes after .*lambda.*move RandomErasing"):
+        T.ImagePipeline([T.CenterCrop(8), T.ToDtype(torch.float32, scale=True), T.Normalize(MEAN, STD),
+                         lambda img: img, T.RandomErasing(value=0)])
+    with pytest.raises(ValueError, match=r"RandomErasing\(.*mode='pixel'.* comes before Normalize.*must come after "
+                                         r"every ToDtype/Normalize"):
+        T.ImagePipeline([T.CenterCrop(8), T.ToDtype(torch.float32, scale=True), T.RandomErasing(value="random"),
+                         T.Normalize(MEAN, STD)])
