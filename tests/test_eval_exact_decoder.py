@@ -92,3 +92,16 @@ def test_torchs_path_refuses_exact_over_a_fastload_dataset_and_keeps_it_over_one
     assert len(batches) == 2 and int(batches[1][1][0, 0, 0]) == 3
     with pytest.raises(ValueError, match="decoder='pil' should be one of 'native', 'exact', "):
         fastload.DataLoader(Own(), batch_size=2, collate_fn=collate, decoder="pil")
+
+
+def test_the_exact_decoder_with_a_gpu_device_decodes_into_host_rows_at_full_size():
+    """With device='cuda' 'exact' is still the CPU threads (copied to the device as 'native''s rows are), never a GPU
+    decoder; the decoder it makes is the loader's native one, DCT scaling off (made without a GPU: no CUDA call)."""
+    from fastload._fill.images import ImageDecoding
+
+    for device in (None, torch.device("cuda")):
+        images = ImageDecoding("exact", device, 4, 0)
+        assert images.kind.name == "exact" and images.device is None
+        made = images._decoder((8, 8), "image")
+        assert made is images.native and made.dct_scaling is False
+    assert ImageDecoding("native", torch.device("cuda"), 4, 0)._decoder((8, 8)).dct_scaling is True
