@@ -29,7 +29,7 @@ What fastload does differently, and why it keeps timm's meaning:
 - ``decoder=`` (keyword only, not timm's): ``fastload.DataLoader``'s. The default ``'native'`` decodes a JPEG
   that ``Resize`` shrinks 2x or more at 1/2, 1/4 or 1/8 of its size (faster; up to tens of levels from PIL's pixels
   there); ``decoder='exact'`` decodes every JPEG at full size, so evaluation gives timm's pixels bit for bit
-  (Pillow-SIMD; tests/test_eval_exact.py).
+  (Pillow-SIMD; tests/test_eval_exact_decoder.py, test_eval_exact_real.py).
 - Anything the fast path cannot take (a custom ``collate_fn``, a transform that does not convert) is said by
   ``fastload.DataLoader`` itself, once, with the reason.
 
