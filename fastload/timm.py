@@ -26,6 +26,10 @@ What fastload does differently, and why it keeps timm's meaning:
   timm's ``AugMixDataset``), scheduled input sizes (``input_size_choices`` and the ``batch_*`` arguments that
   go with it), a ``FastCollateMixup`` without the prefetcher, and timm's own refusals (``num_aug_repeats``
   without ``distributed``).
+- ``decoder=`` (keyword only, not timm's): ``fastload.DataLoader``'s. The default ``'native'`` decodes a JPEG
+  that ``Resize`` shrinks 2x or more at 1/2, 1/4 or 1/8 of its size (faster; up to tens of levels from PIL's pixels
+  there); ``decoder='exact'`` decodes every JPEG at full size, so evaluation gives timm's pixels bit for bit
+  (Pillow-SIMD; tests/test_eval_exact_decoder.py, test_eval_exact_real.py).
 - Anything the fast path cannot take (a custom ``collate_fn``, a transform that does not convert) is said by
   ``fastload.DataLoader`` itself, once, with the reason.
 
@@ -243,9 +247,13 @@ def create_loader(
     batch_schedule_spread: float = 0.65,
     batch_schedule_random_mix: float = 0.1,
     num_batches: Optional[int] = None,
+    *,
+    decoder: str = "native",
 ) -> Union[DataLoader, PrefetchLoader]:
     """timm's ``create_loader`` (same arguments, same meaning; the module docstring says what differs and
-    why): a :class:`PrefetchLoader` with ``use_prefetcher``, else the :class:`fastload.DataLoader`."""
+    why): a :class:`PrefetchLoader` with ``use_prefetcher``, else the :class:`fastload.DataLoader`.
+    ``decoder`` (fastload's own, keyword only): ``fastload.DataLoader``'s, e.g. ``'exact'`` for timm's pixels bit
+    for bit in evaluation (every JPEG decoded at full size, as PIL does)."""
     td = _timm_data()
     scheduled = {
         "input_size_choices": input_size_choices,
@@ -353,6 +361,7 @@ def create_loader(
         drop_last=is_training,
         persistent_workers=persistent_workers and num_workers > 0,
         device=device if use_prefetcher and device.type == "cuda" else None,
+        decoder=decoder,
     )
     if loader.fast_path_reason is not None and use_multi_epochs_loader:
         warnings.warn(

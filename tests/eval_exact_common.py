@@ -16,6 +16,10 @@ import numpy as np
 # is decoded DCT-scaled, which is not PIL's full-size decode); each with a fractional crop origin for the sizes below
 SIZES = [(301, 427), (427, 301), (250, 333), (383, 255), (211, 199), (199, 211), (311, 452), (277, 277)]
 RECIPES = [(256, 224), (160, 129)]  # Resize(short side), CenterCrop(size)
+# (height, width) that SHRUNK_RECIPES' resize shrinks 2x or more in both axes: decoder='native' decodes these DCT-scaled
+# (at 1/2 or 1/4 size: not PIL's pixels), decoder='exact' at full size, as PIL does
+SHRUNK_SIZES = [(301, 427), (427, 301), (383, 255), (223, 203), (311, 452), (277, 277)]
+SHRUNK_RECIPES = [(96, 80), (100, 77)]
 
 
 def _pillow_simd() -> bool:
@@ -44,12 +48,12 @@ def picture(h: int, w: int, seed: int) -> np.ndarray:
     return np.clip(base + stripes[..., None], 0, 255).astype(np.uint8)
 
 
-def image_folder(root: Path) -> Path:
-    """``root/pictures/{a,b}/NN.jpg``: the SIZES split over two classes, in ImageFolder's order (class, then name)."""
+def image_folder(root: Path, sizes: list[tuple[int, int]] = SIZES) -> Path:
+    """``root/pictures/{a,b}/NN.jpg``: ``sizes`` split over two classes, in ImageFolder's order (class, then name)."""
     from PIL import Image
 
     folder = root / "pictures"
-    for k, (h, w) in enumerate(SIZES):
+    for k, (h, w) in enumerate(sizes):
         d = folder / ("a" if k % 2 == 0 else "b")
         d.mkdir(parents=True, exist_ok=True)
         buf = io.BytesIO()
@@ -69,6 +73,13 @@ def resized_hw(h: int, w: int, size: int) -> tuple[int, int]:
     if w <= h:
         return int(size * h / w), size
     return size, int(size * w / h)
+
+
+def shrinks_2x(h: int, w: int, size: int) -> bool:
+    """Whether ``Resize(size)`` shrinks an ``h`` x ``w`` image 2x or more in both axes (decoder='native' then decodes
+    it DCT-scaled: csrc/batch.cc ``choose_dct_denom``)."""
+    nh, nw = resized_hw(h, w, size)
+    return h >= 2 * nh and w >= 2 * nw
 
 
 def resize_then_crop(image, size: int, crop: int, resample) -> np.ndarray:

@@ -1,6 +1,8 @@
 """torchvision's and timm's own evaluation transforms (Resize(short side) then CenterCrop, then to a tensor and
 normalized), given unchanged to ``fastload.open``: ``ds[i]`` and the loader equal ``ImageFolder(root, transform)[i]``
-exactly, on pictures whose crop starts between two source pixels (tests/eval_exact_common.py). Skipped where
+exactly, on pictures whose crop starts between two source pixels (tests/eval_exact_common.py); on pictures the resize
+shrinks 2x or more, with ``decoder='exact'`` (through ``fastload.timm.create_loader`` and a torchvision ImageFolder
+given to ``fastload.DataLoader``). Skipped where
 torchvision or timm does not import (CI): ``bash scripts/timm_test_venv.sh`` builds ``bench/.venvs/timm``, then
 ``PYTHONPATH=. bench/.venvs/timm/bin/python -m pytest tests/test_eval_exact_real.py``. Without them,
 test_eval_exact.py checks the same against PIL's resize-then-crop.
@@ -15,7 +17,7 @@ import pytest
 import torch
 
 import fastload
-from eval_exact_common import TOLERANCE, image_folder
+from eval_exact_common import SHRUNK_SIZES, TOLERANCE, image_folder
 
 torchvision = pytest.importorskip("torchvision", reason="torchvision is not importable here (timm_test_venv.sh)")
 timm_data = pytest.importorskip("timm.data", reason="timm is not importable here (bash scripts/timm_test_venv.sh)")
@@ -85,3 +87,38 @@ def test_the_recipes_plan_frames(folder, tmp_path):
         ds = fastload.open(folder, transforms={"image": make()}, cache_dir=tmp_path / "cache")
         plan = ds.pipelines["image"].plan(np.array([301, 427]), np.array([427, 301]), np.random.default_rng(0))
         assert plan.frames is not None, recipe
+
+
+@pytest.mark.parametrize("decoder", ["exact", "native"])
+def test_create_loader_and_imagefolder_with_the_exact_decoder_give_timms_pixels(tmp_path_factory, monkeypatch, decoder):
+    """Pictures timm's eval resize shrinks 2x or more: decoder='exact' gives timm's (and torchvision's ImageFolder's)
+    pixels through fastload.timm.create_loader and through fastload.DataLoader over torchvision's ImageFolder (the
+    folder's fast path); decoder='native' (the default) decodes them DCT-scaled: not those pixels."""
+    from timm.data import ImageDataset
+
+    from fastload.timm import create_loader
+
+    folder = image_folder(tmp_path_factory.mktemp(f"shrunk_{decoder}"), SHRUNK_SIZES)
+    monkeypatch.setenv("FASTLOAD_CACHE_DIR", str(folder.parent / "cache"))  # the folders' packs
+
+    def make():
+        return timm_data.create_transform(80, interpolation="bicubic", crop_pct=0.875)  # Resize(91), CenterCrop(80)
+
+    ref = torchvision.datasets.ImageFolder(str(folder), transform=make())
+    expected = [ref[i] for i in range(len(ref))]
+    loaders = {
+        "create_loader": create_loader(ImageDataset(str(folder)), input_size=(3, 80, 80), batch_size=4,
+                                       interpolation="bicubic", crop_pct=0.875, use_prefetcher=False, num_workers=2,
+                                       device=torch.device("cpu"), decoder=decoder),
+        "DataLoader(ImageFolder)": fastload.DataLoader(torchvision.datasets.ImageFolder(str(folder), transform=make()),
+                                                       batch_size=4, num_workers=2, decoder=decoder),
+    }
+    for name, loader in loaders.items():
+        assert loader.fast_path_reason is None, (name, loader.fast_path_reason)
+        d = [levels(images[j], expected[k + j][0]) for k, (images, _) in zip(range(0, len(expected), 4), loader)
+             for j in range(images.shape[0])]
+        assert len(d) == len(expected), name
+        if decoder == "exact":
+            assert max(d) <= TOLERANCE, f"{name}, decoder='exact': max |diff| per sample {d}"
+        else:
+            assert min(d) > TOLERANCE + 2, f"{name}, decoder='native' DCT-scales these: max |diff| per sample {d}"

@@ -65,11 +65,12 @@ class DataLoader(EpochsAndResume, torch.utils.data.DataLoader[T_co]):
     drawn from torch's generator when None), ``order`` ('sequential', 'random', 'quasi'; default from
     ``shuffle``), ``rank``/``world_size`` (default from torch.distributed), ``window`` (shards per
     quasi-random window), ``on_error`` ('raise' or 'skip' corrupt samples), ``decoder``
-    ('native'; 'dali': NVIDIA DALI executes the same plans, on the GPU with ``device='cuda'``, else in
-    its CPU-only mode; 'nvjpeg': torchvision's GPU decoder, needs ``device='cuda'``; 'auto': with
-    ``device='cuda'`` and DALI or torchvision installed, CPU threads and the GPU decoder share each batch
-    in the ratio of their measured rates, else 'native'; see ``_fill/images.py``), ``memory_format``
-    (image batches: ``torch.channels_last``, the default, is the decoder's layout at no cost;
+    ('native': CPU threads, a JPEG shrunk 2x or more decoded at 1/2, 1/4 or 1/8 size; 'exact': CPU threads,
+    every JPEG at full size, PIL's (torchvision's) pixels; 'dali': NVIDIA DALI executes the same plans, on the
+    GPU with ``device='cuda'``, else in its CPU-only mode; 'nvjpeg': torchvision's GPU decoder, needs
+    ``device='cuda'``; 'auto': with ``device='cuda'`` and DALI or torchvision installed, CPU threads and the GPU
+    decoder share each batch in the ratio of their measured rates, else 'native'; see ``_fill/images.py``),
+    ``memory_format`` (image batches: ``torch.channels_last``, the default, is the decoder's layout at no cost;
     ``torch.contiguous_format`` copies each batch to torch's default layout, where ``.view(B, -1)`` works),
     ``split`` ('samples': ranks take strided samples like DistributedSampler; 'shards': each rank reads
     only its own shards; default 'shards' for a remote dataset with world_size > 1, see ``fast/order.py``).

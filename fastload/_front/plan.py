@@ -18,6 +18,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from .. import decoders
 from .._fill.batcher import Batcher
 from .._transforms.sequences import PackSequences
 from ..fast.chain import order_for
@@ -168,7 +169,7 @@ def _fast_path(dataset, batch_size, batch_sampler, collate_fn, worker_init_fn) -
 
 def _refused(dataset: Any, reason: str, decoder: str) -> None:
     """The fast path is refused for ``reason``: said for a folder dataset; an error where the generic path would
-    drop what was asked for (batch transforms, a GPU decoder)."""
+    drop what was asked for (batch transforms, a GPU decoder, decoder='exact' over a fastload Dataset)."""
     if folder_kind(dataset) is not None:
         warn_folder_refused(dataset, reason, stacklevel=_CALLER + 2)
     # the generic path would not mix: refused, not skipped (a fastload dataset's attribute only: any object
@@ -178,7 +179,12 @@ def _refused(dataset: Any, reason: str, decoder: str) -> None:
             f"the dataset's batch_transforms ({dataset.batch_mix.transform!r}) run on fastload's "
             f"fast path, which this loader cannot take: {reason}"
         )
-    if decoder not in ("native", "auto"):
+    if decoder in ("native", "auto"):
+        return
+    # a GPU decoder runs on the fast path only; so does any other one over a fastload Dataset, whose __getitems__
+    # decodes torch's batches with the native decoder (decoder='exact' would be dropped). Another dataset decodes
+    # its own samples (a torchvision ImageFolder: PIL, which decoder='exact' asks for)
+    if decoders.kind(decoder).gpu or isinstance(dataset, PackedDataset):
         raise ValueError(f"decoder={decoder!r} needs fastload's fast path, which this loader cannot take: {reason}")
 
 

@@ -3,6 +3,7 @@
 ``_base.py``: the interface, :class:`DecoderKind` (what a decoder registers), ``JpegOnly`` and
 :class:`ImageSources`, a batch's encoded images as every decoder reads them.
 ``native.py``: :class:`NativeDecoder`, the native core's ``decode_batch`` on CPU threads (the default).
+``exact.py``: the same at full size (no DCT scaling): PIL's pixels, for evaluation (``decoder="exact"``).
 ``dali.py``: :class:`DaliDecoder`, NVIDIA DALI on the GPU (or DALI's CPU-only mode).
 ``nvjpeg.py``: :class:`NvjpegDecoder`, torchvision's batched nvJPEG decoder on the GPU.
 ``hybrid.py``: ``HybridDecoder``, the native and a GPU decoder sharing each batch (``decoder="auto"``).
@@ -23,6 +24,7 @@ from typing import Any
 # GPU's hardware JPEG decoder).
 REGISTRY = {
     "native": ".native",
+    "exact": ".exact",
     "dali": ".dali",
     "nvjpeg": ".nvjpeg",
     "auto": ".hybrid",

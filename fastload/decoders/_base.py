@@ -182,8 +182,8 @@ def warn_frames(who: str) -> None:
         f"frames-{who}",
         f"the {who} decoder resamples a resize followed by a crop (e.g. Resize(256), CenterCrop(224)) from the "
         f"crop's source box rounded to whole source pixels: where torchvision's crop starts between two source "
-        f"pixels its pixels are shifted by up to half a source pixel (decoder='native' computes torchvision's "
-        f"pixels)",
+        f"pixels its pixels are shifted by up to half a source pixel (decoder='exact' computes torchvision's "
+        f"pixels, decoder='native' too but on JPEGs it decodes DCT-scaled)",
     )
 
 

@@ -14,11 +14,11 @@ from fastload.decoders._base import DecoderKind
 
 
 def test_the_registry_lists_each_decoder_once():
-    assert decoders.names() == ("native", "dali", "nvjpeg", "auto")
+    assert decoders.names() == ("native", "exact", "dali", "nvjpeg", "auto")
     for name in decoders.names():
         k = decoders.kind(name)
         assert isinstance(k, DecoderKind) and k.name == name
-    with pytest.raises(ValueError, match="decoder='pillow' should be one of 'native', 'dali', 'nvjpeg', 'auto'"):
+    with pytest.raises(ValueError, match="decoder='pillow' should be one of 'native', 'exact', 'dali', 'nvjpeg', 'auto'"):
         ImageDecoding("pillow", None, 4, 0)
 
 

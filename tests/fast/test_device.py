@@ -74,7 +74,7 @@ def test_gpu_decoders_say_what_they_need(tmp_path):
     ds = fastload.open(tmp_path / "ds", transforms={"image": [T.Resize((8, 8))]})
     with pytest.raises(ValueError, match="device='cuda'"):
         fastload.DataLoader(ds, batch_size=2, decoder="nvjpeg")
-    with pytest.raises(ValueError, match="should be one of 'native', 'dali', 'nvjpeg', 'auto'"):
+    with pytest.raises(ValueError, match="should be one of 'native', 'exact', 'dali', 'nvjpeg', 'auto'"):
         fastload.DataLoader(ds, batch_size=2, decoder="opencv")
 
 
