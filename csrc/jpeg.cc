@@ -208,8 +208,20 @@ bool JpegDecoder::decode_body(int denom, int x0, int y0, int x1, int y1, uint8_t
       s.open = false;
       return false;
     }
-    const int m0 = x0 > kMarginX ? x0 - kMarginX : 0;
-    const int m1 = x1 + kMarginX < out_w ? x1 + kMarginX : out_w;
+    // jpeg_crop_scanline moves the window's start down to an iMCU boundary and keeps its end. A window of at most
+    // one iMCU's columns can leave a chroma component one sample wide, which libjpeg-turbo's fancy upsampling
+    // (4:2:0) gets wrong by tens of levels (a box one column wide at the image's first column): such a window
+    // takes one more iMCU, on the right where the image has it, else on the left.
+#if JPEG_LIB_VERSION >= 70
+    const int align = cinfo->max_h_samp_factor * cinfo->min_DCT_h_scaled_size;
+#else
+    const int align = cinfo->max_h_samp_factor * cinfo->min_DCT_scaled_size;
+#endif
+    int m0 = x0 > kMarginX ? x0 - kMarginX : 0;
+    int m1 = x1 + kMarginX < out_w ? x1 + kMarginX : out_w;
+    m0 = m0 / align * align;
+    if (m1 - m0 <= align) m1 = m0 + 2 * align < out_w ? m0 + 2 * align : out_w;
+    if (m1 - m0 <= align) m0 = m0 > align ? m0 - align : 0;
     if (m1 - m0 < out_w && column_crop_exact(cinfo)) {
       col0 = static_cast<JDIMENSION>(m0);
       cols = static_cast<JDIMENSION>(m1 - m0);

@@ -61,6 +61,23 @@ def test_window_decode_is_the_full_decode(kind, hw):
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
+def test_boxes_a_column_or_two_wide_are_the_full_decode_at_every_column(kind):
+    """A box one or two columns wide, at each column of the image (its first and last included): jpeg_crop_scanline
+    keeps the window's end, so a window of at most one iMCU left 4:2:0's chroma one sample wide, which libjpeg-turbo's
+    fancy upsampling got wrong by tens of levels (a one-column box at column 0, or at the last column where the one
+    before starts an iMCU)."""
+    for hw in ((24, 34), (20, 17)):
+        data = jpeg(kind, hw)
+        full = _C.decode_jpeg(data)
+        for width in (1, 2):
+            for x in range(hw[1] - width + 1):
+                crop = (3, x, 10, width)
+                got = _C.decode_crop_resize(data, crop, (10, width), False, dct_scaling=False)
+                ref = full[3:13, x : x + width]
+                assert np.array_equal(got, ref), (kind, hw, crop, int(np.abs(got.astype(int) - ref).max()))
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
 def test_dct_scaled_window_close_to_pil(kind):
     hw = (511, 389)
     data = jpeg(kind, hw)
