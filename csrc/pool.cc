@@ -47,26 +47,36 @@ void ThreadPool::run_inline(int64_t n, const Task& fn) {
   for (int64_t i = 0; i < n; ++i) fn(i, 0);
 }
 
-void ThreadPool::run(int64_t n, const Task& fn) {
-  if (n <= 0) return;
-  Shared& s = *sh_;
+bool ThreadPool::ran_without_threads(int64_t n, const Task& fn) {
+  if (n <= 0) return true;
   if (getpid() != owner_pid_) {
-    std::lock_guard<std::mutex> fork_lock(s.fork_mu);
+    std::lock_guard<std::mutex> fork_lock(sh_->fork_mu);
     run_inline(n, fn);
-    return;
+    return true;
   }
+  return false;
+}
+
+void ThreadPool::publish(int64_t n, const Task& fn, int busy, bool shared) {
+  Shared& s = *sh_;
+  s.task = &fn;
+  s.num_tasks = n;
+  s.next.store(0, std::memory_order_relaxed);
+  s.error = nullptr;
+  s.busy = busy;
+  s.shared = shared;
+}
+
+void ThreadPool::run(int64_t n, const Task& fn) {
+  if (ran_without_threads(n, fn)) return;
+  Shared& s = *sh_;
   std::lock_guard<std::mutex> run_lock(s.run_mu);
   if (threads_.empty()) {
     run_inline(n, fn);
     return;
   }
   std::unique_lock<std::mutex> lock(s.mu);
-  s.task = &fn;
-  s.num_tasks = n;
-  s.next.store(0, std::memory_order_relaxed);
-  s.error = nullptr;
-  s.busy = size();
-  s.shared = false;
+  publish(n, fn, size(), false);
   ++s.generation;
   s.work_cv.notify_all();
   s.done_cv.wait(lock, [&s] { return s.busy == 0; });
@@ -79,13 +89,8 @@ void ThreadPool::run(int64_t n, const Task& fn) {
 }
 
 void ThreadPool::run_shared(int64_t n, const Task& fn, int helpers) {
-  if (n <= 0) return;
+  if (ran_without_threads(n, fn)) return;
   Shared& s = *sh_;
-  if (getpid() != owner_pid_) {
-    std::lock_guard<std::mutex> fork_lock(s.fork_mu);
-    run_inline(n, fn);
-    return;
-  }
   std::lock_guard<std::mutex> run_lock(s.run_mu);
   if (helpers < 0 || helpers > size()) helpers = size();
   if (helpers == 0) {
@@ -94,12 +99,7 @@ void ThreadPool::run_shared(int64_t n, const Task& fn, int helpers) {
   }
   {
     std::lock_guard<std::mutex> lock(s.mu);
-    s.task = &fn;
-    s.num_tasks = n;
-    s.next.store(0, std::memory_order_relaxed);
-    s.error = nullptr;
-    s.busy = 0;  // counted up by each thread that joins while the run is open
-    s.shared = true;
+    publish(n, fn, 0, true);  // busy: counted up by each thread that joins while the run is open
     s.closed = false;
     s.joinable = helpers;
     ++s.generation;

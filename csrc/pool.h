@@ -52,6 +52,12 @@ class ThreadPool {
  private:
   void worker_loop(int worker);
   void run_inline(int64_t n, const Task& fn);
+  // run()'s and run_shared()'s start: true where the call is done already (nothing to run, or a forked child, whose
+  // pool has no threads: the calling thread ran it).
+  bool ran_without_threads(int64_t n, const Task& fn);
+  // Under Shared::mu: fn over [0, n) as the run the threads take next, `busy` of them counted in; `shared`: a
+  // run_shared() (threads join while it is open). The caller then bumps the generation.
+  void publish(int64_t n, const Task& fn, int busy, bool shared);
 
   // Everything the threads touch. In a forked child the threads do not exist, and destroying
   // (or signalling) condition variables they were waiting on blocks forever, so there it is

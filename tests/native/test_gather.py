@@ -98,6 +98,15 @@ def test_gather_rows_large_batches(threads, row_bytes, n):
         assert np.array_equal(out, column[index])
 
 
+def in_threads(worker, n):
+    """worker(seed) for seeds 0 .. n-1, in n Python threads at once; returns when all are done."""
+    threads = [threading.Thread(target=worker, args=(s,)) for s in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
 def test_gather_rows_shared_pool_from_python_threads():
     column = np.random.default_rng(3).integers(0, 256, (300, 1024), np.uint8)
     pools = [_C.Pool(2), _C.Pool(0)]
@@ -112,11 +121,7 @@ def test_gather_rows_shared_pool_from_python_threads():
             if not np.array_equal(out, column[idx]):
                 errors.append(seed)
 
-    threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    in_threads(worker, 4)
     assert errors == []
 
 
@@ -173,11 +178,7 @@ def test_large_gathers_share_a_pool_with_the_threads_of_other_calls():
             if not np.array_equal(out, column[idx]):
                 errors.append((seed, i))
 
-    threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    in_threads(worker, 4)
     assert errors == []
 
 
