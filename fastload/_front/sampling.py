@@ -291,11 +291,13 @@ class SamplerOrder:
             # occurrence + rank * 2**32: a repeated-augmentation sampler (timm's RepeatAugSampler) puts the copies
             # of a sample on different ranks, each read once there; rank 0's first reads keep (seed, epoch,
             # index)'s key alone, another rank's draws depend on the rank
-            entry = self._occ[1][batch_index]
-            words = np.zeros(entry, np.uint64) if isinstance(entry, int) else entry
+            entry = self._occ[1][batch_index]  # the batch's words, or its length where no sample of it repeats
             if self.rank:
+                words = np.zeros(entry, np.uint64) if isinstance(entry, int) else entry
                 words = words + (np.uint64(self.rank) << np.uint64(32))
-            occ = words if words.any() else None
+                occ = words if words.any() else None
+            elif not isinstance(entry, int):
+                occ = entry  # kept only where a sample repeats (_batch_occurrences): never all 0
         return BatchDraws(seed_key(BATCH_STREAM, self.seed, epoch, self.rank, batch_index), self.seed, epoch, occ)
 
     # -- resume ------------------------------------------------------------------------------------
