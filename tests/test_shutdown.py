@@ -395,6 +395,33 @@ def test_killed_worker_is_a_clear_error_and_leaves_nothing(packed_images_by_form
     assert not left_behind(before, packed_images_by_format)
 
 
+def test_ctrl_c_past_the_fetch_stops_the_workers_before_the_loop_sees_it(packed_images_by_format, monkeypatch):
+    """A Ctrl-C that lands after a batch arrived, still inside the generic path's ``Counted`` (counting it): a loop
+    catching KeyboardInterrupt finds no worker alive, though the exception's traceback still holds the iterators
+    (was: 2 children alive there; test_ctrl_c_leaves_nothing saw it once under load)."""
+    from fastload.fast.position import Progress
+
+    calls = {"n": 0}
+
+    def second_call_interrupted(real):
+        def call(self, *a, **kw):
+            calls["n"] += 1
+            if calls["n"] == 2:
+                raise KeyboardInterrupt
+            return real(self, *a, **kw)
+        return call
+
+    monkeypatch.setattr(Progress, "advance", second_call_interrupted(Progress.advance))
+    loader = make_loader("generic", packed_images_by_format)
+    alive = None
+    try:
+        for _ in loader:
+            pass
+    except KeyboardInterrupt:
+        alive = [p.pid for p in multiprocessing.active_children()]
+    assert alive == [], f"worker processes {alive} still alive when the loop caught Ctrl-C"
+
+
 CTRL_C = textwrap.dedent("""
     import multiprocessing, sys, threading, time
     sys.path[:0] = [{root!r}, {tests!r}]

@@ -489,15 +489,21 @@ class Counted(_BaseDataLoaderIter):
         return self
 
     def __next__(self):
-        if self._begin is not None:
-            begin, self._begin = self._begin, None  # dropped: it holds the loader
-            begin()
         try:
-            batch = next(self.inner)
-        except StopIteration:
-            self.progress.end_epoch()
+            if self._begin is not None:
+                begin, self._begin = self._begin, None  # dropped: it holds the loader
+                begin()
+            try:
+                batch = next(self.inner)
+            except StopIteration:
+                self.progress.end_epoch()
+                raise
+            self.progress.advance()
+        except KeyboardInterrupt:  # fastload's worker processes stop now (a torch iterator keeps torch's behaviour)
+            interrupted = getattr(self.inner, "interrupted", None)
+            if interrupted is not None:
+                interrupted()
             raise
-        self.progress.advance()
         return batch
 
     def __len__(self) -> int:

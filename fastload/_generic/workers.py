@@ -223,6 +223,12 @@ class WorkerIterator(_BaseDataLoaderIter):
             )
         return data
 
+    def interrupted(self) -> None:
+        """Ctrl-C reached the loop inside a wrapper of this iterator (``sampling.Counted``), past ``__next__``'s own
+        handler: the workers are reaped now, not once the exception's traceback (whose frames hold the wrapper, and
+        so this iterator) is let go -- a loop that catches KeyboardInterrupt would find them still alive."""
+        self._shutdown_workers()
+
     def _next_data(self):
         while True:
             while self._rcvd_idx < self._send_idx:
